@@ -1,0 +1,287 @@
+"""``autospec.wrap(model, draft)``: make ``model.generate`` speculative, exactly.
+
+The controller accepts what transformers' ``generate`` accepts, plus ``category=``, ``k=`` and
+``generator=``. A request it can serve exactly runs the speculative loop; anything else (beam
+search, batch > 1, contrastive search, custom logits processors, …) goes unchanged to the
+model's own ``generate``, and the reason is logged once per kind of request.
+
+(The module is named ``controller`` so that it cannot shadow the ``autospec.wrap`` function.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import types
+from dataclasses import dataclass
+
+import torch
+
+from autospec.loop import LoopStats, speculative_generate
+from autospec.policies.base import Policy, as_policy
+from autospec.policies.fixed import FixedK
+from autospec.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Controller", "wrap", "unwrap", "K_LIMIT"]
+
+K_LIMIT = 64  # a lookahead beyond this is a mistake, not a setting
+
+# GenerationConfig fields that change the output and that the loop does not implement:
+# name → the value that means "not in use". Anything else set here goes to the original
+# generate. (Fields that only steer beam search or transformers' own assistant are ignored.)
+_UNSUPPORTED = {
+    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "penalty_alpha": None,
+    "num_return_sequences": 1, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "top_h": None, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0, "bad_words_ids": None, "force_words_ids": None,
+    "constraints": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "remove_invalid_values": False, "exponential_decay_length_penalty": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
+    "guidance_scale": None, "watermarking_config": None, "renormalize_logits": False,
+    "dola_layers": None, "prompt_lookup_num_tokens": None, "token_healing": False,
+    "low_memory": None, "output_attentions": False, "output_hidden_states": False,
+    "speculation_type": None, "use_mtp": False, "assistant_early_exit": None,
+}
+# generate() arguments that, when given, send the request to the original generate
+_FALLBACK_ARGS = ("logits_processor", "prefix_allowed_tokens_fn", "assistant_model",
+                  "negative_prompt_ids", "custom_generate", "inputs_embeds", "assistant_tokenizer")
+_OWN_ARGS = ("category", "k", "generator")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A request the loop can serve: the prompt without padding and how to generate."""
+
+    input_ids: torch.Tensor  # [1, L] after removing left padding
+    pad_prefix: torch.Tensor  # [1, P] the removed padding, put back in front of the output
+    sampling: SamplingConfig
+    max_new_tokens: int
+    min_new_tokens: int
+    eos: tuple[int, ...]
+    stopping_criteria: object
+    return_dict: bool
+    output_scores: bool
+    output_logits: bool
+
+
+class Controller:
+    """Speculative ``generate`` for one target/draft pair."""
+
+    def __init__(self, model, draft, *, policy=4, k_max: int = 16, tokenizer=None,
+                 draft_tokenizer=None, match_draft: bool = True, category: str = "default"):
+        from autospec.checks import check_pair
+
+        check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
+                   match_draft=match_draft)
+        if not 0 < k_max <= K_LIMIT:
+            raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
+        self.model = model
+        self.draft = draft
+        self.tokenizer = tokenizer
+        self.k_max = k_max
+        self.category = _check_category(category)
+        self.policy: Policy = as_policy(policy)
+        self.last_stats: LoopStats | None = None
+        self.fallbacks: dict[str, int] = {}  # reason → how many requests took it
+        self._original_generate = type(model).generate.__get__(model)
+        self._lock = threading.Lock()
+        self.target_context = _context_length(model)
+        self.draft_context = _context_length(draft)
+
+    # -- public API ----------------------------------------------------------------------
+    def generate(self, inputs=None, generation_config=None, *args, category: str | None = None,
+                 k: int | None = None, generator: torch.Generator | None = None, **kwargs):
+        """Same arguments and return types as transformers' ``generate``, plus:
+
+        category: traffic category for statistics and policies ("default").
+        k: a fixed lookahead for this call (0 = plain decoding), overriding the policy.
+        generator: a ``torch.Generator`` for sampling (else torch's global RNG, like generate).
+        """
+        category = self.category if category is None else _check_category(category)
+        policy = self.policy if k is None else FixedK(_check_k(k, self.k_max))
+        plan, reason = self._plan(inputs, generation_config, args, kwargs)
+        if plan is None:
+            return self._fallback(reason, inputs, generation_config, args, kwargs)
+        res = speculative_generate(
+            self.model, self.draft, plan.input_ids, sampling=plan.sampling, policy=policy,
+            max_new_tokens=plan.max_new_tokens, min_new_tokens=plan.min_new_tokens,
+            eos_token_ids=plan.eos, stopping_criteria=plan.stopping_criteria,
+            streamer=kwargs.get("streamer"), generator=generator, category=category,
+            k_max=self.k_max, target_context=self.target_context,
+            draft_context=self.draft_context, output_scores=plan.output_scores,
+            output_logits=plan.output_logits,
+            time_forwards=plan.input_ids.device.type == "cpu",
+        )
+        self.last_stats = res.stats
+        sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
+        if not plan.return_dict:
+            return sequences
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences,
+            scores=tuple(res.scores) if res.scores is not None else None,
+            logits=tuple(res.logits) if res.logits is not None else None,
+        )
+
+    # -- request analysis ------------------------------------------------------------------
+    def _plan(self, inputs, generation_config, args, kwargs):
+        """Either a plan for the loop, or (None, why the original generate must serve it)."""
+        if args:
+            return None, "positional arguments beyond generation_config"
+        for name in _FALLBACK_ARGS:
+            if kwargs.get(name) is not None:
+                return None, f"`{name}` given"
+        if kwargs.get("synced_gpus"):
+            return None, "synced_gpus"
+        kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
+                                                          "stopping_criteria", "tokenizer")}
+        input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
+        kw.pop("input_ids", None)
+        mask = kw.pop("attention_mask", None)
+        if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            return None, "no 2-D input_ids tensor"
+        if input_ids.shape[0] != 1:
+            return None, f"batch size {input_ids.shape[0]} (the loop serves batch 1)"
+        gc, model_kwargs = _merge_config(self.model, generation_config, kw)
+        model_kwargs = {k: v for k, v in model_kwargs.items() if v is not None
+                        and k not in ("use_cache",)}
+        if model_kwargs:
+            return None, f"model arguments {sorted(model_kwargs)}"
+        for field, off in _UNSUPPORTED.items():
+            val = getattr(gc, field, off)
+            if val is not None and val != off and not (field == "guidance_scale" and val == 1):
+                return None, f"generation option {field}={val!r}"
+        if gc.max_time is not None or gc.stop_strings is not None:
+            crit = _extra_criteria(gc, kwargs.get("tokenizer") or self.tokenizer)
+            if crit is None:
+                return None, "stop_strings without a tokenizer"
+        else:
+            crit = None
+        user_crit = kwargs.get("stopping_criteria")
+        if user_crit:
+            crit = list(crit or []) + list(user_crit)
+        if crit:
+            from transformers import StoppingCriteriaList
+
+            crit = StoppingCriteriaList(crit)
+
+        ids, pad_prefix = input_ids, input_ids[:, :0]
+        if mask is not None:
+            keep = mask[0].bool()
+            if not bool(keep.all()):
+                first = int(keep.to(torch.int64).argmax())
+                if not bool(keep[first:].all()):
+                    return None, "attention_mask with holes (only left padding is supported)"
+                ids, pad_prefix = input_ids[:, first:], input_ids[:, :first]
+        L = ids.shape[1]
+        if L == 0:
+            return None, "empty prompt"
+        if self.target_context is not None and L >= self.target_context:
+            raise ValueError(
+                f"prompt of {L} tokens does not fit the target's context of "
+                f"{self.target_context} tokens: shorten it (leave room for new tokens)")
+        max_new = gc.max_new_tokens
+        if max_new is None:
+            max_new = max(0, (gc.max_length or 20) - input_ids.shape[1])
+        if max_new <= 0:
+            return None, "nothing to generate (max_new_tokens <= 0)"
+        min_new = max(gc.min_new_tokens or 0, (gc.min_length or 0) - input_ids.shape[1])
+        eos = gc.eos_token_id
+        eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        ids, pad_prefix = ids.to(self.model.device), pad_prefix.to(self.model.device)
+        try:
+            sampling = SamplingConfig.from_generation_config(gc)
+        except ValueError as e:
+            raise ValueError(f"invalid generation settings: {e}") from None
+        return _Plan(
+            input_ids=ids, pad_prefix=pad_prefix, sampling=sampling, max_new_tokens=max_new,
+            min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
+            return_dict=bool(gc.return_dict_in_generate), output_scores=bool(gc.output_scores),
+            output_logits=bool(gc.output_logits),
+        ), ""
+
+    def _fallback(self, reason, inputs, generation_config, args, kwargs):
+        with self._lock:
+            first = reason not in self.fallbacks
+            self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if first:
+            log.info("autospec: %s; this request goes to the original generate", reason)
+        return self._original_generate(inputs, generation_config, *args, **kwargs)
+
+
+def _merge_config(model, generation_config, kw):
+    """Merge defaults exactly as generate does (model's generation_config, then kwargs)."""
+    prepare = getattr(model, "_prepare_generation_config", None)
+    if prepare is not None:
+        try:
+            return prepare(generation_config, **kw)
+        except TypeError:  # a transformers whose private signature moved: merge by hand
+            pass
+    import copy
+
+    gc = copy.deepcopy(generation_config or model.generation_config)
+    return gc, gc.update(**kw)
+
+
+def _extra_criteria(gc, tokenizer):
+    from transformers import MaxTimeCriteria, StopStringCriteria
+
+    crit = []
+    if gc.max_time is not None:
+        crit.append(MaxTimeCriteria(max_time=gc.max_time))
+    if gc.stop_strings is not None:
+        if tokenizer is None:
+            return None
+        crit.append(StopStringCriteria(stop_strings=gc.stop_strings, tokenizer=tokenizer))
+    return crit
+
+
+def _context_length(model) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def _check_k(k, k_max: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 0 <= k <= k_max:
+        raise ValueError(f"k must be in 0..{k_max} (k_max of this controller), got {k}")
+    return k
+
+
+def _check_category(category) -> str:
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError("category must be a non-empty string")
+    return category
+
+
+def wrap(model, draft, **options) -> Controller:
+    """Make ``model.generate`` speculative with ``draft``; returns the controller.
+
+    Options: policy (int k, "fixed:K", "off", "heuristic", a callable or policy object;
+    default 4), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
+    match_draft (move/cast the draft to the target's device and dtype; default True),
+    category ("default").
+    """
+    if getattr(model, "_autospec_controller", None) is not None:
+        raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")
+    ctrl = Controller(model, draft, **options)
+
+    def generate(self, *args, **kwargs):
+        return ctrl.generate(*args, **kwargs)
+
+    model.generate = types.MethodType(generate, model)
+    model._autospec_controller = ctrl
+    return ctrl
+
+
+def unwrap(model):
+    """Restore the model's own ``generate``; returns the model."""
+    if getattr(model, "_autospec_controller", None) is None:
+        raise ValueError("this model is not wrapped by autospec")
+    del model.generate  # the instance attribute: the class's generate shows through again
+    model._autospec_controller = None
+    return model

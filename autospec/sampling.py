@@ -1,0 +1,144 @@
+"""Logits → probabilities under a request's generation config.
+
+Pure functions, vectorised over positions. The same processing is applied to the draft and the
+target: the rejection rule is exact for any draft distribution q, but q must be the
+distribution the draft token was actually sampled from, and the closer q is to p the more is
+accepted.
+
+Each step mirrors the transformers logits processor of the same name, in the order
+``generate`` applies them (repetition penalty, min-length EOS suppression, then for sampling
+temperature, top-k, top-p, min-p), and the tests check them against those processors. The one
+difference is that here position j of a block sees the tokens *before* it in the block (the
+draft tokens already proposed), which is what ``generate`` would see one token at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingConfig", "process_logits", "logits_to_probs", "sample", "presence_mask"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The part of a ``GenerationConfig`` that shapes the next-token distribution."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def uses_presence(self) -> bool:
+        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
+
+    @classmethod
+    def from_generation_config(cls, gc) -> SamplingConfig:
+        """Read the fields ``generate`` would use; warpers only count when sampling."""
+        do_sample = bool(gc.do_sample)
+        return cls(
+            do_sample=do_sample,
+            temperature=float(gc.temperature) if do_sample and gc.temperature is not None else 1.0,
+            top_k=gc.top_k if do_sample and gc.top_k else None,
+            top_p=gc.top_p if do_sample and gc.top_p is not None and gc.top_p < 1.0 else None,
+            min_p=gc.min_p if do_sample else None,
+            repetition_penalty=gc.repetition_penalty,
+        )
+
+
+def presence_mask(prefix_ids: torch.Tensor, block: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Which tokens each position of a block has already seen.
+
+    prefix_ids: [B, L] tokens before the block; block: [B, n-1] tokens inside it (position j
+    sees prefix + block[:, :j]). Returns a bool mask [B, n, V].
+    """
+    B = prefix_ids.shape[0]
+    n = block.shape[1] + 1
+    base = torch.zeros(B, vocab_size, dtype=torch.bool, device=prefix_ids.device)
+    base.scatter_(1, prefix_ids, True)  # [B, V]
+    seen = base[:, None, :].repeat(1, n, 1)  # [B, n, V]
+    if n > 1:
+        # position j (j >= 1) has also seen block[:, :j]
+        hits = torch.zeros(B, n, vocab_size, dtype=torch.bool, device=prefix_ids.device)
+        hits[:, 1:].scatter_(2, block[:, :, None], True)  # block[:, j-1] first seen at j
+        seen |= hits.cummax(dim=1).values
+    return seen
+
+
+def process_logits(
+    logits: torch.Tensor,
+    cfg: SamplingConfig,
+    *,
+    seen: torch.Tensor | None = None,
+    banned: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Apply the config to raw logits [B, n, V] → processed scores [B, n, V] (float32).
+
+    seen: [B, n, V] bool, tokens each position has seen (for the repetition penalty).
+    banned: [n, V] or [B, n, V] bool, tokens forced to −inf at each position (EOS before
+    min_new_tokens).
+    """
+    scores = logits.float()
+    if cfg.uses_presence:
+        if seen is None:
+            raise ValueError("repetition_penalty needs the `seen` mask")
+        pen = cfg.repetition_penalty
+        # negative logits are multiplied, positive ones divided: both lower the probability
+        penalised = torch.where(scores < 0, scores * pen, scores / pen)
+        scores = torch.where(seen, penalised, scores)
+    if banned is not None:
+        scores = scores.masked_fill(banned, float("-inf"))
+    if not cfg.do_sample:
+        return scores
+    if cfg.temperature != 1.0:
+        scores = scores / cfg.temperature
+    if cfg.top_k:
+        k = min(cfg.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - cfg.top_p)
+        drop_sorted[..., -1:] = False  # keep at least the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    if cfg.min_p is not None:
+        probs = scores.softmax(dim=-1)
+        top = probs.amax(dim=-1, keepdim=True)
+        drop = probs < cfg.min_p * top
+        drop.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def logits_to_probs(scores: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed scores [B, n, V] → probabilities [B, n, V]; one-hot at the argmax for greedy."""
+    if cfg.do_sample:
+        return scores.softmax(dim=-1)
+    # greedy is sampling from a one-hot distribution (ties go to the lowest id, as torch.argmax)
+    probs = torch.zeros_like(scores)
+    probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row: probs [..., V] → tokens [...] (long)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,96 @@
+"""The policy contract: ``choose(context) -> k`` then ``update(context, k, outcome)``.
+
+Call order: for every iteration of the speculative loop the loop calls ``choose`` once, runs
+the iteration with the returned k (clamped to what the request can still use: the tokens left
+and the models' context), then calls ``update`` once with the k actually run and its outcome.
+k = 0 is an ordinary choice: a plain decoding step. A policy never changes what is generated,
+only how fast: the loop is exact for every k.
+
+Thread safety: one policy object may serve several controllers; implementations that keep
+state guard it themselves. ``choose`` must return an int in ``0 … context.k_max`` and must not
+raise for any context; ``update`` must not raise (the loop treats an exception from either as
+a bug and lets it propagate, so generation stops loudly rather than silently changing speed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the policy may look at when choosing k for the next iteration."""
+
+    category: str = "default"
+    k_max: int = 16
+    batch_size: int = 1
+    generated: int = 0  # tokens generated so far in this request
+    remaining: int = 1  # tokens this request may still generate
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one iteration did. accepted ≤ drafted = k; emitted = accepted + 1 (before stops)."""
+
+    drafted: int
+    accepted: int
+    draft_time_s: float = 0.0
+    target_time_s: float = 0.0
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def choose(self, context: Context) -> int: ...
+
+    def update(self, context: Context, k: int, outcome: Outcome) -> None: ...
+
+
+@dataclass
+class CallablePolicy:
+    """Wraps ``fn(context) -> k`` as a policy that learns nothing."""
+
+    fn: Callable[[Context], int]
+    name: str = "callable"
+
+    def choose(self, context: Context) -> int:
+        return int(self.fn(context))
+
+    def update(self, context: Context, k: int, outcome: Outcome) -> None:
+        return None
+
+
+def as_policy(spec) -> Policy:
+    """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, a callable or a policy object."""
+    from .fixed import FixedK
+    from .heuristic import Heuristic
+
+    if isinstance(spec, bool):
+        raise TypeError("policy must be an int k, a name or a policy object, not a bool")
+    if isinstance(spec, int):
+        return FixedK(spec)
+    if isinstance(spec, str):
+        name = spec.strip().lower()
+        if name == "off":
+            return FixedK(0)
+        if name.startswith("fixed:"):
+            try:
+                return FixedK(int(name.split(":", 1)[1]))
+            except ValueError:
+                raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
+        if name == "heuristic":
+            return Heuristic()
+        raise ValueError(
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', a callable "
+            "context -> k, or an object with choose()/update()"
+        )
+    if hasattr(spec, "choose") and hasattr(spec, "update"):
+        return spec
+    if callable(spec):
+        return CallablePolicy(spec)
+    raise TypeError(f"cannot use {type(spec).__name__} as a policy")
