@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 import torch
 
 from autospec.policies.base import Context, Outcome, Policy
-from autospec.sampling import SamplingConfig, logits_to_probs, process_logits, sample
+from autospec.sampling import (
+    SamplingConfig,
+    block_presence,
+    logits_to_probs,
+    process_logits,
+    sample,
+    seen_tokens,
+)
 from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
@@ -118,9 +125,16 @@ def _crop(cache, keep: int) -> None:
         cache.crop(-drop)  # negative: remove that many tokens (every transformers 5.x)
 
 
-def _pad_vocab(x: torch.Tensor, vocab: int) -> torch.Tensor:
-    # tokens past a model's own vocabulary get probability 0 under it: padding is exact
-    return x if x.shape[-1] == vocab else torch.nn.functional.pad(x, (0, vocab - x.shape[-1]))
+def _fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Fit the draft's logits to the target's vocabulary. Ids the draft lacks get −inf (q = 0);
+    ids the target lacks are cut, so the draft never proposes a token the target cannot embed.
+    Either way q is still the distribution the draft samples from: the rule stays exact."""
+    extra = vocab - raw.shape[-1]
+    if extra == 0:
+        return raw
+    if extra < 0:
+        return raw[..., :vocab]
+    return torch.nn.functional.pad(raw, (0, extra), value=float("-inf"))
 
 
 def speculative_generate(
@@ -148,8 +162,7 @@ def speculative_generate(
     t_start = time.perf_counter()
     device = input_ids.device
     L = input_ids.shape[1]
-    vocab = max(target.get_output_embeddings().weight.shape[0],
-                draft.get_output_embeddings().weight.shape[0])
+    vocab = target.get_output_embeddings().weight.shape[0]
     greedy = not sampling.do_sample
     stats = LoopStats(prompt_tokens=L)
     scores_out: list[torch.Tensor] | None = [] if output_scores else None
@@ -166,8 +179,7 @@ def speculative_generate(
     # tokens seen so far, for the repetition penalty (kept incrementally, never rescanned)
     seen = None
     if sampling.uses_presence:
-        seen = torch.zeros(1, vocab, dtype=torch.bool, device=device)
-        seen.scatter_(1, input_ids, True)
+        seen = seen_tokens(input_ids, vocab)
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -182,15 +194,9 @@ def speculative_generate(
 
     def process(raw: torch.Tensor, first_gen: int, base_seen, block=None) -> torch.Tensor:
         """raw [1, npos, V] → processed scores; position j has seen base_seen + block[:, :j]."""
-        raw = _pad_vocab(raw, vocab)
+        raw = _fit_vocab(raw, vocab)
         npos = raw.shape[1]
-        pos_seen = None
-        if base_seen is not None:
-            pos_seen = base_seen[:, None, :].repeat(1, npos, 1)  # [1, npos, V]
-            if block is not None and npos > 1:
-                hits = torch.zeros_like(pos_seen)
-                hits[:, 1:].scatter_(2, block[:, : npos - 1, None], True)
-                pos_seen |= hits.cummax(dim=1).values
+        pos_seen = None if base_seen is None else block_presence(base_seen, block, npos)
         return process_logits(raw, sampling, seen=pos_seen, banned=banned_at(first_gen, npos))
 
     finished = False

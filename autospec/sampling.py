@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingConfig", "process_logits", "logits_to_probs", "sample", "presence_mask"]
+__all__ = ["SamplingConfig", "process_logits", "logits_to_probs", "sample", "seen_tokens", "block_presence"]
 
 
 @dataclass(frozen=True)
@@ -62,21 +62,19 @@ class SamplingConfig:
         )
 
 
-def presence_mask(prefix_ids: torch.Tensor, block: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Which tokens each position of a block has already seen.
+def seen_tokens(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """ids [B, L] → bool [B, V]: which tokens occur (for the repetition penalty)."""
+    seen = torch.zeros(ids.shape[0], vocab_size, dtype=torch.bool, device=ids.device)
+    return seen.scatter_(1, ids, True)
 
-    prefix_ids: [B, L] tokens before the block; block: [B, n-1] tokens inside it (position j
-    sees prefix + block[:, :j]). Returns a bool mask [B, n, V].
-    """
-    B = prefix_ids.shape[0]
-    n = block.shape[1] + 1
-    base = torch.zeros(B, vocab_size, dtype=torch.bool, device=prefix_ids.device)
-    base.scatter_(1, prefix_ids, True)  # [B, V]
-    seen = base[:, None, :].repeat(1, n, 1)  # [B, n, V]
-    if n > 1:
-        # position j (j >= 1) has also seen block[:, :j]
-        hits = torch.zeros(B, n, vocab_size, dtype=torch.bool, device=prefix_ids.device)
-        hits[:, 1:].scatter_(2, block[:, :, None], True)  # block[:, j-1] first seen at j
+
+def block_presence(base: torch.Tensor, block: torch.Tensor | None, npos: int) -> torch.Tensor:
+    """Which tokens each position of a block has seen: base [B, V] plus, at position j, the
+    block's tokens before it (block [B, ≥ npos-1]). Returns bool [B, npos, V]."""
+    seen = base[:, None, :].repeat(1, npos, 1)  # [B, npos, V]
+    if block is not None and npos > 1:
+        hits = torch.zeros_like(seen)
+        hits[:, 1:].scatter_(2, block[:, : npos - 1, None], True)  # block[j-1] first seen at j
         seen |= hits.cummax(dim=1).values
     return seen
 

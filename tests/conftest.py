@@ -1,0 +1,63 @@
+"""Tiny random-weight models built from configs: no files, no downloads."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+# tiny models gain nothing from intra-op threads, and on a busy 2-core machine spinning
+# OpenMP workers make every small op wait: one thread keeps the suite fast and steady
+torch.set_num_threads(1)
+
+VOCAB = 97
+EOS = 3
+
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+
+def tiny(arch: str = "llama", *, layers: int = 2, vocab: int = VOCAB, seed: int = 0,
+         sharpen: float = 1.0, max_pos: int = 256):
+    """A small causal LM. ``sharpen`` scales the output head so distributions are peaked
+    (random init gives near-uniform ones, which make weak statistical tests)."""
+    cfg_cls, model_cls = ARCHS[arch]
+    cfg = cfg_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=max_pos, bos_token_id=1, eos_token_id=EOS,
+                  pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    if sharpen != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(sharpen)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def noisy_copy(model, noise: float, seed: int = 1):
+    """A draft that agrees with ``model`` partly: same weights plus Gaussian noise."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+    return draft
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def pair(arch):
+    target = tiny(arch, layers=2, seed=0, sharpen=30.0)
+    draft = noisy_copy(target, 0.5)
+    return target, draft
+
+
+def prompt(length: int = 10, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (1, length), generator=g)
