@@ -61,3 +61,22 @@ def pair(arch):
 def prompt(length: int = 10, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab, (1, length), generator=g)
+
+
+def tiny_tokenizer(vocab: int = VOCAB):
+    """A word-level tokenizer over ``w4 … w{vocab-2}`` (+ ``abcdef``) with the usual specials, built in
+    memory (no files): ids 0 pad, 1 bos, 2 unk, 3 eos."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<pad>": 0, "<s>": 1, "<unk>": 2, "</s>": 3}
+    words.update({f"w{i}": i for i in range(4, vocab - 1)})
+    # transformers' StopStringCriteria probes the vocabulary behind the prefix "abcdef"
+    words["abcdef"] = vocab - 1
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   unk_token="<unk>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}w4{% endif %}")
+    return fast
