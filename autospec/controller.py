@@ -83,12 +83,17 @@ class Controller:
         self.k_max = k_max
         self.category = _check_category(category)
         self.policy: Policy = as_policy(policy)
-        self.last_stats: LoopStats | None = None
+        self._local = threading.local()  # last_stats is per thread: concurrent calls don't mix
         self.fallbacks: dict[str, int] = {}  # reason → how many requests took it
         self._original_generate = type(model).generate.__get__(model)
         self._lock = threading.Lock()
         self.target_context = _context_length(model)
         self.draft_context = _context_length(draft)
+
+    @property
+    def last_stats(self) -> LoopStats | None:
+        """Counters of this thread's last request; None if it went to the original generate."""
+        return getattr(self._local, "stats", None)
 
     # -- public API ----------------------------------------------------------------------
     def generate(self, inputs=None, generation_config=None, *args, category: str | None = None,
@@ -102,6 +107,7 @@ class Controller:
         category = self.category if category is None else _check_category(category)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max))
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
+        self._local.stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
         res = speculative_generate(
@@ -114,7 +120,7 @@ class Controller:
             output_logits=plan.output_logits,
             time_forwards=plan.input_ids.device.type == "cpu",
         )
-        self.last_stats = res.stats
+        self._local.stats = res.stats
         sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
         if not plan.return_dict:
             return sequences

@@ -15,9 +15,10 @@ One iteration:
 5. Emit tokens, stopping exactly where ``generate`` would (max_new_tokens, EOS, criteria).
 6. Crop both caches to what was kept.
 
-The draft never runs a forward just to score its last proposal: when all k are accepted, its
-last proposal and the bonus token are fed together at the start of the next iteration, which
-keeps the caches in sync at no extra forward.
+The draft scores its last proposal without a forward of its own: when all k are accepted, that
+proposal and the bonus token are fed together at the start of the next iteration (a 2-token
+forward costs about what a 1-token one does), which keeps the caches in sync and yields the
+draft's distribution at the bonus position one iteration later.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class LoopStats:
     new_tokens: int = 0
     prompt_tokens: int = 0
     prefill_s: float = 0.0  # first target forward (prompt + first block)
-    draft_s: float = 0.0  # draft forwards, all
+    draft_prefill_s: float = 0.0  # draft forwards that caught up on > 2 tokens (the prompt)
+    draft_s: float = 0.0  # the other draft forwards (one token each, or two after a bonus)
     draft_forwards: int = 0
     target_s_by_n: dict[int, list[float]] = field(default_factory=dict)  # scored tokens → times
     wall_s: float = 0.0
@@ -221,9 +223,12 @@ def speculative_generate(
             if k > 0:
                 t0 = time.perf_counter()
                 feed = buf[:, d_len:n]
+                catch_up = feed.shape[1] > 2  # the prompt, or tokens decoded while k was 0
                 d_seen = seen.clone() if seen is not None else None
                 for i in range(k):
                     raw = d_fwd(feed, d_cache, 1)  # [1, 1, V]
+                    if i == 0 and catch_up:
+                        t_catch = time.perf_counter() - t0
                     s = process(raw, generated + i, d_seen)
                     if greedy:
                         tok = s[:, 0].argmax(dim=-1)  # [1]
@@ -237,8 +242,11 @@ def speculative_generate(
                     feed = d_toks[:, i : i + 1]
                 d_len = n + k - 1
                 d_time = time.perf_counter() - t0
-                stats.draft_forwards += k
-                stats.draft_s += d_time
+                # T_d is the cost of one proposed token: catch-up forwards are kept apart
+                if catch_up:
+                    stats.draft_prefill_s += t_catch
+                stats.draft_forwards += k - catch_up
+                stats.draft_s += d_time - (t_catch if catch_up else 0.0)
 
             # 2. Score catch-up + drafts in one target forward
             t0 = time.perf_counter()

@@ -1,0 +1,452 @@
+"""Benchmark: plain decoding, transformers' assisted generation and autospec on the same requests.
+
+Every mode runs in one process on the same prompts, interleaved (for each repeat, for each
+prompt, every mode, the order rotated so that no mode always runs first on a warm cache), so
+that machine noise hits all modes alike. Per (category, mode) a row reports the median tokens/s,
+the speedup against plain decoding of the same request and repeat (paired), acceptance, timings
+and, for greedy decoding, whether every output equalled plain decoding's token for token.
+
+The pure part (prompt files, mode lists, rows from run records, the table) needs no model; the
+driver ``run_bench`` works with any (target, draft, tokenizer) triple.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Prompt", "PromptFileError", "Mode", "RunRecord", "BenchResult", "load_prompts",
+           "default_prompts_path", "parse_ks", "parse_modes", "aggregate",
+           "encode_prompt", "run_bench", "DEFAULT_MODES"]
+
+DEFAULT_MODES = ("plain", "hf-assisted", "hf-assisted:k", "autospec:k")
+OVERALL = "overall"
+_PROMPT_KEYS = {"category", "prompt", "chat"}
+
+
+# -- prompts ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prompt:
+    category: str
+    prompt: str
+    chat: bool = False  # apply the tokenizer's chat template (with add_generation_prompt)
+
+
+class PromptFileError(ValueError):
+    """A prompts file that cannot be used; the message names the file and line."""
+
+
+def default_prompts_path() -> Path:
+    return Path(str(resources.files("autospec") / "prompts" / "default.jsonl"))
+
+
+def load_prompts(path) -> list[Prompt]:
+    """Read a JSONL file of ``{"category": str, "prompt": str, "chat": bool}`` objects."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"{path}: cannot read prompts file: {e}") from None
+    prompts = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        unknown = sorted(obj.keys() - _PROMPT_KEYS)
+        if unknown:
+            raise PromptFileError(f"{where}: unknown keys {unknown} (allowed: category, prompt, chat)")
+        for key in ("category", "prompt"):
+            if not isinstance(obj.get(key), str) or not obj[key].strip():
+                raise PromptFileError(f"{where}: '{key}' must be a non-empty string")
+        if obj["category"] == OVERALL:
+            raise PromptFileError(f"{where}: category '{OVERALL}' is reserved for the totals row")
+        chat = obj.get("chat", False)
+        if not isinstance(chat, bool):
+            raise PromptFileError(f"{where}: 'chat' must be true or false, got {chat!r}")
+        prompts.append(Prompt(obj["category"], obj["prompt"], chat))
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts in file")
+    return prompts
+
+
+def encode_prompt(tokenizer, prompt: Prompt):
+    """Token ids [1, L] for a prompt, through the chat template when ``prompt.chat``."""
+    text = prompt.prompt
+    if prompt.chat:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("a prompt asks for the chat template but the tokenizer has none")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    # the template already holds any special tokens; a raw prompt gets the tokenizer's own
+    return tokenizer(text, add_special_tokens=not prompt.chat, return_tensors="pt").input_ids
+
+
+# -- modes --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mode:
+    kind: str  # "plain" | "hf-assisted" | "autospec"
+    k: int | None = None  # None: plain, or transformers' own default schedule
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.k is None else f"{self.kind}:{self.k}"
+
+
+def parse_ks(text: str, k_limit: int = 64) -> list[int]:
+    """``"1,2,4"`` → [1, 2, 4]; ValueError with a message fit for a user otherwise."""
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers like 1,2,4, got {text!r}") from None
+    if not ks:
+        raise ValueError("expected at least one k")
+    bad = [k for k in ks if not 1 <= k <= k_limit]
+    if bad:
+        raise ValueError(f"every k must be in 1..{k_limit}, got {bad}")
+    return sorted(set(ks))
+
+
+def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
+    """Mode names; ``KIND:k`` expands over ``ks``, ``KIND:N`` is one lookahead. plain is always
+    included (first), since speedups and identity are measured against it."""
+    modes = [Mode("plain")]
+    for spec in specs:
+        kind, _, k = spec.strip().partition(":")
+        if kind not in ("plain", "hf-assisted", "autospec"):
+            raise ValueError(f"unknown mode {spec!r}: use plain, hf-assisted, hf-assisted:k, "
+                             "autospec:k, or a number in place of k")
+        if kind == "plain" or (kind == "hf-assisted" and not k):
+            new = [Mode(kind)]
+        elif k == "k":
+            new = [Mode(kind, x) for x in ks]
+        elif k.isdigit() and (int(k) >= 1 or kind == "autospec"):  # autospec:0 = its loop, no draft
+            new = [Mode(kind, int(k))]
+        else:
+            raise ValueError(f"bad mode {spec!r}: expected {kind}:k or {kind}:N")
+        modes += [m for m in new if m not in modes]
+    return modes
+
+
+# -- records and rows ---------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    """One timed request. ``drafted``/``accepted``/``drafts`` are None where unknown."""
+
+    category: str
+    prompt_index: int
+    repeat: int
+    mode: str
+    k: int | None
+    new_tokens: int
+    wall_s: float
+    tokens: list[int] = field(default_factory=list, repr=False)  # the new tokens
+    target_forwards: int | None = None  # verification forwards (iterations), prefill included
+    drafts: int | None = None  # iterations that drafted (unknown for transformers' modes)
+    drafted: int | None = None
+    accepted: int | None = None
+    t_target_1: float | None = None  # s, median target forward scoring 1 token
+    t_target_k1: float | None = None  # s, scoring k+1 tokens
+    t_draft: float | None = None  # s, mean draft forward
+    divergence: dict | None = None  # first difference from plain (greedy), see run_bench
+
+
+def _median(values, scale: float = 1.0) -> float | None:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(vals) * scale if vals else None
+
+
+def aggregate(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
+    """Rows per (category, mode), then one ``overall`` row per mode.
+
+    tokens_per_s: median over runs of new tokens / wall time. speedup: median over runs of the
+    paired ratio plain time / mode time for the same prompt and repeat, each per new token so
+    that it stays fair when (sampled) outputs differ in length. acceptance: pooled accepted /
+    drafted. mean_accepted_length: 1 + accepted / drafting iterations (counts the bonus
+    token; autospec only). tokens_per_forward: new tokens / target forwards, which also counts
+    iterations that did not draft, and is known for transformers' modes too.
+    """
+    plain = {(r.prompt_index, r.repeat): r for r in records if r.mode == "plain"}
+    cats = list(dict.fromkeys(r.category for r in records))
+    modes = list(dict.fromkeys(r.mode for r in records))
+    rows = []
+    for cat in [*cats, OVERALL]:
+        for mode in modes:
+            runs = [r for r in records if r.mode == mode and cat in (OVERALL, r.category)]
+            if runs:
+                rows.append(_row(cat, runs, plain, greedy))
+    return rows
+
+
+def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dict:
+    ratios, same, divergences = [], [], []
+    for r in runs:
+        base = plain.get((r.prompt_index, r.repeat))
+        if base is None:
+            continue
+        if r.wall_s > 0 and r.new_tokens > 0 and base.new_tokens > 0:
+            ratios.append((base.wall_s / base.new_tokens) / (r.wall_s / r.new_tokens))
+        same.append(r.tokens == base.tokens)
+        if r.divergence is not None:
+            divergences.append(r.divergence)
+    drafted = sum(r.drafted for r in runs if r.drafted is not None)
+    accepted = sum(r.accepted for r in runs if r.drafted is not None)
+    with_drafts = [r for r in runs if r.drafts is not None]
+    drafts = sum(r.drafts for r in with_drafts)
+    with_fwd = [r for r in runs if r.target_forwards]
+    row = {
+        "category": category,
+        "mode": runs[0].mode,
+        "k": runs[0].k,
+        "runs": len(runs),
+        "new_tokens": _median(r.new_tokens for r in runs),
+        "tokens_per_s": _median(r.new_tokens / r.wall_s for r in runs if r.wall_s > 0),
+        "speedup": _median(ratios),
+        "acceptance": accepted / drafted if drafted else None,
+        "mean_accepted_length": (1 + sum(r.accepted for r in with_drafts) / drafts
+                                 if drafts else None),
+        "tokens_per_forward": (sum(r.new_tokens for r in with_fwd) /
+                               sum(r.target_forwards for r in with_fwd) if with_fwd else None),
+        "t_target_1_ms": _median((r.t_target_1 for r in runs), 1e3),
+        "t_target_k1_ms": _median((r.t_target_k1 for r in runs), 1e3),
+        "t_draft_ms": _median((r.t_draft for r in runs), 1e3),
+        "identical": all(same) if greedy and same else None,
+        "divergences": divergences,
+    }
+    # the cost model's S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from this row's own measurements
+    k, t1, tk, td = row["k"], row["t_target_1_ms"], row["t_target_k1_ms"], row["t_draft_ms"]
+    n = row["mean_accepted_length"]
+    row["predicted_speedup"] = (n * t1 / (k * td + tk) if None not in (k, t1, tk, td, n)
+                                and k * td + tk > 0 else None)
+    return row
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where a and b differ (or one ends); None if equal."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+# -- result and table ---------------------------------------------------------------------
+@dataclass
+class BenchResult:
+    meta: dict
+    rows: list[dict]
+    records: list[RunRecord]
+
+    def to_json(self) -> dict:
+        runs = [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records]
+        return _finite({"meta": self.meta, "rows": self.rows, "runs": runs})
+
+    def write_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def _finite(obj):
+    """NaN/inf → None, since JSON has no NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# -- the driver ---------------------------------------------------------------------------
+def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
+              ks: Sequence[int] = (1, 2, 4, 6, 8), modes: Iterable[str] = DEFAULT_MODES,
+              max_new_tokens: int = 64, repeats: int = 3, sample: bool = False,
+              sampling: dict | None = None, seed: int = 0, warmup: bool = True,
+              progress: bool = True, draft_tokenizer=None) -> BenchResult:
+    """Run every mode on every prompt ``repeats`` times, interleaved; see the module docstring.
+
+    sampling: extra generation settings for ``sample=True`` (temperature, top_p, top_k).
+    The models are left as they were: the target is not wrapped, and the draft's assistant
+    settings, which transformers reads from the draft's generation_config, are restored.
+    """
+    import torch
+    import transformers
+    from tqdm.auto import tqdm
+
+    import autospec
+
+    if repeats < 1 or max_new_tokens < 1:
+        raise ValueError("repeats and max_new_tokens must be >= 1")
+    mode_list = parse_modes(modes, ks)
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    runner = _Runner(target, draft, tokenizer, draft_tokenizer=draft_tokenizer, modes=mode_list,
+                    sample=sample, sampling=sampling or {})
+    records: list[RunRecord] = []
+    try:
+        if warmup:  # first calls pay for allocation and lazy setup: keep them out of the timings
+            for mode in mode_list:
+                runner.run(mode, encoded[0], min(8, max_new_tokens), seed)
+        total = repeats * len(prompts) * len(mode_list)
+        with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+            for rep in range(repeats):
+                for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+                    shift = (rep + i) % len(mode_list)
+                    for mode in mode_list[shift:] + mode_list[:shift]:
+                        bar.set_postfix_str(f"{prompt.category} {mode.name}", refresh=False)
+                        out = runner.run(mode, ids, max_new_tokens, seed + 1000 * rep + i)
+                        records.append(RunRecord(category=prompt.category, prompt_index=i,
+                                                 repeat=rep, mode=mode.name, k=mode.k, **out))
+                        bar.update()
+    finally:
+        runner.restore()
+    if not sample:
+        _explain_divergences(records, encoded, runner)
+    param = next(target.parameters())
+    meta = {"target": _model_name(target), "draft": _model_name(draft),
+            "device": str(param.device), "dtype": str(param.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": repeats,
+            "max_new_tokens": max_new_tokens, "sample": sample, "sampling": sampling or {},
+            "ks": list(ks), "modes": [m.name for m in mode_list], "torch": torch.__version__,
+            "transformers": transformers.__version__, "autospec": autospec.__version__,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return BenchResult(meta=meta, rows=aggregate(records, greedy=not sample), records=records)
+
+
+_ASSIST_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                  "assistant_confidence_threshold")
+
+
+class _Runner:
+    """Runs and times one request in one mode, the same way for every mode."""
+
+    def __init__(self, target, draft, tokenizer, *, draft_tokenizer, modes, sample, sampling):
+        from autospec.controller import Controller
+
+        ks = [m.k for m in modes if m.kind == "autospec"]
+        # not wrap(): the target's generate stays transformers' own for the other modes
+        self.ctrl = Controller(target, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
+                               k_max=max([16, *ks]))
+        # transformers' generate even if the caller wrapped the target (an instance attribute)
+        self.generate = type(target).generate.__get__(target)
+        self.target, self.draft, self.sample = target, draft, sample
+        self.device = next(target.parameters()).device
+        gc = target.generation_config
+        eos = gc.eos_token_id
+        pad = gc.pad_token_id if gc.pad_token_id is not None else (
+            eos[0] if isinstance(eos, (list, tuple)) else eos)
+        # the same stopping and padding for every mode; EOS stays on (new tokens are reported)
+        self.kwargs = {"do_sample": sample, "eos_token_id": eos, "pad_token_id": pad, **sampling}
+        # transformers reads assisted-generation settings from the *draft's* generation_config
+        # (kwargs to generate do not reach them), and its heuristic schedule writes its state
+        # back there. Each hf mode keeps its own copy, swapped in around its calls, so modes
+        # cannot leak into each other and the default mode evolves as it would for a user.
+        dgc = draft.generation_config
+        self._saved = {f: getattr(dgc, f, None) for f in _ASSIST_FIELDS}
+        fixed = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+        self._assist = {m: dict(self._saved) if m.k is None else {"num_assistant_tokens": m.k, **fixed}
+                        for m in modes if m.kind == "hf-assisted"}
+
+    def run(self, mode: Mode, ids, max_new_tokens: int, seed: int) -> dict:
+        import torch
+
+        ids = ids.to(self.device)
+        kw = dict(self.kwargs, input_ids=ids, attention_mask=torch.ones_like(ids),
+                  max_new_tokens=max_new_tokens)
+        counts, hooks = [0, 0], []
+        if mode.kind == "autospec":
+            gen = torch.Generator(self.device).manual_seed(seed) if self.sample else None
+            call = lambda: self.ctrl.generate(k=mode.k, generator=gen, **kw)  # noqa: E731
+        elif mode.kind == "hf-assisted":
+            self._set_assist(self._assist[mode])
+            # forward counts give acceptance without touching transformers' internals: each
+            # target forward verifies one block, each draft forward proposes one token
+            hooks = [m.register_forward_hook(lambda *_, i=i: counts.__setitem__(i, counts[i] + 1))
+                     for i, m in enumerate((self.target, self.draft))]
+            call = lambda: self.generate(assistant_model=self.draft, **kw)  # noqa: E731
+        else:
+            call = lambda: self.generate(**kw)  # noqa: E731
+        cuda = self.device.type == "cuda"
+        try:
+            # generate samples from torch's global RNG: seed it in a fork, leaving the caller's
+            with torch.random.fork_rng(devices=[self.device] if cuda else [], enabled=self.sample):
+                if self.sample:
+                    torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                out = call()
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                wall = time.perf_counter() - t0
+        finally:
+            for h in hooks:
+                h.remove()
+            if mode.kind == "hf-assisted":
+                self._assist[mode] = {f: getattr(self.draft.generation_config, f, None)
+                                      for f in _ASSIST_FIELDS}
+        tokens = out[0, ids.shape[1]:].tolist()
+        rec = {"new_tokens": len(tokens), "wall_s": wall, "tokens": tokens}
+        if mode.kind == "hf-assisted" and self.target is not self.draft:
+            # every iteration keeps its accepted tokens plus one: accepted = new - iterations
+            rec.update(target_forwards=counts[0], drafted=counts[1],
+                       accepted=max(0, min(counts[1], len(tokens) - counts[0])))
+        elif mode.kind == "autospec":
+            s = self.ctrl.last_stats
+            if s is None:
+                log.warning("autospec served a request through transformers' generate "
+                            "(fallbacks: %s)", self.ctrl.fallbacks)
+            else:
+                rec.update(target_forwards=s.iterations, drafts=s.drafts, drafted=s.drafted,
+                           accepted=s.accepted,
+                           t_target_1=s.target_time(1), t_draft=s.draft_time,
+                           t_target_k1=s.target_time(mode.k + 1) if mode.k else None)
+        return rec
+
+    def _set_assist(self, values: dict) -> None:
+        for name, value in values.items():
+            setattr(self.draft.generation_config, name, value)
+
+    def restore(self) -> None:
+        self._set_assist(self._saved)
+
+    def top2_margin(self, ids, prefix: list[int]) -> float:
+        """Target's raw logit gap between its top two tokens after prompt + prefix."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.cat([ids, torch.tensor([prefix], dtype=ids.dtype)], dim=1).to(self.device)
+            top = self.target(input_ids=x).logits[0, -1].float().topk(2).values
+        return float(top[0] - top[1])
+
+
+def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:
+    """For each greedy output that differs from plain's, find where, and how close the target's
+    top two logits were there: a margin near 0 is a numerical near-tie, not a bug."""
+    plain = {(r.prompt_index, r.repeat): r for r in records if r.mode == "plain"}
+    margins: dict[tuple, float | None] = {}
+    for r in records:
+        base = plain[(r.prompt_index, r.repeat)]
+        pos = first_divergence(base.tokens, r.tokens)
+        if r is base or pos is None:
+            continue
+        key = (r.prompt_index, r.repeat, pos)
+        if key not in margins:  # one target forward over prompt + plain's first pos tokens
+            margins[key] = (runner.top2_margin(encoded[r.prompt_index], base.tokens[:pos])
+                            if pos < len(base.tokens) and pos < len(r.tokens) else None)
+        r.divergence = {
+            "prompt_index": r.prompt_index, "repeat": r.repeat, "position": pos,
+            "plain_token": base.tokens[pos] if pos < len(base.tokens) else None,
+            "token": r.tokens[pos] if pos < len(r.tokens) else None, "margin": margins[key],
+        }
+
+
+def _model_name(model) -> str:
+    return str(getattr(model, "name_or_path", "") or type(model).__name__)

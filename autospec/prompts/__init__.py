@@ -1,0 +1,1 @@
+"""Data: the default benchmark prompts (default.jsonl)."""

@@ -1,0 +1,375 @@
+"""The benchmark and the ``autospec`` command, on tiny random-weight models (no downloads).
+
+Timings are never asserted: only structure, the aggregation math, exactness and error messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from autospec import bench
+from autospec.bench import Prompt, PromptFileError, RunRecord
+from autospec.cli import format_table, main
+
+REQUIRED = {"category", "mode", "k", "tokens_per_s", "speedup", "acceptance", "identical"}
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny models gain nothing from threads, and the CLI sets the count process-wide
+    import transformers
+
+    threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    transformers.logging.set_verbosity(verbosity)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a test must never reach for the network
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer with no merges: 3 special tokens + 256 bytes, round-trips any text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<s>", "</s>", "<pad>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>",
+                                  pad_token="<pad>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models(tok):
+    """fp32 target and a draft that agrees with it partly (noisy copy), so both accepted and
+    rejected drafts occur."""
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(20.0)  # peaked distributions: a realistic mix of accepts
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std().clamp_min(1e-3))
+    return target, draft
+
+
+PROMPTS = [Prompt("code", "def add(a, b):", False), Prompt("code", "Write a sort", True),
+           Prompt("chat", "Explain threads.", True), Prompt("chat", "hello there", False)]
+
+
+# -- the driver on models ----------------------------------------------------------------
+def test_run_bench_rows_have_required_keys_and_greedy_autospec_is_identical(models, tok):
+    target, draft = models
+    res = bench.run_bench(target, draft, tok, PROMPTS, ks=[2], modes=["autospec:k"],
+                          max_new_tokens=12, repeats=1, progress=False)
+    keys = {(r["category"], r["mode"]) for r in res.rows}
+    assert keys == {(c, m) for c in ("code", "chat", "overall") for m in ("plain", "autospec:2")}
+    for row in res.rows:
+        assert REQUIRED <= row.keys()
+        assert row["identical"] is True
+        assert row["divergences"] == []
+    spec = next(r for r in res.rows if r["category"] == "overall" and r["mode"] == "autospec:2")
+    assert spec["k"] == 2 and 0.0 <= spec["acceptance"] <= 1.0
+    assert spec["speedup"] > 0 and spec["tokens_per_s"] > 0
+    assert len(res.records) == len(PROMPTS) * 2
+    assert res.meta["dtype"] == "float32" and res.meta["threads"] == 1
+    assert target.generate.__func__ is type(target).generate  # never left wrapped
+
+
+def test_hf_assisted_modes_count_acceptance_and_restore_the_draft_config(models, tok):
+    target, draft = models
+    before = draft.generation_config.to_dict()
+    res = bench.run_bench(target, draft, tok, PROMPTS[:2], ks=[3],
+                          modes=["hf-assisted", "hf-assisted:k"], max_new_tokens=10, repeats=1,
+                          warmup=False, progress=False)
+    assert draft.generation_config.to_dict() == before
+    fixed = next(r for r in res.rows if r["category"] == "overall" and r["mode"] == "hf-assisted:3")
+    assert 0.0 <= fixed["acceptance"] <= 1.0
+    assert 1.0 <= fixed["tokens_per_forward"] <= 4.0  # at most k + 1 tokens per verification
+
+
+def test_sampled_bench_reports_no_identity(models, tok):
+    target, draft = models
+    res = bench.run_bench(target, draft, tok, PROMPTS[:1], ks=[2], modes=["autospec:k"],
+                          max_new_tokens=6, repeats=1, sample=True, sampling={"temperature": 0.8},
+                          warmup=False, progress=False)
+    assert all(r["identical"] is None for r in res.rows)
+
+
+# -- aggregation on hand-made records ----------------------------------------------------
+def rec(mode, prompt_index, repeat, wall, *, category="code", tokens=(1, 2, 3, 4), **kw):
+    k = int(mode.split(":")[1]) if ":" in mode else None
+    return RunRecord(category=category, prompt_index=prompt_index, repeat=repeat, mode=mode, k=k,
+                     new_tokens=len(tokens), wall_s=wall, tokens=list(tokens), **kw)
+
+
+def test_aggregate_medians_and_paired_speedup():
+    records = [
+        rec("plain", 0, 0, 2.0), rec("plain", 1, 0, 4.0), rec("plain", 2, 0, 1.0),
+        rec("autospec:2", 0, 0, 1.0, drafts=2, drafted=4, accepted=3, target_forwards=2),
+        rec("autospec:2", 1, 0, 1.0, drafts=2, drafted=4, accepted=1, target_forwards=3),
+        rec("autospec:2", 2, 0, 2.0, drafts=1, drafted=2, accepted=0, target_forwards=4),
+    ]
+    rows = {(r["category"], r["mode"]): r for r in bench.aggregate(records, greedy=True)}
+    spec = rows[("code", "autospec:2")]
+    assert spec["tokens_per_s"] == pytest.approx(4.0)  # median of 4, 4, 2 tok/s
+    assert spec["speedup"] == pytest.approx(2.0)  # paired ratios 2, 4, 0.5 → median 2
+    assert rows[("code", "plain")]["speedup"] == pytest.approx(1.0)
+    assert rows[("code", "plain")]["tokens_per_s"] == pytest.approx(2.0)  # 2, 1, 4
+    assert spec["acceptance"] == pytest.approx(4 / 10)  # pooled, not a mean of ratios
+    assert spec["mean_accepted_length"] == pytest.approx(1 + 4 / 5)
+    assert spec["tokens_per_forward"] == pytest.approx(12 / 9)
+    assert spec["identical"] is True and rows[("overall", "autospec:2")]["runs"] == 3
+
+
+def test_aggregate_pairs_by_prompt_and_repeat_and_flags_differences():
+    records = [
+        rec("plain", 0, 0, 1.0, category="a"), rec("plain", 0, 1, 3.0, category="a"),
+        rec("plain", 1, 0, 1.0, category="b"),
+        rec("autospec:4", 0, 0, 1.0, category="a"), rec("autospec:4", 0, 1, 1.0, category="a"),
+        rec("autospec:4", 1, 0, 2.0, category="b", tokens=(1, 2, 9, 4)),
+    ]
+    rows = {(r["category"], r["mode"]): r for r in bench.aggregate(records, greedy=True)}
+    assert rows[("a", "autospec:4")]["speedup"] == pytest.approx(2.0)  # ratios 1 and 3
+    assert rows[("b", "autospec:4")]["identical"] is False
+    assert rows[("a", "autospec:4")]["identical"] is True
+    assert rows[("overall", "autospec:4")]["identical"] is False
+    assert rows[("a", "autospec:4")]["acceptance"] is None  # nothing drafted is "unknown"
+    assert [r["category"] for r in bench.aggregate(records, greedy=True)][-1] == "overall"
+
+
+def test_speedup_is_per_token_when_lengths_differ():
+    records = [rec("plain", 0, 0, 2.0, tokens=(1, 2, 3, 4)),
+               rec("autospec:2", 0, 0, 1.0, tokens=(5, 6))]
+    rows = bench.aggregate(records, greedy=False)
+    assert rows[1]["speedup"] == pytest.approx(1.0)  # 0.5 s/token both
+    assert rows[1]["identical"] is None  # sampling: outputs are not expected to match
+
+
+@pytest.mark.parametrize(("a", "b", "pos"), [((1, 2, 3), (1, 2, 3), None),
+                                             ((1, 2, 3), (1, 5, 3), 1),
+                                             ((1, 2), (1, 2, 3), 2)])
+def test_first_divergence(a, b, pos):
+    assert bench.first_divergence(a, b) == pos
+
+
+def test_json_and_table_follow_the_schema(tmp_path):
+    records = [rec("plain", 0, 0, 1.0), rec("hf-assisted:2", 0, 0, math.nan),
+               rec("autospec:2", 0, 0, 0.5, drafts=1, drafted=2, accepted=2, target_forwards=2,
+                   t_target_1=math.nan, t_draft=0.01)]
+    meta = {"target": "t", "draft": "d", "device": "cpu", "dtype": "float32", "threads": 1,
+            "prompts": 1, "repeats": 1, "max_new_tokens": 4, "sample": False}
+    res = bench.BenchResult(meta=meta, rows=bench.aggregate(records, greedy=True),
+                            records=records)
+    out = tmp_path / "r.json"
+    res.write_json(out)
+
+    def no_nan(name):
+        raise AssertionError(f"{name} in JSON")
+
+    data = json.loads(out.read_text(), parse_constant=no_nan)
+    assert set(data) >= {"meta", "rows"} and data["meta"]["threads"] == 1
+    for row in data["rows"]:
+        assert REQUIRED <= row.keys()
+    table = format_table(res)
+    assert "autospec:2" in table and "1 threads" in table and "float32" in table
+    widths = {len(line) for line in table.splitlines()[2:5]}  # fixed-width data lines
+    assert len(widths) == 1
+
+
+# -- prompts, k lists, modes -------------------------------------------------------------
+def test_default_prompts_file_ships_with_the_package():
+    prompts = bench.load_prompts(bench.default_prompts_path())
+    cats = [p.category for p in prompts]
+    assert {c: cats.count(c) for c in set(cats)} == {"code": 2, "chat": 2, "translation": 2}
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "expected a JSON object"),
+    ('{"category": "x"}', "'prompt' must be a non-empty string"),
+    ('{"category": "", "prompt": "p"}', "'category' must be a non-empty string"),
+    ('{"category": "x", "prompt": "p", "chat": "yes"}', "'chat' must be true or false"),
+    ('{"category": "x", "prompt": "p", "role": "user"}', "unknown keys ['role']"),
+    ('{"category": "overall", "prompt": "p"}', "reserved"),
+])
+def test_prompt_file_errors_name_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"category": "code", "prompt": "ok"}\n\n' + line + "\n")
+    with pytest.raises(PromptFileError, match=r"p\.jsonl:3: ") as err:
+        bench.load_prompts(path)
+    assert message in str(err.value)
+
+
+def test_prompt_file_missing_or_empty(tmp_path):
+    with pytest.raises(PromptFileError, match="cannot read"):
+        bench.load_prompts(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(PromptFileError, match="no prompts"):
+        bench.load_prompts(tmp_path / "empty.jsonl")
+
+
+def test_k_lists_and_modes():
+    assert bench.parse_ks("4, 1,2,4") == [1, 2, 4]
+    for bad in ("1,x", "", "0,2", "65"):
+        with pytest.raises(ValueError):
+            bench.parse_ks(bad)
+    names = [m.name for m in bench.parse_modes(["hf-assisted", "hf-assisted:k", "autospec:k",
+                                                "autospec:0"], [2, 4])]
+    assert names == ["plain", "hf-assisted", "hf-assisted:2", "hf-assisted:4", "autospec:2",
+                     "autospec:4", "autospec:0"]
+    for bad in ("medusa", "autospec", "hf-assisted:0", "autospec:x"):
+        with pytest.raises(ValueError):
+            bench.parse_modes([bad], [2])
+
+
+# -- the command line --------------------------------------------------------------------
+def test_help_runs_without_loading_torch():
+    code = ("import sys; from autospec.cli import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported for --help'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "bench" in done.stdout and "generate" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["bench", "generate", "demo"])
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert "--threads" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "--k", "1,x"], "--k: expected comma-separated integers"),
+    (["bench", "--modes", "turbo"], "--modes: unknown mode"),
+    (["bench", "--prompts", "{missing}"], "cannot read prompts file"),
+    (["generate", "--prompt", "x", "--target", "t"], "--target and --draft go together"),
+    (["generate", "--prompt", "x", "--k", "-1"], "must be in 0..64"),
+    (["generate", "--prompt", "x", "--temperature", "0.5"], "apply only with --sample"),
+    (["generate", "--prompt", "x", "--sample", "--top-p", "1.5"], "must be in (0, 1]"),
+])
+def test_user_errors_are_messages_not_tracebacks(argv, message, capsys, tmp_path):
+    argv = [a.replace("{missing}", str(tmp_path / "none.jsonl")) for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def saved_pair(models, tok, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    for name, model in zip(("target", "draft"), models, strict=True):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+def test_cli_generate_end_to_end(saved_pair, capsys):
+    target, draft = saved_pair
+    code = main(["generate", "--target", target, "--draft", draft, "--prompt", "def add(a, b):",
+                 "--max-new-tokens", "8", "--k", "3", "--dtype", "fp32", "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.strip()
+    assert "[autospec]" in err and "k=3" in err and "1 threads" in err
+
+
+def test_cli_generate_chat_streaming_and_sampling(saved_pair, capsys):
+    target, draft = saved_pair
+    code = main(["generate", "--target", target, "--draft", draft, "--prompt", "hi", "--chat",
+                 "--stream", "--sample", "--temperature", "0.7", "--seed", "3",
+                 "--max-new-tokens", "6", "--dtype", "fp32", "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.strip() and "new tokens" in err
+
+
+def test_cli_bench_end_to_end_writes_json(saved_pair, tmp_path, capsys):
+    target, draft = saved_pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": c, "prompt": p, "chat": ch})
+                                 for c, p, ch in [("code", "def f(x):", False),
+                                                  ("chat", "Say hi.", True)]))
+    out_json = tmp_path / "out.json"
+    code = main(["bench", "--target", target, "--draft", draft, "--prompts", str(prompts),
+                 "--k", "2", "--repeats", "1", "--max-new-tokens", "6", "--modes", "autospec:k",
+                 "--json", str(out_json), "--dtype", "fp32", "--threads", "1"])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "autospec:2" in table and "overall" in table and "1 threads" in table
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["dtype"] == "float32" and data["meta"]["modes"] == ["plain", "autospec:2"]
+    assert {r["category"] for r in data["rows"]} == {"code", "chat", "overall"}
+    assert all(REQUIRED <= r.keys() for r in data["rows"])
+
+
+def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
+    from autospec import models as model_loading
+
+    def fake_load_pair(name, **kwargs):  # the real pair is a 1.5 GB download
+        target, draft = (copy.deepcopy(m) for m in models)  # the demo wraps the target
+        return model_loading.LoadedPair(target=target, draft=draft, tokenizer=tok, name=name)
+
+    monkeypatch.setattr(model_loading, "load_pair", fake_load_pair)
+    code = main(["demo", "--max-new-tokens", "6", "--k", "2", "--dtype", "fp32", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for heading in ("=== code", "=== chat", "=== translation"):
+        assert heading in out
+    assert out.count("speedup") == 3 and "identical to plain: yes" in out and "1 threads" in out
+
+
+def test_divergence_reports_position_and_the_targets_margin(models, tok):
+    target, draft = models
+    runner = bench._Runner(target, draft, tok, draft_tokenizer=None,
+                           modes=bench.parse_modes(["autospec:2"], [2]), sample=False, sampling={})
+    ids = bench.encode_prompt(tok, PROMPTS[0])
+    plain = runner.run(bench.Mode("plain"), ids, 6, 0)["tokens"]
+    other = plain[:2] + [(plain[2] + 1) % len(tok)] + plain[3:]
+    records = [rec("plain", 0, 0, 1.0, tokens=plain), rec("autospec:2", 0, 0, 1.0, tokens=other)]
+    bench._explain_divergences(records, [ids], runner)
+    d = records[1].divergence
+    assert (d["position"], d["plain_token"], d["token"]) == (2, plain[2], other[2])
+    with torch.no_grad():  # the margin is the target's top-2 gap after prompt + plain[:2]
+        x = torch.cat([ids, torch.tensor([plain[:2]])], dim=1)
+        top = target(input_ids=x).logits[0, -1].topk(2).values
+    assert d["margin"] == pytest.approx(float(top[0] - top[1]), rel=1e-4)
+    assert records[0].divergence is None
+    res = bench.BenchResult(meta={"target": "t", "draft": "d", "device": "cpu", "dtype": "f",
+                                  "threads": 1, "prompts": 1, "repeats": 1, "max_new_tokens": 6,
+                                  "sample": False},
+                            rows=bench.aggregate(records, greedy=True), records=records)
+    assert "diverged: code autospec:2 prompt 0 repeat 0 at new token 2" in format_table(res)
