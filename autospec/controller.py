@@ -118,7 +118,6 @@ class Controller:
             k_max=self.k_max, target_context=self.target_context,
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits,
-            time_forwards=plan.input_ids.device.type == "cpu",
         )
         self._local.stats = res.stats
         sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)

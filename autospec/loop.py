@@ -7,11 +7,12 @@ Invariants at the top of every iteration, with ``n`` tokens known (prompt + gene
 - k = 0 is a plain decoding step: the target scores one position and the draft does nothing
   (it catches up in one forward when drafting resumes).
 
-One iteration:
+One iteration (``_Loop.step``):
 1. Draft k tokens autoregressively from the draft's cache (sampling from q, or argmax).
 2. Score catch-up + k draft tokens in one target forward → p at the k+1 positions.
 3. Verify: accepted + one recovered/bonus token (``verify.py``).
-4. One host sync: the accepted count, the next token and the draft tokens come back together.
+4. One host sync: the accepted count, the next token, the draft tokens and the iteration's
+   acceptance-trace values come back together.
 5. Emit tokens, stopping exactly where ``generate`` would (max_new_tokens, EOS, criteria).
 6. Crop both caches to what was kept.
 
@@ -39,6 +40,8 @@ from autospec.sampling import (
     sample,
     seen_tokens,
 )
+from autospec.store.records import TRACE_GREEDY, TRACE_SAMPLED
+from autospec.telemetry import Clock, Trace, quantize_beta
 from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
@@ -65,7 +68,12 @@ class LoopStats:
     draft_s: float = 0.0  # the other draft forwards (one token each, or two after a bonus)
     draft_forwards: int = 0
     target_s_by_n: dict[int, list[float]] = field(default_factory=dict)  # scored tokens → times
+    target_forwards: list[tuple[int, float]] = field(default_factory=list)  # (cached, seconds)
+    accepted_schedule: list[int] = field(default_factory=list)  # per iteration, with k_schedule
+    trace: bytes = b""  # acceptance trace, one byte per generated token (autospec.telemetry)
+    trace_kind: str = ""
     wall_s: float = 0.0
+    started_at: float = 0.0  # time.time() at the start, for matching NVML samples
     stop_reason: str = ""
 
     @property
@@ -139,192 +147,278 @@ def _fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(raw, (0, extra), value=float("-inf"))
 
 
-def speculative_generate(
-    target,
-    draft,
-    input_ids: torch.Tensor,  # [1, L]
-    *,
-    sampling: SamplingConfig,
-    policy: Policy,
-    max_new_tokens: int,
-    min_new_tokens: int = 0,
-    eos_token_ids: tuple[int, ...] = (),
-    stopping_criteria=None,
-    streamer=None,
-    generator: torch.Generator | None = None,
-    category: str = "default",
-    k_max: int = 16,
-    target_context: int | None = None,
-    draft_context: int | None = None,
-    output_scores: bool = False,
-    output_logits: bool = False,
-    time_forwards: bool = True,
-) -> LoopResult:
-    """Generate exactly as ``target.generate`` would, speculating with ``draft``."""
-    t_start = time.perf_counter()
-    device = input_ids.device
-    L = input_ids.shape[1]
-    vocab = target.get_output_embeddings().weight.shape[0]
-    greedy = not sampling.do_sample
-    stats = LoopStats(prompt_tokens=L)
-    scores_out: list[torch.Tensor] | None = [] if output_scores else None
-    logits_out: list[torch.Tensor] | None = [] if output_logits else None
+TRACE_CATCH_UP_MAX = 64  # trace positions a draft catch-up forward may fill in one go
 
-    buf = torch.empty(1, L + max_new_tokens + k_max + 1, dtype=torch.long, device=device)
-    buf[:, :L] = input_ids
-    n = L
-    t_fwd, d_fwd = _Forward(target), _Forward(draft)
-    t_cache, d_cache = new_cache(target), new_cache(draft)
-    t_len = d_len = 0
-    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device) if eos_token_ids else None
-    eos_set = set(eos_token_ids)
-    # tokens seen so far, for the repetition penalty (kept incrementally, never rescanned)
-    seen = None
-    if sampling.uses_presence:
-        seen = seen_tokens(input_ids, vocab)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
 
-    def banned_at(first_gen: int, npos: int) -> torch.Tensor | None:
-        # EOS is suppressed at positions whose generated count is still below min_new_tokens
-        if eos is None or first_gen >= min_new_tokens:
+def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,
+                         policy: Policy, max_new_tokens: int, **options) -> LoopResult:
+    """Generate exactly as ``target.generate`` would, speculating with ``draft``.
+
+    input_ids: [1, L]. Options: min_new_tokens, eos_token_ids, stopping_criteria, streamer,
+    generator, category, k_max, target_context, draft_context, output_scores, output_logits.
+    """
+    loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
+    with torch.inference_mode():
+        while not loop.finished:
+            loop.step()
+    return loop.result()
+
+
+class _Loop:
+    """The state of one request; ``step`` runs one draft → verify iteration."""
+
+    def __init__(self, target, draft, input_ids, sampling: SamplingConfig, policy: Policy,
+                 max_new_tokens: int, *, min_new_tokens: int = 0,
+                 eos_token_ids: tuple[int, ...] = (), stopping_criteria=None, streamer=None,
+                 generator: torch.Generator | None = None, category: str = "default",
+                 k_max: int = 16, target_context: int | None = None,
+                 draft_context: int | None = None, output_scores: bool = False,
+                 output_logits: bool = False):
+        self.t_start = time.perf_counter()
+        self.device = device = input_ids.device
+        self.L = L = input_ids.shape[1]
+        self.sampling, self.policy, self.generator = sampling, policy, generator
+        self.greedy = not sampling.do_sample
+        self.max_new, self.min_new = max_new_tokens, min_new_tokens
+        self.criteria, self.streamer = stopping_criteria, streamer
+        self.category, self.k_max = category, k_max
+        self.target_context, self.draft_context = target_context, draft_context
+        self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
+                               trace_kind=TRACE_GREEDY if self.greedy else TRACE_SAMPLED)
+        self.scores_out = [] if output_scores else None
+        self.logits_out = [] if output_logits else None
+        self.buf = torch.empty(1, L + max_new_tokens + k_max + 1, dtype=torch.long, device=device)
+        self.buf[:, :L] = input_ids
+        self.n = L  # tokens known: prompt + generated
+        self.t_fwd, self.d_fwd = _Forward(target), _Forward(draft)
+        self.t_cache, self.d_cache = new_cache(target), new_cache(draft)
+        self.t_len = self.d_len = 0  # tokens each cache holds
+        self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+                    if eos_token_ids else None)
+        self.eos_set = set(eos_token_ids)
+        # tokens seen so far, for the repetition penalty (kept incrementally, never rescanned)
+        self.seen = seen_tokens(input_ids, self.vocab) if sampling.uses_presence else None
+        self.clock = Clock(device)
+        self.timings: list[tuple] = []  # (what, count, start mark, end mark), read at the end
+        self.trace = Trace(self.greedy, max_new_tokens)
+        self.p_bonus = None  # sampling: p at the last bonus position, until the draft scores it
+        self.finished = False
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+
+    # -- logits processing, as generate would do it at each position ------------------------
+    def banned_at(self, first_gen: int, npos: int) -> torch.Tensor | None:
+        """EOS is suppressed at positions whose generated count is below min_new_tokens."""
+        if self.eos is None or first_gen >= self.min_new:
             return None
-        rows = torch.arange(first_gen, first_gen + npos, device=device) < min_new_tokens
-        mask = torch.zeros(npos, vocab, dtype=torch.bool, device=device)
-        mask[:, eos] = rows[:, None]
+        rows = torch.arange(first_gen, first_gen + npos, device=self.device) < self.min_new
+        mask = torch.zeros(npos, self.vocab, dtype=torch.bool, device=self.device)
+        mask[:, self.eos] = rows[:, None]
         return mask
 
-    def process(raw: torch.Tensor, first_gen: int, base_seen, block=None) -> torch.Tensor:
+    def process(self, raw, first_gen: int, base_seen, block=None) -> torch.Tensor:
         """raw [1, npos, V] → processed scores; position j has seen base_seen + block[:, :j]."""
-        raw = _fit_vocab(raw, vocab)
+        raw = _fit_vocab(raw, self.vocab)
         npos = raw.shape[1]
         pos_seen = None if base_seen is None else block_presence(base_seen, block, npos)
-        return process_logits(raw, sampling, seen=pos_seen, banned=banned_at(first_gen, npos))
+        return process_logits(raw, self.sampling, seen=pos_seen,
+                              banned=self.banned_at(first_gen, npos))
 
-    finished = False
-    with torch.inference_mode():
-        while not finished:
-            generated = n - L
-            remaining = max_new_tokens - generated
-            ctx = Context(category=category, k_max=k_max, generated=generated, remaining=remaining)
-            k_req = policy.choose(ctx)
-            # every iteration emits at least one token: never draft past what can be kept
-            k = max(0, min(int(k_req), k_max, remaining - 1))
-            if target_context is not None:
-                k = min(k, target_context - n)
-            if draft_context is not None:
-                k = min(k, draft_context - n + 1)
-            k = max(k, 0)
+    # -- one iteration --------------------------------------------------------------------------
+    def choose_k(self, ctx: Context) -> int:
+        # every iteration emits at least one token: never draft past what can be kept
+        k = min(int(self.policy.choose(ctx)), self.k_max, ctx.remaining - 1)
+        if self.target_context is not None:
+            k = min(k, self.target_context - self.n)
+        if self.draft_context is not None:
+            k = min(k, self.draft_context - self.n + 1)
+        return max(k, 0)
 
-            # 1. Draft k tokens
-            d_time = 0.0
-            q_list: list[torch.Tensor] = []
-            d_toks = torch.empty(1, k, dtype=torch.long, device=device)
-            if k > 0:
-                t0 = time.perf_counter()
-                feed = buf[:, d_len:n]
-                catch_up = feed.shape[1] > 2  # the prompt, or tokens decoded while k was 0
-                d_seen = seen.clone() if seen is not None else None
-                for i in range(k):
-                    raw = d_fwd(feed, d_cache, 1)  # [1, 1, V]
-                    if i == 0 and catch_up:
-                        t_catch = time.perf_counter() - t0
-                    s = process(raw, generated + i, d_seen)
-                    if greedy:
-                        tok = s[:, 0].argmax(dim=-1)  # [1]
-                    else:
-                        q = logits_to_probs(s, sampling)  # [1, 1, V]
-                        q_list.append(q)
-                        tok = sample(q[:, 0], generator)  # [1]
-                    d_toks[:, i] = tok
-                    if d_seen is not None:
-                        d_seen[0, tok] = True
-                    feed = d_toks[:, i : i + 1]
-                d_len = n + k - 1
-                d_time = time.perf_counter() - t0
-                # T_d is the cost of one proposed token: catch-up forwards are kept apart
-                if catch_up:
-                    stats.draft_prefill_s += t_catch
-                stats.draft_forwards += k - catch_up
-                stats.draft_s += d_time - (t_catch if catch_up else 0.0)
-
-            # 2. Score catch-up + drafts in one target forward
-            t0 = time.perf_counter()
-            feed_t = torch.cat([buf[:, t_len:n], d_toks], dim=1)
-            raw_t = t_fwd(feed_t, t_cache, k + 1)  # [1, k+1, V]
-            s_t = process(raw_t, generated, seen, d_toks)  # [1, k+1, V]
-
-            # 3. Verify
-            if greedy:
-                num_acc, nxt = greedy_verify(s_t.argmax(dim=-1), d_toks)
+    def draft_block(self, k: int, gen: int):
+        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, trace values for
+        already generated positions the catch-up forward scored)."""
+        buf, n = self.buf, self.n
+        d_toks = torch.empty(1, k, dtype=torch.long, device=self.device)
+        q_list = []
+        feed = buf[:, self.d_len : n]
+        # catch-up rows whose predictions are generated tokens already known: trace material
+        known = min(max(0, n - max(self.L, self.d_len + 1)), TRACE_CATCH_UP_MAX)
+        if self.sampling.uses_presence:  # their penalties would need the past seen-sets: skip
+            known = 0
+        catch_up_trace = None
+        timed = k  # forwards inside the "draft" timing: T_d is the cost of one proposal
+        t0 = self.clock.mark()
+        d_seen = self.seen.clone() if self.seen is not None else None
+        for i in range(k):
+            if i == 0:
+                raw = self.d_fwd(feed, self.d_cache, known + 1)  # [1, known+1, V]
+                if feed.shape[1] > 2:  # the prompt, or tokens decoded at k = 0: not T_d
+                    self.timings.append(("draft_catch_up", 1, t0, self.clock.mark()))
+                    t0 = self.clock.mark()
+                    timed -= 1
+                if known:
+                    catch_up_trace = self.trace_catch_up(raw[:, :known], n - known - self.L)
+                raw = raw[:, -1:]
             else:
-                p = logits_to_probs(s_t, sampling)
-                q = torch.cat(q_list, dim=1) if k > 0 else p[:, :0]
-                num_acc, nxt = rejection_sample(p, q, d_toks, generator=generator)
-            t_len = n + k
+                raw = self.d_fwd(feed, self.d_cache, 1)  # [1, 1, V]
+            s = self.process(raw, gen + i, d_seen)
+            if self.greedy:
+                tok = s[:, 0].argmax(dim=-1)  # [1]
+            else:
+                q = logits_to_probs(s, self.sampling)  # [1, 1, V]
+                q_list.append(q)
+                tok = sample(q[:, 0], self.generator)  # [1]
+            d_toks[:, i] = tok
+            if d_seen is not None:
+                d_seen[0, tok] = True
+            feed = d_toks[:, i : i + 1]
+        self.timings.append(("draft", timed, t0, self.clock.mark()))
+        self.d_len = n + k - 1
+        return d_toks, (torch.cat(q_list, dim=1) if q_list else None), catch_up_trace
 
-            # 4. The iteration's one host sync
-            vals = torch.cat([num_acc, nxt, d_toks[0]]).tolist()
-            t_time = time.perf_counter() - t0
-            if time_forwards:
-                if stats.iterations == 0:
-                    stats.prefill_s = t_time
-                else:
-                    stats.target_s_by_n.setdefault(k + 1, []).append(t_time)
-            m, nxt_id, proposed = vals[0], vals[1], vals[2:]
+    def trace_catch_up(self, raw, first_gen: int) -> torch.Tensor:
+        """Trace values for generated positions first_gen … from the draft's catch-up rows."""
+        s = self.process(raw, first_gen, None)
+        count = raw.shape[1]
+        if self.greedy:
+            truth = self.buf[0, self.L + first_gen : self.L + first_gen + count]
+            return (s[0].argmax(dim=-1) == truth).to(torch.int64)
+        if self.p_bonus is None or count != 1:
+            return torch.full((count,), 255, dtype=torch.int64, device=self.device)
+        q = logits_to_probs(s, self.sampling)[0, 0]
+        return quantize_beta(torch.minimum(self.p_bonus, q).sum())[None]
 
-            # 5. Emit, stopping where generate would
-            new = proposed[:m] + [nxt_id]
-            buf[:, n : n + m] = d_toks[:, :m]  # device-side copies: no host round trip
-            buf[:, n + m] = nxt
-            emitted = 0
-            for tok in new:
-                emitted += 1
-                if tok in eos_set:
-                    finished, stats.stop_reason = True, "eos"
-                    break
-                if stopping_criteria is not None and _criteria_hit(
-                    stopping_criteria, buf[:, : n + emitted], s_t[:, emitted - 1]
-                ):
-                    finished, stats.stop_reason = True, "stopping_criteria"
-                    break
-            if output_scores:
-                scores_out.extend(s_t[:, j].clone() for j in range(emitted))
-            if output_logits:
-                logits_out.extend(raw_t[:, j].float().clone() for j in range(emitted))
-            if seen is not None:
-                seen[0, buf[0, n : n + emitted]] = True
-            if streamer is not None:
-                streamer.put(torch.tensor(new[:emitted]))
-            n += emitted
-            if n - L >= max_new_tokens and not finished:
-                finished, stats.stop_reason = True, "max_new_tokens"
+    def step(self) -> None:
+        stats, buf, n = self.stats, self.buf, self.n
+        gen = n - self.L
+        ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
+                      remaining=self.max_new - gen)
+        k = self.choose_k(ctx)
+        first_timing = len(self.timings)
 
-            stats.iterations += 1
-            stats.k_schedule.append(k)
-            if k > 0:
-                stats.drafts += 1
-                stats.drafted += k
-                stats.accepted += m
-                _bump(stats.drafted_per_position, k)
-                _bump(stats.accepted_per_position, m)
-            policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_time,
-                                          target_time_s=t_time))
+        # 1. Draft k tokens (k = 0: nothing; the draft catches up when drafting resumes)
+        q = catch_up_trace = None
+        if k > 0:
+            d_toks, q, catch_up_trace = self.draft_block(k, gen)
+        else:
+            d_toks = torch.empty(1, 0, dtype=torch.long, device=self.device)
 
-            # 6. Keep only what was kept in both caches
-            if not finished:
-                _crop(t_cache, n - 1)
-                t_len = n - 1
-                if d_len > n - 1:
-                    _crop(d_cache, n - 1)
-                    d_len = n - 1
+        # 2. Score catch-up + drafts in one target forward
+        t0 = self.clock.mark()
+        cached = self.t_len
+        raw_t = self.t_fwd(torch.cat([buf[:, cached:n], d_toks], dim=1), self.t_cache, k + 1)
+        s_t = self.process(raw_t, gen, self.seen, d_toks)  # [1, k+1, V]
 
-    if streamer is not None:
-        streamer.end()
-    stats.new_tokens = n - L
-    stats.wall_s = time.perf_counter() - t_start
-    return LoopResult(sequences=buf[:, :n].clone(), stats=stats, scores=scores_out,
-                      logits=logits_out)
+        # 3. Verify, and the trace values of the block's positions
+        if self.greedy:
+            tgt = s_t.argmax(dim=-1)  # [1, k+1]
+            num_acc, nxt = greedy_verify(tgt, d_toks)
+            block_trace = (d_toks[0] == tgt[0, :k]).to(torch.int64)
+        else:
+            p = logits_to_probs(s_t, self.sampling)  # [1, k+1, V]
+            num_acc, nxt = rejection_sample(p, q if q is not None else p[:, :0], d_toks,
+                                            generator=self.generator)
+            block_trace = (quantize_beta(torch.minimum(p[0, :k], q[0]).sum(-1)) if k
+                           else d_toks[0])
+        self.t_len = n + k
+        t_end = self.clock.mark()
+
+        # 4. The iteration's one host sync
+        parts = [num_acc, nxt, d_toks[0], block_trace]
+        if catch_up_trace is not None:
+            parts.append(catch_up_trace)
+        vals = torch.cat(parts).tolist()
+        m, nxt_id = vals[0], vals[1]
+        proposed, block_vals = vals[2 : 2 + k], vals[2 + k : 2 + 2 * k]
+        if catch_up_trace is not None:
+            cu = vals[2 + 2 * k :]
+            self.trace.put(gen - len(cu), cu)
+        self.trace.put(gen, block_vals[: min(m + 1, k)])  # past the first rejection: off-prefix
+        self.p_bonus = p[:, k].squeeze(0) if not self.greedy and k and m == k else None
+        what = "target_prefill" if stats.iterations == 0 else "target"
+        self.timings.append((what, k + 1, t0, t_end, cached))
+
+        # 5. Emit, stopping where generate would
+        self.emit(proposed[:m] + [nxt_id], d_toks, nxt, m, s_t, raw_t)
+        stats.iterations += 1
+        stats.k_schedule.append(k)
+        stats.accepted_schedule.append(m)
+        if k > 0:
+            stats.drafts += 1
+            stats.drafted += k
+            stats.accepted += m
+            _bump(stats.drafted_per_position, k)
+            _bump(stats.accepted_per_position, m)
+        self.policy.update(ctx, k, self.outcome(k, m, self.timings[first_timing:]))
+
+        # 6. Keep only what was kept in both caches
+        if not self.finished:
+            _crop(self.t_cache, self.n - 1)
+            self.t_len = self.n - 1
+            if self.d_len > self.n - 1:
+                _crop(self.d_cache, self.n - 1)
+                self.d_len = self.n - 1
+
+    def emit(self, new: list[int], d_toks, nxt, m: int, s_t, raw_t) -> None:
+        n, buf = self.n, self.buf
+        buf[:, n : n + m] = d_toks[:, :m]  # device-side copies: no host round trip
+        buf[:, n + m] = nxt
+        emitted = 0
+        for tok in new:
+            emitted += 1
+            if tok in self.eos_set:
+                self.finished, self.stats.stop_reason = True, "eos"
+                break
+            if self.criteria is not None and _criteria_hit(
+                    self.criteria, buf[:, : n + emitted], s_t[:, emitted - 1]):
+                self.finished, self.stats.stop_reason = True, "stopping_criteria"
+                break
+        if self.scores_out is not None:
+            self.scores_out.extend(s_t[:, j].clone() for j in range(emitted))
+        if self.logits_out is not None:
+            self.logits_out.extend(raw_t[:, j].float().clone() for j in range(emitted))
+        if self.seen is not None:
+            self.seen[0, buf[0, n : n + emitted]] = True
+        if self.streamer is not None:
+            self.streamer.put(torch.tensor(new[:emitted]))
+        self.n += emitted
+        if self.n - self.L >= self.max_new and not self.finished:
+            self.finished, self.stats.stop_reason = True, "max_new_tokens"
+
+    def outcome(self, k: int, m: int, timings: list[tuple]) -> Outcome:
+        """What the policy learns from this iteration; times only where reading them is free
+        (CPU). The draft's time includes any catch-up forward: it is this iteration's cost."""
+        d_s = t_s = float("nan")
+        if self.clock.immediate:
+            secs = [(w, self.clock.seconds(a, b)) for w, _, a, b, *_ in timings]
+            d_s = sum(sec for w, sec in secs if w.startswith("draft"))
+            t_s = sum(sec for w, sec in secs if w.startswith("target"))
+        return Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s)
+
+    # -- the end ------------------------------------------------------------------------------
+    def result(self) -> LoopResult:
+        if self.streamer is not None:
+            self.streamer.end()
+        stats = self.stats
+        stats.new_tokens = self.n - self.L
+        stats.trace = self.trace.finish(stats.new_tokens)
+        # one pass over the clock marks (on CUDA the events completed at the last sync)
+        for what, count, a, b, *rest in self.timings:
+            sec = self.clock.seconds(a, b)
+            if what == "draft":
+                stats.draft_s += sec
+                stats.draft_forwards += count
+            elif what == "draft_catch_up":
+                stats.draft_prefill_s += sec
+            elif what == "target_prefill":
+                stats.prefill_s = sec
+            else:
+                stats.target_s_by_n.setdefault(count, []).append(sec)
+                stats.target_forwards.append((rest[0], sec))
+        stats.wall_s = time.perf_counter() - self.t_start
+        return LoopResult(sequences=self.buf[:, : self.n].clone(), stats=stats,
+                          scores=self.scores_out, logits=self.logits_out)
 
 
 def _bump(counts: list[int], upto: int) -> None:

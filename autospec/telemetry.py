@@ -1,0 +1,251 @@
+"""Telemetry: forward timing, acceptance traces, memory-bandwidth figures, NVML sampling.
+
+Nothing here runs per token. The loop records clock marks and small device tensors; this
+module turns them into numbers once per iteration (CPU) or once per request (CUDA events are
+read after the request's last sync, never forcing one of their own).
+
+Acceptance traces (see DESIGN.md): one byte per generated position telling whether the draft,
+continuing from the target's own prefix, would have produced that token — greedy: 1/0 for its
+argmax matching; sampling: round(254 · β) with β = Σ min(p, q), the probability of acceptance.
+255 marks a position nobody observed (decoded with k = 0, or the request's final bonus token).
+For greedy decoding the trace does not depend on k, so replaying it under another k gives the
+accepted lengths that k would have seen, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Clock", "Trace", "UNOBSERVED", "param_bytes", "kv_bytes_per_token",
+           "achieved_bandwidth", "peak_bandwidth", "hardware_name", "NvmlSampler"]
+
+from autospec.store.records import UNOBSERVED  # noqa: E402  (one definition, torch-free)
+
+
+class Clock:
+    """perf_counter on the CPU (ops there are synchronous); CUDA events on a GPU, whose
+    elapsed times are read only after the loop's own per-iteration sync has completed them."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, start, end) -> float:
+        if self.cuda:
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+    @property
+    def immediate(self) -> bool:
+        """Whether seconds() may be read right away without stalling the device."""
+        return not self.cuda
+
+
+class Trace:
+    """The acceptance trace of one request, filled as positions get observed."""
+
+    def __init__(self, greedy: bool, max_len: int):
+        self.greedy = greedy
+        self.values = bytearray([UNOBSERVED]) * max_len
+
+    def put(self, position: int, values) -> None:
+        """Set generated positions position, position+1, … (those past the end are dropped)."""
+        for i, v in enumerate(values):
+            if 0 <= position + i < len(self.values):
+                self.values[position + i] = int(v)
+
+    def finish(self, new_tokens: int) -> bytes:
+        return bytes(self.values[:new_tokens])
+
+
+def quantize_beta(beta: torch.Tensor) -> torch.Tensor:
+    """β in [0, 1] → int in 0 … 254 (255 is reserved for unobserved)."""
+    return (beta.clamp(0, 1) * 254).round().to(torch.int64)
+
+
+def param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V one cached token occupies across all layers."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    elem = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * heads * head_dim * elem
+
+
+def achieved_bandwidth(weights: int, kv_per_token: int, forwards: list[tuple[int, float]]):
+    """Median bytes/s over target forwards: (weights + KV read) ÷ time.
+
+    forwards: (cached tokens before the forward, seconds). A decoding forward reads every
+    weight once and the whole cache once, whatever the number of tokens it scores.
+    """
+    rates = [(weights + kv_per_token * cached) / s for cached, s in forwards if s > 0]
+    return statistics.median(rates) if rates else None
+
+
+# -- the device's peak -----------------------------------------------------------------------
+
+def hardware_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"cpu: {cpu} ({torch.get_num_threads()} threads)"
+
+
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # no driver, no device: figures stay absent
+        log.debug("NVML unavailable: %s", e)
+        return None
+    return pynvml
+
+
+def measure_copy_bandwidth(size_mb: int = 256, repeats: int = 5) -> float:
+    """Bytes/s a tensor copy achieves here (read + write counted), best of ``repeats``."""
+    src = torch.empty(size_mb * 2**20 // 4, dtype=torch.float32)
+    src.fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best
+
+
+def peak_bandwidth(device: torch.device, cache_dir=None) -> float | None:
+    """The device's peak memory bandwidth in bytes/s.
+
+    NVIDIA: memory clock × bus width from NVML (× 2 for double data rate). CPU: a measured
+    copy, cached per machine and thread count in the cache directory so it runs once.
+    """
+    if device.type == "cuda":
+        nvml = _nvml()
+        if nvml is None:
+            return None
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            clock_mhz = nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_MEM)
+            bus_bits = nvml.nvmlDeviceGetMemoryBusWidth(h)
+            return clock_mhz * 1e6 * 2 * bus_bits / 8
+        except Exception as e:
+            log.debug("NVML peak bandwidth unavailable: %s", e)
+            return None
+    if device.type != "cpu":
+        return None
+    key = f"{hardware_name(device)}"
+    path = None
+    if cache_dir is not None:
+        path = os.path.join(cache_dir, "bandwidth.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                known = json.load(f)
+            if key in known:
+                return float(known[key])
+        except (OSError, ValueError):
+            known = {}
+    peak = measure_copy_bandwidth()
+    if path is not None:
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            known = {} if not os.path.exists(path) else json.load(open(path, encoding="utf-8"))
+            known[key] = peak
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(known, f)
+            os.replace(tmp, path)
+        except (OSError, ValueError) as e:
+            log.debug("could not cache the bandwidth figure: %s", e)
+    return peak
+
+
+# -- NVML sampling ----------------------------------------------------------------------------
+
+@dataclass
+class _Sample:
+    t: float
+    mem_busy: float
+    sm_util: float
+
+
+class NvmlSampler:
+    """Samples NVML's memory-busy and SM utilisation on a background thread.
+
+    ``window(t0, t1)`` averages the samples taken during a request. Absent NVML (CPU, no
+    driver, pynvml not installed) it does nothing and every window is (None, None).
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.05, keep: int = 4096):
+        self._samples: list[_Sample] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        nvml = _nvml() if device.type == "cuda" else None
+        if nvml is None:
+            return
+        self._nvml = nvml
+        self._handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        self._interval = interval_s
+        self._thread = threading.Thread(target=self._run, name="autospec-nvml", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                u = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            except Exception as e:
+                log.debug("NVML sampling stopped: %s", e)
+                return
+            with self._lock:
+                self._samples.append(_Sample(time.time(), float(u.memory), float(u.gpu)))
+                if len(self._samples) > self._keep:
+                    del self._samples[: self._keep // 2]
+
+    def window(self, t0: float, t1: float) -> tuple[float | None, float | None]:
+        with self._lock:
+            inside = [s for s in self._samples if t0 <= s.t <= t1]
+        if not inside:
+            return None, None
+        return (statistics.fmean(s.mem_busy for s in inside),
+                statistics.fmean(s.sm_util for s in inside))
+
+    def close(self) -> None:
+        self._stop.set()
