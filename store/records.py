@@ -1,0 +1,63 @@
+"""What the runtime hands the store: plain values, no torch, no SQLAlchemy.
+
+A ``RequestRecord`` is built once per request at the end of ``generate`` (off the per-token
+path) and queued for the background writer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED"]
+
+# Acceptance traces: one byte per generated position, telling whether the draft, continuing
+# from the target's own prefix, would have produced that position's token.
+TRACE_GREEDY = "greedy"  # 1 the draft's argmax matched, 0 it did not, 255 not observed
+TRACE_SAMPLED = "sampled"  # round(254 · β) with β = Σ_x min(p(x), q(x)), 255 not observed
+UNOBSERVED = 255
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    """Identifies a model pair on a kind of hardware; rows are shared by every request."""
+
+    target: str  # name or path of the target model
+    draft: str
+    dtype: str  # e.g. "bfloat16"
+    hardware: str  # e.g. "cpu: Intel Xeon (2 threads)" or "cuda: NVIDIA H200"
+    target_param_bytes: int = 0
+    draft_param_bytes: int = 0
+
+
+@dataclass
+class RequestRecord:
+    pair: PairInfo
+    category: str
+    policy: str
+    greedy: bool
+    prompt_tokens: int
+    new_tokens: int
+    iterations: int
+    drafts: int
+    drafted: int
+    accepted: int
+    accepted_per_position: list[int]
+    drafted_per_position: list[int]
+    k_schedule: bytes  # one byte per iteration: the k run
+    accepted_schedule: bytes  # one byte per iteration: accepted count
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    draft_forwards: int
+    target_s_by_n: dict[int, list[float]]  # tokens scored → forward times (s)
+    trace_kind: str
+    trace: bytes  # one byte per generated position (see TRACE_*)
+    stop_reason: str = ""
+    bandwidth_bytes_per_s: float | None = None  # achieved by the target's forwards
+    bandwidth_peak_bytes_per_s: float | None = None
+    nvml_mem_busy_pct: float | None = None
+    nvml_sm_util_pct: float | None = None
+    prompt_text: str | None = None  # only with log_text=True
+    output_text: str | None = None
+    created_at: float = field(default_factory=time.time)
