@@ -1,0 +1,49 @@
+"""autospec.store: per-request telemetry and per-category statistics in a SQL database.
+
+    store = open_store("sqlite:///autospec.db")     # or None (cache dir), a path, any URL
+    writer = store.writer()                          # background batches, never blocks
+    writer.submit(record)                            # a RequestRecord, from generate()
+    with store.session() as s:
+        for summary in queries.category_summaries(s):
+            ...
+    store.close()                                    # flushes writers
+
+No torch here, and exports are lazy: ``from autospec.store.records import …`` (the runtime,
+the simulator) does not import SQLAlchemy; ``autospec stats`` and the policies stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "PairInfo": "records",
+    "RequestRecord": "records",
+    "TRACE_GREEDY": "records",
+    "TRACE_SAMPLED": "records",
+    "UNOBSERVED": "records",
+    "Store": "engine",
+    "StoreError": "engine",
+    "default_url": "engine",
+    "open_store": "engine",
+    "StoreWriter": "writer",
+    "WriterStats": "writer",
+    "add_probe": "rows",
+    "check_category": "rows",
+    "get_or_create_pair": "rows",
+    "write_records": "rows",
+}
+
+__all__ = sorted([*_EXPORTS, "queries"])
+
+
+def __getattr__(name: str):
+    if name == "queries":
+        return importlib.import_module(f"{__name__}.queries")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

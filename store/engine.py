@@ -1,0 +1,278 @@
+"""Opening a store: URL → engine, schema upgrade, and the errors a user can act on.
+
+``open_store(None)`` is a SQLite file in the cache directory; a bare path is a SQLite file;
+anything with ``://`` is a SQLAlchemy URL (``postgresql+psycopg://user:pw@host/db``).
+
+SQLite is set up for several writer processes and concurrent readers: WAL journal,
+``synchronous=NORMAL`` (a commit survives a crash of the process; only power loss can lose the
+last commits), a busy timeout, foreign keys on, and write transactions that start with
+``BEGIN IMMEDIATE`` (pysqlite's own transaction handling is switched off), so writers queue on
+the lock instead of failing to upgrade a read lock with SQLITE_BUSY. Readers use a deferred
+``BEGIN`` and never wait on writers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from .records import PairInfo
+
+__all__ = ["Store", "StoreError", "open_store", "default_url", "cache_dir"]
+
+log = logging.getLogger(__name__)
+
+DB_FILENAME = "autospec.db"
+_EXAMPLES = "e.g. sqlite:///path/to/autospec.db, a plain file path, or postgresql+psycopg://user:password@host:5432/dbname"
+_PG_LOCK_ID = 0x6175746F73706563 & 0x7FFFFFFFFFFFFFFF  # "autospec": serialises migrations
+
+
+class StoreError(ValueError):
+    """The store cannot be opened or used as asked; the message says why and what to do."""
+
+
+def cache_dir() -> Path:
+    """autospec's cache directory: $AUTOSPEC_CACHE, else $XDG_CACHE_HOME/autospec, else
+    ~/.cache/autospec. The one definition (torch-free; autospec.models uses it too)."""
+    if os.environ.get("AUTOSPEC_CACHE"):
+        return Path(os.environ["AUTOSPEC_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "autospec"
+    return Path.home() / ".cache" / "autospec"
+
+
+def default_url() -> str:
+    return f"sqlite:///{cache_dir() / DB_FILENAME}"
+
+
+def _resolve(url: str | os.PathLike | None) -> URL:
+    if url is None:
+        url = default_url()
+    elif isinstance(url, str) and not url.strip():
+        raise StoreError(f"empty store URL; give a file path or a URL ({_EXAMPLES})")
+    elif isinstance(url, os.PathLike) or (isinstance(url, str) and "://" not in url):
+        url = f"sqlite:///{Path(url).expanduser().absolute()}"
+    if not isinstance(url, str):
+        raise StoreError(f"store URL must be a string or path, got {type(url).__name__}")
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never echo a password
+        raise StoreError(f"malformed store URL {shown!r}: {exc}; expected {_EXAMPLES}") from None
+
+
+def _sqlite_memory(u: URL) -> bool:
+    db = u.database or ""
+    return db in ("", ":memory:") or "mode=memory" in db or u.query.get("mode") == "memory"
+
+
+def _prepare_sqlite_file(u: URL) -> None:
+    """Create the database file's directory (friendlier than 'unable to open database file')."""
+    if _sqlite_memory(u) or u.query.get("uri") == "true" or (u.database or "").startswith("file:"):
+        return
+    path = Path(u.database).expanduser()
+    if path.is_dir():
+        raise StoreError(f"store path {str(path)!r} is a directory; give a file path inside it, "
+                         f"e.g. {str(path / DB_FILENAME)!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the directory for the store file {str(path)!r}: "
+                         f"{exc}; choose a writable location") from None
+
+
+def _install_sqlite_events(engine: Engine) -> None:
+    # per-connection settings; none writes to the file (WAL does: ensure_wal, after the check)
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("autospec_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _make_engine(u: URL, busy_timeout_s: float) -> Engine:
+    backend = u.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        _prepare_sqlite_file(u)
+        if _sqlite_memory(u):  # one connection, shared by threads (and serialised by Store)
+            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        else:
+            kwargs.update(connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+    elif backend == "postgresql":
+        has = importlib.util.find_spec
+        if u.drivername == "postgresql" and has("psycopg2") is None and has("psycopg"):
+            u = u.set(drivername="postgresql+psycopg")  # plain postgresql:// means psycopg2
+        if "connect_timeout" not in u.query:
+            kwargs["connect_args"] = {"connect_timeout": max(1, int(busy_timeout_s))}
+        kwargs["pool_pre_ping"] = True
+    try:
+        engine = create_engine(u, **kwargs)
+    except NoSuchModuleError:
+        raise StoreError(f"unknown database kind {u.drivername!r} in store URL; expected "
+                         f"{_EXAMPLES}") from None
+    except ImportError as exc:
+        hint = ("pip install 'autospec[postgres]' and use postgresql+psycopg://"
+                if backend == "postgresql" else "install that driver, or use SQLite")
+        raise StoreError(f"the database driver for {u.drivername!r} is not installed "
+                         f"({exc}); {hint}") from None
+    except (ArgumentError, TypeError, ValueError) as exc:
+        raise StoreError(f"bad store URL {u.render_as_string(hide_password=True)!r}: "
+                         f"{exc}") from None
+    if backend == "sqlite":
+        _install_sqlite_events(engine)
+    return engine
+
+
+def ensure_wal(engine: Engine) -> None:
+    """Switch a SQLite file to WAL (persistent: once per file); no-op elsewhere."""
+    if engine.dialect.name != "sqlite" or _sqlite_memory(engine.url):
+        return
+    raw = engine.raw_connection()  # journal_mode cannot change inside a transaction
+    try:
+        cur = raw.cursor()
+        if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                log.warning("SQLite store %s stays in %s journal mode (WAL unsupported here, "
+                            "e.g. a network filesystem)", engine.url.database, mode)
+        cur.close()
+    finally:
+        raw.close()
+
+
+class Store:
+    """An open store: an engine with the schema at the current revision.
+
+    ``with store.session() as s:`` gives a read session (the caller commits if it writes);
+    ``with store.begin() as s:`` a write transaction that commits on success (on SQLite it
+    holds the write lock from its first statement). Query functions in
+    ``autospec.store.queries`` take such a session. ``store.writer()`` starts the background
+    writer the runtime submits records to. Thread-safe; ``close()`` closes writers and the
+    engine's connections.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=True)
+        self.dialect = engine.dialect.name
+        self.pair_ids: dict[PairInfo, int] = {}  # committed pair rows, shared by writers
+        memory = self.dialect == "sqlite" and _sqlite_memory(engine.url)
+        self._serial = threading.RLock() if memory else None  # one shared connection
+        self._read = sessionmaker(engine, expire_on_commit=False)
+        write_engine = engine.execution_options(autospec_write=True)
+        self._write = sessionmaker(write_engine, expire_on_commit=False)
+        self._writers: list[Any] = []  # StoreWriters register here; close() closes them
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @contextlib.contextmanager
+    def _serialised(self) -> Iterator[None]:
+        if self._serial is None:
+            yield
+        else:
+            with self._serial:
+                yield
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._serialised(), self._read() as session:
+            yield session
+
+    @contextlib.contextmanager
+    def begin(self) -> Iterator[Session]:
+        with self._serialised(), self._write.begin() as session:
+            yield session
+
+    def write(self, records: Any) -> int:
+        """Write records now, in one transaction (ValueError for an invalid one, e.g. an
+        empty category; SQLAlchemyError from the database). The runtime uses ``writer()``."""
+        from .rows import validate_record, write_records
+
+        records = [validate_record(r) for r in records]  # refuse before taking any lock
+        with self.begin() as session:
+            used = write_records(session, records, self.pair_ids, validated=True)
+        self.pair_ids.update(used)
+        return len(records)
+
+    def writer(self, **kwargs: Any):
+        """A started background writer on this store (see ``StoreWriter``)."""
+        from .writer import StoreWriter
+
+        return StoreWriter(self, **kwargs)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush and stop this store's writers, then close its connections. Idempotent."""
+        while self._writers:
+            self._writers.pop().close(timeout=timeout)
+        if not self.closed:
+            self.closed = True
+            self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 30.0) -> Store:
+    """Open (creating or upgrading the schema as needed) the store at ``url``.
+
+    ``None``: ``sqlite:///<cache>/autospec.db`` (cache = $AUTOSPEC_CACHE, else
+    $XDG_CACHE_HOME/autospec, else ~/.cache/autospec). A string without ``://`` is a SQLite
+    file path. ``busy_timeout_s`` bounds how long a SQLite write waits for the file's lock
+    (and a PostgreSQL connection attempt). Raises StoreError for a malformed URL, an unknown
+    dialect or missing driver, an unreachable server or unusable file, and a database written
+    by a newer autospec.
+    """
+    from .migrate import upgrade
+
+    u = _resolve(url)
+    engine = _make_engine(u, busy_timeout_s)
+    safe = engine.url.render_as_string(hide_password=True)
+    try:
+        upgrade(engine)
+    except StoreError:
+        engine.dispose()
+        raise
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        orig = getattr(exc, "orig", None) or exc
+        detail = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        if engine.dialect.name == "sqlite":
+            hint = ("check that the path is a writable SQLite database file (not another kind "
+                    "of file)")
+        else:
+            hint = ("check that the server is running and reachable, and the URL's host, port, "
+                    "user, password and database name")
+        raise StoreError(f"cannot open the store at {safe}: {detail}; {hint}") from exc
+    except OSError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open the store at {safe}: {exc}") from exc
+    log.debug("opened store %s", safe)
+    return Store(engine)

@@ -1,0 +1,82 @@
+"""Schema versioning: bring a database to this version's Alembic head, or refuse it.
+
+``upgrade(engine)`` first reads the database's revision (from ``autospec_alembic_version``,
+not Optuna's ``alembic_version``) in a read transaction. A revision this version does not
+know means a newer autospec wrote the file: StoreError, and nothing is written (not even the
+switch to WAL). Otherwise a SQLite file is put in WAL mode and, if the schema is behind, the
+migrations run in one write transaction (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: under an
+advisory lock), so processes opening a new store together create it once.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+from .engine import _PG_LOCK_ID, StoreError, ensure_wal
+from .models import VERSION_TABLE
+
+__all__ = ["upgrade", "current_revision", "head_revision"]
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def _config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
+
+
+def head_revision() -> str:
+    return _script().get_current_head()
+
+
+def current_revision(conn: Connection) -> tuple[str, ...]:
+    """The database's schema revision(s); empty for a database without our tables."""
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return tuple(ctx.get_current_heads())
+
+
+def _check(current: tuple[str, ...]) -> bool:
+    """True if an upgrade is needed; StoreError if the database is newer than this code."""
+    known = {s.revision for s in _script().walk_revisions()}
+    unknown = [r for r in current if r not in known]
+    if unknown:
+        raise StoreError(
+            f"this database was written by a newer autospec (schema revision {unknown[0]}; "
+            f"this version knows up to {head_revision()}); upgrade autospec to use it. "
+            "The database was left unchanged.")
+    return set(current) != set(_script().get_heads())
+
+
+def upgrade(engine: Engine) -> None:
+    with engine.connect() as conn, conn.begin():
+        needed = _check(current_revision(conn))  # raises, having written nothing, if newer
+    ensure_wal(engine)
+    if not needed:
+        return
+    with engine.execution_options(autospec_write=True).connect() as conn, conn.begin():
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
+        current = current_revision(conn)  # again, under the lock: another process may be first
+        if not _check(current):
+            return
+        log.info("upgrading store schema %s → %s", ",".join(current) or "(empty)",
+                 head_revision())
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")

@@ -1,0 +1,188 @@
+"""The store's tables (SQLAlchemy 2.0 typed models).
+
+Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
+
+- ``pairs``: one row per (target, draft, dtype, hardware); requests and statistics point at it.
+- ``requests``: one row per ``generate`` call: counters, timings, bandwidth figures and the
+  compact k-schedule / accepted-schedule / acceptance trace (bytes, see ``records.TRACE_*``).
+- ``category_stats``: running sufficient statistics per (category, pair), updated in the same
+  transaction as the request rows they summarise, so readers never scan ``requests``.
+- ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each.
+
+Categories are free text of any length, so the tables are keyed and indexed on
+``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
+exceed ~2.7 kB; a 10k-character category would not fit); the text itself is stored alongside.
+Pairs are likewise unique on ``key`` = SHA-256 over their four identifying fields.
+
+Times are timezone-aware UTC datetimes (SQLite stores them naive, in UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "Pair", "Request", "CategoryStat", "Probe", "UTCDateTime", "VERSION_TABLE"]
+
+# Our own Alembic version table: Optuna's RDB storage (which may share the database) keeps its
+# schema revision in the default ``alembic_version``.
+VERSION_TABLE = "autospec_alembic_version"
+
+# BIGINT in PostgreSQL; SQLite only auto-increments an ``INTEGER PRIMARY KEY``
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware (UTC) datetime")
+        value = value.astimezone(timezone.utc)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime(), bytes: LargeBinary(), float: Float()}
+
+
+class Pair(Base):
+    __tablename__ = "pairs"
+    __table_args__ = (UniqueConstraint("key", name="uq_pairs_key"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(Text)
+    draft: Mapped[str] = mapped_column(Text)
+    dtype: Mapped[str] = mapped_column(Text)
+    hardware: Mapped[str] = mapped_column(Text)
+    target_param_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    draft_param_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    __table_args__ = (
+        Index("ix_requests_category_pair_created", "category_key", "pair_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime]
+    category: Mapped[str] = mapped_column(Text)
+    category_key: Mapped[str] = mapped_column(String(64))
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_requests_pair"))
+    policy: Mapped[str] = mapped_column(Text)
+    greedy: Mapped[bool] = mapped_column(Boolean)
+    # counters (vLLM convention: output tokens = accepted + recovered + bonus)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    new_tokens: Mapped[int] = mapped_column(Integer)
+    iterations: Mapped[int] = mapped_column(Integer)
+    drafts: Mapped[int] = mapped_column(Integer)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    drafted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    # one byte per iteration / per generated position
+    k_schedule: Mapped[bytes]
+    accepted_schedule: Mapped[bytes]
+    trace_kind: Mapped[str] = mapped_column(String(16))
+    trace: Mapped[bytes]
+    # timings (seconds)
+    wall_s: Mapped[float]
+    prefill_s: Mapped[float]
+    draft_s: Mapped[float]
+    draft_forwards: Mapped[int] = mapped_column(Integer)
+    target_s_by_n: Mapped[dict[str, list[float]]] = mapped_column(JSON)  # "n" → [s, ...]
+    # hardware figures, where measured
+    bandwidth_bytes_per_s: Mapped[float | None]
+    bandwidth_peak_bytes_per_s: Mapped[float | None]
+    nvml_mem_busy_pct: Mapped[float | None]
+    nvml_sm_util_pct: Mapped[float | None]
+    # text only with log_text=True
+    prompt_text: Mapped[str | None] = mapped_column(Text)
+    output_text: Mapped[str | None] = mapped_column(Text)
+    stop_reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class CategoryStat(Base):
+    """Sums over every request of one (category, pair); means and rates are derived on read."""
+
+    __tablename__ = "category_stats"
+
+    category_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_category_stats_pair"), primary_key=True)
+    category: Mapped[str] = mapped_column(Text)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    iterations: Mapped[int] = mapped_column(BigInteger, default=0)
+    drafts: Mapped[int] = mapped_column(BigInteger, default=0)
+    drafted: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)  # summed elementwise
+    drafted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    draft_s: Mapped[float] = mapped_column(default=0.0)
+    draft_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    target_s_sum_by_n: Mapped[dict[str, float]] = mapped_column(JSON)  # "n" → Σ seconds
+    target_count_by_n: Mapped[dict[str, int]] = mapped_column(JSON)  # "n" → forwards
+    k_counts: Mapped[dict[str, int]] = mapped_column(JSON)  # "k" → iterations run with k
+    wall_s: Mapped[float] = mapped_column(default=0.0)
+    prefill_s: Mapped[float] = mapped_column(default=0.0)
+    # achieved bandwidth weighted by target-forward time: Σ bw·T and Σ T over the requests
+    # that measured it, so bandwidth_bytes / bandwidth_s = bytes moved per second overall
+    bandwidth_bytes: Mapped[float] = mapped_column(default=0.0)
+    bandwidth_s: Mapped[float] = mapped_column(default=0.0)
+    bandwidth_peak_bytes_per_s: Mapped[float | None]  # the device's peak (largest seen)
+    nvml_mem_busy_sum: Mapped[float] = mapped_column(default=0.0)  # Σ per-request means, %
+    nvml_mem_busy_n: Mapped[int] = mapped_column(BigInteger, default=0)
+    nvml_sm_util_sum: Mapped[float] = mapped_column(default=0.0)
+    nvml_sm_util_n: Mapped[int] = mapped_column(BigInteger, default=0)
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+
+class Probe(Base):
+    __tablename__ = "probes"
+    __table_args__ = (Index("ix_probes_pair_created", "pair_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_probes_pair"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)

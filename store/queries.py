@@ -1,0 +1,277 @@
+"""Reading the store: what ``autospec stats``, the policies and the simulator use.
+
+Every function takes a session; the caller owns its lifecycle (``with store.session() as
+s:``). Summaries read ``category_stats`` only, never scanning ``requests``.
+
+Conventions (vLLM's): a *draft* is one drafting iteration; *drafted* the tokens proposed;
+*accepted* those the target kept. Acceptance α = accepted / drafted; mean accepted length
+= 1 + accepted / drafts, which counts the bonus (or recovered) token every iteration yields.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .models import CategoryStat, Pair, Probe, Request
+from .rows import category_key
+
+__all__ = [
+    "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
+    "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
+    "latest_probe",
+]
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval for a binomial proportion (None without trials).
+
+    Treats drafted tokens as independent trials; acceptances within a request are
+    correlated, so read it as a lower bound on the real uncertainty."""
+    if trials <= 0:
+        return None
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _ints(mapping: dict[str, Any] | None) -> dict[int, Any]:
+    return {int(k): v for k, v in sorted((mapping or {}).items(), key=lambda kv: int(kv[0]))}
+
+
+@dataclass(frozen=True)
+class PairRow:
+    id: int
+    target: str
+    draft: str
+    dtype: str
+    hardware: str
+    target_param_bytes: int
+    draft_param_bytes: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, p: Pair) -> PairRow:
+        return cls(p.id, p.target, p.draft, p.dtype, p.hardware, p.target_param_bytes,
+                   p.draft_param_bytes, p.created_at)
+
+
+@dataclass(frozen=True)
+class CategorySummary:
+    """Running sums of one (category, pair) and the figures derived from them."""
+
+    category: str
+    pair: PairRow
+    requests: int
+    prompt_tokens: int
+    new_tokens: int
+    iterations: int
+    drafts: int
+    drafted: int
+    accepted: int
+    accepted_per_position: tuple[int, ...]
+    drafted_per_position: tuple[int, ...]
+    draft_s: float
+    draft_forwards: int
+    target_s_sum_by_n: dict[int, float]
+    target_count_by_n: dict[int, int]
+    k_counts: dict[int, int]  # k → iterations run with it
+    wall_s: float
+    prefill_s: float
+    bandwidth_bytes: float  # Σ achieved bytes/s × target-forward seconds
+    bandwidth_s: float  # Σ target-forward seconds of the requests that measured bandwidth
+    bandwidth_peak_bytes_per_s: float | None
+    nvml_mem_busy_sum: float
+    nvml_mem_busy_n: int
+    nvml_sm_util_sum: float
+    nvml_sm_util_n: int
+    first_seen: datetime
+    last_seen: datetime
+    # derived
+    alpha: float | None = field(init=False)
+    alpha_ci95: tuple[float, float] | None = field(init=False)
+    acceptance_by_position: tuple[float | None, ...] = field(init=False)
+    mean_accepted_length: float | None = field(init=False)
+    t_draft_s: float | None = field(init=False)  # T_d: seconds per draft forward
+    t_target_s_by_n: dict[int, float] = field(init=False)  # T_t(n): mean forward seconds
+    tokens_per_s: float | None = field(init=False)
+    bandwidth_bytes_per_s: float | None = field(init=False)  # achieved, time-weighted
+    bandwidth_utilisation: float | None = field(init=False)  # achieved / peak
+    nvml_mem_busy_pct: float | None = field(init=False)  # mean over requests
+    nvml_sm_util_pct: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("alpha", self.accepted / self.drafted if self.drafted else None)
+        put("alpha_ci95", wilson_interval(self.accepted, self.drafted))
+        put("acceptance_by_position", tuple(
+            a / d if d else None
+            for a, d in zip(self.accepted_per_position, self.drafted_per_position)))
+        put("mean_accepted_length", 1 + self.accepted / self.drafts if self.drafts else None)
+        put("t_draft_s", self.draft_s / self.draft_forwards if self.draft_forwards else None)
+        put("t_target_s_by_n", {n: s / self.target_count_by_n[n]
+                                for n, s in self.target_s_sum_by_n.items()
+                                if self.target_count_by_n.get(n)})
+        put("tokens_per_s", self.new_tokens / self.wall_s if self.wall_s > 0 else None)
+        bw = self.bandwidth_bytes / self.bandwidth_s if self.bandwidth_s > 0 else None
+        put("bandwidth_bytes_per_s", bw)
+        peak = self.bandwidth_peak_bytes_per_s
+        put("bandwidth_utilisation", bw / peak if bw is not None and peak else None)
+        put("nvml_mem_busy_pct", self.nvml_mem_busy_sum / self.nvml_mem_busy_n
+            if self.nvml_mem_busy_n else None)
+        put("nvml_sm_util_pct", self.nvml_sm_util_sum / self.nvml_sm_util_n
+            if self.nvml_sm_util_n else None)
+
+    @property
+    def pair_id(self) -> int:
+        return self.pair.id
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (datetimes as ISO strings)."""
+        out = asdict(self)
+        for name in ("first_seen", "last_seen"):
+            out[name] = getattr(self, name).isoformat()
+        out["pair"]["created_at"] = self.pair.created_at.isoformat()
+        return out
+
+
+def pairs(session: Session) -> list[PairRow]:
+    return [PairRow.of(p) for p in session.scalars(select(Pair).order_by(Pair.id))]
+
+
+def category_summaries(session: Session, category: str | None = None,
+                       pair_id: int | None = None) -> list[CategorySummary]:
+    """One summary per (category, pair), most requests first."""
+    stmt = select(CategoryStat, Pair).join(Pair, Pair.id == CategoryStat.pair_id)
+    if category is not None:
+        stmt = stmt.where(CategoryStat.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(CategoryStat.pair_id == pair_id)
+    out = []
+    for st, p in session.execute(stmt):
+        out.append(CategorySummary(
+            category=st.category, pair=PairRow.of(p), requests=st.requests,
+            prompt_tokens=st.prompt_tokens, new_tokens=st.new_tokens,
+            iterations=st.iterations, drafts=st.drafts, drafted=st.drafted,
+            accepted=st.accepted, accepted_per_position=tuple(st.accepted_per_position),
+            drafted_per_position=tuple(st.drafted_per_position), draft_s=st.draft_s,
+            draft_forwards=st.draft_forwards, target_s_sum_by_n=_ints(st.target_s_sum_by_n),
+            target_count_by_n=_ints(st.target_count_by_n), k_counts=_ints(st.k_counts),
+            wall_s=st.wall_s, prefill_s=st.prefill_s, bandwidth_bytes=st.bandwidth_bytes,
+            bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
+            nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
+            nvml_sm_util_sum=st.nvml_sm_util_sum, nvml_sm_util_n=st.nvml_sm_util_n,
+            first_seen=st.first_seen, last_seen=st.last_seen))
+    out.sort(key=lambda s: (-s.requests, s.category, s.pair.id))
+    return out
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One stored request, as the runtime recorded it (times as aware UTC datetimes)."""
+
+    id: int
+    created_at: datetime
+    category: str
+    pair_id: int
+    policy: str
+    greedy: bool
+    prompt_tokens: int
+    new_tokens: int
+    iterations: int
+    drafts: int
+    drafted: int
+    accepted: int
+    accepted_per_position: list[int]
+    drafted_per_position: list[int]
+    k_schedule: bytes
+    accepted_schedule: bytes
+    trace_kind: str
+    trace: bytes
+    wall_s: float
+    prefill_s: float
+    draft_s: float
+    draft_forwards: int
+    target_s_by_n: dict[int, list[float]]
+    bandwidth_bytes_per_s: float | None
+    bandwidth_peak_bytes_per_s: float | None
+    nvml_mem_busy_pct: float | None
+    nvml_sm_util_pct: float | None
+    prompt_text: str | None
+    output_text: str | None
+    stop_reason: str
+
+    @classmethod
+    def of(cls, r: Request) -> RequestRow:
+        values = {name: getattr(r, name) for name in cls.__dataclass_fields__}
+        values["target_s_by_n"] = _ints(r.target_s_by_n)
+        for name in ("k_schedule", "accepted_schedule", "trace"):
+            values[name] = bytes(values[name])
+        return cls(**values)
+
+
+def recent_requests(session: Session, category: str | None = None,
+                    pair_id: int | None = None, limit: int = 20) -> list[RequestRow]:
+    """The latest ``limit`` requests, newest first."""
+    stmt = select(Request).order_by(Request.id.desc()).limit(limit)
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    return [RequestRow.of(r) for r in session.scalars(stmt)]
+
+
+class TraceRow(NamedTuple):
+    """What the simulator replays: the acceptance trace and the schedule actually run."""
+
+    trace_kind: str
+    trace: bytes
+    k_schedule: bytes
+    accepted_schedule: bytes
+
+
+def traces(session: Session, category: str | None = None, pair_id: int | None = None,
+           since: datetime | float | None = None, limit: int | None = None,
+           ) -> Iterator[TraceRow]:
+    """Stored traces, oldest first, streamed (keep the session open while iterating).
+    ``since``: an aware datetime or a Unix time."""
+    stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
+                  Request.accepted_schedule).order_by(Request.id)
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    if since is not None:
+        if not isinstance(since, datetime):
+            since = datetime.fromtimestamp(since, timezone.utc)
+        stmt = stmt.where(Request.created_at >= since)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    for kind, trace, ks, acc in session.execute(stmt.execution_options(yield_per=500)):
+        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc))
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    id: int
+    pair_id: int
+    created_at: datetime
+    payload: dict[str, Any]
+
+
+def latest_probe(session: Session, pair_id: int) -> ProbeRow | None:
+    p = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
+                        .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1)).first()
+    return None if p is None else ProbeRow(p.id, p.pair_id, p.created_at, p.payload)

@@ -1,0 +1,321 @@
+"""Writing records: validation, pair rows, request rows and the running category statistics.
+
+These functions take a session and never commit: the caller owns the transaction (the
+background writer runs one per batch). ``write_records`` inserts the request rows and folds
+them into ``category_stats`` in that same transaction, so the statistics always equal the sums
+over the committed requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from .models import CategoryStat, Pair, Probe, Request, utcnow
+from .records import TRACE_GREEDY, TRACE_SAMPLED, PairInfo, RequestRecord
+
+__all__ = [
+    "category_key",
+    "check_category",
+    "validate_record",
+    "get_or_create_pair",
+    "write_records",
+    "add_probe",
+]
+
+_COUNTERS = ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted", "accepted",
+             "draft_forwards")
+_OPTIONAL_FLOATS = ("bandwidth_bytes_per_s", "bandwidth_peak_bytes_per_s",
+                    "nvml_mem_busy_pct", "nvml_sm_util_pct")
+
+
+def category_key(category: str) -> str:
+    """The fixed-length key categories are indexed on: SHA-256 of the UTF-8 text."""
+    return hashlib.sha256(category.encode("utf-8")).hexdigest()
+
+
+def pair_key(pair: PairInfo) -> str:
+    parts = (pair.target, pair.draft, pair.dtype, pair.hardware)
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+
+
+def check_category(category: object) -> str:
+    """Categories are free text (quotes, unicode, any length); only empty ones are refused,
+    and the two things no backend can store: NUL characters and lone surrogates."""
+    if not isinstance(category, str):
+        raise ValueError(f"category must be a string, got {type(category).__name__}")
+    if not category:
+        raise ValueError("category must be a non-empty string")
+    if "\x00" in category:
+        raise ValueError("category must not contain NUL characters (PostgreSQL cannot store them)")
+    try:
+        category.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"category is not valid Unicode text: {exc}") from None
+    return category
+
+
+def _clean_text(text: str | None) -> str | None:
+    """Free text that every backend can store: NUL becomes U+FFFD, lone surrogates "?"."""
+    if text is None:
+        return None
+    text = str(text).replace("\x00", "\ufffd")
+    return text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and non-negative, got {value!r}")
+    return float(value)
+
+
+def _blob(name: str, value: object) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise ValueError(f"{name} must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def validate_record(rec: RequestRecord) -> RequestRecord:
+    """A normalised copy of ``rec`` (bytes are bytes, ints are ints), or ValueError saying
+    which field is wrong. Called before anything touches the database."""
+    try:
+        return _validated(rec)
+    except (TypeError, AttributeError) as exc:  # e.g. None where a list belongs
+        raise ValueError(f"malformed RequestRecord: {exc}") from None
+
+
+def _validated(rec: RequestRecord) -> RequestRecord:
+    if not isinstance(rec, RequestRecord):
+        raise ValueError(f"expected a RequestRecord, got {type(rec).__name__}")
+    if not isinstance(rec.pair, PairInfo):
+        raise ValueError(f"record.pair must be a PairInfo, got {type(rec.pair).__name__}")
+    for name in ("target", "draft", "dtype", "hardware"):
+        value = getattr(rec.pair, name)
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise ValueError(f"pair.{name} must be a non-empty string without NUL, got {value!r}")
+    check_category(rec.category)
+    for name in _COUNTERS:
+        _count(name, getattr(rec, name))
+    lists = {}
+    for name in ("accepted_per_position", "drafted_per_position"):
+        lists[name] = [_count(f"{name}[{i}]", v) for i, v in enumerate(getattr(rec, name))]
+    if rec.trace_kind not in (TRACE_GREEDY, TRACE_SAMPLED):
+        raise ValueError(f"trace_kind must be {TRACE_GREEDY!r} or {TRACE_SAMPLED!r}, "
+                         f"got {rec.trace_kind!r}")
+    by_n: dict[int, list[float]] = {}
+    for n, times in dict(rec.target_s_by_n).items():
+        n = _count("target_s_by_n key", int(n) if isinstance(n, str) and n.isdigit() else n)
+        by_n[n] = [_seconds(f"target_s_by_n[{n}]", t) for t in times]
+    optional = {}
+    for name in _OPTIONAL_FLOATS:  # a figure that could not be measured is simply absent
+        value = getattr(rec, name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        optional[name] = float(value) if ok and math.isfinite(value) else None
+    if not isinstance(rec.created_at, (int, float)) or not math.isfinite(rec.created_at):
+        raise ValueError(f"created_at must be a Unix time, got {rec.created_at!r}")
+    return replace(
+        rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
+        policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
+        prompt_text=_clean_text(rec.prompt_text), output_text=_clean_text(rec.output_text),
+        k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
+        accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
+        wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
+        draft_s=_seconds("draft_s", rec.draft_s))
+
+
+def _insert_ignoring_conflict(session: Session, model: type, values: dict[str, Any],
+                              keys: Sequence[str]) -> None:
+    """INSERT … ON CONFLICT DO NOTHING where the dialect has it, else a savepoint."""
+    dialect = session.get_bind().dialect.name
+    if dialect in ("postgresql", "sqlite"):
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        stmt = dialect_insert(model).values(**values).on_conflict_do_nothing(index_elements=keys)
+        session.execute(stmt)
+        return
+    try:
+        with session.begin_nested():
+            session.execute(insert(model).values(**values))
+    except IntegrityError:
+        pass
+
+
+def get_or_create_pair(session: Session, pair: PairInfo) -> int:
+    """The id of ``pair``'s row, inserting it if new (safe against concurrent writers)."""
+    key = pair_key(pair)
+    pid = session.scalar(select(Pair.id).where(Pair.key == key))
+    if pid is None:
+        _insert_ignoring_conflict(session, Pair, dict(
+            key=key, target=pair.target, draft=pair.draft, dtype=pair.dtype,
+            hardware=pair.hardware, target_param_bytes=int(pair.target_param_bytes),
+            draft_param_bytes=int(pair.draft_param_bytes), created_at=utcnow()), ["key"])
+        pid = session.scalar(select(Pair.id).where(Pair.key == key))
+    return int(pid)
+
+
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
+def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
+    row = {name: getattr(rec, name) for name in (
+        *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
+        "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
+        "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason")}
+    row.update(pair_id=pair_id, category_key=category_key(rec.category),
+               created_at=_utc(rec.created_at),
+               target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())})
+    return row
+
+
+def _add_lists(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    """Elementwise sum, the shorter list padded with zeros."""
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def _add_maps(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+@dataclass
+class _Delta:
+    """One batch's contribution to one category_stats row."""
+
+    category: str
+    sums: Counter = field(default_factory=Counter)
+    accepted_per_position: Counter = field(default_factory=Counter)  # position → count
+    drafted_per_position: Counter = field(default_factory=Counter)
+    target_s_sum_by_n: Counter = field(default_factory=Counter)  # n → seconds
+    target_count_by_n: Counter = field(default_factory=Counter)  # n → forwards
+    k_counts: Counter = field(default_factory=Counter)  # k → iterations
+    peak: float | None = None
+    first: float = math.inf
+    last: float = -math.inf
+
+    def add(self, rec: RequestRecord) -> None:
+        sums = self.sums
+        sums["requests"] += 1
+        for name in (*_COUNTERS, "draft_s", "wall_s", "prefill_s"):
+            sums[name] += getattr(rec, name)
+        self.accepted_per_position.update(dict(enumerate(rec.accepted_per_position)))
+        self.drafted_per_position.update(dict(enumerate(rec.drafted_per_position)))
+        target_s = 0.0
+        for n, ts in rec.target_s_by_n.items():
+            self.target_s_sum_by_n[n] += sum(ts)
+            self.target_count_by_n[n] += len(ts)
+            target_s += sum(ts)
+        self.k_counts.update(rec.k_schedule)
+        if rec.bandwidth_bytes_per_s is not None and target_s > 0:
+            sums["bandwidth_bytes"] += rec.bandwidth_bytes_per_s * target_s
+            sums["bandwidth_s"] += target_s
+        if rec.bandwidth_peak_bytes_per_s is not None:
+            self.peak = max(self.peak or 0.0, rec.bandwidth_peak_bytes_per_s)
+        for name in ("nvml_mem_busy", "nvml_sm_util"):
+            value = getattr(rec, f"{name}_pct")
+            if value is not None:
+                sums[f"{name}_sum"] += value
+                sums[f"{name}_n"] += 1
+        self.first = min(self.first, rec.created_at)
+        self.last = max(self.last, rec.created_at)
+
+
+def _list(c: Counter) -> list[int]:
+    return [c[i] for i in range(max(c) + 1)] if c else []
+
+
+def _map(c: Counter) -> dict[str, Any]:
+    return {str(k): v for k, v in c.items()}
+
+
+def _fold_stats(session: Session, pair_id: int, key: str, delta: _Delta) -> None:
+    """Read-modify-write of one stats row under a row lock (FOR UPDATE; SQLite's write
+    transaction already serialises writers), so concurrent writers never lose increments."""
+    first, last = _utc(delta.first), _utc(delta.last)
+    _insert_ignoring_conflict(session, CategoryStat, dict(
+        category_key=key, pair_id=pair_id, category=delta.category,
+        accepted_per_position=[], drafted_per_position=[], target_s_sum_by_n={},
+        target_count_by_n={}, k_counts={}, first_seen=first, last_seen=last),
+        ["category_key", "pair_id"])
+    row = session.execute(
+        select(CategoryStat)
+        .where(CategoryStat.category_key == key, CategoryStat.pair_id == pair_id)
+        .with_for_update()
+    ).scalar_one()
+    for name, value in delta.sums.items():
+        setattr(row, name, (getattr(row, name) or 0) + value)
+    row.accepted_per_position = _add_lists(row.accepted_per_position or [],
+                                           _list(delta.accepted_per_position))
+    row.drafted_per_position = _add_lists(row.drafted_per_position or [],
+                                          _list(delta.drafted_per_position))
+    row.target_s_sum_by_n = _add_maps(row.target_s_sum_by_n or {},
+                                      _map(delta.target_s_sum_by_n))
+    row.target_count_by_n = _add_maps(row.target_count_by_n or {},
+                                      _map(delta.target_count_by_n))
+    row.k_counts = _add_maps(row.k_counts or {}, _map(delta.k_counts))
+    if delta.peak is not None:
+        row.bandwidth_peak_bytes_per_s = max(row.bandwidth_peak_bytes_per_s or 0.0, delta.peak)
+    row.first_seen = min(row.first_seen, first)
+    row.last_seen = max(row.last_seen, last)
+
+
+def write_records(session: Session, records: Iterable[RequestRecord],
+                  pair_ids: dict[PairInfo, int] | None = None, *,
+                  validated: bool = False) -> dict[PairInfo, int]:
+    """Insert ``records`` and fold them into ``category_stats``; does not commit.
+
+    Raises ValueError (before any SQL) if a record is invalid, e.g. an empty category
+    (``validated=True``: the caller already ran ``validate_record`` on each).
+    ``pair_ids`` is a cache of known pair rows (only pass ids that are committed); returns
+    the pair ids this call used, for the caller to cache once the transaction commits.
+    """
+    recs = list(records) if validated else [validate_record(r) for r in records]
+    known = dict(pair_ids or {})
+    used: dict[PairInfo, int] = {}
+    # lock order: pairs, then stats rows, both sorted, so concurrent writers cannot deadlock
+    for pair in sorted({r.pair for r in recs}, key=pair_key):
+        used[pair] = known[pair] if pair in known else get_or_create_pair(session, pair)
+    if not recs:
+        return used
+    # render_nulls: one executemany for the batch (else rows group by which values are None)
+    session.execute(insert(Request).execution_options(render_nulls=True),
+                    [_request_row(r, used[r.pair]) for r in recs])
+    deltas: dict[tuple[str, int], _Delta] = {}
+    for r in recs:
+        k = (category_key(r.category), used[r.pair])
+        deltas.setdefault(k, _Delta(r.category)).add(r)
+    for (key, pid), delta in sorted(deltas.items()):
+        _fold_stats(session, pid, key, delta)
+    session.flush()
+    return used
+
+
+def add_probe(session: Session, pair: PairInfo | int, payload: Mapping[str, Any]) -> int:
+    """Store a hardware probe of ``pair`` (``autospec probe``); returns the probe's id."""
+    pid = pair if isinstance(pair, int) else get_or_create_pair(session, pair)
+    probe = Probe(pair_id=pid, created_at=utcnow(), payload=dict(payload))
+    session.add(probe)
+    session.flush()
+    return probe.id
