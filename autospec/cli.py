@@ -12,6 +12,9 @@ import math
 import sys
 import time
 
+from autospec.textfmt import fmt as _fmt
+from autospec.textfmt import table
+
 __all__ = ["main", "build_parser", "format_table"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -121,12 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(default: 1,2,4,6,8)")
     bench.add_argument("--max-new-tokens", type=_positive, default=64)
     bench.add_argument("--repeats", type=_positive, default=3)
-    bench.add_argument("--modes", nargs="+", default=["plain,hf-assisted,hf-assisted:k,autospec:k"],
-                       help="plain, hf-assisted (its defaults), hf-assisted:k, autospec:k; "
-                            ":N for one k (default: all)")
+    bench.add_argument("--modes", nargs="+", default=None,
+                       help="plain, hf-assisted (its defaults), hf-assisted:k, autospec:k, "
+                            "policy:NAME; :N for one k (default: all but policy:, or plain and "
+                            "hf-assisted when --policies is given)")
+    bench.add_argument("--policies", help="k policies to compare, e.g. auto,costmodel,bandit,"
+                                          "heuristic,fixed:1..8,off (adds modes)")
     bench.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pass")
     bench.set_defaults(run=_cmd_bench, parser=bench)
+
+    from autospec.cli_report import add_commands
+
+    add_commands(sub, common, models)
     return parser
 
 
@@ -191,10 +201,6 @@ def _gen_kwargs(args) -> dict:
 def _env_line(env) -> str:
     return (f"device {env['device']}, dtype {str(env['dtype']).removeprefix('torch.')}, "
             f"{env['threads']} threads")
-
-
-def _fmt(x, spec: str) -> str:
-    return "-" if x is None or x != x else format(x, spec)  # x != x: NaN
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -288,11 +294,17 @@ def _cmd_bench(args, parser) -> int:
         ks = bench.parse_ks(args.k, _K_LIMIT)
     except ValueError as e:
         parser.error(f"--k: {e}")
+    default = ["plain,hf-assisted"] if args.policies else [",".join(bench.DEFAULT_MODES)]
     try:
-        specs = [s for arg in args.modes for s in arg.split(",") if s.strip()]
+        specs = [s for arg in args.modes or default for s in arg.split(",") if s.strip()]
         modes = [m.name for m in bench.parse_modes(specs, ks)]
     except ValueError as e:
         parser.error(f"--modes: {e}")
+    if args.policies:
+        try:
+            modes += [m for m in bench.parse_policies(args.policies) if m not in modes]
+        except ValueError as e:
+            parser.error(f"--policies: {e}")
     try:
         prompts = bench.load_prompts(args.prompts or bench.default_prompts_path())
     except bench.PromptFileError as e:
@@ -324,24 +336,21 @@ def _cmd_bench(args, parser) -> int:
 _COLUMNS = (  # header, row key, format
     ("category", "category", ""), ("mode", "mode", ""), ("tok/s", "tokens_per_s", ".2f"),
     ("speedup", "speedup", ".2f"), ("alpha", "acceptance", ".3f"),
-    ("mean len", "mean_accepted_length", ".2f"), ("tok/fwd", "tokens_per_forward", ".2f"), ("Tt(1) ms", "t_target_1_ms", ".1f"),
+    ("mean len", "mean_accepted_length", ".2f"), ("tok/fwd", "tokens_per_forward", ".2f"),
+    ("Tt(1) ms", "t_target_1_ms", ".1f"),
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),
-    ("S(k) model", "predicted_speedup", ".2f"), ("identical", "identical", ""),
+    ("S(k) model", "predicted_speedup", ".2f"), ("k used", "k_settled", ""),
+    ("oracle k*", "oracle_k", ""), ("oracle S", "oracle_speedup", ".2f"),
+    ("identical", "identical", ""),
 )
 
 
 def format_table(result) -> str:
     """A fixed-width table of a BenchResult's rows, its settings, and divergences from plain."""
-    cells = [[h for h, _, _ in _COLUMNS]]
-    for row in result.rows:
-        cells.append([("-" if row[key] is None else ("yes" if row[key] else "NO")
-                       if key == "identical" else _fmt(row[key], spec))
-                      for _, key, spec in _COLUMNS])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(cell, widths, strict=True))).rstrip()
-             for cell in cells]
-    lines.insert(1, "-" * len(lines[0]))
+    rows = [[("-" if row[key] is None else ("yes" if row[key] else "NO")
+              if key == "identical" else _fmt(row[key], spec))
+             for _, key, spec in _COLUMNS] for row in result.rows]
+    lines = [table([h for h, _, _ in _COLUMNS], rows, left=2)]
     m = result.meta
     lines += [
         "",

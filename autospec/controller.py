@@ -11,6 +11,7 @@ model's own ``generate``, and the reason is logged once per kind of request.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import types
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 from autospec.loop import LoopStats, speculative_generate
 from autospec.policies.base import Policy, as_policy
 from autospec.policies.fixed import FixedK
+from autospec.policies.live import LiveStats
 from autospec.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,8 @@ class Controller:
     """Speculative ``generate`` for one target/draft pair."""
 
     def __init__(self, model, draft, *, policy=4, k_max: int = 16, tokenizer=None,
-                 draft_tokenizer=None, match_draft: bool = True, category: str = "default"):
+                 draft_tokenizer=None, match_draft: bool = True, category: str = "default",
+                 store=None, log_text: bool = False, names: tuple[str, str] | None = None):
         from autospec.checks import check_pair
 
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
@@ -89,6 +92,33 @@ class Controller:
         self._lock = threading.Lock()
         self.target_context = _context_length(model)
         self.draft_context = _context_length(draft)
+        self.log_text = log_text
+        self.live: dict[str, LiveStats] = {}  # per category: acceptance and timings, live
+        self.store = self.writer = self.telemetry = None
+        if store is not False:
+            self._open_store(store, names)
+
+    def _open_store(self, store, names) -> None:
+        """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
+        on the writer's thread, and nothing it does can raise into generate."""
+        from autospec.store import Store, open_store
+        from autospec.telemetry import RequestTelemetry
+
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self._owns_store = not isinstance(store, Store)
+        self.writer = self.store.writer()
+        self.telemetry = RequestTelemetry(self.model, self.draft, names=names,
+                                          cache_dir=_store_dir(self.store))
+        self.store_failures = 0
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush and close the store writer (also done at interpreter exit and by unwrap)."""
+        if self.writer is not None:
+            self.writer.close(timeout=timeout)
+            self.telemetry.close()
+            if self._owns_store:
+                self.store.close()
+            self.writer = None
 
     @property
     def last_stats(self) -> LoopStats | None:
@@ -117,9 +147,11 @@ class Controller:
             streamer=kwargs.get("streamer"), generator=generator, category=category,
             k_max=self.k_max, target_context=self.target_context,
             draft_context=self.draft_context, output_scores=plan.output_scores,
-            output_logits=plan.output_logits,
+            output_logits=plan.output_logits, live=self.live_stats(category),
         )
         self._local.stats = res.stats
+        if self.writer is not None:
+            self._log(res, plan, policy, category)
         sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
         if not plan.return_dict:
             return sequences
@@ -130,6 +162,68 @@ class Controller:
             scores=tuple(res.scores) if res.scores is not None else None,
             logits=tuple(res.logits) if res.logits is not None else None,
         )
+
+    def live_stats(self, category: str) -> LiveStats:
+        """The category's live statistics, created on first use and warmed from the store."""
+        live = self.live.get(category)
+        if live is None:
+            with self._lock:
+                live = self.live.get(category)
+                if live is None:
+                    live = self.live[category] = LiveStats()
+                    self._warm(category, live)
+        return live
+
+    def _warm(self, category: str, live: LiveStats) -> None:
+        """History of this category and pair from the store (a read, once per category;
+        WAL readers never wait on writers). Failures only cost the warm start."""
+        if self.store is None:
+            return
+        from autospec.store import queries
+
+        try:
+            pair = self.telemetry.pair
+            with self.store.session() as s:
+                ids = [p.id for p in queries.pairs(s) if (p.target, p.draft, p.dtype,
+                       p.hardware) == (pair.target, pair.draft, pair.dtype, pair.hardware)]
+                if not ids:
+                    return
+                sums = queries.category_summaries(s, category=category, pair_id=ids[0])
+                probe = queries.latest_probe(s, ids[0])
+            t_target = dict(probe.payload.get("target_s_by_n", {})) if probe else {}
+            if sums:
+                sm = sums[0]
+                t_target.update(sm.t_target_s_by_n)
+                live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
+                                t_draft=sm.t_draft_s, t_target=t_target,
+                                bandwidth_utilisation=sm.bandwidth_utilisation)
+            elif t_target:
+                live.warm_start([], [], t_target=t_target,
+                                t_draft=probe.payload.get("draft_s"))
+        except Exception as e:
+            log.warning("autospec: could not warm category %r from the store: %s", category, e)
+
+    def _log(self, res, plan: _Plan, policy, category: str) -> None:
+        """Queue the request's record; a failure here is counted and logged, never raised."""
+        try:
+            prompt_text = output_text = None
+            if self.log_text:
+                prompt_text = self._text(res.sequences[0, : plan.input_ids.shape[1]])
+                output_text = self._text(res.sequences[0, plan.input_ids.shape[1]:])
+            record = self.telemetry.record(
+                res.stats, category=category, policy=getattr(policy, "name", str(policy)),
+                greedy=not plan.sampling.do_sample, prompt_text=prompt_text,
+                output_text=output_text)
+            self.writer.submit(record)
+        except Exception:
+            self.store_failures += 1
+            log.exception("autospec: could not queue the request's telemetry (generation is "
+                          "unaffected); %d such failures so far", self.store_failures)
+
+    def _text(self, ids: torch.Tensor) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(ids)
+        return " ".join(str(i) for i in ids.tolist())
 
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
@@ -244,6 +338,15 @@ def _extra_criteria(gc, tokenizer):
     return crit
 
 
+def _store_dir(store):
+    """Where machine-level figures (the measured CPU bandwidth) are cached: beside a SQLite
+    file, else the cache directory."""
+    from autospec.store.engine import cache_dir
+
+    db = store.engine.url.database if store.engine.url.get_backend_name() == "sqlite" else None
+    return str(cache_dir()) if not db or db == ":memory:" else os.path.dirname(os.path.abspath(db))
+
+
 def _context_length(model) -> int | None:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return getattr(cfg, "max_position_embeddings", None)
@@ -269,7 +372,9 @@ def wrap(model, draft, **options) -> Controller:
     Options: policy (int k, "fixed:K", "off", "heuristic", a callable or policy object;
     default 4), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
     match_draft (move/cast the draft to the target's device and dtype; default True),
-    category ("default").
+    category ("default"), store (a SQLAlchemy URL or file path; None: autospec.db in the cache
+    directory; False: no telemetry), log_text (store prompt and output text; default False),
+    names ((target, draft) names for the store; default: the models' name_or_path).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")
@@ -287,6 +392,8 @@ def unwrap(model):
     """Restore the model's own ``generate``; returns the model."""
     if getattr(model, "_autospec_controller", None) is None:
         raise ValueError("this model is not wrapped by autospec")
+    ctrl = model._autospec_controller
     del model.generate  # the instance attribute: the class's generate shows through again
     model._autospec_controller = None
+    ctrl.close()
     return model

@@ -46,7 +46,7 @@ from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoopStats", "LoopResult", "speculative_generate", "new_cache"]
+__all__ = ["LoopStats", "LoopResult", "speculative_generate", "new_cache", "Forward", "crop_cache"]
 
 
 @dataclass
@@ -112,7 +112,7 @@ def new_cache(model):
     return DynamicCache(config=model.config)
 
 
-class _Forward:
+class Forward:
     """Calls a causal LM with its cache, whatever the installed transformers names things."""
 
     def __init__(self, model):
@@ -129,7 +129,7 @@ class _Forward:
         return logits[:, -keep:]  # [1, keep, V]
 
 
-def _crop(cache, keep: int) -> None:
+def crop_cache(cache, keep: int) -> None:
     drop = cache.get_seq_length() - keep
     if drop > 0:
         cache.crop(-drop)  # negative: remove that many tokens (every transformers 5.x)
@@ -155,7 +155,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     """Generate exactly as ``target.generate`` would, speculating with ``draft``.
 
     input_ids: [1, L]. Options: min_new_tokens, eos_token_ids, stopping_criteria, streamer,
-    generator, category, k_max, target_context, draft_context, output_scores, output_logits.
+    generator, category, k_max, target_context, draft_context, output_scores, output_logits,
+    live (the category's LiveStats, fed every iteration and shown to the policy).
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
     with torch.inference_mode():
@@ -173,7 +174,7 @@ class _Loop:
                  generator: torch.Generator | None = None, category: str = "default",
                  k_max: int = 16, target_context: int | None = None,
                  draft_context: int | None = None, output_scores: bool = False,
-                 output_logits: bool = False):
+                 output_logits: bool = False, live=None):
         self.t_start = time.perf_counter()
         self.device = device = input_ids.device
         self.L = L = input_ids.shape[1]
@@ -181,7 +182,9 @@ class _Loop:
         self.greedy = not sampling.do_sample
         self.max_new, self.min_new = max_new_tokens, min_new_tokens
         self.criteria, self.streamer = stopping_criteria, streamer
-        self.category, self.k_max = category, k_max
+        self.category, self.k_max, self.live = category, k_max, live
+        # draft-side early stopping (depends only on the draft's own distribution: exact)
+        self.early_stop = getattr(policy, "early_stop", None)
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
@@ -191,7 +194,7 @@ class _Loop:
         self.buf = torch.empty(1, L + max_new_tokens + k_max + 1, dtype=torch.long, device=device)
         self.buf[:, :L] = input_ids
         self.n = L  # tokens known: prompt + generated
-        self.t_fwd, self.d_fwd = _Forward(target), _Forward(draft)
+        self.t_fwd, self.d_fwd = Forward(target), Forward(draft)
         self.t_cache, self.d_cache = new_cache(target), new_cache(draft)
         self.t_len = self.d_len = 0  # tokens each cache holds
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
@@ -273,9 +276,20 @@ class _Loop:
             if d_seen is not None:
                 d_seen[0, tok] = True
             feed = d_toks[:, i : i + 1]
+            if self.early_stop is not None and i + 1 < k and self.stop_drafting(s):
+                timed -= k - i - 1
+                k = i + 1  # a sync per draft token: the price of this option on a GPU
+                d_toks = d_toks[:, :k]
+                break
         self.timings.append(("draft", timed, t0, self.clock.mark()))
         self.d_len = n + k - 1
         return d_toks, (torch.cat(q_list, dim=1) if q_list else None), catch_up_trace
+
+    def stop_drafting(self, scores) -> bool:
+        """The draft's confidence in its last token fell below the threshold (AdaEDL/DISCO
+        style): what follows is unlikely to be accepted."""
+        top = scores[0, 0].softmax(dim=-1).max()
+        return float(top) < self.early_stop
 
     def trace_catch_up(self, raw, first_gen: int) -> torch.Tensor:
         """Trace values for generated positions first_gen … from the draft's catch-up rows."""
@@ -293,7 +307,7 @@ class _Loop:
         stats, buf, n = self.stats, self.buf, self.n
         gen = n - self.L
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
-                      remaining=self.max_new - gen)
+                      remaining=self.max_new - gen, live=self.live)
         k = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -301,6 +315,7 @@ class _Loop:
         q = catch_up_trace = None
         if k > 0:
             d_toks, q, catch_up_trace = self.draft_block(k, gen)
+            k = d_toks.shape[1]  # early stopping may have drafted fewer
         else:
             d_toks = torch.empty(1, 0, dtype=torch.long, device=self.device)
 
@@ -350,14 +365,17 @@ class _Loop:
             stats.accepted += m
             _bump(stats.drafted_per_position, k)
             _bump(stats.accepted_per_position, m)
-        self.policy.update(ctx, k, self.outcome(k, m, self.timings[first_timing:]))
+        outcome = self.outcome(k, m, self.timings[first_timing:])
+        if ctx.live is not None:
+            ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
+        self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches
         if not self.finished:
-            _crop(self.t_cache, self.n - 1)
+            crop_cache(self.t_cache, self.n - 1)
             self.t_len = self.n - 1
             if self.d_len > self.n - 1:
-                _crop(self.d_cache, self.n - 1)
+                crop_cache(self.d_cache, self.n - 1)
                 self.d_len = self.n - 1
 
     def emit(self, new: list[int], d_toks, nxt, m: int, s_t, raw_t) -> None:
@@ -387,14 +405,17 @@ class _Loop:
             self.finished, self.stats.stop_reason = True, "max_new_tokens"
 
     def outcome(self, k: int, m: int, timings: list[tuple]) -> Outcome:
-        """What the policy learns from this iteration; times only where reading them is free
-        (CPU). The draft's time includes any catch-up forward: it is this iteration's cost."""
+        """What the policy learns from this iteration. Times are per-iteration costs of the
+        steady state: the first target forward (prefill) and draft catch-ups over the prompt
+        are left out (NaN), so they never pose as T_t(k+1) or T_d. CUDA events are read here
+        only because the iteration's sync has already completed them."""
         d_s = t_s = float("nan")
-        if self.clock.immediate:
-            secs = [(w, self.clock.seconds(a, b)) for w, _, a, b, *_ in timings]
-            d_s = sum(sec for w, sec in secs if w.startswith("draft"))
-            t_s = sum(sec for w, sec in secs if w.startswith("target"))
-        return Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s)
+        for what, count, a, b, *_ in timings:
+            if what == "draft" and count:  # scaled to k proposals when a catch-up took one
+                d_s = self.clock.seconds(a, b) * k / count
+            elif what == "target":
+                t_s = self.clock.seconds(a, b)
+        return Outcome(drafted=k, accepted=m, draft_time_s=d_s if k else 0.0, target_time_s=t_s)
 
     # -- the end ------------------------------------------------------------------------------
     def result(self) -> LoopResult:

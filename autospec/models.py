@@ -92,13 +92,9 @@ PAIRS: dict[str, PairSpec] = {
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """Where models are built: override, $AUTOSPEC_CACHE, $XDG_CACHE_HOME/autospec, ~/.cache/autospec."""
-    if override is not None:
-        return Path(override).expanduser()
-    if os.environ.get("AUTOSPEC_CACHE"):
-        return Path(os.environ["AUTOSPEC_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "autospec"
-    return Path.home() / ".cache" / "autospec"
+    from autospec.store.engine import cache_dir as default_cache_dir
+
+    return Path(override).expanduser() if override is not None else default_cache_dir()
 
 
 @contextlib.contextmanager

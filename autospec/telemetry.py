@@ -52,11 +52,6 @@ class Clock:
             return start.elapsed_time(end) / 1e3
         return end - start
 
-    @property
-    def immediate(self) -> bool:
-        """Whether seconds() may be read right away without stalling the device."""
-        return not self.cuda
-
 
 class Trace:
     """The acceptance trace of one request, filled as positions get observed."""
@@ -249,3 +244,58 @@ class NvmlSampler:
 
     def close(self) -> None:
         self._stop.set()
+
+
+# -- per-request records for the store --------------------------------------------------------
+
+class RequestTelemetry:
+    """Everything a controller needs to turn a finished request into a store record."""
+
+    def __init__(self, target, draft, *, names: tuple[str, str] | None = None,
+                 cache_dir=None, measure_peak: bool = True):
+        from autospec.store.records import PairInfo
+
+        device = next(target.parameters()).device
+        self.device = device
+        self.target_bytes = param_bytes(target)
+        self.kv_per_token = kv_bytes_per_token(target)
+        t_name, d_name = names or (_model_name(target), _model_name(draft))
+        self.pair = PairInfo(target=t_name, draft=d_name,
+                             dtype=str(next(target.parameters()).dtype).replace("torch.", ""),
+                             hardware=hardware_name(device), target_param_bytes=self.target_bytes,
+                             draft_param_bytes=param_bytes(draft))
+        self.peak = peak_bandwidth(device, cache_dir) if measure_peak else None
+        self.nvml = NvmlSampler(device)
+
+    def record(self, stats, *, category: str, policy: str, greedy: bool,
+               prompt_text: str | None = None, output_text: str | None = None):
+        from autospec.store.records import RequestRecord
+
+        achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
+                                      stats.target_forwards)
+        mem_busy, sm = self.nvml.window(stats.started_at, stats.started_at + stats.wall_s)
+        return RequestRecord(
+            pair=self.pair, category=category, policy=policy, greedy=greedy,
+            prompt_tokens=stats.prompt_tokens, new_tokens=stats.new_tokens,
+            iterations=stats.iterations, drafts=stats.drafts, drafted=stats.drafted,
+            accepted=stats.accepted, accepted_per_position=list(stats.accepted_per_position),
+            drafted_per_position=list(stats.drafted_per_position),
+            k_schedule=bytes(min(k, 255) for k in stats.k_schedule),
+            accepted_schedule=bytes(min(m, 255) for m in stats.accepted_schedule),
+            wall_s=stats.wall_s, prefill_s=stats.prefill_s, draft_s=stats.draft_s,
+            draft_forwards=stats.draft_forwards,
+            target_s_by_n={n: list(v) for n, v in stats.target_s_by_n.items()},
+            trace_kind=stats.trace_kind, trace=stats.trace, stop_reason=stats.stop_reason,
+            bandwidth_bytes_per_s=achieved, bandwidth_peak_bytes_per_s=self.peak,
+            nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
+            prompt_text=prompt_text, output_text=output_text,
+            created_at=stats.started_at,
+        )
+
+    def close(self) -> None:
+        self.nvml.close()
+
+
+def _model_name(model) -> str:
+    name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    return str(name) if name else type(model).__name__

@@ -1,7 +1,11 @@
 """How the lookahead k is chosen (no torch import here: policies run anywhere)."""
 
-from .base import CallablePolicy, Context, Outcome, Policy, as_policy
+from .bandit import ThompsonBandit
+from .base import CallablePolicy, Context, Outcome, Policy, as_policy, auto_policy
+from .costmodel import CostModelPolicy
 from .fixed import FixedK
 from .heuristic import Heuristic
+from .live import LiveStats
 
-__all__ = ["CallablePolicy", "Context", "Outcome", "Policy", "FixedK", "Heuristic", "as_policy"]
+__all__ = ["CallablePolicy", "Context", "CostModelPolicy", "FixedK", "Heuristic", "LiveStats",
+           "Outcome", "Policy", "ThompsonBandit", "as_policy", "auto_policy"]

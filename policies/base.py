@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy"]
 
@@ -30,6 +30,7 @@ class Context:
     batch_size: int = 1
     generated: int = 0  # tokens generated so far in this request
     remaining: int = 1  # tokens this request may still generate
+    live: Any = None  # the category's LiveStats (acceptance posterior, timings), if any
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ class CallablePolicy:
 
 
 def as_policy(spec) -> Policy:
-    """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, a callable or a policy object."""
+    """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
+    ``"auto"``, a callable or a policy object."""
+    from .bandit import ThompsonBandit
+    from .costmodel import CostModelPolicy
     from .fixed import FixedK
     from .heuristic import Heuristic
 
@@ -74,6 +78,12 @@ def as_policy(spec) -> Policy:
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
     if isinstance(spec, int):
         return FixedK(spec)
+    if isinstance(spec, str) and "+stop=" in spec:
+        base, _, threshold = spec.partition("+stop=")
+        try:
+            return EarlyStop(as_policy(base), float(threshold))
+        except ValueError as e:
+            raise ValueError(f"bad policy {spec!r}: {e}") from None
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name == "off":
@@ -85,12 +95,45 @@ def as_policy(spec) -> Policy:
                 raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
         if name == "heuristic":
             return Heuristic()
+        if name == "costmodel":
+            return CostModelPolicy()
+        if name == "bandit":
+            return ThompsonBandit()
+        if name == "auto":
+            return auto_policy()
         raise ValueError(
-            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', a callable "
-            "context -> k, or an object with choose()/update()"
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', "
+            "'costmodel', 'bandit', 'auto', a callable context -> k, or an object with "
+            "choose()/update()"
         )
     if hasattr(spec, "choose") and hasattr(spec, "update"):
         return spec
     if callable(spec):
         return CallablePolicy(spec)
     raise TypeError(f"cannot use {type(spec).__name__} as a policy")
+
+
+class EarlyStop:
+    """Any policy, plus draft-side early stopping: drafting stops once the draft's
+    probability of its own last token falls below ``early_stop`` (AdaEDL/DISCO style). The
+    decision depends only on the draft's distribution, so the output stays exact; it costs a
+    host sync per draft token (free on a CPU, not on a GPU). Written ``"NAME+stop=0.4"``."""
+
+    def __init__(self, inner: Policy, early_stop: float):
+        if not 0 < early_stop < 1:
+            raise ValueError(f"early-stop threshold must be in (0, 1), got {early_stop}")
+        self.inner, self.early_stop = inner, early_stop
+        self.name = f"{inner.name}+stop={early_stop:g}"
+
+    def choose(self, context: Context) -> int:
+        return self.inner.choose(context)
+
+    def update(self, context: Context, k: int, outcome: Outcome) -> None:
+        self.inner.update(context, k, outcome)
+
+
+def auto_policy() -> Policy:
+    """The default: the cost-model policy (see the README for the benchmark behind the choice)."""
+    from .costmodel import CostModelPolicy
+
+    return CostModelPolicy(name="auto")

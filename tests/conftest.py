@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 # tiny models gain nothing from intra-op threads, and on a busy 2-core machine spinning
 # OpenMP workers make every small op wait: one thread keeps the suite fast and steady
 torch.set_num_threads(1)
+# controllers log to the default store (autospec.db in the cache directory): keep that, and
+# every other cached file, away from the user's real cache
+os.environ["AUTOSPEC_CACHE"] = tempfile.mkdtemp(prefix="autospec-tests-")
 
 VOCAB = 97
 EOS = 3

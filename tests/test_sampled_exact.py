@@ -58,7 +58,7 @@ CASES = [
 @pytest.mark.parametrize("k,gen_kwargs", CASES)
 def test_first_two_tokens_follow_the_target_joint_distribution(sampled_pair, k, gen_kwargs):
     target, draft = sampled_pair
-    spec = autospec.Controller(target, draft)
+    spec = autospec.Controller(target, draft, store=False)  # thousands of calls: no logging
     ids = prompt(6, seed=1, vocab=V)
     gc = target.generation_config
     cfg = SamplingConfig(do_sample=True, temperature=gen_kwargs.get("temperature", 1.0),
@@ -78,14 +78,14 @@ def test_the_joint_test_detects_a_wrong_distribution(sampled_pair):
     ids = prompt(6, seed=1, vocab=V)
     cfg = SamplingConfig(do_sample=True)
     joint = exact_joint(target, ids, cfg).flatten()
-    spec = autospec.Controller(draft, draft)
+    spec = autospec.Controller(draft, draft, store=False)
     counts = empirical(spec, ids, 1, dict(top_k=0), seed=99)
     assert _chi2_pvalue(counts, joint) < ALPHA
 
 
 def test_torch_manual_seed_governs_sampling_like_generate(sampled_pair):
     target, draft = sampled_pair
-    spec = autospec.Controller(target, draft)
+    spec = autospec.Controller(target, draft, store=False)  # thousands of calls: no logging
     ids = prompt(6, seed=2, vocab=V)
 
     def run(seed):

@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-from conftest import noisy_copy, prompt, tiny
 
 import autospec
 from autospec.simulate import replay_greedy
 from autospec.store.records import UNOBSERVED
+
+from conftest import noisy_copy, prompt, tiny
 
 
 @pytest.fixture

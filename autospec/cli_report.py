@@ -1,0 +1,165 @@
+"""`autospec stats` and `autospec probe`: what the store knows, and what this machine costs.
+
+``stats`` reads only the store (no torch import), so it runs beside a serving process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from autospec.textfmt import fmt, human_bytes, table
+
+__all__ = ["add_commands", "estimate_speedup"]
+
+
+def add_commands(sub, common, models) -> None:
+    stats = sub.add_parser(
+        "stats", help="per category and model pair: acceptance, timings, bandwidth",
+        description="Reads the store's running statistics (safe while servers keep writing).")
+    stats.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                                    "autospec.db in the cache directory)")
+    stats.add_argument("--category", help="only this category")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.set_defaults(run=_cmd_stats, parser=stats)
+
+    probe = sub.add_parser(
+        "probe", parents=[models, common],
+        help="measure T_t(n) for n = 1..16, T_d and memory bandwidth on this machine",
+        description="Times the target scoring n tokens on a cached context, the draft's "
+                    "step, and the achieved memory bandwidth against the device's peak: "
+                    "whether verification is memory- or compute-bound here.")
+    probe.add_argument("--context", type=int, default=200, help="cached tokens (default 200)")
+    probe.add_argument("--max-n", type=int, default=16, help="largest n (default 16)")
+    probe.add_argument("--repeats", type=int, default=5, help="timings per point (median)")
+    probe.add_argument("--db", metavar="URL", help="store to record the probe in")
+    probe.add_argument("--no-store", action="store_true", help="do not record the probe")
+    probe.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    probe.set_defaults(run=_cmd_probe, parser=probe)
+
+
+# -- stats ------------------------------------------------------------------------------------
+
+def estimate_speedup(summary, probe_payload: dict | None):
+    """S(k) of the most used k>0 from the measured acceptance and costs (cost model), with
+    T_t(n) points from the requests, completed by the pair's latest probe. (k, S) or None."""
+    from autospec.policies.costmodel import conditional_from_cumulative, speedup
+
+    curve = dict(summary.t_target_s_by_n)
+    if probe_payload:
+        for n, t in probe_payload.get("target_s_by_n", {}).items():
+            curve.setdefault(int(n), float(t))
+    t_draft = summary.t_draft_s or (probe_payload or {}).get("draft_s")
+    ks = {k: c for k, c in summary.k_counts.items() if k > 0}
+    if not ks or 1 not in curve or not t_draft or summary.alpha is None:
+        return None
+    k = max(ks, key=ks.get)
+    alphas = conditional_from_cumulative(list(summary.acceptance_by_position))
+    return k, speedup(k, alphas, t_draft, curve)
+
+
+def _cmd_stats(args, parser) -> int:
+    from autospec.store import StoreError, open_store, queries
+
+    try:
+        store = open_store(args.db)
+    except StoreError as e:
+        raise SystemExit(f"autospec: error: {e}") from None
+    with store, store.session() as s:
+        summaries = queries.category_summaries(s, category=args.category)
+        probes = {sm.pair.id: queries.latest_probe(s, sm.pair.id) for sm in summaries}
+    out = []
+    for sm in summaries:
+        p = probes.get(sm.pair.id)
+        est = estimate_speedup(sm, p.payload if p else None)
+        d = sm.to_dict()
+        d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}
+        out.append(d)
+    if args.json:
+        json.dump(out, sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    if not summaries:
+        print(f"no requests logged in {store.url} yet")
+        return 0
+    rows = []
+    for sm, d in zip(summaries, out):
+        ci = sm.alpha_ci95
+        per_pos = " ".join(fmt(a, ".2f") for a in sm.acceptance_by_position[:6])
+        k_used = max((k for k in sm.k_counts), key=lambda k: sm.k_counts[k], default=None)
+        t_k1 = sm.t_target_s_by_n.get(k_used + 1) if k_used is not None else None
+        est = d["speedup_estimate"]
+        rows.append([
+            sm.category[:40], f"{_short(sm.pair.target)} <- {_short(sm.pair.draft)}",
+            str(sm.requests), str(sm.new_tokens),
+            fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
+            per_pos or "-", fmt(sm.mean_accepted_length, ".2f"),
+            "-" if k_used is None else str(k_used),
+            fmt(_ms(sm.t_target_s_by_n.get(1)), ".0f"), fmt(_ms(t_k1), ".0f"),
+            fmt(_ms(sm.t_draft_s), ".0f"),
+            human_bytes(sm.bandwidth_bytes_per_s, per_s=True)
+            + (f" ({sm.bandwidth_utilisation:.0%})" if sm.bandwidth_utilisation else ""),
+            "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}",
+        ])
+    print(table(["category", "pair", "requests", "tokens", "alpha [95% CI]", "alpha by position",
+                 "mean len", "k", "Tt(1) ms", "Tt(k+1) ms", "Td ms", "bandwidth (of peak)",
+                 "S(k) est."], rows, left=2))
+    print(f"\nstore {store.url}. alpha = accepted / drafted (Wilson interval); mean len counts "
+          "the bonus token; k = most used; S(k) = cost-model speedup incl. the draft's cost "
+          "(T_t(1) from a probe when requests never ran k = 0: run `autospec probe`)")
+    return 0
+
+
+def _short(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1][:36]
+
+
+def _ms(s):
+    return None if s is None else s * 1e3
+
+
+# -- probe ------------------------------------------------------------------------------------
+
+def _cmd_probe(args, parser) -> int:
+    from tqdm import tqdm
+
+    from autospec.cli import _load, _setup
+    from autospec.probe import probe
+    from autospec.store import StoreError, add_probe, open_store
+    from autospec.telemetry import RequestTelemetry
+
+    env = _setup(args)
+    if args.context < 1 or not 1 <= args.max_n <= 64:
+        parser.error("--context must be >= 1 and --max-n in 1..64")
+    store = None
+    if not args.no_store:
+        try:
+            store = open_store(args.db)
+        except StoreError as e:
+            raise SystemExit(f"autospec: error: {e}") from None
+    target, draft, _, _ = _load(args, parser, env)
+    with tqdm(total=args.max_n + 1, desc="probe", unit="point", file=sys.stderr) as bar:
+        res = probe(target, draft, context=args.context, max_n=args.max_n,
+                    repeats=args.repeats, progress=lambda i, n: bar.update(i - bar.n))
+    if store is not None:
+        pair = RequestTelemetry(target, draft, measure_peak=False).pair
+        with store, store.begin() as s:
+            add_probe(s, pair, res.to_dict())
+    if args.json:
+        json.dump(res.to_dict(), sys.stdout, indent=2)
+        print()
+        return 0
+    t1 = res.target_s_by_n[1]
+    rows = [[str(n), f"{t * 1e3:.1f}", f"{t / t1:.2f}", "#" * round(20 * t / t1 / 4)]
+            for n, t in res.target_s_by_n.items()]
+    print(table(["n scored", "T_t(n) ms", "vs n=1", ""], rows))
+    print(f"\nT_d (draft, 1 token): {fmt(_ms(res.draft_s), '.1f')} ms"
+          f"   c = T_d / T_t(1) = {fmt(res.draft_ratio, '.2f')}")
+    print(f"bandwidth of the target's 1-token step: {human_bytes(res.achieved_bytes_per_s, True)}"
+          f" of {human_bytes(res.peak_bytes_per_s, True)} peak"
+          + (f" ({res.utilisation:.0%})" if res.utilisation else "")
+          + f"  [weights {human_bytes(res.target_param_bytes)}, KV {human_bytes(res.kv_bytes)}]")
+    print(f"{res.hardware}, {res.dtype}, context {res.context} tokens, {res.threads} threads, "
+          f"median of {args.repeats}")
+    print(f"verdict: {res.verdict()}")
+    return 0

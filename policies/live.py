@@ -1,0 +1,118 @@
+"""What has been measured about one traffic category, live: acceptance per draft position
+(discounted Beta counts) and the cost model's timings (T_d, T_t(n)).
+
+The controller keeps one ``LiveStats`` per category, feeds it every iteration's outcome, warms
+it from the store, and hands it to the policy inside the ``Context``; policies read it, they do
+not own it. Thread-safe: several requests of one category may run at once.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+
+from .costmodel import interpolate_cost
+
+__all__ = ["LiveStats"]
+
+
+class LiveStats:
+    """Discounted sufficient statistics. Every observation first multiplies the old counts by
+    ``discount`` so the estimates follow drift (half-life ln 2 / (1 − discount) iterations)."""
+
+    def __init__(self, *, discount: float = 0.995, prior: tuple[float, float] = (1.0, 1.0),
+                 ema: float = 0.2, max_positions: int = 64):
+        if not 0 < discount <= 1:
+            raise ValueError("discount must be in (0, 1]")
+        self.discount, self.prior, self.ema = discount, prior, ema
+        # position i (0-based) is "reached" when the draft proposed it and every earlier one in
+        # the block was accepted; accepted[i] / reached[i] is then the conditional acceptance
+        # the cost model multiplies (vLLM's per-position rates are cumulative instead)
+        self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
+        self.reached = [0.0] * max_positions  # discounted blocks that reached position i
+        self.t_draft: float | None = None  # seconds per proposed token
+        self.t_target: dict[int, float] = {}  # tokens scored → seconds
+        self.bandwidth_utilisation: float | None = None
+        self.iterations = 0
+        self._lock = threading.Lock()
+        self.version = 0  # bumped on every change: lets policies cache their decisions
+
+    # -- feeding ------------------------------------------------------------------------------
+    def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+        with self._lock:
+            d = self.discount
+            if d < 1:
+                for i in range(len(self.reached)):
+                    if self.reached[i] == 0:
+                        break
+                    self.reached[i] *= d
+                    self.accepted[i] *= d
+            for i in range(min(k, accepted + 1, len(self.reached))):
+                self.reached[i] += 1
+                if i < accepted:
+                    self.accepted[i] += 1
+            if k > 0 and draft_s == draft_s and draft_s > 0:  # not NaN
+                self.t_draft = self._avg(self.t_draft, draft_s / k)
+            if target_s == target_s and target_s > 0:
+                self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
+            self.iterations += 1
+            self.version += 1
+
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ema) * old + self.ema * new
+
+    def warm_start(self, accepted_per_position: Sequence[float],
+                   drafted_per_position: Sequence[float], *, weight: float = 200.0,
+                   t_draft: float | None = None, t_target: Mapping[int, float] | None = None,
+                   bandwidth_utilisation: float | None = None) -> None:
+        """Seed from stored history (vLLM-style cumulative counts: accepted[i] / drafted[i] is
+        the rate at which the i-th draft token is accepted), scaled to at most ``weight`` blocks:
+        enough to start from a good k, little enough to follow new traffic."""
+        from .costmodel import conditional_from_cumulative
+
+        cum = [a / n if n else None for a, n in zip(accepted_per_position, drafted_per_position)]
+        with self._lock:
+            first = drafted_per_position[0] if drafted_per_position else 0
+            reach = min(float(first), weight)
+            for i, a in enumerate(conditional_from_cumulative(cum)):
+                if i >= len(self.reached) or a is None or reach <= 0:
+                    break
+                self.reached[i] += reach
+                self.accepted[i] += a * reach
+                reach *= a
+            if t_draft and self.t_draft is None:
+                self.t_draft = float(t_draft)
+            for n, t in (t_target or {}).items():
+                self.t_target.setdefault(int(n), float(t))
+            if bandwidth_utilisation is not None:
+                self.bandwidth_utilisation = bandwidth_utilisation
+            self.version += 1
+
+    # -- reading ------------------------------------------------------------------------------
+    def acceptance(self, i: int) -> tuple[float, float]:
+        """Posterior mean and standard deviation of the acceptance at draft position i
+        (0-based), given it was reached: Beta(prior_a + accepted, prior_b + rejected)."""
+        a = self.prior[0] + self.accepted[i]
+        b = self.prior[1] + self.reached[i] - self.accepted[i]
+        mean = a / (a + b)
+        return mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+
+    def acceptance_curve(self, k_max: int) -> list[float]:
+        """Posterior means for positions 0 … k_max−1; beyond the observed positions the last
+        observed position's value carries on (the prior alone would claim 0.5 everywhere)."""
+        out, last = [], None
+        for i in range(k_max):
+            if self.reached[i] >= 1 or last is None:
+                last = self.acceptance(i)[0]
+            out.append(last)
+        return out
+
+    def cost(self):
+        """T_t(n) as a function (interpolated), or None while nothing is measured."""
+        return interpolate_cost(self.t_target) if self.t_target else None
+
+    @property
+    def observed(self) -> float:
+        """Discounted drafting blocks seen: how much evidence there is."""
+        return self.reached[0]

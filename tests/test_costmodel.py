@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autospec.policies.costmodel import best_k, expected_tokens, interpolate_cost, speedup
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_expected_tokens_closed_form_for_constant_alpha(alpha, k):
+    closed = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert math.isclose(expected_tokens(alpha, k), closed, rel_tol=1e-12)
+
+
+def test_per_position_acceptance_multiplies():
+    assert math.isclose(expected_tokens([0.9, 0.5, 0.1], 3), 1 + 0.9 + 0.45 + 0.045)
+    assert math.isclose(expected_tokens([0.9, None], 3), 1 + 0.9 + 0.81 + 0.729)
+
+
+def test_interpolation_is_linear_inside_and_never_decreases_outside():
+    cost = interpolate_cost({1: 1.0, 5: 2.0})
+    assert cost(3) == 1.5 and cost(1) == 1.0 and cost(9) == 3.0
+    assert interpolate_cost({2: 1.0})(8) == 1.0
+
+
+def test_memory_bound_pays_compute_bound_does_not():
+    # flat verification cost (memory bound), cheap draft, good acceptance → speculate
+    k, s = best_k(0.8, 0.05, {1: 1.0, 16: 1.05}, 8)
+    assert k >= 3 and s > 2
+    # verification cost linear in tokens (compute bound): k = 0 wins
+    k, s = best_k(0.8, 0.05, {1: 1.0, 16: 16.0}, 8)
+    assert (k, s) == (0, 1.0)
+    # acceptance below the draft's relative cost c: never pays even when memory bound
+    assert best_k(0.2, 0.3, {1: 1.0, 16: 1.0}, 8)[0] == 0
+
+
+def test_speedup_matches_definition():
+    s = speedup(3, 0.5, 0.1, {1: 1.0, 4: 1.2})
+    assert math.isclose(s, (1 + 0.5 + 0.25 + 0.125) * 1.0 / (0.3 + 1.2))

@@ -1,0 +1,58 @@
+"""`autospec probe` and `autospec stats` on tiny models and a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+
+import autospec
+from autospec.cli import main
+from autospec.cli_report import estimate_speedup
+from autospec.probe import probe
+from autospec.store import open_store, queries
+
+from conftest import noisy_copy, prompt, tiny
+
+
+def test_probe_measures_a_cost_curve_and_bandwidth(tmp_path):
+    target = tiny("llama", layers=2)
+    res = probe(target, noisy_copy(target, 0.1), context=16, max_n=4, repeats=1,
+                cache_dir=str(tmp_path))
+    assert sorted(res.target_s_by_n) == [1, 2, 3, 4]
+    assert all(t > 0 for t in res.target_s_by_n.values()) and res.draft_s > 0
+    assert res.achieved_bytes_per_s > 0 and res.peak_bytes_per_s > 0
+    assert res.kv_bytes == 16 * 2 * 2 * 2 * 16 * 4  # tokens × K,V × layers × heads × dim × fp32
+    d = res.to_dict()
+    assert d["verdict"] and json.dumps(d)
+    assert (tmp_path / "bandwidth.json").exists()  # the peak is measured once per machine
+
+
+def test_stats_cli_reports_what_the_store_holds(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    target = tiny("llama", sharpen=30.0)
+    spec = autospec.Controller(target, noisy_copy(target, 0.15), store=url)
+    for seed in range(3):
+        spec.generate(prompt(seed=seed), max_new_tokens=12, do_sample=False, k=3,
+                      category="code")
+    spec.generate(prompt(), max_new_tokens=12, do_sample=False, k=0, category="prose")
+    spec.close()
+    assert main(["stats", "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert "code" in text and "prose" in text and "LlamaForCausalLM" in text
+    assert main(["stats", "--db", url, "--json", "--category", "code"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["requests"] == 3
+    assert 0 <= rows[0]["alpha"] <= 1
+
+
+def test_speedup_estimate_uses_the_probe_curve_when_requests_never_ran_k0(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    target = tiny("llama", sharpen=30.0)
+    spec = autospec.Controller(target, target, store=url)  # acceptance 1
+    spec.generate(prompt(), max_new_tokens=20, do_sample=False, k=4, eos_token_id=None)
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        (sm,) = queries.category_summaries(s)
+    assert estimate_speedup(sm, None) is None  # no T_t(1) measured: no estimate
+    flat = {"target_s_by_n": {"1": 0.01, "5": 0.01}, "draft_s": 0.001}
+    k, s = estimate_speedup(sm, flat)
+    assert k == 4 and abs(s - 5 * 0.01 / (4 * sm.t_draft_s + sm.t_target_s_by_n[5])) < 1e-9

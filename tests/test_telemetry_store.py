@@ -1,0 +1,117 @@
+"""Requests logged through the controller: what lands in the store, and the store never
+changing or breaking generation."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+import autospec
+from autospec.simulate import replay_greedy
+from autospec.store import StoreError, open_store, queries
+
+from conftest import noisy_copy, prompt, tiny, tiny_tokenizer
+
+
+@pytest.fixture
+def models():
+    target = tiny("qwen2", sharpen=30.0)
+    return target, noisy_copy(target, 0.15)
+
+
+def test_requests_and_category_stats_land_in_the_store(models, tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    spec = autospec.Controller(*models, store=url)
+    live = []
+    for seed, (cat, k) in enumerate([("code", 2), ("code", 4), ("chat", 3)]):
+        spec.generate(prompt(10, seed=seed), max_new_tokens=24, do_sample=False, k=k,
+                      category=cat, eos_token_id=None)
+        live.append((cat, spec.last_stats))
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        sums = {sm.category: sm for sm in queries.category_summaries(s)}
+        assert sums.keys() == {"code", "chat"}
+        for cat in ("code", "chat"):
+            mine = [st for c, st in live if c == cat]
+            sm = sums[cat]
+            assert sm.requests == len(mine)
+            assert sm.new_tokens == sum(st.new_tokens for st in mine)
+            assert sm.drafted == sum(st.drafted for st in mine)
+            assert sm.accepted == sum(st.accepted for st in mine)
+            assert sm.draft_forwards == sum(st.draft_forwards for st in mine)
+            assert sm.pair.target == type(models[0]).__name__ or sm.pair.target
+        rows = queries.recent_requests(s, limit=10)
+        assert len(rows) == 3 and all(r.prompt_text is None for r in rows)  # no text by default
+
+
+def test_stored_trace_replays_to_the_accepted_lengths_seen_live(models, tmp_path):
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    spec = autospec.Controller(*models, store=url)
+    ids = prompt(10, seed=5)
+    spec.generate(ids, max_new_tokens=40, do_sample=False, k=3, eos_token_id=None)
+    live = {}
+    for k in (1, 2, 5, 8):
+        spec.generate(ids, max_new_tokens=40, do_sample=False, k=k, eos_token_id=None)
+        live[k] = spec.last_stats.accepted_schedule
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        first = next(iter(queries.traces(s)))
+    assert first.trace_kind == "greedy"
+    for k, sched in live.items():
+        replayed = replay_greedy(first.trace, k, max_new_tokens=40)
+        assert replayed == sched[: len(replayed)] and len(replayed) >= len(sched) - 2
+
+
+def test_store_outage_changes_nothing_in_the_output_and_is_counted(models, tmp_path):
+    db = tmp_path / "locked.db"
+    url = f"sqlite:///{db}"
+    spec = autospec.Controller(*models, store=open_store(url, busy_timeout_s=0.05))
+    reference = autospec.Controller(*models, store=False)
+    blocker = sqlite3.connect(db, timeout=0.05, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # the database is locked for everyone else
+    try:
+        for seed in range(3):
+            ids = prompt(9, seed=seed)
+            out = spec.generate(ids, max_new_tokens=16, do_sample=False, k=3)
+            assert torch.equal(out, reference.generate(ids, max_new_tokens=16, do_sample=False, k=3))
+        spec.writer.flush(timeout=1.0)
+        assert spec.writer.failures > 0 and spec.writer.written == 0
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert spec.writer.flush(timeout=30.0)  # retried after the outage: nothing lost
+    assert spec.writer.written == 3
+    spec.close()
+
+
+def test_unusable_store_urls_fail_at_wrap_time(models):
+    target, draft = models
+    for url in ("postgresql+nosuchdriver://x@localhost/db", "notadialect://foo", "://"):
+        with pytest.raises(StoreError):
+            autospec.wrap(target, draft, store=url)
+        assert "generate" not in vars(target)  # nothing was wrapped
+
+
+def test_free_text_categories_round_trip(models, tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    spec = autospec.Controller(*models, store=url)
+    names = ["it's \"quoted\"; DROP TABLE requests; --", "日本語のカテゴリ 🚀", "x" * 10_000]
+    for name in names:
+        spec.generate(prompt(), max_new_tokens=4, do_sample=False, category=name)
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        assert {sm.category for sm in queries.category_summaries(s)} == set(names)
+
+
+def test_text_is_stored_only_when_opted_in(models, tmp_path):
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    tok = tiny_tokenizer()
+    spec = autospec.Controller(*models, store=url, log_text=True, tokenizer=tok)
+    out = spec.generate(prompt(), max_new_tokens=6, do_sample=False)
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        row = queries.recent_requests(s, limit=1)[0]
+    assert row.output_text == tok.decode(out[0, 10:])
+    assert row.prompt_text == tok.decode(out[0, :10])
