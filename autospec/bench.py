@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import statistics
+import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+
+from autospec.benchstats import OVERALL, RunRecord, aggregate, first_divergence
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,6 @@ __all__ = ["Prompt", "PromptFileError", "Mode", "RunRecord", "BenchResult", "loa
            "encode_prompt", "run_bench", "DEFAULT_MODES"]
 
 DEFAULT_MODES = ("plain", "hf-assisted", "hf-assisted:k", "autospec:k")
-OVERALL = "overall"
 _PROMPT_KEYS = {"category", "prompt", "chat"}
 
 
@@ -98,12 +99,35 @@ def encode_prompt(tokenizer, prompt: Prompt):
 # -- modes --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mode:
-    kind: str  # "plain" | "hf-assisted" | "autospec"
+    kind: str  # "plain" | "hf-assisted" | "autospec" | "policy"
     k: int | None = None  # None: plain, or transformers' own default schedule
+    policy: str | None = None  # kind "policy": a policy name for autospec.wrap(policy=...)
 
     @property
     def name(self) -> str:
+        if self.kind == "policy":
+            return f"policy:{self.policy}"
         return self.kind if self.k is None else f"{self.kind}:{self.k}"
+
+
+def parse_policies(text: str) -> list[str]:
+    """``auto,costmodel,bandit,heuristic,fixed:1..8,off`` → mode specs: fixed k and off are
+    autospec:k modes (the same loop at a constant k), the rest adaptive policies."""
+    from autospec.policies import as_policy
+
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"fixed:(\d+)\.\.(\d+)", part)
+        if m:
+            out += [f"autospec:{k}" for k in range(int(m[1]), int(m[2]) + 1)]
+        elif re.fullmatch(r"fixed:\d+", part):
+            out.append(f"autospec:{part.split(':')[1]}")
+        elif part == "off":
+            out.append("autospec:0")
+        else:
+            as_policy(part)  # a clear error for an unknown name, before any model loads
+            out.append(f"policy:{part}")
+    return out
 
 
 def parse_ks(text: str, k_limit: int = 64) -> list[int]:
@@ -126,6 +150,12 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
     modes = [Mode("plain")]
     for spec in specs:
         kind, _, k = spec.strip().partition(":")
+        if kind == "policy":
+            if not k:
+                raise ValueError("expected policy:NAME")
+            if Mode("policy", policy=k) not in modes:
+                modes.append(Mode("policy", policy=k))
+            continue
         if kind not in ("plain", "hf-assisted", "autospec"):
             raise ValueError(f"unknown mode {spec!r}: use plain, hf-assisted, hf-assisted:k, "
                              "autospec:k, or a number in place of k")
@@ -139,106 +169,6 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
             raise ValueError(f"bad mode {spec!r}: expected {kind}:k or {kind}:N")
         modes += [m for m in new if m not in modes]
     return modes
-
-
-# -- records and rows ---------------------------------------------------------------------
-@dataclass
-class RunRecord:
-    """One timed request. ``drafted``/``accepted``/``drafts`` are None where unknown."""
-
-    category: str
-    prompt_index: int
-    repeat: int
-    mode: str
-    k: int | None
-    new_tokens: int
-    wall_s: float
-    tokens: list[int] = field(default_factory=list, repr=False)  # the new tokens
-    target_forwards: int | None = None  # verification forwards (iterations), prefill included
-    drafts: int | None = None  # iterations that drafted (unknown for transformers' modes)
-    drafted: int | None = None
-    accepted: int | None = None
-    t_target_1: float | None = None  # s, median target forward scoring 1 token
-    t_target_k1: float | None = None  # s, scoring k+1 tokens
-    t_draft: float | None = None  # s, mean draft forward
-    divergence: dict | None = None  # first difference from plain (greedy), see run_bench
-
-
-def _median(values, scale: float = 1.0) -> float | None:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(vals) * scale if vals else None
-
-
-def aggregate(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
-    """Rows per (category, mode), then one ``overall`` row per mode.
-
-    tokens_per_s: median over runs of new tokens / wall time. speedup: median over runs of the
-    paired ratio plain time / mode time for the same prompt and repeat, each per new token so
-    that it stays fair when (sampled) outputs differ in length. acceptance: pooled accepted /
-    drafted. mean_accepted_length: 1 + accepted / drafting iterations (counts the bonus
-    token; autospec only). tokens_per_forward: new tokens / target forwards, which also counts
-    iterations that did not draft, and is known for transformers' modes too.
-    """
-    plain = {(r.prompt_index, r.repeat): r for r in records if r.mode == "plain"}
-    cats = list(dict.fromkeys(r.category for r in records))
-    modes = list(dict.fromkeys(r.mode for r in records))
-    rows = []
-    for cat in [*cats, OVERALL]:
-        for mode in modes:
-            runs = [r for r in records if r.mode == mode and cat in (OVERALL, r.category)]
-            if runs:
-                rows.append(_row(cat, runs, plain, greedy))
-    return rows
-
-
-def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dict:
-    ratios, same, divergences = [], [], []
-    for r in runs:
-        base = plain.get((r.prompt_index, r.repeat))
-        if base is None:
-            continue
-        if r.wall_s > 0 and r.new_tokens > 0 and base.new_tokens > 0:
-            ratios.append((base.wall_s / base.new_tokens) / (r.wall_s / r.new_tokens))
-        same.append(r.tokens == base.tokens)
-        if r.divergence is not None:
-            divergences.append(r.divergence)
-    drafted = sum(r.drafted for r in runs if r.drafted is not None)
-    accepted = sum(r.accepted for r in runs if r.drafted is not None)
-    with_drafts = [r for r in runs if r.drafts is not None]
-    drafts = sum(r.drafts for r in with_drafts)
-    with_fwd = [r for r in runs if r.target_forwards]
-    row = {
-        "category": category,
-        "mode": runs[0].mode,
-        "k": runs[0].k,
-        "runs": len(runs),
-        "new_tokens": _median(r.new_tokens for r in runs),
-        "tokens_per_s": _median(r.new_tokens / r.wall_s for r in runs if r.wall_s > 0),
-        "speedup": _median(ratios),
-        "acceptance": accepted / drafted if drafted else None,
-        "mean_accepted_length": (1 + sum(r.accepted for r in with_drafts) / drafts
-                                 if drafts else None),
-        "tokens_per_forward": (sum(r.new_tokens for r in with_fwd) /
-                               sum(r.target_forwards for r in with_fwd) if with_fwd else None),
-        "t_target_1_ms": _median((r.t_target_1 for r in runs), 1e3),
-        "t_target_k1_ms": _median((r.t_target_k1 for r in runs), 1e3),
-        "t_draft_ms": _median((r.t_draft for r in runs), 1e3),
-        "identical": all(same) if greedy and same else None,
-        "divergences": divergences,
-    }
-    # the cost model's S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from this row's own measurements
-    k, t1, tk, td = row["k"], row["t_target_1_ms"], row["t_target_k1_ms"], row["t_draft_ms"]
-    n = row["mean_accepted_length"]
-    row["predicted_speedup"] = (n * t1 / (k * td + tk) if None not in (k, t1, tk, td, n)
-                                and k * td + tk > 0 else None)
-    return row
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where a and b differ (or one ends); None if equal."""
-    if list(a) == list(b):
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 # -- result and table ---------------------------------------------------------------------
@@ -295,7 +225,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     try:
         if warmup:  # first calls pay for allocation and lazy setup: keep them out of the timings
             for mode in mode_list:
-                runner.run(mode, encoded[0], min(8, max_new_tokens), seed)
+                runner.run(mode, encoded[0], min(8, max_new_tokens), seed, prompts[0].category)
         total = repeats * len(prompts) * len(mode_list)
         with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
             for rep in range(repeats):
@@ -303,7 +233,8 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
                     shift = (rep + i) % len(mode_list)
                     for mode in mode_list[shift:] + mode_list[:shift]:
                         bar.set_postfix_str(f"{prompt.category} {mode.name}", refresh=False)
-                        out = runner.run(mode, ids, max_new_tokens, seed + 1000 * rep + i)
+                        out = runner.run(mode, ids, max_new_tokens, seed + 1000 * rep + i,
+                                         prompt.category)
                         records.append(RunRecord(category=prompt.category, prompt_index=i,
                                                  repeat=rep, mode=mode.name, k=mode.k, **out))
                         bar.update()
@@ -334,8 +265,12 @@ class _Runner:
 
         ks = [m.k for m in modes if m.kind == "autospec"]
         # not wrap(): the target's generate stays transformers' own for the other modes
-        self.ctrl = Controller(target, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
-                               k_max=max([16, *ks]))
+        opts = dict(tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, k_max=max([16, *ks]),
+                    store=False)
+        self.ctrl = Controller(target, draft, **opts)
+        # one controller per adaptive policy, so each learns from its own runs only
+        self.policy_ctrls = {m: Controller(target, draft, policy=m.policy, **opts)
+                             for m in modes if m.kind == "policy"}
         # transformers' generate even if the caller wrapped the target (an instance attribute)
         self.generate = type(target).generate.__get__(target)
         self.target, self.draft, self.sample = target, draft, sample
@@ -356,16 +291,19 @@ class _Runner:
         self._assist = {m: dict(self._saved) if m.k is None else {"num_assistant_tokens": m.k, **fixed}
                         for m in modes if m.kind == "hf-assisted"}
 
-    def run(self, mode: Mode, ids, max_new_tokens: int, seed: int) -> dict:
+    def run(self, mode: Mode, ids, max_new_tokens: int, seed: int,
+            category: str = "default") -> dict:
         import torch
 
         ids = ids.to(self.device)
         kw = dict(self.kwargs, input_ids=ids, attention_mask=torch.ones_like(ids),
                   max_new_tokens=max_new_tokens)
         counts, hooks = [0, 0], []
-        if mode.kind == "autospec":
+        ctrl = self.policy_ctrls.get(mode, self.ctrl)
+        if mode.kind in ("autospec", "policy"):
             gen = torch.Generator(self.device).manual_seed(seed) if self.sample else None
-            call = lambda: self.ctrl.generate(k=mode.k, generator=gen, **kw)  # noqa: E731
+            call = lambda: ctrl.generate(k=mode.k, generator=gen, category=category,  # noqa: E731
+                                         **kw)
         elif mode.kind == "hf-assisted":
             self._set_assist(self._assist[mode])
             # forward counts give acceptance without touching transformers' internals: each
@@ -398,8 +336,8 @@ class _Runner:
             # every iteration keeps its accepted tokens plus one: accepted = new - iterations
             rec.update(target_forwards=counts[0], drafted=counts[1],
                        accepted=max(0, min(counts[1], len(tokens) - counts[0])))
-        elif mode.kind == "autospec":
-            s = self.ctrl.last_stats
+        elif mode.kind in ("autospec", "policy"):
+            s = ctrl.last_stats
             if s is None:
                 log.warning("autospec served a request through transformers' generate "
                             "(fallbacks: %s)", self.ctrl.fallbacks)
@@ -407,7 +345,10 @@ class _Runner:
                 rec.update(target_forwards=s.iterations, drafts=s.drafts, drafted=s.drafted,
                            accepted=s.accepted,
                            t_target_1=s.target_time(1), t_draft=s.draft_time,
-                           t_target_k1=s.target_time(mode.k + 1) if mode.k else None)
+                           t_target_k1=s.target_time(mode.k + 1) if mode.k else None,
+                           k_schedule=list(s.k_schedule),
+                           accepted_per_position=list(s.accepted_per_position),
+                           drafted_per_position=list(s.drafted_per_position))
         return rec
 
     def _set_assist(self, values: dict) -> None:
