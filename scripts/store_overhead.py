@@ -67,6 +67,7 @@ def main() -> None:
                                           greedy=True)
                 on.writer.submit(rec)
                 direct.append(time.perf_counter() - t0)
+        writer = on.writer
         on.close()
         med = {k: statistics.median(v) for k, v in walls.items()}
         print(f"{'real pair' if args.pair else 'tiny model'}, {args.threads} threads, "
@@ -76,8 +77,8 @@ def main() -> None:
               f"{sorted(direct)[int(0.9 * len(direct))] * 1e6:.0f} us")
         print(f"end to end: median {med['on'] * 1e3:.2f} ms with the store, "
               f"{med['off'] * 1e3:.2f} ms without (ratio {med['on'] / med['off']:.3f})")
-        print(f"writer: {on.writer.written} written, {on.writer.dropped} dropped, "
-              f"{on.writer.failures} failures")
+        print(f"writer: {writer.written} written, {writer.dropped} dropped, "
+              f"{writer.failures} failures")
 
 
 if __name__ == "__main__":
