@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[_models(pair_only=True), common],
                           help="a few prompts, speculative vs plain decoding side by side")
-    demo.add_argument("--k", type=_k_value, default=4, help="lookahead (default: 4)")
+    demo.add_argument("--k", type=_k_value, default=None,
+                      help="a fixed lookahead (default: the 'auto' policy chooses k)")
+    demo.add_argument("--policy", default="auto", help="k policy (default: auto)")
     demo.add_argument("--max-new-tokens", type=_positive, default=64)
     demo.set_defaults(run=_cmd_demo, parser=demo)
 
@@ -250,7 +252,12 @@ def _cmd_demo(args, parser) -> int:
 
     env = _setup(args)
     target, draft, tok, _ = _load(args, parser, env)
-    ctrl = autospec.wrap(target, draft, tokenizer=tok, policy=args.k, k_max=max(16, args.k))
+    policy = args.k if args.k is not None else args.policy
+    try:
+        ctrl = autospec.wrap(target, draft, tokenizer=tok, policy=policy,
+                             k_max=max(16, args.k or 0))
+    except ValueError as e:
+        parser.error(str(e))
     plain_generate = type(target).generate.__get__(target)  # transformers' own, unwrapped
     by_category: dict = {}
     for p in load_prompts(default_prompts_path()):
@@ -265,7 +272,8 @@ def _cmd_demo(args, parser) -> int:
     first = encode_prompt(tok, next(iter(by_category.values()))).to(env["device"])
     for fn in (plain_generate, target.generate):  # warm-up: first calls pay for setup
         timed(fn, first, max_new_tokens=8)
-    print(f"autospec demo: {args.pair or _DEFAULT_PAIR}, k={args.k}; {_env_line(env)}")
+    print(f"autospec demo: {args.pair or _DEFAULT_PAIR}, policy {ctrl.policy.name}; "
+          f"{_env_line(env)}")
     for i, (category, prompt) in enumerate(by_category.items()):
         ids = encode_prompt(tok, prompt).to(env["device"])
         if i % 2:  # alternate which runs first, so neither always meets a warm cache
@@ -279,11 +287,17 @@ def _cmd_demo(args, parser) -> int:
         spec_tps, plain_tps = len(spec_out) / spec_s, len(plain_out) / plain_s
         how = ("served by transformers' generate (-v says why)" if s is None else
                f"acceptance {_fmt(s.acceptance, '.2f')}, mean accepted length "
-               f"{s.mean_accepted_length:.2f}")
+               f"{s.mean_accepted_length:.2f}, k used {_k_summary(s.k_schedule)}")
         print(f"--- autospec: {spec_tps:.1f} tok/s, {how}, {len(spec_out)} tokens")
         print(f"--- plain:    {plain_tps:.1f} tok/s  ->  speedup {spec_tps / plain_tps:.2f}x, "
               f"identical to plain: {'yes' if torch.equal(spec_out, plain_out) else 'NO'}")
     return 0
+
+
+def _k_summary(ks: list[int]) -> str:
+    from collections import Counter
+
+    return ", ".join(f"{k}×{n}" for k, n in sorted(Counter(ks).items()))
 
 
 def _cmd_bench(args, parser) -> int:

@@ -71,7 +71,7 @@ class _Plan:
 class Controller:
     """Speculative ``generate`` for one target/draft pair."""
 
-    def __init__(self, model, draft, *, policy=4, k_max: int = 16, tokenizer=None,
+    def __init__(self, model, draft, *, policy="auto", k_max: int = 16, tokenizer=None,
                  draft_tokenizer=None, match_draft: bool = True, category: str = "default",
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None):
         from autospec.checks import check_pair
@@ -369,8 +369,8 @@ def _check_category(category) -> str:
 def wrap(model, draft, **options) -> Controller:
     """Make ``model.generate`` speculative with ``draft``; returns the controller.
 
-    Options: policy (int k, "fixed:K", "off", "heuristic", a callable or policy object;
-    default 4), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
+    Options: policy ("auto" (default), "costmodel", "bandit", "heuristic", an int k,
+    "fixed:K", "off", "NAME+stop=P", a callable or a policy object), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
     match_draft (move/cast the draft to the target's device and dtype; default True),
     category ("default"), store (a SQLAlchemy URL or file path; None: autospec.db in the cache
     directory; False: no telemetry), log_text (store prompt and output text; default False),

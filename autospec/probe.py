@@ -60,14 +60,24 @@ class ProbeResult:
         return max(ok) if ok else 1
 
     @property
+    def slope(self) -> float:
+        """Least-squares growth of T_t(n)/T_t(1) per extra scored token (0: flat)."""
+        pts = list(self.relative_cost.items())
+        if len(pts) < 2:
+            return 0.0
+        mx = statistics.fmean(n for n, _ in pts)
+        my = statistics.fmean(r for _, r in pts)
+        return (sum((n - mx) * (r - my) for n, r in pts)
+                / sum((n - mx) ** 2 for n, _ in pts))
+
+    @property
     def draft_ratio(self) -> float | None:
         """c = T_d / T_t(1): acceptance must beat this for speculation to have a chance."""
         return self.draft_s / self.target_s_by_n[1] if self.draft_s else None
 
     def verdict(self) -> str:
         upto = self.memory_bound_up_to
-        t1 = self.target_s_by_n[1]
-        slope = (self.target_s_by_n[max(self.target_s_by_n)] / t1 - 1) / (max(self.target_s_by_n) - 1)
+        slope = self.slope
         if upto >= 4:
             head = f"verification is memory-bandwidth bound up to n = {upto} scored tokens"
         else:
@@ -80,6 +90,7 @@ class ProbeResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(utilisation=self.utilisation, memory_bound_up_to=self.memory_bound_up_to,
+                 slope=self.slope,
                  draft_ratio=self.draft_ratio, verdict=self.verdict())
         return d
 
@@ -116,11 +127,15 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         crop_cache(cache, context)
 
     score(1)  # warm-up
-    curve = {}
-    for n in range(1, max_n + 1):
-        curve[n] = _median_time(lambda n=n: score(n), clock, repeats)
+    # rounds over every n, so that a burst of machine noise spreads over the curve instead of
+    # bending one stretch of it; then the median per n
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    for r in range(repeats):
+        for n in times:
+            times[n].append(_median_time(lambda n=n: score(n), clock, 1))
         if progress:
-            progress(n, total)
+            progress(round((r + 1) * max_n / repeats), total)
+    curve = {n: statistics.median(ts) for n, ts in times.items()}
 
     draft_s = None
     if draft is not None:

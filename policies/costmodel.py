@@ -51,12 +51,25 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
-def interpolate_cost(curve: Mapping[int, float]) -> Callable[[int], float]:
+def interpolate_cost(curve: Mapping[int, float], *,
+                     optimistic: bool = False) -> Callable[[int], float]:
     """T_t(n) from measured points: linear between them, flat below the first, and extended
-    beyond the last along the slope of the last two (verification cost only grows)."""
+    beyond the last along the slope of the last two (verification cost only grows).
+
+    optimistic: the cheapest cost consistent with the points instead — the measured cost of
+    the largest measured n' ≤ n (scoring more tokens never costs less). A policy that decides
+    by it tries each unmeasured n it might prefer, once, and learns its real cost; linear
+    interpolation would hide a step (e.g. flat to 3 tokens, then doubling) it never measures.
+    """
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
         raise ValueError("no measured target costs")
+    if optimistic:
+        def lower(n: int) -> float:
+            below = [t for m, t in pts if m <= n]
+            return below[-1] if below else pts[0][1]
+
+        return lower
 
     def cost(n: int) -> float:
         if n <= pts[0][0]:
@@ -92,8 +105,9 @@ class CostModelPolicy:
     """argmax_k S(k) from the category's live acceptance posterior and measured costs.
 
     Exploration: while T_t(1) is unmeasured it runs k = 0 once (that is plain decoding, and
-    measures the baseline); while the draft is unmeasured it runs ``initial_k``; unmeasured
-    T_t(n) are interpolated from measured ones. Off is never forever: after ``reprobe_every``
+    measures the baseline); while the draft is unmeasured it runs ``initial_k``; an unmeasured
+    T_t(n) is taken at its cheapest possible value (optimism), so any k that might be better
+    gets run, and measured, once. Off is never forever: after ``reprobe_every``
     consecutive iterations at k = 0 it runs one iteration at ``probe_k`` to refresh the
     acceptance estimate (overhead ≤ probe_k · c / reprobe_every of plain decoding, c = T_d/T_t(1)),
     and discounting in ``LiveStats`` lets old evidence fade.
@@ -113,8 +127,8 @@ class CostModelPolicy:
             return 0
         if live.t_draft is None or len(live.t_target) < 2:
             return min(self.initial_k, context.k_max)
-        k, _ = best_k(live.acceptance_curve(context.k_max), live.t_draft, live.cost(),
-                      context.k_max)
+        k, _ = best_k(live.acceptance_curve(context.k_max), live.t_draft,
+                      live.cost(optimistic=True), context.k_max)
         if k > 0:
             self._off[context.category] = 0
             return k

@@ -108,9 +108,9 @@ class LiveStats:
             out.append(last)
         return out
 
-    def cost(self):
-        """T_t(n) as a function (interpolated), or None while nothing is measured."""
-        return interpolate_cost(self.t_target) if self.t_target else None
+    def cost(self, optimistic: bool = False):
+        """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured."""
+        return interpolate_cost(self.t_target, optimistic=optimistic) if self.t_target else None
 
     @property
     def observed(self) -> float:

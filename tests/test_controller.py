@@ -47,7 +47,7 @@ def test_text_generation_pipeline_runs_speculatively(models):
     tok = tiny_tokenizer()
     plain = pipeline("text-generation", model=target, tokenizer=tok)(
         "w5 w6 w7", max_new_tokens=10, do_sample=False)
-    spec = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=tiny_tokenizer())
+    spec = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=tiny_tokenizer(), policy=4)
     out = pipeline("text-generation", model=target, tokenizer=tok)(
         "w5 w6 w7", max_new_tokens=10, do_sample=False)
     autospec.unwrap(target)

@@ -147,3 +147,21 @@ def test_draft_with_padded_vocabulary(arch):
     ids = prompt(10)
     assert torch.equal(spec.generate(ids, max_new_tokens=20, do_sample=False, k=3),
                        reference(target, ids, max_new_tokens=20))
+
+
+@pytest.mark.parametrize("policy", ["auto", "costmodel", "bandit", "heuristic",
+                                    "costmodel+stop=0.6", "fixed:5+stop=0.9"])
+def test_identical_whatever_the_policy_does(pair, policy):
+    target, draft = pair
+    spec = autospec.Controller(target, draft, policy=policy, store=False)
+    for seed in range(3):
+        ids = prompt(9, seed=seed)
+        out = spec.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+        assert torch.equal(out, reference(target, ids, max_new_tokens=30, eos_token_id=None))
+
+
+def test_early_stopping_drafts_fewer_tokens_than_k(pair):
+    target, draft = pair
+    spec = autospec.Controller(target, draft, policy="fixed:8+stop=0.99", store=False)
+    spec.generate(prompt(9), max_new_tokens=30, do_sample=False, eos_token_id=None)
+    assert 0 < min(k for k in spec.last_stats.k_schedule[:-1]) < 8

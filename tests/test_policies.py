@@ -148,3 +148,15 @@ def test_policy_names_parse():
     assert p.early_stop == 0.3 and p.name == "costmodel+stop=0.3"
     with pytest.raises(ValueError):
         as_policy("costmodel+stop=2")
+
+
+def test_costmodel_finds_an_optimum_hidden_behind_a_step_in_the_cost_curve():
+    # fp32 on this CPU: scoring up to 3 tokens costs one step, 4 or more cost two or more.
+    # Linear interpolation between n = 1 and n = 4 would hide k = 2; optimism measures it.
+    step = Costs(t_draft=0.44, t_target={1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0, 8: 2.6, 16: 4.5})
+    k_star, s_star = oracle(0.93, step)
+    assert k_star == 2
+    policy = CostModelPolicy()
+    simulate(traffic(0.93, 20), policy, step, k_max=8)
+    late = simulate(traffic(0.93, 20, seed=1), policy, step, k_max=8)
+    assert late.k_counts.most_common(1)[0][0] == 2 and late.speedup >= 0.95 * s_star

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import autospec
+from autospec.policies import ThompsonBandit
 from autospec.sampling import SamplingConfig, logits_to_probs, process_logits, seen_tokens
 
 from conftest import noisy_copy, prompt, tiny
@@ -31,6 +32,7 @@ def exact_joint(target, ids, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def empirical(spec, ids, k, gen_kwargs, seed) -> torch.Tensor:
+    """k=None: the controller's policy chooses k every iteration."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(V * V, dtype=torch.long)
     L = ids.shape[1]
@@ -52,13 +54,15 @@ CASES = [
     (1, dict(top_k=0)),
     (2, dict(temperature=0.8, top_k=0)),
     (3, dict(top_k=5, top_p=0.9, repetition_penalty=1.3)),
+    (None, dict(top_k=0)),  # the bandit picks k from 0…8 as it learns: still exact
 ]
 
 
 @pytest.mark.parametrize("k,gen_kwargs", CASES)
 def test_first_two_tokens_follow_the_target_joint_distribution(sampled_pair, k, gen_kwargs):
     target, draft = sampled_pair
-    spec = autospec.Controller(target, draft, store=False)  # thousands of calls: no logging
+    policy = ThompsonBandit(k_max=8, seed=0) if k is None else 4
+    spec = autospec.Controller(target, draft, store=False, policy=policy)  # no logging here
     ids = prompt(6, seed=1, vocab=V)
     gc = target.generation_config
     cfg = SamplingConfig(do_sample=True, temperature=gen_kwargs.get("temperature", 1.0),
@@ -66,7 +70,7 @@ def test_first_two_tokens_follow_the_target_joint_distribution(sampled_pair, k, 
                          repetition_penalty=gen_kwargs.get("repetition_penalty",
                                                            gc.repetition_penalty))
     joint = exact_joint(target, ids, cfg).flatten()
-    counts = empirical(spec, ids, k, gen_kwargs, seed=10 + k)
+    counts = empirical(spec, ids, k, gen_kwargs, seed=10 + (k or 0))
     assert _chi2_pvalue(counts, joint) > ALPHA
     # the draft must disagree often enough for the test to mean something
     assert spec.last_stats is not None
