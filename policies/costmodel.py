@@ -56,18 +56,18 @@ def interpolate_cost(curve: Mapping[int, float], *,
     """T_t(n) from measured points: linear between them, flat below the first, and extended
     beyond the last along the slope of the last two (verification cost only grows).
 
-    optimistic: between measured points, the cheapest cost consistent with them instead — the
-    highest measured cost at any n' ≤ n (scoring more tokens never costs less). A policy that
-    decides by it tries each unmeasured n it might prefer, once, and learns its real cost;
-    linear interpolation would hide a step (e.g. flat to 3 tokens, then doubling) it never
-    measures. Beyond the last measured point it extrapolates as usual, so optimism does not
-    send a new category to k_max on no evidence.
+    optimistic: the cheapest cost consistent with the points instead — the highest measured
+    cost at any n' ≤ n (scoring more tokens never costs less), flat beyond the last point. A
+    policy that decides by it tries each unmeasured n it might prefer, once, and learns its
+    real cost; linear interpolation would hide a step (e.g. flat to 3 tokens, then doubling)
+    it never measures. (Extrapolating linearly instead let one early rejection stop all
+    drafting in fp32 on the real pair: optimism keeps the evidence coming.)
     """
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
         raise ValueError("no measured target costs")
     def cost(n: int) -> float:
-        if optimistic and pts[0][0] <= n <= pts[-1][0]:
+        if optimistic and n >= pts[0][0]:
             return max(t for m, t in pts if m <= n)  # the cheapest cost consistent with pts
         return linear(n)
 
