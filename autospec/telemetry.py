@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
+from autospec.store.records import UNOBSERVED  # the one definition (torch-free)
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Clock", "Trace", "UNOBSERVED", "param_bytes", "kv_bytes_per_token",
            "achieved_bandwidth", "peak_bandwidth", "hardware_name", "NvmlSampler"]
 
-from autospec.store.records import UNOBSERVED  # noqa: E402  (one definition, torch-free)
 
 
 class Clock:
