@@ -7,6 +7,10 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   compact k-schedule / accepted-schedule / acceptance trace (bytes, see ``records.TRACE_*``).
 - ``category_stats``: running sufficient statistics per (category, pair), updated in the same
   transaction as the request rows they summarise, so readers never scan ``requests``.
+- ``tuned_params``: policy parameters an ``autospec tune`` job chose for a (category, pair),
+  with their simulated throughput and provenance (study, trial, traffic window, hardware).
+- ``categorizers``: fitted categorisation models (coefficients, not pickles) with the window
+  of traffic they were fitted on and their held-out scores; versions per name.
 - ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each.
 
 Categories are free text of any length, so the tables are keyed and indexed on
@@ -39,7 +43,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Pair", "Request", "CategoryStat", "Probe", "UTCDateTime", "VERSION_TABLE"]
+__all__ = ["Base", "Pair", "Request", "CategoryStat", "Probe", "TunedParams", "Categorizer",
+           "UTCDateTime", "VERSION_TABLE"]
 
 # Our own Alembic version table: Optuna's RDB storage (which may share the database) keeps its
 # schema revision in the default ``alembic_version``.
@@ -137,6 +142,11 @@ class Request(Base):
     prompt_text: Mapped[str | None] = mapped_column(Text)
     output_text: Mapped[str | None] = mapped_column(Text)
     stop_reason: Mapped[str] = mapped_column(Text, default="")
+    # how the category was set: "given" by the caller, "auto" by the categoriser, "default"
+    category_source: Mapped[str] = mapped_column(String(16), default="given",
+                                                 server_default="given")
+    features: Mapped[bytes | None]  # hashed prompt-token n-grams (autospec.categorize)
+    predicted_alpha: Mapped[float | None]  # the categoriser's acceptance forecast
 
 
 class CategoryStat(Base):
@@ -186,3 +196,39 @@ class Probe(Base):
         BigInteger, ForeignKey("pairs.id", name="fk_probes_pair"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TunedParams(Base):
+    """One tuning result; the newest row per (category, pair) is the one in force."""
+
+    __tablename__ = "tuned_params"
+    __table_args__ = (
+        Index("ix_tuned_params_category_pair_created", "category_key", "pair_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    category: Mapped[str] = mapped_column(Text)
+    category_key: Mapped[str] = mapped_column(String(64))
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_tuned_params_pair"))
+    family: Mapped[str] = mapped_column(Text)  # the policy family, e.g. "costmodel"
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    tokens_per_s: Mapped[float]  # simulated on the tuning window
+    baseline_tokens_per_s: Mapped[float | None]  # the untuned default, same window
+    provenance: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Categorizer(Base):
+    __tablename__ = "categorizers"
+    __table_args__ = (
+        Index("ix_categorizers_name_version", "name", "version", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    name: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))  # "classifier" or "clusters"
+    payload: Mapped[bytes]  # numpy .npz of the fitted coefficients
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)

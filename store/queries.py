@@ -19,13 +19,15 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import CategoryStat, Pair, Probe, Request
+from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams
+from .records import trace_acceptance
 from .rows import category_key
 
 __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
-    "latest_probe",
+    "latest_probe", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
+    "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
 Z95 = 1.959963984540054
@@ -212,13 +214,17 @@ class RequestRow:
     prompt_text: str | None
     output_text: str | None
     stop_reason: str
+    category_source: str = "given"
+    features: bytes | None = None
+    predicted_alpha: float | None = None
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
         values = {name: getattr(r, name) for name in cls.__dataclass_fields__}
         values["target_s_by_n"] = _ints(r.target_s_by_n)
-        for name in ("k_schedule", "accepted_schedule", "trace"):
-            values[name] = bytes(values[name])
+        for name in ("k_schedule", "accepted_schedule", "trace", "features"):
+            if values[name] is not None:
+                values[name] = bytes(values[name])
         return cls(**values)
 
 
@@ -240,27 +246,44 @@ class TraceRow(NamedTuple):
     trace: bytes
     k_schedule: bytes
     accepted_schedule: bytes
+    id: int = 0
+    created_at: datetime | None = None
+    category: str = ""
+
+
+def _when(t: datetime | float) -> datetime:
+    return t if isinstance(t, datetime) else datetime.fromtimestamp(t, timezone.utc)
 
 
 def traces(session: Session, category: str | None = None, pair_id: int | None = None,
            since: datetime | float | None = None, limit: int | None = None,
+           until: datetime | float | None = None, newest: bool = False,
            ) -> Iterator[TraceRow]:
     """Stored traces, oldest first, streamed (keep the session open while iterating).
-    ``since``: an aware datetime or a Unix time."""
+    ``since`` (inclusive) / ``until`` (exclusive): aware datetimes or Unix times.
+    ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first)."""
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
-                  Request.accepted_schedule).order_by(Request.id)
+                  Request.accepted_schedule, Request.id, Request.created_at, Request.category)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
         stmt = stmt.where(Request.pair_id == pair_id)
     if since is not None:
-        if not isinstance(since, datetime):
-            since = datetime.fromtimestamp(since, timezone.utc)
-        stmt = stmt.where(Request.created_at >= since)
-    if limit is not None:
+        stmt = stmt.where(Request.created_at >= _when(since))
+    if until is not None:
+        stmt = stmt.where(Request.created_at < _when(until))
+    if newest and limit is not None:
+        ids = [i for (i,) in session.execute(
+            stmt.with_only_columns(Request.id).order_by(Request.id.desc()).limit(limit))]
+        if not ids:
+            return
+        stmt = stmt.where(Request.id >= min(ids))
+    elif limit is not None:
         stmt = stmt.limit(limit)
-    for kind, trace, ks, acc in session.execute(stmt.execution_options(yield_per=500)):
-        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc))
+    stmt = stmt.order_by(Request.id)
+    for kind, trace, ks, acc, rid, created, cat in session.execute(
+            stmt.execution_options(yield_per=500)):
+        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat)
 
 
 @dataclass(frozen=True)
@@ -275,3 +298,113 @@ def latest_probe(session: Session, pair_id: int) -> ProbeRow | None:
     p = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
                         .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1)).first()
     return None if p is None else ProbeRow(p.id, p.pair_id, p.created_at, p.payload)
+
+
+@dataclass(frozen=True)
+class TunedRow:
+    id: int
+    created_at: datetime
+    category: str
+    pair_id: int
+    family: str
+    params: dict[str, Any]
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    provenance: dict[str, Any]
+
+    @classmethod
+    def of(cls, t: TunedParams) -> TunedRow:
+        return cls(t.id, t.created_at, t.category, t.pair_id, t.family, dict(t.params),
+                   t.tokens_per_s, t.baseline_tokens_per_s, dict(t.provenance))
+
+
+def tuned_params(session: Session, category: str | None = None, pair_id: int | None = None,
+                 *, latest_only: bool = True, after_id: int = 0) -> list[TunedRow]:
+    """Tuning results, newest first; ``latest_only``: the one in force per (category, pair).
+    ``after_id``: only rows newer than that id (cheap polling for the live "tuned" policy)."""
+    stmt = select(TunedParams).where(TunedParams.id > after_id).order_by(TunedParams.id.desc())
+    if category is not None:
+        stmt = stmt.where(TunedParams.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(TunedParams.pair_id == pair_id)
+    rows = [TunedRow.of(t) for t in session.scalars(stmt)]
+    if not latest_only:
+        return rows
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for r in rows:
+        if (r.category, r.pair_id) not in seen:
+            seen.add((r.category, r.pair_id))
+            out.append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class CategorizerRow:
+    id: int
+    created_at: datetime
+    name: str
+    version: int
+    kind: str
+    payload: bytes
+    meta: dict[str, Any]
+
+    @classmethod
+    def of(cls, c: Categorizer) -> CategorizerRow:
+        return cls(c.id, c.created_at, c.name, c.version, c.kind, bytes(c.payload),
+                   dict(c.meta))
+
+
+def categorizers(session: Session, name: str | None = None) -> list[CategorizerRow]:
+    """Every stored categoriser version (newest first), optionally of one name."""
+    stmt = select(Categorizer).order_by(Categorizer.id.desc())
+    if name is not None:
+        stmt = stmt.where(Categorizer.name == name)
+    return [CategorizerRow.of(c) for c in session.scalars(stmt)]
+
+
+def latest_categorizer(session: Session, name: str = "default",
+                       version: int | None = None) -> CategorizerRow | None:
+    stmt = select(Categorizer).where(Categorizer.name == name)
+    if version is not None:
+        stmt = stmt.where(Categorizer.version == version)
+    c = session.scalars(stmt.order_by(Categorizer.version.desc()).limit(1)).first()
+    return None if c is None else CategorizerRow.of(c)
+
+
+class FeatureRow(NamedTuple):
+    """A request's prompt features with what it saw: its category (and how it was set) and
+    its acceptance (from the trace, independent of the k that ran; None if unobserved)."""
+
+    id: int
+    created_at: datetime
+    category: str
+    category_source: str
+    pair_id: int
+    features: bytes
+    acceptance: float | None
+
+
+def feature_rows(session: Session, *, pair_id: int | None = None,
+                 sources: tuple[str, ...] | None = ("given",),
+                 since: datetime | float | None = None, until: datetime | float | None = None,
+                 limit: int | None = None) -> Iterator[FeatureRow]:
+    """Requests that stored features, oldest first (streamed). ``sources``: which category
+    provenance to include (default: only categories the caller gave, i.e. real labels)."""
+    stmt = (select(Request.id, Request.created_at, Request.category, Request.category_source,
+                   Request.pair_id, Request.features, Request.trace_kind, Request.trace)
+            .where(Request.features.is_not(None)).order_by(Request.id))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    if sources is not None:
+        stmt = stmt.where(Request.category_source.in_(sources))
+    if since is not None:
+        stmt = stmt.where(Request.created_at >= _when(since))
+    if until is not None:
+        stmt = stmt.where(Request.created_at < _when(until))
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    for rid, created, cat, src, pid, feats, kind, trace in session.execute(
+            stmt.execution_options(yield_per=1000)):
+        yield FeatureRow(rid, created, cat, src, pid, bytes(feats),
+                         trace_acceptance(kind, bytes(trace)))

@@ -9,13 +9,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED"]
+__all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
+           "CATEGORY_SOURCES", "trace_acceptance"]
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
 # from the target's own prefix, would have produced that position's token.
 TRACE_GREEDY = "greedy"  # 1 the draft's argmax matched, 0 it did not, 255 not observed
 TRACE_SAMPLED = "sampled"  # round(254 · β) with β = Σ_x min(p(x), q(x)), 255 not observed
 UNOBSERVED = 255
+CATEGORY_SOURCES = ("given", "auto", "default")
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,18 @@ class RequestRecord:
     prompt_text: str | None = None  # only with log_text=True
     output_text: str | None = None
     created_at: float = field(default_factory=time.time)
+    category_source: str = "given"  # "given" (by the caller), "auto" (categoriser), "default"
+    features: bytes | None = None  # hashed prompt-token n-grams (autospec.categorize)
+    predicted_alpha: float | None = None  # the categoriser's acceptance forecast
+
+
+def trace_acceptance(kind: str, trace: bytes) -> float | None:
+    """The acceptance a request saw, from its trace: the share of observed positions whose
+    draft token matched (greedy) or the mean β (sampled). Independent of the k that ran, so
+    requests served with different k (or k = 0) compare. None if nothing was observed."""
+    seen = [v for v in trace if v != UNOBSERVED]
+    if not seen:
+        return None
+    if kind == TRACE_GREEDY:
+        return sum(1 for v in seen if v == 1) / len(seen)
+    return sum(seen) / (254 * len(seen))

@@ -20,8 +20,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .models import CategoryStat, Pair, Probe, Request, utcnow
-from .records import TRACE_GREEDY, TRACE_SAMPLED, PairInfo, RequestRecord
+from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams, utcnow
+from .records import CATEGORY_SOURCES, TRACE_GREEDY, TRACE_SAMPLED, PairInfo, RequestRecord
 
 __all__ = [
     "category_key",
@@ -30,12 +30,14 @@ __all__ = [
     "get_or_create_pair",
     "write_records",
     "add_probe",
+    "add_tuned_params",
+    "add_categorizer",
 ]
 
 _COUNTERS = ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted", "accepted",
              "draft_forwards")
 _OPTIONAL_FLOATS = ("bandwidth_bytes_per_s", "bandwidth_peak_bytes_per_s",
-                    "nvml_mem_busy_pct", "nvml_sm_util_pct")
+                    "nvml_mem_busy_pct", "nvml_sm_util_pct", "predicted_alpha")
 
 
 def category_key(category: str) -> str:
@@ -130,6 +132,10 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         optional[name] = float(value) if ok and math.isfinite(value) else None
     if not isinstance(rec.created_at, (int, float)) or not math.isfinite(rec.created_at):
         raise ValueError(f"created_at must be a Unix time, got {rec.created_at!r}")
+    if rec.category_source not in CATEGORY_SOURCES:
+        raise ValueError(f"category_source must be one of {CATEGORY_SOURCES}, "
+                         f"got {rec.category_source!r}")
+    features = None if rec.features is None else _blob("features", rec.features)
     return replace(
         rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
         policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
@@ -137,7 +143,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
-        draft_s=_seconds("draft_s", rec.draft_s))
+        draft_s=_seconds("draft_s", rec.draft_s), features=features)
 
 
 def _insert_ignoring_conflict(session: Session, model: type, values: dict[str, Any],
@@ -180,7 +186,8 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
     row = {name: getattr(rec, name) for name in (
         *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
         "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
-        "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason")}
+        "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
+        "category_source", "features")}
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
                target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())})
@@ -319,3 +326,37 @@ def add_probe(session: Session, pair: PairInfo | int, payload: Mapping[str, Any]
     session.add(probe)
     session.flush()
     return probe.id
+
+
+def add_tuned_params(session: Session, *, category: str, pair_id: int, family: str,
+                     params: Mapping[str, Any], tokens_per_s: float,
+                     baseline_tokens_per_s: float | None,
+                     provenance: Mapping[str, Any]) -> int:
+    """Record a tuning result; the newest per (category, pair) is the one in force."""
+    check_category(category)
+    row = TunedParams(created_at=utcnow(), category=category,
+                      category_key=category_key(category), pair_id=int(pair_id),
+                      family=str(family), params=dict(params),
+                      tokens_per_s=float(tokens_per_s),
+                      baseline_tokens_per_s=None if baseline_tokens_per_s is None
+                      else float(baseline_tokens_per_s), provenance=dict(provenance))
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def add_categorizer(session: Session, *, name: str, kind: str, payload: bytes,
+                    meta: Mapping[str, Any]) -> tuple[int, int]:
+    """Store a fitted categoriser as the next version of ``name``; returns (id, version).
+    Two fits racing on one name: the unique (name, version) index makes one of them fail
+    rather than both claim a version."""
+    if not name:
+        raise ValueError("a categoriser needs a non-empty name")
+    latest = session.scalar(select(Categorizer.version).where(Categorizer.name == name)
+                            .order_by(Categorizer.version.desc()).limit(1))
+    version = (latest or 0) + 1
+    row = Categorizer(created_at=utcnow(), name=name, version=version, kind=kind,
+                      payload=_blob("payload", payload), meta=dict(meta))
+    session.add(row)
+    session.flush()
+    return row.id, version

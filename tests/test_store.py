@@ -260,11 +260,15 @@ def test_traces_filter_by_category_pair_and_time(store):
         pid = {p.target: p.id for p in queries.pairs(s)}[PAIRS[0].target]
         got = list(queries.traces(s, category="code", pair_id=pid))
         assert [t.trace for t in got] == [r.trace for r in old + new]
-        kind, trace, ks, acc = got[0]
+        kind, trace, ks, acc = got[0][:4]
         assert (kind, trace, ks, acc) == (old[0].trace_kind, old[0].trace, old[0].k_schedule,
                                           old[0].accepted_schedule)
+        assert got[0].category == "code" and got[0].created_at.timestamp() == 1_000_000.0
         assert len(list(queries.traces(s, category="code", since=2_000_000.0))) == 5
+        assert len(list(queries.traces(s, category="code", until=2_000_000.0))) == len(old)
         assert len(list(queries.traces(s, limit=4))) == 4
+        latest = list(queries.traces(s, category="code", limit=3, newest=True))
+        assert [t.trace for t in latest] == [r.trace for r in new[-3:]]
         assert list(queries.traces(s, category="nobody")) == []
 
 
