@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -72,8 +72,9 @@ class Controller:
     """Speculative ``generate`` for one target/draft pair."""
 
     def __init__(self, model, draft, *, policy="auto", k_max: int = 16, tokenizer=None,
-                 draft_tokenizer=None, match_draft: bool = True, category: str = "default",
-                 store=None, log_text: bool = False, names: tuple[str, str] | None = None):
+                 draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
+                 store=None, log_text: bool = False, names: tuple[str, str] | None = None,
+                 categorize=None, log_features: bool = True):
         from autospec.checks import check_pair
 
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
@@ -84,8 +85,10 @@ class Controller:
         self.draft = draft
         self.tokenizer = tokenizer
         self.k_max = k_max
-        self.category = _check_category(category)
+        # a category named here counts as given; None: the categoriser's, else "default"
+        self.category = None if category is None else _check_category(category)
         self.policy: Policy = as_policy(policy)
+        self._owns_policy = isinstance(policy, str)
         self._local = threading.local()  # last_stats is per thread: concurrent calls don't mix
         self.fallbacks: dict[str, int] = {}  # reason → how many requests took it
         self._original_generate = type(model).generate.__get__(model)
@@ -95,8 +98,48 @@ class Controller:
         self.log_text = log_text
         self.live: dict[str, LiveStats] = {}  # per category: acceptance and timings, live
         self.store = self.writer = self.telemetry = None
+        self.log_features = log_features
+        self.categorizer = None
         if store is not False:
             self._open_store(store, names)
+        self._setup_categorizer(categorize)
+        if hasattr(self.policy, "attach"):
+            if self.store is None:
+                log.warning("autospec: policy %r follows tuned parameters in the store, but "
+                            "the store is off: it serves the untuned default",
+                            getattr(self.policy, "name", self.policy))
+            else:
+                self.policy.attach(self.store, self.telemetry.pair)
+
+    def _setup_categorizer(self, categorize) -> None:
+        """categorize: None — the store's "default" categoriser if one was fitted; a name —
+        that one (an error if missing); a Categorizer; False — never categorise."""
+        if categorize is False:
+            return
+        if categorize is not None and not isinstance(categorize, str):
+            self.categorizer = categorize
+            return
+        if self.store is None:
+            if categorize is not None:
+                raise ValueError(f"categorize={categorize!r} loads a categoriser from the "
+                                 "store, but the store is off (store=False)")
+            return
+        from autospec.categorize import Categorizer
+
+        name = categorize or "default"
+        try:
+            self.categorizer = Categorizer.load(self.store, name)
+        except Exception as e:  # a broken row must not stop serving: no categories, logged
+            if categorize is not None:
+                raise
+            log.warning("autospec: could not load the categoriser %r (requests without a "
+                        "category get 'default'): %s", name, e)
+        if self.categorizer is None and categorize is not None:
+            raise ValueError(f"no categoriser named {name!r} in {self.store.url}: fit one "
+                             "with `autospec categorize fit`")
+        if self.categorizer is not None:
+            log.info("autospec: categorising uncategorised requests with %s v%s",
+                     self.categorizer.name, self.categorizer.version)
 
     def _open_store(self, store, names) -> None:
         """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
@@ -113,6 +156,8 @@ class Controller:
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush and close the store writer (also done at interpreter exit and by unwrap)."""
+        if self._owns_policy and hasattr(self.policy, "close"):
+            self.policy.close()
         if self.writer is not None:
             self.writer.close(timeout=timeout)
             self.telemetry.close()
@@ -130,16 +175,20 @@ class Controller:
                  k: int | None = None, generator: torch.Generator | None = None, **kwargs):
         """Same arguments and return types as transformers' ``generate``, plus:
 
-        category: traffic category for statistics and policies ("default").
+        category: traffic category for statistics and policies (else the controller's, else
+            the categoriser's guess from the prompt, else "default").
         k: a fixed lookahead for this call (0 = plain decoding), overriding the policy.
         generator: a ``torch.Generator`` for sampling (else torch's global RNG, like generate).
         """
-        category = self.category if category is None else _check_category(category)
+        category = None if category is None else _check_category(category)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max))
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
+        category, source, features, alpha = self._categorise(category, plan.input_ids)
+        if alpha is not None and k is None:
+            policy = _WithForecast(policy, alpha)
         res = speculative_generate(
             self.model, self.draft, plan.input_ids, sampling=plan.sampling, policy=policy,
             max_new_tokens=plan.max_new_tokens, min_new_tokens=plan.min_new_tokens,
@@ -151,7 +200,7 @@ class Controller:
         )
         self._local.stats = res.stats
         if self.writer is not None:
-            self._log(res, plan, policy, category)
+            self._log(res, plan, policy, category, source, features, alpha)
         sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
         if not plan.return_dict:
             return sequences
@@ -203,7 +252,32 @@ class Controller:
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 
-    def _log(self, res, plan: _Plan, policy, category: str) -> None:
+    def _categorise(self, category: str | None, input_ids: torch.Tensor):
+        """(category, how it was set, prompt features, predicted acceptance). Features are
+        hashed token n-grams, never text; a categoriser failure falls back to "default"."""
+        if category is None and self.category is not None:
+            category = self.category
+        want = self.categorizer is not None or (self.writer is not None and self.log_features)
+        features = alpha = None
+        if want:
+            from autospec.categorize import prompt_features
+
+            features = prompt_features(input_ids[0].tolist())
+        if category is not None:
+            return category, "given", features if self.log_features else None, None
+        if self.categorizer is None:
+            return "default", "default", features if self.log_features else None, None
+        try:
+            category, alpha = self.categorizer.predict(features)
+            category = _check_category(category)
+        except Exception as e:
+            self.categorize_failures = getattr(self, "categorize_failures", 0) + 1
+            log.warning("autospec: categoriser failed (request served as 'default'): %s", e)
+            return "default", "default", features if self.log_features else None, None
+        return category, "auto", features if self.log_features else None, alpha
+
+    def _log(self, res, plan: _Plan, policy, category: str, source: str = "given",
+             features: bytes | None = None, alpha: float | None = None) -> None:
         """Queue the request's record; a failure here is counted and logged, never raised."""
         try:
             prompt_text = output_text = None
@@ -214,6 +288,8 @@ class Controller:
                 res.stats, category=category, policy=getattr(policy, "name", str(policy)),
                 greedy=not plan.sampling.do_sample, prompt_text=prompt_text,
                 output_text=output_text)
+            record.category_source, record.features, record.predicted_alpha = (
+                source, features, alpha)
             self.writer.submit(record)
         except Exception:
             self.store_failures += 1
@@ -309,6 +385,21 @@ class Controller:
         if first:
             log.info("autospec: %s; this request goes to the original generate", reason)
         return self._original_generate(inputs, generation_config, *args, **kwargs)
+
+
+class _WithForecast:
+    """A policy seen through one request's acceptance forecast (``context.predicted_alpha``)."""
+
+    def __init__(self, inner, alpha: float):
+        self.inner, self.alpha = inner, float(alpha)
+        self.name = getattr(inner, "name", str(inner))
+        self.early_stop = getattr(inner, "early_stop", None)
+
+    def choose(self, context) -> int:
+        return self.inner.choose(replace(context, predicted_alpha=self.alpha))
+
+    def update(self, context, k: int, outcome) -> None:
+        self.inner.update(replace(context, predicted_alpha=self.alpha), k, outcome)
 
 
 def _merge_config(model, generation_config, kw):

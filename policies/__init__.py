@@ -6,6 +6,8 @@ from .costmodel import CostModelPolicy
 from .fixed import FixedK
 from .heuristic import Heuristic
 from .live import LiveStats
+from .tuned import TunedPolicy, build_policy
 
 __all__ = ["CallablePolicy", "Context", "CostModelPolicy", "FixedK", "Heuristic", "LiveStats",
-           "Outcome", "Policy", "ThompsonBandit", "as_policy", "auto_policy"]
+           "Outcome", "Policy", "ThompsonBandit", "TunedPolicy", "as_policy", "auto_policy",
+           "build_policy"]

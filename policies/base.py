@@ -31,6 +31,7 @@ class Context:
     generated: int = 0  # tokens generated so far in this request
     remaining: int = 1  # tokens this request may still generate
     live: Any = None  # the category's LiveStats (acceptance posterior, timings), if any
+    predicted_alpha: float | None = None  # this request's acceptance forecast (categoriser)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class CallablePolicy:
 
 def as_policy(spec) -> Policy:
     """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
-    ``"auto"``, a callable or a policy object."""
+    ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live), a callable or a
+    policy object."""
     from .bandit import ThompsonBandit
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
@@ -101,10 +103,14 @@ def as_policy(spec) -> Policy:
             return ThompsonBandit()
         if name == "auto":
             return auto_policy()
+        if name == "tuned":
+            from .tuned import TunedPolicy
+
+            return TunedPolicy()
         raise ValueError(
             f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', "
-            "'costmodel', 'bandit', 'auto', a callable context -> k, or an object with "
-            "choose()/update()"
+            "'costmodel', 'bandit', 'auto', 'tuned', a callable context -> k, or an object "
+            "with choose()/update()"
         )
     if hasattr(spec, "choose") and hasattr(spec, "update"):
         return spec

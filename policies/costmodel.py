@@ -111,33 +111,72 @@ class CostModelPolicy:
     consecutive iterations at k = 0 it runs one iteration at ``probe_k`` to refresh the
     acceptance estimate (overhead ≤ probe_k · c / reprobe_every of plain decoding, c = T_d/T_t(1)),
     and discounting in ``LiveStats`` lets old evidence fade.
+
+    The defaults are the untuned ``"auto"`` policy; ``autospec tune`` searches the rest:
+    - ``k_cap``: the largest k it will choose (on top of the request's ``k_max``);
+    - ``z``: acceptance is read at posterior mean + z · sd (z > 0 explores, z < 0 is cautious);
+    - ``min_gain``: speculate only when the predicted S(k*) ≥ 1 + min_gain (the k = 0 switch
+      point; noise in T_t makes marginal gains illusory);
+    - ``optimistic``: unmeasured T_t(n) at its cheapest consistent value, or linear;
+    - ``discount``: keep the policy's own acceptance statistics per category with this
+      discount (seeded from the controller's), instead of reading the controller's (0.995);
+    - ``cold_start``: below this many (discounted) drafting blocks of evidence, a request's
+      predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead.
     """
 
     def __init__(self, *, initial_k: int = 3, reprobe_every: int = 64, probe_k: int = 1,
-                 name: str = "costmodel"):
+                 name: str = "costmodel", k_cap: int | None = None, z: float = 0.0,
+                 min_gain: float = 0.0, optimistic: bool = True, discount: float | None = None,
+                 cold_start: float = 8.0):
+        if discount is not None and not 0 < discount <= 1:
+            raise ValueError(f"discount must be in (0, 1], got {discount}")
+        if reprobe_every < 1:
+            raise ValueError(f"reprobe_every must be ≥ 1, got {reprobe_every}")
         self.initial_k, self.reprobe_every, self.probe_k = initial_k, reprobe_every, probe_k
         self.name = name
+        self.k_cap, self.z, self.min_gain = k_cap, z, min_gain
+        self.optimistic, self.discount, self.cold_start = optimistic, discount, cold_start
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
+        self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
+
+    def _stats(self, context):
+        """The statistics to decide by: the controller's, or (with ``discount``) our own."""
+        live = context.live
+        if self.discount is None or live is None:
+            return live
+        own = self._own.get(context.category)
+        if own is None:
+            own = self._own[context.category] = live.copy(discount=self.discount)
+        return own
 
     def choose(self, context) -> int:
-        live = context.live
+        top = context.k_max if self.k_cap is None else min(self.k_cap, context.k_max)
+        live = self._stats(context)
         if live is None:
-            return min(self.initial_k, context.k_max)
+            return min(self.initial_k, top)
         if 1 not in live.t_target:
             return 0
         if live.t_draft is None or len(live.t_target) < 2:
-            return min(self.initial_k, context.k_max)
-        k, _ = best_k(live.acceptance_curve(context.k_max), live.t_draft,
-                      live.cost(optimistic=True), context.k_max)
-        if k > 0:
+            return min(self.initial_k, top)
+        predicted = getattr(context, "predicted_alpha", None)
+        if predicted is not None and live.observed < self.cold_start:
+            curve = [float(predicted)] * top
+        else:
+            curve = live.acceptance_curve(top, z=self.z)
+        k, s = best_k(curve, live.t_draft, live.cost(optimistic=self.optimistic), top)
+        if k > 0 and s >= 1 + self.min_gain:
             self._off[context.category] = 0
             return k
         off = self._off.get(context.category, 0) + 1
+        k = 0
         if off >= self.reprobe_every:
             off = 0
-            k = min(self.probe_k, context.k_max)
+            k = min(self.probe_k, top)
         self._off[context.category] = off
         return k
 
     def update(self, context, k: int, outcome) -> None:
-        return None  # everything it needs is in context.live, fed by the loop
+        # the controller's statistics are fed by the loop; our own (with ``discount``) here
+        own = self._own.get(context.category) if self.discount is not None else None
+        if own is not None:
+            own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)

@@ -98,15 +98,28 @@ class LiveStats:
         mean = a / (a + b)
         return mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
 
-    def acceptance_curve(self, k_max: int) -> list[float]:
-        """Posterior means for positions 0 … k_max−1; beyond the observed positions the last
-        observed position's value carries on (the prior alone would claim 0.5 everywhere)."""
+    def acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
+        """Posterior means (+ z standard deviations, clipped to [0, 1]) for positions
+        0 … k_max−1; beyond the observed positions the last observed position's value carries
+        on (the prior alone would claim 0.5 everywhere)."""
         out, last = [], None
         for i in range(k_max):
             if self.reached[i] >= 1 or last is None:
-                last = self.acceptance(i)[0]
+                mean, sd = self.acceptance(i)
+                last = min(1.0, max(0.0, mean + z * sd)) if z else mean
             out.append(last)
         return out
+
+    def copy(self, *, discount: float | None = None) -> LiveStats:
+        """An independent copy (optionally with another discount): a policy that keeps its
+        own statistics starts from what the controller knows."""
+        with self._lock:
+            new = LiveStats(discount=self.discount if discount is None else discount,
+                            prior=self.prior, ema=self.ema, max_positions=len(self.reached))
+            new.accepted, new.reached = list(self.accepted), list(self.reached)
+            new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
+            new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
+        return new
 
     def cost(self, optimistic: bool = False):
         """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured."""

@@ -21,12 +21,12 @@ from sqlalchemy.orm import Session
 
 from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams
 from .records import trace_acceptance
-from .rows import category_key
+from .rows import category_key, pair_key
 
 __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
-    "latest_probe", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
+    "latest_probe", "pair_id", "measured_costs", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
     "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
@@ -258,10 +258,11 @@ def _when(t: datetime | float) -> datetime:
 def traces(session: Session, category: str | None = None, pair_id: int | None = None,
            since: datetime | float | None = None, limit: int | None = None,
            until: datetime | float | None = None, newest: bool = False,
-           ) -> Iterator[TraceRow]:
+           id_range: tuple[int, int] | None = None) -> Iterator[TraceRow]:
     """Stored traces, oldest first, streamed (keep the session open while iterating).
     ``since`` (inclusive) / ``until`` (exclusive): aware datetimes or Unix times.
-    ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first)."""
+    ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first).
+    ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
                   Request.accepted_schedule, Request.id, Request.created_at, Request.category)
     if category is not None:
@@ -272,6 +273,8 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
         stmt = stmt.where(Request.created_at >= _when(since))
     if until is not None:
         stmt = stmt.where(Request.created_at < _when(until))
+    if id_range is not None:
+        stmt = stmt.where(Request.id >= id_range[0], Request.id <= id_range[1])
     if newest and limit is not None:
         ids = [i for (i,) in session.execute(
             stmt.with_only_columns(Request.id).order_by(Request.id.desc()).limit(limit))]
@@ -298,6 +301,34 @@ def latest_probe(session: Session, pair_id: int) -> ProbeRow | None:
     p = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
                         .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1)).first()
     return None if p is None else ProbeRow(p.id, p.pair_id, p.created_at, p.payload)
+
+
+def pair_id(session: Session, pair) -> int | None:
+    """The id of ``pair``'s row (a PairInfo), or None if nothing was logged for it."""
+    return session.scalar(select(Pair.id).where(Pair.key == pair_key(pair)))
+
+
+def measured_costs(session: Session, pair_id: int, category: str | None = None,
+                   ) -> tuple[float | None, dict[int, float]]:
+    """(T_d per proposed token, T_t(n) by n) for a pair: the latest probe's curve, overridden
+    by what the category's (or, without one, all categories') live traffic measured."""
+    probe = latest_probe(session, pair_id)
+    t_target = {int(n): float(t) for n, t in (probe.payload.get("target_s_by_n", {})
+                                             if probe else {}).items()}
+    t_draft = probe.payload.get("draft_s") if probe else None
+    sums = category_summaries(session, category=category, pair_id=pair_id)
+    draft_s = sum(sm.draft_s for sm in sums)
+    draft_n = sum(sm.draft_forwards for sm in sums)
+    if draft_n:
+        t_draft = draft_s / draft_n
+    seconds: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for sm in sums:
+        for n, s in sm.target_s_sum_by_n.items():
+            seconds[n] = seconds.get(n, 0.0) + s
+            count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
+    t_target.update({n: seconds[n] / count[n] for n in seconds if count[n]})
+    return t_draft, dict(sorted(t_target.items()))
 
 
 @dataclass(frozen=True)

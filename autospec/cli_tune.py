@@ -1,0 +1,147 @@
+"""`autospec tune`: Optuna studies over policy parameters, replayed on logged traffic."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from autospec.textfmt import fmt, table
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="tune the policy per category on logged traffic (Optuna, simulated replay)",
+        description="Per category and model pair: an Optuna study over policy families and "
+                    "their parameters, scored by the throughput the simulator replays from "
+                    "the stored acceptance traces and measured costs. The study lives in the "
+                    "store's database, so several workers (--workers, or several processes "
+                    "with one --study on one URL) share it. The best parameters go to the "
+                    "store, where the live 'tuned' policy picks them up.")
+    p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                                "autospec.db in the cache directory)")
+    p.add_argument("--category", help="only this category (default: every category)")
+    p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats`)")
+    p.add_argument("--trials", type=int, default=100, help="trials per study, all workers "
+                                                           "together (default 100)")
+    p.add_argument("--timeout", type=float, help="seconds per study and worker")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--study", help="join or create this study (needs --category); a "
+                                   "joining process replays the study's pinned window")
+    p.add_argument("--since", help="traffic from (ISO date/time or Unix time)")
+    p.add_argument("--until", help="traffic before (ISO date/time or Unix time)")
+    p.add_argument("--max-traces", type=int, default=1000,
+                   help="newest traces per category in the window (default 1000)")
+    p.add_argument("--holdout", type=float, default=0.25,
+                   help="newest fraction held back for evaluation (default 0.25)")
+    p.add_argument("--min-traces", type=int, default=20,
+                   help="refuse categories with fewer traces to tune on (default 20)")
+    p.add_argument("--min-positions", type=int, default=200,
+                   help="… or fewer observed positions (default 200)")
+    p.add_argument("--families", default="costmodel,bandit,fixed",
+                   help="policy families to search (default costmodel,bandit,fixed)")
+    p.add_argument("--k-max", type=int, default=16, help="largest k searched (default 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dry-run", action="store_true", help="do not write the results")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("-v", "--verbose", action="store_true", help="INFO logging")
+    p.set_defaults(run=_cmd_tune, parser=p)
+
+
+def parse_time(text: str | None):
+    """ISO date/time (UTC unless it says otherwise) or Unix seconds → aware datetime."""
+    from datetime import datetime, timezone
+
+    if text is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(text), timezone.utc)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use e.g. 2026-11-30, 2026-11-30T14:00 or "
+                         "Unix seconds)") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _cmd_tune(args, parser) -> int:
+    import logging
+
+    from tqdm import tqdm
+
+    from autospec.store import StoreError, open_store
+    from autospec.tune import TuneError, tune
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        since, until = parse_time(args.since), parse_time(args.until)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        store = open_store(args.db)
+    except StoreError as e:
+        raise SystemExit(f"autospec: error: {e}") from None
+    bars: dict[str, tqdm] = {}
+
+    def progress(category: str, done: int, total: int) -> None:
+        bar = bars.get(category)
+        if bar is None:
+            bar = bars[category] = tqdm(total=total, desc=f"tune {category[:30]}",
+                                        unit="trial", file=sys.stderr, leave=True)
+        bar.update(min(done, total) - bar.n)
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    try:
+        with store:
+            results = tune(store, category=args.category, pair_id=args.pair_id,
+                           trials=args.trials, timeout=args.timeout, workers=args.workers,
+                           min_traces=args.min_traces, min_positions=args.min_positions,
+                           holdout=args.holdout, max_traces=args.max_traces, since=since,
+                           until=until, study=args.study, families=families, k_max=args.k_max,
+                           seed=args.seed, progress=progress, write=not args.dry_run)
+    except TuneError as e:
+        raise SystemExit(f"autospec: error: {e}") from None
+    finally:
+        for bar in bars.values():
+            bar.close()
+    if args.json:
+        json.dump([r.to_dict() for r in results], sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    rows = []
+    for r in results:
+        if r.status != "tuned":
+            rows.append([r.category[:30], str(r.pair_id), str(r.traces), "skipped", "-", "-",
+                         "-", "-", r.reason])
+            continue
+        params = ", ".join(f"{k}={_short(v)}" for k, v in (r.params or {}).items())
+        gain = _ratio(r.holdout_tokens_per_s, r.baseline_holdout_tokens_per_s)
+        rows.append([
+            r.category[:30], str(r.pair_id), f"{r.traces - r.holdout_traces}+{r.holdout_traces}",
+            f"{r.family} (trial {r.best_trial} of {r.trials})",
+            f"{fmt(r.train_tokens_per_s, '.2f')} vs {fmt(r.baseline_train_tokens_per_s, '.2f')}",
+            f"{fmt(r.holdout_tokens_per_s, '.2f')} vs {fmt(r.baseline_holdout_tokens_per_s, '.2f')}",
+            fmt(gain, ".3f") + "x" if gain else "-",
+            f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}", params])
+    print(table(["category", "pair", "traces (tune+held)", "best", "tok/s tuned vs auto",
+                 "held-back tuned vs auto", "held-back gain", "plain tok/s", "parameters"],
+                rows, left=3))
+    tuned = [r for r in results if r.status == "tuned"]
+    where = "not written (--dry-run)" if args.dry_run else f"written to {store.url}"
+    print(f"\n{len(tuned)} of {len(results)} workloads tuned, {where}. Throughput is "
+          "simulated: the stored acceptance traces replayed under each policy with the "
+          "measured costs (T_d, T_t(n)); 'auto' is the untuned default policy.")
+    return 0
+
+
+def _short(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _ratio(a, b):
+    return a / b if a and b else None

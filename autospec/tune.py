@@ -1,0 +1,413 @@
+"""Tuning policies on logged traffic: Optuna studies whose objective is the throughput the
+simulator replays from stored acceptance traces and measured costs (no models, no GPU).
+
+Per (category, pair) the job:
+1. pins a window of traces (request ids first … last; the newest ``max_traces`` in the time
+   window), split by time into a tuning part and a held-back part (``holdout``);
+2. refuses windows too thin to say anything (fewer than ``min_traces`` traces or
+   ``min_positions`` observed positions) and says so, rather than optimising noise;
+3. runs an Optuna study over policy families (``fixed``, ``costmodel``, ``bandit``) and their
+   parameters; trial 0 is the untuned default (``auto``), so the best is never worse than it on
+   the tuning part; the study lives in the same database (Optuna's RDB storage), so several
+   workers or processes on one URL share it (a process that joins an existing study replays
+   that study's pinned window, so every trial scores the same objective);
+4. replays the best and the default on the held-back part, and writes the best parameters to
+   ``tuned_params`` with their provenance, where the live ``"tuned"`` policy picks them up.
+
+Greedy traces replay exactly, so for them the objective is deterministic; sampled traces are
+replayed with a fixed seed (common random numbers: every trial sees the same draws).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autospec.policies.tuned import build_policy
+from autospec.simulate import Costs, SimResult, simulate
+from autospec.store.records import UNOBSERVED
+
+__all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
+           "load_window", "study_name"]
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("costmodel", "bandit", "fixed")
+# the untuned "auto" policy, as a trial (trial 0 of every study)
+DEFAULT_PARAMS: dict[str, Any] = {"family": "costmodel", "costmodel.k_cap": None,
+                                  "costmodel.z": 0.0, "costmodel.min_gain": 0.0,
+                                  "costmodel.optimistic": True,
+                                  "costmodel.discount": 0.995,
+                                  "costmodel.reprobe_every": 64, "costmodel.probe_k": 1}
+
+
+class TuneError(ValueError):
+    """A tuning job that cannot run as asked (no traffic, no costs, bad arguments)."""
+
+
+# -- the search space ---------------------------------------------------------------------
+
+def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES) -> tuple[str, dict]:
+    """A policy family and its parameters from an Optuna trial (define-by-run: each family's
+    parameters exist only in its branch). Parameter names are prefixed by the family."""
+    family = trial.suggest_categorical("family", list(families))
+    p: dict[str, Any] = {}
+    if family == "fixed":
+        p["k"] = trial.suggest_int("fixed.k", 0, k_max)
+    elif family == "bandit":
+        p["k_max"] = trial.suggest_int("bandit.k_max", 1, k_max)
+        p["discount"] = trial.suggest_float("bandit.discount", 0.9, 0.9999)
+        p["min_std_fraction"] = trial.suggest_float("bandit.min_std_fraction", 0.01, 0.3,
+                                                    log=True)
+    else:
+        cap = trial.suggest_categorical("costmodel.k_cap", [None, *range(1, k_max)])
+        p["k_cap"] = cap
+        p["z"] = trial.suggest_float("costmodel.z", -1.0, 2.0)
+        p["min_gain"] = trial.suggest_float("costmodel.min_gain", 0.0, 0.3)
+        p["optimistic"] = trial.suggest_categorical("costmodel.optimistic", [True, False])
+        p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
+        p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
+        p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
+    return family, p
+
+
+def params_of(flat: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(family, params) from a trial's flat parameter dict."""
+    family = flat["family"]
+    prefix = family + "."
+    return family, {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
+def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max: int,
+             seed: int = 0) -> SimResult:
+    """Replay ``traces`` under a fresh policy of ``family``/``params``."""
+    policy = build_policy(family, params, seed=seed)
+    return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed)
+
+
+def _category_of(row) -> str:
+    return getattr(row, "category", "") or "default"
+
+
+# -- windows ------------------------------------------------------------------------------
+
+@dataclass
+class Window:
+    """The traces a study scores: request ids first … last, split at ``split_id``."""
+
+    category: str
+    pair_id: int
+    first_id: int
+    last_id: int
+    split_id: int  # first id of the held-back part (last_id + 1 if none)
+    train: list = field(default_factory=list, repr=False)
+    holdout: list = field(default_factory=list, repr=False)
+
+    @property
+    def pinned(self) -> dict[str, int]:
+        return {"first_id": self.first_id, "last_id": self.last_id, "split_id": self.split_id}
+
+    def describe(self) -> dict[str, Any]:
+        rows = self.train + self.holdout
+        return {**self.pinned, "since": _iso(rows[0].created_at) if rows else None,
+                "until": _iso(rows[-1].created_at) if rows else None,
+                "train_traces": len(self.train), "holdout_traces": len(self.holdout)}
+
+
+def _iso(t) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def load_window(session, category: str, pair_id: int, *, since=None, until=None,
+                max_traces: int = 1000, holdout: float = 0.25,
+                pinned: dict[str, int] | None = None) -> Window:
+    """The newest ``max_traces`` traces of (category, pair) in [since, until), oldest first,
+    split by time; or exactly the ``pinned`` ids of an existing study."""
+    from autospec.store import queries
+
+    if pinned:
+        rows = list(queries.traces(session, category=category, pair_id=pair_id,
+                                   id_range=(pinned["first_id"], pinned["last_id"])))
+        split_id = pinned["split_id"]
+    else:
+        rows = list(queries.traces(session, category=category, pair_id=pair_id, since=since,
+                                   until=until, limit=max_traces, newest=True))
+        n_hold = int(round(len(rows) * holdout)) if len(rows) >= 2 else 0
+        n_hold = min(n_hold, len(rows) - 1) if rows else 0
+        split_id = rows[len(rows) - n_hold].id if n_hold else (rows[-1].id + 1 if rows else 0)
+    train = [r for r in rows if r.id < split_id]
+    hold = [r for r in rows if r.id >= split_id]
+    return Window(category, pair_id, rows[0].id if rows else 0, rows[-1].id if rows else 0,
+                  split_id, train, hold)
+
+
+def observed_positions(traces: Sequence) -> int:
+    return sum(sum(1 for v in t.trace if v != UNOBSERVED) for t in traces)
+
+
+def study_name(pair_id: int, category: str, window: Window) -> str:
+    """Deterministic for a given window, so workers started together share one study."""
+    from autospec.store.rows import category_key
+
+    return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
+            f"{window.first_id}-{window.last_id}")
+
+
+# -- results ------------------------------------------------------------------------------
+
+@dataclass
+class CategoryResult:
+    category: str
+    pair_id: int
+    status: str  # "tuned" or "skipped"
+    reason: str = ""
+    traces: int = 0
+    observed_positions: int = 0
+    study: str | None = None
+    trials: int = 0
+    best_trial: int | None = None
+    family: str | None = None
+    params: dict[str, Any] | None = None
+    train_tokens_per_s: float | None = None
+    baseline_train_tokens_per_s: float | None = None
+    holdout_tokens_per_s: float | None = None
+    baseline_holdout_tokens_per_s: float | None = None
+    plain_holdout_tokens_per_s: float | None = None
+    holdout_traces: int = 0
+    tuned_row_id: int | None = None
+    costs: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- the job ------------------------------------------------------------------------------
+
+def _storage(url: str):
+    import optuna
+
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        # several workers commit trials to one file: wait for the lock rather than fail
+        kwargs = {"connect_args": {"timeout": 60}}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def _objective(window: Window, costs: Costs, k_max: int, families, seed: int):
+    def objective(trial) -> float:
+        family, params = suggest(trial, k_max, families)
+        res = evaluate(family, params, window.train, costs, k_max=k_max, seed=seed)
+        trial.set_user_attr("speedup", res.speedup)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        return res.tokens_per_s
+    return objective
+
+
+def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
+              timeout: float | None, k_max: int, families, seed: int,
+              callback: Callable | None = None) -> None:
+    """One worker: trials until the study holds ``trials`` finished ones (all workers
+    together) or ``timeout`` passes."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(study_name=name, storage=_storage(url),
+                              sampler=optuna.samplers.TPESampler(seed=seed + os.getpid()))
+    callbacks = [MaxTrialsCallback(trials, states=(TrialState.COMPLETE, TrialState.FAIL))]
+    if callback is not None:
+        callbacks.append(callback)
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+    if done >= trials:
+        return
+    study.optimize(_objective(window, costs, k_max, families, seed), timeout=timeout,
+                   callbacks=callbacks, gc_after_trial=False)
+
+
+def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max, families,
+            seed):  # a child process: its own connections, its own copy of the window
+    from autospec.store import open_store
+
+    optuna_quiet()
+    with open_store(url) as store, store.session() as s:
+        window = load_window(s, category, pair_id, pinned=pinned)
+    _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
+              families=families, seed=seed)
+
+
+def optuna_quiet() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def tune(store, *, category: str | None = None, pair_id: int | None = None,
+         trials: int = 100, timeout: float | None = None, workers: int = 1,
+         min_traces: int = 20, min_positions: int = 200, holdout: float = 0.25,
+         max_traces: int = 1000, since=None, until=None, study: str | None = None,
+         families: Sequence[str] = FAMILIES, k_max: int = 16, seed: int = 0,
+         progress: Callable[[str, int, int], None] | None = None,
+         write: bool = True) -> list[CategoryResult]:
+    """Tune every (category, pair) with traffic (or the one asked for). ``store``: an open
+    ``autospec.store.Store``. ``progress(category, done, total)`` is called as trials finish.
+    Returns one result per workload, tuned or skipped with the reason."""
+    import optuna
+
+    from autospec.store import add_tuned_params, queries
+
+    if trials < 1 or workers < 1 or not 0 <= holdout < 1 or min_traces < 1 or k_max < 1:
+        raise TuneError("need trials ≥ 1, workers ≥ 1, 0 ≤ holdout < 1, min_traces ≥ 1, "
+                        "k_max ≥ 1")
+    bad = [f for f in families if f not in FAMILIES]
+    if bad or not families:
+        raise TuneError(f"unknown policy families {bad}: choose from {list(FAMILIES)}")
+    if study is not None and category is None:
+        raise TuneError("--study names one study: give --category too")
+    optuna_quiet()
+    # Optuna and worker processes connect themselves: the URL with its password
+    url = store.engine.url.render_as_string(hide_password=False)
+    with store.session() as s:
+        workloads = [(sm.category, sm.pair.id, sm.pair) for sm in
+                     queries.category_summaries(s, category=category, pair_id=pair_id)]
+    if not workloads:
+        where = f"category {category!r}" if category else "any category"
+        raise TuneError(f"no traffic logged for {where} in {store.url}: serve requests "
+                        "through autospec.wrap (with the store on) first, then tune")
+    storage = _storage(url)
+    results = []
+    for cat, pid, pair in workloads:
+        t0 = time.perf_counter()
+        res = _tune_one(store, storage, url, cat, pid, pair, trials=trials, timeout=timeout,
+                        workers=workers, min_traces=min_traces, min_positions=min_positions,
+                        holdout=holdout, max_traces=max_traces, since=since, until=until,
+                        study=study, families=tuple(families), k_max=k_max, seed=seed,
+                        progress=progress, optuna=optuna)
+        if res.status == "tuned" and write:
+            with store.begin() as s:
+                res.tuned_row_id = add_tuned_params(
+                    s, category=cat, pair_id=pid, family=res.family, params=res.params,
+                    tokens_per_s=res.train_tokens_per_s,
+                    baseline_tokens_per_s=res.baseline_train_tokens_per_s,
+                    provenance=res._provenance)  # type: ignore[attr-defined]
+        res.seconds = time.perf_counter() - t0
+        results.append(res)
+    return results
+
+
+def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, min_traces,
+              min_positions, holdout, max_traces, since, until, study, families, k_max, seed,
+              progress, optuna) -> CategoryResult:
+    from optuna.trial import TrialState
+
+    from autospec.store import queries
+
+    res = CategoryResult(category=cat, pair_id=pid, status="skipped")
+    name = study
+    existing = None
+    if name is not None:
+        try:
+            existing = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            existing = None
+    with store.session() as s:
+        pinned = existing.user_attrs.get("window") if existing is not None else None
+        window = load_window(s, cat, pid, since=since, until=until, max_traces=max_traces,
+                             holdout=holdout, pinned=pinned)
+        t_draft, t_target = queries.measured_costs(s, pid, cat)
+    res.traces = len(window.train) + len(window.holdout)
+    res.holdout_traces = len(window.holdout)
+    res.observed_positions = observed_positions(window.train)
+    if len(window.train) < min_traces or res.observed_positions < min_positions:
+        res.reason = (f"{len(window.train)} traces / {res.observed_positions} observed "
+                      f"positions to tune on (need ≥ {min_traces} and ≥ {min_positions}): "
+                      "too little to tell policies apart, log more traffic first")
+        return res
+    if not t_draft or 1 not in t_target or len(t_target) < 2:
+        res.reason = ("no measured costs for this pair (need T_t(1), T_t(n>1) and T_d): run "
+                      "`autospec probe` on this machine, or serve traffic with k = 0 and k > 0")
+        return res
+    costs = Costs(t_draft=float(t_draft), t_target=t_target)
+    res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target)}
+    name = name or study_name(pid, cat, window)
+    res.study = name
+    st = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                             load_if_exists=True)
+    if "window" not in st.user_attrs:
+        st.set_user_attr("window", window.pinned)
+        st.set_user_attr("category", cat)
+        st.set_user_attr("pair_id", pid)
+        st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
+    finished = (TrialState.COMPLETE, TrialState.FAIL)
+
+    def count(study, _trial=None):
+        if progress is not None:
+            progress(cat, len(study.get_trials(deepcopy=False, states=finished)), trials)
+
+    procs = []
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        for w in range(1, workers):
+            p = ctx.Process(target=_worker, args=(url, name, cat, pid, window.pinned, costs,
+                                                  trials, timeout, k_max, families, seed + w),
+                            daemon=True)
+            p.start()
+            procs.append(p)
+    try:
+        count(st)
+        _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
+                  families=families, seed=seed, callback=count)
+    finally:
+        for p in procs:
+            p.join()
+        bad = [p.exitcode for p in procs if p.exitcode]
+        if bad:
+            log.warning("autospec tune: %d worker process(es) failed (exit codes %s); the "
+                        "study kept the trials they finished", len(bad), bad)
+    st = optuna.load_study(study_name=name, storage=storage)
+    done = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    res.trials = len(done)
+    if not done:
+        res.reason = "no trial finished (timeout too short?)"
+        return res
+    best = st.best_trial
+    family, params = params_of(best.params)
+    base_family, base_params = params_of(DEFAULT_PARAMS)
+    res.family, res.params, res.best_trial = family, params, best.number
+    res.train_tokens_per_s = float(best.value)
+    res.baseline_train_tokens_per_s = evaluate(base_family, base_params, window.train, costs,
+                                               k_max=k_max, seed=seed).tokens_per_s
+    holdout_figures = None
+    if window.holdout:
+        tuned_h = evaluate(family, params, window.holdout, costs, k_max=k_max, seed=seed)
+        base_h = evaluate(base_family, base_params, window.holdout, costs, k_max=k_max,
+                          seed=seed)
+        res.holdout_tokens_per_s = tuned_h.tokens_per_s
+        res.baseline_holdout_tokens_per_s = base_h.tokens_per_s
+        res.plain_holdout_tokens_per_s = (tuned_h.tokens / tuned_h.plain_seconds
+                                          if tuned_h.plain_seconds else None)
+        holdout_figures = {"tuned_tokens_per_s": tuned_h.tokens_per_s,
+                           "baseline_tokens_per_s": base_h.tokens_per_s,
+                           "plain_tokens_per_s": res.plain_holdout_tokens_per_s,
+                           "tuned_speedup": tuned_h.speedup, "baseline_speedup": base_h.speedup,
+                           "traces": len(window.holdout)}
+    res.status = "tuned"
+    res._provenance = {  # type: ignore[attr-defined]
+        "study": name, "trial": best.number, "trials": res.trials,
+        "storage": store.url, "window": window.describe(),
+        "pair": {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype},
+        "hardware": pair.hardware, "objective": "simulated tokens/s on the tuning window",
+        "baseline": "auto (untuned cost-model policy)", "holdout": holdout_figures,
+        "costs": res.costs, "k_max": k_max, "families": list(families),
+        "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if not math.isfinite(res.train_tokens_per_s):
+        res.status, res.reason = "skipped", "the simulation produced no tokens"
+    return res

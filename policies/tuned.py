@@ -1,0 +1,146 @@
+"""Policies built from tuned parameters, and the live ``"tuned"`` policy that follows the store.
+
+``autospec tune`` searches a policy *family* and its parameters per (category, pair) and
+writes the winner to the store's ``tuned_params`` table. ``TunedPolicy`` serves each category
+with the policy built from its newest row, and a background thread polls the store every
+``refresh_s`` seconds for newer rows, swapping them in without a restart and without touching
+the generation path (a dictionary lookup per iteration). Categories without tuned parameters
+get the untuned default (``auto``). If the store cannot be read the last parameters stay in
+force; the failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Context, Outcome, Policy, auto_policy
+
+__all__ = ["FAMILIES", "build_policy", "TunedPolicy"]
+
+log = logging.getLogger(__name__)
+
+# family → the parameters it takes (every one optional; defaults are the untuned policy's)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "fixed": ("k",),
+    "costmodel": ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
+                  "probe_k", "initial_k", "cold_start"),
+    "bandit": ("k_max", "discount", "min_std_fraction"),
+}
+
+
+def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = None,
+                 seed: int = 0) -> Policy:
+    """A fresh policy of ``family`` with ``params`` (unknown parameters are an error: a stored
+    row from a newer autospec must not be half-applied)."""
+    from .bandit import ThompsonBandit
+    from .costmodel import CostModelPolicy
+    from .fixed import FixedK
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown policy family {family!r}: one of {sorted(FAMILIES)}")
+    unknown = set(params) - set(FAMILIES[family])
+    if unknown:
+        raise ValueError(f"{family} policy has no parameter(s) {sorted(unknown)}; "
+                         f"it takes {list(FAMILIES[family])}")
+    label = name or f"tuned:{family}"
+    if family == "fixed":
+        return FixedK(int(params.get("k", 0)))
+    if family == "bandit":
+        return ThompsonBandit(name=label, seed=seed, **params)
+    return CostModelPolicy(name=label, **params)
+
+
+class TunedPolicy:
+    """Per category, the policy of the newest tuned parameters in the store for this pair.
+
+    A controller attaches it to its store and pair (``attach``); ``reload()`` reads new rows
+    at once (the poller calls it every ``refresh_s`` seconds). Unattached, or for a category
+    nobody tuned, it behaves as ``fallback`` (the ``auto`` policy)."""
+
+    name = "tuned"
+
+    def __init__(self, *, refresh_s: float = 30.0, fallback: Policy | None = None):
+        if refresh_s <= 0:
+            raise ValueError(f"refresh_s must be positive, got {refresh_s}")
+        self.refresh_s = refresh_s
+        self.fallback = fallback or auto_policy()
+        self._policies: dict[str, Policy] = {}  # category → policy in force
+        self.params: dict[str, Any] = {}  # category → the TunedRow in force
+        self._last_id = 0
+        self._store = self._pair = self._pair_id = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reload_failures = 0
+        self.reloads = 0  # rows applied so far
+
+    # -- wiring ---------------------------------------------------------------------------
+    def attach(self, store, pair) -> None:
+        """Follow ``store``'s tuned parameters for ``pair`` (a PairInfo); reads them now and
+        starts the poller."""
+        self._store, self._pair = store, pair
+        self.reload()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._poll, name="autospec-tuned",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.reload()
+
+    def reload(self) -> int:
+        """Apply tuned rows newer than the last seen; returns how many. Never raises."""
+        if self._store is None:
+            return 0
+        from autospec.store import queries
+
+        try:
+            with self._store.session() as s:
+                if self._pair_id is None:
+                    self._pair_id = queries.pair_id(s, self._pair)
+                    if self._pair_id is None:
+                        return 0  # nothing logged for this pair yet, so nothing tuned
+                rows = queries.tuned_params(s, pair_id=self._pair_id, after_id=self._last_id)
+        except Exception as e:
+            self.reload_failures += 1
+            log.warning("autospec: could not read tuned parameters (keeping those in force): "
+                        "%s; %d such failures", e, self.reload_failures)
+            return 0
+        applied = 0
+        for row in reversed(rows):  # oldest first, so the newest wins
+            try:
+                policy = build_policy(row.family, row.params)
+            except (TypeError, ValueError) as e:
+                log.warning("autospec: ignoring tuned parameters #%d for %r: %s", row.id,
+                            row.category, e)
+                continue
+            with self._lock:
+                self._policies[row.category] = policy
+                self.params[row.category] = row
+            applied += 1
+            log.info("autospec: category %r now uses %s %s (tuning #%d)", row.category,
+                     row.family, row.params, row.id)
+        if rows:
+            self._last_id = max(self._last_id, max(r.id for r in rows))
+        self.reloads += applied
+        return applied
+
+    # -- the policy contract --------------------------------------------------------------
+    def _for(self, category: str) -> Policy:
+        return self._policies.get(category, self.fallback)
+
+    def choose(self, context: Context) -> int:
+        return self._for(context.category).choose(context)
+
+    def update(self, context: Context, k: int, outcome: Outcome) -> None:
+        self._for(context.category).update(context, k, outcome)
