@@ -74,8 +74,10 @@ class Controller:
     def __init__(self, model, draft, *, policy="auto", k_max: int = 16, tokenizer=None,
                  draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
-                 categorize=None, log_features: bool = True):
+                 categorize=None, log_features: bool = True, static_cache: bool = False,
+                 cuda_graphs="auto"):
         from autospec.checks import check_pair
+        from autospec.runners import resolve_graphs
 
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
                    match_draft=match_draft)
@@ -83,6 +85,10 @@ class Controller:
             raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
         self.model = model
         self.draft = draft
+        # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
+        # CUDA graphs where there is a GPU (autospec.runners); checked here, used per request
+        resolve_graphs(cuda_graphs, next(model.parameters()).device)
+        self.static_cache, self.cuda_graphs = bool(static_cache), cuda_graphs
         self.tokenizer = tokenizer
         self.k_max = k_max
         # a category named here counts as given; None: the categoriser's, else "default"
@@ -197,6 +203,7 @@ class Controller:
             k_max=self.k_max, target_context=self.target_context,
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, live=self.live_stats(category),
+            static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
         )
         self._local.stats = res.stats
         if self.writer is not None:
@@ -465,7 +472,10 @@ def wrap(model, draft, **options) -> Controller:
     match_draft (move/cast the draft to the target's device and dtype; default True),
     category ("default"), store (a SQLAlchemy URL or file path; None: autospec.db in the cache
     directory; False: no telemetry), log_text (store prompt and output text; default False),
-    names ((target, draft) names for the store; default: the models' name_or_path).
+    names ((target, draft) names for the store; default: the models' name_or_path),
+    static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
+    reused across requests), cuda_graphs ("auto": with static_cache on a CUDA device, replay
+    the draft step and each verification size from CUDA graphs; True; False).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")

@@ -24,7 +24,6 @@ draft's distribution at the bonus position one iteration later.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autospec.policies.base import Context, Outcome, Policy
+from autospec.runners import Forward, crop_cache, new_cache, open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
     block_presence,
@@ -47,6 +47,7 @@ from autospec.verify import greedy_verify, rejection_sample
 log = logging.getLogger(__name__)
 
 __all__ = ["LoopStats", "LoopResult", "speculative_generate", "new_cache", "Forward", "crop_cache"]
+# (Forward, new_cache and crop_cache live in autospec.runners; re-exported for older imports)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class LoopStats:
     wall_s: float = 0.0
     started_at: float = 0.0  # time.time() at the start, for matching NVML samples
     stop_reason: str = ""
+    path: str = ""  # how forwards ran: "eager", "static", "static+cuda-graphs" (target/draft)
 
     @property
     def acceptance(self) -> float:
@@ -106,35 +108,6 @@ class LoopResult:
     logits: list[torch.Tensor] | None = None  # raw target logits, [1, V] per new token
 
 
-def new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
-class Forward:
-    """Calls a causal LM with its cache, whatever the installed transformers names things."""
-
-    def __init__(self, model):
-        self.model = model
-        params = inspect.signature(model.forward).parameters
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.has_keep = "logits_to_keep" in params
-
-    def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
-        kwargs = {self.cache_kw: cache, "use_cache": True}
-        if self.has_keep:
-            kwargs["logits_to_keep"] = keep
-        logits = self.model(input_ids=ids, **kwargs).logits
-        return logits[:, -keep:]  # [1, keep, V]
-
-
-def crop_cache(cache, keep: int) -> None:
-    drop = cache.get_seq_length() - keep
-    if drop > 0:
-        cache.crop(-drop)  # negative: remove that many tokens (every transformers 5.x)
-
-
 def _fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
     """Fit the draft's logits to the target's vocabulary. Ids the draft lacks get −inf (q = 0);
     ids the target lacks are cut, so the draft never proposes a token the target cannot embed.
@@ -156,12 +129,19 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
 
     input_ids: [1, L]. Options: min_new_tokens, eos_token_ids, stopping_criteria, streamer,
     generator, category, k_max, target_context, draft_context, output_scores, output_logits,
-    live (the category's LiveStats, fed every iteration and shown to the policy).
+    live (the category's LiveStats, fed every iteration and shown to the policy),
+    static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
+    reused across requests, see autospec.runners), cuda_graphs ("auto": with static_cache on
+    a CUDA device, replay forwards from CUDA graphs; True, False, "emulate").
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
-    with torch.inference_mode():
-        while not loop.finished:
-            loop.step()
+    try:
+        with torch.inference_mode():
+            while not loop.finished:
+                loop.step()
+    finally:
+        loop.t_run.release()
+        loop.d_run.release()
     return loop.result()
 
 
@@ -174,7 +154,8 @@ class _Loop:
                  generator: torch.Generator | None = None, category: str = "default",
                  k_max: int = 16, target_context: int | None = None,
                  draft_context: int | None = None, output_scores: bool = False,
-                 output_logits: bool = False, live=None):
+                 output_logits: bool = False, live=None, static_cache: bool = False,
+                 cuda_graphs="auto"):
         self.t_start = time.perf_counter()
         self.device = device = input_ids.device
         self.L = L = input_ids.shape[1]
@@ -194,8 +175,6 @@ class _Loop:
         self.buf = torch.empty(1, L + max_new_tokens + k_max + 1, dtype=torch.long, device=device)
         self.buf[:, :L] = input_ids
         self.n = L  # tokens known: prompt + generated
-        self.t_fwd, self.d_fwd = Forward(target), Forward(draft)
-        self.t_cache, self.d_cache = new_cache(target), new_cache(draft)
         self.t_len = self.d_len = 0  # tokens each cache holds
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
@@ -209,6 +188,17 @@ class _Loop:
         self.finished = False
         if streamer is not None:
             streamer.put(input_ids.cpu())
+        # last, so that nothing after it can fail and leave a static runner marked busy
+        graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
+        need = L + max_new_tokens + 1
+        self.t_run = open_runner(target, need, static=static_cache, graphs=graphs)
+        try:
+            self.d_run = open_runner(draft, need, static=static_cache, graphs=graphs)
+        except BaseException:
+            self.t_run.release()
+            raise
+        paths = {self.t_run.path, self.d_run.path}
+        self.stats.path = paths.pop() if len(paths) == 1 else f"{self.t_run.path}/{self.d_run.path}"
 
     # -- logits processing, as generate would do it at each position ------------------------
     def banned_at(self, first_gen: int, npos: int) -> torch.Tensor | None:
@@ -255,7 +245,7 @@ class _Loop:
         d_seen = self.seen.clone() if self.seen is not None else None
         for i in range(k):
             if i == 0:
-                raw = self.d_fwd(feed, self.d_cache, known + 1)  # [1, known+1, V]
+                raw = self.d_run.run(feed, known + 1)  # [1, known+1, V]
                 if feed.shape[1] > 2:  # the prompt, or tokens decoded at k = 0: not T_d
                     self.timings.append(("draft_catch_up", 1, t0, self.clock.mark()))
                     t0 = self.clock.mark()
@@ -264,7 +254,7 @@ class _Loop:
                     catch_up_trace = self.trace_catch_up(raw[:, :known], n - known - self.L)
                 raw = raw[:, -1:]
             else:
-                raw = self.d_fwd(feed, self.d_cache, 1)  # [1, 1, V]
+                raw = self.d_run.run(feed, 1)  # [1, 1, V]
             s = self.process(raw, gen + i, d_seen)
             if self.greedy:
                 tok = s[:, 0].argmax(dim=-1)  # [1]
@@ -322,7 +312,7 @@ class _Loop:
         # 2. Score catch-up + drafts in one target forward
         t0 = self.clock.mark()
         cached = self.t_len
-        raw_t = self.t_fwd(torch.cat([buf[:, cached:n], d_toks], dim=1), self.t_cache, k + 1)
+        raw_t = self.t_run.run(torch.cat([buf[:, cached:n], d_toks], dim=1), k + 1)
         s_t = self.process(raw_t, gen, self.seen, d_toks)  # [1, k+1, V]
 
         # 3. Verify, and the trace values of the block's positions
@@ -372,10 +362,10 @@ class _Loop:
 
         # 6. Keep only what was kept in both caches
         if not self.finished:
-            crop_cache(self.t_cache, self.n - 1)
+            self.t_run.crop(self.n - 1)
             self.t_len = self.n - 1
             if self.d_len > self.n - 1:
-                crop_cache(self.d_cache, self.n - 1)
+                self.d_run.crop(self.n - 1)
                 self.d_len = self.n - 1
 
     def emit(self, new: list[int], d_toks, nxt, m: int, s_t, raw_t) -> None:
