@@ -1,0 +1,780 @@
+"""``autospec report``: per workload, the three questions of DESIGN.md, answered from the store.
+
+A *workload* is one (category, pair) — a pair row already names the hardware. For each:
+
+1. how well the draft matches the target here: acceptance α with a Wilson interval, per draft
+   position, and over time;
+2. whether verification is memory-bound here: T_t(n) from the requests (completed by the
+   pair's latest probe), T_t(k+1)/T_t(1), achieved bandwidth against the device's peak;
+3. the speedup *including* the draft's cost against plain decoding: MEASURED where the store
+   holds plain requests of the same workload (every iteration at k = 0) beside speculative
+   ones — Σ tokens / Σ wall seconds of each, the token-weighted mean rate — and ESTIMATED from
+   the cost model otherwise, S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)); always labelled which.
+
+plus the policy in force (the latest requests' policies and k, the latest ``autospec tune``
+result with its provenance and its simulated gain over the untuned default) and a verdict in
+plain words. ``build_report`` returns numbers; ``render_text`` / ``render_html`` /
+``render_json`` present them. It reads only the store (no torch), aggregating in SQL
+(``autospec.store.history``), so it runs beside a serving process on any store size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from autospec.policies.costmodel import (
+    best_k,
+    conditional_from_cumulative,
+    interpolate_cost,
+    speedup,
+)
+from autospec.svgplot import PALETTE, Marker, Series, bar_chart, line_chart, placeholder
+from autospec.textfmt import fmt, human_bytes, table
+
+__all__ = [
+    "Report", "Workload", "Traffic", "Acceptance", "Verification", "PolicyInForce", "Tuning",
+    "Speedup", "Verdict", "build_report", "cost_inputs", "render_text", "render_html",
+    "render_json", "add_parser", "run",
+]
+
+log = logging.getLogger(__name__)
+
+K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
+MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
+MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
+PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
+# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
+# not imported from there because autospec.probe imports torch)
+MEMORY_BOUND_RATIO = 1.25
+RECENT = 200  # the latest requests that say which policy (and k) is in force
+
+
+# -- the numbers ------------------------------------------------------------------------------
+
+@dataclass
+class Traffic:
+    requests: int
+    new_tokens: int
+    prompt_tokens: int
+    iterations: int
+    first_seen: datetime
+    last_seen: datetime
+    tokens_per_s: float | None  # Σ new tokens / Σ wall seconds, every request
+
+
+@dataclass
+class Acceptance:
+    drafted: int
+    accepted: int
+    alpha: float | None
+    alpha_ci95: tuple[float, float] | None  # Wilson
+    by_position: list[float | None]  # P(draft token i accepted), i = 1, 2, …
+    drafted_by_position: list[int]
+    conditional: list[float | None]  # P(accepted at i | accepted before i): the cost model's
+    mean_accepted_length: float | None  # tokens per drafting iteration, bonus included
+
+
+@dataclass
+class Verification:
+    """Is scoring k+1 tokens about as cheap as scoring one (memory-bound) here?"""
+
+    t_target_s_by_n: dict[int, float]  # merged: requests' mean T_t(n), probe for the rest
+    source_by_n: dict[int, str]  # "requests" or "probe"
+    t_draft_s: float | None
+    draft_ratio: float | None  # c = T_d / T_t(1)
+    k: int | None  # the k the ratio is taken at (in force, else the most used k > 0)
+    cost_ratio: float | None  # T_t(k+1) / T_t(1) (interpolated where unmeasured)
+    memory_bound_up_to: int | None  # largest measured n with T_t(n)/T_t(1) ≤ 1.25
+    memory_bound: bool | None  # at k + 1
+    bandwidth_bytes_per_s: float | None  # achieved by the requests' target forwards
+    bandwidth_peak_bytes_per_s: float | None
+    bandwidth_utilisation: float | None
+    nvml_mem_busy_pct: float | None
+    nvml_sm_util_pct: float | None
+    probe: dict[str, Any] | None  # the pair's latest probe: id, time, bandwidth, its verdict
+
+
+@dataclass
+class Tuning:
+    """The latest ``autospec tune`` row of the workload: in force for the "tuned" policy."""
+
+    id: int
+    created_at: datetime
+    family: str
+    params: dict[str, Any]
+    tokens_per_s: float  # simulated, tuning window
+    baseline_tokens_per_s: float | None  # the untuned default, same window
+    gain: float | None  # tokens_per_s / baseline
+    holdout_tokens_per_s: float | None  # provenance["holdout"], on traces not tuned on
+    holdout_baseline_tokens_per_s: float | None
+    holdout_gain: float | None
+    holdout_traces: int | None
+    provenance: dict[str, Any]
+
+
+@dataclass
+class PolicyInForce:
+    recent_requests: int  # how many of the latest requests the figures below cover
+    recent_since: datetime | None
+    policies: dict[str, int]  # policy name → requests, among the recent ones
+    recent_k_counts: dict[int, int]  # k → iterations, among the recent requests
+    k_in_force: int | None  # the k the recent requests ran most
+    k_counts: dict[int, int]  # k → iterations, all time (CategorySummary.k_counts)
+    tuned: Tuning | None
+
+
+@dataclass
+class Rate:
+    requests: int
+    new_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+
+
+@dataclass
+class Speedup:
+    """Against plain decoding, the draft's cost included. ``value``/``source`` is the one the
+    verdict uses: "measured" where both modes have ≥ MIN_MEASURED requests, else
+    "estimated" (cost model at ``k``), else None."""
+
+    plain: Rate | None
+    speculative: Rate | None
+    measured: float | None  # speculative tokens/s ÷ plain tokens/s
+    k: int | None  # the k the estimate is for (in force; else the most used k > 0)
+    estimated: float | None  # S(k)
+    oracle_k: int | None  # argmax S
+    oracle: float | None
+    curve: dict[int, float]  # S(k), k = 0 … K
+    flat_oracle: float | None  # max S if verification cost nothing extra (T_t(n) = T_t(1))
+    source: str | None
+    value: float | None
+
+
+@dataclass
+class Verdict:
+    kind: str  # pays | break_even | low_acceptance | compute_bound | not_enough | no_drafts
+    #          | switched_off_but_would_pay | unknown
+    text: str
+    switched_off: bool = False
+
+
+@dataclass
+class Workload:
+    category: str
+    pair: dict[str, Any]  # id, target, draft, dtype, hardware
+    traffic: Traffic
+    acceptance: Acceptance
+    verification: Verification
+    policy: PolicyInForce
+    speedup: Speedup
+    history_bucket_s: int
+    history: list[dict[str, Any]]  # {start, requests, new_tokens, drafted, accepted, alpha}
+    verdict: Verdict
+
+
+@dataclass
+class Report:
+    store: str
+    generated_at: datetime
+    filters: dict[str, Any]
+    workloads: list[Workload] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO strings, int keys as strings."""
+        return _jsonable(self)
+
+
+def _jsonable(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, datetime):
+        return x.isoformat()
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# -- building ---------------------------------------------------------------------------------
+
+def cost_inputs(summary, probe_payload: dict | None
+                ) -> tuple[dict[int, float], dict[int, str], float | None]:
+    """The cost model's inputs for one workload: T_t(n) from the requests, completed by the
+    pair's latest probe (requests win where both measured n), where each point came from,
+    and T_d (requests first, else the probe). The same rule ``autospec stats`` estimates by."""
+    curve = {n: t for n, t in summary.t_target_s_by_n.items() if t and t > 0}
+    source = dict.fromkeys(curve, "requests")
+    for n, t in ((probe_payload or {}).get("target_s_by_n") or {}).items():
+        n = int(n)
+        if n not in curve and t is not None and float(t) > 0:
+            curve[n], source[n] = float(t), "probe"
+    curve = dict(sorted(curve.items()))
+    t_draft = summary.t_draft_s or (probe_payload or {}).get("draft_s") or None
+    return curve, {n: source[n] for n in curve}, t_draft
+
+
+def _mode(counts: dict[int, int], positive: bool = False) -> int | None:
+    ks = {k: c for k, c in counts.items() if c and (k > 0 or not positive)}
+    return max(ks, key=lambda k: (ks[k], k)) if ks else None
+
+
+def _rate(r) -> Rate | None:
+    return None if r is None else Rate(r.requests, r.new_tokens, r.wall_s, r.tokens_per_s)
+
+
+def _tuning(row) -> Tuning | None:
+    if row is None:
+        return None
+    prov = dict(row.provenance or {})
+    hold = prov.get("holdout") if isinstance(prov.get("holdout"), dict) else {}
+
+    def num(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    h_t, h_b = num(hold.get("tuned_tokens_per_s")), num(hold.get("baseline_tokens_per_s"))
+    traces = hold.get("traces")
+    return Tuning(row.id, row.created_at, row.family, dict(row.params), row.tokens_per_s,
+                  row.baseline_tokens_per_s, ratio(row.tokens_per_s, row.baseline_tokens_per_s),
+                  h_t, h_b, ratio(h_t, h_b), int(traces) if isinstance(traces, int) else None,
+                  prov)
+
+
+def _verification(sm, probe, curve, source, t_draft, k) -> Verification:
+    t1 = curve.get(1)
+    cost = interpolate_cost(curve) if curve else None
+    ratio = cost(k + 1) / t1 if t1 and cost and k is not None else None
+    upto = (max((n for n, t in curve.items() if t / t1 <= MEMORY_BOUND_RATIO), default=1)
+            if t1 else None)
+    p = None
+    if probe is not None:
+        pl = probe.payload or {}
+        p = {"id": probe.id, "created_at": probe.created_at,
+             "achieved_bytes_per_s": pl.get("achieved_bytes_per_s"),
+             "peak_bytes_per_s": pl.get("peak_bytes_per_s"),
+             "utilisation": pl.get("utilisation"), "dtype": pl.get("dtype"),
+             "context": pl.get("context"), "verdict": pl.get("verdict")}
+    return Verification(
+        curve, source, t_draft, t_draft / t1 if t_draft and t1 else None, k, ratio, upto,
+        None if ratio is None else ratio <= MEMORY_BOUND_RATIO, sm.bandwidth_bytes_per_s,
+        sm.bandwidth_peak_bytes_per_s, sm.bandwidth_utilisation, sm.nvml_mem_busy_pct,
+        sm.nvml_sm_util_pct, p)
+
+
+def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
+    plain = _rate(modes.plain if modes else None)
+    spec = _rate(modes.speculative if modes else None)
+    measured = None
+    if plain and spec and plain.tokens_per_s and spec.tokens_per_s:
+        measured = spec.tokens_per_s / plain.tokens_per_s
+    est = okb = ob = flat = None
+    s_curve: dict[int, float] = {}
+    known = any(a is not None for a in alphas)
+    if 1 in curve and t_draft and known:
+        cost = interpolate_cost(curve)
+        s_curve = {j: speedup(j, alphas, t_draft, cost) for j in range(k_max + 1)}
+        okb, ob = best_k(alphas, t_draft, cost, k_max)
+        flat = best_k(alphas, t_draft, {1: curve[1]}, k_max)[1]
+        if k is not None:
+            est = s_curve.get(k, speedup(k, alphas, t_draft, cost))
+    enough = (measured is not None and plain.requests >= MIN_MEASURED
+              and spec.requests >= MIN_MEASURED)
+    source, value = (("measured", measured) if enough else
+                     ("estimated", est) if est is not None else
+                     ("measured", measured) if measured is not None else (None, None))
+    return Speedup(plain, spec, measured, k, est, okb, ob, s_curve, flat, source, value)
+
+
+def _pct(a: float) -> str:
+    return f"{a * 100:.0f} %"
+
+
+def _verdict(acc: Acceptance, ver: Verification, pol: PolicyInForce, sp: Speedup) -> Verdict:
+    off = pol.k_in_force == 0
+    if acc.drafted == 0:
+        return Verdict("no_drafts", "plain decoding only so far: no drafted tokens to judge "
+                       "the draft by" + (" (the policy keeps k = 0)" if off else ""), off)
+    if acc.drafted < MIN_DRAFTED:
+        return Verdict("not_enough", f"not enough traffic yet ({acc.drafted} drafted "
+                       f"token{'s' if acc.drafted != 1 else ''})", off)
+    why_loses = None
+    if sp.flat_oracle is not None and sp.flat_oracle >= PAYS and (ver.cost_ratio or 0) > \
+            MEMORY_BOUND_RATIO:
+        why_loses = ("compute_bound", f"verification is compute-bound here: "
+                     f"T_t({ver.k + 1}) = {ver.cost_ratio:.1f} × T_t(1)")
+    elif acc.alpha is not None:
+        why_loses = ("low_acceptance", f"the draft matches only {_pct(acc.alpha)}")
+    if off:
+        if sp.oracle is not None and sp.oracle >= PAYS:
+            return Verdict("switched_off_but_would_pay", f"switched off, though the cost model "
+                           f"expects {sp.oracle:.2f}× at k = {sp.oracle_k}", True)
+        kind, text = why_loses or ("unknown", "no acceptance measured")
+        return Verdict(kind, f"switched off: {text}", True)
+    if sp.value is None:
+        return Verdict("unknown", f"α = {fmt(acc.alpha, '.2f')}, but no cost measurements "
+                       "to judge the speedup by: run `autospec probe` for this pair")
+    at = f" at k = {sp.k}" if sp.k is not None else ""
+    figure = f"{sp.value:.2f}×{at} ({sp.source})"
+    if sp.value >= PAYS:
+        return Verdict("pays", f"speculation pays here: {figure}")
+    if sp.value > LOSES:
+        return Verdict("break_even", f"break-even here: {figure}")
+    kind, text = why_loses or ("unknown", "speculation loses here")
+    return Verdict(kind, f"{text}; speculation loses: {figure}")
+
+
+def build_report(source, *, category: str | None = None, pair_id: int | None = None,
+                 recent: int = RECENT, max_buckets: int = 48, store_url: str | None = None
+                 ) -> Report:
+    """The report's numbers, from a ``Store`` or an open ``Session`` (read-only)."""
+    from sqlalchemy.orm import Session
+
+    if isinstance(source, Session):
+        cm = contextlib.nullcontext(source)
+        url = store_url or str(source.get_bind().url.render_as_string(hide_password=True))
+    else:
+        cm, url = source.session(), store_url or source.url
+    with cm as s:
+        return _build(s, url, category, pair_id, recent, max_buckets)
+
+
+def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
+    from autospec.store import history, queries
+    from autospec.store.rows import category_key
+
+    report = Report(url, datetime.now(timezone.utc),
+                    {"category": category, "pair_id": pair_id})
+    summaries = queries.category_summaries(s, category=category, pair_id=pair_id)
+    if not summaries:
+        return report
+    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id)
+    tuned = {(t.category, t.pair_id): t
+             for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
+    probes: dict[int, Any] = {}
+    for sm in summaries:
+        pid = sm.pair.id
+        if pid not in probes:
+            probes[pid] = queries.latest_probe(s, pid)
+        probe = probes[pid]
+        curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
+        recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
+        k_in_force = recent_act.k_mode
+        # the k the ratio and the estimate are taken at: in force, else the most used k > 0
+        k_ref = (k_in_force if k_in_force else
+                 _mode(recent_act.k_counts, positive=True) or _mode(sm.k_counts, positive=True))
+        k_max = max([K_MAX, *sm.k_counts])
+        alphas = conditional_from_cumulative(list(sm.acceptance_by_position))
+        acc = Acceptance(sm.drafted, sm.accepted, sm.alpha, sm.alpha_ci95,
+                         list(sm.acceptance_by_position), list(sm.drafted_per_position),
+                         alphas, sm.mean_accepted_length)
+        sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
+                      modes.get((category_key(sm.category), pid)))
+        if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
+            k_ref = sp.oracle_k
+        ver = _verification(sm, probe, curve, src, t_draft, k_ref)
+        pol = PolicyInForce(recent_act.requests, recent_act.since, recent_act.policies,
+                            recent_act.k_counts, k_in_force, dict(sm.k_counts),
+                            _tuning(tuned.get((sm.category, pid))))
+        bucket_s = history.bucket_seconds(sm.first_seen, sm.last_seen, max_buckets)
+        hist = [{"start": b.start, "requests": b.requests, "new_tokens": b.new_tokens,
+                 "drafted": b.drafted, "accepted": b.accepted, "alpha": b.alpha}
+                for b in history.alpha_over_time(s, sm.category, pid, bucket_s)]
+        traffic = Traffic(sm.requests, sm.new_tokens, sm.prompt_tokens, sm.iterations,
+                          sm.first_seen, sm.last_seen, sm.tokens_per_s)
+        pair = {name: getattr(sm.pair, name)
+                for name in ("id", "target", "draft", "dtype", "hardware")}
+        report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
+                                         bucket_s, hist, _verdict(acc, ver, pol, sp)))
+    return report
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+def _short(name: str, n: int = 36) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1][:n]
+
+
+def _label(w: Workload, n: int = 60) -> str:
+    cat = w.category if len(w.category) <= n else w.category[: n - 1] + "…"
+    cat = cat.replace("\n", " ").replace("\t", " ")
+    p = w.pair
+    return (f"{cat}  ·  {_short(p['target'])} <- {_short(p['draft'])}  "
+            f"({p['dtype']}, {p['hardware']})")
+
+
+def _ms(s: float | None) -> str:
+    return fmt(None if s is None else s * 1e3, ".1f")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def _bucket_name(sec: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if sec % size == 0:
+            return f"{sec // size} {unit}"
+    return f"{sec} s"
+
+
+def _when(t: datetime | None) -> str:
+    return "-" if t is None else t.strftime("%Y-%m-%d %H:%M")
+
+
+def _speed_line(sp: Speedup) -> list[str]:
+    out = []
+    if sp.plain or sp.speculative:
+        def side(r: Rate | None) -> str:
+            if r is None:
+                return "none"
+            return f"{fmt(r.tokens_per_s, '.1f')} tok/s over {r.requests} requests"
+        out.append(f"measured: {_x(sp.measured)}  (speculative {side(sp.speculative)}; "
+                   f"plain {side(sp.plain)})")
+    else:
+        out.append("measured: - (no requests of this workload in the store)")
+    if sp.estimated is not None or sp.oracle is not None:
+        out.append(f"estimated: S({sp.k}) = {_x(sp.estimated)};  oracle S({sp.oracle_k}) = "
+                   f"{_x(sp.oracle)};  with free verification {_x(sp.flat_oracle)}")
+    else:
+        out.append("estimated: - (needs T_t(1), T_d and acceptance: run `autospec probe`)")
+    out.append(f"used for the verdict: {sp.source or '-'} {_x(sp.value)}")
+    return out
+
+
+def render_text(report: Report) -> str:
+    lines = [f"autospec report — store {report.store}, "
+             f"generated {report.generated_at.strftime('%Y-%m-%d %H:%M:%S UTC')}"]
+    flt = ", ".join(f"{k} = {v!r}" for k, v in report.filters.items() if v is not None)
+    if flt:
+        lines.append(f"filters: {flt}")
+    if not report.workloads:
+        lines.append("\nno traffic logged yet: no requests in the store"
+                     + (" match these filters" if flt else ""))
+        return "\n".join(lines) + "\n"
+    rows = [[_label(w, 30), w.verdict.text, str(w.traffic.requests),
+             str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
+             "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
+             _x(w.speedup.value) + (f" {w.speedup.source[:4]}." if w.speedup.source else "")]
+            for w in report.workloads]
+    lines += ["", table(["workload", "verdict", "requests", "tokens", "alpha", "k", "speedup"],
+                        rows, left=2)]
+    for w in report.workloads:
+        lines += ["", "=" * 78, _label(w, 200), "=" * 78, f"verdict: {w.verdict.text}"]
+        t, a, v, p, sp = w.traffic, w.acceptance, w.verification, w.policy, w.speedup
+        lines.append(f"traffic: {t.requests} requests, {t.new_tokens} new tokens, "
+                     f"{t.iterations} iterations, {_when(t.first_seen)} .. {_when(t.last_seen)}"
+                     f" UTC; overall {fmt(t.tokens_per_s, '.1f')} tok/s")
+        ci = a.alpha_ci95
+        lines.append(f"\n1. acceptance: alpha = {fmt(a.alpha, '.3f')}"
+                     + (f" [{ci[0]:.3f}, {ci[1]:.3f}] (95 %, Wilson)" if ci else "")
+                     + f" over {a.drafted} drafted tokens; mean accepted length "
+                     f"{fmt(a.mean_accepted_length, '.2f')} (bonus included)")
+        if a.by_position:
+            lines.append(table(["position", "drafted", "accepted rate", "conditional"],
+                               [[str(i + 1), str(d), fmt(r, ".3f"), fmt(c, ".3f")]
+                                for i, (d, r, c) in enumerate(zip(
+                                    a.drafted_by_position, a.by_position, a.conditional))]))
+        if w.history:
+            lines.append(f"alpha over time ({_bucket_name(w.history_bucket_s)} buckets, UTC):")
+            lines.append(table(["from", "requests", "drafted", "alpha"],
+                               [[_when(b["start"]), str(b["requests"]), str(b["drafted"]),
+                                 fmt(b["alpha"], ".3f")] for b in w.history]))
+        lines.append("\n2. verification: "
+                     + ("memory-bound" if v.memory_bound else
+                        "compute-bound" if v.memory_bound is False else "unknown")
+                     + (f" at k = {v.k}: T_t({v.k + 1}) / T_t(1) = {v.cost_ratio:.2f}"
+                        if v.cost_ratio is not None else " (T_t(1) not measured)")
+                     + (f"; within {MEMORY_BOUND_RATIO}× of one token up to n = "
+                        f"{v.memory_bound_up_to}" if v.memory_bound_up_to else ""))
+        lines.append(f"T_d = {_ms(v.t_draft_s)} ms, c = T_d / T_t(1) = "
+                     f"{fmt(v.draft_ratio, '.2f')}; bandwidth "
+                     f"{human_bytes(v.bandwidth_bytes_per_s, per_s=True)} of "
+                     f"{human_bytes(v.bandwidth_peak_bytes_per_s, per_s=True)} peak"
+                     + (f" ({v.bandwidth_utilisation:.0%})" if v.bandwidth_utilisation else "")
+                     + (f"; NVML memory busy {v.nvml_mem_busy_pct:.0f} %"
+                        if v.nvml_mem_busy_pct is not None else ""))
+        if v.t_target_s_by_n:
+            t1 = v.t_target_s_by_n.get(1)
+            lines.append(table(["n scored", "T_t(n) ms", "vs n=1", "from"],
+                               [[str(n), _ms(s), fmt(s / t1 if t1 else None, ".2f"),
+                                 v.source_by_n[n]] for n, s in v.t_target_s_by_n.items()]))
+        if v.probe:
+            pr = v.probe
+            lines.append(f"latest probe ({_when(pr['created_at'])}): "
+                         f"{human_bytes(pr['achieved_bytes_per_s'], per_s=True)} of "
+                         f"{human_bytes(pr['peak_bytes_per_s'], per_s=True)} peak; "
+                         f"{pr['verdict'] or ''}")
+        lines.append("\npolicy in force: "
+                     + (", ".join(f"{name} ({n})" for name, n in p.policies.items()) or "-")
+                     + f" over the latest {p.recent_requests} requests"
+                     + (f" (since {_when(p.recent_since)})" if p.recent_since else "")
+                     + f"; k in force {'-' if p.k_in_force is None else p.k_in_force}")
+        if p.k_counts:
+            total = sum(p.k_counts.values()) or 1
+            rt = sum(p.recent_k_counts.values()) or 1
+            lines.append(table(["k", "iterations", "share", "recent share"],
+                               [[str(k), str(c), f"{c / total:.1%}",
+                                 f"{p.recent_k_counts.get(k, 0) / rt:.1%}"]
+                                for k, c in sorted(p.k_counts.items())]))
+        if p.tuned:
+            tu = p.tuned
+            lines.append(f"tuned: {tu.family} {json.dumps(tu.params, sort_keys=True)} "
+                         f"(tune #{tu.id}, {_when(tu.created_at)}): simulated "
+                         f"{tu.tokens_per_s:.1f} tok/s vs {fmt(tu.baseline_tokens_per_s, '.1f')}"
+                         f" untuned ({_x(tu.gain)})"
+                         + (f"; held out ({tu.holdout_traces} traces): "
+                            f"{fmt(tu.holdout_tokens_per_s, '.1f')} vs "
+                            f"{fmt(tu.holdout_baseline_tokens_per_s, '.1f')} "
+                            f"({_x(tu.holdout_gain)})" if tu.holdout_tokens_per_s else ""))
+            prov = {k: tu.provenance[k] for k in ("study", "trial", "trials", "window",
+                                                   "hardware") if k in tu.provenance}
+            if prov:
+                lines.append(f"provenance: {json.dumps(prov, sort_keys=True, default=str)}")
+        else:
+            lines.append("tuned: none (no `autospec tune` result for this workload)")
+        lines.append("\n3. speedup vs plain decoding, the draft's cost included:")
+        lines += ["   " + s for s in _speed_line(sp)]
+        if sp.curve:
+            lines.append(table(["k", *map(str, sp.curve)],
+                               [["S(k)", *(f"{s:.2f}" for s in sp.curve.values())]]))
+    lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
+              "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
+              "E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and T_t(n) (requests, "
+              "completed by `autospec probe`)."]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+
+
+# -- html ---------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}
+h1{font-size:22px}h2{font-size:18px;margin-top:36px;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.verdict{font-size:16px;font-weight:bold;padding:6px 10px;border-radius:4px;display:inline-block}
+.pays{background:#e3f4e1}.loses{background:#fbe4e1}.neutral{background:#eeeeee}
+.plots{display:flex;flex-wrap:wrap;gap:10px}.small{color:#666;font-size:12px}
+code{background:#f4f4f4;padding:0 3px}
+"""
+
+
+def _h(x: object) -> str:
+    return escape(str(x), quote=True)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["<table><tr>", *(f"<th>{_h(c)}</th>" for c in header), "</tr>"]
+    for r in rows:
+        out += ["<tr>", *(f"<td>{_h(c)}</td>" for c in r), "</tr>"]
+    out.append("</table>")
+    return "".join(out)
+
+
+def _plots(w: Workload) -> list[str]:
+    a, sp, v = w.acceptance, w.speedup, w.verification
+    plots = [bar_chart([str(i + 1) for i in range(len(a.by_position))], a.by_position,
+                       title="acceptance by draft position", x_label="position",
+                       y_label="accepted rate", y_max=1.0, empty="nothing drafted yet")]
+    if sp.curve:
+        series = [Series("oracle S(k) (cost model)", sorted(sp.curve.items()), PALETTE[0])]
+        markers = []
+        k = w.policy.k_in_force if w.policy.k_in_force is not None else sp.k
+        if k is not None and k in sp.curve:
+            markers.append(Marker(k, sp.curve[k], f"k in force = {k}", PALETTE[1]))
+        if sp.measured is not None and k is not None:
+            markers.append(Marker(k, sp.measured, f"measured {sp.measured:.2f}×", PALETTE[2]))
+        plots.append(line_chart(series, title="speedup vs k (draft cost included)",
+                                x_label="k", y_label="speedup ×", markers=markers,
+                                hlines=[(1.0, "plain")]))
+    elif sp.measured is not None:
+        k = w.policy.k_in_force or 0
+        plots.append(line_chart([], title="speedup vs k (draft cost included)", x_label="k",
+                                y_label="speedup ×", x_ticks=[(k, str(k))],
+                                markers=[Marker(k, sp.measured, f"measured {sp.measured:.2f}×",
+                                                PALETTE[2])], hlines=[(1.0, "plain")]))
+    else:
+        plots.append(placeholder("speedup vs k", "no costs measured: run `autospec probe`"))
+    hist = [(b["start"].timestamp(), b["alpha"]) for b in w.history]
+    if any(y is not None for _, y in hist):
+        x0, x1 = hist[0][0], hist[-1][0]
+        ticks = [(x0, _when(w.history[0]["start"]))]
+        if x1 > x0:
+            ticks.append((x1, _when(w.history[-1]["start"])))
+        plots.append(line_chart(
+            [Series(f"α per {_bucket_name(w.history_bucket_s)}", hist, PALETTE[0],
+                    dots=len(hist) <= 60)],
+            title="acceptance α over time (UTC)", y_label="α", x_ticks=ticks, y_max=1.0,
+            width=420))
+    else:
+        plots.append(placeholder("acceptance α over time", "nothing drafted yet"))
+    t1 = v.t_target_s_by_n.get(1)
+    if t1:
+        pts = [(n, t / t1) for n, t in v.t_target_s_by_n.items()]
+        plots.append(line_chart(
+            [Series("T_t(n) / T_t(1)", pts, PALETTE[3])], title="cost of scoring n tokens",
+            x_label="n scored", y_label="× one token",
+            hlines=[(1.0, ""), (MEMORY_BOUND_RATIO, "memory-bound below")]))
+    else:
+        plots.append(placeholder("cost of scoring n tokens", "T_t(1) not measured"))
+    return plots
+
+
+def _verdict_class(v: Verdict) -> str:
+    if v.kind == "pays":
+        return "pays"
+    if v.kind in ("low_acceptance", "compute_bound"):
+        return "loses"
+    return "neutral"
+
+
+def render_html(report: Report) -> str:
+    """One self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
+    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+           "<title>autospec report</title><style>", _CSS, "</style></head><body>",
+           "<h1>autospec report</h1>",
+           f"<p class=\"small\">store <code>{_h(report.store)}</code>, generated "
+           f"{_h(report.generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</p>"]
+    if not report.workloads:
+        out.append("<p>No traffic logged yet: the store holds no requests"
+                   + (" matching these filters" if any(report.filters.values()) else "")
+                   + ".</p></body></html>")
+        return "".join(out)
+    out.append(_html_table(
+        ["workload", "requests", "tokens", "α", "k in force", "speedup", "verdict"],
+        [[_label(w, 40), str(w.traffic.requests), str(w.traffic.new_tokens),
+          fmt(w.acceptance.alpha, ".3f"),
+          "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
+          _x(w.speedup.value) + (f" ({w.speedup.source})" if w.speedup.source else ""),
+          w.verdict.text] for w in report.workloads]))
+    for w in report.workloads:
+        a, v, p, sp, t = w.acceptance, w.verification, w.policy, w.speedup, w.traffic
+        ci = a.alpha_ci95
+        out += [f"<h2 title=\"{_h(w.category)}\">{_h(_label(w, 120))}</h2>",
+                f"<div class=\"verdict {_verdict_class(w.verdict)}\">{_h(w.verdict.text)}</div>",
+                f"<p>{t.requests} requests, {t.new_tokens} new tokens, "
+                f"{_h(_when(t.first_seen))} – {_h(_when(t.last_seen))} UTC. "
+                f"α = {_h(fmt(a.alpha, '.3f'))}"
+                + (f" [{ci[0]:.3f}, {ci[1]:.3f}] (95 % Wilson)" if ci else "")
+                + f" over {a.drafted} drafted tokens; mean accepted length "
+                f"{_h(fmt(a.mean_accepted_length, '.2f'))}.</p>",
+                "<div class=\"plots\">", *_plots(w), "</div>"]
+        out.append("<p><b>Verification</b>: "
+                   + _h(("memory-bound" if v.memory_bound else "compute-bound"
+                         if v.memory_bound is False else "unknown")
+                        + (f" at k = {v.k}: T_t({v.k + 1}) / T_t(1) = {v.cost_ratio:.2f}"
+                           if v.cost_ratio is not None else "")
+                        + f"; T_d = {_ms(v.t_draft_s)} ms (c = {fmt(v.draft_ratio, '.2f')}); "
+                        f"bandwidth {human_bytes(v.bandwidth_bytes_per_s, per_s=True)} of "
+                        f"{human_bytes(v.bandwidth_peak_bytes_per_s, per_s=True)} peak"
+                        + (f" ({v.bandwidth_utilisation:.0%})" if v.bandwidth_utilisation
+                           else "")
+                        + (f". Latest probe: {v.probe['verdict']}" if v.probe and
+                           v.probe.get("verdict") else ""))
+                   + ".</p>")
+        out.append("<p><b>Speedup</b> vs plain decoding, draft cost included:<br>"
+                   + "<br>".join(_h(s) for s in _speed_line(sp)) + "</p>")
+        out.append("<p><b>Policy in force</b>: "
+                   + _h((", ".join(f"{n} ({c})" for n, c in p.policies.items()) or "-")
+                        + f" over the latest {p.recent_requests} requests; k in force "
+                        + ("-" if p.k_in_force is None else str(p.k_in_force))) + ".</p>")
+        if p.k_counts:
+            total = sum(p.k_counts.values()) or 1
+            out.append(_html_table(["k", *map(str, sorted(p.k_counts))],
+                                   [["iterations", *(str(p.k_counts[k])
+                                                     for k in sorted(p.k_counts))],
+                                    ["share", *(f"{p.k_counts[k] / total:.1%}"
+                                                for k in sorted(p.k_counts))]]))
+        if p.tuned:
+            tu = p.tuned
+            out.append(_html_table(
+                ["tuned (latest)", "family", "params", "simulated tok/s", "untuned tok/s",
+                 "gain", "held-out gain", "provenance"],
+                [[f"#{tu.id} {_when(tu.created_at)}", tu.family,
+                  json.dumps(tu.params, sort_keys=True), f"{tu.tokens_per_s:.1f}",
+                  fmt(tu.baseline_tokens_per_s, ".1f"), _x(tu.gain),
+                  _x(tu.holdout_gain) + (f" ({tu.holdout_traces} traces)"
+                                         if tu.holdout_traces else ""),
+                  json.dumps({k: tu.provenance[k] for k in ("study", "trial", "window",
+                                                             "hardware")
+                              if k in tu.provenance}, sort_keys=True, default=str)]]))
+        else:
+            out.append("<p class=\"small\">No <code>autospec tune</code> result for this "
+                       "workload.</p>")
+    out.append("<p class=\"small\">α = accepted / drafted. Measured speedup = speculative ÷ "
+               "plain tokens/s (Σ tokens / Σ wall seconds) of requests of the same workload. "
+               "Estimated S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and the "
+               "measured T_t(n), T_d.</p></body></html>")
+    return "".join(out)
+
+
+# -- command line -------------------------------------------------------------------------------
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``autospec report`` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "report", help="per workload: acceptance, memory-bound or not, speedup, verdict",
+        description="Reads the store (safe while servers keep writing) and answers, per "
+                    "category × model pair × hardware: how well the draft matches, whether "
+                    "verification is memory-bound, and the speedup over plain decoding "
+                    "(measured where plain runs exist, else estimated by the cost model).")
+    p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                               "autospec.db in the cache directory)")
+    p.add_argument("--format", choices=("text", "html", "json"), default="text")
+    p.add_argument("--out", metavar="DIR", help="write report.{txt,html,json} into DIR "
+                                                "(default: text/json to stdout, html to "
+                                                "./autospec-report.html)")
+    p.add_argument("--category", help="only this category")
+    p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats "
+                                               "--json`)")
+    p.set_defaults(run=lambda args, parser=None: run(args), parser=p)
+    return p
+
+
+_EXT = {"text": "txt", "html": "html", "json": "json"}
+
+
+def run(args) -> int:
+    from autospec.store import StoreError, open_store
+
+    try:
+        store = open_store(args.db)
+    except StoreError as e:
+        print(f"autospec: error: {e}", file=sys.stderr)
+        return 2
+    with store:
+        report = build_report(store, category=args.category, pair_id=args.pair_id)
+    body = {"text": render_text, "html": render_html, "json": render_json}[args.format](report)
+    if args.out is None and args.format != "html":
+        sys.stdout.write(body)
+        return 0
+    path = (Path(args.out) / f"report.{_EXT[args.format]}" if args.out
+            else Path("autospec-report.html"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    except OSError as e:
+        print(f"autospec: error: cannot write {path}: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({len(report.workloads)} workload"
+          f"{'s' if len(report.workloads) != 1 else ''})")
+    return 0

@@ -1,0 +1,201 @@
+"""Tiny inline SVG charts for self-contained HTML reports: bars and lines, no dependencies.
+
+Every function returns one ``<svg>`` element as a string, for inline use in HTML (so no
+``xmlns``); all text is escaped, nothing is fetched (no fonts, scripts or stylesheets:
+styling is in attributes). Values may be None (a gap: no bar, a break in the line).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from html import escape
+
+__all__ = ["Series", "Marker", "bar_chart", "line_chart", "placeholder", "PALETTE"]
+
+PALETTE = ("#3366cc", "#dc3912", "#109618", "#ff9900", "#990099", "#0099c6")
+_FONT = 'font-family="sans-serif" font-size="11"'
+_M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 48, 14, 26, 40
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[tuple[float, float | None]]  # (x, y); y None breaks the line
+    color: str = PALETTE[0]
+    dashed: bool = False
+    dots: bool = True
+
+
+@dataclass(frozen=True)
+class Marker:
+    x: float
+    y: float
+    label: str
+    color: str = PALETTE[1]
+
+
+def _t(s: object) -> str:
+    return escape(str(s), quote=True)
+
+
+def _n(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _nice_max(v: float) -> float:
+    """A round upper bound ≥ v (1, 2, 2.5, 5 × 10^n)."""
+    if v <= 0 or not math.isfinite(v):
+        return 1.0
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * e >= v * (1 - 1e-9):
+            return m * e
+    return 10 * e
+
+
+def _frame(width: int, height: int, title: str, y_label: str, x_label: str) -> list[str]:
+    out = [f'<svg width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{_t(title)}">',
+           f'<title>{_t(title)}</title>',
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+           f'<text x="{width / 2:.1f}" y="15" text-anchor="middle" {_FONT} '
+           f'font-weight="bold">{_t(title)}</text>']
+    if y_label:
+        out.append(f'<text x="11" y="{height / 2:.1f}" text-anchor="middle" {_FONT} '
+                   f'transform="rotate(-90 11 {height / 2:.1f})">{_t(y_label)}</text>')
+    if x_label:
+        out.append(f'<text x="{(width + _M_LEFT) / 2:.1f}" y="{height - 4}" '
+                   f'text-anchor="middle" {_FONT}>{_t(x_label)}</text>')
+    return out
+
+
+def _y_axis(out: list[str], y0: float, y1: float, sy: Callable[[float], float], width: int,
+            fmt: str) -> None:
+    for i in range(5):
+        v = y0 + (y1 - y0) * i / 4
+        y = sy(v)
+        out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(y)}" y2="{_n(y)}" '
+                   f'stroke="#e0e0e0"/>')
+        out.append(f'<text x="{_M_LEFT - 4}" y="{_n(y + 4)}" text-anchor="end" {_FONT}>'
+                   f'{_t(format(v, fmt))}</text>')
+
+
+def placeholder(title: str, message: str, width: int = 360, height: int = 220) -> str:
+    """An empty chart that says why it is empty."""
+    out = _frame(width, height, title, "", "")
+    out.append(f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" '
+               f'{_FONT} fill="#777777">{_t(message)}</text></svg>')
+    return "".join(out)
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: str,
+              x_label: str = "", y_label: str = "", y_max: float | None = None,
+              value_fmt: str = ".2f", width: int = 360, height: int = 220,
+              color: str = PALETTE[0], empty: str = "no data") -> str:
+    """Vertical bars with their values written above them."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not labels or not vals:
+        return placeholder(title, empty, width, height)
+    top = y_max if y_max is not None else _nice_max(max(max(vals), 0.0))
+    plot_w, plot_h = width - _M_LEFT - _M_RIGHT, height - _M_TOP - _M_BOTTOM
+
+    def sy(v: float) -> float:
+        return _M_TOP + plot_h * (1 - min(max(v, 0.0), top) / top)
+
+    out = _frame(width, height, title, y_label, x_label)
+    _y_axis(out, 0.0, top, sy, width, ".2g")
+    slot = plot_w / len(labels)
+    bar_w = max(1.0, slot * 0.7)
+    for i, (lab, v) in enumerate(zip(labels, values)):
+        cx = _M_LEFT + slot * (i + 0.5)
+        if v is not None and math.isfinite(v):
+            y = sy(v)
+            out.append(f'<rect x="{_n(cx - bar_w / 2)}" y="{_n(y)}" width="{_n(bar_w)}" '
+                       f'height="{_n(_M_TOP + plot_h - y)}" fill="{_t(color)}">'
+                       f'<title>{_t(lab)}: {_t(format(v, value_fmt))}</title></rect>')
+            if slot >= 22:
+                out.append(f'<text x="{_n(cx)}" y="{_n(y - 3)}" text-anchor="middle" '
+                           f'{_FONT}>{_t(format(v, value_fmt))}</text>')
+        out.append(f'<text x="{_n(cx)}" y="{_n(_M_TOP + plot_h + 13)}" text-anchor="middle" '
+                   f'{_FONT}>{_t(lab)}</text>')
+    out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(_M_TOP + plot_h)}" '
+               f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
+    return "".join(out)
+
+
+def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_label: str = "",
+               markers: Sequence[Marker] = (), hlines: Sequence[tuple[float, str]] = (),
+               x_ticks: Sequence[tuple[float, str]] | None = None, y_min: float | None = 0.0,
+               y_max: float | None = None, y_fmt: str = ".2g", width: int = 360,
+               height: int = 220, empty: str = "no data") -> str:
+    """Lines (with dots) over a shared x axis, optional labelled markers and horizontal
+    reference lines. ``x_ticks``: (x, label) pairs; default: the series' distinct x."""
+    pts = [(x, y) for s in series for x, y in s.points if y is not None and math.isfinite(y)]
+    pts += [(m.x, m.y) for m in markers if math.isfinite(m.y)]
+    if not pts:
+        return placeholder(title, empty, width, height)
+    xs = [x for x, _ in pts]
+    ys = [y for _, y in pts] + [y for y, _ in hlines]
+    x0, x1 = min(xs), max(xs)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    lo = min(ys) if y_min is None else min(y_min, min(ys))
+    hi = _nice_max(max(ys)) if y_max is None else y_max
+    if hi <= lo:
+        hi = lo + 1.0
+    plot_w, plot_h = width - _M_LEFT - _M_RIGHT, height - _M_TOP - _M_BOTTOM
+
+    def sx(x: float) -> float:
+        return _M_LEFT + plot_w * (x - x0) / (x1 - x0)
+
+    def sy(y: float) -> float:
+        return _M_TOP + plot_h * (1 - (min(max(y, lo), hi) - lo) / (hi - lo))
+
+    out = _frame(width, height, title, y_label, x_label)
+    _y_axis(out, lo, hi, sy, width, y_fmt)
+    ticks = x_ticks if x_ticks is not None else [
+        (x, format(x, "g")) for x in sorted({x for s in series for x, _ in s.points})]
+    for x, lab in ticks:
+        out.append(f'<text x="{_n(sx(x))}" y="{_n(_M_TOP + plot_h + 13)}" '
+                   f'text-anchor="middle" {_FONT}>{_t(lab)}</text>')
+    for y, lab in hlines:
+        out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(sy(y))}" '
+                   f'y2="{_n(sy(y))}" stroke="#888888" stroke-dasharray="2 3"/>')
+        if lab:
+            out.append(f'<text x="{width - _M_RIGHT - 2}" y="{_n(sy(y) - 3)}" '
+                       f'text-anchor="end" {_FONT} fill="#666666">{_t(lab)}</text>')
+    legend_y = _M_TOP + 10
+    for s in series:
+        runs: list[list[tuple[float, float]]] = [[]]
+        for x, y in s.points:
+            if y is None or not math.isfinite(y):
+                runs.append([])
+            else:
+                runs[-1].append((sx(x), sy(y)))
+        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        for run in runs:
+            if len(run) > 1:
+                path = " ".join(f"{_n(a)},{_n(b)}" for a, b in run)
+                out.append(f'<polyline points="{path}" fill="none" stroke="{_t(s.color)}" '
+                           f'stroke-width="1.8"{dash}/>')
+            if s.dots or len(run) == 1:
+                out += [f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{_t(s.color)}"/>'
+                        for a, b in run]
+        if s.name:
+            out.append(f'<text x="{_M_LEFT + 6}" y="{legend_y}" {_FONT} '
+                       f'fill="{_t(s.color)}">{_t(s.name)}</text>')
+            legend_y += 13
+    for m in markers:
+        cx, cy = sx(m.x), sy(m.y)
+        out.append(f'<path d="M{_n(cx)},{_n(cy - 6)} L{_n(cx + 6)},{_n(cy)} '
+                   f'L{_n(cx)},{_n(cy + 6)} L{_n(cx - 6)},{_n(cy)} Z" fill="{_t(m.color)}">'
+                   f'<title>{_t(m.label)}</title></path>')
+        anchor = "end" if cx > width - 90 else "start"
+        dx = -8 if anchor == "end" else 8
+        out.append(f'<text x="{_n(cx + dx)}" y="{_n(cy - 6)}" text-anchor="{anchor}" '
+                   f'{_FONT} fill="{_t(m.color)}">{_t(m.label)}</text>')
+    out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(_M_TOP + plot_h)}" '
+               f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
+    return "".join(out)

@@ -1,0 +1,162 @@
+"""Reading the store over time and by mode: what ``autospec report`` adds to the summaries.
+
+Every function takes a session (the caller owns it) and aggregates in SQL, so memory stays
+bounded however many requests the store holds; only ``recent_activity`` reads rows, and at
+most ``limit`` of them. SQLite and PostgreSQL both work (time buckets are integer divisions
+of Unix seconds, written per dialect).
+
+- ``plain_vs_speculative``: per (category, pair), the requests decoded plainly (every
+  iteration at k = 0, i.e. nothing drafted) against those that drafted, each as total new
+  tokens over total wall time — the token-weighted (harmonic) mean of the per-request rates.
+- ``alpha_over_time``: accepted / drafted per time bucket (SQL ``GROUP BY`` on the bucket).
+- ``recent_activity``: the policies and k of the latest requests (the policy in force).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, select
+from sqlalchemy.orm import Session
+
+from .models import Request
+from .rows import category_key
+
+__all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
+           "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES"]
+
+# bucket sizes ``bucket_seconds`` chooses from: 1 min … 30 days
+BUCKET_SIZES = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Requests of one mode: counts and totals; tokens/s = Σ new tokens / Σ wall seconds."""
+
+    requests: int
+    new_tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else None
+
+
+@dataclass(frozen=True)
+class ModeRates:
+    plain: Rate | None  # every iteration at k = 0 (nothing drafted)
+    speculative: Rate | None  # at least one drafting iteration
+
+
+def _filtered(stmt, category: str | None, pair_id: int | None):
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    return stmt
+
+
+def plain_vs_speculative(session: Session, category: str | None = None,
+                         pair_id: int | None = None) -> dict[tuple[str, int], ModeRates]:
+    """Per (category_key, pair_id): plain and speculative request totals (one GROUP BY).
+
+    A request is plain when it drafted nothing: ``drafted`` = Σ k over its iterations, so
+    ``drafted = 0`` exactly when its k-schedule is all zeros."""
+    plain = case((Request.drafted == 0, 1), else_=0).label("plain")
+    stmt = _filtered(select(Request.category_key, Request.pair_id, plain,
+                            func.count(), func.sum(Request.new_tokens),
+                            func.sum(Request.wall_s)), category, pair_id)
+    stmt = stmt.group_by(Request.category_key, Request.pair_id, plain)
+    modes: dict[tuple[str, int], dict[int, Rate]] = {}
+    for key, pid, is_plain, n, tokens, wall in session.execute(stmt):
+        modes.setdefault((key, int(pid)), {})[int(is_plain)] = Rate(
+            int(n), int(tokens or 0), float(wall or 0.0))
+    return {k: ModeRates(v.get(1), v.get(0)) for k, v in modes.items()}
+
+
+@dataclass(frozen=True)
+class TimeBucket:
+    start: datetime  # aware UTC; the bucket covers [start, start + bucket_s)
+    requests: int
+    new_tokens: int
+    drafted: int
+    accepted: int
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+def bucket_seconds(first: datetime, last: datetime, max_buckets: int = 48) -> int:
+    """The smallest of ``BUCKET_SIZES`` that covers [first, last] in ≤ ``max_buckets``."""
+    span = max(0.0, (last - first).total_seconds())
+    for size in BUCKET_SIZES:
+        if span / size < max_buckets:
+            return size
+    return BUCKET_SIZES[-1]
+
+
+def _bucket_expr(dialect: str, bucket_s: int):
+    """floor(Unix seconds of created_at / bucket_s), as an integer, in the dialect's SQL.
+    The size is inlined, not bound: PostgreSQL matches GROUP BY to the SELECT expression
+    textually, and two bind parameters would not match."""
+    size = literal_column(str(int(bucket_s)))
+    if dialect == "postgresql":
+        epoch = func.extract("epoch", Request.created_at)
+        return cast(func.floor(epoch / size), BigInteger)
+    # SQLite keeps naive UTC text ("YYYY-MM-DD HH:MM:SS.ffffff"); strftime('%s') reads it
+    # as UTC. Both operands integers: "/" divides integers (floor for non-negative times).
+    epoch = cast(func.strftime("%s", Request.created_at), Integer)
+    return epoch.op("/")(size)
+
+
+def alpha_over_time(session: Session, category: str | None = None, pair_id: int | None = None,
+                    bucket_s: int = 3600) -> list[TimeBucket]:
+    """Acceptance per time bucket, oldest first; buckets without requests are absent."""
+    if bucket_s < 1:
+        raise ValueError("bucket_s must be >= 1")
+    dialect = session.get_bind().dialect.name
+    bucket = _bucket_expr(dialect, int(bucket_s)).label("bucket")
+    stmt = _filtered(select(bucket, func.count(), func.sum(Request.new_tokens),
+                            func.sum(Request.drafted), func.sum(Request.accepted)),
+                     category, pair_id)
+    stmt = stmt.group_by(bucket).order_by(bucket)
+    return [TimeBucket(datetime.fromtimestamp(int(b) * bucket_s, timezone.utc), int(n),
+                       int(tok or 0), int(dr or 0), int(acc or 0))
+            for b, n, tok, dr, acc in session.execute(stmt) if b is not None]
+
+
+@dataclass(frozen=True)
+class RecentActivity:
+    """The latest requests of a workload: which policies served them, with which k."""
+
+    requests: int
+    since: datetime | None  # the oldest of them
+    policies: dict[str, int]  # policy name → requests, most first
+    k_counts: dict[int, int]  # k → iterations
+
+    @property
+    def k_mode(self) -> int | None:
+        """The k run most often (ties: the larger)."""
+        if not self.k_counts:
+            return None
+        return max(self.k_counts, key=lambda k: (self.k_counts[k], k))
+
+
+def recent_activity(session: Session, category: str | None = None, pair_id: int | None = None,
+                    limit: int = 200) -> RecentActivity:
+    """Policies and k of the latest ``limit`` requests (reads at most ``limit`` rows)."""
+    stmt = _filtered(select(Request.policy, Request.k_schedule, Request.created_at),
+                     category, pair_id)
+    stmt = stmt.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit)
+    policies: Counter[str] = Counter()
+    ks: Counter[int] = Counter()
+    n, since = 0, None
+    for policy, k_schedule, created in session.execute(stmt):
+        n += 1
+        policies[policy] += 1
+        ks.update(bytes(k_schedule))
+        since = created
+    return RecentActivity(n, since, dict(policies.most_common()), dict(sorted(ks.items())))
