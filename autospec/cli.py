@@ -136,10 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pass")
     bench.set_defaults(run=_cmd_bench, parser=bench)
 
-    from autospec import cli_report, cli_tune
+    from autospec import cli_report, cli_tune, report
 
     cli_report.add_commands(sub, common, models)
     cli_tune.add_commands(sub)
+    report.add_parser(sub)
     return parser
 
 

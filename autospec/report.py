@@ -386,7 +386,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                       modes.get((category_key(sm.category), pid)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
             k_ref = sp.oracle_k
-        ver = _verification(sm, probe, curve, src, t_draft, k_ref)
+        # the cost ratio needs some k even before anything was drafted: k = 4 then
+        ver = _verification(sm, probe, curve, src, t_draft, k_ref or 4)
         pol = PolicyInForce(recent_act.requests, recent_act.since, recent_act.policies,
                             recent_act.k_counts, k_in_force, dict(sm.k_counts),
                             _tuning(tuned.get((sm.category, pid))))

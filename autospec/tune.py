@@ -152,12 +152,17 @@ def observed_positions(traces: Sequence) -> int:
     return sum(sum(1 for v in t.trace if v != UNOBSERVED) for t in traces)
 
 
-def study_name(pair_id: int, category: str, window: Window) -> str:
-    """Deterministic for a given window, so workers started together share one study."""
+def study_name(pair_id: int, category: str, window: Window, families: Sequence[str],
+               k_max: int) -> str:
+    """Deterministic for a given window and search space, so workers started together share
+    one study, and a job with another search space never joins it."""
+    import hashlib
+
     from autospec.store.rows import category_key
 
+    space = hashlib.sha256(f"{sorted(families)}|{k_max}".encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
-            f"{window.first_id}-{window.last_id}")
+            f"{window.first_id}-{window.last_id}:{space}")
 
 
 # -- results ------------------------------------------------------------------------------
@@ -191,14 +196,23 @@ class CategoryResult:
 
 # -- the job ------------------------------------------------------------------------------
 
-def _storage(url: str):
+def _storage(url: str, attempts: int = 5):
+    """Optuna's RDB storage on the store's database. Two processes meeting a database without
+    Optuna's tables both try to create them and one fails; it retries and finds them made."""
     import optuna
 
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # several workers commit trials to one file: wait for the lock rather than fail
         kwargs = {"connect_args": {"timeout": 60}}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as e:
+            if attempt == attempts - 1:
+                raise
+            log.info("Optuna storage not ready (%s); retrying", type(e).__name__)
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _objective(window: Window, costs: Costs, k_max: int, families, seed: int):
@@ -336,7 +350,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         return res
     costs = Costs(t_draft=float(t_draft), t_target=t_target)
     res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target)}
-    name = name or study_name(pid, cat, window)
+    name = name or study_name(pid, cat, window, families, k_max)
     res.study = name
     st = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                              load_if_exists=True)
@@ -344,7 +358,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         st.set_user_attr("window", window.pinned)
         st.set_user_attr("category", cat)
         st.set_user_attr("pair_id", pid)
-        st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
+        if "costmodel" in families:
+            st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
     finished = (TrialState.COMPLETE, TrialState.FAIL)
 
     def count(study, _trial=None):

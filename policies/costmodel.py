@@ -9,6 +9,8 @@ Speedup over plain decoding, the draft's own cost included:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["expected_tokens", "speedup", "best_k", "interpolate_cost",
@@ -66,9 +68,12 @@ def interpolate_cost(curve: Mapping[int, float], *,
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
         raise ValueError("no measured target costs")
+    ns = [n for n, _ in pts]
+    ceiling = list(itertools.accumulate((t for _, t in pts), max))  # max cost at n' ≤ n_i
+
     def cost(n: int) -> float:
         if optimistic and n >= pts[0][0]:
-            return max(t for m, t in pts if m <= n)  # the cheapest cost consistent with pts
+            return ceiling[bisect.bisect_right(ns, n) - 1]  # the cheapest cost consistent
         return linear(n)
 
     def linear(n: int) -> float:
@@ -95,10 +100,24 @@ def speedup(k: int, acceptance, t_draft: float,
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int) -> tuple[int, float]:
-    """argmax_k S(k) over 0 … k_max, and that S."""
+    """argmax_k S(k) over 0 … k_max, and that S (the smallest k among ties). One pass: E[N]
+    grows by one product per k, so this is O(k_max) — it runs every iteration."""
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
-    return max(((k, speedup(k, acceptance, t_draft, cost)) for k in range(k_max + 1)),
-               key=lambda ks: (ks[1], -ks[0]))
+    if isinstance(acceptance, (int, float)):
+        acceptance = [float(acceptance)]
+    known = [a for a in acceptance if a is not None]
+    last = float(known[-1]) if known else 0.0
+    t1 = cost(1)
+    best, best_s = 0, 1.0
+    run, tokens = 1.0, 1.0
+    for k in range(1, k_max + 1):
+        a = acceptance[k - 1] if k - 1 < len(acceptance) else None
+        run *= last if a is None else float(a)
+        tokens += run
+        s = tokens * t1 / (k * t_draft + cost(k + 1))
+        if s > best_s:
+            best, best_s = k, s
+    return best, best_s
 
 
 class CostModelPolicy:
