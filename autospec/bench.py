@@ -202,12 +202,14 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
               ks: Sequence[int] = (1, 2, 4, 6, 8), modes: Iterable[str] = DEFAULT_MODES,
               max_new_tokens: int = 64, repeats: int = 3, sample: bool = False,
               sampling: dict | None = None, seed: int = 0, warmup: bool = True,
-              progress: bool = True, draft_tokenizer=None) -> BenchResult:
+              progress: bool = True, draft_tokenizer=None, store=None) -> BenchResult:
     """Run every mode on every prompt ``repeats`` times, interleaved; see the module docstring.
 
     sampling: extra generation settings for ``sample=True`` (temperature, top_p, top_k).
     The models are left as they were: the target is not wrapped, and the draft's assistant
     settings, which transformers reads from the draft's generation_config, are restored.
+    store: a store URL for the ``policy:`` modes: they warm from its history, read tuned
+    parameters from it (``policy:tuned``) and log their requests to it. Default: none.
     """
     import torch
     import transformers
@@ -220,7 +222,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     mode_list = parse_modes(modes, ks)
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     runner = _Runner(target, draft, tokenizer, draft_tokenizer=draft_tokenizer, modes=mode_list,
-                    sample=sample, sampling=sampling or {})
+                    sample=sample, sampling=sampling or {}, store=store)
     records: list[RunRecord] = []
     try:
         if warmup:  # first calls pay for allocation and lazy setup: keep them out of the timings
@@ -260,7 +262,8 @@ _ASSIST_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule",
 class _Runner:
     """Runs and times one request in one mode, the same way for every mode."""
 
-    def __init__(self, target, draft, tokenizer, *, draft_tokenizer, modes, sample, sampling):
+    def __init__(self, target, draft, tokenizer, *, draft_tokenizer, modes, sample, sampling,
+                 store=None):
         from autospec.controller import Controller
 
         ks = [m.k for m in modes if m.kind == "autospec"]
@@ -269,7 +272,8 @@ class _Runner:
                     store=False)
         self.ctrl = Controller(target, draft, **opts)
         # one controller per adaptive policy, so each learns from its own runs only
-        self.policy_ctrls = {m: Controller(target, draft, policy=m.policy, **opts)
+        policy_opts = dict(opts, store=store if store is not None else False)
+        self.policy_ctrls = {m: Controller(target, draft, policy=m.policy, **policy_opts)
                              for m in modes if m.kind == "policy"}
         # transformers' generate even if the caller wrapped the target (an instance attribute)
         self.generate = type(target).generate.__get__(target)
@@ -357,6 +361,8 @@ class _Runner:
 
     def restore(self) -> None:
         self._set_assist(self._saved)
+        for ctrl in self.policy_ctrls.values():  # flush what the policy modes logged
+            ctrl.close()
 
     def top2_margin(self, ids, prefix: list[int]) -> float:
         """Target's raw logit gap between its top two tokens after prompt + prefix."""

@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "hf-assisted when --policies is given)")
     bench.add_argument("--policies", help="k policies to compare, e.g. auto,costmodel,bandit,"
                                           "heuristic,fixed:1..8,off (adds modes)")
+    bench.add_argument("--db", metavar="URL",
+                       help="store for the policy: modes (warm start, tuned parameters, and "
+                            "their requests are logged there); default: none")
     bench.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pass")
     bench.set_defaults(run=_cmd_bench, parser=bench)
@@ -338,8 +341,8 @@ def _cmd_bench(args, parser) -> int:
             repeats=args.repeats, sample=args.sample, seed=args.seed or 0,
             sampling={k: v for k, v in _gen_kwargs(args).items()
                       if k in ("temperature", "top_p", "top_k")},
-            warmup=not args.no_warmup, draft_tokenizer=dtok)
-    except ValueError as e:  # e.g. chat prompts for a tokenizer without a chat template
+            warmup=not args.no_warmup, draft_tokenizer=dtok, store=args.db)
+    except ValueError as e:  # e.g. chat prompts without a chat template, a bad --db (StoreError)
         raise SystemExit(f"autospec: error: {e}") from None
     print(format_table(result))
     if args.json:
