@@ -470,8 +470,12 @@ def wrap(model, draft, **options) -> Controller:
     Options: policy ("auto" (default), "costmodel", "bandit", "heuristic", an int k,
     "fixed:K", "off", "NAME+stop=P", a callable or a policy object), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
     match_draft (move/cast the draft to the target's device and dtype; default True),
-    category ("default"), store (a SQLAlchemy URL or file path; None: autospec.db in the cache
-    directory; False: no telemetry), log_text (store prompt and output text; default False),
+    category (every request's category unless the call names one; None (default): the
+    categoriser's guess from the prompt, else "default"), store (a SQLAlchemy URL or file path;
+    None: autospec.db in the cache directory; False: no telemetry), log_text (store prompt and
+    output text; default False), categorize (None: the store's "default" categoriser if one
+    was fitted; a name; a Categorizer; False: never), log_features (store hashed prompt-token
+    n-grams, never text, so a categoriser can be fitted later; default True),
     names ((target, draft) names for the store; default: the models' name_or_path),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
     reused across requests), cuda_graphs ("auto": with static_cache on a CUDA device, replay
