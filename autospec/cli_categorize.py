@@ -1,0 +1,258 @@
+"""`autospec categorize fit|show`: train the traffic categoriser on logged requests, and
+inspect the stored versions with the data and metrics they were fitted with.
+
+Reads only the store and its prompt features (no torch import, no model load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from autospec.textfmt import fmt, table
+
+__all__ = ["add_parser", "run", "run_fit", "run_show", "parse_when"]
+
+
+def parse_when(text: str) -> datetime | float:
+    """A Unix time (seconds) or an ISO date/time; without a zone it is read as UTC."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    s = text.strip()
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    try:
+        t = datetime.fromisoformat(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a Unix time nor an ISO date/time (e.g. 2025-06-01 or "
+            "2025-06-01T12:00:00+02:00)") from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``categorize`` (with ``fit`` and ``show``) on an argparse subparsers object."""
+    cat = subparsers.add_parser(
+        "categorize", help="fit / inspect the model that categorises unlabelled requests",
+        description="Requests served without category= are categorised before generation by "
+                    "a model fitted on logged requests that carried one (hashed prompt-token "
+                    "n-grams; no text), which also forecasts each prompt's acceptance so a new "
+                    "request starts from a good k.")
+    sub = cat.add_subparsers(dest="categorize_command", metavar="ACTION", required=True)
+    db_help = "store URL or SQLite file (default: autospec.db in the cache directory)"
+
+    fit = sub.add_parser(
+        "fit", help="train on logged requests and store the model as a new version",
+        description="Fits a classifier on the requests whose category the caller gave (with "
+                    "fewer than two labels, or --clusters, k-means clusters on every request "
+                    "with features), scores it on the newest 20% of the window after fitting "
+                    "on the older rows, refits on all rows and stores it with its window and "
+                    "metrics.")
+    fit.add_argument("--db", metavar="URL", help=db_help)
+    fit.add_argument("--name", default="default", help="categoriser name (default: default)")
+    fit.add_argument("--pair-id", type=int, help="only requests of this model pair (see "
+                                                 "`autospec stats --json`)")
+    fit.add_argument("--since", type=parse_when, metavar="WHEN",
+                     help="only requests from WHEN on (ISO date/time, UTC unless a zone is "
+                          "given, or Unix time)")
+    fit.add_argument("--until", type=parse_when, metavar="WHEN",
+                     help="only requests before WHEN")
+    fit.add_argument("--clusters", type=_positive_int, metavar="N",
+                     help="cluster into N categories instead of learning the given labels")
+    fit.add_argument("--test-fraction", type=_fraction, default=0.2,
+                     help="newest share of the rows held out for the metrics (default 0.2)")
+    fit.add_argument("--min-rows", type=_positive_int, default=20,
+                     help="refuse to fit on fewer rows (default 20)")
+    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--dry-run", action="store_true", help="fit and report, store nothing")
+    fit.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    fit.set_defaults(run=run, parser=fit)
+
+    show = sub.add_parser(
+        "show", help="list stored categoriser versions, their window and metrics",
+        description="Without --version: one line per stored version (newest first). With "
+                    "--version: that version's metrics in full.")
+    show.add_argument("--db", metavar="URL", help=db_help)
+    show.add_argument("--name", help="only this categoriser (default: all)")
+    show.add_argument("--version", type=_positive_int, help="details of one version")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    show.set_defaults(run=run, parser=show)
+    cat.set_defaults(run=run, parser=cat)
+    return cat
+
+
+def run(args, parser=None) -> int:
+    """Dispatch ``autospec categorize ACTION`` (``parser`` is accepted for ``cli.main``)."""
+    action = getattr(args, "categorize_command", None)
+    if action == "fit":
+        return run_fit(args)
+    if action == "show":
+        return run_show(args)
+    print("autospec: error: categorize needs an action: fit or show", file=sys.stderr)
+    return 2
+
+
+def _open(url):
+    from autospec.store import StoreError, open_store
+
+    try:
+        return open_store(url)
+    except StoreError as e:
+        print(f"autospec: error: {e}", file=sys.stderr)
+        return None
+
+
+def run_fit(args, parser=None) -> int:
+    from autospec.categorize import fit_from_store
+
+    store = _open(args.db)
+    if store is None:
+        return 2
+    with store:
+        if args.since is not None and args.until is not None and _ts(args.until) <= _ts(args.since):
+            print("autospec: error: --until must be later than --since", file=sys.stderr)
+            return 2
+        try:
+            cat, report = fit_from_store(
+                store, name=args.name, pair_id=args.pair_id, since=args.since,
+                until=args.until, clusters=args.clusters, test_fraction=args.test_fraction,
+                min_rows=args.min_rows, seed=args.seed, save=not args.dry_run)
+        except ValueError as e:
+            print(f"autospec: error: {e}", file=sys.stderr)
+            return 1
+        url = store.url
+    if args.json:
+        json.dump({"name": cat.name, "version": report.version, "kind": cat.kind,
+                   "classes": cat.classes, "columns": int(cat.columns.size),
+                   "report": report.to_dict(), "meta": cat.meta}, sys.stdout, indent=2,
+                  default=str)
+        print()
+        return 0
+    saved = (f"stored as {cat.name!r} version {report.version} in {url}" if report.version
+             else "not stored (--dry-run)")
+    print(f"categoriser: {cat.kind}, {len(cat.classes)} categories, "
+          f"{cat.columns.size} feature columns; {saved}")
+    print(_describe(report))
+    return 0
+
+
+def _ts(t) -> float:
+    return t.timestamp() if isinstance(t, datetime) else float(t)
+
+
+def _describe(report) -> str:
+    """The human report of one fit (from ``fit`` or from a stored version's meta)."""
+    lines = [
+        f"window: {_day(report.window_first)} .. {_day(report.window_last)}, "
+        f"{report.rows} requests, pair(s) {', '.join(map(str, report.pair_ids)) or '-'}"
+        + (f", {report.skipped_rows} unreadable skipped" if report.skipped_rows else ""),
+        "labels given: " + (", ".join(f"{k} {v}" for k, v in list(report.labels.items())[:12])
+                            + (" ..." if len(report.labels) > 12 else "")),
+    ]
+    split = ("newest" if report.split == "time" else "random") + f" {report.test_rows} rows"
+    if report.kind == "classifier":
+        lines.append(f"held-out accuracy: {fmt(report.accuracy, '.3f')} ({split}; fitted on "
+                     f"the older {report.train_rows}, stored model refitted on all)")
+        if report.per_class:
+            rows = [[c, fmt(m["precision"], ".3f"), fmt(m["recall"], ".3f"),
+                     fmt(m["f1"], ".3f"), str(m["support"])]
+                    for c, m in report.per_class.items()]
+            lines += ["", table(["category", "precision", "recall", "f1", "held out"], rows), ""]
+    else:
+        sizes = ", ".join(f"{k} {v}" for k, v in report.cluster_sizes.items())
+        lines.append(f"clusters: {report.clusters} ({sizes}); silhouette "
+                     f"{fmt(report.silhouette, '.3f')} (-1..1, higher = better separated)")
+    if report.mae is not None:
+        lines.append(f"acceptance forecast (pair {report.regressor_pair_id}, "
+                     f"{report.regressor_rows} requests): held-out MAE "
+                     f"{fmt(report.mae, '.3f')} vs {fmt(report.baseline_mae, '.3f')} predicting "
+                     f"the mean, {fmt(report.category_mean_mae, '.3f')} the category's mean")
+    elif report.regressor_rows:
+        lines.append(f"acceptance forecast (pair {report.regressor_pair_id}, "
+                     f"{report.regressor_rows} requests): no held-out rows to score it")
+    else:
+        lines.append(f"acceptance forecast: none ({report.regressor_note or 'not fitted'})")
+    lines.append(f"fit took {report.fit_s:.2f} s")
+    return "\n".join(lines)
+
+
+def _day(iso: str | None) -> str:
+    return "-" if not iso else iso.replace("T", " ")[:19]
+
+
+def run_show(args, parser=None) -> int:
+    from autospec.categorize import FitReport
+    from autospec.store import queries
+
+    store = _open(args.db)
+    if store is None:
+        return 2
+    with store, store.session() as s:
+        rows = queries.categorizers(s, name=args.name)
+        url = store.url
+    if args.version is not None:
+        rows = [r for r in rows if r.version == args.version]
+        if not rows:
+            who = f"categoriser {args.name!r}" if args.name else "any categoriser"
+            print(f"autospec: error: no version {args.version} of {who} in {url}",
+                  file=sys.stderr)
+            return 1
+    if args.json:
+        json.dump([{"name": r.name, "version": r.version, "kind": r.kind,
+                    "created_at": r.created_at.isoformat(), "payload_bytes": len(r.payload),
+                    "meta": r.meta} for r in rows], sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    if not rows:
+        print(f"no categoriser stored in {url}"
+              + (f" under the name {args.name!r}" if args.name else "")
+              + "; fit one with `autospec categorize fit`")
+        return 0
+    if args.version is not None:
+        for r in rows:
+            rep = FitReport.from_meta(r.meta, version=r.version)
+            print(f"{r.name} version {r.version}: {r.kind}, stored {_day(r.created_at.isoformat())}"
+                  f", {len(r.payload) / 1e3:.0f} KB, sklearn {r.meta.get('sklearn', '-')}, "
+                  f"features v{(r.meta.get('features') or {}).get('version', '?')}")
+            print(_describe(rep))
+        return 0
+    table_rows = []
+    for r in rows:
+        rep = FitReport.from_meta(r.meta, version=r.version)
+        quality = (f"acc {fmt(rep.accuracy, '.3f')}" if r.kind == "classifier"
+                   else f"silh {fmt(rep.silhouette, '.3f')}")
+        table_rows.append([
+            r.name, str(r.version), r.kind, _day(r.created_at.isoformat()),
+            f"{_day(rep.window_first)[:10]} .. {_day(rep.window_last)[:10]}", str(rep.rows),
+            str(len(rep.labels) if r.kind == "classifier" else rep.clusters or "-"), quality,
+            f"{fmt(rep.mae, '.3f')} / {fmt(rep.baseline_mae, '.3f')}"])
+    print(table(["name", "version", "kind", "stored", "window", "rows", "categories",
+                 "held-out", "MAE / mean"], table_rows, left=3))
+    print(f"\nstore {url}. held-out: accuracy on the newest requests (classifier) or "
+          "silhouette (clusters); MAE: acceptance forecast vs predicting the mean. "
+          "Details: --version N")
+    return 0
