@@ -69,8 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "fit", help="train on logged requests and store the model as a new version",
         description="Fits a classifier on the requests whose category the caller gave (with "
                     "fewer than two labels, or --clusters, k-means clusters on every request "
-                    "with features), scores it on the newest 20% of the window after fitting "
-                    "on the older rows, refits on all rows and stores it with its window and "
+                    "with features), scores it on the newest --test-fraction of the window "
+                    "(default 20%) after fitting on the older rows, refits on all rows and stores it with its window and "
                     "metrics.")
     fit.add_argument("--db", metavar="URL", help=db_help)
     fit.add_argument("--name", default="default", help="categoriser name (default: default)")
