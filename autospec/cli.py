@@ -139,10 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pass")
     bench.set_defaults(run=_cmd_bench, parser=bench)
 
-    from autospec import cli_report, cli_tune, report
+    from autospec import cli_categorize, cli_report, cli_tune, report
 
     cli_report.add_commands(sub, common, models)
     cli_tune.add_commands(sub)
+    cli_categorize.add_parser(sub)
     report.add_parser(sub)
     return parser
 

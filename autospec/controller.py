@@ -143,9 +143,16 @@ class Controller:
         if self.categorizer is None and categorize is not None:
             raise ValueError(f"no categoriser named {name!r} in {self.store.url}: fit one "
                              "with `autospec categorize fit`")
+        self._forecast = False  # acceptance forecasts hold only for the pair they were fit on
         if self.categorizer is not None:
             log.info("autospec: categorising uncategorised requests with %s v%s",
                      self.categorizer.name, self.categorizer.version)
+            fitted_on = getattr(self.categorizer, "regressor_pair_id", None)
+            if fitted_on is not None and self.store is not None:
+                from autospec.store import queries
+
+                with self.store.session() as s:
+                    self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
 
     def _open_store(self, store, names) -> None:
         """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
@@ -277,6 +284,7 @@ class Controller:
         try:
             category, alpha = self.categorizer.predict(features)
             category = _check_category(category)
+            alpha = alpha if self._forecast else None
         except Exception as e:
             self.categorize_failures = getattr(self, "categorize_failures", 0) + 1
             log.warning("autospec: categoriser failed (request served as 'default'): %s", e)
