@@ -1,0 +1,93 @@
+"""The categoriser in the serving path: requests logged with categories train it, and a
+controller then categorises requests that name none (and records how each category was set)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from autospec.categorize import fit_from_store
+from autospec.controller import Controller
+from autospec.store import open_store, queries
+
+from conftest import noisy_copy, tiny
+
+
+def prompt_of(kind: str, rng: random.Random) -> torch.Tensor:
+    """'low' prompts use token ids 10..49, 'high' ones 50..89: learnable from ids alone."""
+    lo = 10 if kind == "low" else 50
+    return torch.tensor([[1] + [rng.randrange(lo, lo + 40) for _ in range(12)]])
+
+
+@pytest.fixture
+def models():
+    target = tiny(sharpen=4.0)
+    return target, noisy_copy(target, 0.3)
+
+
+def serve(ctrl: Controller, ids: torch.Tensor, **kw) -> torch.Tensor:
+    return ctrl.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                         do_sample=False, **kw)
+
+
+def test_logged_categories_train_a_categoriser_the_controller_then_uses(tmp_path, models):
+    target, draft = models
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    rng = random.Random(0)
+    ctrl = Controller(target, draft, policy=2, store=url)
+    for i in range(40):
+        kind = "low" if i % 2 else "high"
+        serve(ctrl, prompt_of(kind, rng), category=kind)
+    ctrl.close()
+    with open_store(url) as store:
+        with store.session() as s:
+            rows = queries.recent_requests(s, limit=100)
+        assert len(rows) == 40
+        assert all(r.category_source == "given" and r.features for r in rows)
+        assert all(r.prompt_text is None for r in rows)  # features, never text
+        cat, report = fit_from_store(store, min_rows=20)
+    assert cat.kind == "classifier" and sorted(cat.classes) == ["high", "low"]
+
+    ctrl = Controller(target, draft, policy="auto", store=url)
+    assert ctrl.categorizer is not None and ctrl.categorizer.version == cat.version
+    kinds = [("low" if i % 3 else "high") for i in range(12)]
+    outs = []
+    for kind in kinds:
+        ids = prompt_of(kind, rng)
+        outs.append((ids, serve(ctrl, ids)))  # no category: the categoriser picks one
+    serve(ctrl, prompt_of("low", rng), category="named")  # a named category wins
+    ctrl.close()
+    # categorising changes only the bookkeeping: output is still the target's greedy output
+    for ids, out in outs:
+        ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                              do_sample=False)
+        assert torch.equal(out, ref)
+    with open_store(url) as store, store.session() as s:
+        new = list(reversed(queries.recent_requests(s, limit=13)))
+    auto = new[:12]
+    assert [r.category_source for r in auto] == ["auto"] * 12
+    accuracy = sum(r.category == k for r, k in zip(auto, kinds)) / len(kinds)
+    assert accuracy >= 0.9, [(r.category, k) for r, k in zip(auto, kinds)]
+    # fitted on this very pair, so each request carries an acceptance forecast in [0, 1]
+    assert all(r.predicted_alpha is not None and 0 <= r.predicted_alpha <= 1 for r in auto)
+    assert (new[12].category, new[12].category_source, new[12].predicted_alpha) == \
+        ("named", "given", None)
+
+
+def test_without_a_categoriser_or_features(tmp_path, models):
+    target, draft = models
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    rng = random.Random(1)
+    ctrl = Controller(target, draft, policy=2, store=url, categorize=False,
+                      log_features=False)
+    serve(ctrl, prompt_of("low", rng))
+    ctrl.close()
+    with open_store(url) as store, store.session() as s:
+        (row,) = queries.recent_requests(s)
+    assert (row.category, row.category_source, row.features) == ("default", "default", None)
+    with pytest.raises(ValueError, match="no categoriser named 'missing'"):
+        Controller(target, draft, store=url, categorize="missing")
+    with pytest.raises(ValueError, match="store is off"):
+        Controller(target, draft, store=False, categorize="default")
