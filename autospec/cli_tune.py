@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from autospec.cli_categorize import _fraction, _positive_int, parse_when
 from autospec.textfmt import fmt, table
 
 __all__ = ["add_commands"]
@@ -24,48 +25,31 @@ def add_commands(sub) -> None:
                                                 "autospec.db in the cache directory)")
     p.add_argument("--category", help="only this category (default: every category)")
     p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats`)")
-    p.add_argument("--trials", type=int, default=100, help="trials per study, all workers "
+    p.add_argument("--trials", type=_positive_int, default=100, help="trials per study, all workers "
                                                            "together (default 100)")
     p.add_argument("--timeout", type=float, help="seconds per study and worker")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
     p.add_argument("--study", help="join or create this study (needs --category); a "
                                    "joining process replays the study's pinned window")
-    p.add_argument("--since", help="traffic from (ISO date/time or Unix time)")
-    p.add_argument("--until", help="traffic before (ISO date/time or Unix time)")
-    p.add_argument("--max-traces", type=int, default=1000,
+    p.add_argument("--since", type=parse_when, metavar="WHEN",
+                   help="traffic from (ISO date/time, UTC unless it says, or Unix time)")
+    p.add_argument("--until", type=parse_when, metavar="WHEN", help="traffic before")
+    p.add_argument("--max-traces", type=_positive_int, default=1000,
                    help="newest traces per category in the window (default 1000)")
-    p.add_argument("--holdout", type=float, default=0.25,
+    p.add_argument("--holdout", type=_fraction, default=0.25,
                    help="newest fraction held back for evaluation (default 0.25)")
-    p.add_argument("--min-traces", type=int, default=20,
+    p.add_argument("--min-traces", type=_positive_int, default=20,
                    help="refuse categories with fewer traces to tune on (default 20)")
-    p.add_argument("--min-positions", type=int, default=200,
+    p.add_argument("--min-positions", type=_positive_int, default=200,
                    help="… or fewer observed positions (default 200)")
     p.add_argument("--families", default="costmodel,bandit,fixed",
                    help="policy families to search (default costmodel,bandit,fixed)")
-    p.add_argument("--k-max", type=int, default=16, help="largest k searched (default 16)")
+    p.add_argument("--k-max", type=_positive_int, default=16, help="largest k searched (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="do not write the results")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="INFO logging")
     p.set_defaults(run=_cmd_tune, parser=p)
-
-
-def parse_time(text: str | None):
-    """ISO date/time (UTC unless it says otherwise) or Unix seconds → aware datetime."""
-    from datetime import datetime, timezone
-
-    if text is None:
-        return None
-    try:
-        return datetime.fromtimestamp(float(text), timezone.utc)
-    except ValueError:
-        pass
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"not a time: {text!r} (use e.g. 2026-11-30, 2026-11-30T14:00 or "
-                         "Unix seconds)") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _cmd_tune(args, parser) -> int:
@@ -78,10 +62,6 @@ def _cmd_tune(args, parser) -> int:
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    try:
-        since, until = parse_time(args.since), parse_time(args.until)
-    except ValueError as e:
-        parser.error(str(e))
     try:
         store = open_store(args.db)
     except StoreError as e:
@@ -101,9 +81,9 @@ def _cmd_tune(args, parser) -> int:
             results = tune(store, category=args.category, pair_id=args.pair_id,
                            trials=args.trials, timeout=args.timeout, workers=args.workers,
                            min_traces=args.min_traces, min_positions=args.min_positions,
-                           holdout=args.holdout, max_traces=args.max_traces, since=since,
-                           until=until, study=args.study, families=families, k_max=args.k_max,
-                           seed=args.seed, progress=progress, write=not args.dry_run)
+                           holdout=args.holdout, max_traces=args.max_traces,
+                           since=args.since, until=args.until, study=args.study,
+                           families=families, k_max=args.k_max, seed=args.seed, progress=progress, write=not args.dry_run)
     except TuneError as e:
         raise SystemExit(f"autospec: error: {e}") from None
     finally:
