@@ -93,11 +93,12 @@ def _cmd_tune(args, parser) -> int:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2, default=str)
         print()
         return 0
-    rows = []
+    rows, notes = [], []
     for r in results:
         if r.status != "tuned":
             rows.append([r.category[:30], str(r.pair_id), str(r.traces), "skipped", "-", "-",
-                         "-", "-", r.reason])
+                         "-", "-"])
+            notes.append(f"{r.category[:30]}: skipped, {r.reason}")
             continue
         params = ", ".join(f"{k}={_short(v)}" for k, v in (r.params or {}).items())
         gain = _ratio(r.holdout_tokens_per_s, r.baseline_holdout_tokens_per_s)
@@ -107,10 +108,11 @@ def _cmd_tune(args, parser) -> int:
             f"{fmt(r.train_tokens_per_s, '.2f')} vs {fmt(r.baseline_train_tokens_per_s, '.2f')}",
             f"{fmt(r.holdout_tokens_per_s, '.2f')} vs {fmt(r.baseline_holdout_tokens_per_s, '.2f')}",
             fmt(gain, ".3f") + "x" if gain else "-",
-            f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}", params])
+            f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
+        notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})")
     print(table(["category", "pair", "traces (tune+held)", "best", "tok/s tuned vs auto",
-                 "held-back tuned vs auto", "held-back gain", "plain tok/s", "parameters"],
-                rows, left=3))
+                 "held-back tuned vs auto", "held-back gain", "plain tok/s"], rows, left=3))
+    print("\n" + "\n".join(notes))
     tuned = [r for r in results if r.status == "tuned"]
     where = "not written (--dry-run)" if args.dry_run else f"written to {store.url}"
     print(f"\n{len(tuned)} of {len(results)} workloads tuned, {where}. Throughput is "

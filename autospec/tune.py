@@ -86,10 +86,24 @@ def params_of(flat: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max: int,
-             seed: int = 0) -> SimResult:
-    """Replay ``traces`` under a fresh policy of ``family``/``params``."""
+             seed: int = 0, live: dict | None = None) -> SimResult:
+    """Replay ``traces`` under a fresh policy of ``family``/``params``. ``live``: category →
+    LiveStats to start from (copied, not changed), as a serving controller warms its
+    statistics from the store; default: cold."""
     policy = build_policy(family, params, seed=seed)
-    return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed)
+    start = None if live is None else {c: st.copy() for c, st in live.items()}
+    return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
+                    live=start)
+
+
+def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -> dict:
+    """The statistics a controller would hold after serving ``traces`` with the default
+    policy (what it warms from the store before the held-back part arrives)."""
+    live: dict = {}
+    family, params = params_of(DEFAULT_PARAMS)
+    simulate(traces, build_policy(family, params, seed=seed), costs, k_max=k_max,
+             category=_category_of, seed=seed, live=live)
+    return live
 
 
 def _category_of(row) -> str:
@@ -401,9 +415,12 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                                                k_max=k_max, seed=seed).tokens_per_s
     holdout_figures = None
     if window.holdout:
-        tuned_h = evaluate(family, params, window.holdout, costs, k_max=k_max, seed=seed)
+        # both start from the statistics the tuning part left, as a live controller would
+        warm = warmed_stats(window.train, costs, k_max=k_max, seed=seed)
+        tuned_h = evaluate(family, params, window.holdout, costs, k_max=k_max, seed=seed,
+                           live=warm)
         base_h = evaluate(base_family, base_params, window.holdout, costs, k_max=k_max,
-                          seed=seed)
+                          seed=seed, live=warm)
         res.holdout_tokens_per_s = tuned_h.tokens_per_s
         res.baseline_holdout_tokens_per_s = base_h.tokens_per_s
         res.plain_holdout_tokens_per_s = (tuned_h.tokens / tuned_h.plain_seconds
