@@ -19,6 +19,8 @@ from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params,
 from autospec.store.records import TRACE_GREEDY
 from autospec.tune import TuneError, tune
 
+from test_store import fresh_url
+
 PAIR = PairInfo("synthetic-target", "synthetic-draft", "float32", "cpu: test")
 T_D = 0.02
 CURVE = {n: 0.1 + 0.004 * (n - 1) for n in range(1, 17)}  # memory-bound: nearly flat
@@ -36,7 +38,7 @@ def record(rng: random.Random, alpha: float, *, n: int = 96, category: str = "co
         target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace, created_at=at)
 
 
-def make_store(path: Path, traffic: dict[str, tuple[float, int]], seed: int = 0):
+def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0):
     """traffic: category → (alpha, requests). Costs from a probe: T_d and the flat curve."""
     rng = random.Random(seed)
     store = open_store(path)
@@ -133,8 +135,18 @@ def test_two_processes_share_one_study_on_one_sqlite_url(tmp_path):
     assert 24 <= len(done) <= 26  # each process stops at the shared limit (± one in flight)
 
 
-def test_workers_option_runs_several_processes(tmp_path):
-    with make_store(tmp_path / "w.db", {"code": (0.8, 200)}) as store:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_workers_option_runs_several_processes(tmp_path, backend):
+    """--workers: processes on one study in the store's own database (PostgreSQL: a fleet's)."""
+    url, cleanup = fresh_url(backend, tmp_path)
+    try:
+        _workers_share_a_study(url)
+    finally:
+        cleanup()
+
+
+def _workers_share_a_study(url: str) -> None:
+    with make_store(url, {"code": (0.8, 200)}) as store:
         (res,) = tune(store, trials=16, workers=2, seed=3)
         url = store.engine.url.render_as_string(hide_password=False)
     study = optuna.load_study(study_name=res.study, storage=url)
