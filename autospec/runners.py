@@ -167,16 +167,17 @@ class StaticRunner:
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         with torch.inference_mode(False), torch.no_grad():  # normal tensors, reusable anywhere
-            try:
+            try:  # the transformers 5 API; anything else is reported, and runs eagerly
                 cache = StaticCache(config=cfg, max_cache_len=capacity)
-            except TypeError as e:
-                raise StaticUnsupported(f"StaticCache(config=, max_cache_len=) failed: {e}") from e
-            kinds = {type(layer).__name__ for layer in cache.layers}
-            if kinds != {"StaticLayer"}:
-                raise StaticUnsupported(f"cache layers {sorted(kinds)} (static path: full "
-                                        "attention layers only)")
-            cache.early_initialization(batch_size=self.batch, num_heads=kv_heads,
-                                       head_dim=head_dim, dtype=self.dtype, device=self.device)
+                kinds = {type(layer).__name__ for layer in cache.layers}
+                if kinds != {"StaticLayer"}:
+                    raise StaticUnsupported(f"cache layers {sorted(kinds)} (static path: full "
+                                            "attention layers only)")
+                cache.early_initialization(batch_size=self.batch, num_heads=kv_heads,
+                                           head_dim=head_dim, dtype=self.dtype,
+                                           device=self.device)
+            except (TypeError, AttributeError) as e:
+                raise StaticUnsupported(f"this transformers' StaticCache: {e}") from e
             # every layer's write position is a view into one tensor: a crop is one fill_
             self.lens = torch.zeros(len(cache.layers), dtype=torch.long, device=self.device)
             for i, layer in enumerate(cache.layers):
@@ -272,19 +273,20 @@ class StaticRunner:
             if self.graph_mode != "cuda":
                 out = self._forward(ids, n).clone()
                 return _Graph(ids, out, None, lambda: self._forward(ids, n), None)
-            stream = torch.cuda.current_stream(self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP):
-                    self._forward(ids, n)
-                    self.lens.fill_(start)
-            stream.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                before = torch.cuda.memory_reserved(self.device)  # allocator stats: no CUDA call
-                out = self._forward(ids, n)
-            nbytes = max(0, torch.cuda.memory_reserved(self.device) - before)
+            with torch.cuda.device(self.device):  # graphs capture on the current device
+                stream = torch.cuda.current_stream()
+                side = torch.cuda.Stream()
+                side.wait_stream(stream)
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP):
+                        self._forward(ids, n)
+                        self.lens.fill_(start)
+                stream.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    before = torch.cuda.memory_reserved()  # allocator statistics: no CUDA call
+                    out = self._forward(ids, n)
+                nbytes = max(0, torch.cuda.memory_reserved() - before)
             self._pool = graph.pool()  # later graphs share it (they never run concurrently)
             return _Graph(ids, out, graph, None, nbytes)
         finally:

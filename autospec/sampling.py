@@ -137,6 +137,11 @@ def logits_to_probs(scores: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row: probs [..., V] → tokens [...] (long)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """Draw one token per row: probs [..., V] → tokens [...] (long).
+
+    The exponential-race form of ``torch.multinomial(probs, 1)``: argmax of p / E with
+    E ~ Exp(1) drawn from the same generator, which is what multinomial itself computes for
+    one sample (same draws, same tokens, same generator state afterwards), minus its
+    validity check, a host sync per call that would stall a GPU every draft token."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(dim=-1)

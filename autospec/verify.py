@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from autospec.sampling import sample
+
 __all__ = ["rejection_sample", "greedy_verify"]
 
 
@@ -60,7 +62,7 @@ def rejection_sample(
     # p == q up to rounding leaves no residual mass; rejection then had probability ~0 and p_n
     # itself is the right fallback.
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_n)
-    next_token = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # [B]
+    next_token = sample(residual, generator)  # [B]; multinomial's draw, without its host sync
     return num_accepted, next_token
 
 
