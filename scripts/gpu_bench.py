@@ -120,6 +120,13 @@ class Bench:
         return self.time_reps(partial(runner.run, extra[:, :n], n), self.args.reps,
                               between=partial(runner.crop, ctx))
 
+    def copy_bandwidth(self, nbytes: int = 2 << 30) -> float:
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best = self.time_reps(partial(dst.copy_, src), 5)
+        return 2 * nbytes / best
+
     # -- models -----------------------------------------------------------------------------
     def build(self) -> None:
         a = self.args
@@ -142,7 +149,14 @@ class Bench:
         self.vocab = t_cfg.vocab_size
         self.t_bytes, self.kv_tok = param_bytes(target), kv_bytes_per_token(target)
         self.d_bytes = param_bytes(next(iter(self.drafts.values())))
-        self.peak = peak_bandwidth(self.device)
+        self.peak, self.peak_source = peak_bandwidth(self.device), "NVML"
+        if self.cuda:  # what a plain copy achieves, for scale (and the peak without NVML)
+            self.copy_bw = self.copy_bandwidth()
+            print(f"device copy bandwidth (read + write): {human_bytes(self.copy_bw, per_s=True)}"
+                  f"; NVML peak: {human_bytes(self.peak, per_s=True)}")
+            if self.peak is None:
+                self.peak, self.peak_source = self.copy_bw, "measured copy (no NVML)"
+        self.out["peak"] = {"bytes_per_s": self.peak, "source": self.peak_source}
         gen = torch.Generator().manual_seed(a.seed)
         self.prompts = [torch.randint(0, self.vocab, (1, a.context), generator=gen).to(self.device)
                         for _ in range(a.prompts)]
@@ -223,22 +237,22 @@ class Bench:
         modes.update({f"k={k}": (fast, k) for k in a.ks})
         modes["auto"] = (auto, None)
         generate = type(self.target).generate.__get__(self.target)
-        kw = dict(do_sample=False, max_new_tokens=a.new_tokens, eos_token_id=None, pad_token_id=0)
+        kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
-        def run(mode, ids):
+        def run(mode, ids, new_tokens=a.new_tokens):
             ctrl, k = modes[mode]
             mask = torch.ones_like(ids)
             if ctrl == "hf":
                 extra = {"assistant_model": k} if k is not None else {}
-                out = generate(ids, attention_mask=mask, **kw, **extra)
+                out = generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **kw, **extra)
                 return out, None
-            out = ctrl.generate(ids, attention_mask=mask, k=k, **kw)
+            out = ctrl.generate(ids, attention_mask=mask, k=k, max_new_tokens=new_tokens, **kw)
             return out, ctrl.last_stats
 
         names = list(modes)
-        for mode in names:  # warm-up: graphs for every size the mode uses, first-call costs
+        for mode in names:  # warm-up: graphs for every size a mode uses, first-call costs
             eager = modes[mode][0] == "hf" or mode.startswith("eager")
-            run(mode, self.prompts[0][:, : 8 if eager else None])
+            run(mode, self.prompts[0], 8 if eager else a.new_tokens)
         recs = []
         for rep in range(a.repeats):
             for i, ids in enumerate(self.prompts):
