@@ -16,6 +16,9 @@ One iteration (``_Loop.step``):
 5. Emit tokens, stopping exactly where ``generate`` would (max_new_tokens, EOS, criteria).
 6. Crop both caches to what was kept.
 
+Forwards and crops go through runners (``autospec.runners``): transformers' DynamicCache by
+default, or, with ``static_cache=True``, a static KV cache whose forwards replay CUDA graphs.
+
 The draft scores its last proposal without a forward of its own: when all k are accepted, that
 proposal and the bonus token are fed together at the start of the next iteration (a 2-token
 forward costs about what a 1-token one does), which keeps the caches in sync and yields the

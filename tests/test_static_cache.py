@@ -190,3 +190,26 @@ def test_unsupported_attention_falls_back_to_eager(pair, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="autospec.runners"):
         runner = open_runner(target, 64, static=True)
     assert runner.path == "eager" and "flex_attention" in caplog.text
+
+
+def test_static_forwards_never_read_device_values(pair, monkeypatch):
+    # on a GPU a host read (.item(), bool(), .tolist() …) is a sync and breaks graph capture:
+    # the static path's forwards and crops must do none, prefill included
+    target, _ = pair
+    runner = StaticRunner(target, 64, graphs="emulate")
+    ids = prompt(16)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a forward read a tensor's value on the host")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    with torch.inference_mode():
+        runner.run(ids[:, :10], 1)
+        for n in (1, 2, 3):  # captures (emulated), then replays
+            runner.run(ids[:, 10 : 10 + n], n)
+            runner.crop(10)
+            runner.run(ids[:, 10 : 10 + n], n)
+            runner.crop(10)
+    monkeypatch.undo()
+    assert runner.length == 10 and sorted(runner.graphs) == [1, 2, 3]
