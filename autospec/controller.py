@@ -87,6 +87,9 @@ class Controller:
         self.draft = draft
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
         # CUDA graphs where there is a GPU (autospec.runners); checked here, used per request
+        if cuda_graphs is True and not static_cache:
+            raise ValueError("cuda_graphs=True replays forwards on a static cache: pass "
+                             "static_cache=True as well")
         resolve_graphs(cuda_graphs, next(model.parameters()).device)
         self.static_cache, self.cuda_graphs = bool(static_cache), cuda_graphs
         self.tokenizer = tokenizer

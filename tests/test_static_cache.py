@@ -181,6 +181,8 @@ def test_cuda_graphs_required_on_a_cpu_is_an_error(pair):
         autospec.Controller(target, draft, store=False, static_cache=True, cuda_graphs=True)
     with pytest.raises(ValueError, match="cuda_graphs"):
         autospec.Controller(target, draft, store=False, cuda_graphs="sometimes")
+    with pytest.raises(ValueError, match="static_cache=True"):
+        autospec.Controller(target, draft, store=False, cuda_graphs=True)
 
 
 def test_unsupported_attention_falls_back_to_eager(pair, monkeypatch, caplog):
@@ -213,3 +215,25 @@ def test_static_forwards_never_read_device_values(pair, monkeypatch):
             runner.crop(10)
     monkeypatch.undo()
     assert runner.length == 10 and sorted(runner.graphs) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("static,sampled", [(True, False), (True, True), (False, False)])
+def test_one_host_read_per_iteration(pair, monkeypatch, static, sampled):
+    # the CPU stand-in for tests/test_gpu_path.py's sync count: Python-level reads of tensor
+    # values (each one a sync on a GPU) number at most one per iteration
+    target, draft = pair
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            reads.append(1)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    gen = torch.Generator().manual_seed(0) if sampled else None
+    res = speculative_generate(target, draft, prompt(10), policy=FixedK(4), max_new_tokens=30,
+                               sampling=SamplingConfig(do_sample=sampled), generator=gen,
+                               static_cache=static, cuda_graphs="emulate")
+    monkeypatch.undo()
+    assert 0 < len(reads) <= res.stats.iterations
