@@ -44,6 +44,9 @@ def add_commands(sub) -> None:
                    help="… or fewer observed positions (default 200)")
     p.add_argument("--families", default="costmodel,bandit,fixed",
                    help="policy families to search (default costmodel,bandit,fixed)")
+    p.add_argument("--costs", choices=("auto", "probe", "live"), default="auto",
+                   help="T_d and T_t(n) from the latest `autospec probe` or from live traffic "
+                        "(default auto: the probe if one is stored)")
     p.add_argument("--k-max", type=_positive_int, default=16, help="largest k searched (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="do not write the results")
@@ -83,7 +86,8 @@ def _cmd_tune(args, parser) -> int:
                            min_traces=args.min_traces, min_positions=args.min_positions,
                            holdout=args.holdout, max_traces=args.max_traces,
                            since=args.since, until=args.until, study=args.study,
-                           families=families, k_max=args.k_max, seed=args.seed, progress=progress, write=not args.dry_run)
+                           families=families, k_max=args.k_max, seed=args.seed,
+                           progress=progress, write=not args.dry_run, costs_from=args.costs)
     except TuneError as e:
         raise SystemExit(f"autospec: error: {e}") from None
     finally:
@@ -109,7 +113,8 @@ def _cmd_tune(args, parser) -> int:
             f"{fmt(r.holdout_tokens_per_s, '.2f')} vs {fmt(r.baseline_holdout_tokens_per_s, '.2f')}",
             fmt(gain, ".3f") + "x" if gain else "-",
             f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
-        notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})")
+        notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
+                     + (f"\n  {r.note}" if r.note else ""))
     print(table(["category", "pair", "traces (tune+held)", "best", "tok/s tuned vs auto",
                  "held-back tuned vs auto", "held-back gain", "plain tok/s"], rows, left=3))
     print("\n" + "\n".join(notes))

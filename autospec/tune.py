@@ -167,14 +167,15 @@ def observed_positions(traces: Sequence) -> int:
 
 
 def study_name(pair_id: int, category: str, window: Window, families: Sequence[str],
-               k_max: int) -> str:
-    """Deterministic for a given window and search space, so workers started together share
-    one study, and a job with another search space never joins it."""
+               k_max: int, costs: Costs) -> str:
+    """Deterministic for a given window, search space and cost model, so workers started
+    together share one study, and a job that would score trials differently never joins it."""
     import hashlib
 
     from autospec.store.rows import category_key
 
-    space = hashlib.sha256(f"{sorted(families)}|{k_max}".encode()).hexdigest()[:6]
+    key = f"{sorted(families)}|{k_max}|{costs.t_draft!r}|{sorted(costs.t_target.items())!r}"
+    space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
 
@@ -203,6 +204,8 @@ class CategoryResult:
     tuned_row_id: int | None = None
     costs: dict[str, Any] | None = None
     seconds: float = 0.0
+    kept_default: bool = False  # the best lost on the held-back part: the default is written
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -283,9 +286,11 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
          max_traces: int = 1000, since=None, until=None, study: str | None = None,
          families: Sequence[str] = FAMILIES, k_max: int = 16, seed: int = 0,
          progress: Callable[[str, int, int], None] | None = None,
-         write: bool = True) -> list[CategoryResult]:
+         write: bool = True, costs_from: str = "auto") -> list[CategoryResult]:
     """Tune every (category, pair) with traffic (or the one asked for). ``store``: an open
     ``autospec.store.Store``. ``progress(category, done, total)`` is called as trials finish.
+    ``costs_from``: "probe", "live" or "auto" (the probe if one is stored, else live traffic;
+    see ``queries.measured_costs``).
     Returns one result per workload, tuned or skipped with the reason."""
     import optuna
 
@@ -317,11 +322,13 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
                         workers=workers, min_traces=min_traces, min_positions=min_positions,
                         holdout=holdout, max_traces=max_traces, since=since, until=until,
                         study=study, families=tuple(families), k_max=k_max, seed=seed,
-                        progress=progress, optuna=optuna)
+                        progress=progress, optuna=optuna, costs_from=costs_from)
         if res.status == "tuned" and write:
+            family, params = ((params_of(DEFAULT_PARAMS)) if res.kept_default
+                              else (res.family, res.params))
             with store.begin() as s:
                 res.tuned_row_id = add_tuned_params(
-                    s, category=cat, pair_id=pid, family=res.family, params=res.params,
+                    s, category=cat, pair_id=pid, family=family, params=params,
                     tokens_per_s=res.train_tokens_per_s,
                     baseline_tokens_per_s=res.baseline_train_tokens_per_s,
                     provenance=res._provenance)  # type: ignore[attr-defined]
@@ -332,7 +339,7 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
 
 def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, min_traces,
               min_positions, holdout, max_traces, since, until, study, families, k_max, seed,
-              progress, optuna) -> CategoryResult:
+              progress, optuna, costs_from) -> CategoryResult:
     from optuna.trial import TrialState
 
     from autospec.store import queries
@@ -349,7 +356,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         pinned = existing.user_attrs.get("window") if existing is not None else None
         window = load_window(s, cat, pid, since=since, until=until, max_traces=max_traces,
                              holdout=holdout, pinned=pinned)
-        t_draft, t_target = queries.measured_costs(s, pid, cat)
+        t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat,
+                                                                source=costs_from)
     res.traces = len(window.train) + len(window.holdout)
     res.holdout_traces = len(window.holdout)
     res.observed_positions = observed_positions(window.train)
@@ -359,21 +367,35 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       "too little to tell policies apart, log more traffic first")
         return res
     if not t_draft or 1 not in t_target or len(t_target) < 2:
-        res.reason = ("no measured costs for this pair (need T_t(1), T_t(n>1) and T_d): run "
-                      "`autospec probe` on this machine, or serve traffic with k = 0 and k > 0")
+        res.reason = (f"no usable costs for this pair from {cost_source} (need T_t(1), "
+                      "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
+                      "traffic with k = 0 and k > 0")
         return res
     costs = Costs(t_draft=float(t_draft), t_target=t_target)
-    res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target)}
-    name = name or study_name(pid, cat, window, families, k_max)
+    name = name or study_name(pid, cat, window, families, k_max, costs)
     res.study = name
     st = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                              load_if_exists=True)
-    if "window" not in st.user_attrs:
+    attrs = st.user_attrs
+    if "window" not in attrs:
         st.set_user_attr("window", window.pinned)
+        st.set_user_attr("costs", {"t_draft_s": costs.t_draft, "source": cost_source,
+                                   "t_target_s_by_n": {str(n): t for n, t in t_target.items()}})
         st.set_user_attr("category", cat)
         st.set_user_attr("pair_id", pid)
         if "costmodel" in families:
             st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
+    else:  # joining: every trial of a study scores the same window with the same costs
+        if attrs["window"] != window.pinned:
+            with store.session() as s:
+                window = load_window(s, cat, pid, pinned=attrs["window"])
+        pinned_costs = attrs.get("costs")
+        if pinned_costs:
+            cost_source = pinned_costs["source"]
+            costs = Costs(t_draft=pinned_costs["t_draft_s"], t_target={
+                int(n): t for n, t in pinned_costs["t_target_s_by_n"].items()})
+    res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target),
+                 "source": cost_source}
     finished = (TrialState.COMPLETE, TrialState.FAIL)
 
     def count(study, _trial=None):
@@ -431,6 +453,14 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                            "tuned_speedup": tuned_h.speedup, "baseline_speedup": base_h.speedup,
                            "traces": len(window.holdout)}
     res.status = "tuned"
+    if (res.holdout_tokens_per_s is not None and res.baseline_holdout_tokens_per_s
+            and res.holdout_tokens_per_s < res.baseline_holdout_tokens_per_s):
+        # it won on the tuning part and lost on traffic it had not seen: an overfit. What
+        # goes into force is the default; the result and the study stay for inspection.
+        res.kept_default = True
+        res.note = (f"the best trial lost on the held-back traffic "
+                    f"({res.holdout_tokens_per_s / res.baseline_holdout_tokens_per_s:.3f}× the "
+                    "default): the default stays in force")
     res._provenance = {  # type: ignore[attr-defined]
         "study": name, "trial": best.number, "trials": res.trials,
         "storage": store.url, "window": window.describe(),
@@ -439,6 +469,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         "baseline": "auto (untuned cost-model policy)", "holdout": holdout_figures,
         "costs": res.costs, "k_max": k_max, "families": list(families),
         "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kept_default": res.kept_default,
+        "best": {"family": family, "params": params} if res.kept_default else None,
     }
     if not math.isfinite(res.train_tokens_per_s):
         res.status, res.reason = "skipped", "the simulation produced no tokens"

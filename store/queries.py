@@ -308,27 +308,40 @@ def pair_id(session: Session, pair) -> int | None:
     return session.scalar(select(Pair.id).where(Pair.key == pair_key(pair)))
 
 
-def measured_costs(session: Session, pair_id: int, category: str | None = None,
-                   ) -> tuple[float | None, dict[int, float]]:
-    """(T_d per proposed token, T_t(n) by n) for a pair: the latest probe's curve, overridden
-    by what the category's (or, without one, all categories') live traffic measured."""
-    probe = latest_probe(session, pair_id)
-    t_target = {int(n): float(t) for n, t in (probe.payload.get("target_s_by_n", {})
-                                             if probe else {}).items()}
-    t_draft = probe.payload.get("draft_s") if probe else None
+def measured_costs(session: Session, pair_id: int, category: str | None = None, *,
+                   source: str = "auto", min_forwards: int = 16,
+                   ) -> tuple[float | None, dict[int, float], str]:
+    """(T_d per proposed token, T_t(n) by n, where they came from) for a pair, from ONE
+    source, so that their ratios — all the cost model uses — hold:
+
+    - ``"probe"``: the latest ``autospec probe`` (medians of interleaved timings, n = 1…16);
+    - ``"live"``: what the category's (or, without one, all categories') traffic measured:
+      means over whatever else the machine was doing, each point kept only if it rests on at
+      least ``min_forwards`` forwards (a handful of slow forwards bends the curve);
+    - ``"auto"``: the probe if there is one, else live.
+
+    Mixing them would compare a quiet probe's T_t(1) with a busy server's T_t(k+1)."""
+    if source not in ("auto", "probe", "live"):
+        raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
+    probe = latest_probe(session, pair_id) if source != "live" else None
+    if probe is not None:
+        pl = probe.payload
+        curve = {int(n): float(t) for n, t in pl.get("target_s_by_n", {}).items()}
+        return pl.get("draft_s"), dict(sorted(curve.items())), f"probe #{probe.id}"
+    if source == "probe":
+        return None, {}, "probe (none stored)"
     sums = category_summaries(session, category=category, pair_id=pair_id)
     draft_s = sum(sm.draft_s for sm in sums)
     draft_n = sum(sm.draft_forwards for sm in sums)
-    if draft_n:
-        t_draft = draft_s / draft_n
     seconds: dict[int, float] = {}
     count: dict[int, int] = {}
     for sm in sums:
         for n, s in sm.target_s_sum_by_n.items():
             seconds[n] = seconds.get(n, 0.0) + s
             count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
-    t_target.update({n: seconds[n] / count[n] for n in seconds if count[n]})
-    return t_draft, dict(sorted(t_target.items()))
+    curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
+    t_draft = draft_s / draft_n if draft_n >= min_forwards else None
+    return t_draft, curve, "live traffic"
 
 
 @dataclass(frozen=True)

@@ -192,3 +192,24 @@ def test_tuned_policy_reloads_new_parameters_without_restart(tmp_path):
             assert policy.choose(ctx) == 2
         finally:
             policy.close()
+
+
+def test_a_result_that_loses_on_held_back_traffic_keeps_the_default(tmp_path):
+    """Drift: the tuning part is easy (α 0.9), the held-back part hard (α 0.05). A fixed large k
+    wins the first and loses the second to the adaptive default: the default stays in force."""
+    rng = random.Random(5)
+    with open_store(tmp_path / "drift.db") as store:
+        store.write([record(rng, 0.9, at=1.0e9 + i) for i in range(60)]
+                    + [record(rng, 0.05, at=2.0e9 + i) for i in range(20)])
+        with store.begin() as s:
+            add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in CURVE.items()},
+                                "draft_s": T_D})
+        (res,) = tune(store, trials=12, families=("fixed",), seed=0)
+        assert res.family == "fixed" and res.params["k"] >= 4
+        assert res.holdout_tokens_per_s < res.baseline_holdout_tokens_per_s
+        assert res.kept_default and "held-back" in res.note
+        with store.session() as s:
+            (row,) = queries.tuned_params(s)
+        assert (row.family, row.params["discount"]) == ("costmodel", 0.995)  # the default
+        assert row.provenance["kept_default"] is True
+        assert row.provenance["best"] == {"family": "fixed", "params": res.params}
