@@ -42,14 +42,12 @@ def add_commands(sub, common, models) -> None:
 
 def estimate_speedup(summary, probe_payload: dict | None):
     """S(k) of the most used k>0 from the measured acceptance and costs (cost model), with
-    T_t(n) points from the requests, completed by the pair's latest probe. (k, S) or None."""
+    T_t(n) and T_d taken as the report takes them (``autospec.report.cost_inputs``: the
+    pair's latest probe, else well-measured live points). (k, S) or None."""
     from autospec.policies.costmodel import conditional_from_cumulative, speedup
+    from autospec.report import cost_inputs
 
-    curve = dict(summary.t_target_s_by_n)
-    if probe_payload:
-        for n, t in probe_payload.get("target_s_by_n", {}).items():
-            curve.setdefault(int(n), float(t))
-    t_draft = summary.t_draft_s or (probe_payload or {}).get("draft_s")
+    curve, _, t_draft = cost_inputs(summary, probe_payload)
     ks = {k: c for k, c in summary.k_counts.items() if k > 0}
     if not ks or 1 not in curve or not t_draft or summary.alpha is None:
         return None

@@ -88,8 +88,8 @@ class Acceptance:
 class Verification:
     """Is scoring k+1 tokens about as cheap as scoring one (memory-bound) here?"""
 
-    t_target_s_by_n: dict[int, float]  # merged: requests' mean T_t(n), probe for the rest
-    source_by_n: dict[int, str]  # "requests" or "probe"
+    t_target_s_by_n: dict[int, float]  # the cost model's curve: one source (cost_inputs)
+    source_by_n: dict[int, str]  # "probe" or "requests"
     t_draft_s: float | None
     draft_ratio: float | None  # c = T_d / T_t(1)
     k: int | None  # the k the ratio is taken at (in force, else the most used k > 0)
@@ -102,6 +102,8 @@ class Verification:
     nvml_mem_busy_pct: float | None
     nvml_sm_util_pct: float | None
     probe: dict[str, Any] | None  # the pair's latest probe: id, time, bandwidth, its verdict
+    live_by_n: dict[int, tuple[float, int]] = field(default_factory=dict)  # requests: (mean s,
+    # forwards) per n, shown beside the curve whatever it was taken from
 
 
 @dataclass
@@ -210,20 +212,31 @@ def _jsonable(x: Any) -> Any:
 
 # -- building ---------------------------------------------------------------------------------
 
+def _live(v: Verification, n: int) -> str:
+    t, count = v.live_by_n.get(n, (None, 0))
+    return "-" if t is None else f"{_ms(t)} ({count})"
+
+
+MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
+
+
 def cost_inputs(summary, probe_payload: dict | None
                 ) -> tuple[dict[int, float], dict[int, str], float | None]:
-    """The cost model's inputs for one workload: T_t(n) from the requests, completed by the
-    pair's latest probe (requests win where both measured n), where each point came from,
-    and T_d (requests first, else the probe). The same rule ``autospec stats`` estimates by."""
-    curve = {n: t for n, t in summary.t_target_s_by_n.items() if t and t > 0}
-    source = dict.fromkeys(curve, "requests")
-    for n, t in ((probe_payload or {}).get("target_s_by_n") or {}).items():
-        n = int(n)
-        if n not in curve and t is not None and float(t) > 0:
-            curve[n], source[n] = float(t), "probe"
-    curve = dict(sorted(curve.items()))
-    t_draft = summary.t_draft_s or (probe_payload or {}).get("draft_s") or None
-    return curve, {n: source[n] for n in curve}, t_draft
+    """The cost model's inputs for one workload, from ONE source so that their ratios hold:
+    the pair's latest probe (medians of interleaved timings) if there is one, else the
+    requests' mean T_t(n) and T_d where each rests on ≥ MIN_FORWARDS forwards. Mixing a quiet
+    probe with a busy server's means would invent steps in the curve (the rule
+    ``autospec.store.queries.measured_costs`` applies for tuning; ``autospec stats`` too)."""
+    pl = probe_payload or {}
+    probe_curve = {int(n): float(t) for n, t in (pl.get("target_s_by_n") or {}).items()
+                   if t is not None and float(t) > 0}
+    if probe_curve:
+        curve = dict(sorted(probe_curve.items()))
+        return curve, dict.fromkeys(curve, "probe"), pl.get("draft_s") or None
+    curve = {n: t for n, t in sorted(summary.t_target_s_by_n.items())
+             if t and t > 0 and summary.target_count_by_n.get(n, 0) >= MIN_FORWARDS}
+    t_draft = summary.t_draft_s if summary.draft_forwards >= MIN_FORWARDS else None
+    return curve, dict.fromkeys(curve, "requests"), t_draft
 
 
 def _mode(counts: dict[int, int], positive: bool = False) -> int | None:
@@ -273,7 +286,8 @@ def _verification(sm, probe, curve, source, t_draft, k) -> Verification:
         curve, source, t_draft, t_draft / t1 if t_draft and t1 else None, k, ratio, upto,
         None if ratio is None else ratio <= MEMORY_BOUND_RATIO, sm.bandwidth_bytes_per_s,
         sm.bandwidth_peak_bytes_per_s, sm.bandwidth_utilisation, sm.nvml_mem_busy_pct,
-        sm.nvml_sm_util_pct, p)
+        sm.nvml_sm_util_pct, p,
+        {n: (t, sm.target_count_by_n.get(n, 0)) for n, t in sm.t_target_s_by_n.items()})
 
 
 def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
@@ -511,9 +525,11 @@ def render_text(report: Report) -> str:
                         if v.nvml_mem_busy_pct is not None else ""))
         if v.t_target_s_by_n:
             t1 = v.t_target_s_by_n.get(1)
-            lines.append(table(["n scored", "T_t(n) ms", "vs n=1", "from"],
+            lines.append(table(["n scored", "T_t(n) ms", "vs n=1", "from",
+                                "requests' mean ms (forwards)"],
                                [[str(n), _ms(s), fmt(s / t1 if t1 else None, ".2f"),
-                                 v.source_by_n[n]] for n, s in v.t_target_s_by_n.items()]))
+                                 v.source_by_n[n], _live(v, n)]
+                                for n, s in v.t_target_s_by_n.items()]))
         if v.probe:
             pr = v.probe
             lines.append(f"latest probe ({_when(pr['created_at'])}): "

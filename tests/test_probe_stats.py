@@ -55,4 +55,5 @@ def test_speedup_estimate_uses_the_probe_curve_when_requests_never_ran_k0(tmp_pa
     assert estimate_speedup(sm, None) is None  # no T_t(1) measured: no estimate
     flat = {"target_s_by_n": {"1": 0.01, "5": 0.01}, "draft_s": 0.001}
     k, s = estimate_speedup(sm, flat)
-    assert k == 4 and abs(s - 5 * 0.01 / (4 * sm.t_draft_s + sm.t_target_s_by_n[5])) < 1e-9
+    # costs from one source (the probe), acceptance (1.0) from the requests
+    assert k == 4 and abs(s - 5 * 0.01 / (4 * 0.001 + 0.01)) < 1e-9

@@ -407,3 +407,22 @@ def test_100k_requests(tmp_path, record_property):
     check_against_rows(rep, recs)
     assert all(w.speedup.source == "measured" for w in rep.workloads)
     assert MIN_DRAFTED < min(w.acceptance.drafted for w in rep.workloads)
+
+
+def test_cost_inputs_take_one_source():
+    """A quiet probe's curve is never mixed with a busy server's means (that invented a
+    2× step at n = 2 on the real pair); without a probe only well-measured live points count."""
+    from types import SimpleNamespace
+
+    from autospec.report import MIN_FORWARDS, cost_inputs
+
+    sm = SimpleNamespace(t_target_s_by_n={1: 0.5, 2: 1.0, 6: 0.36},
+                         target_count_by_n={1: MIN_FORWARDS, 2: 3, 6: 200},
+                         t_draft_s=0.3, draft_forwards=500)
+    probe = {"target_s_by_n": {"1": 0.2, "2": 0.22, "6": 0.24}, "draft_s": 0.1}
+    curve, src, t_draft = cost_inputs(sm, probe)
+    assert curve == {1: 0.2, 2: 0.22, 6: 0.24} and set(src.values()) == {"probe"}
+    assert t_draft == 0.1
+    curve, src, t_draft = cost_inputs(sm, None)
+    assert curve == {1: 0.5, 6: 0.36} and set(src.values()) == {"requests"}  # n = 2: 3 forwards
+    assert t_draft == 0.3
