@@ -248,24 +248,21 @@ class Controller:
         from autospec.store import queries
 
         try:
-            pair = self.telemetry.pair
             with self.store.session() as s:
-                ids = [p.id for p in queries.pairs(s) if (p.target, p.draft, p.dtype,
-                       p.hardware) == (pair.target, pair.draft, pair.dtype, pair.hardware)]
-                if not ids:
+                pid = queries.pair_id(s, self.telemetry.pair)
+                if pid is None:
                     return
-                sums = queries.category_summaries(s, category=category, pair_id=ids[0])
-                probe = queries.latest_probe(s, ids[0])
-            t_target = dict(probe.payload.get("target_s_by_n", {})) if probe else {}
+                sums = queries.category_summaries(s, category=category, pair_id=pid)
+                # costs from one source (the probe if any, else well-measured live points),
+                # so their ratios hold; live timings then replace them as they come in
+                t_draft, t_target, _ = queries.measured_costs(s, pid, category)
             if sums:
                 sm = sums[0]
-                t_target.update(sm.t_target_s_by_n)
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
-                                t_draft=sm.t_draft_s, t_target=t_target,
+                                t_draft=t_draft, t_target=t_target,
                                 bandwidth_utilisation=sm.bandwidth_utilisation)
             elif t_target:
-                live.warm_start([], [], t_target=t_target,
-                                t_draft=probe.payload.get("draft_s"))
+                live.warm_start([], [], t_target=t_target, t_draft=t_draft)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 

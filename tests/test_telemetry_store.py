@@ -115,3 +115,29 @@ def test_text_is_stored_only_when_opted_in(models, tmp_path):
         row = queries.recent_requests(s, limit=1)[0]
     assert row.output_text == tok.decode(out[0, 10:])
     assert row.prompt_text == tok.decode(out[0, :10])
+
+
+def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_path):
+    """History warms acceptance; T_t(n) and T_d come from the probe when one is stored (never
+    a probe/live mix), else only from live points with enough forwards behind them."""
+    from autospec.store import add_probe
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    target = tiny("llama", sharpen=30.0)
+    spec = autospec.Controller(target, target, store=url)  # the draft is the target: α = 1
+    for _ in range(5):  # 5 × 5 verifications of 4 tokens after the prefill: ≥ 16
+        spec.generate(prompt(), max_new_tokens=24, do_sample=False, k=3, eos_token_id=None)
+    spec.close()
+    fresh = autospec.Controller(target, target, store=url, policy="auto")
+    live = fresh.live_stats("default")
+    fresh.close()
+    assert live.acceptance(0)[0] > 0.9  # acceptance history carried over
+    # no probe: T_t(4) (k = 3, dozens of forwards) counts; the prefill-sized ones do not
+    assert 4 in live.t_target and all(n != 1 for n in live.t_target)
+    with open_store(url) as store, store.begin() as s:
+        add_probe(s, spec.telemetry.pair, {"target_s_by_n": {"1": 0.01, "4": 0.011},
+                                           "draft_s": 0.002})
+    fresh = autospec.Controller(target, target, store=url, policy="auto")
+    live = fresh.live_stats("default")
+    fresh.close()
+    assert live.t_target == {1: 0.01, 4: 0.011} and live.t_draft == 0.002
