@@ -206,6 +206,7 @@ class CategoryResult:
     seconds: float = 0.0
     kept_default: bool = False  # the best lost on the held-back part: the default is written
     note: str = ""
+    provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -331,7 +332,7 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
                     s, category=cat, pair_id=pid, family=family, params=params,
                     tokens_per_s=res.train_tokens_per_s,
                     baseline_tokens_per_s=res.baseline_train_tokens_per_s,
-                    provenance=res._provenance)  # type: ignore[attr-defined]
+                    provenance=res.provenance)
         res.seconds = time.perf_counter() - t0
         results.append(res)
     return results
@@ -461,7 +462,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         res.note = (f"the best trial lost on the held-back traffic "
                     f"({res.holdout_tokens_per_s / res.baseline_holdout_tokens_per_s:.3f}× the "
                     "default): the default stays in force")
-    res._provenance = {  # type: ignore[attr-defined]
+    res.provenance = {
         "study": name, "trial": best.number, "trials": res.trials,
         "storage": store.url, "window": window.describe(),
         "pair": {"target": pair.target, "draft": pair.draft, "dtype": pair.dtype},
