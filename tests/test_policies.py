@@ -160,3 +160,55 @@ def test_costmodel_finds_an_optimum_hidden_behind_a_step_in_the_cost_curve():
     simulate(traffic(0.93, 20), policy, step, k_max=8)
     late = simulate(traffic(0.93, 20, seed=1), policy, step, k_max=8)
     assert late.k_counts.most_common(1)[0][0] == 2 and late.speedup >= 0.95 * s_star
+
+
+def _timed(alpha_blocks: int = 0, alpha: float = 0.0) -> LiveStats:
+    """LiveStats with a flat measured cost curve (T_d = 0.2 · T_t) and some acceptance."""
+    live = LiveStats()
+    live.warm_start([], [], t_draft=0.02, t_target={n: 0.1 for n in range(1, 18)})
+    rng = random.Random(0)
+    for _ in range(alpha_blocks):  # blocks of 8, each token accepted with probability alpha
+        m = 0
+        while m < 8 and rng.random() < alpha:
+            m += 1
+        live.observe(8, m, 0.16, 0.1)
+    return live
+
+
+def test_costmodel_tunable_parameters_do_what_they_say():
+    live = _timed(200, 0.9)
+    ctx = Context(category="c", k_max=16, live=live)
+    free = CostModelPolicy().choose(ctx)
+    assert free > 3
+    assert CostModelPolicy(k_cap=3).choose(ctx) == 3  # a cap
+    # the k = 0 switch point: S(k*) here is well below 1 + 5, so it decodes plainly
+    k_star, s_star = best_k(live.acceptance_curve(16), 0.02, {1: 0.1, 17: 0.1}, 16)
+    assert CostModelPolicy(min_gain=s_star - 1 + 0.01).choose(ctx) == 0
+    assert CostModelPolicy(min_gain=s_star - 1 - 0.01).choose(ctx) == k_star
+    # z > 0 reads acceptance optimistically (≥ the mean's k), z < 0 cautiously
+    assert CostModelPolicy(z=2.0).choose(ctx) >= free >= CostModelPolicy(z=-2.0).choose(ctx)
+
+
+def test_costmodel_cold_start_uses_the_requests_acceptance_forecast():
+    ctx = Context(category="new", k_max=16, live=_timed())  # timings known, no acceptance yet
+    policy = CostModelPolicy()
+    high = policy.choose(Context(category="new", k_max=16, live=ctx.live, predicted_alpha=0.95))
+    low = policy.choose(Context(category="new", k_max=16, live=ctx.live, predicted_alpha=0.05))
+    assert high == best_k(0.95, 0.02, {1: 0.1, 17: 0.1}, 16)[0] and high > 4
+    assert low == 0
+    # with evidence the forecast is ignored: the category's own acceptance decides
+    warm = _timed(200, 0.75)
+    assert policy.choose(Context(category="w", k_max=16, live=warm, predicted_alpha=0.05)) > 0
+
+
+def test_costmodel_with_its_own_discount_keeps_its_own_statistics():
+    live = _timed(50, 0.75)
+    policy = CostModelPolicy(discount=0.9)
+    ctx = Context(category="c", k_max=16, live=live)
+    before = policy.choose(ctx)
+    assert before > 0
+    for _ in range(40):  # the draft stops matching: its own fast-forgetting stats see it
+        policy.update(ctx, 4, Outcome(drafted=4, accepted=0, draft_time_s=0.08,
+                                      target_time_s=0.1))
+    assert policy.choose(ctx) == 0
+    assert live.acceptance(0)[0] > 0.5  # the controller's statistics were not touched
