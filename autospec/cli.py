@@ -12,6 +12,7 @@ import math
 import sys
 import time
 
+from autospec.cliargs import positive_int as _positive
 from autospec.textfmt import fmt as _fmt
 from autospec.textfmt import table
 
@@ -31,16 +32,6 @@ def _k_value(text: str) -> int:
     if not 0 <= k <= _K_LIMIT:
         raise argparse.ArgumentTypeError(f"must be in 0..{_K_LIMIT} (0 = plain decoding)")
     return k
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
 
 
 def _ranged(low: float, high: float, *, low_open: bool = True):

@@ -9,49 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 
+from autospec.cliargs import fraction as _fraction
+from autospec.cliargs import parse_when
+from autospec.cliargs import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
 __all__ = ["add_parser", "run", "run_fit", "run_show", "parse_when"]
-
-
-def parse_when(text: str) -> datetime | float:
-    """A Unix time (seconds) or an ISO date/time; without a zone it is read as UTC."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    s = text.strip()
-    if s.endswith(("Z", "z")):
-        s = s[:-1] + "+00:00"
-    try:
-        t = datetime.fromisoformat(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a Unix time nor an ISO date/time (e.g. 2025-06-01 or "
-            "2025-06-01T12:00:00+02:00)") from None
-    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from autospec.cli_categorize import _fraction, _positive_int, parse_when
+from autospec.cliargs import fraction as _fraction
+from autospec.cliargs import parse_when
+from autospec.cliargs import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
 __all__ = ["add_commands"]
