@@ -12,6 +12,7 @@ import math
 import sys
 import time
 
+from autospec.cliargs import die
 from autospec.cliargs import positive_int as _positive
 from autospec.textfmt import fmt as _fmt
 from autospec.textfmt import table
@@ -156,7 +157,7 @@ def _setup(args) -> dict:
     try:
         device = torch.device(device)
     except RuntimeError as e:
-        raise SystemExit(f"autospec: error: --device: {e}") from None
+        die(f"--device: {e}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     elif device.type == "cpu":
@@ -185,7 +186,7 @@ def _load(args, parser, env):
             pair = models.load_pair(name, dtype=env["dtype"], cache=args.cache)
             target, draft, tok, dtok = pair.target, pair.draft, pair.tokenizer, None
     except (OSError, ValueError, RuntimeError) as e:
-        raise SystemExit(f"autospec: error: cannot load the models: {e}") from None
+        die(f"cannot load the models: {e}")
     return target.to(env["device"]), draft.to(env["device"]), tok, dtok
 
 
@@ -217,7 +218,7 @@ def _cmd_generate(args, parser) -> int:
                              k_max=max(16, args.k))
         ids = encode_prompt(tok, Prompt("cli", args.prompt, args.chat)).to(env["device"])
     except ValueError as e:
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     gen = None
     if args.sample and args.seed is not None:
         gen = torch.Generator(env["device"]).manual_seed(args.seed)
@@ -227,7 +228,7 @@ def _cmd_generate(args, parser) -> int:
         out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generator=gen,
                               streamer=streamer, **_gen_kwargs(args))
     except ValueError as e:  # e.g. a prompt longer than the target's context
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     wall = time.perf_counter() - t0
     new = out.shape[1] - ids.shape[1]
     if not args.stream:
@@ -335,7 +336,7 @@ def _cmd_bench(args, parser) -> int:
                       if k in ("temperature", "top_p", "top_k")},
             warmup=not args.no_warmup, draft_tokenizer=dtok, store=args.db)
     except ValueError as e:  # e.g. chat prompts without a chat template, a bad --db (StoreError)
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     print(format_table(result))
     if args.json:
         result.write_json(args.json)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from autospec.cliargs import die
 from autospec.textfmt import fmt, human_bytes, table
 
 __all__ = ["add_commands", "estimate_speedup"]
@@ -62,7 +63,7 @@ def _cmd_stats(args, parser) -> int:
     try:
         store = open_store(args.db)
     except StoreError as e:
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     with store, store.session() as s:
         summaries = queries.category_summaries(s, category=args.category)
         probes = {sm.pair.id: queries.latest_probe(s, sm.pair.id) for sm in summaries}
@@ -134,7 +135,7 @@ def _cmd_probe(args, parser) -> int:
         try:
             store = open_store(args.db)
         except StoreError as e:
-            raise SystemExit(f"autospec: error: {e}") from None
+            die(str(e))
     target, draft, _, _ = _load(args, parser, env)
     with tqdm(total=args.max_n + 1, desc="probe", unit="point", file=sys.stderr) as bar:
         res = probe(target, draft, context=args.context, max_n=args.max_n,

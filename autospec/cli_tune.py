@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from autospec.cliargs import die, parse_when
 from autospec.cliargs import fraction as _fraction
-from autospec.cliargs import parse_when
 from autospec.cliargs import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
@@ -70,7 +70,7 @@ def _cmd_tune(args, parser) -> int:
     try:
         store = open_store(args.db)
     except StoreError as e:
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     bars: dict[str, tqdm] = {}
 
     def progress(category: str, done: int, total: int) -> None:
@@ -91,7 +91,7 @@ def _cmd_tune(args, parser) -> int:
                            families=families, k_max=args.k_max, seed=args.seed,
                            progress=progress, write=not args.dry_run, costs_from=args.costs)
     except TuneError as e:
-        raise SystemExit(f"autospec: error: {e}") from None
+        die(str(e))
     finally:
         for bar in bars.values():
             bar.close()

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import datetime, timezone
+from typing import NoReturn
 
-__all__ = ["parse_when", "positive_int", "fraction"]
+__all__ = ["parse_when", "positive_int", "fraction", "die"]
+
+
+def die(message: str) -> NoReturn:
+    """``autospec: error: …`` on stderr and exit status 2, as argparse does for bad input."""
+    print(f"autospec: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def parse_when(text: str) -> datetime | float:

@@ -213,3 +213,15 @@ def test_a_result_that_loses_on_held_back_traffic_keeps_the_default(tmp_path):
         assert (row.family, row.params["discount"]) == ("costmodel", 0.995)  # the default
         assert row.provenance["kept_default"] is True
         assert row.provenance["best"] == {"family": "fixed", "params": res.params}
+
+
+@pytest.mark.parametrize("command", ["tune", "stats", "report"])
+def test_an_unusable_store_url_is_a_clear_error_with_status_2(command, capsys):
+    from autospec.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        code = main([command, "--db", "sqlite:////proc/autospec-no-such-dir/x.db"])
+        raise SystemExit(code)  # report returns its status instead of raising
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "autospec: error: cannot create the directory for the store file" in err
