@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autospec.policies.tuned import FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
 from autospec.simulate import Costs, SimResult, simulate
 from autospec.store.records import UNOBSERVED
@@ -39,7 +40,7 @@ __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAUL
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("costmodel", "bandit", "fixed")
+FAMILIES = tuple(POLICY_FAMILIES)  # every family a tuned row can name
 # the untuned "auto" policy, as a trial (trial 0 of every study)
 DEFAULT_PARAMS: dict[str, Any] = {"family": "costmodel", "costmodel.k_cap": None,
                                   "costmodel.z": 0.0, "costmodel.min_gain": 0.0,
