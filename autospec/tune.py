@@ -246,21 +246,27 @@ def _objective(window: Window, costs: Costs, k_max: int, families, seed: int):
 
 def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
               timeout: float | None, k_max: int, families, seed: int,
-              callback: Callable | None = None) -> None:
+              callback: Callable | None = None, shared: bool = False) -> None:
     """One worker: trials until the study holds ``trials`` finished ones (all workers
-    together) or ``timeout`` passes."""
+    together) or ``timeout`` passes. The sampler's seed is ``seed`` (each spawned worker gets
+    its own), so one job on one window is reproducible; a process that joins a study other
+    processes work on (``shared``, or trials already there) mixes in its pid so that it does
+    not replay their random start-up trials."""
     import optuna
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    study = optuna.load_study(study_name=name, storage=_storage(url),
-                              sampler=optuna.samplers.TPESampler(seed=seed + os.getpid()))
-    callbacks = [MaxTrialsCallback(trials, states=(TrialState.COMPLETE, TrialState.FAIL))]
-    if callback is not None:
-        callbacks.append(callback)
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+    finished = (TrialState.COMPLETE, TrialState.FAIL)
+    study = optuna.load_study(study_name=name, storage=_storage(url))
+    done = len(study.get_trials(deepcopy=False, states=finished))
     if done >= trials:
         return
+    if shared or done:
+        seed = hash((seed, socket.gethostname(), os.getpid())) % 2**31
+    study.sampler = optuna.samplers.TPESampler(seed=seed)
+    callbacks = [MaxTrialsCallback(trials, states=finished)]
+    if callback is not None:
+        callbacks.append(callback)
     study.optimize(_objective(window, costs, k_max, families, seed), timeout=timeout,
                    callbacks=callbacks, gc_after_trial=False)
 
@@ -416,7 +422,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     try:
         count(st)
         _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
-                  families=families, seed=seed, callback=count)
+                  families=families, seed=seed, callback=count, shared=study is not None)
     finally:
         for p in procs:
             p.join()

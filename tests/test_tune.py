@@ -17,7 +17,7 @@ from autospec.policies import Context, LiveStats, TunedPolicy, as_policy
 from autospec.policies.costmodel import best_k
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
 from autospec.store.records import TRACE_GREEDY
-from autospec.tune import TuneError, tune
+from autospec.tune import DEFAULT_PARAMS, TuneError, params_of, tune
 
 from test_store import fresh_url
 
@@ -88,9 +88,19 @@ def test_tuned_beats_or_matches_the_default_and_is_stored_with_provenance(tmp_pa
             rows = {t.category: t for t in queries.tuned_params(s)}
             pid = queries.pair_id(s, PAIR)
         assert set(rows) == {"code", "chat"}
+        for cat, r in results.items():
+            row = rows[cat]
+            assert row.pair_id == pid
+            best = {"family": r.family, "params": r.params}
+            if r.kept_default:  # lost on the held-back part: the default is in force
+                assert r.holdout_tokens_per_s < r.baseline_holdout_tokens_per_s
+                assert (row.family, row.params) == params_of(DEFAULT_PARAMS)
+                assert row.provenance["best"] == best
+            else:
+                assert r.holdout_tokens_per_s >= r.baseline_holdout_tokens_per_s
+                assert {"family": row.family, "params": row.params} == best
+                assert row.provenance["best"] is None
         row = rows["code"]
-        assert row.pair_id == pid and row.family == results["code"].family
-        assert row.params == results["code"].params
         prov = row.provenance
         assert prov["study"] == results["code"].study and prov["trial"] == results["code"].best_trial
         assert prov["hardware"] == PAIR.hardware and prov["pair"]["target"] == PAIR.target
