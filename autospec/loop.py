@@ -38,8 +38,10 @@ from autospec.runners import Forward, crop_cache, new_cache, open_runner, resolv
 from autospec.sampling import (
     SamplingConfig,
     block_presence,
+    invalid_probs,
     logits_to_probs,
     process_logits,
+    raise_invalid_probs,
     sample,
     seen_tokens,
 )
@@ -332,11 +334,16 @@ class _Loop:
         self.t_len = n + k
         t_end = self.clock.mark()
 
-        # 4. The iteration's one host sync
+        # 4. The iteration's one host sync (with, when sampling, multinomial's validity check
+        # that `sample` leaves out: NaN probabilities would otherwise pass as tokens)
         parts = [num_acc, nxt, d_toks[0], block_trace]
         if catch_up_trace is not None:
             parts.append(catch_up_trace)
+        if not self.greedy:
+            parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
+        if not self.greedy and vals.pop():
+            raise_invalid_probs(p, q, gen)
         m, nxt_id = vals[0], vals[1]
         proposed, block_vals = vals[2 : 2 + k], vals[2 + k : 2 + 2 * k]
         if catch_up_trace is not None:

@@ -145,3 +145,27 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     validity check, a host sync per call that would stall a GPU every draft token."""
     race = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / race).argmax(dim=-1)
+
+
+def invalid_probs(*probs: torch.Tensor | None) -> torch.Tensor:
+    """A 1-element long tensor, 1 when any of ``probs`` holds NaN, inf or a negative value:
+    ``torch.multinomial``'s validity check, computed on the device so that it can ride on a
+    sync the caller makes anyway instead of costing one per draw."""
+    given = [p for p in probs if p is not None]
+    flags = [((p < 0) | ~torch.isfinite(p)).any() for p in given if p.numel()]
+    if not flags:
+        return torch.zeros(1, dtype=torch.long, device=given[0].device if given else None)
+    return torch.stack(flags).any().to(torch.long)[None]
+
+
+def raise_invalid_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                        position: int) -> None:
+    """The error ``generate`` would give (its ``torch.multinomial`` refuses such rows), naming
+    the model whose distribution is broken."""
+    which = [name for name, p in (("target", target_probs), ("draft", draft_probs))
+             if p is not None and p.numel() and bool(invalid_probs(p))]
+    raise RuntimeError(
+        f"the {' and '.join(which) or 'sampling'} model's next-token probabilities contain NaN, "
+        f"inf or a negative value at generated token {position} (torch.multinomial, which "
+        "generate samples with, refuses them too). Usually the logits overflowed: load the "
+        "model in bfloat16 or float32 rather than float16, or check its weights for NaN.")

@@ -98,3 +98,27 @@ def test_torch_manual_seed_governs_sampling_like_generate(sampled_pair):
 
     assert torch.equal(run(5), run(5))
     assert any(not torch.equal(run(5), run(s)) for s in (6, 7, 8))
+
+
+@pytest.mark.parametrize("broken", ["target", "draft"])
+def test_nan_probabilities_raise_as_generate_does(broken):
+    """`sample` skips multinomial's per-draw validity sync; the loop checks on its own sync
+    instead, so a model whose distribution is NaN fails loudly (as generate does), naming it,
+    rather than emitting arbitrary tokens."""
+    target = tiny("llama", vocab=V, sharpen=25.0, seed=3)
+    draft = noisy_copy(target, 1.0, seed=4)
+    ids = prompt(6, seed=2, vocab=V)
+    with torch.no_grad():
+        (target if broken == "target" else draft).lm_head.weight[5, 0] = float("nan")
+    if broken == "target":  # generate itself refuses this model
+        with pytest.raises(RuntimeError, match="probability tensor"):
+            target.generate(ids, max_new_tokens=4, do_sample=True, eos_token_id=None)
+    spec = autospec.Controller(target, draft, store=False)
+    with pytest.raises(RuntimeError, match=f"the {broken} model's next-token probabilities "
+                                           "contain NaN"):
+        spec.generate(ids, max_new_tokens=4, do_sample=True, eos_token_id=None, k=2)
+    # greedy needs no probabilities: argmax of a NaN row is what generate does as well
+    if broken == "draft":
+        out = spec.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None, k=2)
+        assert torch.equal(out, target.generate(ids, max_new_tokens=4, do_sample=False,
+                                                eos_token_id=None))
