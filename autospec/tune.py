@@ -272,14 +272,20 @@ def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
 
 
 def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max, families,
-            seed):  # a child process: its own connections, its own copy of the window
+            seed, ready, go):  # a child process: its own connections, its own copy of the window
     from autospec.store import open_store
 
     optuna_quiet()
     with open_store(url) as store, store.session() as s:
         window = load_window(s, category, pair_id, pinned=pinned)
+    ready.release()
+    go.wait(_START_WAIT_S)
     _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
               families=families, seed=seed)
+
+
+# how long --workers waits for its processes to start before it begins without them
+_START_WAIT_S = 120.0
 
 
 def optuna_quiet() -> None:
@@ -412,13 +418,27 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
 
     procs = []
     if workers > 1:
+        # the workers start together: a spawned process takes seconds to import what it needs,
+        # and a short study would otherwise be over before it joined
         ctx = multiprocessing.get_context("spawn")
+        ready, go = ctx.Semaphore(0), ctx.Event()
         for w in range(1, workers):
             p = ctx.Process(target=_worker, args=(url, name, cat, pid, window.pinned, costs,
-                                                  trials, timeout, k_max, families, seed + w),
-                            daemon=True)
+                                                  trials, timeout, k_max, families, seed + w,
+                                                  ready, go), daemon=True)
             p.start()
             procs.append(p)
+        deadline = time.monotonic() + _START_WAIT_S
+        started = 0
+        while started + sum(not p.is_alive() for p in procs) < len(procs):  # dead: failed
+            if ready.acquire(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+                started += 1
+            elif time.monotonic() >= deadline:
+                log.warning("autospec tune: %d of %d worker processes not ready after %.0f s; "
+                            "starting without waiting", len(procs) - started, len(procs),
+                            _START_WAIT_S)
+                break
+        go.set()
     try:
         count(st)
         _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,

@@ -3,6 +3,7 @@ optimum is known in closed form, and the live "tuned" policy following the store
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -126,23 +127,42 @@ def test_thin_or_empty_traffic_is_refused_not_optimised(tmp_path):
 
 
 def test_two_processes_share_one_study_on_one_sqlite_url(tmp_path):
-    """Two `autospec tune` processes with the same --study on one SQLite file: both add
-    trials to the one study, and the total is the asked-for count."""
+    """`autospec tune` processes with the same --study on one SQLite file: run together they
+    stop at the asked-for count between them (not twice it); one that joins later replays the
+    same pinned window and costs and adds its own trials to the same study."""
     db = tmp_path / "shared.db"
-    make_store(db, {"code": (0.8, 400)}).close()  # big enough that trials take a while
+    make_store(db, {"code": (0.8, 200)}).close()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "autospec.cli", "tune", "--db", str(db), "--category", "code",
-           "--study", "shared-study", "--trials", "24", "--json"]
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-2000:]
-    study = optuna.load_study(study_name="shared-study", storage=f"sqlite:///{db}")
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    workers = {t.user_attrs["worker"] for t in done}
-    assert len(workers) == 2, workers
+
+    def cmd(study, trials):
+        return [sys.executable, "-m", "autospec.cli", "tune", "--db", str(db), "--category",
+                "code", "--study", study, "--trials", str(trials), "--json"]
+
+    def run(*cmds):
+        procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for c in cmds]
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (_out, err) in zip(procs, outs):
+            assert p.returncode == 0, err[-2000:]
+        return [json.loads(out) for out, _err in outs]
+
+    def complete(study):
+        st = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
+        return st, [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+    run(cmd("together", 24), cmd("together", 24))
+    _st, done = complete("together")
     assert 24 <= len(done) <= 26  # each process stops at the shared limit (± one in flight)
+
+    (first,) = run(cmd("joined", 10))
+    (second,) = run(cmd("joined", 20))
+    st, done = complete("joined")
+    assert len(done) == 20 and len({t.user_attrs["worker"] for t in done}) == 2
+    # the joiner scored the window and costs the study pinned, not ones of its own
+    assert first[0]["study"] == second[0]["study"] == "joined"
+    assert first[0]["costs"] == second[0]["costs"] and first[0]["traces"] == second[0]["traces"]
+    assert second[0]["train_tokens_per_s"] >= first[0]["train_tokens_per_s"]
+    assert st.best_value == pytest.approx(second[0]["train_tokens_per_s"])
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
