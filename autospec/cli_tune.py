@@ -116,7 +116,10 @@ def _cmd_tune(args, parser) -> int:
             fmt(gain, ".3f") + "x" if gain else "-",
             f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
         notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
-                     + (f"\n  {r.note}" if r.note else ""))
+                     + (f"\n  {r.note}" if r.note else "")
+                     + ("" if r.early_stop_searched else
+                        "\n  early-stop threshold not searched: these traces carry no draft "
+                        "confidence (logged before store schema 0003)"))
     print(table(["category", "pair", "traces (tune+held)", "best", "tok/s tuned vs auto",
                  "held-back tuned vs auto", "held-back gain", "plain tok/s"], rows, left=3))
     print("\n" + "\n".join(notes))

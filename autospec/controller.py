@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from autospec.loop import LoopStats, speculative_generate
-from autospec.policies.base import Policy, as_policy
+from autospec.policies.base import Policy, as_policy, early_stop_of
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 from autospec.sampling import SamplingConfig
@@ -408,7 +408,9 @@ class _WithForecast:
     def __init__(self, inner, alpha: float):
         self.inner, self.alpha = inner, float(alpha)
         self.name = getattr(inner, "name", str(inner))
-        self.early_stop = getattr(inner, "early_stop", None)
+
+    def early_stop_for(self, category: str) -> float | None:
+        return early_stop_of(self.inner, category)
 
     def choose(self, context) -> int:
         return self.inner.choose(replace(context, predicted_alpha=self.alpha))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autospec.policies.base import Context, Outcome, Policy
+from autospec.policies.base import Context, Outcome, Policy, early_stop_of, stops_drafting
 from autospec.runners import Forward, crop_cache, new_cache, open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
@@ -78,6 +78,7 @@ class LoopStats:
     accepted_schedule: list[int] = field(default_factory=list)  # per iteration, with k_schedule
     trace: bytes = b""  # acceptance trace, one byte per generated token (autospec.telemetry)
     trace_kind: str = ""
+    confidence: bytes = b""  # the draft's top probability per generated token (telemetry.Trace)
     wall_s: float = 0.0
     started_at: float = 0.0  # time.time() at the start, for matching NVML samples
     stop_reason: str = ""
@@ -170,7 +171,7 @@ class _Loop:
         self.criteria, self.streamer = stopping_criteria, streamer
         self.category, self.k_max, self.live = category, k_max, live
         # draft-side early stopping (depends only on the draft's own distribution: exact)
-        self.early_stop = getattr(policy, "early_stop", None)
+        self.early_stop = early_stop_of(policy, category)
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
@@ -234,11 +235,12 @@ class _Loop:
         return max(k, 0)
 
     def draft_block(self, k: int, gen: int):
-        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, trace values for
-        already generated positions the catch-up forward scored)."""
+        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's top
+        probability per proposed token [k], (trace values, confidences) for already generated
+        positions the catch-up forward scored, or None)."""
         buf, n = self.buf, self.n
         d_toks = torch.empty(1, k, dtype=torch.long, device=self.device)
-        q_list = []
+        q_list, conf = [], []
         feed = buf[:, self.d_len : n]
         # catch-up rows whose predictions are generated tokens already known: trace material
         known = min(max(0, n - max(self.L, self.d_len + 1)), TRACE_CATCH_UP_MAX)
@@ -263,40 +265,43 @@ class _Loop:
             s = self.process(raw, gen + i, d_seen)
             if self.greedy:
                 tok = s[:, 0].argmax(dim=-1)  # [1]
+                top = s[0, 0].softmax(dim=-1).max()
             else:
                 q = logits_to_probs(s, self.sampling)  # [1, 1, V]
                 q_list.append(q)
                 tok = sample(q[:, 0], self.generator)  # [1]
+                top = q[0, 0].max()
+            conf.append(top)
             d_toks[:, i] = tok
             if d_seen is not None:
                 d_seen[0, tok] = True
             feed = d_toks[:, i : i + 1]
-            if self.early_stop is not None and i + 1 < k and self.stop_drafting(s):
+            if (self.early_stop is not None and i + 1 < k
+                    and stops_drafting(int(quantize_beta(top)), self.early_stop)):
                 timed -= k - i - 1
                 k = i + 1  # a sync per draft token: the price of this option on a GPU
                 d_toks = d_toks[:, :k]
                 break
         self.timings.append(("draft", timed, t0, self.clock.mark()))
         self.d_len = n + k - 1
-        return d_toks, (torch.cat(q_list, dim=1) if q_list else None), catch_up_trace
+        conf_t = quantize_beta(torch.stack(conf)) if conf else d_toks[0]
+        return d_toks, (torch.cat(q_list, dim=1) if q_list else None), conf_t, catch_up_trace
 
-    def stop_drafting(self, scores) -> bool:
-        """The draft's confidence in its last token fell below the threshold (AdaEDL/DISCO
-        style): what follows is unlikely to be accepted."""
-        top = scores[0, 0].softmax(dim=-1).max()
-        return float(top) < self.early_stop
-
-    def trace_catch_up(self, raw, first_gen: int) -> torch.Tensor:
-        """Trace values for generated positions first_gen … from the draft's catch-up rows."""
+    def trace_catch_up(self, raw, first_gen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(trace values, quantized draft confidences) for generated positions first_gen …
+        from the draft's catch-up rows: it predicted them from the target's own prefix.
+        Early stopping stops when the draft's top probability (this confidence) falls below
+        its threshold (AdaEDL/DISCO style), so replay can apply any threshold to it."""
         s = self.process(raw, first_gen, None)
         count = raw.shape[1]
+        probs = s[0].softmax(dim=-1)  # [count, V]; the draft's distribution either way
+        conf = quantize_beta(probs.max(dim=-1).values)
         if self.greedy:
             truth = self.buf[0, self.L + first_gen : self.L + first_gen + count]
-            return (s[0].argmax(dim=-1) == truth).to(torch.int64)
+            return (s[0].argmax(dim=-1) == truth).to(torch.int64), conf
         if self.p_bonus is None or count != 1:
-            return torch.full((count,), 255, dtype=torch.int64, device=self.device)
-        q = logits_to_probs(s, self.sampling)[0, 0]
-        return quantize_beta(torch.minimum(self.p_bonus, q).sum())[None]
+            return torch.full((count,), 255, dtype=torch.int64, device=self.device), conf
+        return quantize_beta(torch.minimum(self.p_bonus, probs[0]).sum())[None], conf
 
     def step(self) -> None:
         stats, buf, n = self.stats, self.buf, self.n
@@ -309,10 +314,11 @@ class _Loop:
         # 1. Draft k tokens (k = 0: nothing; the draft catches up when drafting resumes)
         q = catch_up_trace = None
         if k > 0:
-            d_toks, q, catch_up_trace = self.draft_block(k, gen)
+            d_toks, q, block_conf, catch_up_trace = self.draft_block(k, gen)
             k = d_toks.shape[1]  # early stopping may have drafted fewer
         else:
             d_toks = torch.empty(1, 0, dtype=torch.long, device=self.device)
+            block_conf = d_toks[0]
 
         # 2. Score catch-up + drafts in one target forward
         t0 = self.clock.mark()
@@ -336,20 +342,24 @@ class _Loop:
 
         # 4. The iteration's one host sync (with, when sampling, multinomial's validity check
         # that `sample` leaves out: NaN probabilities would otherwise pass as tokens)
-        parts = [num_acc, nxt, d_toks[0], block_trace]
+        parts = [num_acc, nxt, d_toks[0], block_trace, block_conf]
         if catch_up_trace is not None:
-            parts.append(catch_up_trace)
+            parts += catch_up_trace  # (values, confidences)
         if not self.greedy:
             parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
         if not self.greedy and vals.pop():
             raise_invalid_probs(p, q, gen)
         m, nxt_id = vals[0], vals[1]
-        proposed, block_vals = vals[2 : 2 + k], vals[2 + k : 2 + 2 * k]
+        proposed = vals[2 : 2 + k]
+        block_vals, block_conf_vals = vals[2 + k : 2 + 2 * k], vals[2 + 2 * k : 2 + 3 * k]
         if catch_up_trace is not None:
-            cu = vals[2 + 2 * k :]
-            self.trace.put(gen - len(cu), cu)
-        self.trace.put(gen, block_vals[: min(m + 1, k)])  # past the first rejection: off-prefix
+            cu = vals[2 + 3 * k :]
+            half = len(cu) // 2
+            self.trace.put(gen - half, cu[:half], cu[half:])
+        # past the first rejection the draft ran off the target's prefix: not trace material
+        on_prefix = min(m + 1, k)
+        self.trace.put(gen, block_vals[:on_prefix], block_conf_vals[:on_prefix])
         self.p_bonus = p[:, k].squeeze(0) if not self.greedy and k and m == k else None
         what = "target_prefill" if stats.iterations == 0 else "target"
         self.timings.append((what, k + 1, t0, t_end, cached))
@@ -424,6 +434,7 @@ class _Loop:
         stats = self.stats
         stats.new_tokens = self.n - self.L
         stats.trace = self.trace.finish(stats.new_tokens)
+        stats.confidence = self.trace.finish_confidence(stats.new_tokens)
         # one pass over the clock marks (on CUDA the events completed at the last sync)
         for what, count, a, b, *rest in self.timings:
             sec = self.clock.seconds(a, b)

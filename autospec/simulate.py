@@ -14,28 +14,70 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.store.records import UNOBSERVED
+from autospec.store.records import TRACE_GREEDY, UNOBSERVED
 
-__all__ = ["replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate"]
+__all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate"]
+
+
+def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
+                 early_stop: float | None = None,
+                 rng: random.Random | None = None) -> tuple[int, int, bool]:
+    """One block of k drafted from generated position g, replayed: (drafted, accepted,
+    whether it ran into an unobserved position, counted as a rejection there).
+
+    Greedy traces replay exactly. Sampled ones draw each acceptance from its recorded β with
+    ``rng``. With ``early_stop`` and the request's ``confidence`` bytes, drafting stops where
+    the live loop's rule (``policies.base.stops_drafting``) would: token i's confidence is
+    recorded when tokens 0…i−1 were accepted (the draft ran on the target's prefix). Past the
+    first rejection the live draft runs off that prefix, where nothing was recorded: replay
+    assumes it drafts on, which can only overcount draft cost, never the accepted count."""
+    m, rejected, unobserved = 0, False, False
+    for i in range(k):
+        c = UNOBSERVED
+        if not rejected:
+            v = trace[g + i]
+            if v == UNOBSERVED:
+                unobserved = rejected = True
+            elif v == 1 if kind == TRACE_GREEDY else _draw(rng) < v / 254:
+                m += 1
+            else:
+                rejected = True
+            if confidence is not None:
+                c = confidence[g + i]
+        if early_stop is not None and i + 1 < k and stops_drafting(c, early_stop):
+            return i + 1, m, unobserved
+    return k, m, unobserved
+
+
+def _draw(rng: random.Random | None) -> float:
+    if rng is None:
+        raise ValueError("replaying a sampled trace draws acceptances: pass rng")
+    return rng.random()
 
 
 def replay_greedy(trace: bytes | Sequence[int], k: int | Callable[[int], int],
-                  max_new_tokens: int | None = None) -> list[int]:
+                  max_new_tokens: int | None = None, *, confidence=None,
+                  early_stop: float | None = None, drafted: list[int] | None = None
+                  ) -> list[int]:
     """Accepted count per iteration when blocks of k (or k(g) at generated position g) run
-    over this request. Stops at the first block that reaches an unobserved position."""
+    over this request, with optional early stopping on the recorded ``confidence``. Stops at
+    the first block whose outcome is unknown (it reaches an unobserved position before its
+    first rejection). ``drafted``: a list to receive the drafted count per iteration."""
     choose = k if callable(k) else (lambda g, _k=k: _k)
     total = len(trace) if max_new_tokens is None else min(max_new_tokens, len(trace))
     accepted: list[int] = []
     g = 0
     while g < total:
         kk = max(0, min(int(choose(g)), total - g - 1))
-        m = 0
-        while m < kk and trace[g + m] == 1:
-            m += 1
-        if m < kk and trace[g + m] == UNOBSERVED:
+        d, m, unknown = replay_block(TRACE_GREEDY, trace, g, kk, confidence=confidence,
+                                     early_stop=early_stop)
+        if unknown:
             break  # the block's outcome is unknown past here
         accepted.append(m)
+        if drafted is not None:
+            drafted.append(d)
         g += m + 1
     return accepted
 
@@ -98,24 +140,21 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     lives = {} if live is None else live
     res = SimResult()
     for row in traces:
-        kind, trace = (row if isinstance(row, tuple) else (row.trace_kind, row.trace))[:2]
+        if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
+            kind, trace, conf = (*row, None)[:3]
+        else:
+            kind, trace, conf = row.trace_kind, row.trace, getattr(row, "confidence", None)
         cat = category(row) if callable(category) else category
+        stop = early_stop_of(policy, cat)
         stats = lives.setdefault(cat, LiveStats())
         total, g = len(trace), 0
         while g < total:
             ctx = Context(category=cat, k_max=k_max, generated=g, remaining=total - g,
                           live=stats)
             k = max(0, min(int(policy.choose(ctx)), k_max, total - g - 1))
-            m = 0
-            while m < k:
-                v = trace[g + m]
-                if v == UNOBSERVED:
-                    res.unobserved_hits += 1
-                    break
-                ok = v == 1 if kind == "greedy" else rng.random() < v / 254
-                if not ok:
-                    break
-                m += 1
+            k, m, unknown = replay_block(kind, trace, g, k, confidence=conf,
+                                         early_stop=stop, rng=rng)
+            res.unobserved_hits += unknown
             d_s, t_s = k * costs.t_draft, cost(k + 1)
             stats.observe(k, m, d_s, t_s)
             policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,

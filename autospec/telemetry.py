@@ -55,25 +55,32 @@ class Clock:
 
 
 class Trace:
-    """The acceptance trace of one request, filled as positions get observed."""
+    """The acceptance trace of one request, filled as positions get observed, and beside it
+    the draft's confidence at the same positions (``store.records``)."""
 
     def __init__(self, greedy: bool, max_len: int):
         self.greedy = greedy
         self.values = bytearray([UNOBSERVED]) * max_len
+        self.confidence = bytearray([UNOBSERVED]) * max_len
 
-    def put(self, position: int, values) -> None:
-        """Set generated positions position, position+1, … (those past the end are dropped)."""
-        for i, v in enumerate(values):
-            if 0 <= position + i < len(self.values):
-                self.values[position + i] = int(v)
+    def put(self, position: int, values, confidence=()) -> None:
+        """Set generated positions position, position+1, … (those past the end are dropped);
+        ``confidence``: quantized top probabilities for the same positions."""
+        for arr, vals in ((self.values, values), (self.confidence, confidence)):
+            for i, v in enumerate(vals):
+                if 0 <= position + i < len(arr):
+                    arr[position + i] = int(v)
 
     def finish(self, new_tokens: int) -> bytes:
         return bytes(self.values[:new_tokens])
 
+    def finish_confidence(self, new_tokens: int) -> bytes:
+        return bytes(self.confidence[:new_tokens])
+
 
 def quantize_beta(beta: torch.Tensor) -> torch.Tensor:
-    """β in [0, 1] → int in 0 … 254 (255 is reserved for unobserved)."""
-    return (beta.clamp(0, 1) * 254).round().to(torch.int64)
+    """β in [0, 1] → int in 0 … 254 (255 is reserved for unobserved, which NaN becomes)."""
+    return (beta.clamp(0, 1) * 254).round().nan_to_num(UNOBSERVED).to(torch.int64)
 
 
 def param_bytes(model) -> int:
@@ -293,6 +300,7 @@ class RequestTelemetry:
             draft_forwards=stats.draft_forwards,
             target_s_by_n={n: list(v) for n, v in stats.target_s_by_n.items()},
             trace_kind=stats.trace_kind, trace=stats.trace, stop_reason=stats.stop_reason,
+            confidence=stats.confidence or None,
             bandwidth_bytes_per_s=achieved, bandwidth_peak_bytes_per_s=self.peak,
             nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
             prompt_text=prompt_text, output_text=output_text,

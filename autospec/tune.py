@@ -46,7 +46,14 @@ DEFAULT_PARAMS: dict[str, Any] = {"family": "costmodel", "costmodel.k_cap": None
                                   "costmodel.z": 0.0, "costmodel.min_gain": 0.0,
                                   "costmodel.optimistic": True,
                                   "costmodel.discount": 0.995,
-                                  "costmodel.reprobe_every": 64, "costmodel.probe_k": 1}
+                                  "costmodel.reprobe_every": 64, "costmodel.probe_k": 1,
+                                  "costmodel.early_stop": None}
+# early-stop thresholds searched (None: off). A grid: the live rule compares the draft's top
+# probability quantized to 1/254, and traffic rarely tells thresholds 0.05 apart
+STOP_GRID: tuple[float | None, ...] = (None, *(round(0.05 * i, 2) for i in range(1, 20)))
+# the early-stop threshold is searched when this share of the observed positions carries the
+# draft's confidence (traffic logged before schema 0003 carries none)
+MIN_CONFIDENCE_SHARE = 0.5
 
 
 class TuneError(ValueError):
@@ -55,9 +62,12 @@ class TuneError(ValueError):
 
 # -- the search space ---------------------------------------------------------------------
 
-def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES) -> tuple[str, dict]:
+def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
+            early_stop: bool = False) -> tuple[str, dict]:
     """A policy family and its parameters from an Optuna trial (define-by-run: each family's
-    parameters exist only in its branch). Parameter names are prefixed by the family."""
+    parameters exist only in its branch). Parameter names are prefixed by the family.
+    ``early_stop``: also search the draft-side early-stop threshold (off or one of
+    ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence."""
     family = trial.suggest_categorical("family", list(families))
     p: dict[str, Any] = {}
     if family == "fixed":
@@ -76,6 +86,8 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES) -> tuple[str,
         p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
         p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
         p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
+    if early_stop:
+        p["early_stop"] = trial.suggest_categorical(f"{family}.early_stop", list(STOP_GRID))
     return family, p
 
 
@@ -167,8 +179,20 @@ def observed_positions(traces: Sequence) -> int:
     return sum(sum(1 for v in t.trace if v != UNOBSERVED) for t in traces)
 
 
+def confidence_share(traces: Sequence) -> float:
+    """The share of observed trace positions whose draft confidence was recorded too."""
+    seen = with_conf = 0
+    for t in traces:
+        conf = getattr(t, "confidence", None)
+        for i, v in enumerate(t.trace):
+            if v != UNOBSERVED:
+                seen += 1
+                with_conf += conf is not None and conf[i] != UNOBSERVED
+    return with_conf / seen if seen else 0.0
+
+
 def study_name(pair_id: int, category: str, window: Window, families: Sequence[str],
-               k_max: int, costs: Costs) -> str:
+               k_max: int, costs: Costs, early_stop: bool = False) -> str:
     """Deterministic for a given window, search space and cost model, so workers started
     together share one study, and a job that would score trials differently never joins it."""
     import hashlib
@@ -176,6 +200,8 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
     from autospec.store.rows import category_key
 
     key = f"{sorted(families)}|{k_max}|{costs.t_draft!r}|{sorted(costs.t_target.items())!r}"
+    if early_stop:
+        key += f"|stop{STOP_GRID!r}"
     space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
@@ -206,6 +232,7 @@ class CategoryResult:
     costs: dict[str, Any] | None = None
     seconds: float = 0.0
     kept_default: bool = False  # the best lost on the held-back part: the default is written
+    early_stop_searched: bool = False  # the traces carry the draft's confidence
     note: str = ""
     provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
@@ -234,9 +261,10 @@ def _storage(url: str, attempts: int = 5):
             time.sleep(0.2 * (attempt + 1))
 
 
-def _objective(window: Window, costs: Costs, k_max: int, families, seed: int):
+def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
+               early_stop: bool):
     def objective(trial) -> float:
-        family, params = suggest(trial, k_max, families)
+        family, params = suggest(trial, k_max, families, early_stop=early_stop)
         res = evaluate(family, params, window.train, costs, k_max=k_max, seed=seed)
         trial.set_user_attr("speedup", res.speedup)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
@@ -246,7 +274,8 @@ def _objective(window: Window, costs: Costs, k_max: int, families, seed: int):
 
 def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
               timeout: float | None, k_max: int, families, seed: int,
-              callback: Callable | None = None, shared: bool = False) -> None:
+              callback: Callable | None = None, shared: bool = False,
+              early_stop: bool = False) -> None:
     """One worker: trials until the study holds ``trials`` finished ones (all workers
     together) or ``timeout`` passes. The sampler's seed is ``seed`` (each spawned worker gets
     its own), so one job on one window is reproducible; a process that joins a study other
@@ -267,12 +296,13 @@ def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
     callbacks = [MaxTrialsCallback(trials, states=finished)]
     if callback is not None:
         callbacks.append(callback)
-    study.optimize(_objective(window, costs, k_max, families, seed), timeout=timeout,
+    study.optimize(_objective(window, costs, k_max, families, seed, early_stop), timeout=timeout,
                    callbacks=callbacks, gc_after_trial=False)
 
 
 def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max, families,
-            seed, ready, go):  # a child process: its own connections, its own copy of the window
+            early_stop, seed, ready, go):
+    # a child process: its own connections, its own copy of the window
     from autospec.store import open_store
 
     optuna_quiet()
@@ -281,7 +311,7 @@ def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max,
     ready.release()
     go.wait(_START_WAIT_S)
     _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
-              families=families, seed=seed)
+              families=families, seed=seed, early_stop=early_stop)
 
 
 # how long --workers waits for its processes to start before it begins without them
@@ -386,7 +416,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       "traffic with k = 0 and k > 0")
         return res
     costs = Costs(t_draft=float(t_draft), t_target=t_target)
-    name = name or study_name(pid, cat, window, families, k_max, costs)
+    early_stop = confidence_share(window.train) >= MIN_CONFIDENCE_SHARE
+    name = name or study_name(pid, cat, window, families, k_max, costs, early_stop)
     res.study = name
     st = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                              load_if_exists=True)
@@ -397,6 +428,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                                    "t_target_s_by_n": {str(n): t for n, t in t_target.items()}})
         st.set_user_attr("category", cat)
         st.set_user_attr("pair_id", pid)
+        st.set_user_attr("early_stop_space", early_stop)
         if "costmodel" in families:
             st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
     else:  # joining: every trial of a study scores the same window with the same costs
@@ -408,6 +440,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
             cost_source = pinned_costs["source"]
             costs = Costs(t_draft=pinned_costs["t_draft_s"], t_target={
                 int(n): t for n, t in pinned_costs["t_target_s_by_n"].items()})
+        early_stop = bool(attrs.get("early_stop_space", False))
+    res.early_stop_searched = early_stop
     res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target),
                  "source": cost_source}
     finished = (TrialState.COMPLETE, TrialState.FAIL)
@@ -424,7 +458,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         ready, go = ctx.Semaphore(0), ctx.Event()
         for w in range(1, workers):
             p = ctx.Process(target=_worker, args=(url, name, cat, pid, window.pinned, costs,
-                                                  trials, timeout, k_max, families, seed + w,
+                                                  trials, timeout, k_max, families,
+                                                  early_stop, seed + w,
                                                   ready, go), daemon=True)
             p.start()
             procs.append(p)
@@ -442,7 +477,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     try:
         count(st)
         _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
-                  families=families, seed=seed, callback=count, shared=study is not None)
+                  families=families, seed=seed, callback=count, shared=study is not None,
+                  early_stop=early_stop)
     finally:
         for p in procs:
             p.join()
@@ -496,6 +532,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         "hardware": pair.hardware, "objective": "simulated tokens/s on the tuning window",
         "baseline": "auto (untuned cost-model policy)", "holdout": holdout_figures,
         "costs": res.costs, "k_max": k_max, "families": list(families),
+        "early_stop_searched": res.early_stop_searched,
         "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "kept_default": res.kept_default,
         "best": {"family": family, "params": params} if res.kept_default else None,

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy"]
+__all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
+           "early_stop_of", "stops_drafting"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,22 @@ class EarlyStop:
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
         self.inner.update(context, k, outcome)
+
+
+def early_stop_of(policy, category: str) -> float | None:
+    """The early-stop threshold ``policy`` applies to ``category``'s requests, if any: a
+    per-category policy (``TunedPolicy``) answers through ``early_stop_for``."""
+    per_category = getattr(policy, "early_stop_for", None)
+    if callable(per_category):
+        return per_category(category)
+    return getattr(policy, "early_stop", None)
+
+
+def stops_drafting(confidence: int, early_stop: float) -> bool:
+    """The one early-stopping rule, live and in replay: stop once the draft's top probability
+    at its last token, quantized as stored (round(254 · p), see ``store.records``), falls
+    below the threshold. 255 (not observed, in replay) never stops."""
+    return confidence < 254 * early_stop
 
 
 def auto_policy() -> Policy:

@@ -24,10 +24,10 @@ log = logging.getLogger(__name__)
 
 # family → the parameters it takes (every one optional; defaults are the untuned policy's)
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "fixed": ("k",),
+    "fixed": ("k", "early_stop"),
     "costmodel": ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
-                  "probe_k", "initial_k", "cold_start"),
-    "bandit": ("k_max", "discount", "min_std_fraction"),
+                  "probe_k", "initial_k", "cold_start", "early_stop"),
+    "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
 
 
@@ -45,12 +45,18 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     if unknown:
         raise ValueError(f"{family} policy has no parameter(s) {sorted(unknown)}; "
                          f"it takes {list(FAMILIES[family])}")
+    from .base import EarlyStop
+
     label = name or f"tuned:{family}"
+    params = dict(params)
+    early_stop = params.pop("early_stop", None)  # every family: draft-side early stopping
     if family == "fixed":
-        return FixedK(int(params.get("k", 0)))
-    if family == "bandit":
-        return ThompsonBandit(name=label, seed=seed, **params)
-    return CostModelPolicy(name=label, **params)
+        policy: Policy = FixedK(int(params.get("k", 0)))
+    elif family == "bandit":
+        policy = ThompsonBandit(name=label, seed=seed, **params)
+    else:
+        policy = CostModelPolicy(name=label, **params)
+    return policy if early_stop is None else EarlyStop(policy, float(early_stop))
 
 
 class TunedPolicy:
@@ -141,6 +147,11 @@ class TunedPolicy:
 
     def choose(self, context: Context) -> int:
         return self._for(context.category).choose(context)
+
+    def early_stop_for(self, category: str) -> float | None:
+        from .base import early_stop_of
+
+        return early_stop_of(self._for(category), category)
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
         self._for(context.category).update(context, k, outcome)

@@ -147,6 +147,8 @@ class Request(Base):
                                                  server_default="given")
     features: Mapped[bytes | None]  # hashed prompt-token n-grams (autospec.categorize)
     predicted_alpha: Mapped[float | None]  # the categoriser's acceptance forecast
+    # the draft's top probability per generated position (see records; 0003)
+    confidence: Mapped[bytes | None]
 
 
 class CategoryStat(Base):

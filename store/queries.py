@@ -217,12 +217,13 @@ class RequestRow:
     category_source: str = "given"
     features: bytes | None = None
     predicted_alpha: float | None = None
+    confidence: bytes | None = None
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
         values = {name: getattr(r, name) for name in cls.__dataclass_fields__}
         values["target_s_by_n"] = _ints(r.target_s_by_n)
-        for name in ("k_schedule", "accepted_schedule", "trace", "features"):
+        for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
         return cls(**values)
@@ -249,6 +250,7 @@ class TraceRow(NamedTuple):
     id: int = 0
     created_at: datetime | None = None
     category: str = ""
+    confidence: bytes | None = None  # the draft's top probability per position (records)
 
 
 def _when(t: datetime | float) -> datetime:
@@ -264,7 +266,8 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first).
     ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
-                  Request.accepted_schedule, Request.id, Request.created_at, Request.category)
+                  Request.accepted_schedule, Request.id, Request.created_at, Request.category,
+                  Request.confidence)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -284,9 +287,10 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     elif limit is not None:
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
-    for kind, trace, ks, acc, rid, created, cat in session.execute(
+    for kind, trace, ks, acc, rid, created, cat, conf in session.execute(
             stmt.execution_options(yield_per=500)):
-        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat)
+        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
+                       None if conf is None else bytes(conf))
 
 
 @dataclass(frozen=True)

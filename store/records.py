@@ -17,6 +17,9 @@ __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSE
 TRACE_GREEDY = "greedy"  # 1 the draft's argmax matched, 0 it did not, 255 not observed
 TRACE_SAMPLED = "sampled"  # round(254 · β) with β = Σ_x min(p(x), q(x)), 255 not observed
 UNOBSERVED = 255
+# Confidence, beside the trace: round(254 · max_x q(x)), the draft's top probability at each
+# generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
+# stopping decides on exactly this number, so replay can apply any threshold to it.
 CATEGORY_SOURCES = ("given", "auto", "default")
 
 
@@ -66,6 +69,7 @@ class RequestRecord:
     category_source: str = "given"  # "given" (by the caller), "auto" (categoriser), "default"
     features: bytes | None = None  # hashed prompt-token n-grams (autospec.categorize)
     predicted_alpha: float | None = None  # the categoriser's acceptance forecast
+    confidence: bytes | None = None  # per generated position, as the trace (see above)
 
 
 def trace_acceptance(kind: str, trace: bytes) -> float | None:

@@ -136,6 +136,10 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         raise ValueError(f"category_source must be one of {CATEGORY_SOURCES}, "
                          f"got {rec.category_source!r}")
     features = None if rec.features is None else _blob("features", rec.features)
+    confidence = None if rec.confidence is None else _blob("confidence", rec.confidence)
+    if confidence is not None and len(confidence) != len(rec.trace):
+        raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
+                         f"{len(rec.trace)}: one per generated position")
     return replace(
         rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
         policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
@@ -143,7 +147,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
-        draft_s=_seconds("draft_s", rec.draft_s), features=features)
+        draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence)
 
 
 def _insert_ignoring_conflict(session: Session, model: type, values: dict[str, Any],
@@ -187,7 +191,7 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
         "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
-        "category_source", "features")}
+        "category_source", "features", "confidence")}
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
                target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())})

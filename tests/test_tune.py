@@ -14,7 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autospec.policies import Context, LiveStats, TunedPolicy, as_policy
+from autospec.policies import Context, LiveStats, TunedPolicy, as_policy, build_policy
+from autospec.policies.base import early_stop_of
 from autospec.policies.costmodel import best_k
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
 from autospec.store.records import TRACE_GREEDY
@@ -28,24 +29,31 @@ CURVE = {n: 0.1 + 0.004 * (n - 1) for n in range(1, 17)}  # memory-bound: nearly
 
 
 def record(rng: random.Random, alpha: float, *, n: int = 96, category: str = "code",
-           at: float = 1.0e9, pair: PairInfo = PAIR) -> RequestRecord:
-    """A request whose greedy trace is i.i.d. Bernoulli(alpha) (served at k = 0)."""
+           at: float = 1.0e9, pair: PairInfo = PAIR,
+           confidence: tuple[int, int] | None = None) -> RequestRecord:
+    """A request whose greedy trace is i.i.d. Bernoulli(alpha) (served at k = 0).
+    ``confidence``: the draft's recorded confidence bytes where it is (right, wrong)."""
     trace = bytes(1 if rng.random() < alpha else 0 for _ in range(n))
+    conf = None if confidence is None else bytes(confidence[0] if v else confidence[1]
+                                                 for v in trace)
     return RequestRecord(
         pair=pair, category=category, policy="off", greedy=True, prompt_tokens=16,
         new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
         drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
-        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace, created_at=at)
+        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace, created_at=at,
+        confidence=conf)
 
 
-def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0):
+def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0,
+               confidence: tuple[int, int] | None = None):
     """traffic: category → (alpha, requests). Costs from a probe: T_d and the flat curve."""
     rng = random.Random(seed)
     store = open_store(path)
     recs = []
     for cat, (alpha, count) in traffic.items():
-        recs += [record(rng, alpha, category=cat, at=1.0e9 + i) for i in range(count)]
+        recs += [record(rng, alpha, category=cat, at=1.0e9 + i, confidence=confidence)
+                 for i in range(count)]
     store.write(recs)
     with store.begin() as s:
         add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in CURVE.items()},
@@ -69,6 +77,27 @@ def test_tuning_finds_the_known_optimum(tmp_path, alpha):
     plain = 1 / CURVE[1]
     assert res.train_tokens_per_s == pytest.approx(s_star * plain, rel=0.06)
     assert res.holdout_traces == 20 and res.holdout_tokens_per_s is not None
+
+
+def test_early_stop_threshold_is_searched_where_traces_carry_the_drafts_confidence(tmp_path):
+    """The draft is sure (0.98) where it is right and unsure (0.24) where it is wrong: the
+    study finds a threshold between the two and beats the best policy without one, which is
+    all a study on traces without confidences can search."""
+    traffic = {"code": (0.6, 60)}
+    with make_store(tmp_path / "c.db", traffic, confidence=(250, 60)) as store:
+        (res,) = tune(store, trials=60, families=("fixed",), seed=0)
+        with store.session() as s:
+            (row,) = queries.tuned_params(s)
+    with make_store(tmp_path / "b.db", traffic) as store:
+        (blind,) = tune(store, trials=40, families=("fixed",), seed=0)
+    assert res.early_stop_searched and not blind.early_stop_searched
+    assert "early_stop" not in blind.params
+    assert res.params["early_stop"] is not None and 60 / 254 < res.params["early_stop"] <= 250 / 254
+    assert res.train_tokens_per_s > 1.05 * blind.train_tokens_per_s
+    assert row.params == res.params and row.provenance["early_stop_searched"] is True
+    # the live policy built from the row stops drafting at that threshold, for that category
+    policy = build_policy(row.family, row.params)
+    assert early_stop_of(policy, "code") == res.params["early_stop"]
 
 
 def best_k_value(alpha: float, k: int) -> float:
@@ -214,12 +243,20 @@ def test_tuned_policy_reloads_new_parameters_without_restart(tmp_path):
                 time.sleep(0.02)
             assert policy.choose(ctx) == 2
             assert policy.params["code"].params == {"k": 2}
+            assert policy.early_stop_for("code") is None
+            with store.begin() as s:  # a tuned early-stop threshold, for this category only
+                add_tuned_params(s, category="code", pair_id=pid, family="fixed",
+                                 params={"k": 5, "early_stop": 0.45}, tokens_per_s=1.0,
+                                 baseline_tokens_per_s=None, provenance={})
+            assert policy.reload() == 1 and policy.choose(ctx) == 5
+            assert policy.early_stop_for("code") == 0.45
+            assert policy.early_stop_for("chat") is None
             with store.begin() as s:  # a row this version cannot apply is ignored, logged
                 add_tuned_params(s, category="code", pair_id=pid, family="fixed",
                                  params={"k": 3, "warp": 9}, tokens_per_s=1.0,
                                  baseline_tokens_per_s=None, provenance={})
             policy.reload()
-            assert policy.choose(ctx) == 2
+            assert policy.choose(ctx) == 5
         finally:
             policy.close()
 
