@@ -248,6 +248,21 @@ def test_empty_category_is_refused_directly_and_counted_by_the_writer(store):
     assert count_requests(store) == 1
 
 
+def test_confidence_round_trips_and_must_match_the_trace(store):
+    rng = random.Random(8)
+    rec, bare = make_record(rng), make_record(rng)
+    rec.confidence = bytes((7 * i) % 256 for i in range(len(rec.trace)))
+    store.write([rec, bare])
+    with store.session() as s:
+        rows = {r.id: r for r in queries.traces(s)}
+        assert [r.confidence for r in rows.values()] == [rec.confidence, None]
+        assert queries.recent_requests(s, limit=2)[1].confidence == rec.confidence
+    short = make_record(rng)
+    short.confidence = bytes(len(short.trace) - 1)
+    with pytest.raises(ValueError, match="one per generated position"):
+        store.write([short])
+
+
 def test_traces_filter_by_category_pair_and_time(store):
     rng = random.Random(4)
     old = [make_record(rng, category="code", pair=PAIRS[0]) for _ in range(5)]
