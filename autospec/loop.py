@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -45,7 +45,7 @@ from autospec.sampling import (
     sample,
     seen_tokens,
 )
-from autospec.store.records import TRACE_GREEDY, TRACE_SAMPLED
+from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
 from autospec.telemetry import Clock, Trace, quantize_beta
 from autospec.verify import greedy_verify, rejection_sample
 
@@ -126,7 +126,6 @@ def _fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(raw, (0, extra), value=float("-inf"))
 
 
-TRACE_CATCH_UP_MAX = 64  # trace positions a draft catch-up forward may fill in one go
 
 
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,
@@ -353,10 +352,14 @@ class _Loop:
         m, nxt_id = vals[0], vals[1]
         proposed = vals[2 : 2 + k]
         block_vals, block_conf_vals = vals[2 + k : 2 + 2 * k], vals[2 + 2 * k : 2 + 3 * k]
+        unproposed = []
         if catch_up_trace is not None:
             cu = vals[2 + 3 * k :]
             half = len(cu) // 2
             self.trace.put(gen - half, cu[:half], cu[half:])
+            if stats.k_schedule and stats.k_schedule[-1] == 0:  # positions decoded at k = 0
+                unproposed = [v if self.greedy else v / 254 for v in cu[:half]
+                              if v != UNOBSERVED]
         # past the first rejection the draft ran off the target's prefix: not trace material
         on_prefix = min(m + 1, k)
         self.trace.put(gen, block_vals[:on_prefix], block_conf_vals[:on_prefix])
@@ -375,8 +378,10 @@ class _Loop:
             stats.accepted += m
             _bump(stats.drafted_per_position, k)
             _bump(stats.accepted_per_position, m)
-        outcome = self.outcome(k, m, self.timings[first_timing:])
+        outcome = replace(self.outcome(k, m, self.timings[first_timing:]),
+                          unproposed=tuple(unproposed))
         if ctx.live is not None:
+            ctx.live.observe_unproposed(outcome.unproposed)
             ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
         self.policy.update(ctx, k, outcome)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.store.records import TRACE_GREEDY, UNOBSERVED
+from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate"]
 
@@ -148,17 +148,27 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
         stop = early_stop_of(policy, cat)
         stats = lives.setdefault(cat, LiveStats())
         total, g = len(trace), 0
+        covered, prev_k = 0, None  # first position the draft has not predicted; last k
         while g < total:
             ctx = Context(category=cat, k_max=k_max, generated=g, remaining=total - g,
                           live=stats)
             k = max(0, min(int(policy.choose(ctx)), k_max, total - g - 1))
+            unproposed: tuple = ()
+            if k > 0 and prev_k == 0:  # drafting resumes: the catch-up predicts the gap
+                unproposed = tuple(
+                    (v if kind == TRACE_GREEDY else v / 254)
+                    for v in trace[max(covered, g - TRACE_CATCH_UP_MAX) : g] if v != UNOBSERVED)
             k, m, unknown = replay_block(kind, trace, g, k, confidence=conf,
                                          early_stop=stop, rng=rng)
             res.unobserved_hits += unknown
+            if k > 0:
+                covered = g + min(m + 1, k)
+            prev_k = k
             d_s, t_s = k * costs.t_draft, cost(k + 1)
+            stats.observe_unproposed(unproposed)
             stats.observe(k, m, d_s, t_s)
             policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
-                                          target_time_s=t_s))
+                                          target_time_s=t_s, unproposed=unproposed))
             res.iterations += 1
             res.drafted += k
             res.accepted += m

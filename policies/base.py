@@ -43,6 +43,9 @@ class Outcome:
     accepted: int
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
+    # positions decoded at k = 0 that the draft's catch-up predicted when drafting resumed:
+    # whether it would have matched (see LiveStats.observe_unproposed)
+    unproposed: tuple[float, ...] = ()
 
 
 @runtime_checkable

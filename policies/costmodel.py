@@ -198,4 +198,5 @@ class CostModelPolicy:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
         own = self._own.get(context.category) if self.discount is not None else None
         if own is not None:
+            own.observe_unproposed(outcome.unproposed)
             own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)

@@ -59,6 +59,20 @@ class LiveStats:
             self.iterations += 1
             self.version += 1
 
+    def observe_unproposed(self, matches: Sequence[float]) -> None:
+        """Positions decoded without drafting (k = 0) that the draft predicted afterwards,
+        from the target's prefix, when drafting resumed (its catch-up forward): whether its
+        token would have matched (greedy 0/1; sampled: β, the acceptance probability). Such
+        a prediction is exactly the event at a block's first position, so it counts there,
+        without a discount step (no iteration passed). This is what lets a category served at
+        k = 0 learn that drafting would pay again."""
+        with self._lock:
+            for v in matches:
+                self.reached[0] += 1
+                self.accepted[0] += min(1.0, max(0.0, float(v)))
+            if matches:
+                self.version += 1
+
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.ema) * old + self.ema * new
 

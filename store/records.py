@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
+           "TRACE_CATCH_UP_MAX",
            "CATEGORY_SOURCES", "trace_acceptance"]
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
@@ -17,6 +18,8 @@ __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSE
 TRACE_GREEDY = "greedy"  # 1 the draft's argmax matched, 0 it did not, 255 not observed
 TRACE_SAMPLED = "sampled"  # round(254 · β) with β = Σ_x min(p(x), q(x)), 255 not observed
 UNOBSERVED = 255
+# positions one draft catch-up forward may fill in (the loop, and the simulator mirroring it)
+TRACE_CATCH_UP_MAX = 64
 # Confidence, beside the trace: round(254 · max_x q(x)), the draft's top probability at each
 # generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
 # stopping decides on exactly this number, so replay can apply any threshold to it.

@@ -1,0 +1,90 @@
+"""Positions decoded at k = 0 are evidence too: when drafting resumes, the draft's catch-up
+forward predicts them from the target's prefix, and the live statistics count those
+predictions at a block's first position, so a category switched off can learn to switch on."""
+
+from __future__ import annotations
+
+import random
+
+import autospec
+from autospec.policies import CallablePolicy, CostModelPolicy, LiveStats
+from autospec.simulate import Costs, simulate
+
+from conftest import noisy_copy, prompt, tiny
+
+N = 40
+GAP = 10  # iterations at k = 0 before drafting starts
+
+
+def schedule(ctx) -> int:
+    return 0 if ctx.generated < GAP else 3
+
+
+def test_the_loop_counts_the_catch_up_predictions_of_k0_positions(arch):
+    target = tiny(arch, sharpen=30.0)
+    spec = autospec.Controller(target, noisy_copy(target, 0.3), store=False,
+                               policy=CallablePolicy(schedule))
+    spec.live["x"] = live = LiveStats(discount=1.0)  # undiscounted: exact counts
+    spec.generate(prompt(10, seed=2), max_new_tokens=N, do_sample=False, eos_token_id=None,
+                  category="x")
+    st = spec.last_stats
+    assert st.k_schedule[:GAP] == [0] * GAP and st.k_schedule[GAP] == 3
+    blocks = [(k, m) for k, m in zip(st.k_schedule, st.accepted_schedule) if k]
+    gap = list(st.trace[:GAP])
+    assert all(v in (0, 1) for v in gap)  # the catch-up observed every k = 0 position
+    assert live.reached[0] == len(blocks) + GAP
+    assert live.accepted[0] == sum(1 for _, m in blocks if m) + sum(gap)
+    # the simulator replaying the request's trace feeds the same evidence
+    sim = {"x": LiveStats(discount=1.0)}
+    simulate([("greedy", st.trace)], CallablePolicy(schedule), Costs(0.01, {1: 0.1, 4: 0.1}),
+             category="x", live=sim)
+    assert (sim["x"].reached[0], sim["x"].accepted[0]) == (live.reached[0], live.accepted[0])
+
+
+def test_a_category_switched_off_on_stale_evidence_switches_back_on(monkeypatch):
+    """History says the draft matches 10 %, so the cost model serves k = 0; traffic now
+    matches 85 %. Each re-probe brings the catch-up's predictions of the positions decoded at
+    k = 0 since, so a few probes outweigh the stale history; a probe's own one block would
+    need many times more."""
+    rng = random.Random(0)
+    traces = [("greedy", bytes(1 if rng.random() < 0.85 else 0 for _ in range(64)))
+              for _ in range(12)]
+    with_catch_up = _k_sequence(traces)
+    assert with_catch_up[0] == 0  # the stale history switched it off
+    on = _switched_on_at(with_catch_up)
+    assert on < 120, on
+    # control: the same replay with the catch-up evidence ignored stays off far longer
+    monkeypatch.setattr(LiveStats, "observe_unproposed", lambda self, matches: None)
+    without = _switched_on_at(_k_sequence(traces))
+    assert without > 2 * on, (on, without)
+
+
+def _switched_on_at(ks: list[int], run: int = 8) -> int:
+    """The first iteration of ``run`` consecutive drafting ones."""
+    for i in range(len(ks) - run + 1):
+        if all(k > 0 for k in ks[i : i + run]):
+            return i
+    return len(ks)
+
+
+def _k_sequence(traces) -> list[int]:
+    """The k the cost-model policy chooses per iteration, replaying ``traces`` from a stale
+    history (200 blocks at 10 % acceptance)."""
+    live = LiveStats()
+    live.warm_start([20.0], [200.0], t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
+    policy = CostModelPolicy(reprobe_every=16)
+    chosen: list[int] = []
+
+    class Recording:
+        name = "recording"
+
+        def choose(self, ctx):
+            chosen.append(policy.choose(ctx))
+            return chosen[-1]
+
+        def update(self, ctx, k, outcome):
+            policy.update(ctx, k, outcome)
+
+    simulate(traces, Recording(), Costs(0.03, {1: 0.1, 2: 0.1, 8: 0.11}), k_max=8,
+             category="c", live={"c": live})
+    return chosen
