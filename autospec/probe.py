@@ -22,6 +22,7 @@ from autospec.telemetry import (
     kv_bytes_per_token,
     param_bytes,
     peak_bandwidth,
+    raise_peak,
 )
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,11 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
 
     weights = param_bytes(target)
     kv = kv_bytes_per_token(target) * context
+    achieved = (weights + kv) / curve[1]
+    peak = raise_peak(device, cache_dir, peak_bandwidth(device, cache_dir), achieved,
+                      weights + kv)
     return ProbeResult(
         hardware=hardware_name(device), dtype=str(next(target.parameters()).dtype).split(".")[-1],
         context=context, target_s_by_n=curve, draft_s=draft_s, target_param_bytes=weights,
-        kv_bytes=kv, achieved_bytes_per_s=(weights + kv) / curve[1],
-        peak_bytes_per_s=peak_bandwidth(device, cache_dir), threads=torch.get_num_threads())
+        kv_bytes=kv, achieved_bytes_per_s=achieved, peak_bytes_per_s=peak,
+        threads=torch.get_num_threads())

@@ -26,6 +26,24 @@ def test_probe_measures_a_cost_curve_and_bandwidth(tmp_path):
     assert (tmp_path / "bandwidth.json").exists()  # the peak is measured once per machine
 
 
+def test_a_peak_below_what_decoding_achieved_is_raised_and_recached(tmp_path):
+    """A CPU peak measured on a busy machine and cached once read 14 GB/s while the target
+    then streamed 17 (116 % "utilisation"): the peak is never below an achieved figure."""
+    import torch
+
+    from autospec.telemetry import hardware_name, peak_bandwidth, raise_peak
+
+    cpu = torch.device("cpu")
+    (tmp_path / "bandwidth.json").write_text(json.dumps({hardware_name(cpu): 1.0e9}))
+    assert peak_bandwidth(cpu, str(tmp_path)) == 1.0e9  # the cached (too low) figure
+    big = 4 * 2**30  # a 4 GB model streams from memory
+    assert raise_peak(cpu, str(tmp_path), 1.0e9, 0.5e9, big) == 1.0e9  # below: unchanged
+    assert raise_peak(cpu, str(tmp_path), 1.0e9, 3.0e9, 2**20) == 1.0e9  # cache-resident
+    assert peak_bandwidth(cpu, str(tmp_path)) == 1.0e9
+    assert raise_peak(cpu, str(tmp_path), 1.0e9, 3.0e9, big) == 3.0e9
+    assert peak_bandwidth(cpu, str(tmp_path)) == 3.0e9  # and the cache says so from now on
+
+
 def test_stats_cli_reports_what_the_store_holds(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 's.db'}"
     target = tiny("llama", sharpen=30.0)
