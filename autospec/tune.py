@@ -275,12 +275,12 @@ def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
 def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
               timeout: float | None, k_max: int, families, seed: int,
               callback: Callable | None = None, shared: bool = False,
-              early_stop: bool = False) -> None:
+              early_stop: bool = False, worker: int = 0) -> None:
     """One worker: trials until the study holds ``trials`` finished ones (all workers
-    together) or ``timeout`` passes. The sampler's seed is ``seed`` (each spawned worker gets
-    its own), so one job on one window is reproducible; a process that joins a study other
-    processes work on (``shared``, or trials already there) mixes in its pid so that it does
-    not replay their random start-up trials."""
+    together) or ``timeout`` passes. Every worker replays with ``seed`` (one objective for
+    the whole study); its sampler's seed is ``seed + worker``, so one job on one window is
+    reproducible, and a process that joins a study other processes work on (``shared``, or
+    trials already there) mixes in its pid so that it does not repeat their start-up trials."""
     import optuna
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
@@ -290,18 +290,20 @@ def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
     done = len(study.get_trials(deepcopy=False, states=finished))
     if done >= trials:
         return
-    if shared or done:
-        seed = hash((seed, socket.gethostname(), os.getpid())) % 2**31
-    study.sampler = optuna.samplers.TPESampler(seed=seed)
+    # the sampler's seed only: every process scores trials with the same replay seed
+    sampler_seed = (hash((seed, socket.gethostname(), os.getpid())) % 2**31
+                    if shared or done else seed + worker)
+    study.sampler = optuna.samplers.TPESampler(seed=sampler_seed)
     callbacks = [MaxTrialsCallback(trials, states=finished)]
     if callback is not None:
         callbacks.append(callback)
-    study.optimize(_objective(window, costs, k_max, families, seed, early_stop), timeout=timeout,
+    study.optimize(_objective(window, costs, k_max, families, seed, early_stop),
+                   timeout=timeout,
                    callbacks=callbacks, gc_after_trial=False)
 
 
 def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max, families,
-            early_stop, seed, ready, go):
+            early_stop, seed, worker, ready, go):
     # a child process: its own connections, its own copy of the window
     from autospec.store import open_store
 
@@ -311,7 +313,7 @@ def _worker(url, name, category, pair_id, pinned, costs, trials, timeout, k_max,
     ready.release()
     go.wait(_START_WAIT_S)
     _optimize(url, name, window, costs, trials=trials, timeout=timeout, k_max=k_max,
-              families=families, seed=seed, early_stop=early_stop)
+              families=families, seed=seed, early_stop=early_stop, worker=worker)
 
 
 # how long --workers waits for its processes to start before it begins without them
@@ -459,7 +461,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         for w in range(1, workers):
             p = ctx.Process(target=_worker, args=(url, name, cat, pid, window.pinned, costs,
                                                   trials, timeout, k_max, families,
-                                                  early_stop, seed + w,
+                                                  early_stop, seed, w,
                                                   ready, go), daemon=True)
             p.start()
             procs.append(p)

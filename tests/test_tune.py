@@ -17,9 +17,10 @@ import pytest
 from autospec.policies import Context, LiveStats, TunedPolicy, as_policy, build_policy
 from autospec.policies.base import early_stop_of
 from autospec.policies.costmodel import best_k
+from autospec.simulate import Costs
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
-from autospec.store.records import TRACE_GREEDY
-from autospec.tune import DEFAULT_PARAMS, TuneError, params_of, tune
+from autospec.store.records import TRACE_GREEDY, TRACE_SAMPLED
+from autospec.tune import DEFAULT_PARAMS, TuneError, evaluate, load_window, params_of, tune
 
 from test_store import fresh_url
 
@@ -30,30 +31,36 @@ CURVE = {n: 0.1 + 0.004 * (n - 1) for n in range(1, 17)}  # memory-bound: nearly
 
 def record(rng: random.Random, alpha: float, *, n: int = 96, category: str = "code",
            at: float = 1.0e9, pair: PairInfo = PAIR,
-           confidence: tuple[int, int] | None = None) -> RequestRecord:
-    """A request whose greedy trace is i.i.d. Bernoulli(alpha) (served at k = 0).
+           confidence: tuple[int, int] | None = None, sampled: bool = False) -> RequestRecord:
+    """A request whose greedy trace is i.i.d. Bernoulli(alpha) (served at k = 0), or with
+    ``sampled`` a sampled trace of β ~ U(alpha ± 0.15) per position.
     ``confidence``: the draft's recorded confidence bytes where it is (right, wrong)."""
-    trace = bytes(1 if rng.random() < alpha else 0 for _ in range(n))
+    if sampled:
+        trace = bytes(round(254 * min(1.0, max(0.0, alpha + rng.uniform(-0.15, 0.15))))
+                      for _ in range(n))
+    else:
+        trace = bytes(1 if rng.random() < alpha else 0 for _ in range(n))
     conf = None if confidence is None else bytes(confidence[0] if v else confidence[1]
                                                  for v in trace)
     return RequestRecord(
-        pair=pair, category=category, policy="off", greedy=True, prompt_tokens=16,
+        pair=pair, category=category, policy="off", greedy=not sampled, prompt_tokens=16,
         new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
         drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
-        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace, created_at=at,
+        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_SAMPLED if sampled else TRACE_GREEDY,
+        trace=trace, created_at=at,
         confidence=conf)
 
 
 def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0,
-               confidence: tuple[int, int] | None = None):
+               confidence: tuple[int, int] | None = None, sampled: bool = False):
     """traffic: category → (alpha, requests). Costs from a probe: T_d and the flat curve."""
     rng = random.Random(seed)
     store = open_store(path)
     recs = []
     for cat, (alpha, count) in traffic.items():
-        recs += [record(rng, alpha, category=cat, at=1.0e9 + i, confidence=confidence)
-                 for i in range(count)]
+        recs += [record(rng, alpha, category=cat, at=1.0e9 + i, confidence=confidence,
+                        sampled=sampled) for i in range(count)]
     store.write(recs)
     with store.begin() as s:
         add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in CURVE.items()},
@@ -205,13 +212,22 @@ def test_workers_option_runs_several_processes(tmp_path, backend):
 
 
 def _workers_share_a_study(url: str) -> None:
-    with make_store(url, {"code": (0.8, 200)}) as store:
+    with make_store(url, {"code": (0.8, 200)}, sampled=True) as store:
         (res,) = tune(store, trials=16, workers=2, seed=3)
         url = store.engine.url.render_as_string(hide_password=False)
+        with store.session() as s:
+            window = load_window(s, "code", res.pair_id, pinned=res.provenance["window"])
     study = optuna.load_study(study_name=res.study, storage=url)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len({t.user_attrs["worker"] for t in done}) == 2
     assert res.trials == len(done) >= 16
+    # one objective for the whole study: sampled traces replay with random draws, and every
+    # worker's score is the job's own replay (seed 3) of that trial's parameters
+    costs = Costs(res.costs["t_draft_s"], res.costs["t_target_s_by_n"])
+    for t in done[:6]:
+        family, params = params_of(t.params)
+        again = evaluate(family, params, window.train, costs, k_max=16, seed=3)
+        assert t.value == pytest.approx(again.tokens_per_s), t.user_attrs["worker"]
 
 
 def test_tuned_policy_reloads_new_parameters_without_restart(tmp_path):
