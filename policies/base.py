@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
-           "early_stop_of", "stops_drafting"]
+           "batch_bucket", "early_stop_of", "stops_drafting"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class Context:
     remaining: int = 1  # tokens this request may still generate
     live: Any = None  # the category's LiveStats (acceptance posterior, timings), if any
     predicted_alpha: float | None = None  # this request's acceptance forecast (categoriser)
+    # at batch_size > 1 (empty at batch 1): each running row's category and LiveStats (the
+    # same object repeated for rows of one category), and the controller's BatchCosts
+    categories: tuple[str, ...] = ()
+    rows: tuple = ()
+    costs: Any = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,17 @@ class Outcome:
     # positions decoded at k = 0 that the draft's catch-up predicted when drafting resumed:
     # whether it would have matched (see LiveStats.observe_unproposed)
     unproposed: tuple[float, ...] = ()
+    # at batch > 1: each row's accepted count (``accepted`` is then the floor of their mean
+    # and ``drafted`` is the batch's k); times are the whole batch's
+    accepted_rows: tuple[int, ...] = ()
+    batch_size: int = 1
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The batch-size bucket policies keep statistics by: 1, 2–3, 4–7, 8–15, 16–31, 32+,
+    named by its smallest batch size."""
+    b = max(1, int(batch_size))
+    return min(32, 1 << (b.bit_length() - 1))
 
 
 @runtime_checkable
@@ -73,8 +89,8 @@ class CallablePolicy:
 
 def as_policy(spec) -> Policy:
     """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
-    ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live), a callable or a
-    policy object."""
+    ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live),
+    ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object."""
     from .bandit import ThompsonBandit
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
@@ -111,10 +127,14 @@ def as_policy(spec) -> Policy:
             from .tuned import TunedPolicy
 
             return TunedPolicy()
+        if name.startswith("table:"):
+            from .table import TablePolicy
+
+            return TablePolicy.parse(name)
         raise ValueError(
             f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', "
-            "'costmodel', 'bandit', 'auto', 'tuned', a callable context -> k, or an object "
-            "with choose()/update()"
+            "'costmodel', 'bandit', 'auto', 'tuned', 'table:1-2:4,3-:0', a callable "
+            "context -> k, or an object with choose()/update()"
         )
     if hasattr(spec, "choose") and hasattr(spec, "update"):
         return spec
