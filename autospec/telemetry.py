@@ -333,6 +333,12 @@ class RequestTelemetry:
             nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
             prompt_text=prompt_text, output_text=output_text,
             created_at=stats.started_at,
+            # a row of a batched generate: the batch it ran in and its forwards at B > 1
+            batch_size=getattr(stats, "batch_size", 1),
+            target_s_by_bn={(int(b), int(n)): list(v) for (b, n), v
+                            in getattr(stats, "target_s_by_bn", {}).items()} or None,
+            draft_s_by_b={int(b): list(v) for b, v
+                          in getattr(stats, "draft_s_by_b", {}).items()} or None,
         )
 
     def _peak(self, achieved: float | None) -> float | None:

@@ -4,14 +4,16 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
 
 - ``pairs``: one row per (target, draft, dtype, hardware); requests and statistics point at it.
 - ``requests``: one row per ``generate`` call: counters, timings, bandwidth figures and the
-  compact k-schedule / accepted-schedule / acceptance trace (bytes, see ``records.TRACE_*``).
+  compact k-schedule / accepted-schedule / acceptance trace (bytes, see ``records.TRACE_*``),
+  and the batch size the request ran at (one row per row of a batched ``generate``).
 - ``category_stats``: running sufficient statistics per (category, pair), updated in the same
   transaction as the request rows they summarise, so readers never scan ``requests``.
 - ``tuned_params``: policy parameters an ``autospec tune`` job chose for a (category, pair),
   with their simulated throughput and provenance (study, trial, traffic window, hardware).
 - ``categorizers``: fitted categorisation models (coefficients, not pickles) with the window
   of traffic they were fitted on and their held-out scores; versions per name.
-- ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each.
+- ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each,
+  and the (B, n) grid T_t(B, n), T_d(B) of batched probes.
 
 Categories are free text of any length, so the tables are keyed and indexed on
 ``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
@@ -149,6 +151,11 @@ class Request(Base):
     predicted_alpha: Mapped[float | None]  # the categoriser's acceptance forecast
     # the draft's top probability per generated position (see records; 0003)
     confidence: Mapped[bytes | None]
+    # batched speculation (0004): rows of the batch the request ran in; its forwards at
+    # batch > 1 (kept out of target_s_by_n, which is batch 1's curve)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    target_s_by_bn: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B,n" → [s]
+    draft_s_by_b: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B" → [s/token]
 
 
 class CategoryStat(Base):
@@ -198,6 +205,9 @@ class Probe(Base):
         BigInteger, ForeignKey("pairs.id", name="fk_probes_pair"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the batch dimension (0004): T_t(B, n) and T_d(B); None for probes at batch 1 only
+    grid: Mapped[dict[str, dict[str, float]] | None] = mapped_column(JSON)  # "B" → {"n": s}
+    draft_grid: Mapped[dict[str, float] | None] = mapped_column(JSON)  # "B" → s
 
 
 class TunedParams(Base):

@@ -11,6 +11,7 @@ Conventions (vLLM's): a *draft* is one drafting iteration; *drafted* the tokens 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -26,7 +27,7 @@ from .rows import category_key, pair_key
 __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
-    "latest_probe", "pair_id", "measured_costs", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
+    "latest_probe", "pair_id", "measured_costs", "batch_costs", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
     "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
@@ -49,6 +50,15 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
 
 def _ints(mapping: dict[str, Any] | None) -> dict[int, Any]:
     return {int(k): v for k, v in sorted((mapping or {}).items(), key=lambda kv: int(kv[0]))}
+
+
+def _pairs(mapping: dict[str, Any] | None) -> dict[tuple[int, int], Any]:
+    """``{"B,n": v}`` → ``{(B, n): v}``, sorted."""
+    out = {}
+    for key, v in (mapping or {}).items():
+        b, n = key.split(",")
+        out[int(b), int(n)] = v
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -218,11 +228,18 @@ class RequestRow:
     features: bytes | None = None
     predicted_alpha: float | None = None
     confidence: bytes | None = None
+    batch_size: int = 1  # rows of the batch the request started in
+    # forwards at batch B > 1: (B, n) → [seconds]; B → [seconds per proposed token]
+    target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
         values = {name: getattr(r, name) for name in cls.__dataclass_fields__}
         values["target_s_by_n"] = _ints(r.target_s_by_n)
+        values["batch_size"] = r.batch_size or 1
+        values["target_s_by_bn"] = _pairs(r.target_s_by_bn)
+        values["draft_s_by_b"] = _ints(r.draft_s_by_b)
         for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
@@ -251,6 +268,7 @@ class TraceRow(NamedTuple):
     created_at: datetime | None = None
     category: str = ""
     confidence: bytes | None = None  # the draft's top probability per position (records)
+    batch_size: int = 1  # rows of the batch the request started in
 
 
 def _when(t: datetime | float) -> datetime:
@@ -267,7 +285,7 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
                   Request.accepted_schedule, Request.id, Request.created_at, Request.category,
-                  Request.confidence)
+                  Request.confidence, Request.batch_size)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -287,10 +305,10 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     elif limit is not None:
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
-    for kind, trace, ks, acc, rid, created, cat, conf in session.execute(
+    for kind, trace, ks, acc, rid, created, cat, conf, batch in session.execute(
             stmt.execution_options(yield_per=500)):
         yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
-                       None if conf is None else bytes(conf))
+                       None if conf is None else bytes(conf), batch or 1)
 
 
 @dataclass(frozen=True)
@@ -299,12 +317,21 @@ class ProbeRow:
     pair_id: int
     created_at: datetime
     payload: dict[str, Any]
+    grid: dict[int, dict[int, float]] = field(default_factory=dict)  # T_t(B, n), seconds
+    draft_grid: dict[int, float] = field(default_factory=dict)  # T_d(B), seconds per token
+
+    @classmethod
+    def of(cls, p: Probe) -> ProbeRow:
+        grid = {b: {int(n): float(t) for n, t in sorted(row.items(), key=lambda x: int(x[0]))}
+                for b, row in _ints(p.grid).items()}
+        return cls(p.id, p.pair_id, p.created_at, p.payload, grid,
+                   {b: float(t) for b, t in _ints(p.draft_grid).items()})
 
 
 def latest_probe(session: Session, pair_id: int) -> ProbeRow | None:
     p = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
                         .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1)).first()
-    return None if p is None else ProbeRow(p.id, p.pair_id, p.created_at, p.payload)
+    return None if p is None else ProbeRow.of(p)
 
 
 def pair_id(session: Session, pair) -> int | None:
@@ -346,6 +373,73 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
     t_draft = draft_s / draft_n if draft_n >= min_forwards else None
     return t_draft, curve, "live traffic"
+
+
+def batch_costs(session: Session, pair_id: int, *, min_forwards: int = 16,
+                recent: int = 2000,
+                ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
+    """(T_t(B, n): B → n → seconds, T_d(B): B → seconds per proposed token, source) for a
+    pair, from ONE source, as ``measured_costs`` does at batch 1:
+
+    - ``"probe"``: the grid of the latest probe that measured some batch B > 1 (its batch 1
+      is the probe's T_t(n) curve and T_d);
+    - ``"live"``: else medians of the forwards the pair's last ``recent`` requests at batch
+      > 1 timed, per (B, n) — and per B for the draft — each point kept only if it rests on
+      at least ``min_forwards`` forwards; batch 1's points from the same requests' batch-1
+      forwards (compaction tails), under the same rule;
+    - else the latest probe's batch 1 alone (``"probe"``), or ``({}, {}, "none")``."""
+    probes = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
+                             .order_by(Probe.created_at.desc(), Probe.id.desc()))
+    latest = None
+    for p in probes:
+        row = ProbeRow.of(p)
+        latest = latest or row
+        if any(b > 1 for b in row.grid):
+            return _with_batch_one(row)
+    target, draft = _live_grid(session, pair_id, min_forwards, recent)
+    if any(b > 1 for b in target):
+        return target, draft, "live"
+    if latest is not None:
+        target, draft, _ = _with_batch_one(latest)
+        if target:
+            return target, draft, "probe"
+    return {}, {}, "none"
+
+
+def _with_batch_one(row: ProbeRow) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
+    """A probe's grid with batch 1 filled from its T_t(n) curve and T_d where the grid
+    lacks it (probes stored before the batch dimension)."""
+    target = {b: dict(ns) for b, ns in row.grid.items()}
+    draft = dict(row.draft_grid)
+    curve = {int(n): float(t) for n, t in row.payload.get("target_s_by_n", {}).items()}
+    if 1 not in target and curve:
+        target[1] = dict(sorted(curve.items()))
+    if 1 not in draft and row.payload.get("draft_s"):
+        draft[1] = float(row.payload["draft_s"])
+    return dict(sorted(target.items())), dict(sorted(draft.items())), "probe"
+
+
+def _live_grid(session: Session, pair_id: int, min_forwards: int, recent: int,
+               ) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    stmt = (select(Request.target_s_by_bn, Request.draft_s_by_b, Request.target_s_by_n)
+            .where(Request.pair_id == pair_id, Request.batch_size > 1)
+            .order_by(Request.id.desc()).limit(recent))
+    target_points: dict[tuple[int, int], list[float]] = {}
+    draft_points: dict[int, list[float]] = {}
+    for by_bn, by_b, by_n in session.execute(stmt):
+        for (b, n), ts in _pairs(by_bn).items():
+            target_points.setdefault((b, n), []).extend(ts)
+        for n, ts in _ints(by_n).items():
+            target_points.setdefault((1, n), []).extend(ts)
+        for b, ts in _ints(by_b).items():
+            draft_points.setdefault(b, []).extend(ts)
+    target: dict[int, dict[int, float]] = {}
+    for (b, n), ts in sorted(target_points.items()):
+        if len(ts) >= min_forwards:
+            target.setdefault(b, {})[n] = statistics.median(ts)
+    draft = {b: statistics.median(ts) for b, ts in sorted(draft_points.items())
+             if len(ts) >= min_forwards}
+    return target, draft
 
 
 @dataclass(frozen=True)

@@ -140,14 +140,41 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     if confidence is not None and len(confidence) != len(rec.trace):
         raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
+    batch = rec.batch_size
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch!r}")
+    by_bn = {key: [_seconds(f"target_s_by_bn[{key}]", t) for t in times]
+             for key, times in _keyed(rec.target_s_by_bn, "target_s_by_bn", 2).items()}
+    by_b = {key[0]: [_seconds(f"draft_s_by_b[{key[0]}]", t) for t in times]
+            for key, times in _keyed(rec.draft_s_by_b, "draft_s_by_b", 1).items()}
     return replace(
         rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
+        batch_size=batch, target_s_by_bn=by_bn or None, draft_s_by_b=by_b or None,
         policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
         prompt_text=_clean_text(rec.prompt_text), output_text=_clean_text(rec.output_text),
         k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
         draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence)
+
+
+def _keyed(mapping: Mapping | None, name: str, arity: int) -> dict[tuple[int, ...], Any]:
+    """Keys of the batch timings as int tuples: (B, n) or "B,n" for ``target_s_by_bn``,
+    B or "B" for ``draft_s_by_b``; every part a positive int."""
+    out: dict[tuple[int, ...], Any] = {}
+    for key, value in dict(mapping or {}).items():
+        parts = key.split(",") if isinstance(key, str) else (
+            key if isinstance(key, (tuple, list)) else (key,))
+        try:
+            ints = tuple(int(p) for p in parts)
+        except (TypeError, ValueError):
+            ints = ()
+        bad = any(isinstance(p, (bool, float)) for p in parts)
+        if bad or len(ints) != arity or min(ints) < 1:
+            raise ValueError(f"{name} keys must be {'(B, n)' if arity == 2 else 'B'} "
+                             f"(positive ints), got {key!r}")
+        out[ints] = value
+    return out
 
 
 def _insert_ignoring_conflict(session: Session, model: type, values: dict[str, Any],
@@ -194,7 +221,12 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         "category_source", "features", "confidence")}
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
-               target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())})
+               target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())},
+               batch_size=rec.batch_size,
+               target_s_by_bn=None if not rec.target_s_by_bn else {
+                   f"{b},{n}": ts for (b, n), ts in sorted(rec.target_s_by_bn.items())},
+               draft_s_by_b=None if not rec.draft_s_by_b else {
+                   str(b): ts for b, ts in sorted(rec.draft_s_by_b.items())})
     return row
 
 
@@ -227,17 +259,24 @@ class _Delta:
     last: float = -math.inf
 
     def add(self, rec: RequestRecord) -> None:
+        """Counters are summed for every request. The timing sums (draft_s, draft_forwards,
+        target_s_*_by_n) are batch 1's cost curve: a request that ran at batch > 1 keeps its
+        timings in its own row (target_s_by_bn, draft_s_by_b) and adds none here."""
         sums = self.sums
         sums["requests"] += 1
+        batched = rec.batch_size > 1
         for name in (*_COUNTERS, "draft_s", "wall_s", "prefill_s"):
-            sums[name] += getattr(rec, name)
+            if not (batched and name in ("draft_s", "draft_forwards")):
+                sums[name] += getattr(rec, name)
         self.accepted_per_position.update(dict(enumerate(rec.accepted_per_position)))
         self.drafted_per_position.update(dict(enumerate(rec.drafted_per_position)))
         target_s = 0.0
         for n, ts in rec.target_s_by_n.items():
-            self.target_s_sum_by_n[n] += sum(ts)
-            self.target_count_by_n[n] += len(ts)
+            if not batched:
+                self.target_s_sum_by_n[n] += sum(ts)
+                self.target_count_by_n[n] += len(ts)
             target_s += sum(ts)
+        target_s += sum(sum(ts) for ts in (rec.target_s_by_bn or {}).values())
         self.k_counts.update(rec.k_schedule)
         if rec.bandwidth_bytes_per_s is not None and target_s > 0:
             sums["bandwidth_bytes"] += rec.bandwidth_bytes_per_s * target_s
@@ -323,10 +362,31 @@ def write_records(session: Session, records: Iterable[RequestRecord],
     return used
 
 
+def _grid(grid: Mapping | None, name: str, depth: int) -> dict[str, Any] | None:
+    """A probe grid as JSON: positive int keys as strings, finite non-negative seconds
+    (``depth`` 2: B → {n: s}; 1: B → s). None for an empty or absent grid."""
+    if not grid:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in sorted(_keyed(grid, name, 1).items()):
+        if depth == 2:
+            out[str(key[0])] = {str(n[0]): _seconds(f"{name}[{key[0]}][{n[0]}]", s)
+                                for n, s in sorted(_keyed(value, name, 1).items())}
+        else:
+            out[str(key[0])] = _seconds(f"{name}[{key[0]}]", value)
+    return out
+
+
 def add_probe(session: Session, pair: PairInfo | int, payload: Mapping[str, Any]) -> int:
-    """Store a hardware probe of ``pair`` (``autospec probe``); returns the probe's id."""
+    """Store a hardware probe of ``pair`` (``autospec probe``); returns the probe's id.
+    A payload's ``grid`` (B → {n: seconds}) and ``draft_grid`` (B → seconds) go to their
+    own columns (``queries.batch_costs`` reads them), the rest stays the JSON payload."""
     pid = pair if isinstance(pair, int) else get_or_create_pair(session, pair)
-    probe = Probe(pair_id=pid, created_at=utcnow(), payload=dict(payload))
+    payload = dict(payload)
+    grid = _grid(payload.pop("grid", None), "grid", 2)
+    draft_grid = _grid(payload.pop("draft_grid", None), "draft_grid", 1)
+    probe = Probe(pair_id=pid, created_at=utcnow(), payload=payload, grid=grid,
+                  draft_grid=draft_grid)
     session.add(probe)
     session.flush()
     return probe.id
