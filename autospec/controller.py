@@ -66,6 +66,15 @@ class _Plan:
     return_dict: bool
     output_scores: bool
     output_logits: bool
+    # batch > 1: each row's prompt [1, L_i] and left padding [1, P_i]; the padded input as
+    # given; the id that fills rows which finished early (generate's pad_token_id)
+    rows: tuple = ()
+    padded: torch.Tensor | None = None
+    pad_token_id: int | None = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.rows) if self.rows else 1
 
 
 class Controller:
@@ -196,12 +205,18 @@ class Controller:
         k: a fixed lookahead for this call (0 = plain decoding), overriding the policy.
         generator: a ``torch.Generator`` for sampling (else torch's global RNG, like generate).
         """
-        category = None if category is None else _check_category(category)
+        rows = _batch_of(inputs if inputs is not None else kwargs.get("input_ids"))
+        category = _check_categories(category, rows)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max))
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
+        self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
+        if plan.rows:
+            return self._generate_batch(plan, policy, category, generator, k)
+        if isinstance(category, list):
+            category = category[0]
         category, source, features, alpha = self._categorise(category, plan.input_ids)
         if alpha is not None and k is None:
             policy = _WithForecast(policy, alpha)
@@ -228,6 +243,82 @@ class Controller:
             scores=tuple(res.scores) if res.scores is not None else None,
             logits=tuple(res.logits) if res.logits is not None else None,
         )
+
+    @property
+    def last_row_stats(self) -> list[LoopStats] | None:
+        """Per-row counters of this thread's last batched request (``last_stats`` sums them)."""
+        return getattr(self._local, "row_stats", None)
+
+    def _generate_batch(self, plan: _Plan, policy, category, generator, k):
+        """B prompts through the batched loop; output laid out as generate lays it out."""
+        from autospec.batched import speculative_generate_batch
+
+        cats = category if isinstance(category, list) else [category] * plan.batch
+        resolved = [self._categorise(c, ids) for c, (ids, _) in zip(cats, plan.rows)]
+        names = [r[0] for r in resolved]
+        res = speculative_generate_batch(
+            self.model, self.draft, [ids for ids, _ in plan.rows], sampling=plan.sampling,
+            policy=policy, max_new_tokens=plan.max_new_tokens, categories=names,
+            lives=[self.live_stats(c) for c in names], costs=self.batch_costs(),
+            min_new_tokens=plan.min_new_tokens, eos_token_ids=plan.eos,
+            stopping_criteria=plan.stopping_criteria, generator=generator, k_max=self.k_max,
+            target_context=self.target_context, draft_context=self.draft_context,
+            output_scores=plan.output_scores, output_logits=plan.output_logits,
+            row_prefix=[pad for _, pad in plan.rows])
+        row_stats = [r.stats for r in res.rows]
+        self._local.row_stats = row_stats
+        self._local.stats = merge_stats(row_stats)
+        if self.writer is not None:
+            for row, (ids, pad), (cat, source, features, alpha) in zip(res.rows, plan.rows,
+                                                                       resolved):
+                self._log(row, replace(plan, input_ids=ids, pad_prefix=pad), policy, cat,
+                          source, features, alpha)
+        steps = max(r.stats.new_tokens for r in res.rows)
+        pad = plan.pad_token_id if plan.pad_token_id is not None else 0
+        L = plan.padded.shape[1]
+        seq = torch.full((plan.batch, L + steps), pad, dtype=torch.long,
+                         device=plan.padded.device)
+        seq[:, :L] = plan.padded
+        for b, row in enumerate(res.rows):
+            new = row.sequences[0, row.stats.prompt_tokens:]
+            seq[b, L : L + new.shape[0]] = new
+        if not plan.return_dict:
+            return seq
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(
+            sequences=seq,
+            scores=_stack_steps([r.scores for r in res.rows], steps, pad)
+            if plan.output_scores else None,
+            logits=_stack_steps([r.logits for r in res.rows], steps, pad)
+            if plan.output_logits else None,
+        )
+
+    def batch_costs(self):
+        """The pair's T_t(B, n) and T_d(B), live, warmed once from the store (the probe's grid,
+        else live points of earlier batches)."""
+        costs = getattr(self, "_batch_costs", None)
+        if costs is not None:
+            return costs
+        from autospec.policies.batchcosts import BatchCosts
+
+        with self._lock:
+            if getattr(self, "_batch_costs", None) is None:
+                costs = BatchCosts()
+                if self.store is not None:
+                    from autospec.store import queries
+
+                    try:
+                        with self.store.session() as s:
+                            pid = queries.pair_id(s, self.telemetry.pair)
+                            if pid is not None:
+                                target, draft, _ = queries.batch_costs(s, pid)
+                                costs.warm(target, draft)
+                    except Exception as e:
+                        log.warning("autospec: could not warm batch costs from the store: %s",
+                                    e)
+                self._batch_costs = costs
+        return self._batch_costs
 
     def live_stats(self, category: str) -> LiveStats:
         """The category's live statistics, created on first use and warmed from the store."""
@@ -333,8 +424,13 @@ class Controller:
         mask = kw.pop("attention_mask", None)
         if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return None, "no 2-D input_ids tensor"
-        if input_ids.shape[0] != 1:
-            return None, f"batch size {input_ids.shape[0]} (the loop serves batch 1)"
+        if mask is not None and (not isinstance(mask, torch.Tensor)
+                                 or tuple(mask.shape) != tuple(input_ids.shape)):
+            return None, "attention_mask of another shape than input_ids"
+        if input_ids.shape[0] == 0:
+            return None, "empty batch"
+        if input_ids.shape[0] > 1 and kwargs.get("streamer") is not None:
+            return None, "a streamer at batch > 1"
         gc, model_kwargs = _merge_config(self.model, generation_config, kw)
         model_kwargs = {k: v for k, v in model_kwargs.items() if v is not None
                         and k not in ("use_cache",)}
@@ -358,21 +454,25 @@ class Controller:
 
             crit = StoppingCriteriaList(crit)
 
-        ids, pad_prefix = input_ids, input_ids[:, :0]
-        if mask is not None:
-            keep = mask[0].bool()
-            if not bool(keep.all()):
-                first = int(keep.to(torch.int64).argmax())
-                if not bool(keep[first:].all()):
-                    return None, "attention_mask with holes (only left padding is supported)"
-                ids, pad_prefix = input_ids[:, first:], input_ids[:, :first]
-        L = ids.shape[1]
-        if L == 0:
-            return None, "empty prompt"
-        if self.target_context is not None and L >= self.target_context:
-            raise ValueError(
-                f"prompt of {L} tokens does not fit the target's context of "
-                f"{self.target_context} tokens: shorten it (leave room for new tokens)")
+        rows = []
+        for b in range(input_ids.shape[0]):
+            ids, pad_prefix = input_ids[b : b + 1], input_ids[b : b + 1, :0]
+            if mask is not None:
+                keep = mask[b].bool()
+                if not bool(keep.all()):
+                    first = int(keep.to(torch.int64).argmax())
+                    if not bool(keep[first:].all()):
+                        return None, ("attention_mask with right padding or holes (only left "
+                                      "padding is supported, as generate expects)")
+                    ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
+            L = ids.shape[1]
+            if L == 0:
+                return None, "empty prompt"
+            if self.target_context is not None and L >= self.target_context:
+                raise ValueError(
+                    f"prompt of {L} tokens does not fit the target's context of "
+                    f"{self.target_context} tokens: shorten it (leave room for new tokens)")
+            rows.append((ids.to(self.model.device), pad_prefix.to(self.model.device)))
         max_new = gc.max_new_tokens
         if max_new is None:
             max_new = max(0, (gc.max_length or 20) - input_ids.shape[1])
@@ -381,7 +481,15 @@ class Controller:
         min_new = max(gc.min_new_tokens or 0, (gc.min_length or 0) - input_ids.shape[1])
         eos = gc.eos_token_id
         eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-        ids, pad_prefix = ids.to(self.model.device), pad_prefix.to(self.model.device)
+        ids, pad_prefix = rows[0]
+        pad_id = gc.pad_token_id
+        if pad_id is None and eos:
+            pad_id = eos[0]  # as generate does (it warns)
+        if len(rows) > 1 and pad_id is not None:
+            if bool((input_ids[:, -1] == pad_id).any()):
+                return None, "right padding (generate warns: decoder-only models need left padding)"
+            if mask is None and bool((input_ids == pad_id).any()):
+                return None, "padding without an attention_mask (generate infers one)"
         try:
             sampling = SamplingConfig.from_generation_config(gc)
         except ValueError as e:
@@ -391,6 +499,9 @@ class Controller:
             min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
             return_dict=bool(gc.return_dict_in_generate), output_scores=bool(gc.output_scores),
             output_logits=bool(gc.output_logits),
+            rows=tuple(rows) if len(rows) > 1 else (),
+            padded=input_ids.to(self.model.device) if len(rows) > 1 else None,
+            pad_token_id=None if pad_id is None else int(pad_id),
         ), ""
 
     def _fallback(self, reason, inputs, generation_config, args, kwargs):
@@ -417,6 +528,66 @@ class _WithForecast:
 
     def update(self, context, k: int, outcome) -> None:
         self.inner.update(replace(context, predicted_alpha=self.alpha), k, outcome)
+
+
+def merge_stats(rows: list[LoopStats]) -> LoopStats:
+    """One batch's counters: sums over its rows; the schedule, timings and wall time of the
+    batch (every row shares its forwards)."""
+    out = LoopStats()
+    for st in rows:
+        for name in ("drafts", "drafted", "accepted", "new_tokens", "prompt_tokens",
+                     "draft_forwards"):
+            setattr(out, name, getattr(out, name) + getattr(st, name))
+        for name in ("accepted_per_position", "drafted_per_position"):
+            acc = getattr(out, name)
+            for i, v in enumerate(getattr(st, name)):
+                if i < len(acc):
+                    acc[i] += v
+                else:
+                    acc.append(v)
+    longest = max(rows, key=lambda st: st.iterations)
+    out.iterations, out.k_schedule = longest.iterations, list(longest.k_schedule)
+    out.target_s_by_bn = dict(longest.target_s_by_bn)
+    out.draft_s_by_b = dict(longest.draft_s_by_b)
+    out.draft_s = longest.draft_s
+    out.prefill_s = longest.prefill_s
+    out.wall_s = max(st.wall_s for st in rows)
+    out.started_at = min(st.started_at for st in rows)
+    out.batch_size = len(rows)
+    out.peak_kv_bytes = max(st.peak_kv_bytes for st in rows)
+    out.trace_kind, out.path = longest.trace_kind, longest.path
+    out.stop_reason = ",".join(sorted({st.stop_reason for st in rows}))
+    return out
+
+
+def _stack_steps(per_row: list[list[torch.Tensor]], steps: int, pad: int):
+    """generate's layout: one [B, V] tensor per step. A row that finished earlier holds, at
+    later steps, a distribution certain of the pad token its output holds there (generate
+    computes throwaway scores for such rows)."""
+    ref = next(t for r in per_row for t in r)
+    filler = torch.full_like(ref, float("-inf"))
+    filler[pad] = 0.0
+    return tuple(torch.stack([r[t] if t < len(r) else filler for r in per_row])
+                 for t in range(steps))
+
+
+def _batch_of(input_ids) -> int | None:
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2:
+        return int(input_ids.shape[0])
+    return None
+
+
+def _check_categories(category, batch: int | None):
+    """One name, or a list of one name per row (checked before any work)."""
+    if category is None:
+        return None
+    if isinstance(category, (list, tuple)):
+        if batch is None or len(category) != batch:
+            raise ValueError(f"category= has {len(category)} names for a batch of "
+                             f"{batch if batch is not None else 'unknown size'}: pass one name, "
+                             "or a list with one name per row")
+        return [_check_category(c) for c in category]
+    return _check_category(category)
 
 
 def _merge_config(model, generation_config, kw):

@@ -83,6 +83,12 @@ class LoopStats:
     started_at: float = 0.0  # time.time() at the start, for matching NVML samples
     stop_reason: str = ""
     path: str = ""  # how forwards ran: "eager", "static", "static+cuda-graphs" (target/draft)
+    batch_size: int = 1  # rows of the generate call this request ran in
+    # at batch > 1: forwards by (rows in the batch then, tokens scored per row) → seconds,
+    # and the draft's seconds per proposed token by rows in the batch (shared by every row)
+    target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
+    peak_kv_bytes: int = 0  # the largest target + draft KV cache the request held (batch > 1)
 
     @property
     def acceptance(self) -> float:

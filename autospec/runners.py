@@ -60,12 +60,21 @@ class Forward:
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.has_keep = "logits_to_keep" in params
 
-    def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, cache, keep: int, *,
+                 attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, n] → logits [B, keep, V] of the last ``keep`` positions. At batch > 1 the
+        loop passes the mask over every cache slot plus the new ones ([B, S + n]) and each
+        token's position ([B, n]): slots may hold padding or rejected drafts."""
         kwargs = {self.cache_kw: cache, "use_cache": True}
         if self.has_keep:
             kwargs["logits_to_keep"] = keep
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
         logits = self.model(input_ids=ids, **kwargs).logits
-        return logits[:, -keep:]  # [1, keep, V]
+        return logits[:, -keep:]  # [B, keep, V]
 
 
 def crop_cache(cache, keep: int) -> None:

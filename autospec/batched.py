@@ -1,0 +1,535 @@
+"""The exact draft → verify loop at batch > 1.
+
+One ``generate`` call on B prompts runs as one batch: every iteration drafts k tokens for every
+row still running (one k for the batch, chosen by the policy from the batch's cost curve),
+scores them in one target forward of B × (k + 1) tokens, and verifies each row on its own.
+
+Ragged acceptance without re-running forwards: both caches are B rows of S *slots*. A slot
+holds a token of that row, left padding, or a draft token the row rejected; an attention mask
+over the slots ([B, S], 1 = a token of the row's sequence) hides the last two, and every token
+is fed with its own position id, so a row's attention sees exactly its sequence, in order,
+at the right positions — whatever its neighbours accepted. After verification a row's rejected
+slots are masked (never attended again), its accepted ones stay, and the next forward appends
+after the longest row. Rows that fed fewer tokens (a row whose draft needs one catch-up token
+while another needs two) are right-aligned, padded on the left within the block.
+
+Memory bound: masked slots accumulate at most k per iteration per row. Whenever the slots
+exceed the longest row's tokens by more than ``max(SLACK, S // 4)``, each row's valid slots are
+gathered to the right (one copy of the cache), so a cache never holds more than
+~1.25 × (longest prompt + tokens generated) + SLACK + k + 1 slots per row.
+Rows that finish leave the batch at once (their rows are dropped from both caches and every
+per-row tensor), and columns no remaining row uses are cut: a long tail costs forwards of the
+rows still running, not of B.
+
+Everything else mirrors the batch-1 loop (``loop.py``): logits processed per row as
+``generate`` would, the rejection rule of ``verify.py`` per row, acceptance traces per row,
+one host sync per iteration. Static caches and CUDA graphs serve batch 1 only; batched requests
+run on transformers' DynamicCache. Draft-side early stopping applies at batch 1 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from autospec.loop import LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
+from autospec.policies.base import Context, Outcome, Policy
+from autospec.runners import Forward, new_cache
+from autospec.sampling import (
+    SamplingConfig,
+    block_presence,
+    invalid_probs,
+    logits_to_probs,
+    process_logits,
+    raise_invalid_probs,
+    sample,
+    seen_tokens,
+)
+from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
+from autospec.telemetry import Clock, Trace, kv_bytes_per_token, quantize_beta
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchResult", "speculative_generate_batch", "SLACK"]
+
+SLACK = 32  # masked slots tolerated per row before the cache is repacked
+
+
+@dataclass
+class BatchResult:
+    rows: list[LoopResult]  # one per prompt, in input order; sequences [1, L_i + new_i]
+    peak_kv_bytes: int  # the largest target + draft KV the batch held at once
+    wall_s: float
+
+
+def speculative_generate_batch(target, draft, prompts: list[torch.Tensor], *,
+                               sampling: SamplingConfig, policy: Policy, max_new_tokens: int,
+                               categories: list[str], lives: list | None = None,
+                               costs=None, **options) -> BatchResult:
+    """Generate B prompts (each [1, L_i], padding removed) exactly as ``generate`` would.
+
+    Options as ``loop.speculative_generate``: min_new_tokens, eos_token_ids, stopping_criteria
+    (called per row with ``row_prefix[i]`` + the row's tokens, as generate passes its padded
+    row), generator, k_max, target_context, draft_context, output_scores, output_logits.
+    lives: each row's category LiveStats (fed with each row's acceptance); costs: a
+    ``BatchCosts`` fed with the batch's timings by (B, n)."""
+    loop = _BatchLoop(target, draft, prompts, sampling, policy, max_new_tokens, categories,
+                      lives or [None] * len(prompts), costs, **options)
+    with torch.inference_mode():
+        while loop.rows:
+            loop.step()
+    return loop.result()
+
+
+class _Row:
+    """Host-side state of one prompt."""
+
+    def __init__(self, index: int, ids: torch.Tensor, greedy: bool, max_new: int,
+                 category: str, live, prefix: torch.Tensor | None, want_scores: bool,
+                 want_logits: bool):
+        self.index, self.category, self.live = index, category, live
+        self.L = self.n = ids.shape[1]
+        self.t_len = self.d_len = 0  # tokens of the row each cache holds
+        self.t_end = self.d_end = 0  # slot after the row's last valid slot
+        self.prefix = prefix  # what generate's row holds before the prompt (left padding)
+        self.tokens: list[int] = ids[0].tolist()
+        self.stats = LoopStats(prompt_tokens=self.L, started_at=time.time(),
+                               trace_kind=TRACE_GREEDY if greedy else TRACE_SAMPLED)
+        self.trace = Trace(greedy, max_new)
+        self.scores = [] if want_scores else None
+        self.logits = [] if want_logits else None
+        self.finished = False
+        self.wall_end = 0.0
+        self.bonus = False  # sampling: the row's last block was accepted whole
+
+    @property
+    def gen(self) -> int:
+        return self.n - self.L
+
+
+class _BatchLoop:
+    def __init__(self, target, draft, prompts, sampling: SamplingConfig, policy: Policy,
+                 max_new_tokens: int, categories, lives, costs, *, min_new_tokens: int = 0,
+                 eos_token_ids: tuple[int, ...] = (), stopping_criteria=None,
+                 generator: torch.Generator | None = None, k_max: int = 16,
+                 target_context: int | None = None, draft_context: int | None = None,
+                 output_scores: bool = False, output_logits: bool = False,
+                 row_prefix: list[torch.Tensor] | None = None):
+        self.t_start = time.perf_counter()
+        self.device = device = prompts[0].device
+        self.sampling, self.policy, self.generator = sampling, policy, generator
+        self.greedy = not sampling.do_sample
+        self.max_new, self.min_new = max_new_tokens, min_new_tokens
+        self.criteria, self.k_max, self.costs = stopping_criteria, k_max, costs
+        self.target_context, self.draft_context = target_context, draft_context
+        self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+                    if eos_token_ids else None)
+        self.eos_set = set(eos_token_ids)
+        self.all_rows = [
+            _Row(i, p, self.greedy, max_new_tokens, categories[i], lives[i],
+                 None if row_prefix is None else row_prefix[i], output_scores, output_logits)
+            for i, p in enumerate(prompts)]
+        self.rows = list(self.all_rows)  # the rows still running, in batch order
+        B = len(prompts)
+        self.seen = None
+        if sampling.uses_presence:
+            self.seen = torch.zeros(B, self.vocab, dtype=torch.bool, device=device)
+            for i, p in enumerate(prompts):
+                self.seen[i] = seen_tokens(p, self.vocab)[0]
+        self.t_fwd, self.d_fwd = Forward(target), Forward(draft)
+        self.t_cache, self.d_cache = new_cache(target), new_cache(draft)
+        self.t_mask = torch.zeros(B, 0, dtype=torch.long, device=device)
+        self.d_mask = torch.zeros(B, 0, dtype=torch.long, device=device)
+        self.kv_t, self.kv_d = kv_bytes_per_token(target), kv_bytes_per_token(draft)
+        self.peak_kv = 0
+        self.clock = Clock(device)
+        self.p_bonus = None  # sampling: [B, V] p at each row's last bonus position
+        self.iteration = 0
+        self.batch0 = B
+
+    # -- logits processing, per row as generate would -----------------------------------------
+    def banned(self, gens: list[int], npos: int) -> torch.Tensor | None:
+        """EOS suppressed where a row's generated count is below min_new_tokens: [B, npos, V]."""
+        if self.eos is None or min(gens) >= self.min_new:
+            return None
+        g = torch.tensor(gens, device=self.device)[:, None] + torch.arange(npos, device=self.device)
+        mask = torch.zeros(len(gens), npos, self.vocab, dtype=torch.bool, device=self.device)
+        mask[:, :, self.eos] = (g < self.min_new)[:, :, None]
+        return mask
+
+    def process(self, raw, gens: list[int], seen, block=None) -> torch.Tensor:
+        raw = _fit_vocab(raw, self.vocab)
+        npos = raw.shape[1]
+        pos_seen = None if seen is None else block_presence(seen, block, npos)
+        return process_logits(raw, self.sampling, seen=pos_seen, banned=self.banned(gens, npos))
+
+    # -- forwards over slots -------------------------------------------------------------------
+    def feed(self, which: str, tokens: list[list[int]] | None, lens: list[int],
+             extra: torch.Tensor | None, keep: int) -> torch.Tensor:
+        """Append to one model's cache: per row the catch-up ``tokens`` (right-aligned, padded
+        on the left within the block) then the columns of ``extra`` [B, e] (drafts), every
+        token at its row's next position. Returns logits [B, keep, V]."""
+        B = len(self.rows)
+        width = max(len(t) for t in tokens) if tokens else 0
+        e = 0 if extra is None else extra.shape[1]
+        ids = torch.zeros(B, width + e, dtype=torch.long, device=self.device)
+        mask = torch.zeros(B, width + e, dtype=torch.long, device=self.device)
+        pos = torch.zeros(B, width + e, dtype=torch.long, device=self.device)
+        if width:
+            rows = [i for i, t in enumerate(tokens) for _ in t]
+            cols = [width - len(t) + j for t in tokens for j in range(len(t))]
+            vals = [v for t in tokens for v in t]
+            ps = [lens[i] + j for i, t in enumerate(tokens) for j in range(len(t))]
+            idx = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
+            ids[idx] = torch.tensor(vals, device=self.device)
+            mask[idx] = 1
+            pos[idx] = torch.tensor(ps, device=self.device)
+        if e:
+            ids[:, width:] = extra
+            mask[:, width:] = 1
+            base = torch.tensor([lens[i] + len(tokens[i]) if tokens else lens[i]
+                                 for i in range(B)], device=self.device)
+            pos[:, width:] = base[:, None] + torch.arange(e, device=self.device)
+        if which == "t":
+            self.t_mask = torch.cat([self.t_mask, mask], dim=1)
+            out = self.t_fwd(ids, self.t_cache, keep, attention_mask=self.t_mask,
+                             position_ids=pos)
+        else:
+            self.d_mask = torch.cat([self.d_mask, mask], dim=1)
+            out = self.d_fwd(ids, self.d_cache, keep, attention_mask=self.d_mask,
+                             position_ids=pos)
+        kv = B * (self.t_mask.shape[1] * self.kv_t + self.d_mask.shape[1] * self.kv_d)
+        self.peak_kv = max(self.peak_kv, kv)
+        return out
+
+    # -- one iteration -------------------------------------------------------------------------
+    def context(self) -> Context:
+        rows = self.rows
+        lead = rows[0]
+        gens = [r.gen for r in rows]
+        return Context(category=lead.category, k_max=self.k_max, batch_size=len(rows),
+                       generated=min(gens), remaining=self.max_new - min(gens), live=lead.live,
+                       categories=tuple(r.category for r in rows),
+                       rows=tuple(r.live for r in rows), costs=self.costs)
+
+    def choose_k(self, ctx: Context) -> int:
+        k = min(int(self.policy.choose(ctx)), self.k_max, ctx.remaining - 1)
+        longest = max(r.n for r in self.rows)
+        if self.target_context is not None:
+            k = min(k, self.target_context - longest)
+        if self.draft_context is not None:
+            k = min(k, self.draft_context - longest + 1)
+        return max(k, 0)
+
+    def step(self) -> None:
+        rows = self.rows
+        B = len(rows)
+        ctx = self.context()
+        k = self.choose_k(ctx)
+        gens = [r.gen for r in rows]
+        clock = self.clock
+
+        # 1. Draft k tokens for every row (the first forward carries each row's catch-up)
+        q = None
+        cu_rows = cu_known = None
+        d_toks = torch.empty(B, k, dtype=torch.long, device=self.device)
+        conf = []
+        d0 = d1 = None
+        if k > 0:
+            catch = [r.tokens[r.d_len : r.n] for r in rows]
+            known = [0 if self.sampling.uses_presence else
+                     min(max(0, r.n - max(r.L, r.d_len + 1)), TRACE_CATCH_UP_MAX) for r in rows]
+            keep0 = max(known) + 1
+            d_seen = self.seen.clone() if self.seen is not None else None
+            q_list = []
+            t0 = clock.mark()
+            raw = self.feed("d", catch, [r.d_len for r in rows], None, keep0)
+            wide = max(len(c) for c in catch) > 2  # the prompt, or a k = 0 stretch: not T_d
+            if wide:
+                t_cu = clock.mark()
+            if max(known):
+                cu_rows, cu_known = self.trace_catch_up(raw[:, :-1], known)
+            raw = raw[:, -1:]
+            for i in range(k):
+                if i:
+                    raw = self.feed("d", None, [r.n + i - 1 for r in rows], d_toks[:, i - 1 : i], 1)
+                s = self.process(raw, [g + i for g in gens], d_seen)
+                if self.greedy:
+                    tok = s[:, 0].argmax(dim=-1)  # [B]
+                    conf.append(s[:, 0].softmax(dim=-1).amax(dim=-1))
+                else:
+                    qi = logits_to_probs(s, self.sampling)  # [B, 1, V]
+                    q_list.append(qi)
+                    tok = sample(qi[:, 0], self.generator)
+                    conf.append(qi[:, 0].amax(dim=-1))
+                d_toks[:, i] = tok
+                if d_seen is not None:
+                    d_seen[torch.arange(B, device=self.device), tok] = True
+            d0, d1 = (t_cu if wide else t0), clock.mark()
+            timed = k - 1 if wide else k
+            q = torch.cat(q_list, dim=1) if q_list else None
+        block_conf = quantize_beta(torch.stack(conf, dim=1)) if conf else d_toks  # [B, k]
+
+        # 2. Score each row's new token + the k drafts in one target forward
+        t0 = clock.mark()
+        s_before = self.t_mask.shape[1]
+        catch = [r.tokens[r.t_len : r.n] for r in rows]
+        raw_t = self.feed("t", catch, [r.t_len for r in rows], d_toks, k + 1)
+        s_t = self.process(raw_t, gens, self.seen, d_toks)  # [B, k+1, V]
+
+        # 3. Verify every row
+        p = None
+        if self.greedy:
+            tgt = s_t.argmax(dim=-1)  # [B, k+1]
+            match = (d_toks == tgt[:, :k]).to(torch.int64)
+            num_acc = match.cumprod(dim=-1).sum(dim=-1)  # [B]
+            nxt = tgt.gather(1, num_acc[:, None]).squeeze(1)
+            block_trace = match
+        else:
+            from autospec.verify import rejection_sample
+
+            p = logits_to_probs(s_t, self.sampling)  # [B, k+1, V]
+            num_acc, nxt = rejection_sample(p, q if q is not None else p[:, :0], d_toks,
+                                            generator=self.generator)
+            block_trace = (quantize_beta(torch.minimum(p[:, :k], q).sum(-1)) if k
+                           else d_toks)
+        t1 = clock.mark()
+
+        # 4. The iteration's one host sync
+        parts = [num_acc, nxt, d_toks.reshape(-1), block_trace.reshape(-1),
+                 block_conf.reshape(-1)]
+        if cu_rows is not None:
+            parts += [cu_rows[0].reshape(-1), cu_rows[1].reshape(-1)]
+        if not self.greedy:
+            parts.append(invalid_probs(p, q))
+        vals = torch.cat(parts).tolist()
+        if not self.greedy and vals.pop():
+            raise_invalid_probs(p, q, min(gens))
+        m_all, nxt_all = vals[:B], vals[B : 2 * B]
+        off = 2 * B
+        props = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
+        off += B * k
+        btrace = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
+        off += B * k
+        bconf = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
+        off += B * k
+
+        # timings: one (B, n) point per forward, shared by every row of the batch
+        t_s = clock.seconds(t0, t1)
+        first = self.iteration == 0
+        d_per_token = None
+        if k > 0 and timed > 0:
+            d_per_token = clock.seconds(d0, d1) / timed
+        was_off = bool(rows[0].stats.k_schedule) and rows[0].stats.k_schedule[-1] == 0
+
+        # 5. Per row: trace, emit, counters; then mask what was rejected
+        unproposed: dict[int, list[float]] = {}
+        t_mask_rows, d_mask_rows = [], []
+        width_t = self.t_mask.shape[1] - s_before
+        for b, r in enumerate(rows):
+            m = m_all[b]
+            if cu_rows is not None and cu_known[b]:
+                kn = cu_known[b]
+                w = cu_rows[0].shape[1]
+                cu_v = vals[off + b * w + w - kn : off + (b + 1) * w]
+                cu_c = vals[off + B * w + b * w + w - kn : off + B * w + (b + 1) * w]
+                r.trace.put(r.gen - kn, cu_v, cu_c)
+                if was_off:
+                    unproposed[b] = [v if self.greedy else v / 254 for v in cu_v
+                                     if v != UNOBSERVED]
+            on_prefix = min(m + 1, k)
+            r.trace.put(r.gen, btrace[b][:on_prefix], bconf[b][:on_prefix])
+            st = r.stats
+            st.iterations += 1
+            st.k_schedule.append(k)
+            st.accepted_schedule.append(m)
+            if k > 0:
+                st.drafts += 1
+                st.drafted += k
+                st.accepted += m
+                _bump(st.drafted_per_position, k)
+                _bump(st.accepted_per_position, m)
+            if first:
+                st.prefill_s = t_s
+            else:
+                st.target_s_by_bn.setdefault((B, k + 1), []).append(t_s)
+                if B == 1:
+                    st.target_s_by_n.setdefault(k + 1, []).append(t_s)
+            if d_per_token is not None:
+                st.draft_s_by_b.setdefault(B, []).append(d_per_token)
+                st.draft_s += d_per_token * timed
+                st.draft_forwards += timed
+            n_old = r.n
+            self.emit(b, r, props[b][:m] + [nxt_all[b]], s_t, raw_t)
+            # target cache: the row's catch-up and accepted drafts stay, rejected ones hidden
+            r.t_len = n_old + m
+            r.t_end = s_before + width_t - k + m
+            if m < k:
+                t_mask_rows.append((b, r.t_end, s_before + width_t))
+            if k > 0:
+                d_keep = min(m, k - 1)
+                r.d_len = n_old + d_keep
+                d_total = self.d_mask.shape[1]
+                r.d_end = d_total - (k - 1) + d_keep
+                if d_keep < k - 1:
+                    d_mask_rows.append((b, r.d_end, d_total))
+            r.bonus = k > 0 and m == k
+        for b, a, z in t_mask_rows:
+            self.t_mask[b, a:z] = 0
+        for b, a, z in d_mask_rows:
+            self.d_mask[b, a:z] = 0
+        if not self.greedy:
+            self.p_bonus = p[:, k] if k else None
+
+        # 6. Feed what was learned to the policy and the statistics
+        accepted_rows = tuple(m_all)
+        outcome = Outcome(drafted=k, accepted=sum(accepted_rows) // B,
+                          draft_time_s=(d_per_token * k if d_per_token is not None
+                                        else (0.0 if k == 0 else float("nan"))),
+                          target_time_s=float("nan") if first else t_s,
+                          accepted_rows=accepted_rows, batch_size=B)
+        for b, r in enumerate(rows):
+            if r.live is None:
+                continue
+            if b in unproposed:
+                r.live.observe_unproposed(unproposed[b])
+            timed_here = B == 1 and not first
+            r.live.observe(k, m_all[b], outcome.draft_time_s if timed_here else float("nan"),
+                           t_s if timed_here else float("nan"))
+        if self.costs is not None and not first:
+            self.costs.observe(B, k + 1, t_s, d_per_token)
+        row_outcome = replace(outcome, unproposed=tuple(v for u in unproposed.values()
+                                                        for v in u))
+        self.policy.update(ctx, k, row_outcome)
+        self.iteration += 1
+
+        # 7. Rows that finished leave; caches are trimmed and, when holes pile up, repacked
+        self.compact()
+
+    def trace_catch_up(self, raw, known: list[int]):
+        """(trace values [B, w], confidences [B, w]) for the generated positions each row's
+        catch-up forward predicted (the last known[b] columns of row b are meaningful)."""
+        rows = self.rows
+        w = raw.shape[1]
+        s = self.process(raw, [r.gen - w for r in rows], None)
+        probs = s.softmax(dim=-1)  # [B, w, V]
+        conf = quantize_beta(probs.amax(dim=-1))
+        if self.greedy:
+            truth = torch.full((len(rows), w), -1, dtype=torch.long, device=self.device)
+            for b, r in enumerate(rows):
+                if known[b]:
+                    truth[b, w - known[b]:] = torch.tensor(r.tokens[r.n - known[b] : r.n],
+                                                           device=self.device)
+            return ((s.argmax(dim=-1) == truth).to(torch.int64), conf), known
+        vals = torch.full((len(rows), w), UNOBSERVED, dtype=torch.int64, device=self.device)
+        if self.p_bonus is not None:
+            for b, r in enumerate(rows):
+                if known[b] == 1 and r.bonus and b < self.p_bonus.shape[0]:
+                    vals[b, -1] = quantize_beta(torch.minimum(self.p_bonus[b], probs[b, -1]).sum())
+        return (vals, conf), known
+
+    def emit(self, b: int, r: _Row, new: list[int], s_t, raw_t) -> None:
+        emitted = 0
+        for tok in new:
+            emitted += 1
+            r.tokens.append(tok)
+            if tok in self.eos_set:
+                r.finished, r.stats.stop_reason = True, "eos"
+                break
+            if r.gen + emitted >= self.max_new:
+                r.finished, r.stats.stop_reason = True, "max_new_tokens"
+                break
+            if self.criteria is not None:
+                ids = torch.tensor(r.tokens, device=self.device)[None]
+                if r.prefix is not None:
+                    ids = torch.cat([r.prefix.to(self.device), ids], dim=1)
+                if _criteria_hit(self.criteria, ids, s_t[b : b + 1, emitted - 1]):
+                    r.finished, r.stats.stop_reason = True, "stopping_criteria"
+                    break
+        if r.scores is not None:
+            r.scores.extend(s_t[b, j].clone() for j in range(emitted))
+        if r.logits is not None:
+            r.logits.extend(raw_t[b, j].float().clone() for j in range(emitted))
+        if emitted and self.seen is not None:
+            self.seen[b, torch.tensor(new[:emitted], device=self.device)] = True
+        r.n += emitted
+        if r.finished:
+            r.wall_end = time.perf_counter()
+
+    # -- compaction ----------------------------------------------------------------------------
+    def compact(self) -> None:
+        keep = [b for b, r in enumerate(self.rows) if not r.finished]
+        if len(keep) < len(self.rows):
+            self.rows = [self.rows[b] for b in keep]
+            if not keep:
+                return
+            idx = torch.tensor(keep, device=self.device)
+            for cache in (self.t_cache, self.d_cache):
+                cache.batch_select_indices(idx)
+            self.t_mask, self.d_mask = self.t_mask[idx], self.d_mask[idx]
+            if self.seen is not None:
+                self.seen = self.seen[idx]
+            if self.p_bonus is not None:
+                self.p_bonus = self.p_bonus[idx]
+        self.t_mask = self._trim(self.t_cache, self.t_mask, "t")
+        self.d_mask = self._trim(self.d_cache, self.d_mask, "d")
+
+    def _trim(self, cache, mask: torch.Tensor, which: str) -> torch.Tensor:
+        """Cut trailing slots no row uses; repack when masked slots pile up."""
+        rows = self.rows
+        ends = [r.t_end if which == "t" else r.d_end for r in rows]
+        lens = [r.t_len if which == "t" else r.d_len for r in rows]
+        S = mask.shape[1]
+        end = max(ends)
+        if end < S:
+            _crop(cache, S - end)
+            mask = mask[:, :end]
+            S = end
+        longest = max(lens)
+        if S - longest <= max(SLACK, S // 4):
+            return mask
+        # gather each row's valid slots to the right: row b's tokens end at slot `longest`
+        order = torch.arange(S, device=self.device).expand(len(rows), S)
+        valid = mask.bool()
+        key = torch.where(valid, order + S, order)  # valid slots sort after the holes
+        gather = key.argsort(dim=1, stable=True)[:, S - longest :]  # [B, longest]
+        new_mask = valid.gather(1, gather).to(mask.dtype)
+        for layer in getattr(cache, "layers", []):
+            keys = getattr(layer, "keys", None)
+            if keys is None or keys.dim() != 4 or keys.shape[-2] != S:
+                continue
+            g = gather[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+            layer.keys = keys.gather(2, g)
+            layer.values = layer.values.gather(2, g)
+        for r in rows:
+            if which == "t":
+                r.t_end = longest
+            else:
+                r.d_end = longest
+        return new_mask
+
+    # -- the end -------------------------------------------------------------------------------
+    def result(self) -> BatchResult:
+        out = []
+        for r in self.all_rows:
+            st = r.stats
+            st.new_tokens = r.gen
+            st.trace = r.trace.finish(st.new_tokens)
+            st.confidence = r.trace.finish_confidence(st.new_tokens)
+            st.batch_size = self.batch0
+            st.peak_kv_bytes = self.peak_kv
+            st.wall_s = (r.wall_end or time.perf_counter()) - self.t_start
+            st.path = "eager"
+            seq = torch.tensor(r.tokens, dtype=torch.long, device=self.device)[None]
+            out.append(LoopResult(sequences=seq, stats=st, scores=r.scores, logits=r.logits))
+        return BatchResult(rows=out, peak_kv_bytes=self.peak_kv,
+                           wall_s=time.perf_counter() - self.t_start)
+
+
+def _crop(cache, drop: int) -> None:
+    if drop > 0 and cache.get_seq_length() > 0:
+        cache.crop(-drop)
