@@ -141,3 +141,35 @@ def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_pa
     live = fresh.live_stats("default")
     fresh.close()
     assert live.t_target == {1: 0.01, 4: 0.011} and live.t_draft == 0.002
+
+
+def test_a_batched_row_records_its_batch_size_and_timings_by_batch(models, tmp_path):
+    from autospec.loop import LoopStats
+    from autospec.telemetry import RequestTelemetry
+
+    tel = RequestTelemetry(*models, measure_peak=False)
+    plain = LoopStats(new_tokens=3, iterations=1, k_schedule=[0], accepted_schedule=[0],
+                      trace=b"\xff\xff\xff", trace_kind="greedy", wall_s=0.1,
+                      target_s_by_n={1: [0.01]}, target_forwards=[(10, 0.01)])
+    row = LoopStats(new_tokens=3, iterations=1, k_schedule=[2], accepted_schedule=[2],
+                    trace=b"\x01\x01\xff", trace_kind="greedy", wall_s=0.1,
+                    target_forwards=[(10, 0.02)])
+    # the batched loop's fields (LoopStats gains them with issue 10; set here either way)
+    row.batch_size = 4
+    row.target_s_by_bn = {(4, 3): [0.02], (2, 1): [0.015]}
+    row.draft_s_by_b = {4: [0.003, 0.004]}
+    recs = [tel.record(st, category="code", policy="fixed(2)", greedy=True)
+            for st in (plain, row)]
+    tel.close()
+    assert recs[0].batch_size == 1 and not recs[0].target_s_by_bn
+    assert recs[1].batch_size == 4 and recs[1].target_s_by_n == {}
+    assert recs[1].bandwidth_bytes_per_s is not None  # from the row's own forwards
+    with open_store(f"sqlite:///{tmp_path / 'batch.db'}") as store:
+        store.write(recs)
+        with store.session() as s:
+            got = sorted(queries.recent_requests(s), key=lambda r: r.batch_size)
+            (sm,) = queries.category_summaries(s)
+    assert [r.batch_size for r in got] == [1, 4]
+    assert got[1].target_s_by_bn == {(2, 1): [0.015], (4, 3): [0.02]}
+    assert got[1].draft_s_by_b == {4: [0.003, 0.004]}
+    assert sm.requests == 2 and sm.target_count_by_n == {1: 1}  # batch 1's forward only
