@@ -5,15 +5,22 @@ Expected tokens per iteration with per-position acceptance a_i:
 Time per iteration: k · T_d + T_t(k + 1), where T_t(n) is the target's time to score n tokens.
 Speedup over plain decoding, the draft's own cost included:
     S(k) = E[N](k) · T_t(1) / (k · T_d + T_t(k + 1)),   S(0) = 1.
+
+At batch B (one k for every row; T_t(B, n) scores n tokens in each of B rows, T_d(B) is one
+draft step for B rows), against plain batched decoding at the same B:
+    S_B(k) = Σ_i E[N_i](k) · T_t(B, 1) / (B · (k · T_d(B) + T_t(B, k + 1))).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["expected_tokens", "speedup", "best_k", "interpolate_cost",
+from .base import batch_bucket
+
+__all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "conditional_from_cumulative", "CostModelPolicy"]
 
 
@@ -120,6 +127,40 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int) -> tuple[int, float
     return best, best_s
 
 
+def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int) -> tuple[int, float]:
+    """argmax_k S_B(k) over 0 … k_max for a batch whose row i accepts along ``curves[i]`` (a
+    per-position list or a constant α), and that S against plain batched decoding at the same
+    B = len(curves) (the smallest k among ties; S_B(0) = 1). ``cost``: T_t(B, ·) as a mapping
+    n → seconds or a function. Rows that share a curve object are computed once."""
+    cost = cost if callable(cost) else interpolate_cost(cost)
+    rows = len(curves)
+    if rows == 0:
+        return 0, 1.0
+    # (per-position rates, value past them, how many rows) per distinct curve
+    shared = Counter(id(c) for c in curves)
+    groups, seen = [], set()
+    for c in curves:
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        rates = [float(c)] if isinstance(c, (int, float)) else list(c)
+        known = [a for a in rates if a is not None]
+        groups.append([rates, float(known[-1]) if known else 0.0, shared[id(c)], 1.0])
+    t1 = cost(1)
+    best, best_s = 0, 1.0
+    tokens = float(rows)  # Σ_i E[N_i](0): one token per row
+    for k in range(1, k_max + 1):
+        for g in groups:  # g[3]: the row's running product a_1 · … · a_k
+            rates, last, count = g[0], g[1], g[2]
+            a = rates[k - 1] if k - 1 < len(rates) else None
+            g[3] *= last if a is None else float(a)
+            tokens += count * g[3]
+        s = tokens * t1 / (rows * (k * t_draft + cost(k + 1)))
+        if s > best_s:
+            best, best_s = k, s
+    return best, best_s
+
+
 class CostModelPolicy:
     """argmax_k S(k) from the category's live acceptance posterior and measured costs.
 
@@ -141,6 +182,13 @@ class CostModelPolicy:
       discount (seeded from the controller's), instead of reading the controller's (0.995);
     - ``cold_start``: below this many (discounted) drafting blocks of evidence, a request's
       predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead.
+
+    At batch > 1 (``context.rows`` and ``context.costs`` given) it chooses one k for the batch:
+    argmax S_B(k) (``batch_best_k``) from each row's category statistics and the controller's
+    ``BatchCosts`` at that B, k = 0 unless some k beats plain batched decoding by
+    ``min_gain``. The same exploration, per batch size: T_t(B, 1) unknown → k = 0 (measures
+    plain decoding at B); T_d(B) or the rest of T_t(B, ·) unknown → ``initial_k``; off
+    counters are kept per (set of categories, batch-size bucket), apart from batch 1's.
     """
 
     def __init__(self, *, initial_k: int = 3, reprobe_every: int = 64, probe_k: int = 1,
@@ -156,6 +204,7 @@ class CostModelPolicy:
         self.k_cap, self.z, self.min_gain = k_cap, z, min_gain
         self.optimistic, self.discount, self.cold_start = optimistic, discount, cold_start
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
+        self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
 
     def _stats(self, context):
@@ -170,6 +219,8 @@ class CostModelPolicy:
 
     def choose(self, context) -> int:
         top = context.k_max if self.k_cap is None else min(self.k_cap, context.k_max)
+        if _batched(context):
+            return self._choose_batch(context, top)
         live = self._stats(context)
         if live is None:
             return min(self.initial_k, top)
@@ -194,9 +245,78 @@ class CostModelPolicy:
         self._off[context.category] = off
         return k
 
+    def _row_stats(self, context) -> list:
+        """Each row's statistics to decide by (our own per category, with ``discount``)."""
+        rows = list(context.rows)
+        if self.discount is None:
+            return rows
+        cats = _row_categories(context)
+        out = []
+        for cat, live in zip(cats, rows):
+            own = self._own.get(cat)
+            if own is None and live is not None:
+                own = self._own[cat] = live.copy(discount=self.discount)
+            out.append(own)
+        return out
+
+    def _choose_batch(self, context, top: int) -> int:
+        batch, costs = context.batch_size, context.costs
+        points = costs.target_points(batch) if hasattr(costs, "target_points") else None
+        cost = costs.target_cost(batch, optimistic=self.optimistic)
+        if cost is None or (points is not None and 1 not in points):
+            return 0  # plain batched decoding at this B: measures the baseline
+        t_draft = costs.draft_cost(batch)
+        if t_draft is None or (points is not None and len(points) < 2):
+            return min(self.initial_k, top)
+        predicted = getattr(context, "predicted_alpha", None)
+        curves, by_stats = [], {}
+        for live in self._row_stats(context):
+            curve = by_stats.get(id(live))
+            if curve is None:
+                if live is None:
+                    curve = [0.5 if predicted is None else float(predicted)] * top
+                elif predicted is not None and live.observed < self.cold_start:
+                    curve = [float(predicted)] * top
+                else:
+                    curve = live.acceptance_curve(top, z=self.z)
+                by_stats[id(live)] = curve
+            curves.append(curve)
+        k, s = batch_best_k(curves, t_draft, cost, top)
+        key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
+        if k > 0 and s >= 1 + self.min_gain:
+            self._off_batch[key] = 0
+            return k
+        off = self._off_batch.get(key, 0) + 1
+        k = 0
+        if off >= self.reprobe_every:
+            off = 0
+            k = min(self.probe_k, top)
+        self._off_batch[key] = off
+        return k
+
     def update(self, context, k: int, outcome) -> None:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
+        if self.discount is not None and _batched(context):
+            accepted = getattr(outcome, "accepted_rows", ()) or ()
+            for cat, a in zip(_row_categories(context), accepted):
+                own = self._own.get(cat)
+                if own is not None:  # acceptance only: batch timings are not batch 1's
+                    own.observe(k, a, float("nan"), float("nan"))
+            return
         own = self._own.get(context.category) if self.discount is not None else None
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
             own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+
+
+def _batched(context) -> bool:
+    """A batch the batch cost model can decide for: rows and the costs at batch sizes."""
+    return (getattr(context, "batch_size", 1) > 1 and bool(getattr(context, "rows", ()))
+            and getattr(context, "costs", None) is not None)
+
+
+def _row_categories(context) -> tuple[str, ...]:
+    """Each row's category (the context's one category where they were not given)."""
+    cats = tuple(getattr(context, "categories", ()) or ())
+    rows = len(context.rows)
+    return cats if len(cats) == rows else (context.category,) * rows
