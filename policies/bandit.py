@@ -6,6 +6,11 @@ Statistics are discounted by ``discount`` per update of the category, so the ban
 drift; an arm that fell out of favour regains uncertainty as its evidence decays, which is how
 k = 0 ("off") is left again when the draft becomes good. Randomness comes from a seeded
 ``random.Random`` passed in, never the global RNG.
+
+At batch > 1 the arms are kept per (category, batch-size bucket) — 1, 2–3, 4–7, 8–15, 16–31,
+32+ — since the best k changes with the batch size; a batch of several categories is its own
+category ("a+b"). The reward is then the batch's tokens per second: Σ over rows of
+(accepted_i + 1), from ``outcome.accepted_rows``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import math
 import random
 import threading
 from dataclasses import dataclass, field
+
+from .base import batch_bucket
 
 __all__ = ["ThompsonBandit"]
 
@@ -32,7 +39,7 @@ class ThompsonBandit:
     seed: int | None = 0
     min_std_fraction: float = 0.05  # floor on the reward's spread, as a fraction of its mean
     name: str = "bandit"
-    _arms: dict[str, list[_Arm]] = field(default_factory=dict, repr=False)
+    _arms: dict[tuple[str, int], list[_Arm]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -40,16 +47,17 @@ class ThompsonBandit:
             raise ValueError("discount must be in (0, 1]")
         self._rng = random.Random(self.seed)
 
-    def _for(self, category: str) -> list[_Arm]:
-        arms = self._arms.get(category)
+    def _for(self, context) -> list[_Arm]:
+        key = _key(context)
+        arms = self._arms.get(key)
         if arms is None:
-            arms = self._arms[category] = [_Arm() for _ in range(self.k_max + 1)]
+            arms = self._arms[key] = [_Arm() for _ in range(self.k_max + 1)]
         return arms
 
     def choose(self, context) -> int:
         top = min(self.k_max, context.k_max)
         with self._lock:
-            arms = self._for(context.category)[: top + 1]
+            arms = self._for(context)[: top + 1]
             untried = [k for k, a in enumerate(arms) if a.n < 0.5]
             if untried:  # every arm once, cheapest first
                 return untried[0]
@@ -69,9 +77,11 @@ class ThompsonBandit:
         seconds = (outcome.draft_time_s or 0.0) + outcome.target_time_s
         if not seconds > 0 or k > self.k_max:  # NaN (prefill, unread timings) or out of range
             return
-        reward = (outcome.accepted + 1) / seconds
+        rows = getattr(outcome, "accepted_rows", ()) or ()
+        tokens = sum(rows) + len(rows) if rows else outcome.accepted + 1
+        reward = tokens / seconds
         with self._lock:
-            arms = self._for(context.category)
+            arms = self._for(context)
             if self.discount < 1:
                 for a in arms:
                     a.n *= self.discount
@@ -81,3 +91,10 @@ class ThompsonBandit:
             a.n += 1
             a.total += reward
             a.squares += reward * reward
+
+
+def _key(context) -> tuple[str, int]:
+    """(category, batch-size bucket) the arms are kept by."""
+    cats = getattr(context, "categories", ()) or ()
+    category = "+".join(sorted(set(cats))) if cats else context.category
+    return category, batch_bucket(getattr(context, "batch_size", 1))

@@ -1,6 +1,7 @@
 """transformers' assisted-generation schedule, kept for comparison: +2 after a fully accepted
 block, −1 (not below 1) otherwise. Its state persists across requests, as in transformers,
-but lives here rather than in the model's config."""
+but lives here rather than in the model's config. At batch > 1 a block is fully accepted
+when every row accepted all k (``min(outcome.accepted_rows) == k``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class Heuristic:
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
         if k == 0:
             return
+        rows = getattr(outcome, "accepted_rows", ()) or ()
+        full = (min(rows) if rows else outcome.accepted) == k
         with self._lock:
             cur = self._k.get(context.category, self.start)
-            self._k[context.category] = cur + 2 if outcome.accepted == k else max(1, cur - 1)
+            self._k[context.category] = cur + 2 if full else max(1, cur - 1)
