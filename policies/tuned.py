@@ -5,7 +5,8 @@ writes the winner to the store's ``tuned_params`` table. ``TunedPolicy`` serves 
 with the policy built from its newest row, and a background thread polls the store every
 ``refresh_s`` seconds for newer rows, swapping them in without a restart and without touching
 the generation path (a dictionary lookup per iteration). Categories without tuned parameters
-get the untuned default (``auto``). If the store cannot be read the last parameters stay in
+get the untuned default (``auto``). At batch > 1 the batch is served by the policy of its most
+common category (``context.categories``; ties: the first row's). If the store cannot be read the last parameters stay in
 force; the failure is logged and counted.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from .base import Context, Outcome, Policy, auto_policy
 
-__all__ = ["FAMILIES", "build_policy", "TunedPolicy"]
+__all__ = ["FAMILIES", "ROW_FAMILIES", "build_policy", "TunedPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
                   "probe_k", "initial_k", "cold_start", "early_stop"),
     "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
+# families a tuned row may name but the search does not draw from FAMILIES: a batch-size → k
+# table (``{"table": "1-3:4,4-:0"}``), produced by tuning per batch size
+ROW_FAMILIES: dict[str, tuple[str, ...]] = {**FAMILIES, "table": ("table", "early_stop")}
 
 
 def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = None,
@@ -39,12 +43,12 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
 
-    if family not in FAMILIES:
-        raise ValueError(f"unknown policy family {family!r}: one of {sorted(FAMILIES)}")
-    unknown = set(params) - set(FAMILIES[family])
+    if family not in ROW_FAMILIES:
+        raise ValueError(f"unknown policy family {family!r}: one of {sorted(ROW_FAMILIES)}")
+    unknown = set(params) - set(ROW_FAMILIES[family])
     if unknown:
         raise ValueError(f"{family} policy has no parameter(s) {sorted(unknown)}; "
-                         f"it takes {list(FAMILIES[family])}")
+                         f"it takes {list(ROW_FAMILIES[family])}")
     from .base import EarlyStop
 
     label = name or f"tuned:{family}"
@@ -52,6 +56,14 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     early_stop = params.pop("early_stop", None)  # every family: draft-side early stopping
     if family == "fixed":
         policy: Policy = FixedK(int(params.get("k", 0)))
+    elif family == "table":
+        from .table import TablePolicy
+
+        table = params.get("table")
+        if not table:
+            raise ValueError("table policy needs a 'table' parameter, e.g. '1-3:4,4-:0'")
+        policy = (TablePolicy.parse(table) if isinstance(table, str)
+                  else TablePolicy.from_choices({int(b): int(k) for b, k in table.items()}))
     elif family == "bandit":
         policy = ThompsonBandit(name=label, seed=seed, **params)
     else:
@@ -145,8 +157,14 @@ class TunedPolicy:
     def _for(self, category: str) -> Policy:
         return self._policies.get(category, self.fallback)
 
+    def _serving(self, context: Context) -> Policy:
+        cats = getattr(context, "categories", ()) or ()
+        if not cats:
+            return self._for(context.category)
+        return self._for(max(dict.fromkeys(cats), key=cats.count))  # most common, first wins
+
     def choose(self, context: Context) -> int:
-        return self._for(context.category).choose(context)
+        return self._serving(context).choose(context)
 
     def early_stop_for(self, category: str) -> float | None:
         from .base import early_stop_of
@@ -154,4 +172,4 @@ class TunedPolicy:
         return early_stop_of(self._for(category), category)
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
-        self._for(context.category).update(context, k, outcome)
+        self._serving(context).update(context, k, outcome)
