@@ -13,12 +13,15 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
 from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
 
-__all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate"]
+__all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
+           "batch_size_of", "plain_batch_seconds"]
 
 
 def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
@@ -95,15 +98,84 @@ def expected_accepted(betas: Sequence[float], k: int) -> float:
 
 @dataclass(frozen=True)
 class Costs:
-    """A timing model: seconds per proposed draft token, and T_t(n) as measured points."""
+    """A timing model: seconds per proposed draft token and T_t(n) as measured points at
+    batch 1 (``t_draft``, ``t_target``), and optionally the batch dimension: T_t(B, n) as
+    ``target_grid`` (B → n → seconds of a forward scoring n tokens per row) and T_d(B) as
+    ``draft_grid`` (B → seconds per proposed token). Batch 1 is always the batch-1 fields;
+    other batch sizes interpolate through ``policies.batchcosts.BatchCosts``, the live
+    controller's own interpolation (linear in B between measured batch sizes)."""
 
     t_draft: float
     t_target: Mapping[int, float]
+    target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    draft_grid: Mapping[int, float] = field(default_factory=dict)
 
+    @property
+    def batched(self) -> bool:
+        """Whether T_t(B, n) was measured at some batch size B > 1."""
+        return any(int(b) > 1 and curve for b, curve in self.target_grid.items())
+
+    @cached_property
+    def batch_costs(self):
+        """A ``BatchCosts`` warmed with these costs (batch 1 from the batch-1 fields)."""
+        from autospec.policies.batchcosts import BatchCosts
+
+        target = {int(b): {int(n): float(s) for n, s in c.items()}
+                  for b, c in self.target_grid.items()}
+        draft = {int(b): float(s) for b, s in self.draft_grid.items()}
+        target[1] = {int(n): float(s) for n, s in self.t_target.items()}
+        draft[1] = float(self.t_draft)
+        bc = BatchCosts()
+        bc.warm(target, draft)
+        return bc
+
+    @cached_property
+    def _by_batch(self) -> dict[int, tuple[Callable[[int], float], float]]:
+        return {}
+
+    def at(self, batch: int = 1) -> tuple[Callable[[int], float], float]:
+        """(T_t(B, ·) as a function of n, T_d(B)) at ``batch`` rows."""
+        got = self._by_batch.get(batch)
+        if got is not None:
+            return got
+        if batch <= 1:
+            got = interpolate_cost(self.t_target), float(self.t_draft)
+        else:
+            target = self.batch_costs.target_cost(batch, optimistic=False)
+            if target is None:
+                raise ValueError(f"no target cost at batch {batch}")
+            draft = self.batch_costs.draft_cost(batch)
+            got = target, float(self.t_draft if draft is None else draft)
+        self._by_batch[batch] = got
+        return got
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready: what a study pins and a tuning result reports."""
+        out: dict[str, Any] = {"t_draft_s": self.t_draft,
+                               "t_target_s_by_n": {int(n): t for n, t in self.t_target.items()}}
+        if self.target_grid:
+            out["t_target_s_by_bn"] = {int(b): {int(n): s for n, s in c.items()}
+                                       for b, c in self.target_grid.items()}
+            out["t_draft_s_by_b"] = {int(b): s for b, s in self.draft_grid.items()}
+        return out
+
+    @classmethod
+    def from_description(cls, d: Mapping[str, Any]) -> Costs:
+        """The inverse of ``describe`` (JSON keys come back as strings)."""
+        return cls(t_draft=float(d["t_draft_s"]),
+                   t_target={int(n): float(t) for n, t in d["t_target_s_by_n"].items()},
+                   target_grid={int(b): {int(n): float(s) for n, s in c.items()}
+                                for b, c in (d.get("t_target_s_by_bn") or {}).items()},
+                   draft_grid={int(b): float(s)
+                               for b, s in (d.get("t_draft_s_by_b") or {}).items()})
 
 
 @dataclass
 class SimResult:
+    """Totals of a replay. ``tokens``, ``drafted``, ``accepted`` sum over rows; ``iterations``
+    and ``k_counts`` count batch iterations (one k for the whole batch); ``row_steps`` sums
+    the rows running in each iteration (compaction: finished rows leave the batch)."""
+
     tokens: int = 0
     seconds: float = 0.0
     iterations: int = 0
@@ -111,7 +183,10 @@ class SimResult:
     accepted: int = 0
     k_counts: Counter = field(default_factory=Counter)
     unobserved_hits: int = 0  # blocks that ran into an unobserved position (counted rejected)
-    plain_seconds: float = 0.0  # the same tokens decoded one at a time
+    # the same batches decoded plainly: one token per running row per step, Σ_t T_t(B_t, 1)
+    plain_seconds: float = 0.0
+    row_steps: int = 0
+    k_counts_by_batch: dict[int, Counter] = field(default_factory=dict)  # rows running → k
 
     @property
     def tokens_per_s(self) -> float:
@@ -121,60 +196,180 @@ class SimResult:
     def speedup(self) -> float:
         return self.plain_seconds / self.seconds if self.seconds else float("nan")
 
+    def k_by_batch(self) -> dict[int, int]:
+        """The k run most often at each number of running rows."""
+        return {b: c.most_common(1)[0][0] for b, c in sorted(self.k_counts_by_batch.items())}
+
+    def _count(self, batch: int, k: int) -> None:
+        self.iterations += 1
+        self.k_counts[k] += 1
+        self.k_counts_by_batch.setdefault(batch, Counter())[k] += 1
+
+
+def batch_size_of(row) -> int:
+    """The batch a logged request ran in (1 for tuples and rows logged before batching)."""
+    return max(1, int(getattr(row, "batch_size", 1) or 1))
+
+
+def plain_batch_seconds(lengths: Sequence[int], costs: Costs) -> float:
+    """Plain batched decoding of rows of these lengths, finished rows leaving the batch:
+    Σ over steps t of T_t(B_t, 1), B_t the rows still running at step t."""
+    total, step = 0.0, 0
+    for running, length in zip(range(len(lengths), 0, -1), sorted(lengths)):
+        if length > step:
+            total += (length - step) * costs.at(running)[0](1)
+            step = length
+    return total
+
 
 def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
              category: str | Callable[[object], str] = "default", live=None,
-             seed: int = 0) -> SimResult:
+             seed: int = 0, batched: bool = True) -> SimResult:
     """Replay ``traces`` (objects with ``trace_kind`` and ``trace``, e.g. the store's TraceRow,
     or (kind, bytes) tuples) under ``policy`` and the cost model, feeding it the outcomes it
     would have seen. Greedy traces replay exactly; sampled ones draw each acceptance from its
     recorded β with a seeded RNG. Returns throughput and the plain-decoding baseline.
 
+    Traces logged at batch size B > 1 (``batch_size``) replay in batches: per (B, category),
+    in logged order, B traces at a time (a last, incomplete group is a smaller batch). Each
+    iteration the policy chooses one k for the batch, every row replays its block from its own
+    trace, rows leave when they reach their length, and the iteration costs
+    k · T_d(B) + T_t(B, k + 1) at the B rows still running; the baseline is plain batched
+    decoding of the same batches. A batch replays when its group is full (or at the end), so
+    the policy sees requests in logged order as far as batching allows; traces at batch 1
+    replay exactly as they always did. ``batched=False`` replays every trace alone at batch 1
+    (costs without a batch grid).
+
     live: a dict category → LiveStats to feed (as the controller does); fresh ones by default.
     """
-    from autospec.policies import Context, LiveStats, Outcome
+    from autospec.policies import LiveStats
 
     rng = random.Random(seed)
-    cost = interpolate_cost(costs.t_target)
-    t1 = cost(1)
     lives = {} if live is None else live
     res = SimResult()
+    pending: dict[tuple[int, str], list] = {}
     for row in traces:
-        if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
-            kind, trace, conf = (*row, None)[:3]
-        else:
-            kind, trace, conf = row.trace_kind, row.trace, getattr(row, "confidence", None)
         cat = category(row) if callable(category) else category
-        stop = early_stop_of(policy, cat)
         stats = lives.setdefault(cat, LiveStats())
-        total, g = len(trace), 0
-        covered, prev_k = 0, None  # first position the draft has not predicted; last k
-        while g < total:
-            ctx = Context(category=cat, k_max=k_max, generated=g, remaining=total - g,
-                          live=stats)
-            k = max(0, min(int(policy.choose(ctx)), k_max, total - g - 1))
-            unproposed: tuple = ()
-            if k > 0 and prev_k == 0:  # drafting resumes: the catch-up predicts the gap
-                unproposed = tuple(
-                    (v if kind == TRACE_GREEDY else v / 254)
-                    for v in trace[max(covered, g - TRACE_CATCH_UP_MAX) : g] if v != UNOBSERVED)
-            k, m, unknown = replay_block(kind, trace, g, k, confidence=conf,
-                                         early_stop=stop, rng=rng)
-            res.unobserved_hits += unknown
-            if k > 0:
-                covered = g + min(m + 1, k)
-            prev_k = k
-            d_s, t_s = k * costs.t_draft, cost(k + 1)
-            stats.observe_unproposed(unproposed)
-            stats.observe(k, m, d_s, t_s)
-            policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
-                                          target_time_s=t_s, unproposed=unproposed))
-            res.iterations += 1
-            res.drafted += k
-            res.accepted += m
-            res.k_counts[k] += 1
-            res.tokens += m + 1
-            res.seconds += d_s + t_s
-            res.plain_seconds += (m + 1) * t1
-            g += m + 1
+        b = batch_size_of(row) if batched else 1
+        if b == 1:
+            _replay_one(_Row(row), policy, costs, cat, stats, k_max, rng, res)
+            continue
+        if not costs.batched:
+            raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
+                             "pass Costs(target_grid=...) or batched=False")
+        group = pending.setdefault((b, cat), [])
+        group.append(_Row(row))
+        if len(group) == b:
+            _replay_batch(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
+    for (_b, cat), group in pending.items():
+        _replay_batch(group, policy, costs, cat, lives[cat], k_max, rng, res)
     return res
+
+
+class _Row:
+    """One request being replayed: its trace and where it stands."""
+
+    __slots__ = ("kind", "trace", "conf", "g", "covered", "prev_k")
+
+    def __init__(self, row):
+        if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
+            self.kind, self.trace, self.conf = (*row, None)[:3]
+        else:
+            self.kind, self.trace = row.trace_kind, row.trace
+            self.conf = getattr(row, "confidence", None)
+        self.g = 0  # generated so far
+        self.covered = 0  # first position the draft has not predicted
+        self.prev_k: int | None = None
+
+    @property
+    def remaining(self) -> int:
+        return len(self.trace) - self.g
+
+    def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool, tuple]:
+        """Replay one block of (at most) k: (drafted, accepted, unknown, unproposed)."""
+        unproposed: tuple = ()
+        if k > 0 and self.prev_k == 0:  # drafting resumes: the catch-up predicts the gap
+            unproposed = tuple(
+                (v if self.kind == TRACE_GREEDY else v / 254)
+                for v in self.trace[max(self.covered, self.g - TRACE_CATCH_UP_MAX) : self.g]
+                if v != UNOBSERVED)
+        k, m, unknown = replay_block(self.kind, self.trace, self.g, k, confidence=self.conf,
+                                     early_stop=stop, rng=rng)
+        if k > 0:
+            self.covered = self.g + min(m + 1, k)
+        self.prev_k = k
+        self.g += m + 1
+        return k, m, unknown, unproposed
+
+
+def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rng,
+                res: SimResult) -> None:
+    """A request served alone: the batch-1 loop."""
+    from autospec.policies import Context, Outcome
+
+    cost, t_draft = costs.at(1)
+    t1 = cost(1)
+    stop = early_stop_of(policy, cat)
+    total = len(row.trace)
+    while row.g < total:
+        ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
+                      live=stats)
+        k = max(0, min(int(policy.choose(ctx)), k_max, row.remaining - 1))
+        k, m, unknown, unproposed = row.step(k, stop, rng)
+        res.unobserved_hits += unknown
+        d_s, t_s = k * t_draft, cost(k + 1)
+        stats.observe_unproposed(unproposed)
+        stats.observe(k, m, d_s, t_s)
+        policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
+                                      target_time_s=t_s, unproposed=unproposed))
+        res._count(1, k)
+        res.row_steps += 1
+        res.drafted += k
+        res.accepted += m
+        res.tokens += m + 1
+        res.seconds += d_s + t_s
+        res.plain_seconds += (m + 1) * t1
+
+
+def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
+                  res: SimResult) -> None:
+    """Rows that ran in one batch, replayed together: one k per iteration for the batch, each
+    row's block from its own trace, finished rows leaving the batch, as ``autospec.batched``
+    runs them (at one running row its timings feed the statistics, as the live loop's do)."""
+    from autospec.policies import Context, Outcome
+
+    stop = early_stop_of(policy, cat)
+    res.plain_seconds += plain_batch_seconds([len(r.trace) for r in rows], costs)
+    nan = float("nan")
+    while True:
+        running = [r for r in rows if r.remaining > 0]
+        if not running:
+            return
+        b = len(running)
+        cost, t_draft = costs.at(b)
+        ctx = Context(category=cat, k_max=k_max, batch_size=b,
+                      generated=min(r.g for r in running),
+                      remaining=max(r.remaining for r in running), live=stats,
+                      categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs)
+        k = max(0, min(int(policy.choose(ctx)), k_max, ctx.remaining - 1))
+        steps = [r.step(min(k, r.remaining - 1), stop, rng) for r in running]
+        k_run = max(d for d, _m, _u, _p in steps)  # the batch drafts while any row does
+        d_s, t_s = k_run * t_draft, cost(k_run + 1)
+        for d, m, unknown, unproposed in steps:
+            res.unobserved_hits += unknown
+            stats.observe_unproposed(unproposed)
+            # batch timings are not batch 1's cost curve: acceptance only, unless one row runs
+            stats.observe(d, m, d_s if b == 1 else nan, t_s if b == 1 else nan)
+            res.drafted += d
+            res.accepted += m
+            res.tokens += m + 1
+        accepted = tuple(m for _d, m, _u, _p in steps)
+        policy.update(ctx, k_run, Outcome(
+            drafted=k_run, accepted=sum(accepted) // b, draft_time_s=d_s,
+            target_time_s=t_s, unproposed=tuple(v for s in steps for v in s[3]),
+            accepted_rows=accepted, batch_size=b))
+        res._count(b, k_run)
+        res.row_steps += b
+        res.seconds += d_s + t_s
+

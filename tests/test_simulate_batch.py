@@ -1,0 +1,145 @@
+"""Replay at batch > 1: traces logged at batch B replay in batches of B under T_t(B, n), rows
+leave when they finish, and the baseline is plain batched decoding of the same batches."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from autospec.policies import FixedK, as_policy
+from autospec.simulate import Costs, SimResult, plain_batch_seconds, simulate
+from autospec.store.queries import TraceRow
+from autospec.store.records import TRACE_GREEDY
+
+# batch 1 and batch 4: verification flat in n (memory-bound); batch 16: linear in n
+T_D = 0.01
+FLAT_1 = {n: 0.10 + 0.001 * (n - 1) for n in range(1, 17)}
+GRID = {4: {n: 0.12 + 0.002 * (n - 1) for n in range(1, 17)},
+        16: {n: 0.25 * n for n in range(1, 17)}}
+DRAFT_GRID = {4: 0.012, 16: 0.02}
+COSTS = Costs(T_D, FLAT_1, GRID, DRAFT_GRID)
+
+
+def row(trace, batch: int = 1, category: str = "code") -> TraceRow:
+    return TraceRow(TRACE_GREEDY, bytes(trace), b"", b"", category=category, batch_size=batch)
+
+
+def iid(rng: random.Random, alpha: float, n: int) -> list[int]:
+    return [1 if rng.random() < alpha else 0 for _ in range(n)]
+
+
+def test_a_batch_replays_as_computed_by_hand():
+    """Two rows at batch 2 with k = 2; row B finishes first and row A runs on alone at batch 1.
+    it 1 (B = 2, k = 2): A accepts 1,1 → 3 tokens; B accepts 1 then rejects → 2 tokens.
+        0.02 · 2 + T_t(2, 3) = 0.04 + 0.30
+    it 2 (B = 2, k = 2): A accepts 1,1 → 3 tokens; B has one token left → k 0, 1 token.
+        0.04 + 0.30
+    it 3 (B = 1, A alone, 2 tokens left → k 1): accepts 1 → 2 tokens.  0.01 + T_t(1, 2) = 0.12
+    plain: 3 steps of both rows at T_t(2, 1) = 0.2, then 5 of A alone at T_t(1, 1) = 0.1."""
+    costs = Costs(0.01, {1: 0.10, 2: 0.11, 3: 0.12}, {2: {1: 0.20, 2: 0.25, 3: 0.30}},
+                  {2: 0.02})
+    a = row([1, 1, 0, 1, 1, 1, 1, 0], batch=2)
+    b = row([1, 0, 1], batch=2)
+    res = simulate([a, b], FixedK(2), costs, category="code")
+    assert res.tokens == 11 and res.iterations == 3 and res.row_steps == 5
+    assert res.seconds == pytest.approx(0.34 + 0.34 + 0.12)
+    assert res.plain_seconds == pytest.approx(3 * 0.2 + 5 * 0.1)
+    assert res.speedup == pytest.approx(1.1 / 0.80)
+    assert res.accepted == 2 + 1 + 2 + 0 + 1 and res.drafted == 2 + 2 + 2 + 0 + 1
+    assert res.k_by_batch() == {1: 1, 2: 2}
+
+
+def batches(batch: int, count: int, alpha: float = 0.8, n: int = 64, seed: int = 0):
+    rng = random.Random(seed)
+    return [row(iid(rng, alpha, n), batch=batch) for _ in range(count * batch)]
+
+
+def test_speculation_pays_where_verification_is_flat_and_loses_where_it_is_linear():
+    at4 = simulate(batches(4, 3), FixedK(3), COSTS)
+    at16 = simulate(batches(16, 2), FixedK(3), COSTS)
+    assert at4.speedup > 1.5
+    assert at16.speedup < 0.8
+    assert set(at4.k_counts_by_batch) >= {4} and set(at16.k_counts_by_batch) >= {16}
+    # the baseline is plain batched decoding: equal-length rows, one step per token
+    assert at4.plain_seconds == pytest.approx(3 * 64 * GRID[4][1])
+    assert at16.plain_seconds == pytest.approx(2 * 64 * GRID[16][1])
+    # k = 0 is plain batched decoding itself
+    off = simulate(batches(16, 2), FixedK(0), COSTS)
+    assert off.seconds == pytest.approx(off.plain_seconds) and off.speedup == pytest.approx(1)
+
+
+def test_the_cost_model_switches_speculation_off_at_large_batch_in_replay():
+    """The batch-aware default policy, fed rows and batch costs by the replay as the live loop
+    feeds them: k > 0 at batch 4, k = 0 at batch 16 (mostly: it re-probes now and then)."""
+    at4 = simulate(batches(4, 3), as_policy("auto"), COSTS)
+    at16 = simulate(batches(16, 2), as_policy("auto"), COSTS)
+    assert sum(c for k, c in at4.k_counts_by_batch[4].items() if k > 0) > \
+        0.8 * sum(at4.k_counts_by_batch[4].values())
+    assert at16.k_counts_by_batch[16][0] > 0.8 * sum(at16.k_counts_by_batch[16].values())
+    assert at4.speedup > 1.5 and at16.speedup > 0.9
+
+
+def test_finished_rows_leave_the_batch():
+    """Rows of lengths 4, 8, 20, 40 at batch 4 and k = 0: one row-step per token (72), not
+    4 × 40, each step costing T_t at the rows still running."""
+    rng = random.Random(1)
+    rows = [row(iid(rng, 0.8, n), batch=4) for n in (4, 8, 20, 40)]
+    res = simulate(rows, FixedK(0), COSTS)
+    assert res.row_steps == res.tokens == 72 < 4 * 40
+    t = {b: COSTS.at(b)[0](1) for b in (1, 2, 3, 4)}
+    by_hand = 4 * t[4] + 4 * t[3] + 12 * t[2] + 20 * t[1]
+    assert res.seconds == pytest.approx(by_hand)
+    assert plain_batch_seconds([4, 8, 20, 40], COSTS) == pytest.approx(by_hand)
+    assert t[4] > t[3] > t[2] > t[1]  # compaction makes the tail cheaper
+    spec = simulate(rows, FixedK(3), COSTS)
+    assert spec.row_steps < 72 and spec.iterations < 40
+
+
+def test_batch_one_traces_replay_as_before_and_a_lone_row_as_batch_one():
+    rng = random.Random(2)
+    traces = [iid(rng, 0.7, 50) for _ in range(6)]
+    single = simulate([row(t) for t in traces], FixedK(4), Costs(T_D, FLAT_1), category="c")
+    with_grid = simulate([row(t) for t in traces], FixedK(4), COSTS, category="c")
+    assert vars(single) == vars(with_grid)
+    assert single.speedup == pytest.approx(single.plain_seconds / single.seconds)
+    # a batch of which the window holds one row replays as that row alone
+    lone = simulate([row(traces[0], batch=8)], FixedK(4), COSTS, category="c")
+    alone = simulate([row(traces[0])], FixedK(4), COSTS, category="c")
+    assert (lone.tokens, lone.k_counts) == (alone.tokens, alone.k_counts)
+    assert lone.seconds == pytest.approx(alone.seconds)
+    assert lone.plain_seconds == pytest.approx(alone.plain_seconds)
+
+
+def test_rows_are_batched_per_batch_size_and_category_in_logged_order():
+    rng = random.Random(3)
+    rows = ([row(iid(rng, 0.8, 30), batch=2, category="a") for _ in range(2)]
+            + [row(iid(rng, 0.8, 30), batch=2, category="b")]
+            + [row(iid(rng, 0.8, 30), batch=2, category="b")])
+    seen = []
+
+    class Spy(FixedK):
+        def choose(self, context):
+            seen.append((context.categories, context.batch_size))
+            return super().choose(context)
+
+    res = simulate(rows, Spy(2), COSTS, category=lambda r: r.category)
+    assert seen[0] == (("a", "a"), 2) and ("b", "b") in {c for c, _ in seen}
+    assert all(len(set(c)) == 1 for c, _ in seen)
+    assert res.tokens == 4 * 30 and isinstance(res, SimResult)
+
+
+def test_batch_traces_need_batch_costs_unless_replayed_alone():
+    traces = batches(4, 1, n=20)
+    with pytest.raises(ValueError, match="batch > 1"):
+        simulate(traces, FixedK(2), Costs(T_D, FLAT_1))
+    alone = simulate(traces, FixedK(2), Costs(T_D, FLAT_1), batched=False)
+    assert alone.k_counts_by_batch.keys() == {1} and alone.tokens == 80
+
+
+def test_costs_round_trip_through_their_description():
+    again = Costs.from_description(json.loads(json.dumps(COSTS.describe())))
+    assert again == COSTS
+    assert again.at(16)[0](5) == pytest.approx(1.25) and again.at(16)[1] == 0.02
+    assert Costs(T_D, FLAT_1).describe() == {"t_draft_s": T_D, "t_target_s_by_n": FLAT_1}
