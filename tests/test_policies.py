@@ -9,6 +9,7 @@ import random
 import pytest
 
 from autospec.policies import (
+    BatchCosts,
     Context,
     CostModelPolicy,
     FixedK,
@@ -26,6 +27,8 @@ POLICIES = {
     "off": lambda: FixedK(0), "fixed:3": lambda: FixedK(3), "heuristic": Heuristic,
     "costmodel": CostModelPolicy, "bandit": ThompsonBandit, "auto": lambda: as_policy("auto"),
     "costmodel+stop": lambda: EarlyStop(CostModelPolicy(), 0.4),
+    "costmodel+discount": lambda: CostModelPolicy(discount=0.99),
+    "table": lambda: as_policy("table:1-2:4,3-8:2,9-:0"),
 }
 MEMORY_BOUND = Costs(t_draft=0.1, t_target={1: 1.0, 2: 1.0, 4: 1.02, 8: 1.05, 16: 1.1})
 COMPUTE_BOUND = Costs(t_draft=0.1, t_target={1: 1.0, 16: 16.0})
@@ -57,6 +60,29 @@ def test_contract_choose_returns_a_valid_k_and_update_accepts_any_outcome(name):
                                     target_time_s=float("nan"))):
                 policy.update(ctx, k, outcome)
                 live.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_contract_holds_at_batch_size_above_1(name):
+    policy = POLICIES[name]()
+    code, chat = LiveStats(), LiveStats()
+    warm, cold = BatchCosts(), BatchCosts()
+    warm.warm({1: {1: 0.1, 8: 0.1}, 8: {1: 0.2, 8: 1.0}}, {1: 0.02, 8: 0.03})
+    for batch in (2, 5, 40):
+        rows = tuple(code if i % 2 else chat for i in range(batch))
+        cats = tuple("code" if i % 2 else "chat" for i in range(batch))
+        for costs in (None, cold, warm):
+            for k_max in (1, 4, 16):
+                ctx = Context(category="code", k_max=k_max, batch_size=batch,
+                              categories=cats, rows=rows, costs=costs)
+                k = policy.choose(ctx)
+                assert isinstance(k, int) and 0 <= k <= k_max
+                accepted = tuple(min(k, i % 3) for i in range(batch))
+                for seconds in (0.5, float("nan")):
+                    policy.update(ctx, k, Outcome(
+                        drafted=k, accepted=sum(accepted) // batch, accepted_rows=accepted,
+                        batch_size=batch, draft_time_s=0.01 * k, target_time_s=seconds))
+                warm.observe(batch, k + 1, 0.1 * batch, 0.02)
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.95])

@@ -1,0 +1,348 @@
+"""Policies at batch > 1: the batch cost model on synthetic costs (verification flat at batch 1,
+compute-bound at batch 16), BatchCosts across batch sizes, the table policy, the bandit's
+batch-size buckets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autospec.policies import (
+    BatchCosts,
+    Context,
+    CostModelPolicy,
+    Heuristic,
+    LiveStats,
+    Outcome,
+    TablePolicy,
+    ThompsonBandit,
+    TunedPolicy,
+    as_policy,
+    batch_bucket,
+    build_policy,
+)
+from autospec.policies.costmodel import batch_best_k, best_k, expected_tokens
+
+BATCHES = (1, 2, 4, 8, 16, 32)
+T_DRAFT = 0.02
+
+
+def t_target(batch: int, n: int) -> float:
+    """Memory-bound until B·n = 16 scored tokens, then compute-bound (∝ B·n)."""
+    return 0.1 * max(1.0, batch * n / 16)
+
+
+def t_draft(batch: int) -> float:
+    return T_DRAFT * max(1.0, batch / 32)
+
+
+def grid_costs() -> BatchCosts:
+    costs = BatchCosts()
+    costs.warm({b: {n: t_target(b, n) for n in range(1, 17)} for b in BATCHES},
+               {b: t_draft(b) for b in BATCHES})
+    return costs
+
+
+def warm_stats(alpha: float, blocks: int = 400) -> LiveStats:
+    """A category whose every draft position is accepted with probability alpha."""
+    stats = LiveStats(discount=1.0)
+    cum = [alpha ** (i + 1) for i in range(16)]
+    stats.warm_start([c * blocks for c in cum], [blocks] * 16, weight=blocks)
+    return stats
+
+
+def batch_context(stats, batch: int, costs, *, category: str = "c", k_max: int = 16):
+    return Context(category=category, k_max=k_max, batch_size=batch,
+                   categories=(category,) * batch, rows=(stats,) * batch, costs=costs)
+
+
+# -- the batch cost model ---------------------------------------------------------------------
+
+def test_costmodel_speculates_at_batch_1_and_turns_off_at_batch_16():
+    stats = warm_stats(0.8)
+    for n in range(1, 17):  # batch 1 reads the category's own timings, as before
+        stats.t_target[n] = t_target(1, n)
+    stats.t_draft = T_DRAFT
+    policy, costs = CostModelPolicy(), grid_costs()
+    assert policy.choose(Context(category="c", live=stats)) > 0
+    assert policy.choose(batch_context(stats, 4, costs)) > 0  # 4 × (k + 1) still cheap
+    assert policy.choose(batch_context(stats, 16, costs)) == 0
+    assert policy.choose(batch_context(stats, 32, costs)) == 0
+
+
+def test_low_acceptance_turns_speculation_off_even_where_verification_is_cheap():
+    costs = grid_costs()
+    assert CostModelPolicy().choose(batch_context(warm_stats(0.8), 2, costs)) > 0
+    assert CostModelPolicy().choose(batch_context(warm_stats(0.05), 2, costs)) == 0
+
+
+def test_batch_best_k_of_one_row_is_best_k():
+    cost = {n: t_target(1, n) for n in range(1, 17)}
+    for alpha in (0.3, 0.6, 0.9):
+        curve = [alpha] * 8
+        assert batch_best_k([curve], T_DRAFT, cost, 8) == pytest.approx(
+            best_k(curve, T_DRAFT, cost, 8))
+
+
+def test_batch_best_k_sums_every_rows_expected_tokens():
+    good, bad = [0.9] * 4, [0.1] * 4
+    cost = {n: t_target(4, n) for n in range(1, 17)}
+    k, s = batch_best_k([good, good, bad, bad], T_DRAFT, cost, 4)
+    tokens = 2 * expected_tokens(good, k) + 2 * expected_tokens(bad, k)
+    assert k > 0
+    assert math.isclose(s, tokens * cost[1] / (4 * (k * T_DRAFT + cost[k + 1])))
+    # a batch of only the bad rows does not pay
+    assert batch_best_k([bad] * 4, T_DRAFT, cost, 4) == (0, 1.0)
+
+
+def test_min_gain_is_measured_against_plain_batched_decoding():
+    stats, costs = warm_stats(0.8), grid_costs()
+    k, s = batch_best_k([stats.acceptance_curve(16)] * 4, t_draft(4), costs.target_cost(4), 16)
+    assert k > 0 and s > 1
+    assert CostModelPolicy(min_gain=s - 1 - 1e-9).choose(batch_context(stats, 4, costs)) == k
+    assert CostModelPolicy(min_gain=s - 1 + 1e-3).choose(batch_context(stats, 4, costs)) == 0
+
+
+def test_batch_exploration_measures_plain_then_drafts_then_turns_off():
+    """Cold costs at batch 16: plain decoding first (measures T_t(16, 1)), then initial_k
+    (measures the draft), then each k the optimistic curve still favours, once, then off."""
+    stats, costs, policy = warm_stats(0.8), BatchCosts(), CostModelPolicy(initial_k=3)
+    ctx = batch_context(stats, 16, costs)
+    ks = []
+    for _ in range(12):
+        k = ks.append(policy.choose(ctx)) or ks[-1]
+        costs.observe(16, k + 1, t_target(16, k + 1), t_draft(16) if k else None)
+    assert ks[:2] == [0, 3]
+    assert ks[-6:] == [0] * 6
+    tried = [k for k in ks if k]
+    assert len(tried) == len(set(tried))  # every k measured once is not tried again
+
+
+def test_batch_reprobes_after_reprobe_every_off_iterations_without_disturbing_batch_1():
+    stats = warm_stats(0.8)
+    for n in range(1, 18):  # compute-bound at batch 1 too: off there as well
+        stats.t_target[n] = 0.1 * n
+    stats.t_draft = T_DRAFT
+    policy = CostModelPolicy(reprobe_every=5, probe_k=2)
+    single, batched = Context(category="c", live=stats), batch_context(stats, 16, grid_costs())
+    single_ks, batch_ks = [], []
+    for _ in range(10):
+        single_ks.append(policy.choose(single))
+        batch_ks.extend(policy.choose(batched) for _ in range(3))
+    assert single_ks == [0, 0, 0, 0, 2] * 2
+    assert batch_ks == ([0, 0, 0, 0, 2] * 6)[:30]
+
+
+def test_cold_rows_use_the_predicted_acceptance():
+    cold, costs = LiveStats(), grid_costs()  # no evidence: the prior says 0.5
+    policy = CostModelPolicy()
+    ctx = batch_context(cold, 2, costs)
+    assert policy.choose(ctx) < policy.choose(replace(ctx, predicted_alpha=0.97))
+    assert policy.choose(replace(ctx, predicted_alpha=0.02)) == 0
+
+
+def test_costmodel_with_own_discount_learns_from_each_rows_accepted_count():
+    stats, costs = warm_stats(0.8, blocks=20), grid_costs()
+    policy = CostModelPolicy(discount=0.99)
+    ctx = batch_context(stats, 2, costs)
+    assert policy.choose(ctx) > 0
+    for _ in range(300):  # every row rejects at once: its own statistics follow
+        policy.update(ctx, 2, Outcome(drafted=2, accepted=0, accepted_rows=(0, 0),
+                                      batch_size=2, draft_time_s=0.04, target_time_s=0.1))
+    assert policy.choose(ctx) == 0
+    assert stats.observed == pytest.approx(20)  # the controller's statistics are untouched
+
+
+# -- BatchCosts -------------------------------------------------------------------------------
+
+def test_batch_costs_interpolate_linearly_across_batch_sizes_per_n():
+    costs = BatchCosts()
+    costs.warm({4: {1: 0.1, 8: 0.4}, 16: {1: 0.3, 8: 1.6}}, {4: 0.02, 16: 0.06})
+    points = costs.target_points(8)  # a third of the way from 4 to 16
+    assert points == pytest.approx({1: 0.1 + 0.2 / 3, 8: 0.4 + 1.2 / 3})
+    assert costs.draft_cost(10) == pytest.approx(0.04)
+    assert costs.target_cost(8, optimistic=False)(8) == pytest.approx(0.8)
+
+
+def test_batch_costs_extend_beyond_the_measured_batch_sizes():
+    costs = BatchCosts()
+    costs.warm({4: {1: 0.1}, 8: {1: 0.2}}, {4: 0.02, 8: 0.03})
+    assert costs.target_points(16)[1] == pytest.approx(0.4)  # along the last two
+    assert costs.draft_cost(16) == pytest.approx(0.05)
+    assert costs.target_points(2)[1] == pytest.approx(0.05)  # downward: proportional at most
+    flat = BatchCosts()
+    flat.warm({4: {1: 0.2}, 8: {1: 0.1}}, {})  # noise made B = 8 cheaper: never extend down
+    assert flat.target_points(16)[1] == pytest.approx(0.1)
+    assert flat.target_points(2)[1] == pytest.approx(0.2)
+
+
+def test_one_measured_batch_size_says_nothing_about_another():
+    costs = BatchCosts()
+    costs.observe(1, 1, 0.1, 0.02)
+    assert costs.target_cost(16) is None and costs.draft_cost(16) is None
+    assert costs.target_cost(1)(4) == pytest.approx(0.1)
+
+
+def test_live_points_replace_warm_values_then_average():
+    costs = BatchCosts(ema=0.5)
+    costs.warm({4: {1: 1.0, 2: 1.0}}, {4: 1.0})
+    version = costs.version
+    costs.observe(4, 1, 0.2, 0.01)
+    assert costs.version > version
+    target, draft = costs.snapshot()
+    assert target[4] == {1: 0.2, 2: 1.0} and draft[4] == 0.01
+    costs.observe(4, 1, 0.4, 0.03)
+    target, draft = costs.snapshot()
+    assert target[4][1] == pytest.approx(0.3) and draft[4] == pytest.approx(0.02)
+    costs.warm({4: {1: 9.0, 2: 2.0}}, {4: 9.0})  # a new grid keeps the live points
+    target, draft = costs.snapshot()
+    assert target[4] == pytest.approx({1: 0.3, 2: 2.0}) and draft[4] == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), None, 0.0, -1.0, float("inf")])
+def test_unusable_timings_are_ignored(bad):
+    costs = BatchCosts()
+    costs.observe(4, 2, bad, bad)
+    assert costs.snapshot() == ({}, {}) and costs.target_cost(4) is None
+
+
+def test_target_cost_follows_new_points():
+    costs = BatchCosts()
+    costs.observe(2, 1, 0.1)
+    assert costs.target_cost(2)(1) == pytest.approx(0.1)
+    costs.observe(2, 1, 0.3)
+    assert costs.target_cost(2)(1) == pytest.approx(0.14)
+
+
+# -- the table policy -------------------------------------------------------------------------
+
+def test_table_policy_maps_batch_sizes_to_k():
+    policy = as_policy("table:1-2:4,3-8:2,9-:0")
+    assert isinstance(policy, TablePolicy) and policy.name == "table:1-2:4,3-8:2,9-:0"
+    assert [policy.choose(Context(batch_size=b)) for b in (1, 2, 3, 8, 9, 64)] == \
+        [4, 4, 2, 2, 0, 0]
+    assert policy.choose(Context(batch_size=1, k_max=3)) == 3
+
+
+def test_table_policy_name_is_canonical_and_rebuilds_it():
+    policy = as_policy("TABLE: 9-:0, 3-8:2 ,1-2:4")
+    assert policy.name == "table:1-2:4,3-8:2,9-:0"
+    assert as_policy(policy.name).ranges == policy.ranges
+    assert TablePolicy({(1, 1): 3, (2, None): 1}).name == "table:1:3,2-:1"
+    assert as_policy("table:1:3,2-:1").ranges == ((1, 1, 3), (2, None, 1))
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("table:1-2:4,4-:0", "batch size 3 is not covered"),
+    ("table:1-2:4,6-:0", "batch sizes 3-5 are not covered"),
+    ("table:2-:1", "batch size 1 is not covered"),
+    ("table:1-4:2", "above 4 are not covered"),
+    ("table:1-4:2,3-:0", "1-4 and 3- overlap"),
+    ("table:1-:2,5-:0", "overlap"),
+    ("table:1-2:x,3-:0", "integers"),
+    ("table:1-2,3-:0", "not 'LO-HI:K'"),
+    ("table:", "no ranges"),
+    ("table:4-2:1,1-:0", "empty"),
+    ("table:1-:-1", "k must be ≥ 0"),
+    ("table:0-:1", "start at 1"),
+])
+def test_bad_table_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=message):
+        as_policy(spec)
+
+
+def test_table_from_dict_and_from_per_batch_choices():
+    assert TablePolicy({(1, 2): 4, (3, 8): 2, (9, None): 0}).name == "table:1-2:4,3-8:2,9-:0"
+    table = TablePolicy.from_choices({1: 4, 4: 2, 16: 0})
+    assert table.name == "table:1-3:4,4-15:2,16-:0"
+    assert TablePolicy.from_choices({2: 3, 4: 3, 8: 0}).name == "table:1-7:3,8-:0"
+
+
+def test_tuned_row_may_hold_a_table():
+    policy = build_policy("table", {"table": {"1": 3, "8": 0}, "early_stop": 0.4})
+    assert policy.name == "table:1-7:3,8-:0+stop=0.4"
+    assert policy.choose(Context(batch_size=8)) == 0
+
+
+def test_tuned_table_serves_a_batch_by_its_most_common_category(tmp_path):
+    from test_tune import PAIR, make_store
+
+    from autospec.store import add_tuned_params, queries
+
+    with make_store(tmp_path / "t.db", {"code": (0.8, 2), "chat": (0.5, 2)}) as store:
+        with store.begin() as s:
+            pid = queries.pair_id(s, PAIR)
+            add_tuned_params(s, category="code", pair_id=pid, family="table",
+                             params={"table": "1-3:4,4-:0"}, tokens_per_s=1.0,
+                             baseline_tokens_per_s=None, provenance={})
+            add_tuned_params(s, category="chat", pair_id=pid, family="fixed",
+                             params={"k": 1}, tokens_per_s=1.0, baseline_tokens_per_s=None,
+                             provenance={})
+        policy = TunedPolicy()
+        policy.attach(store, PAIR)
+        try:
+            def batch(*cats):
+                return Context(batch_size=len(cats), categories=cats)
+
+            assert policy.choose(batch("chat", "code", "code")) == 4
+            assert policy.choose(batch("chat", "code", "code", "code")) == 0
+            assert policy.choose(batch("chat", "chat", "code")) == 1
+        finally:
+            policy.close()
+
+
+# -- bandit and heuristic ---------------------------------------------------------------------
+
+def test_batch_buckets():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 500)] == \
+        [1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32]
+
+
+def test_bandit_keeps_batch_size_buckets_apart():
+    """Batch 1 rewards k = 3, batch 16 rewards k = 0: each bucket finds its own arm."""
+    bandit = ThompsonBandit(k_max=3, seed=1)
+
+    def reward(batch: int, k: int) -> Outcome:
+        rows = (k,) * batch  # every row accepts every draft token
+        seconds = k * t_draft(batch) + t_target(batch, k + 1)
+        return Outcome(drafted=k, accepted=k, accepted_rows=rows if batch > 1 else (),
+                       batch_size=batch, draft_time_s=k * t_draft(batch),
+                       target_time_s=seconds - k * t_draft(batch))
+
+    contexts = {b: Context(category="c", k_max=3, batch_size=b,
+                           categories=("c",) * b if b > 1 else ()) for b in (1, 16)}
+    for _ in range(300):
+        for b, ctx in contexts.items():
+            k = bandit.choose(ctx)
+            bandit.update(ctx, k, reward(b, k))
+    late = {b: [bandit.choose(ctx) for _ in range(50)] for b, ctx in contexts.items()}
+    assert late[1].count(3) >= 40
+    assert late[16].count(0) >= 40
+    # a batch of 17 shares batch 16's bucket
+    bucket_mate = Context(category="c", k_max=3, batch_size=17, categories=("c",) * 17)
+    assert [bandit.choose(bucket_mate) for _ in range(50)].count(0) >= 40
+
+
+def test_bandit_rewards_a_batch_in_tokens_of_all_rows():
+    """k = 2 yields rows (2, 2, 2, 0): 10 tokens, k = 1 rows (1, 1, 1, 1): 8, in equal time.
+    Their floored mean (1 each) would tie them; all rows' tokens make k = 2 the winner."""
+    bandit = ThompsonBandit(k_max=2, seed=0)
+    ctx = Context(category="c", k_max=2, batch_size=4, categories=("c",) * 4)
+    rows = {0: (0, 0, 0, 0), 1: (1, 1, 1, 1), 2: (2, 2, 2, 0)}
+    for _ in range(200):
+        k = bandit.choose(ctx)
+        bandit.update(ctx, k, Outcome(drafted=k, accepted=sum(rows[k]) // 4,
+                                      accepted_rows=rows[k], batch_size=4,
+                                      draft_time_s=0.0, target_time_s=1.0))
+    assert [bandit.choose(ctx) for _ in range(50)].count(2) >= 45
+
+
+def test_heuristic_counts_a_batch_block_full_only_when_every_row_accepted_all():
+    heuristic = Heuristic(start=4)
+    ctx = Context(category="c", batch_size=2, categories=("c", "c"))
+    heuristic.update(ctx, 4, Outcome(drafted=4, accepted=4, accepted_rows=(4, 3)))
+    assert heuristic.choose(ctx) == 3
+    heuristic.update(ctx, 3, Outcome(drafted=3, accepted=3, accepted_rows=(3, 3)))
+    assert heuristic.choose(ctx) == 5
