@@ -1,5 +1,6 @@
 """Benchmark arithmetic: run records → rows (medians, paired speedups, acceptance) and the
-cost model's oracle. Pure Python: no models, testable on hand-made records."""
+cost model's oracle; batch records → one row per (batch size, mode). Pure Python: no models,
+testable on hand-made records."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["RunRecord", "aggregate", "first_divergence", "oracle", "OVERALL"]
+__all__ = ["RunRecord", "BatchRecord", "aggregate", "summarize_batches", "batch_records_of",
+           "first_divergence", "oracle", "OVERALL"]
 
 OVERALL = "overall"
 
@@ -37,6 +39,8 @@ class RunRecord:
     accepted_per_position: list[int] = field(default_factory=list, repr=False)
     drafted_per_position: list[int] = field(default_factory=list, repr=False)
     divergence: dict | None = None  # first difference from plain (greedy), see run_bench
+    batch: int = 1  # batch size the request ran at (these records: always 1)
+    peak_kv_bytes: int | None = None  # autospec: the loop's peak KV cache, where it reports it
 
 
 def _median(values, scale: float = 1.0) -> float | None:
@@ -156,3 +160,102 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+
+
+# -- batches ------------------------------------------------------------------------------
+@dataclass
+class BatchRecord:
+    """One timed ``generate`` call on a batch of prompts (rows sorted by prompt length)."""
+
+    batch: int  # the batch size asked for (the last group may hold fewer rows)
+    group: int  # which batch, in the order every mode runs them
+    prompt_indices: list[int]
+    repeat: int
+    mode: str
+    k: int | None
+    new_tokens: int  # summed over rows, each counted up to its own stop (EOS or the limit)
+    wall_s: float
+    rows: list[list[int]] = field(default_factory=list, repr=False)  # each row's new tokens
+    drafted: int | None = None
+    accepted: int | None = None
+    k_schedule: list[int] = field(default_factory=list, repr=False)
+    peak_kv_bytes: int | None = None
+    fallback: str | None = None  # autospec: why transformers' generate served the call
+
+
+def batch_records_of(records: Sequence[RunRecord]) -> list[BatchRecord]:
+    """Batch-1 run records as batches of one row, for the per-batch-size summary."""
+    return [BatchRecord(batch=1, group=r.prompt_index, prompt_indices=[r.prompt_index],
+                        repeat=r.repeat, mode=r.mode, k=r.k, new_tokens=r.new_tokens,
+                        wall_s=r.wall_s, rows=[list(r.tokens)], drafted=r.drafted,
+                        accepted=r.accepted, k_schedule=list(r.k_schedule),
+                        peak_kv_bytes=r.peak_kv_bytes) for r in records]
+
+
+def summarize_batches(records: Sequence[BatchRecord], *, greedy: bool,
+                      unsupported: dict[tuple[int, str], str] | None = None,
+                      modes: Sequence[str] = ()) -> list[dict]:
+    """One row per (batch size, mode), in batch-size order, modes in ``modes`` order.
+
+    tokens_per_s: per repeat, the new tokens of every row of every batch over the summed wall
+    time, then the median over repeats. speedup: median over (batch, repeat) pairs of this
+    mode's tokens/s over plain's on the same batch and repeat. identical_rows / rows: rows
+    whose tokens up to their stop equal plain's row in the same batch and repeat (greedy).
+    Modes in ``unsupported`` ((batch size, mode) → reason) get a row with status
+    "unsupported" and no numbers; a mode that transformers' generate served gets "fallback".
+    """
+    unsupported = unsupported or {}
+    sizes = sorted({r.batch for r in records} | {b for b, _ in unsupported})
+    order = list(dict.fromkeys([*modes, *(r.mode for r in records),
+                                *(m for _, m in unsupported)]))
+    out = []
+    for size in sizes:
+        mine = [r for r in records if r.batch == size]
+        plain = {(r.group, r.repeat): r for r in mine if r.mode == "plain"}
+        for mode in order:
+            runs = [r for r in mine if r.mode == mode]
+            if runs:
+                out.append(_batch_row(size, mode, runs, plain, greedy))
+            elif (size, mode) in unsupported:
+                out.append(_empty_row(size, mode, "unsupported", unsupported[(size, mode)]))
+    return out
+
+
+def _empty_row(size: int, mode: str, status: str, reason: str | None) -> dict:
+    return {"batch": size, "mode": mode, "k": None, "status": status, "reason": reason,
+            "runs": 0, "groups": 0, "tokens_per_s": None, "speedup": None, "acceptance": None,
+            "k_counts": {}, "peak_kv_bytes": None, "identical_rows": None, "rows": None}
+
+
+def _batch_row(size: int, mode: str, runs: list[BatchRecord], plain: dict, greedy: bool) -> dict:
+    per_repeat = []
+    for rep in sorted({r.repeat for r in runs}):
+        done = [r for r in runs if r.repeat == rep]
+        wall = sum(r.wall_s for r in done)
+        if wall > 0:
+            per_repeat.append(sum(r.new_tokens for r in done) / wall)
+    ratios, same, total = [], 0, 0
+    for r in runs:
+        base = plain.get((r.group, r.repeat))
+        if base is None:
+            continue
+        if r.wall_s > 0 and base.wall_s > 0 and r.new_tokens > 0 and base.new_tokens > 0:
+            ratios.append((r.new_tokens / r.wall_s) / (base.new_tokens / base.wall_s))
+        total += len(r.rows)
+        same += sum(a == b for a, b in zip(r.rows, base.rows, strict=False))
+    known = [r for r in runs if r.drafted is not None]
+    drafted = sum(r.drafted for r in known)
+    peaks = [r.peak_kv_bytes for r in runs if r.peak_kv_bytes]
+    fallbacks = [r.fallback for r in runs if r.fallback]
+    row = _empty_row(size, mode, "fallback" if fallbacks else "ok",
+                     fallbacks[0] if fallbacks else None)
+    row.update(
+        k=runs[0].k, runs=len(runs), groups=len({r.group for r in runs}),
+        tokens_per_s=_median(per_repeat), speedup=_median(ratios),
+        acceptance=sum(r.accepted for r in known) / drafted if drafted else None,
+        k_counts={str(k): n for k, n in sorted(Counter(
+            k for r in runs for k in r.k_schedule).items())},
+        peak_kv_bytes=max(peaks) if peaks else None,
+        identical_rows=same if greedy and total else None, rows=total if greedy and total else None,
+    )
+    return row
