@@ -6,6 +6,11 @@ that machine noise hits all modes alike. Per (category, mode) a row reports the 
 the speedup against plain decoding of the same request and repeat (paired), acceptance, timings
 and, for greedy decoding, whether every output equalled plain decoding's token for token.
 
+With ``batch_sizes`` beyond (1,), the same modes also run on batches of prompts (see
+``autospec.benchbatch``), and one row per (batch size, mode) reports the batch's tokens/s,
+the paired speedup against plain batched decoding at that batch size, acceptance, the k
+schedule, peak KV bytes and how many rows equalled plain's. Batch 1 runs as it always has.
+
 The pure part (prompt files, mode lists, rows from run records, the table) needs no model; the
 driver ``run_bench`` works with any (target, draft, tokenizer) triple.
 """
@@ -18,17 +23,26 @@ import math
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from autospec.benchstats import OVERALL, RunRecord, aggregate, first_divergence
+from autospec.benchbatch import DEFAULT_TABLE, batch_stats, make_batches, run_batched, until_stop
+from autospec.benchstats import (
+    OVERALL,
+    BatchRecord,
+    RunRecord,
+    aggregate,
+    batch_records_of,
+    first_divergence,
+    summarize_batches,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Prompt", "PromptFileError", "Mode", "RunRecord", "BenchResult", "load_prompts",
            "default_prompts_path", "parse_ks", "parse_modes", "aggregate",
-           "encode_prompt", "run_bench", "DEFAULT_MODES"]
+           "encode_prompt", "run_bench", "DEFAULT_MODES", "DEFAULT_TABLE", "BatchRecord"]
 
 DEFAULT_MODES = ("plain", "hf-assisted", "hf-assisted:k", "autospec:k")
 _PROMPT_KEYS = {"category", "prompt", "chat"}
@@ -175,12 +189,20 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
 @dataclass
 class BenchResult:
     meta: dict
-    rows: list[dict]
+    rows: list[dict]  # batch 1: per (category, mode)
     records: list[RunRecord]
+    batches: list[dict] = field(default_factory=list)  # per (batch size, mode), every size
+    batch_records: list[BatchRecord] = field(default_factory=list)  # batch > 1 calls
 
     def to_json(self) -> dict:
         runs = [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records]
-        return _finite({"meta": self.meta, "rows": self.rows, "runs": runs})
+        batch_runs = [{k: v for k, v in asdict(r).items() if k != "rows"}
+                      for r in self.batch_records]
+        sizes = list(dict.fromkeys(r["batch"] for r in self.batches))
+        batches = [{"batch": b, "rows": [r for r in self.batches if r["batch"] == b]}
+                   for b in sizes]
+        return _finite({"meta": self.meta, "rows": self.rows, "runs": runs,
+                        "batches": batches, "batch_runs": batch_runs})
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -202,7 +224,8 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
               ks: Sequence[int] = (1, 2, 4, 6, 8), modes: Iterable[str] = DEFAULT_MODES,
               max_new_tokens: int = 64, repeats: int = 3, sample: bool = False,
               sampling: dict | None = None, seed: int = 0, warmup: bool = True,
-              progress: bool = True, draft_tokenizer=None, store=None) -> BenchResult:
+              progress: bool = True, draft_tokenizer=None, store=None,
+              batch_sizes: Sequence[int] = (1,)) -> BenchResult:
     """Run every mode on every prompt ``repeats`` times, interleaved; see the module docstring.
 
     sampling: extra generation settings for ``sample=True`` (temperature, top_p, top_k).
@@ -210,6 +233,8 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     settings, which transformers reads from the draft's generation_config, are restored.
     store: a store URL for the ``policy:`` modes: they warm from its history, read tuned
     parameters from it (``policy:tuned``) and log their requests to it. Default: none.
+    batch_sizes: batch 1 runs prompt by prompt (``rows``); each larger size runs on batches of
+    prompts sorted by length (``batch_records``); ``batches`` summarises every size.
     """
     import torch
     import transformers
@@ -219,27 +244,42 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
 
     if repeats < 1 or max_new_tokens < 1:
         raise ValueError("repeats and max_new_tokens must be >= 1")
+    sizes = sorted(set(batch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
     mode_list = parse_modes(modes, ks)
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     runner = _Runner(target, draft, tokenizer, draft_tokenizer=draft_tokenizer, modes=mode_list,
                     sample=sample, sampling=sampling or {}, store=store)
+    usable = [m for m in mode_list if m not in runner.unsupported]
+    unsupported = {(b, m.name): why for m, why in runner.unsupported.items() for b in sizes}
+    batched = {b: make_batches(encoded, b, tokenizer) for b in sizes if b > 1}
     records: list[RunRecord] = []
+    batch_records: list[BatchRecord] = []
     try:
-        if warmup:  # first calls pay for allocation and lazy setup: keep them out of the timings
-            for mode in mode_list:
+        if warmup and 1 in sizes:  # first calls pay for allocation and lazy setup: untimed
+            for mode in usable:
                 runner.run(mode, encoded[0], min(8, max_new_tokens), seed, prompts[0].category)
-        total = repeats * len(prompts) * len(mode_list)
+        total = repeats * len(usable) * sum(len(batched[b]) if b > 1 else len(prompts)
+                                            for b in sizes)
         with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
-            for rep in range(repeats):
+            for rep in range(repeats if 1 in sizes else 0):
                 for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
-                    shift = (rep + i) % len(mode_list)
-                    for mode in mode_list[shift:] + mode_list[:shift]:
+                    shift = (rep + i) % len(usable)
+                    for mode in usable[shift:] + usable[:shift]:
                         bar.set_postfix_str(f"{prompt.category} {mode.name}", refresh=False)
                         out = runner.run(mode, ids, max_new_tokens, seed + 1000 * rep + i,
                                          prompt.category)
                         records.append(RunRecord(category=prompt.category, prompt_index=i,
                                                  repeat=rep, mode=mode.name, k=mode.k, **out))
                         bar.update()
+            for b, groups in batched.items():
+                done, refused = run_batched(
+                    runner, groups, usable, batch_size=b,
+                    categories=[p.category for p in prompts], repeats=repeats,
+                    max_new_tokens=max_new_tokens, seed=seed, warmup=warmup, bar=bar)
+                batch_records += done
+                unsupported.update(refused)
     finally:
         runner.restore()
     if not sample:
@@ -251,8 +291,15 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
             "max_new_tokens": max_new_tokens, "sample": sample, "sampling": sampling or {},
             "ks": list(ks), "modes": [m.name for m in mode_list], "torch": torch.__version__,
             "transformers": transformers.__version__, "autospec": autospec.__version__,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    return BenchResult(meta=meta, rows=aggregate(records, greedy=not sample), records=records)
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch": sizes,
+            "batches": {str(b): len(groups) for b, groups in batched.items()}}
+    rows = aggregate(records, greedy=not sample)
+    for row in rows:
+        row["batch"] = 1
+    summary = summarize_batches([*batch_records_of(records), *batch_records], greedy=not sample,
+                                unsupported=unsupported, modes=[m.name for m in mode_list])
+    return BenchResult(meta=meta, rows=rows, records=records, batches=summary,
+                       batch_records=batch_records)
 
 
 _ASSIST_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule",
@@ -273,8 +320,16 @@ class _Runner:
         self.ctrl = Controller(target, draft, **opts)
         # one controller per adaptive policy, so each learns from its own runs only
         policy_opts = dict(opts, store=store if store is not None else False)
-        self.policy_ctrls = {m: Controller(target, draft, policy=m.policy, **policy_opts)
-                             for m in modes if m.kind == "policy"}
+        self.policy_ctrls, self.unsupported = {}, {}  # unsupported: mode → why
+        for m in (m for m in modes if m.kind == "policy"):
+            try:
+                self.policy_ctrls[m] = Controller(target, draft, policy=m.policy, **policy_opts)
+            except ValueError as e:
+                if not m.policy.startswith("table"):
+                    raise
+                # a policy this autospec does not know yet: report it, run the others
+                self.unsupported[m] = str(e)
+        self._category_lists = True  # until the controller refuses a list of categories
         # transformers' generate even if the caller wrapped the target (an instance attribute)
         self.generate = type(target).generate.__get__(target)
         self.target, self.draft, self.sample = target, draft, sample
@@ -296,18 +351,29 @@ class _Runner:
                         for m in modes if m.kind == "hf-assisted"}
 
     def run(self, mode: Mode, ids, max_new_tokens: int, seed: int,
-            category: str = "default") -> dict:
+            category: str | list[str] = "default", attention_mask=None) -> dict:
+        """One request: ids [1, L], or a left-padded batch [B, L] (B >= 1) with its
+        attention_mask and one category per row. Batches come back with ``rows`` (each row's
+        new tokens up to its stop) instead of ``tokens``."""
         import torch
 
         ids = ids.to(self.device)
-        kw = dict(self.kwargs, input_ids=ids, attention_mask=torch.ones_like(ids),
-                  max_new_tokens=max_new_tokens)
+        as_batch, batched = attention_mask is not None, ids.shape[0] > 1
+        if not batched and isinstance(category, (list, tuple)):
+            category = category[0]
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(self.device)
+        kw = dict(self.kwargs, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
         counts, hooks = [0, 0], []
         ctrl = self.policy_ctrls.get(mode, self.ctrl)
+        fallbacks = dict(ctrl.fallbacks)
         if mode.kind in ("autospec", "policy"):
             gen = torch.Generator(self.device).manual_seed(seed) if self.sample else None
-            call = lambda: ctrl.generate(k=mode.k, generator=gen, category=category,  # noqa: E731
-                                         **kw)
+
+            def call():
+                # a controller without batch support refuses a list of categories; it then
+                # serves the batch with transformers' generate, which needs none
+                cat = category if self._category_lists or not batched else None
+                return ctrl.generate(k=mode.k, generator=gen, category=cat, **kw)
         elif mode.kind == "hf-assisted":
             self._set_assist(self._assist[mode])
             # forward counts give acceptance without touching transformers' internals: each
@@ -317,23 +383,34 @@ class _Runner:
             call = lambda: self.generate(assistant_model=self.draft, **kw)  # noqa: E731
         else:
             call = lambda: self.generate(**kw)  # noqa: E731
-        cuda = self.device.type == "cuda"
         try:
-            # generate samples from torch's global RNG: seed it in a fork, leaving the caller's
-            with torch.random.fork_rng(devices=[self.device] if cuda else [], enabled=self.sample):
-                if self.sample:
-                    torch.manual_seed(seed)
-                t0 = time.perf_counter()
-                out = call()
-                if cuda:
-                    torch.cuda.synchronize(self.device)
-                wall = time.perf_counter() - t0
+            try:
+                out, wall = self._timed(call, seed)
+            except (TypeError, ValueError) as e:
+                if not (batched and self._category_lists and "category" in str(e)
+                        and mode.kind in ("autospec", "policy")):
+                    raise
+                log.info("bench: the controller takes no list of categories (%s): batches go "
+                         "without one", e)
+                self._category_lists = False
+                out, wall = self._timed(call, seed)
         finally:
             for h in hooks:
                 h.remove()
             if mode.kind == "hf-assisted":
                 self._assist[mode] = {f: getattr(self.draft.generation_config, f, None)
                                       for f in _ASSIST_FIELDS}
+        if as_batch:
+            eos = self.kwargs["eos_token_id"]
+            eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+            rows = [until_stop(row, eos) for row in out[:, ids.shape[1]:].tolist()]
+            rec = {"new_tokens": sum(map(len, rows)), "wall_s": wall, "rows": rows}
+            if mode.kind in ("autospec", "policy"):
+                rec.update(batch_stats(ctrl.last_stats))
+                if ctrl.last_stats is None:
+                    rec["fallback"] = next((why for why, n in ctrl.fallbacks.items()
+                                            if n > fallbacks.get(why, 0)), "fallback")
+            return rec
         tokens = out[0, ids.shape[1]:].tolist()
         rec = {"new_tokens": len(tokens), "wall_s": wall, "tokens": tokens}
         if mode.kind == "hf-assisted" and self.target is not self.draft:
@@ -344,16 +421,31 @@ class _Runner:
             s = ctrl.last_stats
             if s is None:
                 log.warning("autospec served a request through transformers' generate "
-                            "(fallbacks: %s)", self.ctrl.fallbacks)
+                            "(fallbacks: %s)", ctrl.fallbacks)
             else:
                 rec.update(target_forwards=s.iterations, drafts=s.drafts, drafted=s.drafted,
-                           accepted=s.accepted,
+                           accepted=s.accepted, peak_kv_bytes=getattr(s, "peak_kv_bytes", 0) or None,
                            t_target_1=s.target_time(1), t_draft=s.draft_time,
                            t_target_k1=s.target_time(mode.k + 1) if mode.k else None,
                            k_schedule=list(s.k_schedule),
                            accepted_per_position=list(s.accepted_per_position),
                            drafted_per_position=list(s.drafted_per_position))
         return rec
+
+    def _timed(self, call, seed: int):
+        """(output, seconds) of one call, sampling seeded in a fork of torch's RNG."""
+        import torch
+
+        cuda = self.device.type == "cuda"
+        # generate samples from torch's global RNG: seed it in a fork, leaving the caller's
+        with torch.random.fork_rng(devices=[self.device] if cuda else [], enabled=self.sample):
+            if self.sample:
+                torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            out = call()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            return out, time.perf_counter() - t0
 
     def _set_assist(self, values: dict) -> None:
         for name, value in values.items():
