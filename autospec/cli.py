@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--db", metavar="URL",
                        help="store for the policy: modes (warm start, tuned parameters, and "
                             "their requests are logged there); default: none")
+    bench.add_argument("--batch", type=_batch_sizes, default=[1], metavar="B[,B...]",
+                       help="batch sizes, e.g. 1,4,16: prompts sorted by length, grouped into "
+                            "left-padded batches, every mode on the same batches (default: 1, "
+                            "prompt by prompt); beyond 1 the table and auto policies are added")
+    bench.add_argument("--table", metavar="SPEC",
+                       help="the table policy's batch size → k ranges (default when --batch "
+                            "goes beyond 1: 1-2:4,3-8:2,9-:0); adds the mode policy:table:SPEC")
     bench.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pass")
     bench.set_defaults(run=_cmd_bench, parser=bench)
@@ -298,6 +305,38 @@ def _k_summary(ks: list[int]) -> str:
     return ", ".join(f"{k}×{n}" for k, n in sorted(Counter(ks).items()))
 
 
+def _batch_sizes(text: str) -> list[int]:
+    from autospec.benchbatch import parse_batch_sizes  # torch-free
+
+    try:
+        return parse_batch_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_TABLE_SPEC = r"table:\d+(-\d*)?:\d+(,\d+(-\d*)?:\d+)*"
+
+
+def _table_mode(spec: str | None, parser) -> str:
+    """policy:table:SPEC for --table (the default table without it); a spec this autospec's
+    policies do not parse is kept when it has the table's form (the run reports the mode
+    unsupported, with the reason), refused otherwise."""
+    import re
+
+    from autospec.benchbatch import DEFAULT_TABLE
+    from autospec.policies import as_policy
+
+    spec = DEFAULT_TABLE if spec is None else spec.strip().replace(" ", "")
+    if not spec.startswith("table:"):
+        spec = f"table:{spec}"
+    try:
+        as_policy(spec)
+    except ValueError as e:
+        if not re.fullmatch(_TABLE_SPEC, spec):
+            parser.error(f"--table: {e}")
+    return f"policy:{spec}"
+
+
 def _cmd_bench(args, parser) -> int:
     from autospec import bench
 
@@ -317,6 +356,10 @@ def _cmd_bench(args, parser) -> int:
             modes += [m for m in bench.parse_policies(args.policies) if m not in modes]
         except ValueError as e:
             parser.error(f"--policies: {e}")
+    extra = ["policy:auto"] if args.batch != [1] else []  # autospec's own, and the engines'
+    if args.batch != [1] or args.table is not None:
+        extra.append(_table_mode(args.table, parser))
+    modes += [m for m in extra if m not in modes]
     try:
         prompts = bench.load_prompts(args.prompts or bench.default_prompts_path())
     except bench.PromptFileError as e:
@@ -334,7 +377,8 @@ def _cmd_bench(args, parser) -> int:
             repeats=args.repeats, sample=args.sample, seed=args.seed or 0,
             sampling={k: v for k, v in _gen_kwargs(args).items()
                       if k in ("temperature", "top_p", "top_k")},
-            warmup=not args.no_warmup, draft_tokenizer=dtok, store=args.db)
+            warmup=not args.no_warmup, draft_tokenizer=dtok, store=args.db,
+            batch_sizes=args.batch)
     except ValueError as e:  # e.g. chat prompts without a chat template, a bad --db (StoreError)
         die(str(e))
     print(format_table(result))
@@ -357,12 +401,47 @@ _COLUMNS = (  # header, row key, format
 )
 
 
+_BATCH_COLUMNS = ("batch", "mode", "tok/s", "speedup", "alpha", "k schedule", "peak KV",
+                  "identical", "status")
+
+
+def _k_share(counts: dict) -> str:
+    """{"2": 90, "0": 10} → "2:90% 0:10%" (most used first, at most three)."""
+    total = sum(counts.values())
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    text = " ".join(f"{k}:{100 * n / total:.0f}%" for k, n in top[:3])
+    return text + (" …" if len(top) > 3 else "") if total else "-"
+
+
+def format_batch_table(result) -> str:
+    """Per batch size and mode: the batch's tokens/s, speedup vs plain batched decoding at
+    that size, acceptance, the k schedule, peak KV bytes and rows identical to plain's."""
+    from autospec.textfmt import human_bytes
+
+    rows = []
+    for r in result.batches:
+        same = "-" if r["rows"] is None else f"{r['identical_rows']}/{r['rows']}"
+        rows.append([str(r["batch"]), r["mode"], _fmt(r["tokens_per_s"], ".2f"),
+                     _fmt(r["speedup"], ".2f"), _fmt(r["acceptance"], ".3f"),
+                     _k_share(r["k_counts"]),
+                     "n/a" if r["peak_kv_bytes"] is None else human_bytes(r["peak_kv_bytes"]),
+                     same, r["status"]])
+    lines = [table(list(_BATCH_COLUMNS), rows, left=2), "",
+             "tok/s: new tokens of every row (each up to its own EOS) per second, median over "
+             "repeats; speedup: vs plain batched decoding on the same batch and repeat, median; "
+             "identical: rows equal to plain batched decoding's / rows"]
+    notes = dict.fromkeys(f"{r['mode']} at batch {r['batch']}: {r['status']} ({r['reason']})"
+                          for r in result.batches if r["status"] != "ok")
+    return "\n".join([*lines, *notes])
+
+
 def format_table(result) -> str:
-    """A fixed-width table of a BenchResult's rows, its settings, and divergences from plain."""
+    """A fixed-width table of a BenchResult's rows, its settings, and divergences from plain;
+    then, when batch sizes beyond 1 ran, the per-batch-size table."""
     rows = [[("-" if row[key] is None else ("yes" if row[key] else "NO")
               if key == "identical" else _fmt(row[key], spec))
              for _, key, spec in _COLUMNS] for row in result.rows]
-    lines = [table([h for h, _, _ in _COLUMNS], rows, left=2)]
+    lines = [table([h for h, _, _ in _COLUMNS], rows, left=2)] if rows else []
     m = result.meta
     lines += [
         "",
@@ -379,6 +458,11 @@ def format_table(result) -> str:
                 f"diverged: {row['category']} {row['mode']} prompt {d['prompt_index']} repeat "
                 f"{d['repeat']} at new token {d['position']} (plain {d['plain_token']}, this "
                 f"{d['token']}); target's top-2 logit margin there: {_fmt(d['margin'], '.4f')}")
+    if m.get("batch", [1]) != [1] and result.batches:
+        sizes = ", ".join(f"{b} ({n} batches)" for b, n in m.get("batches", {}).items())
+        lines += ["", f"batch sizes: {', '.join(map(str, m['batch']))}"
+                  + (f"; prompts sorted by length, left-padded: {sizes}" if sizes else ""),
+                  format_batch_table(result)]
     return "\n".join(lines)
 
 
