@@ -11,7 +11,7 @@ import sys
 from autospec.cliargs import die
 from autospec.textfmt import fmt, human_bytes, table
 
-__all__ = ["add_commands", "estimate_speedup"]
+__all__ = ["add_commands", "estimate_speedup", "batch_summary"]
 
 
 def add_commands(sub, common, models) -> None:
@@ -57,6 +57,26 @@ def estimate_speedup(summary, probe_payload: dict | None):
     return k, speedup(k, alphas, t_draft, curve)
 
 
+def batch_summary(summary, grid, tuned=None) -> dict:
+    """The batch dimension of one (category, pair) as ``autospec report`` computes it
+    (``autospec.report.batch_view``) from the pair's cost grid ``(target, draft, source)``
+    (``queries.batch_costs``): where verification stops being memory-bound, the cost
+    model's k and predicted speedup over plain batched decoding per batch size, and from
+    which batch size it switches speculation off. JSON-ready."""
+    from autospec.policies.costmodel import conditional_from_cumulative
+    from autospec.report import K_MAX, _tuning, batch_view
+
+    alphas = conditional_from_cumulative(list(summary.acceptance_by_position))
+    target, draft, source = grid
+    b = batch_view(alphas, target, draft, source, k_max=max([K_MAX, *summary.k_counts]),
+                   tuned=_tuning(tuned))
+    return {"source": b.source, "memory_bound_up_to": b.memory_bound_up_to,
+            "crossover": b.crossover, "tuned_table": b.tuned,
+            "k_by_batch": {str(p.batch): p.k for p in b.points},
+            "speedup_by_batch": {str(p.batch): p.speedup for p in b.points},
+            "note": b.note}
+
+
 def _cmd_stats(args, parser) -> int:
     from autospec.store import StoreError, open_store, queries
 
@@ -67,12 +87,16 @@ def _cmd_stats(args, parser) -> int:
     with store, store.session() as s:
         summaries = queries.category_summaries(s, category=args.category)
         probes = {sm.pair.id: queries.latest_probe(s, sm.pair.id) for sm in summaries}
+        grids = {pid: queries.batch_costs(s, pid) for pid in probes}
+        tuned = {(t.category, t.pair_id): t
+                 for t in queries.tuned_params(s, category=args.category)}
     out = []
     for sm in summaries:
         p = probes.get(sm.pair.id)
         est = estimate_speedup(sm, p.payload if p else None)
         d = sm.to_dict()
         d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}
+        d["batch"] = batch_summary(sm, grids[sm.pair.id], tuned.get((sm.category, sm.pair.id)))
         out.append(d)
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
@@ -99,14 +123,34 @@ def _cmd_stats(args, parser) -> int:
             human_bytes(sm.bandwidth_bytes_per_s, per_s=True)
             + (f" ({sm.bandwidth_utilisation:.0%})" if sm.bandwidth_utilisation else ""),
             "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}",
+            _batch_cell(d["batch"]), _off_cell(d["batch"]),
         ])
     print(table(["category", "pair", "requests", "tokens", "alpha [95% CI]", "alpha by position",
                  "mean len", "k", "Tt(1) ms", "Tt(k+1) ms", "Td ms", "bandwidth (of peak)",
-                 "S(k) est."], rows, left=2))
+                 "S(k) est.", "mem-bound to B", "k by B (off from)"], rows, left=2))
     print(f"\nstore {store.url}. alpha = accepted / drafted (Wilson interval); mean len counts "
           "the bonus token; k = most used; S(k) = cost-model speedup incl. the draft's cost "
-          "(T_t(1) from a probe when requests never ran k = 0: run `autospec probe`)")
+          "(T_t(1) from a probe when requests never ran k = 0: run `autospec probe`); "
+          "mem-bound to B = largest batch size with T_t(B, 4) / T_t(B, 1) <= 1.25; "
+          "k by B = the cost model's k at each probed batch size for the category's acceptance "
+          "(off from: the batch size from which it decodes plainly)")
+    if any(not d["batch"]["k_by_batch"] for d in out):
+        from autospec.report import PROBE_BATCH_HINT
+        print(f"no batch cost grid for some pairs: run `{PROBE_BATCH_HINT}`")
     return 0
+
+
+def _batch_cell(b: dict) -> str:
+    if not b["k_by_batch"]:
+        return "-"
+    return "none" if b["memory_bound_up_to"] is None else str(b["memory_bound_up_to"])
+
+
+def _off_cell(b: dict) -> str:
+    if not b["k_by_batch"]:
+        return "-"
+    ks = " ".join(f"{bs}:{'-' if k is None else k}" for bs, k in b["k_by_batch"].items())
+    return ks + (f" (off from {b['crossover']})" if b["crossover"] is not None else "")
 
 
 def _short(name: str) -> str:

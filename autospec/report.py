@@ -12,8 +12,13 @@ A *workload* is one (category, pair) — a pair row already names the hardware. 
    the cost model otherwise, S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)); always labelled which.
 
 plus the policy in force (the latest requests' policies and k, the latest ``autospec tune``
-result with its provenance and its simulated gain over the untuned default) and a verdict in
-plain words. ``build_report`` returns numbers; ``render_text`` / ``render_html`` /
+result with its provenance and its simulated gain over the untuned default), a verdict in
+plain words, and the batch dimension (``Batch``): from the pair's cost grid T_t(B, n), T_d(B)
+(``queries.batch_costs``: the probe's grid, else live medians), the largest batch size at
+which verification is still memory-bound, the k the cost model picks at each batch size for
+this workload's acceptance (every row of the batch this workload) with its predicted speedup
+over plain batched decoding, the batch size from which it switches speculation off, the k a
+tuned table uses, and the requests' logged batch sizes. ``build_report`` returns numbers; ``render_text`` / ``render_html`` /
 ``render_json`` present them. It reads only the store (no torch), aggregating in SQL
 (``autospec.store.history``), so it runs beside a serving process on any store size.
 """
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autospec.policies.costmodel import (
+    batch_best_k,
     best_k,
     conditional_from_cumulative,
     interpolate_cost,
@@ -43,7 +49,7 @@ from autospec.textfmt import fmt, human_bytes, table
 
 __all__ = [
     "Report", "Workload", "Traffic", "Acceptance", "Verification", "PolicyInForce", "Tuning",
-    "Speedup", "Verdict", "build_report", "cost_inputs", "render_text", "render_html",
+    "Speedup", "Verdict", "Batch", "BatchPoint", "batch_view", "build_report", "cost_inputs", "render_text", "render_html",
     "render_json", "add_parser", "run",
 ]
 
@@ -57,6 +63,9 @@ PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; betwee
 # not imported from there because autospec.probe imports torch)
 MEMORY_BOUND_RATIO = 1.25
 RECENT = 200  # the latest requests that say which policy (and k) is in force
+BATCH_K_REF = 3  # the k at which "memory-bound at batch B" is judged: T_t(B, 4) / T_t(B, 1)
+BATCH_FIXED_KS = (1, 2, 3, 4)  # fixed k whose predicted speedup is shown per batch size
+PROBE_BATCH_HINT = "autospec probe --batch 1,2,4,8,16,32"
 
 
 # -- the numbers ------------------------------------------------------------------------------
@@ -171,6 +180,35 @@ class Verdict:
 
 
 @dataclass
+class BatchPoint:
+    """One batch size of the cost grid, for one workload (every row of the batch from it)."""
+
+    batch: int
+    t_target_1_s: float  # T_t(B, 1): one plain batched decoding step
+    cost_ratio: float | None  # T_t(B, BATCH_K_REF + 1) / T_t(B, 1)
+    t_draft_s: float | None  # T_d(B), per proposed token (interpolated in B where unmeasured)
+    k: int | None  # the cost model's k (batch_best_k); None without acceptance or T_d(B)
+    speedup: float | None  # its predicted speedup over plain batched decoding at B
+    speedup_by_k: dict[int, float]  # the same at each fixed k of BATCH_FIXED_KS
+    tuned_k: int | None  # the k the tuned table (if any) runs at B
+
+
+@dataclass
+class Batch:
+    """The batch dimension of a workload: the cost grid read through the cost model."""
+
+    source: str  # where the grid came from ("probe #3", "live", "none")
+    points: list[BatchPoint]  # ascending batch sizes of the grid
+    memory_bound_up_to: int | None  # largest grid B up to which (every B' ≤ B) T_t(B, 4) /
+    #                                 T_t(B, 1) ≤ MEMORY_BOUND_RATIO; None: not even the first
+    crossover: int | None  # smallest grid B from which on the cost model's k is 0; None: k > 0
+    #                        at the largest B (or k unknown)
+    tuned: str | None  # the tuned table in force for this workload, as stored
+    requests_by_batch: dict[int, int]  # logged requests per batch size
+    note: str | None  # why something is missing, and what to run
+
+
+@dataclass
 class Workload:
     category: str
     pair: dict[str, Any]  # id, target, draft, dtype, hardware
@@ -182,6 +220,7 @@ class Workload:
     history_bucket_s: int
     history: list[dict[str, Any]]  # {start, requests, new_tokens, drafted, accepted, alpha}
     verdict: Verdict
+    batch: Batch | None = None
 
 
 @dataclass
@@ -314,6 +353,105 @@ def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
     return Speedup(plain, spec, measured, k, est, okb, ob, s_curve, flat, source, value)
 
 
+def _interp_b(points: dict[int, float], b: int) -> float | None:
+    """A per-B value at batch size ``b``: measured, else linear in B between the nearest
+    measured batch sizes, flat below the first, proportional to the last two beyond the last
+    (``BatchCosts``' rule across B)."""
+    if b in points:
+        return points[b]
+    pts = sorted((int(x), float(v)) for x, v in points.items() if v and v > 0)
+    if not pts:
+        return None
+    if b <= pts[0][0]:
+        return pts[0][1]
+    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+        if b <= b1:
+            return v0 + (v1 - v0) * (b - b0) / (b1 - b0)
+    if len(pts) == 1:
+        return pts[-1][1]
+    (b0, v0), (b1, v1) = pts[-2], pts[-1]
+    return v1 + max(0.0, (v1 - v0) / (b1 - b0)) * (b - b1)
+
+
+def _tuned_table(tuned: Tuning | None):
+    """The tuned policy's k by batch size, where it has one: a ``TablePolicy`` from a stored
+    table spec (``"table:1-2:4,…"``) or ``{batch: k}`` choices, a fixed k as a one-range table;
+    None for the adaptive families (their k is chosen live)."""
+    from autospec.policies.table import TablePolicy
+
+    if tuned is None:
+        return None
+    params = tuned.params
+    for v in params.values():
+        if isinstance(v, str) and v.strip().lower().startswith("table:"):
+            with contextlib.suppress(ValueError):
+                return TablePolicy.parse(v)
+    if tuned.family == "table":
+        for v in params.values():
+            if isinstance(v, dict) and v:
+                with contextlib.suppress(ValueError, TypeError):
+                    return TablePolicy.from_choices({int(b): int(k) for b, k in v.items()})
+    if tuned.family == "fixed" and isinstance(params.get("k"), int):
+        return TablePolicy({(1, None): params["k"]})
+    return None
+
+
+def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
+               draft: dict[int, float], source: str, *, k_max: int = K_MAX,
+               tuned: Tuning | None = None, requests_by_batch: dict[int, int] | None = None
+               ) -> Batch:
+    """The batch dimension of one workload from the pair's cost grid (``queries.batch_costs``):
+    at each grid batch size B, the cost model's k for a batch whose every row has this
+    workload's acceptance ``alphas`` (``batch_best_k``: Σ E[N_i](k) / (k·T_d(B) + T_t(B, k+1))
+    against B / T_t(B, 1)), its predicted speedup, the speedup at fixed k, and where
+    verification stops being memory-bound and speculation is switched off."""
+    counts = dict(sorted((requests_by_batch or {}).items()))
+    table_ = _tuned_table(tuned)
+    tuned_spec = table_.name if table_ is not None else None
+    grid = {int(b): {int(n): float(t) for n, t in ns.items() if t and t > 0}
+            for b, ns in target.items()}
+    grid = {b: ns for b, ns in sorted(grid.items()) if ns.get(1)}
+    if not any(b > 1 for b in grid):
+        what = ("no batch cost grid for this pair" if not grid else
+                "the cost grid has batch 1 only")
+        return Batch(source, [], None, None, tuned_spec, counts,
+                     f"{what}: run `{PROBE_BATCH_HINT}` to measure T_t(B, n) and T_d(B)")
+    known = any(a is not None for a in alphas)
+    points = []
+    for b, ns in grid.items():
+        cost = interpolate_cost(ns)
+        t1 = cost(1)
+        t_d = _interp_b(draft, b)
+        k = s = None
+        by_k: dict[int, float] = {}
+        if known and t_d is not None:
+            k, s = batch_best_k([alphas] * b, t_d, cost, k_max)
+            by_k = {j: speedup(j, alphas, t_d, cost) for j in BATCH_FIXED_KS}
+        points.append(BatchPoint(b, t1, cost(BATCH_K_REF + 1) / t1, t_d, k, s, by_k,
+                                 None if table_ is None else table_.k_for(b)))
+    upto = None
+    for p in points:
+        if p.cost_ratio is None or p.cost_ratio > MEMORY_BOUND_RATIO:
+            break
+        upto = p.batch
+    crossover = None
+    if points[-1].k == 0:
+        crossover = points[-1].batch
+        for p in reversed(points[:-1]):
+            if p.k != 0:
+                break
+            crossover = p.batch
+    note = None
+    if not known:
+        note = "no acceptance measured for this workload yet: k per batch size unknown"
+    elif all(p.t_draft_s is None for p in points):
+        note = f"no draft timing T_d(B) in the grid: run `{PROBE_BATCH_HINT}`"
+    elif source == "live":
+        note = (f"costs from live traffic (medians of ≥ {MIN_FORWARDS} forwards per point); "
+                f"`{PROBE_BATCH_HINT}` measures the full grid")
+    return Batch(source, points, upto, crossover, tuned_spec, counts, note)
+
+
 def _pct(a: float) -> str:
     return f"{a * 100:.0f} %"
 
@@ -379,11 +517,14 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id)
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
+    by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
     probes: dict[int, Any] = {}
+    grids: dict[int, Any] = {}
     for sm in summaries:
         pid = sm.pair.id
         if pid not in probes:
             probes[pid] = queries.latest_probe(s, pid)
+            grids[pid] = queries.batch_costs(s, pid)
         probe = probes[pid]
         curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
@@ -413,9 +554,35 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                           sm.first_seen, sm.last_seen, sm.tokens_per_s)
         pair = {name: getattr(sm.pair, name)
                 for name in ("id", "target", "draft", "dtype", "hardware")}
+        g_target, g_draft, g_source = grids[pid]
+        batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
+                           requests_by_batch=by_batch.get((category_key(sm.category), pid)))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
-                                         bucket_s, hist, _verdict(acc, ver, pol, sp)))
+                                         bucket_s, hist, _verdict(acc, ver, pol, sp), batch))
     return report
+
+
+def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = None
+                      ) -> dict[tuple[str, int], dict[int, int]]:
+    """Logged requests per batch size: (category_key, pair_id) → {batch size: requests}.
+    One grouped query (the requests index leads with category_key, pair_id)."""
+    from sqlalchemy import func, select
+
+    from autospec.store.models import Request
+    from autospec.store.rows import category_key
+
+    stmt = select(Request.category_key, Request.pair_id, Request.batch_size,
+                  func.count()).group_by(Request.category_key, Request.pair_id,
+                                         Request.batch_size)
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    out: dict[tuple[str, int], dict[int, int]] = {}
+    for key, pid, b, n in s.execute(stmt):
+        cell = out.setdefault((key, pid), {})
+        cell[int(b or 1)] = cell.get(int(b or 1), 0) + int(n)
+    return out
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -468,6 +635,53 @@ def _speed_line(sp: Speedup) -> list[str]:
     else:
         out.append("estimated: - (needs T_t(1), T_d and acceptance: run `autospec probe`)")
     out.append(f"used for the verdict: {sp.source or '-'} {_x(sp.value)}")
+    return out
+
+
+def _batch_headline(b: Batch) -> str:
+    """Where verification stops being memory-bound and where the cost model stops drafting."""
+    if not b.points:
+        return b.note or "no batch cost grid"
+    pts = b.points
+    ratio = f"T_t(B, {BATCH_K_REF + 1}) / T_t(B, 1) ≤ {MEMORY_BOUND_RATIO}"
+    if b.memory_bound_up_to is None:
+        mem = f"verification is not memory-bound even at B = {pts[0].batch} ({ratio} fails)"
+    elif b.memory_bound_up_to == pts[-1].batch:
+        mem = (f"verification memory-bound up to the largest probed B = {b.memory_bound_up_to}"
+               f" ({ratio})")
+    else:
+        mem = f"verification memory-bound up to B = {b.memory_bound_up_to} ({ratio})"
+    if all(p.k is None for p in pts):
+        off = "the cost model's k per batch size is unknown"
+    elif b.crossover is None:
+        off = f"the cost model speculates at every probed batch size (up to B = {pts[-1].batch})"
+    elif b.crossover == pts[0].batch:
+        off = f"the cost model keeps speculation off at every probed batch size (from B = " \
+              f"{b.crossover})"
+    else:
+        off = f"the cost model switches speculation off from B = {b.crossover}"
+    return f"{mem}; {off}"
+
+
+def _batch_text(b: Batch) -> list[str]:
+    out = []
+    if b.points:
+        out.append(f"costs: {b.source}" + (f"; tuned table: {b.tuned}" if b.tuned else
+                                           "; tuned table: none"))
+        header = ["B", "T_t(B,1) ms", f"T_t(B,{BATCH_K_REF + 1})/T_t(B,1)", "T_d(B) ms",
+                  "k (cost model)", "predicted S", *(f"S(k={j})" for j in BATCH_FIXED_KS),
+                  "tuned k", "requests"]
+        out.append(table(header, [
+            [str(p.batch), _ms(p.t_target_1_s), fmt(p.cost_ratio, ".2f"), _ms(p.t_draft_s),
+             "-" if p.k is None else str(p.k), _x(p.speedup),
+             *(_x(p.speedup_by_k.get(j)) for j in BATCH_FIXED_KS),
+             "-" if p.tuned_k is None else str(p.tuned_k),
+             str(b.requests_by_batch.get(p.batch, 0))] for p in b.points]))
+    if b.note and b.points:
+        out.append(b.note)
+    if b.requests_by_batch:
+        out.append("requests by batch size: " + ", ".join(
+            f"B = {k}: {n}" for k, n in b.requests_by_batch.items()))
     return out
 
 
@@ -569,10 +783,15 @@ def render_text(report: Report) -> str:
         if sp.curve:
             lines.append(table(["k", *map(str, sp.curve)],
                                [["S(k)", *(f"{s:.2f}" for s in sp.curve.values())]]))
+        if w.batch is not None:
+            lines.append("\n4. batch: " + _batch_headline(w.batch))
+            lines += _batch_text(w.batch)
     lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
               "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
               "E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and T_t(n) (requests, "
-              "completed by `autospec probe`)."]
+              "completed by `autospec probe`). At batch B: predicted speedup over plain "
+              "batched decoding = E[N](k)·T_t(B,1) / (k·T_d(B) + T_t(B,k+1)), every row of "
+              "the batch this workload (`autospec probe --batch` measures T_t(B, n), T_d(B))."]
     return "\n".join(lines) + "\n"
 
 
@@ -585,6 +804,7 @@ def render_json(report: Report) -> str:
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}
 h1{font-size:22px}h2{font-size:18px;margin-top:36px;border-bottom:1px solid #ccc}
+h3{font-size:15px;margin:18px 0 4px}
 table{border-collapse:collapse;margin:8px 0;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}
@@ -664,6 +884,80 @@ def _verdict_class(v: Verdict) -> str:
     return "neutral"
 
 
+def _batch_plots(b: Batch) -> list[str]:
+    """Predicted speedup over plain batched decoding by batch size (log2 axis): at the cost
+    model's k (labelled with it), and at each fixed k, thinner; the crossover marked. Then
+    the requests' logged batch sizes."""
+    plots = []
+    if b.points:
+        xs = [math.log2(p.batch) for p in b.points]
+        ticks = [(x, str(p.batch)) for x, p in zip(xs, b.points)]
+        series = [Series(f"fixed k = {j}", [(x, p.speedup_by_k.get(j))
+                                            for x, p in zip(xs, b.points)],
+                         PALETTE[(i + 1) % len(PALETTE)], dashed=True, dots=False, stroke=1.0)
+                  for i, j in enumerate(BATCH_FIXED_KS)]
+        series.append(Series("cost model's k", [(x, p.speedup) for x, p in zip(xs, b.points)],
+                             "#111111", stroke=2.6,
+                             labels=[f"k={p.k}" if p.k is not None else ""
+                                     for p in b.points]))
+        series.insert(0, Series("plain batched", [(xs[0], 1.0), (xs[-1], 1.0)], "#888888",
+                                dashed=True, dots=False, stroke=1.0))
+        vlines = []
+        if b.memory_bound_up_to is not None and b.memory_bound_up_to != b.crossover:
+            vlines.append((math.log2(b.memory_bound_up_to),
+                           f"memory-bound to B = {b.memory_bound_up_to}"))
+        if b.crossover is not None:
+            vlines.append((math.log2(b.crossover), f"off from B = {b.crossover}"))
+        top = max([1.0, *(y for s in series for _, y in s.points if y is not None)])
+        plots.append(line_chart(series, title="predicted speedup vs plain batched decoding",
+                                x_label="batch size B (log2 axis)", y_label="speedup ×",
+                                x_ticks=ticks, vlines=vlines, y_max=math.ceil(top / 0.75 * 1.05)
+                                * 0.75, y_fmt=".3g", width=600, height=300, legend_width=120,
+                                x_pad=0.3, empty="no acceptance or T_d(B) measured"))
+    if b.points or any(k > 1 for k in b.requests_by_batch):
+        sizes = sorted(set(b.requests_by_batch) | {p.batch for p in b.points})
+        counts = [b.requests_by_batch.get(x, 0) for x in sizes]
+        plots.append(bar_chart([str(x) for x in sizes], counts,
+                               title="requests by batch size (logged)", x_label="batch size",
+                               y_label="requests", value_fmt=".0f", y_fmt=".0f",
+                               y_max=4 * _round_step(max(counts) / 4),
+                               empty="no requests logged"))
+    return plots
+
+
+def _round_step(v: float) -> float:
+    """The smallest 1, 2 or 5 × 10^e (e ≥ 0) ≥ v: integer gridlines for counts."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * step >= v:
+                return m * step
+        step *= 10
+
+
+def _batch_html(b: Batch) -> list[str]:
+    out = [f"<h3>Batch</h3><p><b>{_h(_batch_headline(b))}</b>"
+           + (f" (costs: {_h(b.source)})" if b.points else "") + ".</p>"]
+    if b.points:
+        out.append(_html_table(
+            ["B", "T_t(B,1) ms", f"T_t(B,{BATCH_K_REF + 1}) / T_t(B,1)", "T_d(B) ms",
+             "k (cost model)", "predicted speedup", *(f"k = {j}" for j in BATCH_FIXED_KS),
+             "tuned k", "requests"],
+            [[str(p.batch), _ms(p.t_target_1_s), fmt(p.cost_ratio, ".2f"), _ms(p.t_draft_s),
+              "-" if p.k is None else str(p.k), _x(p.speedup),
+              *(_x(p.speedup_by_k.get(j)) for j in BATCH_FIXED_KS),
+              "-" if p.tuned_k is None else str(p.tuned_k),
+              str(b.requests_by_batch.get(p.batch, 0))] for p in b.points]))
+        out.append("<p class=\"small\">Tuned table: "
+                   + (f"<code>{_h(b.tuned)}</code>" if b.tuned else "none") + ".</p>")
+        if b.note:
+            out.append(f"<p class=\"small\">{_h(b.note)}</p>")
+    plots = _batch_plots(b)
+    if plots:
+        out += ["<div class=\"plots\">", *plots, "</div>"]
+    return out
+
+
 def render_html(report: Report) -> str:
     """One self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -737,6 +1031,8 @@ def render_html(report: Report) -> str:
         else:
             out.append("<p class=\"small\">No <code>autospec tune</code> result for this "
                        "workload.</p>")
+        if w.batch is not None:
+            out += _batch_html(w.batch)
     out.append("<p class=\"small\">α = accepted / drafted. Measured speedup = speculative ÷ "
                "plain tokens/s (Σ tokens / Σ wall seconds) of requests of the same workload. "
                "Estimated S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and the "

@@ -26,6 +26,8 @@ class Series:
     color: str = PALETTE[0]
     dashed: bool = False
     dots: bool = True
+    stroke: float = 1.8  # line width
+    labels: Sequence[str] | None = None  # written above each point (same order), or None
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def placeholder(title: str, message: str, width: int = 360, height: int = 220) -
 def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: str,
               x_label: str = "", y_label: str = "", y_max: float | None = None,
               value_fmt: str = ".2f", width: int = 360, height: int = 220,
-              color: str = PALETTE[0], empty: str = "no data") -> str:
+              color: str = PALETTE[0], empty: str = "no data", y_fmt: str = ".2g") -> str:
     """Vertical bars with their values written above them."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not labels or not vals:
@@ -105,7 +107,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: s
         return _M_TOP + plot_h * (1 - min(max(v, 0.0), top) / top)
 
     out = _frame(width, height, title, y_label, x_label)
-    _y_axis(out, 0.0, top, sy, width, ".2g")
+    _y_axis(out, 0.0, top, sy, width, y_fmt)
     slot = plot_w / len(labels)
     bar_w = max(1.0, slot * 0.7)
     for i, (lab, v) in enumerate(zip(labels, values)):
@@ -129,23 +131,30 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
                markers: Sequence[Marker] = (), hlines: Sequence[tuple[float, str]] = (),
                x_ticks: Sequence[tuple[float, str]] | None = None, y_min: float | None = 0.0,
                y_max: float | None = None, y_fmt: str = ".2g", width: int = 360,
-               height: int = 220, empty: str = "no data") -> str:
+               height: int = 220, empty: str = "no data",
+               vlines: Sequence[tuple[float, str]] = (), legend_width: int = 0,
+               x_pad: float = 0.0) -> str:
     """Lines (with dots) over a shared x axis, optional labelled markers and horizontal
-    reference lines. ``x_ticks``: (x, label) pairs; default: the series' distinct x."""
+    and vertical reference lines. ``x_ticks``: (x, label) pairs; default: the series'
+    distinct x. ``legend_width`` > 0: the series' names go in a column of that width right
+    of the plot instead of over its top-left corner. ``x_pad``: room (in x units) left and
+    right of the data, so that points and their labels stay clear of the axis."""
     pts = [(x, y) for s in series for x, y in s.points if y is not None and math.isfinite(y)]
     pts += [(m.x, m.y) for m in markers if math.isfinite(m.y)]
     if not pts:
         return placeholder(title, empty, width, height)
-    xs = [x for x, _ in pts]
+    xs = [x for x, _ in pts] + [x for x, _ in vlines]
     ys = [y for _, y in pts] + [y for y, _ in hlines]
     x0, x1 = min(xs), max(xs)
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
+    x0, x1 = x0 - x_pad, x1 + x_pad
     lo = min(ys) if y_min is None else min(y_min, min(ys))
     hi = _nice_max(max(ys)) if y_max is None else y_max
     if hi <= lo:
         hi = lo + 1.0
-    plot_w, plot_h = width - _M_LEFT - _M_RIGHT, height - _M_TOP - _M_BOTTOM
+    right = width - _M_RIGHT - legend_width  # the plot's right edge
+    plot_w, plot_h = right - _M_LEFT, height - _M_TOP - _M_BOTTOM
 
     def sx(x: float) -> float:
         return _M_LEFT + plot_w * (x - x0) / (x1 - x0)
@@ -154,18 +163,27 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
         return _M_TOP + plot_h * (1 - (min(max(y, lo), hi) - lo) / (hi - lo))
 
     out = _frame(width, height, title, y_label, x_label)
-    _y_axis(out, lo, hi, sy, width, y_fmt)
+    _y_axis(out, lo, hi, sy, right + _M_RIGHT, y_fmt)
     ticks = x_ticks if x_ticks is not None else [
         (x, format(x, "g")) for x in sorted({x for s in series for x, _ in s.points})]
     for x, lab in ticks:
         out.append(f'<text x="{_n(sx(x))}" y="{_n(_M_TOP + plot_h + 13)}" '
                    f'text-anchor="middle" {_FONT}>{_t(lab)}</text>')
     for y, lab in hlines:
-        out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(sy(y))}" '
+        out.append(f'<line x1="{_M_LEFT}" x2="{right}" y1="{_n(sy(y))}" '
                    f'y2="{_n(sy(y))}" stroke="#888888" stroke-dasharray="2 3"/>')
         if lab:
-            out.append(f'<text x="{width - _M_RIGHT - 2}" y="{_n(sy(y) - 3)}" '
+            out.append(f'<text x="{right - 2}" y="{_n(sy(y) - 3)}" '
                        f'text-anchor="end" {_FONT} fill="#666666">{_t(lab)}</text>')
+    for i, (x, lab) in enumerate(vlines):  # labels one line apart, so that they never meet
+        out.append(f'<line x1="{_n(sx(x))}" x2="{_n(sx(x))}" y1="{_M_TOP}" '
+                   f'y2="{_n(_M_TOP + plot_h)}" stroke="#555555" stroke-dasharray="4 3"/>')
+        if lab:
+            fits = sx(x) + 4 + 6.2 * len(lab) <= right  # ~6.2 px a character at 11 px
+            anchor, dx = ("start", 4) if fits else ("end", -4)
+            out.append(f'<text x="{_n(sx(x) + dx)}" y="{_M_TOP + 10 + 13 * i}" '
+                       f'text-anchor="{anchor}" {_FONT} fill="#333333">{_t(lab)}</text>')
+    legend_x = _M_LEFT + 6 if legend_width <= 0 else right + 10
     legend_y = _M_TOP + 10
     for s in series:
         runs: list[list[tuple[float, float]]] = [[]]
@@ -179,23 +197,33 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
             if len(run) > 1:
                 path = " ".join(f"{_n(a)},{_n(b)}" for a, b in run)
                 out.append(f'<polyline points="{path}" fill="none" stroke="{_t(s.color)}" '
-                           f'stroke-width="1.8"{dash}/>')
+                           f'stroke-width="{s.stroke:g}"{dash}/>')
             if s.dots or len(run) == 1:
                 out += [f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{_t(s.color)}"/>'
                         for a, b in run]
+        if s.labels is not None:
+            for (x, y), lab in zip(s.points, s.labels):
+                if lab and y is not None and math.isfinite(y):
+                    out.append(f'<text x="{_n(sx(x))}" y="{_n(sy(y) - 6)}" '
+                               f'text-anchor="middle" {_FONT} fill="{_t(s.color)}">'
+                               f'{_t(lab)}</text>')
         if s.name:
-            out.append(f'<text x="{_M_LEFT + 6}" y="{legend_y}" {_FONT} '
-                       f'fill="{_t(s.color)}">{_t(s.name)}</text>')
+            if legend_width > 0:
+                out.append(f'<line x1="{legend_x}" x2="{legend_x + 14}" y1="{legend_y - 4}" '
+                           f'y2="{legend_y - 4}" stroke="{_t(s.color)}" '
+                           f'stroke-width="{s.stroke:g}"{dash}/>')
+            out.append(f'<text x="{legend_x + (18 if legend_width > 0 else 0)}" '
+                       f'y="{legend_y}" {_FONT} fill="{_t(s.color)}">{_t(s.name)}</text>')
             legend_y += 13
     for m in markers:
         cx, cy = sx(m.x), sy(m.y)
         out.append(f'<path d="M{_n(cx)},{_n(cy - 6)} L{_n(cx + 6)},{_n(cy)} '
                    f'L{_n(cx)},{_n(cy + 6)} L{_n(cx - 6)},{_n(cy)} Z" fill="{_t(m.color)}">'
                    f'<title>{_t(m.label)}</title></path>')
-        anchor = "end" if cx > width - 90 else "start"
+        anchor = "end" if cx > right - 90 else "start"
         dx = -8 if anchor == "end" else 8
         out.append(f'<text x="{_n(cx + dx)}" y="{_n(cy - 6)}" text-anchor="{anchor}" '
                    f'{_FONT} fill="{_t(m.color)}">{_t(m.label)}</text>')
-    out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(_M_TOP + plot_h)}" '
+    out.append(f'<line x1="{_M_LEFT}" x2="{right}" y1="{_n(_M_TOP + plot_h)}" '
                f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
     return "".join(out)
