@@ -459,11 +459,12 @@ def format_table(result) -> str:
                 f"{d['repeat']} at new token {d['position']} (plain {d['plain_token']}, this "
                 f"{d['token']}); target's top-2 logit margin there: {_fmt(d['margin'], '.4f')}")
     if m.get("batch", [1]) != [1] and result.batches:
-        sizes = ", ".join(f"{b} ({n} batches)" for b, n in m.get("batches", {}).items())
+        sizes = ", ".join(f"{b} ({n} batch{'es' if n != 1 else ''})"
+                          for b, n in m.get("batches", {}).items())
         lines += ["", f"batch sizes: {', '.join(map(str, m['batch']))}"
                   + (f"; prompts sorted by length, left-padded: {sizes}" if sizes else ""),
                   format_batch_table(result)]
-    return "\n".join(lines)
+    return "\n".join(lines).lstrip("\n")  # no batch-1 rows: the settings come first
 
 
 def main(argv=None) -> int:
