@@ -102,6 +102,8 @@ class _Row:
         self.scores = [] if want_scores else None
         self.logits = [] if want_logits else None
         self.finished = False
+        self.limit = max_new  # tokens the row may generate (see _BatchLoop.settle)
+        self.stop_at: int | None = None  # without EOS: where a stopping criterion first hit
         self.wall_end = 0.0
         self.bonus = False  # sampling: the row's last block was accepted whole
 
@@ -149,6 +151,7 @@ class _BatchLoop:
         self.clock = Clock(device)
         self.p_bonus = None  # sampling: [B, V] p at each row's last bonus position
         self.iteration = 0
+        self.repacks = 0
         self.batch0 = B
 
     # -- logits processing, per row as generate would -----------------------------------------
@@ -408,6 +411,7 @@ class _BatchLoop:
         self.iteration += 1
 
         # 7. Rows that finished leave; caches are trimmed and, when holes pile up, repacked
+        self.settle()
         self.compact()
 
     def trace_catch_up(self, raw, known: list[int]):
@@ -440,16 +444,22 @@ class _BatchLoop:
             if tok in self.eos_set:
                 r.finished, r.stats.stop_reason = True, "eos"
                 break
-            if r.gen + emitted >= self.max_new:
-                r.finished, r.stats.stop_reason = True, "max_new_tokens"
+            if r.gen + emitted >= r.limit:
+                r.finished = True
+                r.stats.stop_reason = r.stats.stop_reason or "max_new_tokens"
                 break
-            if self.criteria is not None:
+            if self.criteria is not None and r.stop_at is None:
                 ids = torch.tensor(r.tokens, device=self.device)[None]
                 if r.prefix is not None:
                     ids = torch.cat([r.prefix.to(self.device), ids], dim=1)
                 if _criteria_hit(self.criteria, ids, s_t[b : b + 1, emitted - 1]):
-                    r.finished, r.stats.stop_reason = True, "stopping_criteria"
-                    break
+                    r.stats.stop_reason = "stopping_criteria"
+                    if self.eos_set:
+                        r.finished = True
+                        break
+                    # generate pads finished rows only when it has an EOS criterion; without
+                    # one a stopped row runs on until every row has stopped (settle)
+                    r.stop_at = r.gen + emitted
         if r.scores is not None:
             r.scores.extend(s_t[b, j].clone() for j in range(emitted))
         if r.logits is not None:
@@ -459,6 +469,32 @@ class _BatchLoop:
         r.n += emitted
         if r.finished:
             r.wall_end = time.perf_counter()
+
+    def settle(self) -> None:
+        """Without an EOS criterion ``generate`` stops rows only all together: at the step where
+        the last row is stopped by a criterion (or at max_new_tokens), every row has that many
+        tokens. Once every row has stopped, cut the ones past that length and let the others
+        run to it."""
+        if self.eos_set or self.criteria is None:
+            return
+        if any(r.stop_at is None and r.stats.stop_reason != "max_new_tokens"
+               for r in self.all_rows):
+            return
+        if any(r.stats.stop_reason == "max_new_tokens" for r in self.all_rows):
+            return  # every row runs to max_new_tokens, as in generate
+        end = max(r.stop_at for r in self.all_rows)
+        for r in self.rows:
+            if r.gen >= end:
+                extra = r.gen - end
+                if extra:
+                    del r.tokens[len(r.tokens) - extra :]
+                    for out in (r.scores, r.logits):
+                        if out is not None:
+                            del out[len(out) - extra :]
+                    r.n -= extra
+                r.finished = True
+                r.wall_end = time.perf_counter()
+            r.limit = end
 
     # -- compaction ----------------------------------------------------------------------------
     def compact(self) -> None:
@@ -510,6 +546,7 @@ class _BatchLoop:
                 r.t_end = longest
             else:
                 r.d_end = longest
+        self.repacks += 1
         return new_mask
 
     # -- the end -------------------------------------------------------------------------------
@@ -522,6 +559,7 @@ class _BatchLoop:
             st.confidence = r.trace.finish_confidence(st.new_tokens)
             st.batch_size = self.batch0
             st.peak_kv_bytes = self.peak_kv
+            st.cache_repacks = self.repacks
             st.wall_s = (r.wall_end or time.perf_counter()) - self.t_start
             st.path = "eager"
             seq = torch.tensor(r.tokens, dtype=torch.long, device=self.device)[None]

@@ -555,6 +555,7 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
     out.started_at = min(st.started_at for st in rows)
     out.batch_size = len(rows)
     out.peak_kv_bytes = max(st.peak_kv_bytes for st in rows)
+    out.cache_repacks = longest.cache_repacks
     out.trace_kind, out.path = longest.trace_kind, longest.path
     out.stop_reason = ",".join(sorted({st.stop_reason for st in rows}))
     return out

@@ -89,6 +89,7 @@ class LoopStats:
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
     peak_kv_bytes: int = 0  # the largest target + draft KV cache the request held (batch > 1)
+    cache_repacks: int = 0  # batch > 1: times the caches' masked slots were squeezed out
 
     @property
     def acceptance(self) -> float:
