@@ -26,13 +26,21 @@ def add_commands(sub, common, models) -> None:
 
     probe = sub.add_parser(
         "probe", parents=[models, common],
-        help="measure T_t(n) for n = 1..16, T_d and memory bandwidth on this machine",
-        description="Times the target scoring n tokens on a cached context, the draft's "
-                    "step, and the achieved memory bandwidth against the device's peak: "
-                    "whether verification is memory- or compute-bound here.")
+        help="measure T_t(B, n) for n = 1..16 (at batch sizes B), T_d(B) and memory "
+             "bandwidth on this machine",
+        description="Times the target scoring n tokens per row on a cached context at each "
+                    "batch size B, the draft's step, and the achieved memory bandwidth "
+                    "against the device's peak: whether verification is memory- or "
+                    "compute-bound here, and up to which batch size.")
     probe.add_argument("--context", type=int, default=200, help="cached tokens (default 200)")
     probe.add_argument("--max-n", type=int, default=16, help="largest n (default 16)")
     probe.add_argument("--repeats", type=int, default=5, help="timings per point (median)")
+    probe.add_argument("--batch", type=_batch_sizes, default=(1,), metavar="B,B,...",
+                       help="batch sizes to measure, e.g. 1,2,4,8,16,32 (default 1); larger "
+                            "ones are skipped once one runs out of memory")
+    probe.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                       help="time budget: no further batch size is started once it would "
+                            "overrun this (default: none)")
     probe.add_argument("--db", metavar="URL", help="store to record the probe in")
     probe.add_argument("--no-store", action="store_true", help="do not record the probe")
     probe.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -163,6 +171,19 @@ def _ms(s):
 
 # -- probe ------------------------------------------------------------------------------------
 
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    import argparse
+
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected batch sizes like 1,2,4,8, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return tuple(sorted(set(sizes)))
+
+
 def _cmd_probe(args, parser) -> int:
     from tqdm import tqdm
 
@@ -181,9 +202,14 @@ def _cmd_probe(args, parser) -> int:
         except StoreError as e:
             die(str(e))
     target, draft, _, _ = _load(args, parser, env)
-    with tqdm(total=args.max_n + 1, desc="probe", unit="point", file=sys.stderr) as bar:
+    def progress(i: int, n: int) -> None:
+        bar.total = n
+        bar.update(i - bar.n)
+
+    with tqdm(desc="probe", unit="timing", file=sys.stderr) as bar:
         res = probe(target, draft, context=args.context, max_n=args.max_n,
-                    repeats=args.repeats, progress=lambda i, n: bar.update(i - bar.n))
+                    repeats=args.repeats, progress=progress, batches=args.batch,
+                    max_seconds=args.max_seconds)
     if store is not None:
         pair = RequestTelemetry(target, draft, measure_peak=False).pair
         with store, store.begin() as s:
@@ -205,4 +231,32 @@ def _cmd_probe(args, parser) -> int:
     print(f"{res.hardware}, {res.dtype}, context {res.context} tokens, {res.threads} threads, "
           f"median of {args.repeats}")
     print(f"verdict: {res.verdict()}")
+    if len(res.grid) > 1 or res.grid_note:
+        _print_grid(res)
     return 0
+
+
+def _print_grid(res) -> None:
+    """T_t(B, n) / T_t(B, 1) per batch size: where it stays near 1, verifying n tokens per row
+    costs what decoding one does."""
+    from autospec.probe import MEMORY_BOUND_RATIO, SPARSE_N
+
+    # the n every batch size measures (the loop's k + 1, and 12, 16); --json has them all
+    ns = sorted({n for row in res.grid.values() for n in row if n > 1} & set(SPARSE_N))
+    rows = []
+    for b, row in sorted(res.grid.items()):
+        ratios = res.batch_ratios(b)
+        t_d = res.draft_grid.get(b)
+        rows.append([str(b), f"{row[1] * 1e3:.1f}",
+                     *(fmt(ratios.get(n), ".2f") for n in ns),
+                     fmt(_ms(t_d), ".1f"), fmt(t_d / row[1] if t_d else None, ".2f")])
+    print("\ncost of scoring n tokens per row at batch size B, relative to one "
+          "(T_t(B, n) / T_t(B, 1)):")
+    print(table(["B", "T_t(B,1) ms", *(f"n={n}" for n in ns), "T_d(B) ms", "c(B)"], rows))
+    bound = res.memory_bound_batch()
+    print("verification of 4 tokens per row stays within "
+          f"{MEMORY_BOUND_RATIO:g}x of one token "
+          + (f"up to B = {bound}" if bound is not None else "at no batch size measured")
+          + "; c(B) = T_d(B) / T_t(B, 1)")
+    if res.grid_note:
+        print(f"note: {res.grid_note}")
