@@ -251,11 +251,12 @@ class _BatchLoop:
             q_list = []
             t0 = clock.mark()
             raw = self.feed("d", catch, [r.d_len for r in rows], None, keep0)
-            wide = max(len(c) for c in catch) > 2  # the prompt, or a k = 0 stretch: not T_d
-            if wide:
-                t_cu = clock.mark()
             if max(known):
                 cu_rows, cu_known = self.trace_catch_up(raw[:, :-1], known)
+            # the prompt, or a k = 0 stretch (and its trace): a cost of resuming, not T_d
+            wide = max(len(c) for c in catch) > 2
+            if wide:
+                t_cu = clock.mark()
             raw = raw[:, -1:]
             for i in range(k):
                 if i:

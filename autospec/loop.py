@@ -259,12 +259,16 @@ class _Loop:
         for i in range(k):
             if i == 0:
                 raw = self.d_run.run(feed, known + 1)  # [1, known+1, V]
-                if feed.shape[1] > 2:  # the prompt, or tokens decoded at k = 0: not T_d
+                if known:
+                    catch_up_trace = self.trace_catch_up(raw[:, :known], n - known - self.L)
+                if feed.shape[1] > 2:
+                    # the prompt, or the tokens decoded at k = 0, and the trace read from their
+                    # predictions: a cost of resuming, not T_d (counted as T_d it made a draft
+                    # look 4× dearer after every k = 0 stretch, and the cost model kept
+                    # speculation off on traffic where it paid)
                     self.timings.append(("draft_catch_up", 1, t0, self.clock.mark()))
                     t0 = self.clock.mark()
                     timed -= 1
-                if known:
-                    catch_up_trace = self.trace_catch_up(raw[:, :known], n - known - self.L)
                 raw = raw[:, -1:]
             else:
                 raw = self.d_run.run(feed, 1)  # [1, 1, V]
@@ -451,8 +455,9 @@ class _Loop:
         for what, count, a, b, *rest in self.timings:
             sec = self.clock.seconds(a, b)
             if what == "draft":
-                stats.draft_s += sec
-                stats.draft_forwards += count
+                if count:  # k = 1 after a catch-up: no proposal forward left to time
+                    stats.draft_s += sec
+                    stats.draft_forwards += count
             elif what == "draft_catch_up":
                 stats.draft_prefill_s += sec
             elif what == "target_prefill":
