@@ -386,7 +386,7 @@ def batch_costs(session: Session, pair_id: int, *, min_forwards: int = 16,
     - ``"live"``: else medians of the forwards the pair's last ``recent`` requests at batch
       > 1 timed, per (B, n) — and per B for the draft — each point kept only if it rests on
       at least ``min_forwards`` forwards; batch 1's points from the same requests' batch-1
-      forwards (compaction tails), under the same rule;
+      forwards (compaction tails: ``(1, n)`` keys, else ``target_s_by_n``), same rule;
     - else the latest probe's batch 1 alone (``"probe"``), or ``({}, {}, "none")``."""
     probes = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
                              .order_by(Probe.created_at.desc(), Probe.id.desc()))
@@ -427,10 +427,11 @@ def _live_grid(session: Session, pair_id: int, min_forwards: int, recent: int,
     target_points: dict[tuple[int, int], list[float]] = {}
     draft_points: dict[int, list[float]] = {}
     for by_bn, by_b, by_n in session.execute(stmt):
-        for (b, n), ts in _pairs(by_bn).items():
-            target_points.setdefault((b, n), []).extend(ts)
-        for n, ts in _ints(by_n).items():
-            target_points.setdefault((1, n), []).extend(ts)
+        points = _pairs(by_bn)
+        if not any(b == 1 for b, _ in points):  # batch 1 listed under (1, n) or by n alone
+            points.update({(1, n): ts for n, ts in _ints(by_n).items()})
+        for key, ts in points.items():
+            target_points.setdefault(key, []).extend(ts)
         for b, ts in _ints(by_b).items():
             draft_points.setdefault(b, []).extend(ts)
     target: dict[int, dict[int, float]] = {}

@@ -156,12 +156,14 @@ def test_live_batch_costs_are_medians_of_well_measured_points(store):
     # a compaction tail at batch 1 in the same rows (8 × 2 = 16 forwards): batch 1's point
     recs[0].target_s_by_n = {2: [0.004] * 8}
     recs[1].target_s_by_n = {2: [0.006] * 8}
+    recs[2].target_s_by_n = {2: [0.009] * 8}  # listed twice (as the batched loop does):
+    recs[2].target_s_by_bn[1, 2] = [0.009] * 8  # counted once, else the median moves
     store.write([*recs, few, make_record(rng, pair=PAIRS[1])])  # + an unbatched request
     pid = _pair_id(store, PAIRS[1])
     with store.session() as s:
         target, draft, source = queries.batch_costs(s, pid)
     assert source == "live"
-    assert target == {1: {2: pytest.approx(0.005)},
+    assert target == {1: {2: pytest.approx(0.006)},
                       4: {1: pytest.approx(0.008), 3: pytest.approx(0.0115)}}
     assert draft == {4: pytest.approx(0.0035)}
     with store.session() as s:  # a lower bar keeps the thin point
