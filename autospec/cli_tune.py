@@ -22,7 +22,10 @@ def add_commands(sub) -> None:
                     "the stored acceptance traces and measured costs. The study lives in the "
                     "store's database, so several workers (--workers, or several processes "
                     "with one --study on one URL) share it. The best parameters go to the "
-                    "store, where the live 'tuned' policy picks them up.")
+                    "store, where the live 'tuned' policy picks them up. Traces logged at "
+                    "batch B > 1 replay in batches of B with the measured T_t(B, n); there "
+                    "the 'table' family (k per batch-size bucket 1, 2-3, 4-7, 8-15, 16+) is "
+                    "searched too.")
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                 "autospec.db in the cache directory)")
     p.add_argument("--category", help="only this category (default: every category)")
@@ -44,11 +47,13 @@ def add_commands(sub) -> None:
                    help="refuse categories with fewer traces to tune on (default 20)")
     p.add_argument("--min-positions", type=_positive_int, default=200,
                    help="… or fewer observed positions (default 200)")
-    p.add_argument("--families", default="costmodel,bandit,fixed",
-                   help="policy families to search (default costmodel,bandit,fixed)")
+    p.add_argument("--families", default="costmodel,bandit,fixed,table",
+                   help="policy families to search (default costmodel,bandit,fixed,table; "
+                        "table only where the costs have batch sizes > 1)")
     p.add_argument("--costs", choices=("auto", "probe", "live"), default="auto",
-                   help="T_d and T_t(n) from the latest `autospec probe` or from live traffic "
-                        "(default auto: the probe if one is stored)")
+                   help="T_d and T_t(n) (and T_t(B, n), T_d(B) at batch > 1) from the latest "
+                        "`autospec probe` or from live traffic (default auto: the probe if one "
+                        "is stored)")
     p.add_argument("--k-max", type=_positive_int, default=16, help="largest k searched (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="do not write the results")
@@ -116,6 +121,8 @@ def _cmd_tune(args, parser) -> int:
             fmt(gain, ".3f") + "x" if gain else "-",
             f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
         notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
+                     + (f"\n  k by batch size: {_k_by_batch(r.k_by_batch)}"
+                        if r.k_by_batch and max(r.k_by_batch) > 1 else "")
                      + (f"\n  {r.note}" if r.note else "")
                      + ("" if r.early_stop_searched else
                         "\n  early-stop threshold not searched: these traces carry no draft "
@@ -127,8 +134,16 @@ def _cmd_tune(args, parser) -> int:
     where = "not written (--dry-run)" if args.dry_run else f"written to {store.url}"
     print(f"\n{len(tuned)} of {len(results)} workloads tuned, {where}. Throughput is "
           "simulated: the stored acceptance traces replayed under each policy with the "
-          "measured costs (T_d, T_t(n)); 'auto' is the untuned default policy.")
+          "measured costs (T_d, T_t(n); at the logged batch sizes B, T_d(B) and T_t(B, n) "
+          "against plain batched decoding); 'auto' is the untuned default policy.")
     return 0
+
+
+def _k_by_batch(k_by_bucket: dict) -> str:
+    """"1:4, 4-7:2, 16+:0" from {bucket: k} (buckets named by their smallest batch size)."""
+    names = {1: "1", 2: "2-3", 4: "4-7", 8: "8-15", 16: "16-31", 32: "32+"}
+    return ", ".join(f"{names.get(int(b), b)}:{k}" for b, k in sorted(
+        (int(b), k) for b, k in k_by_bucket.items()))
 
 
 def _short(v) -> str:

@@ -6,8 +6,9 @@ Per (category, pair) the job:
    window), split by time into a tuning part and a held-back part (``holdout``);
 2. refuses windows too thin to say anything (fewer than ``min_traces`` traces or
    ``min_positions`` observed positions) and says so, rather than optimising noise;
-3. runs an Optuna study over policy families (``fixed``, ``costmodel``, ``bandit``) and their
-   parameters; trial 0 is the untuned default (``auto``), so the best is never worse than it on
+3. runs an Optuna study over policy families (``fixed``, ``costmodel``, ``bandit``, and
+   ``table`` — k per batch-size bucket — where the traffic or the costs have a batch dimension)
+   and their parameters; trial 0 is the untuned default (``auto``), so the best is never worse than it on
    the tuning part; the study lives in the same database (Optuna's RDB storage), so several
    workers or processes on one URL share it (a process that joins an existing study replays
    that study's pinned window, so every trial scores the same objective);
@@ -15,7 +16,9 @@ Per (category, pair) the job:
    ``tuned_params`` with their provenance, where the live ``"tuned"`` policy picks them up.
 
 Greedy traces replay exactly, so for them the objective is deterministic; sampled traces are
-replayed with a fixed seed (common random numbers: every trial sees the same draws).
+replayed with a fixed seed (common random numbers: every trial sees the same draws). Traces
+logged at batch B > 1 replay in batches of B with T_t(B, n) (``simulate``), when the costs
+have the batch dimension (``queries.batch_costs``: the probe's grid, else live medians).
 """
 
 from __future__ import annotations
@@ -26,21 +29,28 @@ import multiprocessing
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autospec.policies.tuned import FAMILIES as POLICY_FAMILIES
+from autospec.policies.base import batch_bucket
+from autospec.policies.table import TablePolicy
+from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.simulate import Costs, SimResult, simulate
+from autospec.simulate import Costs, SimResult, batch_size_of, simulate
 from autospec.store.records import UNOBSERVED
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
-           "load_window", "study_name"]
+           "load_window", "study_name", "table_spec", "TABLE_BUCKETS"]
 
 log = logging.getLogger(__name__)
 
 FAMILIES = tuple(POLICY_FAMILIES)  # every family a tuned row can name
+# the batch-size buckets a "table" trial chooses one k for: 1, 2–3, 4–7, 8–15, 16+ (named by
+# their smallest batch size; a bucket above the window's largest batch size takes the k of the
+# largest one searched, since replay cannot judge it)
+TABLE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 # the untuned "auto" policy, as a trial (trial 0 of every study)
 DEFAULT_PARAMS: dict[str, Any] = {"family": "costmodel", "costmodel.k_cap": None,
                                   "costmodel.z": 0.0, "costmodel.min_gain": 0.0,
@@ -63,15 +73,20 @@ class TuneError(ValueError):
 # -- the search space ---------------------------------------------------------------------
 
 def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
-            early_stop: bool = False) -> tuple[str, dict]:
+            early_stop: bool = False,
+            table_buckets: Sequence[int] = TABLE_BUCKETS) -> tuple[str, dict]:
     """A policy family and its parameters from an Optuna trial (define-by-run: each family's
     parameters exist only in its branch). Parameter names are prefixed by the family.
     ``early_stop``: also search the draft-side early-stop threshold (off or one of
-    ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence."""
+    ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence.
+    ``table_buckets``: the batch-size buckets a ``table`` trial chooses a k for."""
     family = trial.suggest_categorical("family", list(families))
     p: dict[str, Any] = {}
     if family == "fixed":
         p["k"] = trial.suggest_int("fixed.k", 0, k_max)
+    elif family == "table":
+        p["table"] = table_spec({b: trial.suggest_int(f"table.k{b}", 0, k_max)
+                                 for b in table_buckets})
     elif family == "bandit":
         p["k_max"] = trial.suggest_int("bandit.k_max", 1, k_max)
         p["discount"] = trial.suggest_float("bandit.discount", 0.9, 0.9999)
@@ -92,10 +107,37 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
 
 
 def params_of(flat: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(family, params) from a trial's flat parameter dict."""
+    """(family, params) from a trial's flat parameter dict (a table trial's k per bucket,
+    ``table.k<B>``, becomes its ``table`` spec, as a tuned row stores it)."""
     family = flat["family"]
     prefix = family + "."
-    return family, {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    params = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    if family == "table":
+        ks = {int(k[1:]): params.pop(k) for k in list(params) if k[:1] == "k" and k[1:].isdigit()}
+        params = {"table": table_spec(ks), **params}
+    return family, params
+
+
+def table_spec(k_by_bucket: dict[int, int]) -> str:
+    """The ``TablePolicy`` spec running k_by_bucket[b] from batch size b to the next bucket
+    (``{1: 4, 4: 2, 16: 0}`` → ``"table:1-3:4,4-15:2,16-:0"``)."""
+    return TablePolicy.from_choices(k_by_bucket).name
+
+
+def bucketed_k(res: SimResult) -> dict[int, int]:
+    """The k run most often per batch-size bucket (``policies.base.batch_bucket``, named by
+    its smallest batch size) in a replay."""
+    counts: dict[int, Counter] = {}
+    for b, c in res.k_counts_by_batch.items():
+        counts.setdefault(batch_bucket(b), Counter()).update(c)
+    return {b: c.most_common(1)[0][0] for b, c in sorted(counts.items())}
+
+
+def table_buckets_for(batch_sizes) -> tuple[int, ...]:
+    """The buckets of ``TABLE_BUCKETS`` up to the one holding the largest logged batch size
+    (rows leave a batch as they finish, so every smaller bucket runs too)."""
+    top = max(batch_sizes, default=1)
+    return tuple(b for b in TABLE_BUCKETS if b <= top) or (1,)
 
 
 def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max: int,
@@ -106,7 +148,7 @@ def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max
     policy = build_policy(family, params, seed=seed)
     start = None if live is None else {c: st.copy() for c, st in live.items()}
     return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
-                    live=start)
+                    live=start, batched=costs.batched)
 
 
 def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -> dict:
@@ -115,7 +157,7 @@ def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -
     live: dict = {}
     family, params = params_of(DEFAULT_PARAMS)
     simulate(traces, build_policy(family, params, seed=seed), costs, k_max=k_max,
-             category=_category_of, seed=seed, live=live)
+             category=_category_of, seed=seed, live=live, batched=costs.batched)
     return live
 
 
@@ -192,7 +234,8 @@ def confidence_share(traces: Sequence) -> float:
 
 
 def study_name(pair_id: int, category: str, window: Window, families: Sequence[str],
-               k_max: int, costs: Costs, early_stop: bool = False) -> str:
+               k_max: int, costs: Costs, early_stop: bool = False,
+               table_buckets: Sequence[int] = ()) -> str:
     """Deterministic for a given window, search space and cost model, so workers started
     together share one study, and a job that would score trials differently never joins it."""
     import hashlib
@@ -202,6 +245,11 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
     key = f"{sorted(families)}|{k_max}|{costs.t_draft!r}|{sorted(costs.t_target.items())!r}"
     if early_stop:
         key += f"|stop{STOP_GRID!r}"
+    if costs.target_grid:
+        key += (f"|grid{sorted((b, sorted(c.items())) for b, c in costs.target_grid.items())!r}"
+                f"|{sorted(costs.draft_grid.items())!r}")
+    if "table" in families:
+        key += f"|table{tuple(table_buckets)!r}"
     space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
@@ -233,6 +281,11 @@ class CategoryResult:
     seconds: float = 0.0
     kept_default: bool = False  # the best lost on the held-back part: the default is written
     early_stop_searched: bool = False  # the traces carry the draft's confidence
+    batch_sizes: dict[int, int] | None = None  # logged batch size → traces in the window
+    table_searched: bool = False  # the "table" family was in the search
+    # the k the best policy ran most at each batch-size bucket (``batch_bucket``) in the
+    # replay of the tuning part: its batch-size → k table, whatever its family
+    k_by_batch: dict[int, int] | None = None
     note: str = ""
     provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
@@ -263,13 +316,24 @@ def _storage(url: str, attempts: int = 5):
 
 def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
                early_stop: bool):
+    buckets = _table_buckets(window, costs)
+
     def objective(trial) -> float:
-        family, params = suggest(trial, k_max, families, early_stop=early_stop)
+        family, params = suggest(trial, k_max, families, early_stop=early_stop,
+                                 table_buckets=buckets)
         res = evaluate(family, params, window.train, costs, k_max=k_max, seed=seed)
         trial.set_user_attr("speedup", res.speedup)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         return res.tokens_per_s
     return objective
+
+
+def _table_buckets(window: Window, costs: Costs) -> tuple[int, ...]:
+    """The buckets a table trial searches on this window: those its batches run through when
+    they replay at their logged batch sizes (only bucket 1 without batch costs)."""
+    if not costs.batched:
+        return (1,)
+    return table_buckets_for(batch_size_of(r) for r in window.train)
 
 
 def _optimize(url: str, name: str, window: Window, costs: Costs, *, trials: int,
@@ -404,6 +468,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                              holdout=holdout, pinned=pinned)
         t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat,
                                                                 source=costs_from)
+        grid, draft_grid, grid_source = queries.batch_costs(s, pid)
     res.traces = len(window.train) + len(window.holdout)
     res.holdout_traces = len(window.holdout)
     res.observed_positions = observed_positions(window.train)
@@ -417,17 +482,31 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
                       "traffic with k = 0 and k > 0")
         return res
-    costs = Costs(t_draft=float(t_draft), t_target=t_target)
+    if costs_from != "auto" and grid_source != costs_from:
+        grid, draft_grid = {}, {}  # one source, as asked (the probe's grid or live medians)
+    costs = Costs(t_draft=float(t_draft), t_target=t_target,
+                  target_grid={b: c for b, c in grid.items() if b > 1},
+                  draft_grid={b: d for b, d in draft_grid.items() if b > 1})
+    if costs.batched:
+        cost_source += f"; batch > 1: {grid_source}"
+    if "table" in families and not costs.batched:
+        # a table differs from a fixed k only where batches replay at their batch sizes
+        families = tuple(f for f in families if f != "table")
+        if not families:
+            res.reason = ("the table family needs costs at batch > 1 (T_t(B, n)): run "
+                          "`autospec probe --batch 1,2,4,8,16,32`")
+            return res
     early_stop = confidence_share(window.train) >= MIN_CONFIDENCE_SHARE
-    name = name or study_name(pid, cat, window, families, k_max, costs, early_stop)
+    name = name or study_name(pid, cat, window, families, k_max, costs, early_stop,
+                              _table_buckets(window, costs))
     res.study = name
     st = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                              load_if_exists=True)
     attrs = st.user_attrs
     if "window" not in attrs:
         st.set_user_attr("window", window.pinned)
-        st.set_user_attr("costs", {"t_draft_s": costs.t_draft, "source": cost_source,
-                                   "t_target_s_by_n": {str(n): t for n, t in t_target.items()}})
+        st.set_user_attr("costs", {**costs.describe(), "source": cost_source})
+        st.set_user_attr("families", list(families))
         st.set_user_attr("category", cat)
         st.set_user_attr("pair_id", pid)
         st.set_user_attr("early_stop_space", early_stop)
@@ -440,12 +519,20 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         pinned_costs = attrs.get("costs")
         if pinned_costs:
             cost_source = pinned_costs["source"]
-            costs = Costs(t_draft=pinned_costs["t_draft_s"], t_target={
-                int(n): t for n, t in pinned_costs["t_target_s_by_n"].items()})
+            costs = Costs.from_description(pinned_costs)
+        families = tuple(attrs.get("families", families))
         early_stop = bool(attrs.get("early_stop_space", False))
     res.early_stop_searched = early_stop
-    res.costs = {"t_draft_s": costs.t_draft, "t_target_s_by_n": dict(costs.t_target),
-                 "source": cost_source}
+    res.table_searched = "table" in families
+    res.costs = {**costs.describe(), "source": cost_source}
+    sizes = Counter(batch_size_of(r) for r in window.train + window.holdout)
+    res.batch_sizes = dict(sorted(sizes.items()))
+    notes = []
+    if max(sizes) > 1 and not costs.batched:
+        notes.append(f"traces logged at batch sizes {sorted(b for b in sizes if b > 1)} "
+                     "replayed one request at a time (batch 1): no T_t(B, n) at batch > 1 "
+                     f"from {'a probe or live traffic' if costs_from == 'auto' else costs_from}"
+                     "; run `autospec probe --batch 1,2,4,8,16,32`")
     finished = (TrialState.COMPLETE, TrialState.FAIL)
 
     def count(study, _trial=None):
@@ -501,6 +588,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     res.train_tokens_per_s = float(best.value)
     res.baseline_train_tokens_per_s = evaluate(base_family, base_params, window.train, costs,
                                                k_max=k_max, seed=seed).tokens_per_s
+    res.k_by_batch = bucketed_k(evaluate(family, params, window.train, costs, k_max=k_max,
+                                         seed=seed))
     holdout_figures = None
     if window.holdout:
         # both start from the statistics the tuning part left, as a live controller would
@@ -524,9 +613,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         # it won on the tuning part and lost on traffic it had not seen: an overfit. What
         # goes into force is the default; the result and the study stay for inspection.
         res.kept_default = True
-        res.note = (f"the best trial lost on the held-back traffic "
-                    f"({res.holdout_tokens_per_s / res.baseline_holdout_tokens_per_s:.3f}× the "
-                    "default): the default stays in force")
+        notes.insert(0, f"the best trial lost on the held-back traffic "
+                     f"({res.holdout_tokens_per_s / res.baseline_holdout_tokens_per_s:.3f}× "
+                     "the default): the default stays in force")
+    res.note = "; ".join(notes)
     res.provenance = {
         "study": name, "trial": best.number, "trials": res.trials,
         "storage": store.url, "window": window.describe(),
@@ -535,6 +625,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         "baseline": "auto (untuned cost-model policy)", "holdout": holdout_figures,
         "costs": res.costs, "k_max": k_max, "families": list(families),
         "early_stop_searched": res.early_stop_searched,
+        "batch_sizes": res.batch_sizes, "table_searched": res.table_searched,
+        "k_by_batch": res.k_by_batch,
         "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "kept_default": res.kept_default,
         "best": {"family": family, "params": params} if res.kept_default else None,

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
+from test_tune import PAIR, make_store, record
 
-from autospec.policies import FixedK, as_policy
+from autospec.policies import Context, FixedK, as_policy, build_policy
+from autospec.policies.table import TablePolicy
 from autospec.simulate import Costs, SimResult, plain_batch_seconds, simulate
+from autospec.store import add_probe, open_store, queries
 from autospec.store.queries import TraceRow
 from autospec.store.records import TRACE_GREEDY
+from autospec.tune import evaluate, tune
 
 # batch 1 and batch 4: verification flat in n (memory-bound); batch 16: linear in n
 T_D = 0.01
@@ -143,3 +148,56 @@ def test_costs_round_trip_through_their_description():
     assert again == COSTS
     assert again.at(16)[0](5) == pytest.approx(1.25) and again.at(16)[1] == 0.02
     assert Costs(T_D, FLAT_1).describe() == {"t_draft_s": T_D, "t_target_s_by_n": FLAT_1}
+
+
+# -- tuning on batched traffic ------------------------------------------------------------------
+
+def batched_store(path, alpha: float = 0.8):
+    """Greedy i.i.d. traces of one category logged through the store's writer: 16 batches of
+    4 and, interleaved, 4 of 16; and a probe with T_t(n), T_d and the (B, n) grid."""
+    rng = random.Random(0)
+    store = open_store(path)
+    recs, at = [], 1.0e9
+    for i in range(16):
+        for b in (4, 16) if i % 4 == 3 else (4,):
+            for _ in range(b):
+                at += 1
+                recs.append(replace(record(rng, alpha, at=at), batch_size=b))
+    store.write(recs)
+    with store.begin() as s:
+        add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in FLAT_1.items()},
+                            "draft_s": T_D, "grid": GRID, "draft_grid": DRAFT_GRID})
+    return store
+
+
+def test_tuning_batched_traffic_finds_a_table_on_at_small_batch_and_off_at_large(tmp_path):
+    with batched_store(tmp_path / "b.db") as store:
+        # no held-back part: the best is written whatever the batch-aware default would do
+        (res,) = tune(store, trials=60, families=("table", "fixed"), seed=0, holdout=0)
+        with store.session() as s:
+            (row,) = queries.tuned_params(s)
+            window = list(queries.traces(s))
+    assert res.status == "tuned", res.reason
+    assert res.table_searched and res.batch_sizes == {4: 64, 16: 64}
+    assert res.family == "table" and not res.kept_default
+    table = TablePolicy.parse(row.params["table"])
+    assert table.k_for(4) > 0 and table.k_for(16) == 0 and table.k_for(64) == 0
+    # it beats every single k, which must lose at one batch size or the other
+    costs = Costs.from_description(res.costs)
+    assert costs.batched and costs.target_grid[16][2] == GRID[16][2]
+    train = window
+    best_fixed = max(evaluate("fixed", {"k": k}, train, costs, k_max=16).tokens_per_s
+                     for k in range(0, 6))
+    assert res.train_tokens_per_s > 1.05 * best_fixed
+    # the stored row applies live: k by the batch size the loop reports
+    policy = build_policy(row.family, row.params)
+    assert policy.choose(Context(category="code", batch_size=4)) == table.k_for(4) > 0
+    assert policy.choose(Context(category="code", batch_size=16)) == 0
+    assert res.k_by_batch[4] > 0 and res.k_by_batch[16] == 0
+
+
+def test_the_table_is_not_searched_without_a_batch_dimension(tmp_path):
+    with make_store(tmp_path / "one.db", {"code": (0.8, 40)}) as store:
+        (res,) = tune(store, trials=6, seed=0, write=False)
+    assert res.status == "tuned" and not res.table_searched and res.batch_sizes == {1: 40}
+    assert "table" not in res.provenance["families"]
