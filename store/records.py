@@ -74,9 +74,10 @@ class RequestRecord:
     predicted_alpha: float | None = None  # the categoriser's acceptance forecast
     confidence: bytes | None = None  # per generated position, as the trace (see above)
     # Batched generate: one record per row. ``batch_size`` is the batch the row started in;
-    # forwards run at batch B > 1 go to ``target_s_by_bn`` ((B, n) → seconds of a forward
-    # scoring n tokens per row) and ``draft_s_by_b`` (B → seconds per proposed token), never
-    # to ``target_s_by_n`` / ``draft_s``, which are batch 1's cost curve.
+    # its forwards are listed by the batch they ran at: ``target_s_by_bn`` ((B, n) → seconds
+    # of a forward scoring n tokens per row) and ``draft_s_by_b`` (B → seconds per proposed
+    # token). The category statistics' timing sums (batch 1's cost curve) take
+    # ``target_s_by_n``, ``draft_s`` and ``draft_forwards`` from batch_size 1 requests only.
     batch_size: int = 1
     target_s_by_bn: dict[tuple[int, int], list[float]] | None = None
     draft_s_by_b: dict[int, list[float]] | None = None
