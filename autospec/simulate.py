@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -109,6 +109,14 @@ class Costs:
     t_target: Mapping[int, float]
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the fields only: the caches (a BatchCosts holds a lock) are rebuilt where unpickled
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     @property
     def batched(self) -> bool:

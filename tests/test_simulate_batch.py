@@ -4,6 +4,7 @@ leave when they finish, and the baseline is plain batched decoding of the same b
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from dataclasses import replace
 
@@ -143,11 +144,14 @@ def test_batch_traces_need_batch_costs_unless_replayed_alone():
     assert alone.k_counts_by_batch.keys() == {1} and alone.tokens == 80
 
 
-def test_costs_round_trip_through_their_description():
+def test_costs_round_trip_through_their_description_and_pickle():
     again = Costs.from_description(json.loads(json.dumps(COSTS.describe())))
     assert again == COSTS
     assert again.at(16)[0](5) == pytest.approx(1.25) and again.at(16)[1] == 0.02
     assert Costs(T_D, FLAT_1).describe() == {"t_draft_s": T_D, "t_target_s_by_n": FLAT_1}
+    # tune's worker processes get the costs pickled, interpolation caches and all
+    copied = pickle.loads(pickle.dumps(again))
+    assert copied == COSTS and copied.at(16)[0](5) == pytest.approx(1.25)
 
 
 # -- tuning on batched traffic ------------------------------------------------------------------
