@@ -37,6 +37,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from autospec.policies.batchcosts import BatchCosts
 from autospec.policies.costmodel import (
     batch_best_k,
     best_k,
@@ -353,26 +354,6 @@ def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
     return Speedup(plain, spec, measured, k, est, okb, ob, s_curve, flat, source, value)
 
 
-def _interp_b(points: dict[int, float], b: int) -> float | None:
-    """A per-B value at batch size ``b``: measured, else linear in B between the nearest
-    measured batch sizes, flat below the first, proportional to the last two beyond the last
-    (``BatchCosts``' rule across B)."""
-    if b in points:
-        return points[b]
-    pts = sorted((int(x), float(v)) for x, v in points.items() if v and v > 0)
-    if not pts:
-        return None
-    if b <= pts[0][0]:
-        return pts[0][1]
-    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
-        if b <= b1:
-            return v0 + (v1 - v0) * (b - b0) / (b1 - b0)
-    if len(pts) == 1:
-        return pts[-1][1]
-    (b0, v0), (b1, v1) = pts[-2], pts[-1]
-    return v1 + max(0.0, (v1 - v0) / (b1 - b0)) * (b - b1)
-
-
 def _tuned_table(tuned: Tuning | None):
     """The tuned policy's k by batch size, where it has one: a ``TablePolicy`` from a stored
     table spec (``"table:1-2:4,…"``) or ``{batch: k}`` choices, a fixed k as a one-range table;
@@ -417,11 +398,13 @@ def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
         return Batch(source, [], None, None, tuned_spec, counts,
                      f"{what}: run `{PROBE_BATCH_HINT}` to measure T_t(B, n) and T_d(B)")
     known = any(a is not None for a in alphas)
+    across = BatchCosts()  # T_d at a batch size the grid lacks: the live policy's rule
+    across.warm(grid, draft)
     points = []
     for b, ns in grid.items():
         cost = interpolate_cost(ns)
         t1 = cost(1)
-        t_d = _interp_b(draft, b)
+        t_d = across.draft_cost(b)
         k = s = None
         by_k: dict[int, float] = {}
         if known and t_d is not None:

@@ -12,11 +12,11 @@ import torch
 import autospec
 import autospec.batched
 from autospec.policies import Context
+from autospec.sampling import SamplingConfig
 
 from conftest import EOS, noisy_copy, tiny, tiny_tokenizer
 from test_sampled_exact import V, exact_joint
 from test_verify import ALPHA, _chi2_pvalue
-from autospec.sampling import SamplingConfig
 
 
 def batch(lengths, seed=0, vocab=97, pad=0):
