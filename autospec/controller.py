@@ -304,7 +304,7 @@ class Controller:
 
         with self._lock:
             if getattr(self, "_batch_costs", None) is None:
-                costs = BatchCosts()
+                costs = BatchCosts(live=True)  # the probe's grid, recalibrated live
                 if self.store is not None:
                     from autospec.store import queries
 

@@ -59,17 +59,31 @@ def _across(points: Mapping[int, float], batch: int) -> float | None:
 
 class BatchCosts:
     """T_t(B, n) and T_d(B) for one pair on one machine. Thread-safe; EMA of live points;
-    warmed from the probe grid (live observations replace warm values)."""
+    warmed from the probe grid.
 
-    def __init__(self, *, ema: float = 0.2):
+    Live points replace warm ones where they exist; elsewhere a warm value is *calibrated* by
+    the live evidence nearest to it: multiplied by live / warm at the nearest batch size that
+    has both at that n (at the nearest n with live evidence, where that n has none). The probe
+    gives the shape of the grid, live forwards its level: a probe on another context length,
+    or without the padding masks the loop needs, can be off by 30–50 % (on the default pair at
+    B = 16 it put T_t(16, 2)/T_t(16, 1) at 1.15 where the loop measured 1.52), and mixing its
+    raw values with live ones in one S(k) invented gains that did not exist.
+
+    live: the costs serve a live loop, so a batch size whose bucket (``base.batch_bucket``) has
+    no live T_t(B', 1) yet is not trusted for the baseline (``baseline_live``): the cost model
+    then runs one plain step there. Replay (``simulate``) keeps the default, False: its grid is
+    the truth it replays.
+    """
+
+    def __init__(self, *, ema: float = 0.2, live: bool = False):
         if not 0 < ema <= 1:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
-        self.ema = ema
+        self.ema, self.live = ema, bool(live)
         self.version = 0  # bumped on every change
-        self._target: dict[int, dict[int, float]] = {}  # B → n → seconds
-        self._draft: dict[int, float] = {}  # B → seconds per proposed token
-        self._live_target: set[tuple[int, int]] = set()  # (B, n) with a live point
-        self._live_draft: set[int] = set()
+        self._warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (probe)
+        self._live_t: dict[int, dict[int, float]] = {}  # B → n → seconds (EMA of forwards)
+        self._warm_d: dict[int, float] = {}  # B → seconds per proposed token
+        self._live_d: dict[int, float] = {}
         self._cache: dict[int, tuple[int, tuple]] = {}  # B → (version, _cached entry)
         self._lock = threading.Lock()
 
@@ -85,44 +99,49 @@ class BatchCosts:
         with self._lock:
             changed = False
             if scored >= 1 and _ok(target_s):
-                row = self._target.setdefault(batch, {})
-                key = (batch, scored)
-                if key in self._live_target:
-                    row[scored] = (1 - self.ema) * row[scored] + self.ema * float(target_s)
-                else:  # the first live point replaces the warm value
-                    row[scored] = float(target_s)
-                    self._live_target.add(key)
+                row = self._live_t.setdefault(batch, {})
+                row[scored] = self._avg(row.get(scored), float(target_s))
                 changed = True
             if _ok(draft_s_per_token):
-                if batch in self._live_draft:
-                    self._draft[batch] = ((1 - self.ema) * self._draft[batch]
-                                          + self.ema * float(draft_s_per_token))
-                else:
-                    self._draft[batch] = float(draft_s_per_token)
-                    self._live_draft.add(batch)
+                self._live_d[batch] = self._avg(self._live_d.get(batch),
+                                                float(draft_s_per_token))
                 changed = True
             if changed:
                 self.version += 1
 
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ema) * old + self.ema * new
+
     def warm(self, target: Mapping[int, Mapping[int, float]],
              draft: Mapping[int, float]) -> None:
         """Seed from a grid (B → n → seconds; B → seconds per draft token), e.g. the probe's.
-        Points already observed live keep their live value; unusable values are skipped."""
+        Live points keep precedence; unusable values are skipped."""
         with self._lock:
             for b, row in (target or {}).items():
                 for n, t in (row or {}).items():
                     b_, n_ = int(b), int(n)
-                    if b_ >= 1 and n_ >= 1 and _ok(t) and (b_, n_) not in self._live_target:
-                        self._target.setdefault(b_, {})[n_] = float(t)
+                    if b_ >= 1 and n_ >= 1 and _ok(t):
+                        self._warm_t.setdefault(b_, {})[n_] = float(t)
             for b, t in (draft or {}).items():
-                if int(b) >= 1 and _ok(t) and int(b) not in self._live_draft:
-                    self._draft[int(b)] = float(t)
+                if int(b) >= 1 and _ok(t):
+                    self._warm_d[int(b)] = float(t)
             self.version += 1
 
     # -- reading ------------------------------------------------------------------------------
+    def baseline_live(self, batch: int) -> bool:
+        """Whether T_t(B, 1) at this batch size rests on live evidence from its bucket (always
+        True for costs that do not serve a live loop)."""
+        if not self.live:
+            return True
+        from .base import batch_bucket
+
+        bucket = batch_bucket(int(batch))
+        with self._lock:
+            return any(1 in row and batch_bucket(b) == bucket for b, row in self._live_t.items())
+
     def target_points(self, batch: int) -> dict[int, float]:
-        """n → T_t(B, n) at the n where B has a value: measured at B, else from other batch
-        sizes (see the module docstring). Empty when nothing is usable."""
+        """n → T_t(B, n) at the n where B has a value: live at B, else warm at B (or across
+        batch sizes) calibrated by the nearest live evidence. Empty when nothing is usable."""
         with self._lock:
             return dict(self._cached(int(batch))[0])
 
@@ -139,27 +158,73 @@ class BatchCosts:
         hit = self._cache.get(batch)
         if hit is not None and hit[0] == self.version:
             return hit[1]
-        points = dict(self._target.get(batch, {}))
-        for n in {n for row in self._target.values() for n in row} - set(points):
-            t = _across({b: row[n] for b, row in self._target.items() if n in row}, batch)
-            if t is not None and t > 0:
-                points[n] = t
+        points = dict(self._live_t.get(batch, {}))
+        ns = {n for grid in (self._warm_t, self._live_t) for row in grid.values() for n in row}
+        factors = self._factors(ns)
+        for n in ns - set(points):
+            warm = _at(self._warm_t, batch, n)
+            if warm is not None:
+                points[n] = warm * factors.get(n, 1.0)
+                continue
+            live = _at(self._live_t, batch, n)
+            if live is not None:
+                points[n] = live
         entry = ((points, interpolate_cost(points, optimistic=True),
                   interpolate_cost(points, optimistic=False)) if points else ({}, None, None))
         self._cache[batch] = (self.version, entry)
         return entry
 
+    def _factors(self, ns) -> dict[int, float]:
+        """n → live / warm at the batch size (nearest on a log scale to where it is read: the
+        largest-evidence rule is kept simple) that has both; n without live evidence take the
+        factor of the nearest n that has one."""
+        direct: dict[int, list[tuple[int, float]]] = {}
+        for b, row in self._live_t.items():
+            for n, t in row.items():
+                w = _at(self._warm_t, b, n)
+                if w:
+                    direct.setdefault(n, []).append((b, t / w))
+        if not direct:
+            return {}
+        # one factor per n: the one measured at the largest batch size (the freshest regime
+        # a shrinking batch has seen) — batch sizes in one bucket agree closely anyway
+        per_n = {n: max(v)[1] for n, v in direct.items()}
+        known = sorted(per_n)
+        return {n: per_n[n] if n in per_n else per_n[min(known, key=lambda m: (abs(m - n), m))]
+                for n in ns}
+
     def draft_cost(self, batch: int) -> float | None:
-        """Seconds per proposed token at batch B (measured, else across batch sizes)."""
+        """Seconds per proposed token at batch B: live at B, else warm (or across batch
+        sizes) calibrated by the live draft timing nearest in batch size, else live across."""
+        batch = int(batch)
         with self._lock:
-            return _across(self._draft, int(batch)) if self._draft else None
+            if batch in self._live_d:
+                return self._live_d[batch]
+            warm = _across(self._warm_d, batch) if self._warm_d else None
+            if warm is not None:
+                pairs = [(abs(b - batch), t / w) for b, t in self._live_d.items()
+                         if (w := _across(self._warm_d, b))]
+                return warm * min(pairs)[1] if pairs else warm
+            return _across(self._live_d, batch) if self._live_d else None
 
     def snapshot(self) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
-        """Copies of the points held (warm and live, not interpolated)."""
+        """Copies of the points held (live over warm, neither calibrated nor interpolated)."""
         with self._lock:
-            return ({b: dict(row) for b, row in self._target.items()}, dict(self._draft))
+            target = {b: dict(row) for b, row in self._warm_t.items()}
+            for b, row in self._live_t.items():
+                target.setdefault(b, {}).update(row)
+            return target, {**self._warm_d, **self._live_d}
 
     def __repr__(self) -> str:
         with self._lock:
-            return (f"BatchCosts(batch sizes {sorted(self._target)}, draft at "
-                    f"{sorted(self._draft)}, version {self.version})")
+            return (f"BatchCosts(batch sizes warm {sorted(self._warm_t)}, live "
+                    f"{sorted(self._live_t)}, version {self.version})")
+
+
+def _at(grid: Mapping[int, Mapping[int, float]], batch: int, n: int) -> float | None:
+    """T(B, n) from one grid: at B, else across its batch sizes at that n."""
+    row = grid.get(batch)
+    if row and n in row:
+        return row[n]
+    t = _across({b: r[n] for b, r in grid.items() if n in r}, batch)
+    return t if t is not None and t > 0 else None

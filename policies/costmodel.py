@@ -263,7 +263,8 @@ class CostModelPolicy:
         batch, costs = context.batch_size, context.costs
         points = costs.target_points(batch) if hasattr(costs, "target_points") else None
         cost = costs.target_cost(batch, optimistic=self.optimistic)
-        if cost is None or (points is not None and 1 not in points):
+        if (cost is None or (points is not None and 1 not in points)
+                or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0  # plain batched decoding at this B: measures the baseline
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):

@@ -346,3 +346,68 @@ def test_heuristic_counts_a_batch_block_full_only_when_every_row_accepted_all():
     assert heuristic.choose(ctx) == 3
     heuristic.update(ctx, 3, Outcome(drafted=3, accepted=3, accepted_rows=(3, 3)))
     assert heuristic.choose(ctx) == 5
+
+
+# -- live forwards recalibrate the probe's grid -----------------------------------------------
+# Figures of the default pair on a 2-core CPU (bf16): the probe (context 200, no padding mask)
+# against what the batched loop measured on 16 left-padded prompts in the same session.
+PROBE = {8: {1: 0.282, 2: 0.322, 3: 0.381}, 16: {1: 0.401, 2: 0.461, 3: 0.602}}
+PROBE_DRAFT = {8: 0.118, 16: 0.169}
+LIVE_16 = {1: 0.267, 2: 0.407}
+LIVE_DRAFT_16 = 0.165
+
+
+def probe_costs(*, live: bool) -> BatchCosts:
+    costs = BatchCosts(live=live)
+    costs.warm(PROBE, PROBE_DRAFT)
+    return costs
+
+
+def test_live_points_rescale_the_probe_where_the_loop_has_not_measured():
+    costs = probe_costs(live=True)
+    for n, t in LIVE_16.items():
+        costs.observe(16, n, t, LIVE_DRAFT_16)
+    # at B = 12 (not measured live) each n takes the probe's value times live/probe at B = 16
+    pts = costs.target_points(12)
+    for n in (1, 2):
+        probe_12 = (PROBE[8][n] + PROBE[16][n]) / 2
+        assert pts[n] == pytest.approx(probe_12 * LIVE_16[n] / PROBE[16][n])
+    # n = 3 has no live point: the nearest n's factor (n = 2)
+    probe_12_3 = (PROBE[8][3] + PROBE[16][3]) / 2
+    assert pts[3] == pytest.approx(probe_12_3 * LIVE_16[2] / PROBE[16][2])
+    # so the cost ratio the loop measured carries over, not the probe's
+    assert pts[2] / pts[1] > 1.4 > (PROBE[8][2] + PROBE[16][2]) / (PROBE[8][1] + PROBE[16][1])
+    assert costs.draft_cost(12) == pytest.approx(
+        (PROBE_DRAFT[8] + PROBE_DRAFT[16]) / 2 * LIVE_DRAFT_16 / PROBE_DRAFT[16])
+
+
+def test_live_costs_need_a_live_baseline_per_batch_bucket():
+    costs = probe_costs(live=True)
+    assert not costs.baseline_live(16) and not costs.baseline_live(12)
+    costs.observe(16, 1, LIVE_16[1])
+    assert costs.baseline_live(16) and costs.baseline_live(20)  # bucket 16–31
+    assert not costs.baseline_live(12)  # bucket 8–15
+    assert probe_costs(live=False).baseline_live(12)  # replay trusts its grid
+
+
+def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
+    """The failure this guards against: the probe said k = 1 pays at B = 16 (S ≈ 1.15 at
+    α ≈ 0.8), the loop's own forwards said it does not (S ≈ 0.84); the policy read the probe
+    at every batch size the shrinking batch had not measured and kept k = 1 (0.81× plain)."""
+    stats = warm_stats(0.8)
+    policy = CostModelPolicy()
+    costs = probe_costs(live=True)
+    assert policy.choose(batch_context(stats, 16, costs)) == 0  # a live baseline first
+    costs.observe(16, 1, LIVE_16[1])
+    k = policy.choose(batch_context(stats, 16, costs))
+    costs.observe(16, k + 1, LIVE_16[2] if k == 1 else 0.5, LIVE_DRAFT_16)
+    assert policy.choose(batch_context(stats, 16, costs)) == 0
+    # a row leaves: B = 15 is another bucket — one plain step, then still off
+    assert policy.choose(batch_context(stats, 15, costs)) == 0
+    costs.observe(15, 1, 0.26)
+    assert policy.choose(batch_context(stats, 15, costs)) == 0
+    # where verification is cheap live as well, the same policy speculates
+    cheap = probe_costs(live=True)
+    cheap.observe(16, 1, 0.267)
+    cheap.observe(16, 2, 0.280, 0.05)
+    assert policy.choose(batch_context(stats, 16, cheap)) > 0
