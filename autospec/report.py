@@ -735,7 +735,7 @@ def render_text(report: Report) -> str:
                          f"{pr['verdict'] or ''}")
         lines.append("\npolicy in force: "
                      + (", ".join(f"{name} ({n})" for name, n in p.policies.items()) or "-")
-                     + f" over the latest {p.recent_requests} requests"
+                     + f" over the latest {p.recent_requests} batch-1 requests"
                      + (f" (since {_when(p.recent_since)})" if p.recent_since else "")
                      + f"; k in force {'-' if p.k_in_force is None else p.k_in_force}")
         if p.k_counts:
@@ -761,7 +761,7 @@ def render_text(report: Report) -> str:
                 lines.append(f"provenance: {json.dumps(prov, sort_keys=True, default=str)}")
         else:
             lines.append("tuned: none (no `autospec tune` result for this workload)")
-        lines.append("\n3. speedup vs plain decoding, the draft's cost included:")
+        lines.append("\n3. speedup vs plain decoding at batch 1, the draft's cost included:")
         lines += ["   " + s for s in _speed_line(sp)]
         if sp.curve:
             lines.append(table(["k", *map(str, sp.curve)],
@@ -985,11 +985,11 @@ def render_html(report: Report) -> str:
                         + (f". Latest probe: {v.probe['verdict']}" if v.probe and
                            v.probe.get("verdict") else ""))
                    + ".</p>")
-        out.append("<p><b>Speedup</b> vs plain decoding, draft cost included:<br>"
+        out.append("<p><b>Speedup</b> vs plain decoding at batch 1, draft cost included:<br>"
                    + "<br>".join(_h(s) for s in _speed_line(sp)) + "</p>")
         out.append("<p><b>Policy in force</b>: "
                    + _h((", ".join(f"{n} ({c})" for n, c in p.policies.items()) or "-")
-                        + f" over the latest {p.recent_requests} requests; k in force "
+                        + f" over the latest {p.recent_requests} batch-1 requests; k in force "
                         + ("-" if p.k_in_force is None else str(p.k_in_force))) + ".</p>")
         if p.k_counts:
             total = sum(p.k_counts.values()) or 1

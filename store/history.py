@@ -50,7 +50,9 @@ class ModeRates:
     speculative: Rate | None  # at least one drafting iteration
 
 
-def _filtered(stmt, category: str | None, pair_id: int | None):
+def _filtered(stmt, category: str | None, pair_id: int | None, batch_size: int | None = None):
+    if batch_size is not None:
+        stmt = stmt.where(Request.batch_size == batch_size)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -59,15 +61,19 @@ def _filtered(stmt, category: str | None, pair_id: int | None):
 
 
 def plain_vs_speculative(session: Session, category: str | None = None,
-                         pair_id: int | None = None) -> dict[tuple[str, int], ModeRates]:
+                         pair_id: int | None = None, batch_size: int | None = 1
+                         ) -> dict[tuple[str, int], ModeRates]:
     """Per (category_key, pair_id): plain and speculative request totals (one GROUP BY).
 
     A request is plain when it drafted nothing: ``drafted`` = Σ k over its iterations, so
-    ``drafted = 0`` exactly when its k-schedule is all zeros."""
+    ``drafted = 0`` exactly when its k-schedule is all zeros. ``batch_size``: only requests
+    that ran at that batch size (default 1; None: all). A row of a batched call shares its
+    forwards and its wall time with the other rows, so its tokens/s is not comparable with a
+    batch-1 request's: mixing them would credit or blame speculation for the batch size."""
     plain = case((Request.drafted == 0, 1), else_=0).label("plain")
     stmt = _filtered(select(Request.category_key, Request.pair_id, plain,
                             func.count(), func.sum(Request.new_tokens),
-                            func.sum(Request.wall_s)), category, pair_id)
+                            func.sum(Request.wall_s)), category, pair_id, batch_size)
     stmt = stmt.group_by(Request.category_key, Request.pair_id, plain)
     modes: dict[tuple[str, int], dict[int, Rate]] = {}
     for key, pid, is_plain, n, tokens, wall in session.execute(stmt):
@@ -146,10 +152,12 @@ class RecentActivity:
 
 
 def recent_activity(session: Session, category: str | None = None, pair_id: int | None = None,
-                    limit: int = 200) -> RecentActivity:
-    """Policies and k of the latest ``limit`` requests (reads at most ``limit`` rows)."""
+                    limit: int = 200, batch_size: int | None = 1) -> RecentActivity:
+    """Policies and k of the latest ``limit`` requests (reads at most ``limit`` rows) at
+    ``batch_size`` (default 1, where one k is the workload's own choice; at batch > 1 the
+    batch's mix sets k, shown per batch size by the report; None: every batch size)."""
     stmt = _filtered(select(Request.policy, Request.k_schedule, Request.created_at),
-                     category, pair_id)
+                     category, pair_id, batch_size)
     stmt = stmt.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit)
     policies: Counter[str] = Counter()
     ks: Counter[int] = Counter()

@@ -111,6 +111,9 @@ def expected(records, bucket_of=None):
         e["drafted"] += r.drafted
         e["accepted"] += r.accepted
         e["k"].update(r.k_schedule)
+        if r.batch_size != 1:  # measured speedups compare batch-1 requests only
+            e["order"].append(r)
+            continue
         mode = e["plain"] if all(k == 0 for k in r.k_schedule) else e["spec"]
         mode[0] += 1
         mode[1] += r.new_tokens
@@ -307,6 +310,34 @@ def test_verdicts_on_constructed_workloads(store):
     text, html, _ = check_formats(rep)
     assert "measured" in text and "estimated" in text and "costmodel" in text
     assert html.count("<svg") == 4 * 3
+
+
+def test_batched_rows_do_not_enter_the_batch_1_verdict(store):
+    """Rows of batched calls run at the batch's k and share its wall time: the latest ones
+    here ran at batch 16 with k = 0 (off, as the cost model chooses there), each row at a
+    sixteenth of a batch-1 request's rate. The verdict, the measured speedup and the k in
+    force are batch 1's; before, they read "switched off" and a plain rate of the batch rows."""
+    flat = (lambda n: 0.1)  # noqa: E731 - T_t(n), memory-bound
+    spec = [record(FLAT, "code", [3] * 8, [3] * 8, t_target=flat, created_at=T0 + i)
+            for i in range(6)]
+    plain = [record(FLAT, "code", [0] * 32, [0] * 32, t_target=flat, created_at=T0 + 10 + i)
+             for i in range(6)]
+    batched = []
+    for i in range(32):
+        r = record(FLAT, "code", [0] * 32, [0] * 32, t_target=lambda n: 1.6,
+                   created_at=T0 + 100 + i, policy="auto")
+        r.batch_size = 16
+        batched.append(r)
+    write(store, spec + plain + batched)
+    rep = build_report(store)
+    check_against_rows(rep, spec + plain + batched)
+    (w,) = rep.workloads
+    assert w.traffic.requests == 44
+    assert w.speedup.plain.requests == 6 and w.speedup.speculative.requests == 6
+    assert w.speedup.measured == pytest.approx(4.0)  # 4 tokens per 0.1 s step vs 1
+    assert w.policy.k_in_force == 3 and w.policy.recent_requests == 12
+    assert w.verdict.kind == "pays" and not w.verdict.switched_off, w.verdict
+    assert "over the latest 12 batch-1 requests" in render_text(rep)
 
 
 def test_cli_formats_out_dir_and_filters(store, tmp_path, capsys, monkeypatch):
