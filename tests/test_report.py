@@ -111,14 +111,13 @@ def expected(records, bucket_of=None):
         e["drafted"] += r.drafted
         e["accepted"] += r.accepted
         e["k"].update(r.k_schedule)
+        e["order"].append(r)
         if r.batch_size != 1:  # measured speedups compare batch-1 requests only
-            e["order"].append(r)
             continue
         mode = e["plain"] if all(k == 0 for k in r.k_schedule) else e["spec"]
         mode[0] += 1
         mode[1] += r.new_tokens
         mode[2] += r.wall_s
-        e["order"].append(r)
     return out
 
 
@@ -160,9 +159,10 @@ def check_against_rows(rep, records) -> None:
                 for h in w.history] == [(i * b, *v) for i, v in sorted(buckets.items())]
         for h in w.history:
             assert h["alpha"] == (h["accepted"] / h["drafted"] if h["drafted"] else None)
-        # the policy in force: the latest requests
-        latest = e["order"][::-1][:w.policy.recent_requests]
-        assert w.policy.recent_requests == min(200, e["requests"])
+        # the policy in force: the latest batch-1 requests
+        order = [r for r in e["order"] if r.batch_size == 1]
+        latest = order[::-1][:w.policy.recent_requests]
+        assert w.policy.recent_requests == min(200, len(order))
         assert w.policy.policies == dict(Counter(r.policy for r in latest))
         assert w.policy.recent_k_counts == dict(Counter(k for r in latest
                                                         for k in r.k_schedule))
@@ -320,7 +320,7 @@ def test_batched_rows_do_not_enter_the_batch_1_verdict(store):
     flat = (lambda n: 0.1)  # noqa: E731 - T_t(n), memory-bound
     spec = [record(FLAT, "code", [3] * 8, [3] * 8, t_target=flat, created_at=T0 + i)
             for i in range(6)]
-    plain = [record(FLAT, "code", [0] * 32, [0] * 32, t_target=flat, created_at=T0 + 10 + i)
+    plain = [record(FLAT, "code", [0] * 4, [0] * 4, t_target=flat, created_at=T0 + 10 + i)
              for i in range(6)]
     batched = []
     for i in range(32):
@@ -334,7 +334,8 @@ def test_batched_rows_do_not_enter_the_batch_1_verdict(store):
     (w,) = rep.workloads
     assert w.traffic.requests == 44
     assert w.speedup.plain.requests == 6 and w.speedup.speculative.requests == 6
-    assert w.speedup.measured == pytest.approx(4.0)  # 4 tokens per 0.1 s step vs 1
+    # 4 tokens per (3 T_d + T_t(4)) against 1 token per T_t(1), T_d = 0.01 s
+    assert w.speedup.measured == pytest.approx((4 / 0.13) / (1 / 0.1))
     assert w.policy.k_in_force == 3 and w.policy.recent_requests == 12
     assert w.verdict.kind == "pays" and not w.verdict.switched_off, w.verdict
     assert "over the latest 12 batch-1 requests" in render_text(rep)
