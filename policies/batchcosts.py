@@ -4,7 +4,11 @@ pair on one machine (no torch here).
 
 Points come from two sources: ``warm`` (the probe's grid, or the store's live medians) and
 ``observe`` (this process's forwards). A live point replaces the warm value at its (B, n) on
-first sight and is then an exponential moving average. Readers get, at any B:
+first sight: the median of its first ``settle`` samples, then an exponential moving average
+from there (the first forwards at a new batch size run on fresh allocations and read up to
+1.6× slow: on the default pair one T_t(16, 1) of 466 ms against ~290 ms settled, taken as
+the baseline, made k = 1 look paying at B = 16 for the rest of the batch). Readers get, at
+any B:
 
 - the points measured at B itself;
 - for the n that B lacks, the value interpolated linearly in B between the nearest batch sizes
@@ -19,6 +23,7 @@ Thread-safe: one object serves every request of a controller.
 from __future__ import annotations
 
 import bisect
+import statistics
 import threading
 from collections.abc import Callable, Mapping
 
@@ -70,15 +75,19 @@ class BatchCosts:
     raw values with live ones in one S(k) invented gains that did not exist.
 
     live: the costs serve a live loop, so a batch size whose bucket (``base.batch_bucket``) has
-    no live T_t(B', 1) yet is not trusted for the baseline (``baseline_live``): the cost model
-    then runs one plain step there. Replay (``simulate``) keeps the default, False: its grid is
-    the truth it replays.
+    fewer than ``settle`` live samples of T_t(B', 1) is not trusted for the baseline
+    (``baseline_live``): the cost model runs plain steps there until it has them. Replay
+    (``simulate``) keeps the default, False: its grid is the truth it replays.
     """
 
-    def __init__(self, *, ema: float = 0.2, live: bool = False):
+    def __init__(self, *, ema: float = 0.2, live: bool = False, settle: int = 3):
         if not 0 < ema <= 1:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
-        self.ema, self.live = ema, bool(live)
+        if settle < 1:
+            raise ValueError(f"settle must be ≥ 1, got {settle}")
+        self.ema, self.live, self.settle = ema, bool(live), int(settle)
+        self._first: dict[tuple, list[float]] = {}  # (B, n) or (B,) → first samples
+        self._count: dict[tuple, int] = {}  # (B, n) or (B,) → samples seen
         self.version = 0  # bumped on every change
         self._warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (probe)
         self._live_t: dict[int, dict[int, float]] = {}  # B → n → seconds (EMA of forwards)
@@ -100,17 +109,25 @@ class BatchCosts:
             changed = False
             if scored >= 1 and _ok(target_s):
                 row = self._live_t.setdefault(batch, {})
-                row[scored] = self._avg(row.get(scored), float(target_s))
+                row[scored] = self._settled((batch, scored), row.get(scored), float(target_s))
                 changed = True
             if _ok(draft_s_per_token):
-                self._live_d[batch] = self._avg(self._live_d.get(batch),
-                                                float(draft_s_per_token))
+                self._live_d[batch] = self._settled((batch,), self._live_d.get(batch),
+                                                    float(draft_s_per_token))
                 changed = True
             if changed:
                 self.version += 1
 
-    def _avg(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.ema) * old + self.ema * new
+    def _settled(self, key: tuple, old: float | None, new: float) -> float:
+        """The point after one more sample: the median of the first ``settle``, then EMA."""
+        n = self._count[key] = self._count.get(key, 0) + 1
+        if n <= self.settle:
+            first = self._first.setdefault(key, [])
+            first.append(new)
+            if n == self.settle:
+                del self._first[key]
+            return statistics.median(first)
+        return (1 - self.ema) * old + self.ema * new
 
     def warm(self, target: Mapping[int, Mapping[int, float]],
              draft: Mapping[int, float]) -> None:
@@ -137,7 +154,9 @@ class BatchCosts:
 
         bucket = batch_bucket(int(batch))
         with self._lock:
-            return any(1 in row and batch_bucket(b) == bucket for b, row in self._live_t.items())
+            seen = sum(c for key, c in self._count.items()
+                       if len(key) == 2 and key[1] == 1 and batch_bucket(key[0]) == bucket)
+            return seen >= self.settle
 
     def target_points(self, batch: int) -> dict[int, float]:
         """n → T_t(B, n) at the n where B has a value: live at B, else warm at B (or across

@@ -213,7 +213,25 @@ def test_target_cost_follows_new_points():
     costs.observe(2, 1, 0.1)
     assert costs.target_cost(2)(1) == pytest.approx(0.1)
     costs.observe(2, 1, 0.3)
-    assert costs.target_cost(2)(1) == pytest.approx(0.14)
+    assert costs.target_cost(2)(1) == pytest.approx(0.2)  # median of the first samples
+    costs.observe(2, 1, 0.3)
+    assert costs.target_cost(2)(1) == pytest.approx(0.3)
+    costs.observe(2, 1, 0.5)  # settled: an EMA from here
+    assert costs.target_cost(2)(1) == pytest.approx(0.8 * 0.3 + 0.2 * 0.5)
+
+
+def test_a_slow_first_forward_does_not_become_the_point():
+    """The first forwards at a new batch size run slow (fresh allocations): on the default
+    pair T_t(16, 1) read 466 ms once, then ~290 ms. A point is the median of its first
+    ``settle`` samples, so one slow sample moves it by nothing; an EMA seeded with it
+    (the rule before) kept it at 430 ms after three samples."""
+    costs = BatchCosts(live=True)
+    for t in (0.466, 0.290, 0.292):
+        costs.observe(16, 1, t, 0.235 if t > 0.4 else 0.165)
+    assert costs.target_points(16)[1] == pytest.approx(0.292)
+    assert costs.draft_cost(16) == pytest.approx(0.165)
+    with pytest.raises(ValueError, match="settle"):
+        BatchCosts(settle=0)
 
 
 # -- the table policy -------------------------------------------------------------------------
@@ -384,7 +402,9 @@ def test_live_points_rescale_the_probe_where_the_loop_has_not_measured():
 def test_live_costs_need_a_live_baseline_per_batch_bucket():
     costs = probe_costs(live=True)
     assert not costs.baseline_live(16) and not costs.baseline_live(12)
-    costs.observe(16, 1, LIVE_16[1])
+    for i in range(costs.settle):  # the baseline rests on settle samples, not one
+        assert not costs.baseline_live(16)
+        costs.observe(16 if i else 17, 1, LIVE_16[1])
     assert costs.baseline_live(16) and costs.baseline_live(20)  # bucket 16–31
     assert not costs.baseline_live(12)  # bucket 8–15
     assert probe_costs(live=False).baseline_live(12)  # replay trusts its grid
@@ -397,17 +417,22 @@ def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
     stats = warm_stats(0.8)
     policy = CostModelPolicy()
     costs = probe_costs(live=True)
-    assert policy.choose(batch_context(stats, 16, costs)) == 0  # a live baseline first
-    costs.observe(16, 1, LIVE_16[1])
+    # a live baseline first: plain steps until it rests on settle samples; the first one
+    # slow, as the first forwards at a new batch size are (it does not become the baseline)
+    for t in (0.466, LIVE_16[1], LIVE_16[1]):
+        assert policy.choose(batch_context(stats, 16, costs)) == 0
+        costs.observe(16, 1, t)
     k = policy.choose(batch_context(stats, 16, costs))
     costs.observe(16, k + 1, LIVE_16[2] if k == 1 else 0.5, LIVE_DRAFT_16)
     assert policy.choose(batch_context(stats, 16, costs)) == 0
     # a row leaves: B = 15 is another bucket — one plain step, then still off
-    assert policy.choose(batch_context(stats, 15, costs)) == 0
-    costs.observe(15, 1, 0.26)
+    for _ in range(costs.settle):
+        assert policy.choose(batch_context(stats, 15, costs)) == 0
+        costs.observe(15, 1, 0.26)
     assert policy.choose(batch_context(stats, 15, costs)) == 0
     # where verification is cheap live as well, the same policy speculates
     cheap = probe_costs(live=True)
-    cheap.observe(16, 1, 0.267)
+    for _ in range(cheap.settle):
+        cheap.observe(16, 1, 0.267)
     cheap.observe(16, 2, 0.280, 0.05)
     assert policy.choose(batch_context(stats, 16, cheap)) > 0
