@@ -377,6 +377,39 @@ def _tuned_table(tuned: Tuning | None):
     return None
 
 
+def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], source: str,
+                  live_target: dict[int, dict[int, float]], live_draft: dict[int, float]
+                  ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
+    """A probe's grid read as the live cost model reads it: the probe gives the shape, the
+    loop's own forwards (the store's live medians) the level — live points replace the probe's
+    at their (B, n), the rest is scaled by live/probe at the nearest batch size measured
+    (``BatchCosts``). On the default pair the probe (context 200, every row) put T_t(16, 1)
+    at 401 ms where the loop measured ~290 ms, and the report said k = 1 pays at B = 16
+    (1.24×) where it ran at 0.73–0.88×. Other sources, and a probe without live points,
+    come back as they are."""
+    live_b = {b for b in live_target if b > 1} | {b for b in live_draft if b > 1}
+    if source != "probe" or not live_b:
+        return target, draft, source
+    costs = BatchCosts(settle=1)
+    costs.warm(target, draft)
+    for b, ns in live_target.items():
+        for n, t in ns.items():
+            if b > 1:  # batch 1 stays the probe's (its live curve is batch-1 requests')
+                costs.observe(b, n, t)
+    for b, t in live_draft.items():
+        if b > 1:
+            costs.observe(b, 0, float("nan"), t)
+    sizes = sorted(set(target) | {b for b in live_target if b > 1})
+    out_t = {b: dict(sorted(costs.target_points(b).items())) for b in sizes if b > 1}
+    out_d = {b: d for b in sizes if b > 1 and (d := costs.draft_cost(b)) is not None}
+    if 1 in target:
+        out_t = {1: dict(target[1]), **out_t}
+    if 1 in draft:
+        out_d = {1: draft[1], **out_d}
+    return out_t, out_d, "probe at the live level (live/probe per n, batch sizes " \
+        + ", ".join(map(str, sorted(live_b))) + ")"
+
+
 def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
                draft: dict[int, float], source: str, *, k_max: int = K_MAX,
                tuned: Tuning | None = None, requests_by_batch: dict[int, int] | None = None
@@ -507,7 +540,9 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         pid = sm.pair.id
         if pid not in probes:
             probes[pid] = queries.latest_probe(s, pid)
-            grids[pid] = queries.batch_costs(s, pid)
+            grids[pid] = at_live_level(*queries.batch_costs(s, pid),
+                                       *queries.live_batch_grid(s, pid,
+                                                                min_forwards=MIN_FORWARDS))
         probe = probes[pid]
         curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)

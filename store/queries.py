@@ -419,6 +419,14 @@ def _with_batch_one(row: ProbeRow) -> tuple[dict[int, dict[int, float]], dict[in
     return dict(sorted(target.items())), dict(sorted(draft.items())), "probe"
 
 
+def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = 16,
+                    recent: int = 2000) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    """The ``"live"`` source of ``batch_costs`` alone, whether or not a probe exists: medians
+    of the forwards the pair's last ``recent`` batched requests timed, per (B, n), and per B
+    for the draft, each resting on ≥ ``min_forwards`` forwards."""
+    return _live_grid(session, pair_id, min_forwards, recent)
+
+
 def _live_grid(session: Session, pair_id: int, min_forwards: int, recent: int,
                ) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
     stmt = (select(Request.target_s_by_bn, Request.draft_s_by_b, Request.target_s_by_n)

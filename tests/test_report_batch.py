@@ -147,7 +147,8 @@ def test_text_shows_crossover_and_k_per_batch_size(store):
     ks, upto, off = expected_view(recs)
     rep = build_report(store)
     (w,) = rep.workloads
-    assert w.batch.source == "probe"
+    # the rows' live points equal the grid there: read at the live level, nothing moves
+    assert w.batch.source.startswith("probe at the live level")
     assert [(p.batch, p.k) for p in w.batch.points] == [(b, ks[b][0]) for b in BATCHES]
     for p in w.batch.points:
         assert p.speedup == pytest.approx(ks[p.batch][1], rel=1e-9)
@@ -209,6 +210,36 @@ def test_json_carries_the_batch_view(store):
     assert (b["memory_bound_up_to"], b["crossover"]) == (upto, off)
     assert {p["batch"]: p["k"] for p in b["points"]} == {x: ks[x][0] for x in BATCHES}
     assert {int(k): v for k, v in b["requests_by_batch"].items()} == BATCH_COUNTS
+
+
+def test_live_forwards_set_the_level_of_the_probes_grid(store):
+    """The probe's grid says verification stays cheap at B = 16; the loop's own forwards
+    there (logged by batched rows) say each scored token adds 0.8× one. The report reads the
+    grid as the live policy does (the probe's shape at the live level) and shows k = 0 at
+    B = 16, where on the probe alone it showed k > 0 (as it did on the default pair, where
+    the loop ran k = 1 at 0.73–0.88× plain)."""
+    recs = [r for r in requests() if r.batch_size == 1]
+    flat = {b: {n: 0.05 * (1 + 0.01 * b * n) for n in range(1, 17)} for b in BATCHES}
+    payload = {"target_s_by_n": {str(n): t for n, t in flat[1].items()}, "draft_s": 0.005,
+               "grid": {str(b): {str(n): t for n, t in ns.items()} for b, ns in flat.items()},
+               "draft_grid": {str(b): 0.005 for b in BATCHES}}
+    with store.begin() as s:
+        write_records(s, recs)
+        add_probe(s, get_or_create_pair(s, FLAT), payload)
+    probe_only = build_report(store).workloads[0].batch
+    at16 = {p.batch: p for p in probe_only.points}[16]
+    assert probe_only.source == "probe" and at16.k > 0
+    live = [replace(recs[0], batch_size=16, target_s_by_n={}, draft_s=0.0, created_at=T0 + i,
+                    target_s_by_bn={(16, n): [0.05 + 0.04 * (n - 1)] * 16
+                                    for n in range(1, 10)},
+                    draft_s_by_b={16: [0.005] * 16}) for i in range(2)]
+    with store.begin() as s:
+        write_records(s, live)
+    view = build_report(store).workloads[0].batch
+    assert view.source.startswith("probe at the live level")
+    pts = {p.batch: p for p in view.points}
+    assert pts[16].t_target_1_s == pytest.approx(0.05)
+    assert pts[16].k == 0 and view.crossover is not None and view.crossover <= 16
 
 
 def test_without_a_grid_the_report_says_what_to_run(store):
