@@ -86,7 +86,7 @@ def batch_summary(summary, grid, tuned=None) -> dict:
 
 
 def _cmd_stats(args, parser) -> int:
-    from autospec.report import MIN_FORWARDS, at_live_level
+    from autospec.report import batch_grid
     from autospec.store import StoreError, open_store, queries
 
     try:
@@ -96,9 +96,7 @@ def _cmd_stats(args, parser) -> int:
     with store, store.session() as s:
         summaries = queries.category_summaries(s, category=args.category)
         probes = {sm.pair.id: queries.latest_probe(s, sm.pair.id) for sm in summaries}
-        grids = {pid: at_live_level(*queries.batch_costs(s, pid),
-                                    *queries.live_batch_grid(s, pid, min_forwards=MIN_FORWARDS))
-                 for pid in probes}
+        grids = {pid: batch_grid(s, pid) for pid in probes}
         tuned = {(t.category, t.pair_id): t
                  for t in queries.tuned_params(s, category=args.category)}
     out = []

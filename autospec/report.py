@@ -387,27 +387,33 @@ def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], 
     at 401 ms where the loop measured ~290 ms, and the report said k = 1 pays at B = 16
     (1.24×) where it ran at 0.73–0.88×. Other sources, and a probe without live points,
     come back as they are."""
-    live_b = {b for b in live_target if b > 1} | {b for b in live_draft if b > 1}
-    if source != "probe" or not live_b:
+    live_t = {b: ns for b, ns in live_target.items() if b > 1}  # batch 1 stays the probe's:
+    live_d = {b: t for b, t in live_draft.items() if b > 1}  # its curve is batch-1 requests'
+    if source != "probe" or not (live_t or live_d):
         return target, draft, source
     costs = BatchCosts(settle=1)
     costs.warm(target, draft)
-    for b, ns in live_target.items():
+    for b, ns in live_t.items():
         for n, t in ns.items():
-            if b > 1:  # batch 1 stays the probe's (its live curve is batch-1 requests')
-                costs.observe(b, n, t)
-    for b, t in live_draft.items():
-        if b > 1:
-            costs.observe(b, 0, float("nan"), t)
-    sizes = sorted(set(target) | {b for b in live_target if b > 1})
-    out_t = {b: dict(sorted(costs.target_points(b).items())) for b in sizes if b > 1}
-    out_d = {b: d for b in sizes if b > 1 and (d := costs.draft_cost(b)) is not None}
-    if 1 in target:
-        out_t = {1: dict(target[1]), **out_t}
-    if 1 in draft:
-        out_d = {1: draft[1], **out_d}
-    return out_t, out_d, "probe at the live level (live/probe per n, batch sizes " \
-        + ", ".join(map(str, sorted(live_b))) + ")"
+            costs.observe(b, n, t)
+    for b, t in live_d.items():
+        costs.observe(b, 0, float("nan"), t)
+    sizes = sorted({b for b in target if b > 1} | set(live_t))
+    out_t = {**({1: dict(target[1])} if 1 in target else {}),
+             **{b: dict(sorted(costs.target_points(b).items())) for b in sizes}}
+    out_d = {**({1: draft[1]} if 1 in draft else {}),
+             **{b: d for b in sizes if (d := costs.draft_cost(b)) is not None}}
+    measured = ", ".join(map(str, sorted(set(live_t) | set(live_d))))
+    return out_t, out_d, f"probe at the live level (live/probe per n, batch sizes {measured})"
+
+
+def batch_grid(session, pair_id: int):
+    """The pair's cost grid as the report and ``autospec stats`` show it:
+    ``queries.batch_costs`` read ``at_live_level`` of the store's live medians."""
+    from autospec.store import queries
+
+    return at_live_level(*queries.batch_costs(session, pair_id),
+                         *queries.live_batch_grid(session, pair_id, min_forwards=MIN_FORWARDS))
 
 
 def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
@@ -540,9 +546,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         pid = sm.pair.id
         if pid not in probes:
             probes[pid] = queries.latest_probe(s, pid)
-            grids[pid] = at_live_level(*queries.batch_costs(s, pid),
-                                       *queries.live_batch_grid(s, pid,
-                                                                min_forwards=MIN_FORWARDS))
+            grids[pid] = batch_grid(s, pid)
         probe = probes[pid]
         curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)

@@ -396,7 +396,8 @@ def batch_costs(session: Session, pair_id: int, *, min_forwards: int = 16,
         latest = latest or row
         if any(b > 1 for b in row.grid):
             return _with_batch_one(row)
-    target, draft = _live_grid(session, pair_id, min_forwards, recent)
+    target, draft = live_batch_grid(session, pair_id, min_forwards=min_forwards,
+                                    recent=recent)
     if any(b > 1 for b in target):
         return target, draft, "live"
     if latest is not None:
@@ -424,11 +425,6 @@ def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = 16,
     """The ``"live"`` source of ``batch_costs`` alone, whether or not a probe exists: medians
     of the forwards the pair's last ``recent`` batched requests timed, per (B, n), and per B
     for the draft, each resting on ≥ ``min_forwards`` forwards."""
-    return _live_grid(session, pair_id, min_forwards, recent)
-
-
-def _live_grid(session: Session, pair_id: int, min_forwards: int, recent: int,
-               ) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
     stmt = (select(Request.target_s_by_bn, Request.draft_s_by_b, Request.target_s_by_n)
             .where(Request.pair_id == pair_id, Request.batch_size > 1)
             .order_by(Request.id.desc()).limit(recent))
