@@ -112,10 +112,33 @@ def _install_sqlite_events(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-def _make_engine(u: URL, busy_timeout_s: float) -> Engine:
+def _read_only_sqlite(u: URL) -> URL:
+    """The same SQLite file opened read-only (``mode=ro``): it must exist; nothing is created."""
+    from urllib.parse import quote
+
+    if _sqlite_memory(u):
+        raise StoreError("an in-memory store holds nothing to read; give the file a server "
+                         "writes to")
+    db = u.database or ""
+    if u.query.get("uri") == "true" or db.startswith("file:"):
+        return u  # the caller's own URI: its mode stands
+    path = Path(db).expanduser().absolute()
+    if path.is_dir():
+        raise StoreError(f"store path {str(path)!r} is a directory; give a file path inside it, "
+                         f"e.g. {str(path / DB_FILENAME)!r}")
+    if not path.is_file():
+        raise StoreError(f"no store at {str(path)!r}: nothing has been logged there (check "
+                         "--db; a serving process creates the store on its first request)")
+    return u.set(database=f"file:{quote(str(path))}?mode=ro", query={"uri": "true"})
+
+
+def _make_engine(u: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
     backend = u.get_backend_name()
     kwargs: dict[str, Any] = {}
-    if backend == "sqlite":
+    if backend == "sqlite" and read_only:
+        u = _read_only_sqlite(u)
+        kwargs.update(connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+    elif backend == "sqlite":
         _prepare_sqlite_file(u)
         if _sqlite_memory(u):  # one connection, shared by threads (and serialised by Store)
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
@@ -127,6 +150,10 @@ def _make_engine(u: URL, busy_timeout_s: float) -> Engine:
             u = u.set(drivername="postgresql+psycopg")  # plain postgresql:// means psycopg2
         if "connect_timeout" not in u.query:
             kwargs["connect_args"] = {"connect_timeout": max(1, int(busy_timeout_s))}
+        if read_only:  # the server refuses any write in these sessions
+            ro = "-c default_transaction_read_only=on"
+            opts = u.query.get("options")
+            u = u.update_query_dict({"options": f"{opts} {ro}" if opts else ro})
         kwargs["pool_pre_ping"] = True
     try:
         engine = create_engine(u, **kwargs)
@@ -174,9 +201,9 @@ class Store:
     engine's connections.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, url: URL | None = None) -> None:
         self.engine = engine
-        self.url = engine.url.render_as_string(hide_password=True)
+        self.url = (url or engine.url).render_as_string(hide_password=True)
         self.dialect = engine.dialect.name
         self.pair_ids: dict[PairInfo, int] = {}  # committed pair rows, shared by writers
         memory = self.dialect == "sqlite" and _sqlite_memory(engine.url)
@@ -240,8 +267,14 @@ class Store:
         self.close()
 
 
-def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 30.0) -> Store:
+def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 30.0,
+               read_only: bool = False) -> Store:
     """Open (creating or upgrading the schema as needed) the store at ``url``.
+
+    ``read_only``: for readers (``autospec stats``, ``report``): nothing is created, migrated
+    or written — a SQLite file must exist and is opened ``mode=ro`` (so a read-only file or
+    one owned by another user is readable), a PostgreSQL session is read-only; a store whose
+    schema is behind this autospec's is refused with what to do.
 
     ``None``: ``sqlite:///<cache>/autospec.db`` (cache = $AUTOSPEC_CACHE, else
     $XDG_CACHE_HOME/autospec, else ~/.cache/autospec). A string without ``://`` is a SQLite
@@ -250,13 +283,16 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
     dialect or missing driver, an unreachable server or unusable file, and a database written
     by a newer autospec.
     """
-    from .migrate import upgrade
+    from .migrate import check_readable, upgrade
 
     u = _resolve(url)
-    engine = _make_engine(u, busy_timeout_s)
-    safe = engine.url.render_as_string(hide_password=True)
+    engine = _make_engine(u, busy_timeout_s, read_only)
+    safe = u.render_as_string(hide_password=True)
     try:
-        upgrade(engine)
+        if read_only:
+            check_readable(engine)
+        else:
+            upgrade(engine)
     except StoreError:
         engine.dispose()
         raise
@@ -270,9 +306,12 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
         else:
             hint = ("check that the server is running and reachable, and the URL's host, port, "
                     "user, password and database name")
+        if read_only:
+            hint = "check that it is readable by this user" if engine.dialect.name == "sqlite" \
+                else hint
         raise StoreError(f"cannot open the store at {safe}: {detail}; {hint}") from exc
     except OSError as exc:
         engine.dispose()
         raise StoreError(f"cannot open the store at {safe}: {exc}") from exc
     log.debug("opened store %s", safe)
-    return Store(engine)
+    return Store(engine, u)

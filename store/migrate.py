@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 from .engine import _PG_LOCK_ID, StoreError, ensure_wal
 from .models import VERSION_TABLE
 
-__all__ = ["upgrade", "current_revision", "head_revision"]
+__all__ = ["upgrade", "check_readable", "current_revision", "head_revision"]
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +80,20 @@ def upgrade(engine: Engine) -> None:
         cfg = _config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def check_readable(engine: Engine) -> None:
+    """For a read-only open: the database holds this version's schema, else StoreError
+    (nothing is written either way)."""
+    with engine.connect() as conn, conn.begin():
+        current = current_revision(conn)
+        needed = _check(current)  # raises if newer
+    if not current:
+        raise StoreError("this database holds no autospec store (no schema revision): check "
+                         "the URL; a serving process creates the store on its first request")
+    if needed:
+        raise StoreError(
+            f"this store's schema (revision {','.join(current)}) is older than this autospec "
+            f"reads ({head_revision()}); read commands never change a store: open it once with "
+            "a writing one (serving, `autospec probe` or `autospec tune`) to upgrade it in "
+            "place, nothing logged is lost")

@@ -100,3 +100,79 @@ def test_in_memory_store_works_with_the_writer():
 def test_importing_the_store_does_not_import_torch():
     code = "import autospec.store, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- read-only opens (autospec stats, report, categorize show) ---------------------------------
+
+def test_read_only_open_creates_nothing_at_a_mistyped_path(tmp_path):
+    missing = tmp_path / "typo" / "sub" / "autospec.db"
+    with pytest.raises(StoreError, match="no store at .*typo/sub/autospec.db.*check --db"):
+        open_store(missing, read_only=True)
+    assert not (tmp_path / "typo").exists()  # neither the file nor its folders
+    with pytest.raises(StoreError, match="is a directory"):
+        open_store(tmp_path, read_only=True)
+
+
+def test_read_only_open_reads_and_never_writes(tmp_path):
+    path = tmp_path / "s.db"
+    records = [make_record(random.Random(i), category="code") for i in range(3)]
+    with open_store(path) as st:
+        st.write(records)
+    before = path.read_bytes()
+    with open_store(path, read_only=True) as st, st.session() as s:
+        assert_stats_match(s, records)
+        assert str(path) in st.url and "mode=ro" not in st.url  # the user's URL, as given
+        with pytest.raises(Exception, match="readonly"):  # SQLite itself refuses writes
+            s.execute(text("DELETE FROM requests"))
+    assert path.read_bytes() == before
+
+
+def test_read_only_open_refuses_an_older_schema_without_migrating_it(tmp_path):
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from autospec.store.migrate import _config
+
+    path = tmp_path / "old.db"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0003")
+    engine.dispose()
+    with pytest.raises(StoreError, match="older than this autospec reads.*upgrade it in place"):
+        open_store(path, read_only=True)
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert current_revision(conn) == ("0003",)  # left as it was
+    engine.dispose()
+    with open_store(path) as st, st.engine.connect() as conn:  # a writing open upgrades it
+        assert current_revision(conn) == (head_revision(),)
+
+
+def test_read_only_open_of_a_file_that_is_not_a_store(tmp_path):
+    from sqlalchemy import create_engine
+
+    path = tmp_path / "other.db"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (x INTEGER)"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="holds no autospec store"):
+        open_store(path, read_only=True)
+
+
+def test_read_only_open_of_postgresql_reads_and_refuses_writes(tmp_path):
+    from test_store import fresh_url
+
+    url, cleanup = fresh_url("postgresql", tmp_path)
+    try:
+        records = [make_record(random.Random(i), category="chat") for i in range(3)]
+        with open_store(url) as st:
+            st.write(records)
+        with open_store(url, read_only=True) as st, st.session() as s:
+            assert_stats_match(s, records)  # the schema the URL selects, read
+            with pytest.raises(Exception, match="read-only transaction"):
+                s.execute(text("DELETE FROM requests"))
+    finally:
+        cleanup()
