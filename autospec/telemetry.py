@@ -4,7 +4,7 @@ Nothing here runs per token. The loop records clock marks and small device tenso
 module turns them into numbers once per iteration (CPU) or once per request (CUDA events are
 read after the request's last sync, never forcing one of their own).
 
-Acceptance traces (see DESIGN.md): one byte per generated position telling whether the draft,
+Acceptance traces (README, "Telemetry and the store"): one byte per generated position telling whether the draft,
 continuing from the target's own prefix, would have produced that token — greedy: 1/0 for its
 argmax matching; sampling: round(254 · β) with β = Σ min(p, q), the probability of acceptance.
 255 marks a position nobody observed (decoded with k = 0, or the request's final bonus token).

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN.md, in plain Python (no torch).
+"""The cost model (README, "Choosing k"), in plain Python (no torch).
 
 Expected tokens per iteration with per-position acceptance a_i:
     E[N](k) = 1 + Σ_{i ≤ k} a_1 · … · a_i          (constant α: (1 − α^{k+1}) / (1 − α))

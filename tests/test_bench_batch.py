@@ -12,7 +12,8 @@ import torch
 from autospec import bench
 from autospec.benchbatch import make_batches, parse_batch_sizes, run_batched, until_stop
 from autospec.benchstats import BatchRecord, summarize_batches
-from autospec.cli import build_parser, format_table, main
+from autospec.cli import build_parser, main
+from autospec.cli.bench import format_table
 
 from conftest import EOS, noisy_copy, tiny, tiny_tokenizer
 

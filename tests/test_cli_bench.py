@@ -17,7 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from autospec import bench
 from autospec.bench import Prompt, PromptFileError, RunRecord
-from autospec.cli import format_table, main
+from autospec.cli import main
+from autospec.cli.bench import format_table
 
 REQUIRED = {"category", "mode", "k", "tokens_per_s", "speedup", "acceptance", "identical"}
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

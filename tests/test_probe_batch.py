@@ -146,4 +146,4 @@ def test_probe_cli_refuses_bad_batch_sizes(bad, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["probe", "--batch", bad, "--no-store"])
     assert exit_.value.code == 2
-    assert "batch sizes" in capsys.readouterr().err
+    assert "batch size" in capsys.readouterr().err

@@ -6,8 +6,8 @@ import json
 
 import autospec
 from autospec.cli import main
-from autospec.cli_report import estimate_speedup
 from autospec.probe import probe
+from autospec.report import estimate_speedup
 from autospec.store import open_store, queries
 
 from conftest import noisy_copy, prompt, tiny

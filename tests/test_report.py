@@ -4,7 +4,6 @@ and a 100k-request store (build time and peak memory printed, never asserted).""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -19,9 +18,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from autospec.cli import build_parser, main
 from autospec.report import (
     MIN_DRAFTED,
-    add_parser,
     build_report,
     render_html,
     render_json,
@@ -92,9 +91,7 @@ def store(tmp_path):
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="autospec")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 # ---- direct recomputation ---------------------------------------------------------------
@@ -204,7 +201,7 @@ def test_empty_store_says_there_is_no_traffic(store, tmp_path, capsys):
     text, html, js = check_formats(rep)
     assert "no traffic" in text and "No traffic" in html and js["workloads"] == []
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    assert _parse(["report", "--db", url]).run(_parse(["report", "--db", url])) == 0
+    assert main(["report", "--db", url]) == 0
     assert "no traffic" in capsys.readouterr().out
 
 
@@ -345,37 +342,40 @@ def test_cli_formats_out_dir_and_filters(store, tmp_path, capsys, monkeypatch):
     write(store, constructed())
     url = f"sqlite:///{tmp_path / 'r.db'}"
     out = tmp_path / "out"
-    for fmt_, name in (("text", "report.txt"), ("html", "report.html"),
-                       ("json", "report.json")):
-        args = _parse(["report", "--db", url, "--format", fmt_, "--out", str(out)])
-        assert args.run(args) == 0
-        assert (out / name).is_file() and str(out / name) in capsys.readouterr().out
+    args = _parse(["report", "--db", url, "--format", "text", "--out", str(out)])
+    assert args.run(args, args.parser) == 0  # --out DIR: every format, whatever --format says
+    said = capsys.readouterr().out
+    for name in ("report.txt", "report.html", "report.json"):
+        assert (out / name).is_file() and str(out / name) in said
+    assert (out / "report.html").read_text(encoding="utf-8").count("<svg") == 12
     js = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert len(js["workloads"]) == 3
     args = _parse(["report", "--db", url, "--format", "json", "--category", "code"])
-    assert args.run(args) == 0
+    assert args.run(args, args.parser) == 0
     js = json.loads(capsys.readouterr().out)
     assert [w["category"] for w in js["workloads"]] == ["code", "code"]
     pid = js["workloads"][0]["pair"]["id"]
     args = _parse(["report", "--db", url, "--category", "code", "--pair-id", str(pid)])
-    assert args.run(args) == 0
+    assert args.run(args, args.parser) == 0
     assert capsys.readouterr().out.count("\nverdict: ") == 1
     monkeypatch.chdir(tmp_path)
     args = _parse(["report", "--db", url, "--format", "html"])
-    assert args.run(args) == 0
+    assert args.run(args, args.parser) == 0
     assert "autospec-report.html" in capsys.readouterr().out
     assert (tmp_path / "autospec-report.html").read_text(encoding="utf-8").count("<svg") == 12
 
 
 def test_cli_bad_url_exits_2(capsys):
     args = _parse(["report", "--db", "nosuchdialect://x/y"])
-    assert args.run(args) == 2
+    with pytest.raises(SystemExit) as exit_:
+        args.run(args, args.parser)
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("autospec: error:") and "nosuchdialect" in err
 
 
 def test_report_does_not_import_torch():
-    code = ("import sys, autospec.report, autospec.svgplot, autospec.store.history; "
+    code = ("import sys, autospec.report, autospec.report.svg, autospec.store.history, autospec.cli.report, autospec.cli.stats; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -6,7 +6,6 @@ acceptance; without a grid the report says what to run."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -255,14 +254,11 @@ def test_without_a_grid_the_report_says_what_to_run(store):
 
 
 def test_stats_prints_crossover_and_k_per_batch_size(store, tmp_path, capsys):
-    from autospec.cli_report import add_commands
+    from autospec.cli import build_parser
 
     recs = fill(store)
     ks, upto, off = expected_view(recs)
-    parser = argparse.ArgumentParser(prog="autospec")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_commands(sub, argparse.ArgumentParser(add_help=False),
-                 argparse.ArgumentParser(add_help=False))
+    parser = build_parser()
     url = f"sqlite:///{tmp_path / 'b.db'}"
     args = parser.parse_args(["stats", "--db", url, "--json"])
     assert args.run(args, parser) == 0

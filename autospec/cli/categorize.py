@@ -6,22 +6,21 @@ Reads only the store and its prompt features (no torch import, no model load).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from datetime import datetime
 
-from autospec.cliargs import fraction as _fraction
-from autospec.cliargs import parse_when
-from autospec.cliargs import positive_int as _positive_int
+from autospec.cli.common import fraction as _fraction
+from autospec.cli.common import open_store_or_die, parse_when
+from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
-__all__ = ["add_parser", "run", "run_fit", "run_show", "parse_when"]
+__all__ = ["register", "run_fit", "run_show"]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``categorize`` (with ``fit`` and ``show``) on an argparse subparsers object."""
-    cat = subparsers.add_parser(
+def register(sub, parents) -> None:
+    """``categorize`` with its actions ``fit`` and ``show``."""
+    cat = sub.add_parser(
         "categorize", help="fit / inspect the model that categorises unlabelled requests",
         description="Requests served without category= are categorised before generation by "
                     "a model fitted on logged requests that carried one (hashed prompt-token "
@@ -55,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--dry-run", action="store_true", help="fit and report, store nothing")
     fit.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    fit.set_defaults(run=run, parser=fit)
+    fit.set_defaults(run=run_fit, parser=fit)
 
     show = sub.add_parser(
         "show", help="list stored categoriser versions, their window and metrics",
@@ -65,38 +64,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     show.add_argument("--name", help="only this categoriser (default: all)")
     show.add_argument("--version", type=_positive_int, help="details of one version")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    show.set_defaults(run=run, parser=show)
-    cat.set_defaults(run=run, parser=cat)
-    return cat
-
-
-def run(args, parser=None) -> int:
-    """Dispatch ``autospec categorize ACTION`` (``parser`` is accepted for ``cli.main``)."""
-    action = getattr(args, "categorize_command", None)
-    if action == "fit":
-        return run_fit(args)
-    if action == "show":
-        return run_show(args)
-    print("autospec: error: categorize needs an action: fit or show", file=sys.stderr)
-    return 2
-
-
-def _open(url):
-    from autospec.store import StoreError, open_store
-
-    try:
-        return open_store(url)
-    except StoreError as e:
-        print(f"autospec: error: {e}", file=sys.stderr)
-        return None
+    show.set_defaults(run=run_show, parser=show)
 
 
 def run_fit(args, parser=None) -> int:
     from autospec.categorize import fit_from_store
 
-    store = _open(args.db)
-    if store is None:
-        return 2
+    store = open_store_or_die(args.db)
     with store:
         if args.since is not None and args.until is not None and _ts(args.until) <= _ts(args.since):
             print("autospec: error: --until must be later than --since", file=sys.stderr)
@@ -173,9 +147,7 @@ def run_show(args, parser=None) -> int:
     from autospec.categorize import FitReport
     from autospec.store import queries
 
-    store = _open(args.db)
-    if store is None:
-        return 2
+    store = open_store_or_die(args.db, read_only=True)
     with store, store.session() as s:
         rows = queries.categorizers(s, name=args.name)
         url = store.url

@@ -1,13 +1,24 @@
-"""Argument types shared by the CLI's commands (argparse ``type=`` callables)."""
+"""What the commands share: argument types, the parent parsers (runtime, models, decoding),
+runtime setup, model loading and opening a store — and ``die``, the one way a command
+refuses input (``autospec: error: …`` on stderr, exit status 2)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NoReturn
 
-__all__ = ["parse_when", "positive_int", "fraction", "die"]
+__all__ = ["die", "parse_when", "positive_int", "fraction", "k_value", "ranged", "batch_sizes",
+           "Parents", "parents", "setup", "load", "gen_kwargs", "env_line", "open_store_or_die",
+           "DEFAULT_PAIR", "K_LIMIT"]
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULT_PAIR = "qwen2.5-coder"
+K_LIMIT = 64  # autospec.controller.K_LIMIT, repeated so that --help needs no torch
 
 
 def die(message: str) -> NoReturn:
@@ -52,3 +63,168 @@ def fraction(text: str) -> float:
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
+
+
+def k_value(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= k <= K_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{K_LIMIT} (0 = plain decoding)")
+    return k
+
+
+def ranged(low: float, high: float, *, low_open: bool = True):
+    """A float option in (low, high] (or [low, high] when not low_open)."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (low < x if low_open else low <= x) or x > high:
+            raise argparse.ArgumentTypeError(
+                f"must be in {'(' if low_open else '['}{low:g}, {high:g}]")
+        return x
+    return parse
+
+
+def batch_sizes(text: str) -> list[int]:
+    """``1,4,16`` → [1, 4, 16] (sorted, unique, each ≥ 1)."""
+    from autospec.benchbatch import parse_batch_sizes  # torch-free
+
+    try:
+        return parse_batch_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# -- parent parsers ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Parents:
+    """The option groups commands share, as argparse parents."""
+    common: argparse.ArgumentParser  # runtime: threads, dtype, device, cache, -v
+    models: argparse.ArgumentParser  # --pair or --target/--draft
+    pair_only: argparse.ArgumentParser  # --pair
+    sampling: argparse.ArgumentParser  # --sample, --temperature, --top-p, --top-k, --seed
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--threads", type=positive_int, help="torch threads (default: 2 on CPU)")
+    g.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="default: bf16")
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
+    g.add_argument("--cache", metavar="DIR", help="model cache (default: $AUTOSPEC_CACHE or "
+                                                   "~/.cache/autospec)")
+    g.add_argument("-v", "--verbose", action="store_true", help="INFO logging")
+    return p
+
+
+def _models(pair_only: bool = False) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("models")
+    g.add_argument("--pair", help=f"a named target/draft pair (default: {DEFAULT_PAIR})")
+    if not pair_only:
+        g.add_argument("--target", help="target model: local directory, .gguf file or Hub id")
+        g.add_argument("--draft", help="draft model sharing the target's tokenizer")
+    return p
+
+
+def _sampling() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("decoding (greedy unless --sample)")
+    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=ranged(0, math.inf))
+    g.add_argument("--top-p", type=ranged(0, 1))
+    g.add_argument("--top-k", type=positive_int)
+    g.add_argument("--seed", type=int, help="seed for sampling")
+    return p
+
+
+def parents() -> Parents:
+    return Parents(common=_common(), models=_models(), pair_only=_models(pair_only=True),
+                   sampling=_sampling())
+
+
+# -- runtime ----------------------------------------------------------------------------------
+
+def setup(args) -> dict:
+    """Logging, device, dtype and threads; returns what was used, for the output."""
+    import torch
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # generate's config warnings drown the output; -v shows them
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        die(f"--device: {e}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        die(f"--device {args.device}: this torch build or machine has no CUDA device "
+            "(use --device cpu, or install a CUDA build of torch)")
+    if device.type == "cuda" and device.index is not None \
+            and device.index >= torch.cuda.device_count():
+        die(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif device.type == "cpu":
+        torch.set_num_threads(2)  # the README's figures; more threads help little on CPU
+    return {"device": device, "dtype": getattr(torch, DTYPES[args.dtype]),
+            "threads": torch.get_num_threads()}
+
+
+def load(args, parser, env):
+    """(target, draft, tokenizer, draft_tokenizer) on env's device; user errors exit cleanly."""
+    from autospec import models
+
+    target_path, draft_path = getattr(args, "target", None), getattr(args, "draft", None)
+    if (target_path or draft_path) and args.pair:
+        parser.error("use either --pair or --target/--draft")
+    if bool(target_path) != bool(draft_path):
+        parser.error("--target and --draft go together")
+    name = args.pair or DEFAULT_PAIR
+    if not target_path and name not in models.PAIRS:
+        parser.error(f"--pair: unknown pair {name!r} (known: {', '.join(sorted(models.PAIRS))})")
+    try:
+        if target_path:
+            target, tok = models.load_model(target_path, dtype=env["dtype"], cache=args.cache)
+            draft, dtok = models.load_model(draft_path, dtype=env["dtype"], cache=args.cache)
+        else:
+            pair = models.load_pair(name, dtype=env["dtype"], cache=args.cache)
+            target, draft, tok, dtok = pair.target, pair.draft, pair.tokenizer, None
+    except (OSError, ValueError, RuntimeError) as e:
+        die(f"cannot load the models: {e}")
+    return target.to(env["device"]), draft.to(env["device"]), tok, dtok
+
+
+def gen_kwargs(args) -> dict:
+    kw = {"max_new_tokens": args.max_new_tokens, "do_sample": bool(getattr(args, "sample", False))}
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    return kw
+
+
+def env_line(env) -> str:
+    return (f"device {env['device']}, dtype {str(env['dtype']).removeprefix('torch.')}, "
+            f"{env['threads']} threads")
+
+
+def open_store_or_die(url: str | None, *, read_only: bool = False):
+    """The store at ``url`` (default: autospec.db in the cache directory), or ``die`` with
+    the store's own message. ``read_only``: for commands that only read — nothing is created
+    or migrated (see ``autospec.store.open_store``)."""
+    from autospec.store import StoreError, open_store
+
+    try:
+        return open_store(url, read_only=read_only) if read_only else open_store(url)
+    except StoreError as e:
+        die(str(e))

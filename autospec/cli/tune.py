@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import sys
 
-from autospec.cliargs import die, parse_when
-from autospec.cliargs import fraction as _fraction
-from autospec.cliargs import positive_int as _positive_int
+from autospec.cli.common import die, open_store_or_die, parse_when
+from autospec.cli.common import fraction as _fraction
+from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
-__all__ = ["add_commands"]
+__all__ = ["register", "run"]
 
 
-def add_commands(sub) -> None:
+def register(sub, parents) -> None:
     p = sub.add_parser(
         "tune",
         help="tune the policy per category on logged traffic (Optuna, simulated replay)",
@@ -59,23 +59,19 @@ def add_commands(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="do not write the results")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="INFO logging")
-    p.set_defaults(run=_cmd_tune, parser=p)
+    p.set_defaults(run=run, parser=p)
 
 
-def _cmd_tune(args, parser) -> int:
+def run(args, parser) -> int:
     import logging
 
     from tqdm import tqdm
 
-    from autospec.store import StoreError, open_store
     from autospec.tune import TuneError, tune
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    try:
-        store = open_store(args.db)
-    except StoreError as e:
-        die(str(e))
+    store = open_store_or_die(args.db)
     bars: dict[str, tqdm] = {}
 
     def progress(category: str, done: int, total: int) -> None:

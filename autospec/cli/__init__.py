@@ -1,0 +1,40 @@
+"""The ``autospec`` command line: one module per command, the only code in autospec that prints.
+
+Every command module has ``register(sub, parents)``, which adds its parser to the
+subcommands (``parents``: the shared option groups of ``autospec.cli.common``) and sets
+``run`` (``run(args, parser) -> exit status``) as its default. Heavy imports (torch,
+transformers) wait until a command runs, so ``--help`` is instant and the store-only
+commands (``stats``, ``report``, ``tune``, ``categorize``) never import torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+# in the order ``autospec --help`` lists them
+COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "categorize")
+
+
+def build_parser():
+    import argparse
+
+    from autospec.cli.common import parents
+
+    parser = argparse.ArgumentParser(
+        prog="autospec", description="Exact speculative decoding for transformers' generate.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    shared = parents()
+    for name in COMMANDS:
+        import_module(f"autospec.cli.{name}").register(sub, shared)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "sample", True) and any(
+            getattr(args, name) is not None for name in ("temperature", "top_p", "top_k", "seed")):
+        args.parser.error("--temperature, --top-p, --top-k and --seed apply only with --sample")
+    return args.run(args, args.parser)  # the subcommand's parser, for its error messages

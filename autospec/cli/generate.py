@@ -1,0 +1,66 @@
+"""``autospec generate``: one prompt through the wrapped target, text out."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from autospec.cli.common import (
+    die,
+    env_line,
+    gen_kwargs,
+    k_value,
+    load,
+    positive_int,
+    setup,
+)
+from autospec.textfmt import fmt
+
+
+def register(sub, parents) -> None:
+    gen = sub.add_parser("generate", parents=[parents.models, parents.sampling, parents.common],
+                         help="generate text for one prompt")
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    gen.add_argument("--k", type=k_value, default=4, help="lookahead (default: 4; 0 = off)")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128)
+    gen.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    gen.set_defaults(run=run, parser=gen)
+
+
+def run(args, parser) -> int:
+    import torch
+    from transformers import TextStreamer
+
+    import autospec
+    from autospec.bench import Prompt, encode_prompt
+
+    env = setup(args)
+    target, draft, tok, dtok = load(args, parser, env)
+    try:  # a draft that cannot serve the target, a chat prompt without a template
+        ctrl = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=dtok, policy=args.k,
+                             k_max=max(16, args.k))
+        ids = encode_prompt(tok, Prompt("cli", args.prompt, args.chat)).to(env["device"])
+    except ValueError as e:
+        die(str(e))
+    gen = None
+    if args.sample and args.seed is not None:
+        gen = torch.Generator(env["device"]).manual_seed(args.seed)
+    streamer = TextStreamer(tok, skip_prompt=True, skip_special_tokens=True) if args.stream else None
+    t0 = time.perf_counter()
+    try:
+        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generator=gen,
+                              streamer=streamer, **gen_kwargs(args))
+    except ValueError as e:  # e.g. a prompt longer than the target's context
+        die(str(e))
+    wall = time.perf_counter() - t0
+    new = out.shape[1] - ids.shape[1]
+    if not args.stream:
+        print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    s = ctrl.last_stats
+    how = (f"k={args.k}, acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
+           f"{s.mean_accepted_length:.2f}" if s is not None
+           else "served by transformers' generate (run with -v for why)")
+    print(f"[autospec] {new} new tokens in {wall:.2f} s ({new / wall:.1f} tok/s); {how}; "
+          f"{env_line(env)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,426 @@
+"""Building the report from the store: SQL aggregates, the cost model's view, verdicts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from datetime import datetime, timezone
+from typing import Any
+
+from autospec.policies.batchcosts import BatchCosts
+from autospec.policies.costmodel import (
+    batch_best_k,
+    best_k,
+    conditional_from_cumulative,
+    interpolate_cost,
+    speedup,
+)
+from autospec.report.model import (
+    BATCH_FIXED_KS,
+    BATCH_K_REF,
+    K_MAX,
+    LOSES,
+    MEMORY_BOUND_RATIO,
+    MIN_DRAFTED,
+    MIN_MEASURED,
+    PAYS,
+    PROBE_BATCH_HINT,
+    RECENT,
+    Acceptance,
+    Batch,
+    BatchPoint,
+    PolicyInForce,
+    Rate,
+    Report,
+    Speedup,
+    Traffic,
+    Tuning,
+    Verdict,
+    Verification,
+    Workload,
+)
+from autospec.textfmt import fmt
+
+log = logging.getLogger(__name__)
+
+# -- building ---------------------------------------------------------------------------------
+
+MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
+
+
+def cost_inputs(summary, probe_payload: dict | None
+                ) -> tuple[dict[int, float], dict[int, str], float | None]:
+    """The cost model's inputs for one workload, from ONE source so that their ratios hold:
+    the pair's latest probe (medians of interleaved timings) if there is one, else the
+    requests' mean T_t(n) and T_d where each rests on ≥ MIN_FORWARDS forwards. Mixing a quiet
+    probe with a busy server's means would invent steps in the curve (the rule
+    ``autospec.store.queries.measured_costs`` applies for tuning; ``autospec stats`` too)."""
+    pl = probe_payload or {}
+    probe_curve = {int(n): float(t) for n, t in (pl.get("target_s_by_n") or {}).items()
+                   if t is not None and float(t) > 0}
+    if probe_curve:
+        curve = dict(sorted(probe_curve.items()))
+        return curve, dict.fromkeys(curve, "probe"), pl.get("draft_s") or None
+    curve = {n: t for n, t in sorted(summary.t_target_s_by_n.items())
+             if t and t > 0 and summary.target_count_by_n.get(n, 0) >= MIN_FORWARDS}
+    t_draft = summary.t_draft_s if summary.draft_forwards >= MIN_FORWARDS else None
+    return curve, dict.fromkeys(curve, "requests"), t_draft
+
+
+def _mode(counts: dict[int, int], positive: bool = False) -> int | None:
+    ks = {k: c for k, c in counts.items() if c and (k > 0 or not positive)}
+    return max(ks, key=lambda k: (ks[k], k)) if ks else None
+
+
+def _rate(r) -> Rate | None:
+    return None if r is None else Rate(r.requests, r.new_tokens, r.wall_s, r.tokens_per_s)
+
+
+def _tuning(row) -> Tuning | None:
+    if row is None:
+        return None
+    prov = dict(row.provenance or {})
+    hold = prov.get("holdout") if isinstance(prov.get("holdout"), dict) else {}
+
+    def num(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    h_t, h_b = num(hold.get("tuned_tokens_per_s")), num(hold.get("baseline_tokens_per_s"))
+    traces = hold.get("traces")
+    return Tuning(row.id, row.created_at, row.family, dict(row.params), row.tokens_per_s,
+                  row.baseline_tokens_per_s, ratio(row.tokens_per_s, row.baseline_tokens_per_s),
+                  h_t, h_b, ratio(h_t, h_b), int(traces) if isinstance(traces, int) else None,
+                  prov)
+
+
+def _verification(sm, probe, curve, source, t_draft, k) -> Verification:
+    t1 = curve.get(1)
+    cost = interpolate_cost(curve) if curve else None
+    ratio = cost(k + 1) / t1 if t1 and cost and k is not None else None
+    upto = (max((n for n, t in curve.items() if t / t1 <= MEMORY_BOUND_RATIO), default=1)
+            if t1 else None)
+    p = None
+    if probe is not None:
+        pl = probe.payload or {}
+        p = {"id": probe.id, "created_at": probe.created_at,
+             "achieved_bytes_per_s": pl.get("achieved_bytes_per_s"),
+             "peak_bytes_per_s": pl.get("peak_bytes_per_s"),
+             "utilisation": pl.get("utilisation"), "dtype": pl.get("dtype"),
+             "context": pl.get("context"), "verdict": pl.get("verdict")}
+    return Verification(
+        curve, source, t_draft, t_draft / t1 if t_draft and t1 else None, k, ratio, upto,
+        None if ratio is None else ratio <= MEMORY_BOUND_RATIO, sm.bandwidth_bytes_per_s,
+        sm.bandwidth_peak_bytes_per_s, sm.bandwidth_utilisation, sm.nvml_mem_busy_pct,
+        sm.nvml_sm_util_pct, p,
+        {n: (t, sm.target_count_by_n.get(n, 0)) for n, t in sm.t_target_s_by_n.items()})
+
+
+def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
+    plain = _rate(modes.plain if modes else None)
+    spec = _rate(modes.speculative if modes else None)
+    measured = None
+    if plain and spec and plain.tokens_per_s and spec.tokens_per_s:
+        measured = spec.tokens_per_s / plain.tokens_per_s
+    est = okb = ob = flat = None
+    s_curve: dict[int, float] = {}
+    known = any(a is not None for a in alphas)
+    if 1 in curve and t_draft and known:
+        cost = interpolate_cost(curve)
+        s_curve = {j: speedup(j, alphas, t_draft, cost) for j in range(k_max + 1)}
+        okb, ob = best_k(alphas, t_draft, cost, k_max)
+        flat = best_k(alphas, t_draft, {1: curve[1]}, k_max)[1]
+        if k is not None:
+            est = s_curve.get(k, speedup(k, alphas, t_draft, cost))
+    enough = (measured is not None and plain.requests >= MIN_MEASURED
+              and spec.requests >= MIN_MEASURED)
+    source, value = (("measured", measured) if enough else
+                     ("estimated", est) if est is not None else
+                     ("measured", measured) if measured is not None else (None, None))
+    return Speedup(plain, spec, measured, k, est, okb, ob, s_curve, flat, source, value)
+
+
+def _tuned_table(tuned: Tuning | None):
+    """The tuned policy's k by batch size, where it has one: a ``TablePolicy`` from a stored
+    table spec (``"table:1-2:4,…"``) or ``{batch: k}`` choices, a fixed k as a one-range table;
+    None for the adaptive families (their k is chosen live)."""
+    from autospec.policies.table import TablePolicy
+
+    if tuned is None:
+        return None
+    params = tuned.params
+    for v in params.values():
+        if isinstance(v, str) and v.strip().lower().startswith("table:"):
+            with contextlib.suppress(ValueError):
+                return TablePolicy.parse(v)
+    if tuned.family == "table":
+        for v in params.values():
+            if isinstance(v, dict) and v:
+                with contextlib.suppress(ValueError, TypeError):
+                    return TablePolicy.from_choices({int(b): int(k) for b, k in v.items()})
+    if tuned.family == "fixed" and isinstance(params.get("k"), int):
+        return TablePolicy({(1, None): params["k"]})
+    return None
+
+
+def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], source: str,
+                  live_target: dict[int, dict[int, float]], live_draft: dict[int, float]
+                  ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
+    """A probe's grid read as the live cost model reads it: the probe gives the shape, the
+    loop's own forwards (the store's live medians) the level — live points replace the probe's
+    at their (B, n), the rest is scaled by live/probe at the nearest batch size measured
+    (``BatchCosts``). On the default pair the probe (context 200, every row) put T_t(16, 1)
+    at 401 ms where the loop measured ~290 ms, and the report said k = 1 pays at B = 16
+    (1.24×) where it ran at 0.73–0.88×. Other sources, and a probe without live points,
+    come back as they are."""
+    live_t = {b: ns for b, ns in live_target.items() if b > 1}  # batch 1 stays the probe's:
+    live_d = {b: t for b, t in live_draft.items() if b > 1}  # its curve is batch-1 requests'
+    if source != "probe" or not (live_t or live_d):
+        return target, draft, source
+    costs = BatchCosts(settle=1)
+    costs.warm(target, draft)
+    for b, ns in live_t.items():
+        for n, t in ns.items():
+            costs.observe(b, n, t)
+    for b, t in live_d.items():
+        costs.observe(b, 0, float("nan"), t)
+    sizes = sorted({b for b in target if b > 1} | set(live_t))
+    out_t = {**({1: dict(target[1])} if 1 in target else {}),
+             **{b: dict(sorted(costs.target_points(b).items())) for b in sizes}}
+    out_d = {**({1: draft[1]} if 1 in draft else {}),
+             **{b: d for b in sizes if (d := costs.draft_cost(b)) is not None}}
+    measured = ", ".join(map(str, sorted(set(live_t) | set(live_d))))
+    return out_t, out_d, f"probe at the live level (live/probe per n, batch sizes {measured})"
+
+
+def batch_grid(session, pair_id: int):
+    """The pair's cost grid as the report and ``autospec stats`` show it:
+    ``queries.batch_costs`` read ``at_live_level`` of the store's live medians."""
+    from autospec.store import queries
+
+    return at_live_level(*queries.batch_costs(session, pair_id),
+                         *queries.live_batch_grid(session, pair_id, min_forwards=MIN_FORWARDS))
+
+
+def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
+               draft: dict[int, float], source: str, *, k_max: int = K_MAX,
+               tuned: Tuning | None = None, requests_by_batch: dict[int, int] | None = None
+               ) -> Batch:
+    """The batch dimension of one workload from the pair's cost grid (``queries.batch_costs``):
+    at each grid batch size B, the cost model's k for a batch whose every row has this
+    workload's acceptance ``alphas`` (``batch_best_k``: Σ E[N_i](k) / (k·T_d(B) + T_t(B, k+1))
+    against B / T_t(B, 1)), its predicted speedup, the speedup at fixed k, and where
+    verification stops being memory-bound and speculation is switched off."""
+    counts = dict(sorted((requests_by_batch or {}).items()))
+    table_ = _tuned_table(tuned)
+    tuned_spec = table_.name if table_ is not None else None
+    grid = {int(b): {int(n): float(t) for n, t in ns.items() if t and t > 0}
+            for b, ns in target.items()}
+    grid = {b: ns for b, ns in sorted(grid.items()) if ns.get(1)}
+    if not any(b > 1 for b in grid):
+        what = ("no batch cost grid for this pair" if not grid else
+                "the cost grid has batch 1 only")
+        return Batch(source, [], None, None, tuned_spec, counts,
+                     f"{what}: run `{PROBE_BATCH_HINT}` to measure T_t(B, n) and T_d(B)")
+    known = any(a is not None for a in alphas)
+    across = BatchCosts()  # T_d at a batch size the grid lacks: the live policy's rule
+    across.warm(grid, draft)
+    points = []
+    for b, ns in grid.items():
+        cost = interpolate_cost(ns)
+        t1 = cost(1)
+        t_d = across.draft_cost(b)
+        k = s = None
+        by_k: dict[int, float] = {}
+        if known and t_d is not None:
+            k, s = batch_best_k([alphas] * b, t_d, cost, k_max)
+            by_k = {j: speedup(j, alphas, t_d, cost) for j in BATCH_FIXED_KS}
+        points.append(BatchPoint(b, t1, cost(BATCH_K_REF + 1) / t1, t_d, k, s, by_k,
+                                 None if table_ is None else table_.k_for(b)))
+    upto = None
+    for p in points:
+        if p.cost_ratio is None or p.cost_ratio > MEMORY_BOUND_RATIO:
+            break
+        upto = p.batch
+    crossover = None
+    if points[-1].k == 0:
+        crossover = points[-1].batch
+        for p in reversed(points[:-1]):
+            if p.k != 0:
+                break
+            crossover = p.batch
+    note = None
+    if not known:
+        note = "no acceptance measured for this workload yet: k per batch size unknown"
+    elif all(p.t_draft_s is None for p in points):
+        note = f"no draft timing T_d(B) in the grid: run `{PROBE_BATCH_HINT}`"
+    elif source == "live":
+        note = (f"costs from live traffic (medians of ≥ {MIN_FORWARDS} forwards per point); "
+                f"`{PROBE_BATCH_HINT}` measures the full grid")
+    return Batch(source, points, upto, crossover, tuned_spec, counts, note)
+
+
+def _pct(a: float) -> str:
+    return f"{a * 100:.0f} %"
+
+
+def _verdict(acc: Acceptance, ver: Verification, pol: PolicyInForce, sp: Speedup) -> Verdict:
+    off = pol.k_in_force == 0
+    if acc.drafted == 0:
+        return Verdict("no_drafts", "plain decoding only so far: no drafted tokens to judge "
+                       "the draft by" + (" (the policy keeps k = 0)" if off else ""), off)
+    if acc.drafted < MIN_DRAFTED:
+        return Verdict("not_enough", f"not enough traffic yet ({acc.drafted} drafted "
+                       f"token{'s' if acc.drafted != 1 else ''})", off)
+    why_loses = None
+    if sp.flat_oracle is not None and sp.flat_oracle >= PAYS and (ver.cost_ratio or 0) > \
+            MEMORY_BOUND_RATIO:
+        why_loses = ("compute_bound", f"verification is compute-bound here: "
+                     f"T_t({ver.k + 1}) = {ver.cost_ratio:.1f} × T_t(1)")
+    elif acc.alpha is not None:
+        why_loses = ("low_acceptance", f"the draft matches only {_pct(acc.alpha)}")
+    if off:
+        if sp.oracle is not None and sp.oracle >= PAYS:
+            return Verdict("switched_off_but_would_pay", f"switched off, though the cost model "
+                           f"expects {sp.oracle:.2f}× at k = {sp.oracle_k}", True)
+        kind, text = why_loses or ("unknown", "no acceptance measured")
+        return Verdict(kind, f"switched off: {text}", True)
+    if sp.value is None:
+        return Verdict("unknown", f"α = {fmt(acc.alpha, '.2f')}, but no cost measurements "
+                       "to judge the speedup by: run `autospec probe` for this pair")
+    at = f" at k = {sp.k}" if sp.k is not None else ""
+    figure = f"{sp.value:.2f}×{at} ({sp.source})"
+    if sp.value >= PAYS:
+        return Verdict("pays", f"speculation pays here: {figure}")
+    if sp.value > LOSES:
+        return Verdict("break_even", f"break-even here: {figure}")
+    kind, text = why_loses or ("unknown", "speculation loses here")
+    return Verdict(kind, f"{text}; speculation loses: {figure}")
+
+
+def build_report(source, *, category: str | None = None, pair_id: int | None = None,
+                 recent: int = RECENT, max_buckets: int = 48, store_url: str | None = None
+                 ) -> Report:
+    """The report's numbers, from a ``Store`` or an open ``Session`` (read-only)."""
+    from sqlalchemy.orm import Session
+
+    if isinstance(source, Session):
+        cm = contextlib.nullcontext(source)
+        url = store_url or str(source.get_bind().url.render_as_string(hide_password=True))
+    else:
+        cm, url = source.session(), store_url or source.url
+    with cm as s:
+        return _build(s, url, category, pair_id, recent, max_buckets)
+
+
+def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
+    from autospec.store import history, queries
+    from autospec.store.rows import category_key
+
+    report = Report(url, datetime.now(timezone.utc),
+                    {"category": category, "pair_id": pair_id})
+    summaries = queries.category_summaries(s, category=category, pair_id=pair_id)
+    if not summaries:
+        return report
+    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id)
+    tuned = {(t.category, t.pair_id): t
+             for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
+    by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
+    probes: dict[int, Any] = {}
+    grids: dict[int, Any] = {}
+    for sm in summaries:
+        pid = sm.pair.id
+        if pid not in probes:
+            probes[pid] = queries.latest_probe(s, pid)
+            grids[pid] = batch_grid(s, pid)
+        probe = probes[pid]
+        curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
+        recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
+        k_in_force = recent_act.k_mode
+        # the k the ratio and the estimate are taken at: in force, else the most used k > 0
+        k_ref = (k_in_force if k_in_force else
+                 _mode(recent_act.k_counts, positive=True) or _mode(sm.k_counts, positive=True))
+        k_max = max([K_MAX, *sm.k_counts])
+        alphas = conditional_from_cumulative(list(sm.acceptance_by_position))
+        acc = Acceptance(sm.drafted, sm.accepted, sm.alpha, sm.alpha_ci95,
+                         list(sm.acceptance_by_position), list(sm.drafted_per_position),
+                         alphas, sm.mean_accepted_length)
+        sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
+                      modes.get((category_key(sm.category), pid)))
+        if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
+            k_ref = sp.oracle_k
+        # the cost ratio needs some k even before anything was drafted: k = 4 then
+        ver = _verification(sm, probe, curve, src, t_draft, k_ref or 4)
+        pol = PolicyInForce(recent_act.requests, recent_act.since, recent_act.policies,
+                            recent_act.k_counts, k_in_force, dict(sm.k_counts),
+                            _tuning(tuned.get((sm.category, pid))))
+        bucket_s = history.bucket_seconds(sm.first_seen, sm.last_seen, max_buckets)
+        hist = [{"start": b.start, "requests": b.requests, "new_tokens": b.new_tokens,
+                 "drafted": b.drafted, "accepted": b.accepted, "alpha": b.alpha}
+                for b in history.alpha_over_time(s, sm.category, pid, bucket_s)]
+        traffic = Traffic(sm.requests, sm.new_tokens, sm.prompt_tokens, sm.iterations,
+                          sm.first_seen, sm.last_seen, sm.tokens_per_s)
+        pair = {name: getattr(sm.pair, name)
+                for name in ("id", "target", "draft", "dtype", "hardware")}
+        g_target, g_draft, g_source = grids[pid]
+        batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
+                           requests_by_batch=by_batch.get((category_key(sm.category), pid)))
+        report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
+                                         bucket_s, hist, _verdict(acc, ver, pol, sp), batch))
+    return report
+
+
+def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = None
+                      ) -> dict[tuple[str, int], dict[int, int]]:
+    """Logged requests per batch size: (category_key, pair_id) → {batch size: requests}.
+    One grouped query (the requests index leads with category_key, pair_id)."""
+    from sqlalchemy import func, select
+
+    from autospec.store.models import Request
+    from autospec.store.rows import category_key
+
+    stmt = select(Request.category_key, Request.pair_id, Request.batch_size,
+                  func.count()).group_by(Request.category_key, Request.pair_id,
+                                         Request.batch_size)
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(Request.pair_id == pair_id)
+    out: dict[tuple[str, int], dict[int, int]] = {}
+    for key, pid, b, n in s.execute(stmt):
+        cell = out.setdefault((key, pid), {})
+        cell[int(b or 1)] = cell.get(int(b or 1), 0) + int(n)
+    return out
+
+
+def estimate_speedup(summary, probe_payload: dict | None):
+    """S(k) of the most used k>0 from the measured acceptance and costs (cost model), with
+    T_t(n) and T_d taken as the report takes them (``cost_inputs``: the
+    pair's latest probe, else well-measured live points). (k, S) or None."""
+    curve, _, t_draft = cost_inputs(summary, probe_payload)
+    ks = {k: c for k, c in summary.k_counts.items() if k > 0}
+    if not ks or 1 not in curve or not t_draft or summary.alpha is None:
+        return None
+    k = max(ks, key=ks.get)
+    alphas = conditional_from_cumulative(list(summary.acceptance_by_position))
+    return k, speedup(k, alphas, t_draft, curve)
+
+
+def batch_summary(summary, grid, tuned=None) -> dict:
+    """The batch dimension of one (category, pair) as ``autospec report`` computes it
+    (``batch_view``) from the pair's cost grid ``(target, draft, source)``
+    (``queries.batch_costs``): where verification stops being memory-bound, the cost
+    model's k and predicted speedup over plain batched decoding per batch size, and from
+    which batch size it switches speculation off. JSON-ready."""
+    alphas = conditional_from_cumulative(list(summary.acceptance_by_position))
+    target, draft, source = grid
+    b = batch_view(alphas, target, draft, source, k_max=max([K_MAX, *summary.k_counts]),
+                   tuned=_tuning(tuned))
+    return {"source": b.source, "memory_bound_up_to": b.memory_bound_up_to,
+            "crossover": b.crossover, "tuned_table": b.tuned,
+            "k_by_batch": {str(p.batch): p.k for p in b.points},
+            "speedup_by_batch": {str(p.batch): p.speedup for p in b.points},
+            "note": b.note}

@@ -1,0 +1,205 @@
+"""The report's numbers: one ``Workload`` per (category, pair), JSON-ready."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import datetime
+from typing import Any
+
+K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
+MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
+MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
+PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
+# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
+# not imported from there because autospec.probe imports torch)
+MEMORY_BOUND_RATIO = 1.25
+RECENT = 200  # the latest requests that say which policy (and k) is in force
+BATCH_K_REF = 3  # the k at which "memory-bound at batch B" is judged: T_t(B, 4) / T_t(B, 1)
+BATCH_FIXED_KS = (1, 2, 3, 4)  # fixed k whose predicted speedup is shown per batch size
+PROBE_BATCH_HINT = "autospec probe --batch 1,2,4,8,16,32"
+
+# -- the numbers ------------------------------------------------------------------------------
+
+@dataclass
+class Traffic:
+    requests: int
+    new_tokens: int
+    prompt_tokens: int
+    iterations: int
+    first_seen: datetime
+    last_seen: datetime
+    tokens_per_s: float | None  # Σ new tokens / Σ wall seconds, every request
+
+
+@dataclass
+class Acceptance:
+    drafted: int
+    accepted: int
+    alpha: float | None
+    alpha_ci95: tuple[float, float] | None  # Wilson
+    by_position: list[float | None]  # P(draft token i accepted), i = 1, 2, …
+    drafted_by_position: list[int]
+    conditional: list[float | None]  # P(accepted at i | accepted before i): the cost model's
+    mean_accepted_length: float | None  # tokens per drafting iteration, bonus included
+
+
+@dataclass
+class Verification:
+    """Is scoring k+1 tokens about as cheap as scoring one (memory-bound) here?"""
+
+    t_target_s_by_n: dict[int, float]  # the cost model's curve: one source (cost_inputs)
+    source_by_n: dict[int, str]  # "probe" or "requests"
+    t_draft_s: float | None
+    draft_ratio: float | None  # c = T_d / T_t(1)
+    k: int | None  # the k the ratio is taken at (in force, else the most used k > 0)
+    cost_ratio: float | None  # T_t(k+1) / T_t(1) (interpolated where unmeasured)
+    memory_bound_up_to: int | None  # largest measured n with T_t(n)/T_t(1) ≤ 1.25
+    memory_bound: bool | None  # at k + 1
+    bandwidth_bytes_per_s: float | None  # achieved by the requests' target forwards
+    bandwidth_peak_bytes_per_s: float | None
+    bandwidth_utilisation: float | None
+    nvml_mem_busy_pct: float | None
+    nvml_sm_util_pct: float | None
+    probe: dict[str, Any] | None  # the pair's latest probe: id, time, bandwidth, its verdict
+    live_by_n: dict[int, tuple[float, int]] = field(default_factory=dict)  # requests: (mean s,
+    # forwards) per n, shown beside the curve whatever it was taken from
+
+
+@dataclass
+class Tuning:
+    """The latest ``autospec tune`` row of the workload: in force for the "tuned" policy."""
+
+    id: int
+    created_at: datetime
+    family: str
+    params: dict[str, Any]
+    tokens_per_s: float  # simulated, tuning window
+    baseline_tokens_per_s: float | None  # the untuned default, same window
+    gain: float | None  # tokens_per_s / baseline
+    holdout_tokens_per_s: float | None  # provenance["holdout"], on traces not tuned on
+    holdout_baseline_tokens_per_s: float | None
+    holdout_gain: float | None
+    holdout_traces: int | None
+    provenance: dict[str, Any]
+
+
+@dataclass
+class PolicyInForce:
+    recent_requests: int  # how many of the latest requests the figures below cover
+    recent_since: datetime | None
+    policies: dict[str, int]  # policy name → requests, among the recent ones
+    recent_k_counts: dict[int, int]  # k → iterations, among the recent requests
+    k_in_force: int | None  # the k the recent requests ran most
+    k_counts: dict[int, int]  # k → iterations, all time (CategorySummary.k_counts)
+    tuned: Tuning | None
+
+
+@dataclass
+class Rate:
+    requests: int
+    new_tokens: int
+    wall_s: float
+    tokens_per_s: float | None
+
+
+@dataclass
+class Speedup:
+    """Against plain decoding, the draft's cost included. ``value``/``source`` is the one the
+    verdict uses: "measured" where both modes have ≥ MIN_MEASURED requests, else
+    "estimated" (cost model at ``k``), else None."""
+
+    plain: Rate | None
+    speculative: Rate | None
+    measured: float | None  # speculative tokens/s ÷ plain tokens/s
+    k: int | None  # the k the estimate is for (in force; else the most used k > 0)
+    estimated: float | None  # S(k)
+    oracle_k: int | None  # argmax S
+    oracle: float | None
+    curve: dict[int, float]  # S(k), k = 0 … K
+    flat_oracle: float | None  # max S if verification cost nothing extra (T_t(n) = T_t(1))
+    source: str | None
+    value: float | None
+
+
+@dataclass
+class Verdict:
+    kind: str  # pays | break_even | low_acceptance | compute_bound | not_enough | no_drafts
+    #          | switched_off_but_would_pay | unknown
+    text: str
+    switched_off: bool = False
+
+
+@dataclass
+class BatchPoint:
+    """One batch size of the cost grid, for one workload (every row of the batch from it)."""
+
+    batch: int
+    t_target_1_s: float  # T_t(B, 1): one plain batched decoding step
+    cost_ratio: float | None  # T_t(B, BATCH_K_REF + 1) / T_t(B, 1)
+    t_draft_s: float | None  # T_d(B), per proposed token (interpolated in B where unmeasured)
+    k: int | None  # the cost model's k (batch_best_k); None without acceptance or T_d(B)
+    speedup: float | None  # its predicted speedup over plain batched decoding at B
+    speedup_by_k: dict[int, float]  # the same at each fixed k of BATCH_FIXED_KS
+    tuned_k: int | None  # the k the tuned table (if any) runs at B
+
+
+@dataclass
+class Batch:
+    """The batch dimension of a workload: the cost grid read through the cost model."""
+
+    source: str  # where the grid came from ("probe #3", "live", "none")
+    points: list[BatchPoint]  # ascending batch sizes of the grid
+    memory_bound_up_to: int | None  # largest grid B up to which (every B' ≤ B) T_t(B, 4) /
+    #                                 T_t(B, 1) ≤ MEMORY_BOUND_RATIO; None: not even the first
+    crossover: int | None  # smallest grid B from which on the cost model's k is 0; None: k > 0
+    #                        at the largest B (or k unknown)
+    tuned: str | None  # the tuned table in force for this workload, as stored
+    requests_by_batch: dict[int, int]  # logged requests per batch size
+    note: str | None  # why something is missing, and what to run
+
+
+@dataclass
+class Workload:
+    category: str
+    pair: dict[str, Any]  # id, target, draft, dtype, hardware
+    traffic: Traffic
+    acceptance: Acceptance
+    verification: Verification
+    policy: PolicyInForce
+    speedup: Speedup
+    history_bucket_s: int
+    history: list[dict[str, Any]]  # {start, requests, new_tokens, drafted, accepted, alpha}
+    verdict: Verdict
+    batch: Batch | None = None
+
+
+@dataclass
+class Report:
+    store: str
+    generated_at: datetime
+    filters: dict[str, Any]
+    workloads: list[Workload] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO strings, int keys as strings."""
+        return _jsonable(self)
+
+
+def _jsonable(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, datetime):
+        return x.isoformat()
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
