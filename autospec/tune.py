@@ -42,6 +42,7 @@ from autospec.simulate import Costs, SimResult, batch_size_of, simulate
 from autospec.store.records import UNOBSERVED
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
+           "default_params",
            "load_window", "study_name", "table_spec", "TABLE_BUCKETS"]
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,34 @@ FAMILIES = tuple(POLICY_FAMILIES)  # every family a tuned row can name
 # their smallest batch size; a bucket above the window's largest batch size takes the k of the
 # largest one searched, since replay cannot judge it)
 TABLE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
-# the untuned "auto" policy, as a trial (trial 0 of every study)
-DEFAULT_PARAMS: dict[str, Any] = {"family": "costmodel", "costmodel.k_cap": None,
-                                  "costmodel.z": 0.0, "costmodel.min_gain": 0.0,
-                                  "costmodel.optimistic": True,
-                                  "costmodel.discount": 0.995,
-                                  "costmodel.reprobe_every": 64, "costmodel.probe_k": 1,
-                                  "costmodel.early_stop": None}
+# the costmodel parameters a study searches (``suggest``), each with the attribute of
+# ``CostModelPolicy`` it sets
+SEARCHED_COSTMODEL = ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
+                      "probe_k")
+
+
+def default_params() -> dict[str, Any]:
+    """The untuned ``"auto"`` policy as a trial (trial 0 of every study), read from the policy
+    ``"auto"`` builds, so the two cannot drift apart. Its ``discount`` None (it reads the
+    controller's statistics) is the controller's own discount."""
+    from autospec.policies.base import auto_policy
+    from autospec.policies.costmodel import CostModelPolicy
+    from autospec.policies.live import LiveStats
+
+    auto = auto_policy()
+    if not isinstance(auto, CostModelPolicy):
+        raise TypeError(f"the auto policy is a {type(auto).__name__}; tune's trial 0 expects "
+                        "the cost-model policy")
+    flat: dict[str, Any] = {"family": "costmodel"}
+    for name in SEARCHED_COSTMODEL:
+        value = getattr(auto, name)
+        flat[f"costmodel.{name}"] = LiveStats().discount if name == "discount" and value is None \
+            else value
+    flat["costmodel.early_stop"] = None  # the auto policy drafts every block to its end
+    return flat
+
+
+DEFAULT_PARAMS: dict[str, Any] = default_params()
 # early-stop thresholds searched (None: off). A grid: the live rule compares the draft's top
 # probability quantized to 1/254, and traffic rarely tells thresholds 0.05 apart
 STOP_GRID: tuple[float | None, ...] = (None, *(round(0.05 * i, 2) for i in range(1, 20)))
@@ -155,7 +177,7 @@ def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -
     """The statistics a controller would hold after serving ``traces`` with the default
     policy (what it warms from the store before the held-back part arrives)."""
     live: dict = {}
-    family, params = params_of(DEFAULT_PARAMS)
+    family, params = params_of(default_params())
     simulate(traces, build_policy(family, params, seed=seed), costs, k_max=k_max,
              category=_category_of, seed=seed, live=live, batched=costs.batched)
     return live
@@ -434,7 +456,7 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
                         study=study, families=tuple(families), k_max=k_max, seed=seed,
                         progress=progress, optuna=optuna, costs_from=costs_from)
         if res.status == "tuned" and write:
-            family, params = ((params_of(DEFAULT_PARAMS)) if res.kept_default
+            family, params = ((params_of(default_params())) if res.kept_default
                               else (res.family, res.params))
             with store.begin() as s:
                 res.tuned_row_id = add_tuned_params(
@@ -511,7 +533,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         st.set_user_attr("pair_id", pid)
         st.set_user_attr("early_stop_space", early_stop)
         if "costmodel" in families:
-            st.enqueue_trial(DEFAULT_PARAMS)  # trial 0: the untuned default
+            st.enqueue_trial(default_params())  # trial 0: the untuned default
     else:  # joining: every trial of a study scores the same window with the same costs
         if attrs["window"] != window.pinned:
             with store.session() as s:
@@ -583,7 +605,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         return res
     best = st.best_trial
     family, params = params_of(best.params)
-    base_family, base_params = params_of(DEFAULT_PARAMS)
+    base_family, base_params = params_of(default_params())
     res.family, res.params, res.best_trial = family, params, best.number
     res.train_tokens_per_s = float(best.value)
     res.baseline_train_tokens_per_s = evaluate(base_family, base_params, window.train, costs,

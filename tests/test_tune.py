@@ -310,3 +310,28 @@ def test_an_unusable_store_url_is_a_clear_error_with_status_2(command, capsys):
     # tune writes: it would create the store; stats and report only read: nothing there
     assert ("cannot create the directory for the store file" if command == "tune"
             else "no store at '/proc/autospec-no-such-dir/x.db'") in err
+
+
+def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
+    """tune's untuned default is derived from what ``"auto"`` builds, not copied by hand: every
+    costmodel parameter a study searches is trial 0's value, and changing the auto policy
+    changes trial 0."""
+    import optuna
+
+    from autospec import tune as tune_mod
+    from autospec.policies import base
+    from autospec.policies.costmodel import CostModelPolicy
+
+    trial = optuna.trial.FixedTrial(tune_mod.default_params())
+    assert tune_mod.suggest(trial, k_max=16, families=["costmodel"]) is not None
+    searched = {k for k in trial.params if k.startswith("costmodel.")}
+    assert searched == {f"costmodel.{n}" for n in tune_mod.SEARCHED_COSTMODEL}
+    family, params = params_of(tune_mod.default_params())
+    built, auto = tune_mod.build_policy(family, params), base.auto_policy()
+    for name in tune_mod.SEARCHED_COSTMODEL:
+        if name != "discount":  # auto reads the controller's statistics (discount None)
+            assert getattr(built, name) == getattr(auto, name), name
+    monkeypatch.setattr(base, "auto_policy", lambda: CostModelPolicy(name="auto", z=0.7,
+                                                                      reprobe_every=9))
+    d = tune_mod.default_params()
+    assert (d["costmodel.z"], d["costmodel.reprobe_every"]) == (0.7, 9)
