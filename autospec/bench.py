@@ -457,13 +457,52 @@ class _Runner:
             ctrl.close()
 
     def top2_margin(self, ids, prefix: list[int]) -> float:
-        """Target's raw logit gap between its top two tokens after prompt + prefix."""
-        import torch
+        return top2_margin(self.target, ids, prefix)
 
-        with torch.inference_mode():
-            x = torch.cat([ids, torch.tensor([prefix], dtype=ids.dtype)], dim=1).to(self.device)
-            top = self.target(input_ids=x).logits[0, -1].float().topk(2).values
-        return float(top[0] - top[1])
+
+def top2_margin(target, ids, prefix: list[int]) -> float:
+    """The target's raw logit gap between its top two tokens after prompt ``ids`` [1, L] +
+    ``prefix``: near 0, greedy decoding sits on a numerical near-tie."""
+    import torch
+
+    device = next(target.parameters()).device
+    with torch.inference_mode():
+        x = torch.cat([ids.to(device), torch.tensor([list(prefix)], dtype=ids.dtype,
+                                                     device=device)], dim=1)
+        top = target(input_ids=x).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
+# a top-2 logit margin below this is a near-tie that low-precision rounding can flip (bf16
+# keeps 8 significant bits: logits near 20 are resolved to about 0.06-0.125; summing the same
+# products in another order moves them by a few of those steps)
+NEAR_TIE = 0.5
+
+
+def explain_divergence(target, ids, plain: list[int], other: list[int], dtype) -> str | None:
+    """Why greedy autospec output differs from plain decoding's, in words: where they part,
+    the target's top-2 margin there, and whether that is a low-precision near-tie (fp32 is
+    token-exact) or something to report. None when the outputs are equal."""
+    import torch
+
+    from autospec.benchstats import first_divergence
+
+    pos = first_divergence(plain, other)
+    if pos is None:
+        return None
+    if pos >= min(len(plain), len(other)):
+        return (f"one stops earlier, at new token {pos} (plain {len(plain)} tokens, autospec "
+                f"{len(other)})")
+    margin = top2_margin(target, ids, plain[:pos])
+    where = (f"they part at new token {pos} (plain token {plain[pos]}, autospec "
+             f"{other[pos]}), where the target's top two logits are {margin:.3f} apart")
+    if dtype in (torch.bfloat16, torch.float16) and margin < NEAR_TIE:
+        name = "bf16" if dtype == torch.bfloat16 else "fp16"
+        return (f"{where}: a {name} near-tie — scoring several tokens per forward sums the "
+                f"same products in another order, and {name} rounds them differently; in fp32 "
+                "(--dtype fp32) greedy output is token-exact")
+    return (f"{where}: not a rounding near-tie — please report it with this prompt "
+            "(greedy output should equal plain decoding's)")
 
 
 def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-__all__ = ["table", "fmt", "human_bytes"]
+import re
+
+__all__ = ["table", "fmt", "human_bytes", "visible"]
+
+# C0 controls (newline and tab included: a name is one line), DEL, C1 controls (U+009B is a
+# one-character CSI in some terminals), and the bidirectional overrides/isolates that reorder
+# what follows them
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: object) -> str:
+    """``text`` with every control character shown as an escape (ESC → ``\\x1b``,
+    U+202E → ``\\u202e``): stored strings (category and model names) reach a terminal
+    without moving the cursor, clearing the screen, setting the title or reordering text."""
+    def esc(m: re.Match) -> str:
+        o = ord(m.group())
+        return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+    return _CONTROL.sub(esc, str(text))
 
 
 def fmt(x, spec: str) -> str:
@@ -22,7 +40,7 @@ def human_bytes(n: float | None, per_s: bool = False) -> str:
 def table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
     """Fixed-width columns: the first ``left`` left-aligned, the rest right-aligned, with a
     rule under the header."""
-    cells = [header, *rows]
+    cells = [[visible(c) for c in row] for row in (header, *rows)]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w)
                        for i, (c, w) in enumerate(zip(cell, widths, strict=True))).rstrip()

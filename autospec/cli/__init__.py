@@ -18,11 +18,9 @@ COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "ca
 
 
 def build_parser():
-    import argparse
+    from autospec.cli.common import OneLineParser, parents
 
-    from autospec.cli.common import parents
-
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="autospec", description="Exact speculative decoding for transformers' generate.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     shared = parents()

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import NoReturn
 
 __all__ = ["die", "parse_when", "positive_int", "fraction", "k_value", "ranged", "batch_sizes",
-           "Parents", "parents", "setup", "load", "gen_kwargs", "env_line", "open_store_or_die",
+           "OneLineParser", "Parents", "parents", "setup", "load", "gen_kwargs", "env_line", "open_store_or_die",
            "DEFAULT_PAIR", "K_LIMIT"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -25,6 +25,16 @@ def die(message: str) -> NoReturn:
     """``autospec: error: …`` on stderr and exit status 2, as argparse does for bad input."""
     print(f"autospec: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ``autospec: error:`` line naming the command
+    and where its help is (the usage text stays behind ``--help``); subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("autospec").strip()
+        where = f"{command}: " if command else ""
+        die(f"{where}{message} (see `{self.prog} --help`)")
 
 
 def parse_when(text: str) -> datetime | float:

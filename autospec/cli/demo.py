@@ -30,7 +30,12 @@ def run(args, parser) -> int:
     import torch
 
     import autospec
-    from autospec.bench import default_prompts_path, encode_prompt, load_prompts
+    from autospec.bench import (
+        default_prompts_path,
+        encode_prompt,
+        explain_divergence,
+        load_prompts,
+    )
 
     env = setup(args)
     target, draft, tok, _ = load(args, parser, env)
@@ -73,6 +78,10 @@ def run(args, parser) -> int:
         print(f"--- autospec: {spec_tps:.1f} tok/s, {how}, {len(spec_out)} tokens")
         print(f"--- plain:    {plain_tps:.1f} tok/s  ->  speedup {spec_tps / plain_tps:.2f}x, "
               f"identical to plain: {'yes' if torch.equal(spec_out, plain_out) else 'NO'}")
+        why = explain_divergence(target, ids, plain_out.tolist(), spec_out.tolist(),
+                                 env["dtype"])  # greedy: plain's output is the reference
+        if why:
+            print(f"    ({why})")
     return 0
 
 

@@ -35,6 +35,8 @@ def run(args, parser) -> int:
     import autospec
     from autospec.bench import Prompt, encode_prompt
 
+    if not args.prompt:
+        parser.error("--prompt is empty: give the text to continue")
     env = setup(args)
     target, draft, tok, dtok = load(args, parser, env)
     try:  # a draft that cannot serve the target, a chat prompt without a template
@@ -43,6 +45,8 @@ def run(args, parser) -> int:
         ids = encode_prompt(tok, Prompt("cli", args.prompt, args.chat)).to(env["device"])
     except ValueError as e:
         die(str(e))
+    if ids.shape[1] == 0:
+        die(f"--prompt {args.prompt!r} encodes to no tokens; give some text")
     gen = None
     if args.sample and args.seed is not None:
         gen = torch.Generator(env["device"]).manual_seed(args.seed)

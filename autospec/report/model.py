@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
@@ -201,5 +202,12 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+# characters JSON allows raw but a terminal acts on: DEL, C1 controls, bidi overrides
+_UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def render_json(report: Report) -> str:
-    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+    """The report as JSON (UTF-8 kept readable; C0 controls are escaped by JSON itself, and
+    DEL, C1 controls and bidi overrides as ``\\uXXXX`` too, so printing it is safe)."""
+    text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
