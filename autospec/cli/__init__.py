@@ -9,7 +9,10 @@ commands (``stats``, ``report``, ``tune``, ``categorize``) never import torch.
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+
+from autospec.textfmt import VisibleStream
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -35,4 +38,9 @@ def main(argv=None) -> int:
     if not getattr(args, "sample", True) and any(
             getattr(args, name) is not None for name in ("temperature", "top_p", "top_k", "seed")):
         args.parser.error("--temperature, --top-p, --top-k and --seed apply only with --sample")
-    return args.run(args, args.parser)  # the subcommand's parser, for its error messages
+    stdout = sys.stdout
+    sys.stdout = VisibleStream(stdout)  # control characters in any output are shown, inert
+    try:
+        return args.run(args, args.parser)  # the subcommand's parser, for its error messages
+    finally:
+        sys.stdout = stdout
