@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
-__all__ = ["table", "fmt", "human_bytes"]
+import re
+
+__all__ = ["table", "fmt", "human_bytes", "visible"]
+
+# shown by name; every other control character as \xNN / \uNNNN
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# C0 controls and DEL, C1 controls, the bidi embeddings/overrides/isolates and marks, and the
+# line/paragraph separators: what a terminal acts on (or reorders text by) instead of showing
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                        "\u2066-\u2069]")
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group(0)
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def visible(text: object) -> str:
+    """``str(text)`` safe to write to a terminal: control characters (C0 with ``\\n`` and
+    ``\\t``, DEL, C1) and bidi overrides shown as escapes (ESC as the four characters
+    ``\\x1b``, U+202E as ``\\u202e``) instead of acting on the terminal. Everything else,
+    backslashes included, is left as it is, so ``visible(visible(x)) == visible(x)``."""
+    return _INVISIBLE.sub(_escape, str(text))
 
 
 def fmt(x, spec: str) -> str:
