@@ -10,6 +10,8 @@ from typing import Any
 
 K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
 MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
+MIN_POSITION_DRAFTED = 20  # a draft position drafted fewer times is thin evidence (marked)
+MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
 MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
 PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
 # T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
@@ -43,6 +45,8 @@ class Acceptance:
     drafted_by_position: list[int]
     conditional: list[float | None]  # P(accepted at i | accepted before i): the cost model's
     mean_accepted_length: float | None  # tokens per drafting iteration, bonus included
+    accepted_by_position: list[int] = field(default_factory=list)  # counts, i = 1, 2, …
+    by_position_ci95: list[tuple[float, float] | None] = field(default_factory=list)  # Wilson
 
 
 @dataclass
@@ -65,6 +69,10 @@ class Verification:
     probe: dict[str, Any] | None  # the pair's latest probe: id, time, bandwidth, its verdict
     live_by_n: dict[int, tuple[float, int]] = field(default_factory=dict)  # requests: (mean s,
     # forwards) per n, shown beside the curve whatever it was taken from
+    live_ratio_ci95: dict[int, tuple[float, float]] = field(default_factory=dict)  # n > 1:
+    # ≈95 % interval of the live T_t(n)/T_t(1), from the spread of the latest requests' forwards
+    cost_note: str | None = None  # what the cost model lacks, with the forwards it has and needs
+    min_forwards: int = MIN_FORWARDS  # live points with fewer forwards are not used
 
 
 @dataclass
