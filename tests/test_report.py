@@ -595,7 +595,24 @@ def test_cost_curve_says_where_each_point_comes_from(store):
     assert len([e for e in svg.iter("rect") if e.get("width") == "7"]) == 3 + 1  # + legend
     hollow = [c for c in svg.iter("circle") if c.get("fill") == "#ffffff"]
     assert len(hollow) == 1  # n = 2: 5 forwards; n = 1 (40) drawn solid
-    assert "5 fwd" in legend and "40 fwd" in legend
+    assert "5" in legend and "40" in legend  # the forwards behind each live point
+
+
+def _outside(svg: ET.Element) -> list[tuple[str, float, float]]:
+    """The texts of a plot that reach outside its width, by an estimate of their extent at
+    their font size (DejaVu Sans, the usual sans-serif: digits 0.636 em)."""
+    width = float(svg.get("width"))
+    out = []
+    for t in svg.iter("text"):
+        if t.get("transform"):
+            continue  # the rotated y label
+        w = 0.64 * float(t.get("font-size", 11)) * len(t.text or "")
+        x = float(t.get("x"))
+        lo, hi = {"start": (x, x + w), "end": (x - w, x), "middle": (x - w / 2, x + w / 2)
+                  }[t.get("text-anchor", "start")]
+        if lo < 0 or hi > width:
+            out.append((t.text, lo, hi))
+    return out
 
 
 def test_time_axis_labels_stay_inside_the_plot(store):
@@ -606,19 +623,25 @@ def test_time_axis_labels_stay_inside_the_plot(store):
     write(store, recs)
     html = render_html(build_report(store))
     svg = _svg(html, "acceptance α over time")
-    width = float(svg.get("width"))
     ticks = [t for t in svg.iter("text") if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d",
                                                          t.text or "")]
     assert len(ticks) == 2
-    for t in svg.iter("text"):
-        size = float(t.get("font-size", 11))
-        w = 0.64 * size * len(t.text or "")  # DejaVu Sans digits: 0.636 em
-        x = float(t.get("x"))
-        lo, hi = {"start": (x, x + w), "end": (x - w, x), "middle": (x - w / 2, x + w / 2)
-                  }[t.get("text-anchor", "start")]
-        if t.get("transform"):
-            continue  # the rotated y label
-        assert 0 <= lo and hi <= width, (t.text, lo, hi, width)
+    assert _outside(svg) == []
+
+
+def test_no_label_leaves_its_plot(store):
+    """Every text of every plot of a report with measured and estimated speedups, probes,
+    live points and a batch grid lies inside its picture (the speedup plot's legend, with
+    the requests behind the measured speedup, ran past its right edge once)."""
+    from test_report_batch import fill
+
+    fill(store)
+    write(store, [r for r in constructed() if r.category == "adversarial"])
+    html = render_html(build_report(store))
+    svgs = [ET.fromstring(s) for s in re.findall(r"<svg\b.*?</svg>", html, re.S)]
+    assert len(svgs) >= 10
+    for svg in svgs:
+        assert _outside(svg) == [], svg.findtext("title")
 
 
 def test_too_few_live_timings_say_how_many(store):

@@ -17,7 +17,15 @@ from autospec.report.model import (
     Verification,
     Workload,
 )
-from autospec.report.svg import PALETTE, Marker, Series, bar_chart, line_chart, placeholder
+from autospec.report.svg import (
+    PALETTE,
+    Marker,
+    Series,
+    bar_chart,
+    line_chart,
+    nice_max,
+    placeholder,
+)
 from autospec.report.text import (
     _batch_headline,
     _bucket_name,
@@ -68,6 +76,12 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return "".join(out)
 
 
+def _measured_label(sp) -> str:
+    """The measured speedup with the requests behind it (speculative vs plain)."""
+    return (f"measured {sp.measured:.2f}× ({sp.speculative.requests} vs "
+            f"{sp.plain.requests} req.)")
+
+
 def _plots(w: Workload) -> list[str]:
     a, sp, v = w.acceptance, w.speedup, w.verification
     counts = [(a.accepted_by_position[i] if i < len(a.accepted_by_position) else None, d)
@@ -77,13 +91,13 @@ def _plots(w: Workload) -> list[str]:
     plots = [bar_chart(
         [str(i + 1) for i in range(len(a.by_position))], a.by_position,
         title="acceptance by draft position",
-        x_label=f"position; whiskers: 95 % Wilson; pale: < {MIN_POSITION_DRAFTED} drafted",
+        x_label=f"position · whiskers: 95 % Wilson · pale: < {MIN_POSITION_DRAFTED} drafted",
         y_label="accepted rate", y_max=1.0, empty="nothing drafted yet", intervals=cis,
         notes=[f"n={d}" for _, d in counts], faint=[d < MIN_POSITION_DRAFTED for _, d in counts],
         tips=[f"position {i + 1}: {'-' if acc is None else acc}/{d} accepted"
               + ("" if ci is None else f", 95 % [{ci[0]:.2f}, {ci[1]:.2f}]")
               for i, ((acc, d), ci) in enumerate(zip(counts, cis))],
-        width=400, margin_top=34)]
+        width=420, margin_top=34)]
     if sp.curve:
         series = [Series("S(k), cost model", sorted(sp.curve.items()), PALETTE[0])]
         markers = []
@@ -91,15 +105,17 @@ def _plots(w: Workload) -> list[str]:
         if k is not None and k in sp.curve:
             markers.append(Marker(k, sp.curve[k], f"k in force = {k}", PALETTE[1]))
         if sp.measured is not None and k is not None:
-            markers.append(Marker(k, sp.measured, f"measured {sp.measured:.2f}×", PALETTE[2]))
+            markers.append(Marker(k, sp.measured, _measured_label(sp), PALETTE[2]))
+        top = max([1.0, *sp.curve.values(), *(m.y for m in markers)])
         plots.append(line_chart(series, title="speedup vs k (draft cost included)",
                                 x_label="k", y_label="speedup ×", markers=markers,
-                                hlines=[(1.0, "plain")], width=480, legend_width=120))
+                                hlines=[(1.0, "plain")], width=540, legend_width=190,
+                                y_max=nice_max(top * 1.1), x_pad=0.3, y_fmt=".3g"))
     elif sp.measured is not None:
         k = w.policy.k_in_force or 0
         plots.append(line_chart([], title="speedup vs k (draft cost included)", x_label="k",
                                 y_label="speedup ×", x_ticks=[(k, str(k))],
-                                markers=[Marker(k, sp.measured, f"measured {sp.measured:.2f}×",
+                                markers=[Marker(k, sp.measured, _measured_label(sp),
                                                 PALETTE[2])], hlines=[(1.0, "plain")]))
     else:
         plots.append(placeholder("speedup vs k", "no costs measured: run `autospec probe`"
@@ -133,25 +149,30 @@ def _cost_plot(v: Verification) -> str:
     if probe:
         series.append(Series("probe (median)" + (", used" if "probe" in v.source_by_n.values()
                                                   else ""), probe, PALETTE[3], marker="square"))
+    dodge = 0.2 if probe else 0.0  # live beside the probe's point at the same n, not under it
     if live:
         used = "requests" in v.source_by_n.values()
         series.append(Series(
             f"live mean (label: forwards; hollow: < {v.min_forwards})"
             + (", used" if used else ""),
-            [(p["n"], p["live_ratio"]) for p in live], PALETTE[0], line=used,
+            [(p["n"] + dodge, p["live_ratio"]) for p in live], PALETTE[0], line=used,
             intervals=[p["live_ci95"] for p in live], hollow=[p["thin"] for p in live],
-            labels=[f"{p['forwards']} fwd" for p in live]))
-    if not series:
+            labels=[str(p["forwards"]) for p in live]))
+    unscaled = [p["n"] for p in pts if p["live_s"] is not None and p["live_ratio"] is None]
+    if unscaled:  # live means at n > 1 but no live T_t(1) to scale them by: say so
+        series.append(Series(f"live at n = {', '.join(map(str, unscaled))}: no live T_t(1) "
+                             "to scale by", [], PALETTE[0]))
+    if not any(s.points for s in series):
         return placeholder("cost of scoring n tokens", v.cost_note or "T_t(1) not measured")
     series.append(Series(f"dotted: memory-bound below {MEMORY_BOUND_RATIO}×", [], "#666666"))
     top = max([MEMORY_BOUND_RATIO, *(y for s in series for _, y in s.points),
                *(iv[1] for p in live if (iv := p["live_ci95"]) is not None)])
-    # room above the data for the legend; gridlines at round values (steps of 0.5, 1, …)
-    y_max = 2.0 * math.ceil(top / 0.78 / 2.0)
+    y_max = nice_max(top / 0.7)  # room above the data for the legend
     return line_chart(series, title="cost of scoring n tokens (× T_t(1) of each source)",
                       x_label="n scored", y_label="× one token", y_min=0.0,
                       y_max=y_max, y_fmt=".3g",
                       hlines=[(1.0, ""), (MEMORY_BOUND_RATIO, "")],
+                      x_ticks=[(p["n"], str(p["n"])) for p in pts],
                       width=420, height=240, x_pad=0.5)
 
 
@@ -190,8 +211,8 @@ def _batch_plots(b: Batch) -> list[str]:
         top = max([1.0, *(y for s in series for _, y in s.points if y is not None)])
         plots.append(line_chart(series, title="predicted speedup vs plain batched decoding",
                                 x_label="batch size B (log2 axis)", y_label="speedup ×",
-                                x_ticks=ticks, vlines=vlines, y_max=math.ceil(top / 0.75 * 1.05)
-                                * 0.75, y_fmt=".3g", width=600, height=300, legend_width=120,
+                                x_ticks=ticks, vlines=vlines, y_max=nice_max(top * 1.1),
+                                y_fmt=".3g", width=600, height=300, legend_width=120,
                                 x_pad=0.3, empty="no acceptance or T_d(B) measured"))
     if b.points or any(k > 1 for k in b.requests_by_batch):
         sizes = sorted(set(b.requests_by_batch) | {p.batch for p in b.points})

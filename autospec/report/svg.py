@@ -71,15 +71,19 @@ def _n(v: float) -> str:
     return f"{v:.1f}"
 
 
-def _nice_max(v: float) -> float:
-    """A round upper bound ≥ v (1, 2, 2.5, 5 × 10^n)."""
+def nice_max(v: float) -> float:
+    """A round upper bound ≥ v whose quarters (the y axis' gridlines) are round too:
+    1, 1.2, 1.6, 2, 3, 4, 6, 8 × 10^n (quarters 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2)."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
     e = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
+    for m in (1, 1.2, 1.6, 2, 3, 4, 6, 8, 10):
         if m * e >= v * (1 - 1e-9):
             return m * e
     return 10 * e
+
+
+_nice_max = nice_max
 
 
 def _frame(width: int, height: int, title: str, y_label: str, x_label: str) -> list[str]:
@@ -93,8 +97,9 @@ def _frame(width: int, height: int, title: str, y_label: str, x_label: str) -> l
         out.append(f'<text x="11" y="{height / 2:.1f}" text-anchor="middle" {_FONT} '
                    f'transform="rotate(-90 11 {height / 2:.1f})">{_t(y_label)}</text>')
     if x_label:
-        out.append(f'<text x="{(width + _M_LEFT) / 2:.1f}" y="{height - 4}" '
-                   f'text-anchor="middle" {_FONT}>{_t(x_label)}</text>')
+        x, anchor = _anchored((width + _M_LEFT) / 2, x_label, 2, width - 2)
+        out.append(f'<text x="{x:.1f}" y="{height - 4}" '
+                   f'text-anchor="{anchor}" {_FONT}>{_t(x_label)}</text>')
     return out
 
 
@@ -107,6 +112,17 @@ def _y_axis(out: list[str], y0: float, y1: float, sy: Callable[[float], float], 
                    f'stroke="#e0e0e0"/>')
         out.append(f'<text x="{_M_LEFT - 4}" y="{_n(y + 4)}" text-anchor="end" {_FONT}>'
                    f'{_t(format(v, fmt))}</text>')
+
+
+def _fold(text: str, room: float) -> list[str]:
+    """``text`` in lines of at most ``room`` px (estimated), broken between words."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(f"{lines[-1]} {word}") <= room:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines or [""]
 
 
 def _symbol(shape: str, cx: float, cy: float, color: str, hollow: bool) -> str:
@@ -278,12 +294,18 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
                 hollow = s.hollow is not None and i < len(s.hollow) and s.hollow[i]
                 out.append(_symbol(s.marker, sx(x), sy(y), s.color, hollow))
         if s.labels is not None:
+            placed: list[tuple[float, float, float]] = []  # (left, right, baseline) drawn
             for i, ((x, y), lab) in enumerate(zip(s.points, s.labels)):
                 if lab and y is not None and math.isfinite(y):
                     iv = (s.intervals[i] if s.intervals is not None and i < len(s.intervals)
                           else None)
-                    ly = min(sy(y), sy(iv[1])) if iv is not None else sy(y)
-                    out.append(f'<text x="{_n(sx(x))}" y="{_n(ly - 6)}" '
+                    ly = (min(sy(y), sy(iv[1])) if iv is not None else sy(y)) - 6
+                    half = text_width(lab) / 2
+                    while any(a < sx(x) + half and sx(x) - half < b and abs(ly - base) < 12
+                              for a, b, base in placed):  # clear of the labels drawn
+                        ly -= 12
+                    placed.append((sx(x) - half, sx(x) + half, ly))
+                    out.append(f'<text x="{_n(sx(x))}" y="{_n(ly)}" '
                                f'text-anchor="middle" {_FONT} fill="{_t(s.color)}">'
                                f'{_t(lab)}</text>')
         if s.name:
@@ -296,18 +318,20 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
             elif s.marker != "circle" or not s.line:  # the shape says which series a point is
                 out.append(_symbol(s.marker, legend_x + 4, legend_y - 4, s.color, False))
                 shift = 12
-            out.append(f'<text x="{legend_x + shift}" '
-                       f'y="{legend_y}" {_FONT} fill="{_t(s.color)}">{_t(s.name)}</text>')
-            legend_y += 13
+            for line in _fold(s.name, width - 2 - legend_x - shift):
+                out.append(f'<text x="{legend_x + shift}" '
+                           f'y="{legend_y}" {_FONT} fill="{_t(s.color)}">{_t(line)}</text>')
+                legend_y += 13
     for m in markers:  # a diamond at the point, its label in the legend (labels beside
         cx, cy = sx(m.x), sy(m.y)  # the points ran into each other and into the curve)
         out.append(f'<path d="M{_n(cx)},{_n(cy - 6)} L{_n(cx + 6)},{_n(cy)} '
                    f'L{_n(cx)},{_n(cy + 6)} L{_n(cx - 6)},{_n(cy)} Z" fill="{_t(m.color)}">'
                    f'<title>{_t(m.label)}</title></path>')
         out.append(_symbol("diamond", legend_x + 4, legend_y - 4, m.color, False))
-        out.append(f'<text x="{legend_x + 12}" y="{legend_y}" {_FONT} '
-                   f'fill="{_t(m.color)}">{_t(m.label)}</text>')
-        legend_y += 13
+        for line in _fold(m.label, width - 2 - legend_x - 12):
+            out.append(f'<text x="{legend_x + 12}" y="{legend_y}" {_FONT} '
+                       f'fill="{_t(m.color)}">{_t(line)}</text>')
+            legend_y += 13
     out.append(f'<line x1="{_M_LEFT}" x2="{right}" y1="{_n(_M_TOP + plot_h)}" '
                f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
     return "".join(out)

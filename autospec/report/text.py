@@ -319,8 +319,8 @@ def render_text(report: Report) -> str:
             pr = v.probe
             lines.append(f"latest probe ({_when(pr['created_at'])}): "
                          f"{human_bytes(pr['achieved_bytes_per_s'], per_s=True)} of "
-                         f"{human_bytes(pr['peak_bytes_per_s'], per_s=True)} peak; "
-                         f"{visible(pr['verdict'] or '')}")
+                         f"{human_bytes(pr['peak_bytes_per_s'], per_s=True)} peak"
+                         + (f"; {visible(pr['verdict'])}" if pr["verdict"] else ""))
         lines.append("\npolicy in force: "
                      + (", ".join(f"{visible(name)} ({n})" for name, n in p.policies.items())
                         or "-")
