@@ -683,3 +683,13 @@ def test_stored_strings_reach_the_terminal_escaped(store, tmp_path, capsys):
     for shown in ("chat\\x1b]0;pwned\\x07\\n", "org/t\\x1b[2J", "org/d\\u202e",
                   "bf16\\x9b31m", "cuda\\x07", "fixed\\x1b[31m", "ok\\x1b[8m\\u2066"):
         assert shown in out, shown
+    # JSON to a terminal too: escaped as JSON escapes, decoding to the stored strings
+    assert main(["report", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", out)
+    (w,) = json.loads(out)["workloads"]
+    assert w["category"] == "chat\x1b]0;pwned\x07\n" and w["pair"]["draft"] == "org/d\u202e"
+    assert w["pair"]["dtype"] == "bf16\x9b31m"
+    # HTML: names shown escaped too (a bidi override would reorder the page's text)
+    html = render_html(build_report(store))
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", html)

@@ -306,13 +306,14 @@ def render_html(report: Report) -> str:
                         f"{human_bytes(v.bandwidth_peak_bytes_per_s, per_s=True)} peak"
                         + (f" ({v.bandwidth_utilisation:.0%})" if v.bandwidth_utilisation
                            else "")
-                        + (f". Latest probe: {v.probe['verdict']}" if v.probe and
+                        + (f". Latest probe: {visible(v.probe['verdict'])}" if v.probe and
                            v.probe.get("verdict") else ""))
                    + ".</p>")
         out.append("<p><b>Speedup</b> vs plain decoding at batch 1, draft cost included:<br>"
                    + "<br>".join(_h(s) for s in _speed_line(sp, v.cost_note)) + "</p>")
         out.append("<p><b>Policy in force</b>: "
-                   + _h((", ".join(f"{n} ({c})" for n, c in p.policies.items()) or "-")
+                   + _h((", ".join(f"{visible(n)} ({c})" for n, c in p.policies.items())
+                         or "-")
                         + f" over the latest {p.recent_requests} batch-1 requests; k in force "
                         + ("-" if p.k_in_force is None else str(p.k_in_force))) + ".</p>")
         if p.k_counts:
@@ -327,7 +328,7 @@ def render_html(report: Report) -> str:
             out.append(_html_table(
                 ["tuned (latest)", "family", "params", "simulated tok/s", "untuned tok/s",
                  "gain", "held-out gain", "provenance"],
-                [[f"#{tu.id} {_when(tu.created_at)}", tu.family,
+                [[f"#{tu.id} {_when(tu.created_at)}", visible(tu.family),
                   json.dumps(tu.params, sort_keys=True), f"{tu.tokens_per_s:.1f}",
                   fmt(tu.baseline_tokens_per_s, ".1f"), _x(tu.gain),
                   _x(tu.holdout_gain) + (f" ({tu.holdout_traces} traces)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
@@ -209,5 +210,13 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+# what json.dumps(ensure_ascii=False) leaves raw but a terminal acts on: DEL, C1 controls,
+# bidi marks, embeddings, overrides and isolates, line/paragraph separators
+_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def render_json(report: Report) -> str:
-    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+    """The report as JSON; characters a terminal would act on are written as ``\\uXXXX``
+    escapes (they occur only inside strings, so the document decodes to the same values)."""
+    text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str)
+    return _RAW.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
