@@ -587,7 +587,7 @@ def test_cost_curve_says_where_each_point_comes_from(store):
     lo, hi = v.live_ratio_ci95[2]
     assert row == ["2", "20.4", "1.02", f"{m2 * 1e3:.1f}", "5*", f"{r:.2f}", f"[{lo:.2f},",
                    f"{hi:.2f}]", "probe"]
-    assert "* fewer than 16 forwards: shown, not used by the cost model" in text
+    assert "* fewer than 16 forwards: shown, too few for the cost model to use" in text
     svg = _svg(html, "cost of scoring n tokens")
     legend = [t.text or "" for t in svg.iter("text")]
     assert any(t.startswith("probe (median), used") for t in legend)

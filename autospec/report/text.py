@@ -239,7 +239,8 @@ def _cost_text(v: Verification) -> list[str]:
            table(["n", "probe ms", "× n=1", "live ms", "forwards", "× n=1",
                   "95 % interval", "cost model"], rows)]
     if any(p["thin"] for p in pts):
-        out.append(f"* fewer than {v.min_forwards} forwards: shown, not used by the cost model")
+        out.append(f"* fewer than {v.min_forwards} forwards: shown, too few for the cost model"
+                   " to use")
     return out
 
 
