@@ -662,6 +662,10 @@ def test_too_few_live_timings_say_how_many(store):
     text, html, _ = check_formats(rep)
     assert want in " ".join(text.split())
     assert want.replace("`", "&#x60;") in html or want in html
+    # the empty speedup plot says it too, inside its picture (no plain requests here)
+    svg = _svg(html, "speedup vs k")
+    said = " ".join(t.text or "" for t in svg.iter("text") if t.get("fill") == "#777777")
+    assert said == want and _outside(svg) == []
 
 
 def test_stored_strings_reach_the_terminal_escaped(store, tmp_path, capsys):

@@ -139,8 +139,11 @@ def _symbol(shape: str, cx: float, cy: float, color: str, hollow: bool) -> str:
 def placeholder(title: str, message: str, width: int = 360, height: int = 220) -> str:
     """An empty chart that says why it is empty."""
     out = _frame(width, height, title, "", "")
-    out.append(f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" '
-               f'{_FONT} fill="#777777">{_t(message)}</text></svg>')
+    lines = _fold(message, width - 16)  # folded between words, so that it stays inside
+    y0 = height / 2 - 13 * (len(lines) - 1) / 2
+    out += [f'<text x="{width / 2:.1f}" y="{y0 + 13 * i:.1f}" text-anchor="middle" '
+            f'{_FONT} fill="#777777">{_t(line)}</text>' for i, line in enumerate(lines)]
+    out.append("</svg>")
     return "".join(out)
 
 
