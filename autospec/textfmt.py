@@ -6,26 +6,31 @@ import re
 
 __all__ = ["table", "fmt", "human_bytes", "visible", "VisibleStream"]
 
-# C0 controls (newline and tab included: a name is one line), DEL, C1 controls (U+009B is a
-# one-character CSI in some terminals), and the bidirectional overrides/isolates that reorder
-# what follows them
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# shown by name; every other control character as \xNN / \uNNNN
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# C0 controls and DEL, C1 controls, the bidi embeddings/overrides/isolates and marks, and the
+# line/paragraph separators: what a terminal acts on (or reorders text by) instead of showing
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                        "\u2066-\u2069]")
+# the same without newline and tab: for a whole output rather than one name
+_INVISIBLE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028"
+                                 "\u2029\u202a-\u202e\u2066-\u2069]")
 
 
-_CONTROL_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _esc(m: re.Match) -> str:
-    o = ord(m.group())
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+def _escape(m: re.Match) -> str:
+    c = m.group(0)
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
 def visible(text: object, *, lines: bool = False) -> str:
-    """``text`` with every control character shown as an escape (ESC → ``\\x1b``,
-    U+202E → ``\\u202e``): stored strings (category and model names) reach a terminal
-    without moving the cursor, clearing the screen, setting the title or reordering text.
+    """``str(text)`` safe to write to a terminal: control characters (C0 with ``\\n`` and
+    ``\\t``, DEL, C1) and bidi overrides shown as escapes (ESC as the four characters
+    ``\\x1b``, U+202E as ``\\u202e``) instead of acting on the terminal. Everything else,
+    backslashes included, is left as it is, so ``visible(visible(x)) == visible(x)``.
     ``lines``: keep newlines and tabs (a whole output, not one name)."""
-    return (_CONTROL_IN_LINES if lines else _CONTROL).sub(_esc, str(text))
+    return (_INVISIBLE_IN_LINES if lines else _INVISIBLE).sub(_escape, str(text))
 
 
 class VisibleStream:

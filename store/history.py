@@ -10,10 +10,13 @@ of Unix seconds, written per dialect).
   tokens over total wall time — the token-weighted (harmonic) mean of the per-request rates.
 - ``alpha_over_time``: accepted / drafted per time bucket (SQL ``GROUP BY`` on the bucket).
 - ``recent_activity``: the policies and k of the latest requests (the policy in force).
+- ``forward_spread``: how much the latest requests' T_t(n) forwards scatter (the summaries
+  keep only sums and counts), read from at most ``limit`` rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,7 +28,8 @@ from .models import Request
 from .rows import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
-           "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES"]
+           "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
+           "ForwardSpread", "forward_spread"]
 
 # bucket sizes ``bucket_seconds`` chooses from: 1 min … 30 days
 BUCKET_SIZES = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
@@ -168,3 +172,36 @@ def recent_activity(session: Session, category: str | None = None, pair_id: int 
         ks.update(bytes(k_schedule))
         since = created
     return RecentActivity(n, since, dict(policies.most_common()), dict(sorted(ks.items())))
+
+
+@dataclass(frozen=True)
+class ForwardSpread:
+    """The target forwards scoring n tokens that the latest requests timed."""
+
+    requests: int  # the requests they come from
+    forwards: int
+    mean_s: float
+    sd_s: float | None  # sample standard deviation; None below two forwards
+
+
+def forward_spread(session: Session, category: str | None = None, pair_id: int | None = None,
+                   limit: int = 2000, batch_size: int | None = 1) -> dict[int, ForwardSpread]:
+    """n → the spread of the T_t(n) forwards of the latest ``limit`` requests at
+    ``batch_size`` (their ``target_s_by_n``; reads at most ``limit`` rows)."""
+    stmt = _filtered(select(Request.target_s_by_n), category, pair_id, batch_size)
+    stmt = stmt.order_by(Request.created_at.desc(), Request.id.desc()).limit(limit)
+    times: dict[int, list[float]] = {}
+    requests: Counter[int] = Counter()
+    for (by_n,) in session.execute(stmt):
+        for n, ts in (by_n or {}).items():
+            ts = [float(t) for t in ts if t is not None and math.isfinite(float(t))]
+            if ts:
+                times.setdefault(int(n), []).extend(ts)
+                requests[int(n)] += 1
+    out = {}
+    for n, ts in sorted(times.items()):
+        mean = math.fsum(ts) / len(ts)
+        sd = (math.sqrt(math.fsum((t - mean) ** 2 for t in ts) / (len(ts) - 1))
+              if len(ts) > 1 else None)
+        out[n] = ForwardSpread(requests[n], len(ts), mean, sd)
+    return out

@@ -69,7 +69,7 @@ RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # \
 
 
 def test_visible_shows_every_control_character():
-    assert visible(EVIL) == "evil\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\u202eboom\\x0anext"
+    assert visible(EVIL) == "evil\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\u202eboom\\nnext"
     assert visible("code · Qwen2.5 ✓") == "code · Qwen2.5 ✓"  # printable text untouched
     assert not RAW.search(table(["c"], [[EVIL]]))
 

@@ -9,6 +9,7 @@ import logging
 import math
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -176,6 +177,9 @@ def check_formats(rep, tmp_path=None) -> tuple[str, str, dict]:
     assert "<script" not in html.lower() and "@import" not in html and "url(" not in html
     for svg in re.findall(r"<svg\b.*?</svg>", html, re.S):  # each chart is well-formed XML
         ET.fromstring(svg)
+    # text: fits a terminal; read with its lines joined (long sentences wrap)
+    assert max(map(len, text.splitlines())) <= 100
+    flat = " ".join(text.split())
     # JSON: the same numbers as the dataclasses, and as the text shows them
     assert len(js["workloads"]) == len(rep.workloads)
     for w, j in zip(rep.workloads, js["workloads"]):
@@ -184,7 +188,7 @@ def check_formats(rep, tmp_path=None) -> tuple[str, str, dict]:
         assert j["speedup"]["value"] == w.speedup.value
         assert j["verdict"]["text"] == w.verdict.text
         assert {int(k): v for k, v in j["policy"]["k_counts"].items()} == w.policy.k_counts
-        assert j["verdict"]["text"] in text and w.verdict.text in html.replace("&#x27;", "'")
+        assert j["verdict"]["text"] in flat and w.verdict.text in html.replace("&#x27;", "'")
         if j["acceptance"]["alpha"] is not None:
             assert f"{j['acceptance']['alpha']:.3f}" in text
         if j["speedup"]["value"] is not None:
@@ -458,3 +462,238 @@ def test_cost_inputs_take_one_source():
     curve, src, t_draft = cost_inputs(sm, None)
     assert curve == {1: 0.5, 6: 0.36} and set(src.values()) == {"requests"}  # n = 2: 3 forwards
     assert t_draft == 0.3
+
+
+# ---- read as an operator would (issue 12) ------------------------------------------------
+
+HF_TARGET = "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF/qwen2.5-coder-7b-instruct-q8_0.gguf"
+HF_DRAFT = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/qwen2.5-coder-1.5b-instruct-q8_0.gguf"
+HF = PairInfo(HF_TARGET, HF_DRAFT, "bfloat16", "cuda: NVIDIA H200 (143 GB, driver 560.35.03)",
+              8_000_000_000, 1_600_000_000)
+LONG_CATEGORIES = ("python-code-completion-with-long-context-from-the-ide-plugin",
+                   "customer-support-chat/" + "very-long-tenant-name-" * 5, "translation")
+
+
+def wilson(a: int, n: int) -> tuple[float, float]:
+    """The Wilson score interval, written out here (z for 95 %)."""
+    z = 1.959963984540054
+    p = a / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _svg(html: str, title: str) -> ET.Element:
+    for svg in re.findall(r"<svg\b.*?</svg>", html, re.S):
+        root = ET.fromstring(svg)
+        if root.findtext("title", "").startswith(title):
+            return root
+    raise AssertionError(f"no plot {title!r}")
+
+
+def test_text_fits_a_terminal_and_names_the_pair_once(store):
+    """Long Hugging Face names and long categories: before, every summary row repeated the
+    pair's names and the summary ran ~280 characters wide."""
+    rng = random.Random(3)
+    recs = [record(HF, LONG_CATEGORIES[i % 3], [3] * 6, [accepted_run(rng, 3, 0.7)
+                                                         for _ in range(6)],
+                   t_target=lambda n: 0.02 * (1 + 0.05 * n), created_at=T0 + 60 * i,
+                   policy="costmodel:reprobe_every=32,explore=0.05")
+            for i in range(60)]
+    write(store, recs)
+    with store.begin() as s:
+        from autospec.store.rows import get_or_create_pair
+        pid = get_or_create_pair(s, HF)
+        add_probe(s, pid, {"target_s_by_n": {str(n): 0.02 * (1 + 0.01 * n) for n in range(1, 17)},
+                           "draft_s": 0.004, "verdict": "memory-bound up to n = 16"})
+        add_tuned_params(s, category=LONG_CATEGORIES[0], pair_id=pid, family="costmodel",
+                         params={"reprobe_every": 32, "explore": 0.05}, tokens_per_s=30.0,
+                         baseline_tokens_per_s=25.0, provenance={"study": "s" * 40, "trial": 3})
+    rep = build_report(store)
+    text, _, _ = check_formats(rep)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    # the pair is named in one legend and once per workload, never per row
+    assert text.count(HF_TARGET) == text.count(HF_DRAFT) == 1 + len(rep.workloads)
+    summary = text.split("\npairs:", 1)[0]
+    assert HF_TARGET not in summary and "qwen2.5-coder" not in summary
+
+
+def test_acceptance_by_position_counts_and_intervals(store):
+    """Per position: accepted / drafted counts from the store, a Wilson interval, and thin
+    evidence marked; before, a position drafted twice showed a bare 1.00."""
+    # iterations at k = 4, 2, 1 with known accepted lengths: per position i, drafted =
+    # #(k ≥ i), accepted = #(accepted ≥ i)
+    ks = [4, 4] + [2] * 10 + [1] * 30
+    accs = [4, 4] + [2] * 4 + [1] * 3 + [0] * 3 + [1] * 12 + [0] * 18
+    recs = [record(FLAT, "code", ks, accs, t_target=lambda n: 0.1, created_at=T0 + i)
+            for i in range(3)]
+    write(store, recs)
+    drafted = [3 * sum(k >= i for k in ks) for i in range(1, 5)]
+    accepted = [3 * sum(a >= i for a in accs) for i in range(1, 5)]
+    assert drafted == [126, 36, 6, 6] and accepted == [63, 18, 6, 6]
+    (w,) = build_report(store).workloads
+    a = w.acceptance
+    assert a.drafted_by_position == drafted and a.accepted_by_position == accepted
+    for got, want in zip(a.by_position_ci95, [wilson(x, n) for x, n in zip(accepted, drafted)]):
+        assert got == pytest.approx(want, abs=1e-12)
+    text, html, js = check_formats(build_report(store))
+    assert js["workloads"][0]["acceptance"]["accepted_by_position"] == accepted
+    rows = {int(line.split()[0]): line.split() for line in text.splitlines()
+            if re.match(r"^\d+ +\d+/\d+ ", line)}
+    for i, (x, n) in enumerate(zip(accepted, drafted), 1):
+        lo, hi = wilson(x, n)
+        assert rows[i][1] == f"{x}/{n}" and rows[i][3:5] == [f"[{lo:.2f},", f"{hi:.2f}]"]
+        assert ("thin:" in rows[i]) == (n < 20)
+    svg = _svg(html, "acceptance by draft position")
+    notes = [t.text for t in svg.iter("text") if (t.text or "").startswith("n=")]
+    assert notes == [f"n={n}" for n in drafted]
+    whiskers = [p for p in svg.iter("path") if p.get("stroke") == "#222222"]
+    assert len(whiskers) == 4
+    bars = [r for r in svg.iter("rect") if r.find("title") is not None]
+    assert [r.get("fill-opacity") == "0.3" for r in bars] == [n < 20 for n in drafted]
+    assert bars[2].findtext("title") == "position 3: 6/6 accepted, 95 % " \
+        f"[{wilson(6, 6)[0]:.2f}, 1.00]"
+
+
+def test_cost_curve_says_where_each_point_comes_from(store):
+    """The probe's medians and the requests' means are told apart (shape, legend, column);
+    live points carry their forward count and an interval from their spread; before, a
+    T_t(2)/T_t(1) from a handful of forwards was drawn as firmly as the probe's."""
+    rng = random.Random(7)
+    times = {1: [0.020 + 0.002 * rng.random() for _ in range(40)],
+             2: [0.033, 0.031, 0.035, 0.030, 0.036]}  # 5 forwards at n = 2: 1.65×
+    ks = [0] * 40 + [1] * 5
+    it = {n: iter(ts) for n, ts in times.items()}
+    rec = record(FLAT, "code", ks, [0] * 40 + [1] * 5, t_target=lambda n: next(it[n]))
+    write(store, [rec])
+    with store.begin() as s:
+        from autospec.store.rows import get_or_create_pair
+        add_probe(s, get_or_create_pair(s, FLAT),
+                  {"target_s_by_n": {"1": 0.02, "2": 0.0204, "4": 0.021}, "draft_s": 0.004})
+    rep = build_report(store)
+    (w,) = rep.workloads
+    v = w.verification
+    assert v.source_by_n == {1: "probe", 2: "probe", 4: "probe"}
+    assert {n: c for n, (_, c) in v.live_by_n.items()} == {1: 40, 2: 5}
+    m1, m2 = (statistics.mean(times[n]) for n in (1, 2))
+    s1, s2 = (statistics.stdev(times[n]) for n in (1, 2))
+    r = m2 / m1
+    rel = math.sqrt((s2 / m2) ** 2 / 5 + (s1 / m1) ** 2 / 40)
+    t_4df = 2.776  # Student's t, 97.5 %, 4 degrees of freedom (the fewer forwards)
+    assert v.live_ratio_ci95[2] == pytest.approx((r * (1 - t_4df * rel), r * (1 + t_4df * rel)))
+    text, html, _ = check_formats(rep)
+    row = next(line.split() for line in text.splitlines() if re.match(r"^2 +20\.4 ", line))
+    lo, hi = v.live_ratio_ci95[2]
+    assert row == ["2", "20.4", "1.02", f"{m2 * 1e3:.1f}", "5*", f"{r:.2f}", f"[{lo:.2f},",
+                   f"{hi:.2f}]", "probe"]
+    assert "* fewer than 16 forwards: shown, too few for the cost model to use" in text
+    svg = _svg(html, "cost of scoring n tokens")
+    legend = [t.text or "" for t in svg.iter("text")]
+    assert any(t.startswith("probe (median), used") for t in legend)
+    assert any(t.startswith("live mean (label: forwards; hollow: < 16)") for t in legend)
+    assert len([e for e in svg.iter("rect") if e.get("width") == "7"]) == 3 + 1  # + legend
+    hollow = [c for c in svg.iter("circle") if c.get("fill") == "#ffffff"]
+    assert len(hollow) == 1  # n = 2: 5 forwards; n = 1 (40) drawn solid
+    assert "5" in legend and "40" in legend  # the forwards behind each live point
+
+
+def _outside(svg: ET.Element) -> list[tuple[str, float, float]]:
+    """The texts of a plot that reach outside its width, by an estimate of their extent at
+    their font size (DejaVu Sans, the usual sans-serif: digits 0.636 em)."""
+    width = float(svg.get("width"))
+    out = []
+    for t in svg.iter("text"):
+        if t.get("transform"):
+            continue  # the rotated y label
+        w = 0.64 * float(t.get("font-size", 11)) * len(t.text or "")
+        x = float(t.get("x"))
+        lo, hi = {"start": (x, x + w), "end": (x - w, x), "middle": (x - w / 2, x + w / 2)
+                  }[t.get("text-anchor", "start")]
+        if lo < 0 or hi > width:
+            out.append((t.text, lo, hi))
+    return out
+
+
+def test_time_axis_labels_stay_inside_the_plot(store):
+    """"acceptance over time" drew its last tick label centred on the plot's right edge,
+    half of it outside the picture."""
+    recs = [record(FLAT, "code", [2] * 4, [1] * 4, t_target=lambda n: 0.1,
+                   created_at=T0 + 3600 * i) for i in range(30)]
+    write(store, recs)
+    html = render_html(build_report(store))
+    svg = _svg(html, "acceptance α over time")
+    ticks = [t for t in svg.iter("text") if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d",
+                                                         t.text or "")]
+    assert len(ticks) == 2
+    assert _outside(svg) == []
+
+
+def test_no_label_leaves_its_plot(store):
+    """Every text of every plot of a report with measured and estimated speedups, probes,
+    live points and a batch grid lies inside its picture (the speedup plot's legend, with
+    the requests behind the measured speedup, ran past its right edge once)."""
+    from test_report_batch import fill
+
+    fill(store)
+    write(store, [r for r in constructed() if r.category == "adversarial"])
+    html = render_html(build_report(store))
+    svgs = [ET.fromstring(s) for s in re.findall(r"<svg\b.*?</svg>", html, re.S)]
+    assert len(svgs) >= 10
+    for svg in svgs:
+        assert _outside(svg) == [], svg.findtext("title")
+
+
+def test_too_few_live_timings_say_how_many(store):
+    """No probe, and fewer forwards of T_t(1) than the cost model needs: the report says how
+    many it has and how many it needs, not only "run autospec probe"."""
+    from autospec.report import MIN_FORWARDS
+
+    ks = [0] * 5 + [3] * 40  # 5 forwards at n = 1, 40 at n = 4
+    recs = [record(FLAT, "code", ks, [0] * 5 + [2] * 40, t_target=lambda n: 0.1,
+                   created_at=T0)]
+    write(store, recs)
+    rep = build_report(store)
+    (w,) = rep.workloads
+    want = (f"5 forwards of T_t(1) measured, {MIN_FORWARDS} needed "
+            "(run `autospec probe`, or serve more traffic)")
+    assert w.verification.cost_note == want
+    assert w.verdict.kind == "unknown" and w.verdict.text.endswith(want)
+    text, html, _ = check_formats(rep)
+    assert want in " ".join(text.split())
+    assert want.replace("`", "&#x60;") in html or want in html
+    # the empty speedup plot says it too, inside its picture (no plain requests here)
+    svg = _svg(html, "speedup vs k")
+    said = " ".join(t.text or "" for t in svg.iter("text") if t.get("fill") == "#777777")
+    assert said == want and _outside(svg) == []
+
+
+def test_stored_strings_reach_the_terminal_escaped(store, tmp_path, capsys):
+    """A category, model names, hardware, a policy and a probe's verdict carrying ESC, BEL,
+    C1 and bidi controls: the text report shows them as escapes, never raw."""
+    evil = PairInfo("org/t\x1b[2J", "org/d\u202e", "bf16\x9b31m", "cuda\x07")
+    recs = [record(evil, "chat\x1b]0;pwned\x07\n", [2] * 4, [1] * 4, t_target=lambda n: 0.1,
+                   created_at=T0 + i, policy="fixed\x1b[31m") for i in range(3)]
+    write(store, recs)
+    with store.begin() as s:
+        from autospec.store.rows import get_or_create_pair
+        add_probe(s, get_or_create_pair(s, evil),
+                  {"target_s_by_n": {"1": 0.1, "2": 0.1}, "draft_s": 0.01,
+                   "verdict": "ok\x1b[8m\u2066"})
+    assert main(["report", "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 0
+    out = capsys.readouterr().out
+    bad = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    assert not bad.search(out), bad.search(out)
+    for shown in ("chat\\x1b]0;pwned\\x07\\n", "org/t\\x1b[2J", "org/d\\u202e",
+                  "bf16\\x9b31m", "cuda\\x07", "fixed\\x1b[31m", "ok\\x1b[8m\\u2066"):
+        assert shown in out, shown
+    # JSON to a terminal too: escaped as JSON escapes, decoding to the stored strings
+    assert main(["report", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", out)
+    (w,) = json.loads(out)["workloads"]
+    assert w["category"] == "chat\x1b]0;pwned\x07\n" and w["pair"]["draft"] == "org/d\u202e"
+    assert w["pair"]["dtype"] == "bf16\x9b31m"
+    # HTML: names shown escaped too (a bidi override would reorder the page's text)
+    html = render_html(build_report(store))
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", html)

@@ -3,9 +3,11 @@
 A *workload* is one (category, pair) — a pair row already names the hardware. For each:
 
 1. how well the draft matches the target here: acceptance α with a Wilson interval, per draft
-   position, and over time;
-2. whether verification is memory-bound here: T_t(n) from the requests (completed by the
-   pair's latest probe), T_t(k+1)/T_t(1), achieved bandwidth against the device's peak;
+   position (accepted/drafted counts, each with its Wilson interval), and over time;
+2. whether verification is memory-bound here: T_t(n) from one source (the pair's latest
+   probe, else the requests' means of ≥ MIN_FORWARDS forwards), each live point shown with
+   its forward count and an interval from its spread, T_t(k+1)/T_t(1), achieved bandwidth
+   against the device's peak; too few forwards are reported as "N measured, M needed";
 3. the speedup *including* the draft's cost against plain decoding: MEASURED where the store
    holds plain requests of the same workload (every iteration at k = 0) beside speculative
    ones — Σ tokens / Σ wall seconds of each, the token-weighted mean rate — and ESTIMATED from
@@ -39,6 +41,7 @@ from autospec.report.html import render_html
 from autospec.report.model import (
     K_MAX,
     MIN_DRAFTED,
+    MIN_POSITION_DRAFTED,
     PROBE_BATCH_HINT,
     Acceptance,
     Batch,
@@ -57,7 +60,8 @@ from autospec.report.text import render_text
 
 __all__ = [
     "Report", "Workload", "Traffic", "Acceptance", "Verification", "PolicyInForce", "Tuning",
-    "Speedup", "Verdict", "Batch", "BatchPoint", "K_MAX", "MIN_DRAFTED", "MIN_FORWARDS", "PROBE_BATCH_HINT",
+    "Speedup", "Verdict", "Batch", "BatchPoint", "K_MAX", "MIN_DRAFTED", "MIN_FORWARDS",
+    "MIN_POSITION_DRAFTED", "PROBE_BATCH_HINT",
     "build_report", "batch_view", "batch_grid", "batch_summary", "at_live_level", "cost_inputs",
     "estimate_speedup", "requests_by_batch", "render_text", "render_html", "render_json",
 ]

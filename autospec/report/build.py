@@ -23,6 +23,7 @@ from autospec.report.model import (
     LOSES,
     MEMORY_BOUND_RATIO,
     MIN_DRAFTED,
+    MIN_FORWARDS,
     MIN_MEASURED,
     PAYS,
     PROBE_BATCH_HINT,
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 # -- building ---------------------------------------------------------------------------------
 
-MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
+SPREAD_REQUESTS = 2000  # the latest requests whose forwards give the live points' spread
 
 
 def cost_inputs(summary, probe_payload: dict | None
@@ -97,7 +98,51 @@ def _tuning(row) -> Tuning | None:
                   prov)
 
 
-def _verification(sm, probe, curve, source, t_draft, k) -> Verification:
+def cost_shortfall(summary, curve: dict[int, float], t_draft: float | None) -> str | None:
+    """What keeps the cost model from estimating a speedup, with the forwards the store holds
+    and the forwards it needs (None: nothing missing)."""
+    missing = []
+    if 1 not in curve:
+        missing.append(f"{summary.target_count_by_n.get(1, 0)} forwards of T_t(1) measured, "
+                       f"{MIN_FORWARDS} needed")
+    if not t_draft:
+        missing.append(f"{summary.draft_forwards} draft forwards (T_d) measured, "
+                       f"{MIN_FORWARDS} needed")
+    if not missing:
+        return None
+    return "; ".join(missing) + " (run `autospec probe`, or serve more traffic)"
+
+
+# two-sided 97.5 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def live_ratio_ci95(live_by_n: dict[int, tuple[float, int]], spread: dict[int, Any]
+                    ) -> dict[int, tuple[float, float]]:
+    """n > 1 → an ≈95 % interval of the live ratio T_t(n)/T_t(1) (the all-time means of
+    ``live_by_n``): the ratio ± t·(its relative standard error from the spread of the latest
+    requests' forwards, ``history.forward_spread``; delta method), t for the fewer forwards.
+    Absent where either point has fewer than two forwards."""
+    one, s1 = live_by_n.get(1), spread.get(1)
+    out: dict[int, tuple[float, float]] = {}
+    if not one or not one[0] or s1 is None or s1.sd_s is None or not s1.mean_s:
+        return out
+    for n, (t, _count) in live_by_n.items():
+        sn = spread.get(n)
+        if n == 1 or not t or sn is None or sn.sd_s is None or not sn.mean_s:
+            continue
+        r = t / one[0]
+        rel = math.sqrt((sn.sd_s / sn.mean_s) ** 2 / sn.forwards
+                        + (s1.sd_s / s1.mean_s) ** 2 / s1.forwards)
+        df = min(sn.forwards, s1.forwards) - 1
+        q = _T975[df - 1] if df <= len(_T975) else 1.96
+        out[n] = (max(0.0, r * (1 - q * rel)), r * (1 + q * rel))
+    return out
+
+
+def _verification(sm, probe, curve, source, t_draft, k, spread=None) -> Verification:
     t1 = curve.get(1)
     cost = interpolate_cost(curve) if curve else None
     ratio = cost(k + 1) / t1 if t1 and cost and k is not None else None
@@ -111,12 +156,13 @@ def _verification(sm, probe, curve, source, t_draft, k) -> Verification:
              "peak_bytes_per_s": pl.get("peak_bytes_per_s"),
              "utilisation": pl.get("utilisation"), "dtype": pl.get("dtype"),
              "context": pl.get("context"), "verdict": pl.get("verdict")}
+    live = {n: (t, sm.target_count_by_n.get(n, 0)) for n, t in sm.t_target_s_by_n.items()}
     return Verification(
         curve, source, t_draft, t_draft / t1 if t_draft and t1 else None, k, ratio, upto,
         None if ratio is None else ratio <= MEMORY_BOUND_RATIO, sm.bandwidth_bytes_per_s,
         sm.bandwidth_peak_bytes_per_s, sm.bandwidth_utilisation, sm.nvml_mem_busy_pct,
-        sm.nvml_sm_util_pct, p,
-        {n: (t, sm.target_count_by_n.get(n, 0)) for n, t in sm.t_target_s_by_n.items()})
+        sm.nvml_sm_util_pct, p, live, live_ratio_ci95(live, spread or {}),
+        cost_shortfall(sm, curve, t_draft))
 
 
 def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
@@ -290,7 +336,8 @@ def _verdict(acc: Acceptance, ver: Verification, pol: PolicyInForce, sp: Speedup
         return Verdict(kind, f"switched off: {text}", True)
     if sp.value is None:
         return Verdict("unknown", f"α = {fmt(acc.alpha, '.2f')}, but no cost measurements "
-                       "to judge the speedup by: run `autospec probe` for this pair")
+                       "to judge the speedup by: " + (ver.cost_note or "run `autospec probe` "
+                                                      "for this pair"))
     at = f" at k = {sp.k}" if sp.k is not None else ""
     figure = f"{sp.value:.2f}×{at} ({sp.source})"
     if sp.value >= PAYS:
@@ -347,13 +394,16 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         alphas = conditional_from_cumulative(list(sm.acceptance_by_position))
         acc = Acceptance(sm.drafted, sm.accepted, sm.alpha, sm.alpha_ci95,
                          list(sm.acceptance_by_position), list(sm.drafted_per_position),
-                         alphas, sm.mean_accepted_length)
+                         alphas, sm.mean_accepted_length, list(sm.accepted_per_position),
+                         [queries.wilson_interval(a, d) for a, d in
+                          zip(sm.accepted_per_position, sm.drafted_per_position)])
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
                       modes.get((category_key(sm.category), pid)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
             k_ref = sp.oracle_k
         # the cost ratio needs some k even before anything was drafted: k = 4 then
-        ver = _verification(sm, probe, curve, src, t_draft, k_ref or 4)
+        spread = history.forward_spread(s, sm.category, pid, limit=SPREAD_REQUESTS)
+        ver = _verification(sm, probe, curve, src, t_draft, k_ref or 4, spread)
         pol = PolicyInForce(recent_act.requests, recent_act.since, recent_act.policies,
                             recent_act.k_counts, k_in_force, dict(sm.k_counts),
                             _tuning(tuned.get((sm.category, pid))))

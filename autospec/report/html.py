@@ -10,14 +10,32 @@ from autospec.report.model import (
     BATCH_FIXED_KS,
     BATCH_K_REF,
     MEMORY_BOUND_RATIO,
+    MIN_POSITION_DRAFTED,
     Batch,
     Report,
     Verdict,
+    Verification,
     Workload,
 )
-from autospec.report.svg import PALETTE, Marker, Series, bar_chart, line_chart, placeholder
-from autospec.report.text import _batch_headline, _bucket_name, _label, _ms, _speed_line, _when, _x
-from autospec.textfmt import fmt, human_bytes
+from autospec.report.svg import (
+    PALETTE,
+    Marker,
+    Series,
+    bar_chart,
+    line_chart,
+    nice_max,
+    placeholder,
+)
+from autospec.report.text import (
+    _batch_headline,
+    _bucket_name,
+    _ms,
+    _speed_line,
+    _when,
+    _x,
+    cost_points,
+)
+from autospec.textfmt import fmt, human_bytes, visible
 
 # -- html ---------------------------------------------------------------------------------------
 
@@ -39,6 +57,17 @@ def _h(x: object) -> str:
     return escape(str(x), quote=True)
 
 
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _pair_html(p: dict) -> str:
+    """The pair's full names, once: target ← draft (dtype, hardware)."""
+    return (f"target <code>{_h(visible(p['target']))}</code> ← draft "
+            f"<code>{_h(visible(p['draft']))}</code> "
+            f"({_h(visible(p['dtype']))}, {_h(visible(p['hardware']))})")
+
+
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["<table><tr>", *(f"<th>{_h(c)}</th>" for c in header), "</tr>"]
     for r in rows:
@@ -47,30 +76,50 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return "".join(out)
 
 
+def _measured_label(sp) -> str:
+    """The measured speedup with the requests behind it (speculative vs plain)."""
+    return (f"measured {sp.measured:.2f}× ({sp.speculative.requests} vs "
+            f"{sp.plain.requests} req.)")
+
+
 def _plots(w: Workload) -> list[str]:
     a, sp, v = w.acceptance, w.speedup, w.verification
-    plots = [bar_chart([str(i + 1) for i in range(len(a.by_position))], a.by_position,
-                       title="acceptance by draft position", x_label="position",
-                       y_label="accepted rate", y_max=1.0, empty="nothing drafted yet")]
+    counts = [(a.accepted_by_position[i] if i < len(a.accepted_by_position) else None, d)
+              for i, d in enumerate(a.drafted_by_position)]
+    cis = [a.by_position_ci95[i] if i < len(a.by_position_ci95) else None
+           for i in range(len(a.by_position))]
+    plots = [bar_chart(
+        [str(i + 1) for i in range(len(a.by_position))], a.by_position,
+        title="acceptance by draft position",
+        x_label=f"position · whiskers: 95 % Wilson · pale: < {MIN_POSITION_DRAFTED} drafted",
+        y_label="accepted rate", y_max=1.0, empty="nothing drafted yet", intervals=cis,
+        notes=[f"n={d}" for _, d in counts], faint=[d < MIN_POSITION_DRAFTED for _, d in counts],
+        tips=[f"position {i + 1}: {'-' if acc is None else acc}/{d} accepted"
+              + ("" if ci is None else f", 95 % [{ci[0]:.2f}, {ci[1]:.2f}]")
+              for i, ((acc, d), ci) in enumerate(zip(counts, cis))],
+        width=420, margin_top=34)]
     if sp.curve:
-        series = [Series("oracle S(k) (cost model)", sorted(sp.curve.items()), PALETTE[0])]
+        series = [Series("S(k), cost model", sorted(sp.curve.items()), PALETTE[0])]
         markers = []
         k = w.policy.k_in_force if w.policy.k_in_force is not None else sp.k
         if k is not None and k in sp.curve:
             markers.append(Marker(k, sp.curve[k], f"k in force = {k}", PALETTE[1]))
         if sp.measured is not None and k is not None:
-            markers.append(Marker(k, sp.measured, f"measured {sp.measured:.2f}×", PALETTE[2]))
+            markers.append(Marker(k, sp.measured, _measured_label(sp), PALETTE[2]))
+        top = max([1.0, *sp.curve.values(), *(m.y for m in markers)])
         plots.append(line_chart(series, title="speedup vs k (draft cost included)",
                                 x_label="k", y_label="speedup ×", markers=markers,
-                                hlines=[(1.0, "plain")]))
+                                hlines=[(1.0, "plain")], width=540, legend_width=190,
+                                y_max=nice_max(top * 1.1), x_pad=0.3, y_fmt=".3g"))
     elif sp.measured is not None:
         k = w.policy.k_in_force or 0
         plots.append(line_chart([], title="speedup vs k (draft cost included)", x_label="k",
                                 y_label="speedup ×", x_ticks=[(k, str(k))],
-                                markers=[Marker(k, sp.measured, f"measured {sp.measured:.2f}×",
+                                markers=[Marker(k, sp.measured, _measured_label(sp),
                                                 PALETTE[2])], hlines=[(1.0, "plain")]))
     else:
-        plots.append(placeholder("speedup vs k", "no costs measured: run `autospec probe`"))
+        plots.append(placeholder("speedup vs k", "no costs measured: run `autospec probe`"
+                                 if v.cost_note is None else v.cost_note))
     hist = [(b["start"].timestamp(), b["alpha"]) for b in w.history]
     if any(y is not None for _, y in hist):
         x0, x1 = hist[0][0], hist[-1][0]
@@ -78,22 +127,53 @@ def _plots(w: Workload) -> list[str]:
         if x1 > x0:
             ticks.append((x1, _when(w.history[-1]["start"])))
         plots.append(line_chart(
-            [Series(f"α per {_bucket_name(w.history_bucket_s)}", hist, PALETTE[0],
-                    dots=len(hist) <= 60)],
+            [Series(f"α per {_bucket_name(w.history_bucket_s)}; hollow: < "
+                    f"{MIN_POSITION_DRAFTED} drafted", hist, PALETTE[0], dots=len(hist) <= 60,
+                    hollow=[b["drafted"] < MIN_POSITION_DRAFTED for b in w.history])],
             title="acceptance α over time (UTC)", y_label="α", x_ticks=ticks, y_max=1.0,
             width=420))
     else:
         plots.append(placeholder("acceptance α over time", "nothing drafted yet"))
-    t1 = v.t_target_s_by_n.get(1)
-    if t1:
-        pts = [(n, t / t1) for n, t in v.t_target_s_by_n.items()]
-        plots.append(line_chart(
-            [Series("T_t(n) / T_t(1)", pts, PALETTE[3])], title="cost of scoring n tokens",
-            x_label="n scored", y_label="× one token",
-            hlines=[(1.0, ""), (MEMORY_BOUND_RATIO, "memory-bound below")]))
-    else:
-        plots.append(placeholder("cost of scoring n tokens", "T_t(1) not measured"))
+    plots.append(_cost_plot(v))
     return plots
+
+
+def _cost_plot(v: Verification) -> str:
+    """T_t(n) / T_t(1), each point from its own source: the probe's medians (squares, joined),
+    the requests' means (circles; hollow where fewer than ``min_forwards`` forwards stand
+    behind them, so the cost model ignores them) with their ≈95 % interval and forward count."""
+    pts = cost_points(v)
+    probe = [(p["n"], p["probe_ratio"]) for p in pts if p["probe_ratio"] is not None]
+    live = [p for p in pts if p["live_ratio"] is not None]
+    series = []
+    if probe:
+        series.append(Series("probe (median)" + (", used" if "probe" in v.source_by_n.values()
+                                                  else ""), probe, PALETTE[3], marker="square"))
+    dodge = 0.2 if probe else 0.0  # live beside the probe's point at the same n, not under it
+    if live:
+        used = "requests" in v.source_by_n.values()
+        series.append(Series(
+            f"live mean (label: forwards; hollow: < {v.min_forwards})"
+            + (", used" if used else ""),
+            [(p["n"] + dodge, p["live_ratio"]) for p in live], PALETTE[0], line=used,
+            intervals=[p["live_ci95"] for p in live], hollow=[p["thin"] for p in live],
+            labels=[str(p["forwards"]) for p in live]))
+    unscaled = [p["n"] for p in pts if p["live_s"] is not None and p["live_ratio"] is None]
+    if unscaled:  # live means at n > 1 but no live T_t(1) to scale them by: say so
+        series.append(Series(f"live at n = {', '.join(map(str, unscaled))}: no live T_t(1) "
+                             "to scale by", [], PALETTE[0]))
+    if not any(s.points for s in series):
+        return placeholder("cost of scoring n tokens", v.cost_note or "T_t(1) not measured")
+    series.append(Series(f"dotted: memory-bound below {MEMORY_BOUND_RATIO}×", [], "#666666"))
+    top = max([MEMORY_BOUND_RATIO, *(y for s in series for _, y in s.points),
+               *(iv[1] for p in live if (iv := p["live_ci95"]) is not None)])
+    y_max = nice_max(top / 0.7)  # room above the data for the legend
+    return line_chart(series, title="cost of scoring n tokens (× T_t(1) of each source)",
+                      x_label="n scored", y_label="× one token", y_min=0.0,
+                      y_max=y_max, y_fmt=".3g",
+                      hlines=[(1.0, ""), (MEMORY_BOUND_RATIO, "")],
+                      x_ticks=[(p["n"], str(p["n"])) for p in pts],
+                      width=420, height=240, x_pad=0.5)
 
 
 def _verdict_class(v: Verdict) -> str:
@@ -131,8 +211,8 @@ def _batch_plots(b: Batch) -> list[str]:
         top = max([1.0, *(y for s in series for _, y in s.points if y is not None)])
         plots.append(line_chart(series, title="predicted speedup vs plain batched decoding",
                                 x_label="batch size B (log2 axis)", y_label="speedup ×",
-                                x_ticks=ticks, vlines=vlines, y_max=math.ceil(top / 0.75 * 1.05)
-                                * 0.75, y_fmt=".3g", width=600, height=300, legend_width=120,
+                                x_ticks=ticks, vlines=vlines, y_max=nice_max(top * 1.1),
+                                y_fmt=".3g", width=600, height=300, legend_width=120,
                                 x_pad=0.3, empty="no acceptance or T_d(B) measured"))
     if b.points or any(k > 1 for k in b.requests_by_batch):
         sizes = sorted(set(b.requests_by_batch) | {p.batch for p in b.points})
@@ -191,16 +271,22 @@ def render_html(report: Report) -> str:
                    + ".</p></body></html>")
         return "".join(out)
     out.append(_html_table(
-        ["workload", "requests", "tokens", "α", "k in force", "speedup", "verdict"],
-        [[_label(w, 40), str(w.traffic.requests), str(w.traffic.new_tokens),
+        ["category", "pair", "requests", "tokens", "α", "k in force", "speedup", "verdict"],
+        [[_clip(visible(w.category), 60), str(w.pair["id"]), str(w.traffic.requests),
+          str(w.traffic.new_tokens),
           fmt(w.acceptance.alpha, ".3f"),
           "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
           _x(w.speedup.value) + (f" ({w.speedup.source})" if w.speedup.source else ""),
           w.verdict.text] for w in report.workloads]))
+    pairs = {w.pair["id"]: w.pair for w in report.workloads}
+    out.append("<p class=\"small\">" + "<br>".join(
+        f"pair {pid}: {_pair_html(p)}" for pid, p in pairs.items()) + "</p>")
     for w in report.workloads:
         a, v, p, sp, t = w.acceptance, w.verification, w.policy, w.speedup, w.traffic
         ci = a.alpha_ci95
-        out += [f"<h2 title=\"{_h(w.category)}\">{_h(_label(w, 120))}</h2>",
+        out += [f"<h2 title=\"{_h(visible(w.category))}\">{_h(_clip(visible(w.category), 120))} "
+                f"<span class=\"small\">pair {w.pair['id']}</span></h2>",
+                f"<p class=\"small\">{_pair_html(w.pair)}</p>",
                 f"<div class=\"verdict {_verdict_class(w.verdict)}\">{_h(w.verdict.text)}</div>",
                 f"<p>{t.requests} requests, {t.new_tokens} new tokens, "
                 f"{_h(_when(t.first_seen))} – {_h(_when(t.last_seen))} UTC. "
@@ -212,6 +298,7 @@ def render_html(report: Report) -> str:
         out.append("<p><b>Verification</b>: "
                    + _h(("memory-bound" if v.memory_bound else "compute-bound"
                          if v.memory_bound is False else "unknown")
+                        + (f" ({v.cost_note})" if v.cost_note else "")
                         + (f" at k = {v.k}: T_t({v.k + 1}) / T_t(1) = {v.cost_ratio:.2f}"
                            if v.cost_ratio is not None else "")
                         + f"; T_d = {_ms(v.t_draft_s)} ms (c = {fmt(v.draft_ratio, '.2f')}); "
@@ -219,13 +306,14 @@ def render_html(report: Report) -> str:
                         f"{human_bytes(v.bandwidth_peak_bytes_per_s, per_s=True)} peak"
                         + (f" ({v.bandwidth_utilisation:.0%})" if v.bandwidth_utilisation
                            else "")
-                        + (f". Latest probe: {v.probe['verdict']}" if v.probe and
+                        + (f". Latest probe: {visible(v.probe['verdict'])}" if v.probe and
                            v.probe.get("verdict") else ""))
                    + ".</p>")
         out.append("<p><b>Speedup</b> vs plain decoding at batch 1, draft cost included:<br>"
-                   + "<br>".join(_h(s) for s in _speed_line(sp)) + "</p>")
+                   + "<br>".join(_h(s) for s in _speed_line(sp, v.cost_note)) + "</p>")
         out.append("<p><b>Policy in force</b>: "
-                   + _h((", ".join(f"{n} ({c})" for n, c in p.policies.items()) or "-")
+                   + _h((", ".join(f"{visible(n)} ({c})" for n, c in p.policies.items())
+                         or "-")
                         + f" over the latest {p.recent_requests} batch-1 requests; k in force "
                         + ("-" if p.k_in_force is None else str(p.k_in_force))) + ".</p>")
         if p.k_counts:
@@ -240,7 +328,7 @@ def render_html(report: Report) -> str:
             out.append(_html_table(
                 ["tuned (latest)", "family", "params", "simulated tok/s", "untuned tok/s",
                  "gain", "held-out gain", "provenance"],
-                [[f"#{tu.id} {_when(tu.created_at)}", tu.family,
+                [[f"#{tu.id} {_when(tu.created_at)}", visible(tu.family),
                   json.dumps(tu.params, sort_keys=True), f"{tu.tokens_per_s:.1f}",
                   fmt(tu.baseline_tokens_per_s, ".1f"), _x(tu.gain),
                   _x(tu.holdout_gain) + (f" ({tu.holdout_traces} traces)"

@@ -11,6 +11,8 @@ from typing import Any
 
 K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
 MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
+MIN_POSITION_DRAFTED = 20  # a draft position drafted fewer times is thin evidence (marked)
+MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
 MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
 PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
 # T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
@@ -44,6 +46,8 @@ class Acceptance:
     drafted_by_position: list[int]
     conditional: list[float | None]  # P(accepted at i | accepted before i): the cost model's
     mean_accepted_length: float | None  # tokens per drafting iteration, bonus included
+    accepted_by_position: list[int] = field(default_factory=list)  # counts, i = 1, 2, …
+    by_position_ci95: list[tuple[float, float] | None] = field(default_factory=list)  # Wilson
 
 
 @dataclass
@@ -66,6 +70,10 @@ class Verification:
     probe: dict[str, Any] | None  # the pair's latest probe: id, time, bandwidth, its verdict
     live_by_n: dict[int, tuple[float, int]] = field(default_factory=dict)  # requests: (mean s,
     # forwards) per n, shown beside the curve whatever it was taken from
+    live_ratio_ci95: dict[int, tuple[float, float]] = field(default_factory=dict)  # n > 1:
+    # ≈95 % interval of the live T_t(n)/T_t(1), from the spread of the latest requests' forwards
+    cost_note: str | None = None  # what the cost model lacks, with the forwards it has and needs
+    min_forwards: int = MIN_FORWARDS  # live points with fewer forwards are not used
 
 
 @dataclass
@@ -202,12 +210,13 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-# characters JSON allows raw but a terminal acts on: DEL, C1 controls, bidi overrides
-_UNSAFE = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# what json.dumps(ensure_ascii=False) leaves raw but a terminal acts on: DEL, C1 controls,
+# bidi marks, embeddings, overrides and isolates, line/paragraph separators
+_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def render_json(report: Report) -> str:
-    """The report as JSON (UTF-8 kept readable; C0 controls are escaped by JSON itself, and
-    DEL, C1 controls and bidi overrides as ``\\uXXXX`` too, so printing it is safe)."""
+    """The report as JSON; characters a terminal would act on are written as ``\\uXXXX``
+    escapes (they occur only inside strings, so the document decodes to the same values)."""
     text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=str)
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+    return _RAW.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"

@@ -12,10 +12,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-__all__ = ["Series", "Marker", "bar_chart", "line_chart", "placeholder", "PALETTE"]
+__all__ = ["Series", "Marker", "bar_chart", "line_chart", "placeholder", "PALETTE",
+           "text_width", "FONT_SIZE"]
 
 PALETTE = ("#3366cc", "#dc3912", "#109618", "#ff9900", "#990099", "#0099c6")
-_FONT = 'font-family="sans-serif" font-size="11"'
+FONT_SIZE = 11
+_FONT = f'font-family="sans-serif" font-size="{FONT_SIZE}"'
+_EM = 0.64  # a generous mean advance of a character in em (DejaVu Sans digits: 0.636)
+
+
+def text_width(text: str, size: float = FONT_SIZE) -> float:
+    """Estimated width in px of ``text`` at ``size`` px (no font metrics here): enough to
+    keep labels inside the picture."""
+    return _EM * size * len(text)
+
+
+def _anchored(x: float, label: str, lo: float, hi: float, size: float = FONT_SIZE
+              ) -> tuple[float, str]:
+    """(x, text-anchor) for a label centred on x, moved to start at ``lo`` or end at ``hi``
+    where centring would put part of it outside [lo, hi]."""
+    half = text_width(label, size) / 2
+    if x - half < lo:
+        return lo, "start"
+    if x + half > hi:
+        return hi, "end"
+    return x, "middle"
 _M_LEFT, _M_RIGHT, _M_TOP, _M_BOTTOM = 48, 14, 26, 40
 
 
@@ -28,6 +49,10 @@ class Series:
     dots: bool = True
     stroke: float = 1.8  # line width
     labels: Sequence[str] | None = None  # written above each point (same order), or None
+    marker: str = "circle"  # the points' shape: circle, square or diamond
+    intervals: Sequence[tuple[float, float] | None] | None = None  # whiskers, per point
+    hollow: Sequence[bool] | None = None  # per point: drawn as an outline only (weak points)
+    line: bool = True  # join the points
 
 
 @dataclass(frozen=True)
@@ -46,15 +71,19 @@ def _n(v: float) -> str:
     return f"{v:.1f}"
 
 
-def _nice_max(v: float) -> float:
-    """A round upper bound ≥ v (1, 2, 2.5, 5 × 10^n)."""
+def nice_max(v: float) -> float:
+    """A round upper bound ≥ v whose quarters (the y axis' gridlines) are round too:
+    1, 1.2, 1.6, 2, 3, 4, 6, 8 × 10^n (quarters 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2)."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
     e = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
+    for m in (1, 1.2, 1.6, 2, 3, 4, 6, 8, 10):
         if m * e >= v * (1 - 1e-9):
             return m * e
     return 10 * e
+
+
+_nice_max = nice_max
 
 
 def _frame(width: int, height: int, title: str, y_label: str, x_label: str) -> list[str]:
@@ -68,8 +97,9 @@ def _frame(width: int, height: int, title: str, y_label: str, x_label: str) -> l
         out.append(f'<text x="11" y="{height / 2:.1f}" text-anchor="middle" {_FONT} '
                    f'transform="rotate(-90 11 {height / 2:.1f})">{_t(y_label)}</text>')
     if x_label:
-        out.append(f'<text x="{(width + _M_LEFT) / 2:.1f}" y="{height - 4}" '
-                   f'text-anchor="middle" {_FONT}>{_t(x_label)}</text>')
+        x, anchor = _anchored((width + _M_LEFT) / 2, x_label, 2, width - 2)
+        out.append(f'<text x="{x:.1f}" y="{height - 4}" '
+                   f'text-anchor="{anchor}" {_FONT}>{_t(x_label)}</text>')
     return out
 
 
@@ -84,46 +114,99 @@ def _y_axis(out: list[str], y0: float, y1: float, sy: Callable[[float], float], 
                    f'{_t(format(v, fmt))}</text>')
 
 
+def _fold(text: str, room: float) -> list[str]:
+    """``text`` in lines of at most ``room`` px (estimated), broken between words."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(f"{lines[-1]} {word}") <= room:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def _symbol(shape: str, cx: float, cy: float, color: str, hollow: bool) -> str:
+    paint = (f'fill="#ffffff" stroke="{_t(color)}" stroke-width="1.5"' if hollow else
+             f'fill="{_t(color)}"')
+    if shape == "square":
+        return f'<rect x="{_n(cx - 3.5)}" y="{_n(cy - 3.5)}" width="7" height="7" {paint}/>'
+    if shape == "diamond":
+        return (f'<path d="M{_n(cx)},{_n(cy - 4.5)} L{_n(cx + 4.5)},{_n(cy)} '
+                f'L{_n(cx)},{_n(cy + 4.5)} L{_n(cx - 4.5)},{_n(cy)} Z" {paint}/>')
+    return f'<circle cx="{_n(cx)}" cy="{_n(cy)}" r="{3.5 if hollow else 2.5}" {paint}/>'
+
+
 def placeholder(title: str, message: str, width: int = 360, height: int = 220) -> str:
     """An empty chart that says why it is empty."""
     out = _frame(width, height, title, "", "")
-    out.append(f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" '
-               f'{_FONT} fill="#777777">{_t(message)}</text></svg>')
+    lines = _fold(message, width - 16)  # folded between words, so that it stays inside
+    y0 = height / 2 - 13 * (len(lines) - 1) / 2
+    out += [f'<text x="{width / 2:.1f}" y="{y0 + 13 * i:.1f}" text-anchor="middle" '
+            f'{_FONT} fill="#777777">{_t(line)}</text>' for i, line in enumerate(lines)]
+    out.append("</svg>")
     return "".join(out)
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: str,
               x_label: str = "", y_label: str = "", y_max: float | None = None,
               value_fmt: str = ".2f", width: int = 360, height: int = 220,
-              color: str = PALETTE[0], empty: str = "no data", y_fmt: str = ".2g") -> str:
-    """Vertical bars with their values written above them."""
+              color: str = PALETTE[0], empty: str = "no data", y_fmt: str = ".2g",
+              intervals: Sequence[tuple[float, float] | None] | None = None,
+              notes: Sequence[str] | None = None, faint: Sequence[bool] | None = None,
+              tips: Sequence[str] | None = None, margin_top: int = _M_TOP) -> str:
+    """Vertical bars with their values written above them. Per bar, optionally: an interval
+    drawn as a whisker (the value then written above the whisker), a note written under its
+    label (e.g. its count), ``faint`` (drawn pale with a dashed outline: thin evidence), and
+    the tooltip ``tips``."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not labels or not vals:
         return placeholder(title, empty, width, height)
     top = y_max if y_max is not None else _nice_max(max(max(vals), 0.0))
-    plot_w, plot_h = width - _M_LEFT - _M_RIGHT, height - _M_TOP - _M_BOTTOM
+    plot_w, plot_h = width - _M_LEFT - _M_RIGHT, height - margin_top - _M_BOTTOM
 
     def sy(v: float) -> float:
-        return _M_TOP + plot_h * (1 - min(max(v, 0.0), top) / top)
+        return margin_top + plot_h * (1 - min(max(v, 0.0), top) / top)
 
     out = _frame(width, height, title, y_label, x_label)
     _y_axis(out, 0.0, top, sy, width, y_fmt)
     slot = plot_w / len(labels)
     bar_w = max(1.0, slot * 0.7)
+    def at(seq, i):
+        return seq[i] if seq is not None and i < len(seq) else None
+
     for i, (lab, v) in enumerate(zip(labels, values)):
         cx = _M_LEFT + slot * (i + 0.5)
         if v is not None and math.isfinite(v):
             y = sy(v)
+            pale = bool(at(faint, i))
+            paint = (f'fill="{_t(color)}" fill-opacity="0.3" stroke="{_t(color)}" '
+                     f'stroke-dasharray="3 2"' if pale else f'fill="{_t(color)}"')
+            tip = at(tips, i) or f"{lab}: {format(v, value_fmt)}"
             out.append(f'<rect x="{_n(cx - bar_w / 2)}" y="{_n(y)}" width="{_n(bar_w)}" '
-                       f'height="{_n(_M_TOP + plot_h - y)}" fill="{_t(color)}">'
-                       f'<title>{_t(lab)}: {_t(format(v, value_fmt))}</title></rect>')
+                       f'height="{_n(margin_top + plot_h - y)}" {paint}>'
+                       f'<title>{_t(tip)}</title></rect>')
+            label_y = y
+            iv = at(intervals, i)
+            if iv is not None:
+                y_lo, y_hi = sy(iv[0]), sy(iv[1])
+                w = min(8.0, bar_w / 2)
+                out.append(f'<path d="M{_n(cx)},{_n(y_lo)} V{_n(y_hi)} M{_n(cx - w / 2)},'
+                           f'{_n(y_lo)} H{_n(cx + w / 2)} M{_n(cx - w / 2)},{_n(y_hi)} '
+                           f'H{_n(cx + w / 2)}" stroke="#222222" stroke-width="1.2" '
+                           f'fill="none"><title>{_t(tip)}</title></path>')
+                label_y = min(y, y_hi)
             if slot >= 22:
-                out.append(f'<text x="{_n(cx)}" y="{_n(y - 3)}" text-anchor="middle" '
+                out.append(f'<text x="{_n(cx)}" y="{_n(label_y - 3)}" text-anchor="middle" '
                            f'{_FONT}>{_t(format(v, value_fmt))}</text>')
-        out.append(f'<text x="{_n(cx)}" y="{_n(_M_TOP + plot_h + 13)}" text-anchor="middle" '
+        out.append(f'<text x="{_n(cx)}" y="{_n(margin_top + plot_h + 13)}" text-anchor="middle" '
                    f'{_FONT}>{_t(lab)}</text>')
-    out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(_M_TOP + plot_h)}" '
-               f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
+        note = at(notes, i)
+        if note and slot >= text_width(note, 10) + 2:
+            out.append(f'<text x="{_n(cx)}" y="{_n(margin_top + plot_h + 25)}" '
+                       f'text-anchor="middle" font-family="sans-serif" font-size="10" '
+                       f'fill="#555555">{_t(note)}</text>')
+    out.append(f'<line x1="{_M_LEFT}" x2="{width - _M_RIGHT}" y1="{_n(margin_top + plot_h)}" '
+               f'y2="{_n(margin_top + plot_h)}" stroke="#333333"/></svg>')
     return "".join(out)
 
 
@@ -166,9 +249,10 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
     _y_axis(out, lo, hi, sy, right + _M_RIGHT, y_fmt)
     ticks = x_ticks if x_ticks is not None else [
         (x, format(x, "g")) for x in sorted({x for s in series for x, _ in s.points})]
-    for x, lab in ticks:
-        out.append(f'<text x="{_n(sx(x))}" y="{_n(_M_TOP + plot_h + 13)}" '
-                   f'text-anchor="middle" {_FONT}>{_t(lab)}</text>')
+    for x, lab in ticks:  # inside the picture: the end ones anchored at its edges
+        tx, anchor = _anchored(sx(x), str(lab), 2, width - 2)
+        out.append(f'<text x="{_n(tx)}" y="{_n(_M_TOP + plot_h + 13)}" '
+                   f'text-anchor="{anchor}" {_FONT}>{_t(lab)}</text>')
     for y, lab in hlines:
         out.append(f'<line x1="{_M_LEFT}" x2="{right}" y1="{_n(sy(y))}" '
                    f'y2="{_n(sy(y))}" stroke="#888888" stroke-dasharray="2 3"/>')
@@ -194,36 +278,63 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
                 runs[-1].append((sx(x), sy(y)))
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         for run in runs:
-            if len(run) > 1:
+            if len(run) > 1 and s.line:
                 path = " ".join(f"{_n(a)},{_n(b)}" for a, b in run)
                 out.append(f'<polyline points="{path}" fill="none" stroke="{_t(s.color)}" '
                            f'stroke-width="{s.stroke:g}"{dash}/>')
-            if s.dots or len(run) == 1:
-                out += [f'<circle cx="{_n(a)}" cy="{_n(b)}" r="2.5" fill="{_t(s.color)}"/>'
-                        for a, b in run]
+        for i, (x, y) in enumerate(s.points):
+            iv = s.intervals[i] if s.intervals is not None and i < len(s.intervals) else None
+            if iv is None or y is None or not all(map(math.isfinite, iv)):
+                continue
+            cx, y_lo, y_hi = sx(x), sy(iv[0]), sy(iv[1])
+            out.append(f'<path d="M{_n(cx)},{_n(y_lo)} V{_n(y_hi)} M{_n(cx - 4)},{_n(y_lo)} '
+                       f'H{_n(cx + 4)} M{_n(cx - 4)},{_n(y_hi)} H{_n(cx + 4)}" '
+                       f'stroke="{_t(s.color)}" stroke-width="1" fill="none"/>')
+        if s.dots or any(len(run) == 1 for run in runs) or not s.line:
+            for i, (x, y) in enumerate(s.points):
+                if y is None or not math.isfinite(y):
+                    continue
+                hollow = s.hollow is not None and i < len(s.hollow) and s.hollow[i]
+                out.append(_symbol(s.marker, sx(x), sy(y), s.color, hollow))
         if s.labels is not None:
-            for (x, y), lab in zip(s.points, s.labels):
+            placed: list[tuple[float, float, float]] = []  # (left, right, baseline) drawn
+            for i, ((x, y), lab) in enumerate(zip(s.points, s.labels)):
                 if lab and y is not None and math.isfinite(y):
-                    out.append(f'<text x="{_n(sx(x))}" y="{_n(sy(y) - 6)}" '
+                    iv = (s.intervals[i] if s.intervals is not None and i < len(s.intervals)
+                          else None)
+                    ly = (min(sy(y), sy(iv[1])) if iv is not None else sy(y)) - 6
+                    half = text_width(lab) / 2
+                    while any(a < sx(x) + half and sx(x) - half < b and abs(ly - base) < 12
+                              for a, b, base in placed):  # clear of the labels drawn
+                        ly -= 12
+                    placed.append((sx(x) - half, sx(x) + half, ly))
+                    out.append(f'<text x="{_n(sx(x))}" y="{_n(ly)}" '
                                f'text-anchor="middle" {_FONT} fill="{_t(s.color)}">'
                                f'{_t(lab)}</text>')
         if s.name:
+            shift = 0
             if legend_width > 0:
                 out.append(f'<line x1="{legend_x}" x2="{legend_x + 14}" y1="{legend_y - 4}" '
                            f'y2="{legend_y - 4}" stroke="{_t(s.color)}" '
                            f'stroke-width="{s.stroke:g}"{dash}/>')
-            out.append(f'<text x="{legend_x + (18 if legend_width > 0 else 0)}" '
-                       f'y="{legend_y}" {_FONT} fill="{_t(s.color)}">{_t(s.name)}</text>')
-            legend_y += 13
-    for m in markers:
-        cx, cy = sx(m.x), sy(m.y)
+                shift = 18
+            elif s.marker != "circle" or not s.line:  # the shape says which series a point is
+                out.append(_symbol(s.marker, legend_x + 4, legend_y - 4, s.color, False))
+                shift = 12
+            for line in _fold(s.name, width - 2 - legend_x - shift):
+                out.append(f'<text x="{legend_x + shift}" '
+                           f'y="{legend_y}" {_FONT} fill="{_t(s.color)}">{_t(line)}</text>')
+                legend_y += 13
+    for m in markers:  # a diamond at the point, its label in the legend (labels beside
+        cx, cy = sx(m.x), sy(m.y)  # the points ran into each other and into the curve)
         out.append(f'<path d="M{_n(cx)},{_n(cy - 6)} L{_n(cx + 6)},{_n(cy)} '
                    f'L{_n(cx)},{_n(cy + 6)} L{_n(cx - 6)},{_n(cy)} Z" fill="{_t(m.color)}">'
                    f'<title>{_t(m.label)}</title></path>')
-        anchor = "end" if cx > right - 90 else "start"
-        dx = -8 if anchor == "end" else 8
-        out.append(f'<text x="{_n(cx + dx)}" y="{_n(cy - 6)}" text-anchor="{anchor}" '
-                   f'{_FONT} fill="{_t(m.color)}">{_t(m.label)}</text>')
+        out.append(_symbol("diamond", legend_x + 4, legend_y - 4, m.color, False))
+        for line in _fold(m.label, width - 2 - legend_x - 12):
+            out.append(f'<text x="{legend_x + 12}" y="{legend_y}" {_FONT} '
+                       f'fill="{_t(m.color)}">{_t(line)}</text>')
+            legend_y += 13
     out.append(f'<line x1="{_M_LEFT}" x2="{right}" y1="{_n(_M_TOP + plot_h)}" '
                f'y2="{_n(_M_TOP + plot_h)}" stroke="#333333"/></svg>')
     return "".join(out)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from datetime import datetime
 
 from autospec.report.model import (
     BATCH_FIXED_KS,
     BATCH_K_REF,
     MEMORY_BOUND_RATIO,
+    MIN_POSITION_DRAFTED,
+    Acceptance,
     Batch,
     Rate,
     Report,
@@ -16,7 +19,7 @@ from autospec.report.model import (
     Verification,
     Workload,
 )
-from autospec.textfmt import fmt, human_bytes, table
+from autospec.textfmt import fmt, human_bytes, table, visible
 
 # -- text ---------------------------------------------------------------------------------------
 
@@ -25,8 +28,9 @@ def _short(name: str, n: int = 36) -> str:
 
 
 def _label(w: Workload, n: int = 60) -> str:
-    cat = w.category if len(w.category) <= n else w.category[: n - 1] + "…"
-    cat = cat.replace("\n", " ").replace("\t", " ")
+    """One line naming the workload (the HTML's headings)."""
+    cat = visible(w.category)
+    cat = cat if len(cat) <= n else cat[: n - 1] + "…"
     p = w.pair
     return (f"{cat}  ·  {_short(p['target'])} <- {_short(p['draft'])}  "
             f"({p['dtype']}, {p['hardware']})")
@@ -51,7 +55,7 @@ def _when(t: datetime | None) -> str:
     return "-" if t is None else t.strftime("%Y-%m-%d %H:%M")
 
 
-def _speed_line(sp: Speedup) -> list[str]:
+def _speed_line(sp: Speedup, cost_note: str | None = None) -> list[str]:
     out = []
     if sp.plain or sp.speculative:
         def side(r: Rate | None) -> str:
@@ -66,15 +70,21 @@ def _speed_line(sp: Speedup) -> list[str]:
         out.append(f"estimated: S({sp.k}) = {_x(sp.estimated)};  oracle S({sp.oracle_k}) = "
                    f"{_x(sp.oracle)};  with free verification {_x(sp.flat_oracle)}")
     else:
-        out.append("estimated: - (needs T_t(1), T_d and acceptance: run `autospec probe`)")
+        out.append("estimated: - (needs T_t(1), T_d and acceptance: "
+                   + (cost_note or "run `autospec probe`") + ")")
     out.append(f"used for the verdict: {sp.source or '-'} {_x(sp.value)}")
     return out
 
 
 def _batch_headline(b: Batch) -> str:
     """Where verification stops being memory-bound and where the cost model stops drafting."""
+    mem, off = _batch_headline_parts(b)
+    return f"{mem}; {off}" if off else mem
+
+
+def _batch_headline_parts(b: Batch) -> tuple[str, str | None]:
     if not b.points:
-        return b.note or "no batch cost grid"
+        return b.note or "no batch cost grid", None
     pts = b.points
     ratio = f"T_t(B, {BATCH_K_REF + 1}) / T_t(B, 1) ≤ {MEMORY_BOUND_RATIO}"
     if b.memory_bound_up_to is None:
@@ -93,16 +103,18 @@ def _batch_headline(b: Batch) -> str:
               f"{b.crossover})"
     else:
         off = f"the cost model switches speculation off from B = {b.crossover}"
-    return f"{mem}; {off}"
+    return mem, off
 
 
 def _batch_text(b: Batch) -> list[str]:
     out = []
     if b.points:
-        out.append(f"costs: {b.source}" + (f"; tuned table: {b.tuned}" if b.tuned else
-                                           "; tuned table: none"))
-        header = ["B", "T_t(B,1) ms", f"T_t(B,{BATCH_K_REF + 1})/T_t(B,1)", "T_d(B) ms",
-                  "k (cost model)", "predicted S", *(f"S(k={j})" for j in BATCH_FIXED_KS),
+        out.append(f"costs: {visible(b.source)}; tuned table: "
+                   + (visible(b.tuned) if b.tuned else "none"))
+        out.append(f"T_t = T_t(B, 1), ratio = T_t(B, {BATCH_K_REF + 1}) / T_t(B, 1), k and S: "
+                   f"the cost model's k and predicted speedup, S(j): at fixed k = j")
+        header = ["B", "T_t ms", "ratio", "T_d ms", "k", "S", *(f"S({j})" for j in
+                                                               BATCH_FIXED_KS),
                   "tuned k", "requests"]
         out.append(table(header, [
             [str(p.batch), _ms(p.t_target_1_s), fmt(p.cost_ratio, ".2f"), _ms(p.t_draft_s),
@@ -118,31 +130,156 @@ def _batch_text(b: Batch) -> list[str]:
     return out
 
 
-def _live(v: Verification, n: int) -> str:
-    t, count = v.live_by_n.get(n, (None, 0))
-    return "-" if t is None else f"{_ms(t)} ({count})"
+WIDTH = 100  # the widest line render_text writes (a terminal's width, with room to spare)
+_VERDICT_SHORT = {"pays": "pays", "break_even": "break-even", "low_acceptance": "low α",
+                  "compute_bound": "compute-bound", "not_enough": "too little traffic",
+                  "no_drafts": "no drafts", "switched_off_but_would_pay": "off, would pay",
+                  "unknown": "unknown"}
 
+
+def _short_verdict(w: Workload) -> str:
+    v = w.verdict
+    short = _VERDICT_SHORT.get(v.kind, v.kind)
+    if v.kind in ("low_acceptance", "compute_bound"):
+        short = ("off: " if v.switched_off else "loses: ") + short
+    return short
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+_NBSP = "\u00a0"  # holds a `command` together while wrapping; a space again afterwards
+
+
+def _wrap(line: str, width: int = WIDTH, indent: str = "    ") -> list[str]:
+    """One line as lines of at most ``width`` characters (words broken only when longer
+    than a line), continuation lines indented; `quoted commands` and ``a = b`` are never
+    split."""
+    if len(line) <= width:
+        return [line]
+    lead = line[: len(line) - len(line.lstrip(" "))]
+    parts = line.split("`")
+    glued = "`".join(p.replace(" ", _NBSP) if i % 2 else p for i, p in enumerate(parts))
+    for op in ("=", "≤", "×"):  # "n = 8" stays on one line
+        glued = glued.replace(f" {op} ", f"{_NBSP}{op}{_NBSP}")
+    out = textwrap.wrap(glued, width, initial_indent="", subsequent_indent=lead + indent,
+                        break_on_hyphens=False, drop_whitespace=True)
+    out = [line_.replace(_NBSP, " ") for line_ in out] or [line]
+    return [chunk for line_ in out for chunk in
+            (textwrap.wrap(line_, width, subsequent_indent=lead + indent)
+             if len(line_) > width else [line_])]
+
+
+def _fit(lines: list[str]) -> list[str]:
+    """Every line visible (no control character reaches the terminal) and ≤ WIDTH wide."""
+    return [chunk for block in lines for line in block.split("\n")
+            for chunk in _wrap(visible(line))]
+
+
+def _named(label: str, name: str, indent: int) -> list[str]:
+    """``label name``, the name (visible) wrapped under itself if it is long."""
+    name = visible(name)
+    room = WIDTH - indent - len(label) - 1
+    chunks = [name[i:i + room] for i in range(0, len(name), room)] or [""]
+    pad = " " * indent
+    return [f"{pad}{label} {chunks[0]}", *(f"{pad}{' ' * len(label)} {c}" for c in chunks[1:])]
+
+
+def _pair_lines(p: dict, indent: int = 0) -> list[str]:
+    return [*_named("target", p["target"], indent), *_named("draft ", p["draft"], indent),
+            *_named("on    ", f"{p['dtype']}, {p['hardware']}", indent)]
+
+
+def _position_rows(a: Acceptance) -> list[list[str]]:
+    rows = []
+    for i, (d, r, c) in enumerate(zip(a.drafted_by_position, a.by_position, a.conditional)):
+        acc = a.accepted_by_position[i] if i < len(a.accepted_by_position) else None
+        ci = a.by_position_ci95[i] if i < len(a.by_position_ci95) else None
+        rows.append([str(i + 1), f"{'-' if acc is None else acc}/{d}", fmt(r, ".3f"),
+                     "-" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]", fmt(c, ".3f"),
+                     f"thin: < {MIN_POSITION_DRAFTED} drafts" if d < MIN_POSITION_DRAFTED
+                     else ""])
+    return rows
+
+
+def cost_points(v: Verification) -> list[dict]:
+    """The cost curve's points as the text and the plot show them, one per n: the probe's
+    median (if a probe gave the curve), the requests' mean with its forwards and interval,
+    both as × T_t(1) of their own source, and which one the cost model uses."""
+    probe = {n: t for n, t in v.t_target_s_by_n.items() if v.source_by_n.get(n) == "probe"}
+    p1 = probe.get(1)
+    live1 = v.live_by_n.get(1, (None, 0))[0]
+    out = []
+    for n in sorted(set(probe) | set(v.live_by_n)):
+        lt, count = v.live_by_n.get(n, (None, 0))
+        out.append({
+            "n": n, "probe_s": probe.get(n),
+            "probe_ratio": probe[n] / p1 if n in probe and p1 else None,
+            "live_s": lt, "forwards": count,
+            "live_ratio": lt / live1 if lt is not None and live1 else None,
+            "live_ci95": v.live_ratio_ci95.get(n),
+            "thin": lt is not None and count < v.min_forwards,
+            "used": v.source_by_n.get(n)})
+    return out
+
+
+def _cost_text(v: Verification) -> list[str]:
+    pts = cost_points(v)
+    if not pts:
+        return []
+    rows = [[str(p["n"]), _ms(p["probe_s"]), fmt(p["probe_ratio"], ".2f"), _ms(p["live_s"]),
+             (f"{p['forwards']}" + ("*" if p["thin"] else "")) if p["live_s"] is not None
+             else "-",
+             fmt(p["live_ratio"], ".2f"),
+             "-" if p["live_ci95"] is None else
+             f"[{p['live_ci95'][0]:.2f}, {p['live_ci95'][1]:.2f}]",
+             {"probe": "probe", "requests": "live"}.get(p["used"], "-")] for p in pts]
+    out = ["T_t(n), each source as × its own T_t(1); the cost model uses one source:",
+           table(["n", "probe ms", "× n=1", "live ms", "forwards", "× n=1",
+                  "95 % interval", "cost model"], rows)]
+    if any(p["thin"] for p in pts):
+        out.append(f"* fewer than {v.min_forwards} forwards: shown, too few for the cost model"
+                   " to use")
+    return out
+
+
+def _s_curve(curve: dict[int, float], per_row: int = 12) -> list[str]:
+    ks = list(curve)
+    return [table(["k", *map(str, ks[i:i + per_row])],
+                  [["S(k)", *(f"{curve[k]:.2f}" for k in ks[i:i + per_row])]])
+            for i in range(0, len(ks), per_row)]
 
 
 def render_text(report: Report) -> str:
-    lines = [f"autospec report — store {report.store}, "
-             f"generated {report.generated_at.strftime('%Y-%m-%d %H:%M:%S UTC')}"]
-    flt = ", ".join(f"{k} = {v!r}" for k, v in report.filters.items() if v is not None)
+    """The report for a terminal: every line at most WIDTH characters, every stored string
+    (category, model names, hardware, policies) with its control characters shown escaped."""
+    lines = [f"autospec report — generated {report.generated_at.strftime('%Y-%m-%d %H:%M:%S')}"
+             f" UTC", *_named("store", report.store, 0)]
+    flt = ", ".join(f"{k} = {visible(repr(v))}" for k, v in report.filters.items()
+                    if v is not None)
     if flt:
         lines.append(f"filters: {flt}")
     if not report.workloads:
         lines.append("\nno traffic logged yet: no requests in the store"
                      + (" match these filters" if flt else ""))
-        return "\n".join(lines) + "\n"
-    rows = [[_label(w, 30), w.verdict.text, str(w.traffic.requests),
-             str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
+        return "\n".join(_fit(lines)) + "\n"
+    rows = [[str(i), _clip(visible(w.category), 28), str(w.pair["id"]),
+             str(w.traffic.requests), str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
              "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
-             _x(w.speedup.value) + (f" {w.speedup.source[:4]}." if w.speedup.source else "")]
-            for w in report.workloads]
-    lines += ["", table(["workload", "verdict", "requests", "tokens", "alpha", "k", "speedup"],
-                        rows, left=2)]
-    for w in report.workloads:
-        lines += ["", "=" * 78, _label(w, 200), "=" * 78, f"verdict: {w.verdict.text}"]
+             _x(w.speedup.value) + (f" {w.speedup.source[:4]}." if w.speedup.source else ""),
+             _short_verdict(w)]
+            for i, w in enumerate(report.workloads, 1)]
+    lines += ["", table(["#", "category", "pair", "requests", "tokens", "alpha", "k", "speedup",
+                         "verdict"], rows, left=2)]
+    pairs = {w.pair["id"]: w.pair for w in report.workloads}
+    lines.append("\npairs:")
+    for pid, p in pairs.items():
+        lines += [f"  {pid}:", *_pair_lines(p, 4)]
+    for i, w in enumerate(report.workloads, 1):
+        lines += ["", "=" * 78, *_named(f"workload {i}:", w.category, 0),
+                  f"pair {w.pair['id']}:", *_pair_lines(w.pair, 2), "=" * 78,
+                  f"verdict: {w.verdict.text}"]
         t, a, v, p, sp = w.traffic, w.acceptance, w.verification, w.policy, w.speedup
         lines.append(f"traffic: {t.requests} requests, {t.new_tokens} new tokens, "
                      f"{t.iterations} iterations, {_when(t.first_seen)} .. {_when(t.last_seen)}"
@@ -153,10 +290,10 @@ def render_text(report: Report) -> str:
                      + f" over {a.drafted} drafted tokens; mean accepted length "
                      f"{fmt(a.mean_accepted_length, '.2f')} (bonus included)")
         if a.by_position:
-            lines.append(table(["position", "drafted", "accepted rate", "conditional"],
-                               [[str(i + 1), str(d), fmt(r, ".3f"), fmt(c, ".3f")]
-                                for i, (d, r, c) in enumerate(zip(
-                                    a.drafted_by_position, a.by_position, a.conditional))]))
+            lines.append("by draft position (accepted / drafted, rate with its 95 % Wilson "
+                         "interval):")
+            lines.append(table(["position", "accepted", "rate", "95 % interval",
+                                "conditional", "evidence"], _position_rows(a)))
         if w.history:
             lines.append(f"alpha over time ({_bucket_name(w.history_bucket_s)} buckets, UTC):")
             lines.append(table(["from", "requests", "drafted", "alpha"],
@@ -169,6 +306,8 @@ def render_text(report: Report) -> str:
                         if v.cost_ratio is not None else " (T_t(1) not measured)")
                      + (f"; within {MEMORY_BOUND_RATIO}× of one token up to n = "
                         f"{v.memory_bound_up_to}" if v.memory_bound_up_to else ""))
+        if v.cost_note:
+            lines.append(f"costs: {v.cost_note}")
         lines.append(f"T_d = {_ms(v.t_draft_s)} ms, c = T_d / T_t(1) = "
                      f"{fmt(v.draft_ratio, '.2f')}; bandwidth "
                      f"{human_bytes(v.bandwidth_bytes_per_s, per_s=True)} of "
@@ -176,21 +315,16 @@ def render_text(report: Report) -> str:
                      + (f" ({v.bandwidth_utilisation:.0%})" if v.bandwidth_utilisation else "")
                      + (f"; NVML memory busy {v.nvml_mem_busy_pct:.0f} %"
                         if v.nvml_mem_busy_pct is not None else ""))
-        if v.t_target_s_by_n:
-            t1 = v.t_target_s_by_n.get(1)
-            lines.append(table(["n scored", "T_t(n) ms", "vs n=1", "from",
-                                "requests' mean ms (forwards)"],
-                               [[str(n), _ms(s), fmt(s / t1 if t1 else None, ".2f"),
-                                 v.source_by_n[n], _live(v, n)]
-                                for n, s in v.t_target_s_by_n.items()]))
+        lines += _cost_text(v)
         if v.probe:
             pr = v.probe
             lines.append(f"latest probe ({_when(pr['created_at'])}): "
                          f"{human_bytes(pr['achieved_bytes_per_s'], per_s=True)} of "
-                         f"{human_bytes(pr['peak_bytes_per_s'], per_s=True)} peak; "
-                         f"{pr['verdict'] or ''}")
+                         f"{human_bytes(pr['peak_bytes_per_s'], per_s=True)} peak"
+                         + (f"; {visible(pr['verdict'])}" if pr["verdict"] else ""))
         lines.append("\npolicy in force: "
-                     + (", ".join(f"{name} ({n})" for name, n in p.policies.items()) or "-")
+                     + (", ".join(f"{visible(name)} ({n})" for name, n in p.policies.items())
+                        or "-")
                      + f" over the latest {p.recent_requests} batch-1 requests"
                      + (f" (since {_when(p.recent_since)})" if p.recent_since else "")
                      + f"; k in force {'-' if p.k_in_force is None else p.k_in_force}")
@@ -203,7 +337,7 @@ def render_text(report: Report) -> str:
                                 for k, c in sorted(p.k_counts.items())]))
         if p.tuned:
             tu = p.tuned
-            lines.append(f"tuned: {tu.family} {json.dumps(tu.params, sort_keys=True)} "
+            lines.append(f"tuned: {visible(tu.family)} {json.dumps(tu.params, sort_keys=True)} "
                          f"(tune #{tu.id}, {_when(tu.created_at)}): simulated "
                          f"{tu.tokens_per_s:.1f} tok/s vs {fmt(tu.baseline_tokens_per_s, '.1f')}"
                          f" untuned ({_x(tu.gain)})"
@@ -218,12 +352,12 @@ def render_text(report: Report) -> str:
         else:
             lines.append("tuned: none (no `autospec tune` result for this workload)")
         lines.append("\n3. speedup vs plain decoding at batch 1, the draft's cost included:")
-        lines += ["   " + s for s in _speed_line(sp)]
+        lines += ["   " + s for s in _speed_line(sp, v.cost_note)]
         if sp.curve:
-            lines.append(table(["k", *map(str, sp.curve)],
-                               [["S(k)", *(f"{s:.2f}" for s in sp.curve.values())]]))
+            lines += _s_curve(sp.curve)
         if w.batch is not None:
-            lines.append("\n4. batch: " + _batch_headline(w.batch))
+            mem, off = _batch_headline_parts(w.batch)
+            lines.append("\n4. batch: " + mem + (f";\n   {off}" if off else ""))
             lines += _batch_text(w.batch)
     lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
               "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
@@ -231,4 +365,4 @@ def render_text(report: Report) -> str:
               "completed by `autospec probe`). At batch B: predicted speedup over plain "
               "batched decoding = E[N](k)·T_t(B,1) / (k·T_d(B) + T_t(B,k+1)), every row of "
               "the batch this workload (`autospec probe --batch` measures T_t(B, n), T_d(B))."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(_fit(lines)) + "\n"
