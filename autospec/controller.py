@@ -132,10 +132,15 @@ class Controller:
     def _setup_categorizer(self, categorize) -> None:
         """categorize: None — the store's "default" categoriser if one was fitted; a name —
         that one (an error if missing); a Categorizer; False — never categorise."""
+        self._forecast = False  # acceptance forecasts hold only for the pair they were fit on
         if categorize is False:
             return
         if categorize is not None and not isinstance(categorize, str):
+            if not callable(getattr(categorize, "predict", None)):
+                raise TypeError(f"categorize= takes None, False, a categoriser's name or a "
+                                f"Categorizer, got {type(categorize).__name__}")
             self.categorizer = categorize
+            self._announce_categorizer()
             return
         if self.store is None:
             if categorize is not None:
@@ -155,16 +160,20 @@ class Controller:
         if self.categorizer is None and categorize is not None:
             raise ValueError(f"no categoriser named {name!r} in {self.store.url}: fit one "
                              "with `autospec categorize fit`")
-        self._forecast = False  # acceptance forecasts hold only for the pair they were fit on
         if self.categorizer is not None:
-            log.info("autospec: categorising uncategorised requests with %s v%s",
-                     self.categorizer.name, self.categorizer.version)
-            fitted_on = getattr(self.categorizer, "regressor_pair_id", None)
-            if fitted_on is not None and self.store is not None:
-                from autospec.store import queries
+            self._announce_categorizer()
 
-                with self.store.session() as s:
-                    self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
+    def _announce_categorizer(self) -> None:
+        """Log the categoriser, and use its acceptance forecasts only when it was fitted on
+        this pair (read from the store; without a store, never)."""
+        log.info("autospec: categorising uncategorised requests with %s v%s",
+                 getattr(self.categorizer, "name", "?"), getattr(self.categorizer, "version", "?"))
+        fitted_on = getattr(self.categorizer, "regressor_pair_id", None)
+        if fitted_on is not None and self.store is not None:
+            from autospec.store import queries
+
+            with self.store.session() as s:
+                self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
 
     def _open_store(self, store, names) -> None:
         """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
@@ -641,9 +650,11 @@ def _check_k(k, k_max: int) -> int:
 
 
 def _check_category(category) -> str:
-    if not isinstance(category, str) or not category.strip():
-        raise ValueError("category must be a non-empty string")
-    return category
+    """The store's rule (``autospec.store.records.check_category``), checked before any work
+    so that a request whose record the store would refuse never runs."""
+    from autospec.store.records import check_category
+
+    return check_category(category)
 
 
 def wrap(model, draft, **options) -> Controller:
