@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from autospec.policies.base import Context, Outcome, Policy, early_stop_of, stops_drafting
-from autospec.runners import Forward, crop_cache, new_cache, open_runner, resolve_graphs
+from autospec.runners import open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
     block_presence,
@@ -51,8 +51,7 @@ from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoopStats", "LoopResult", "speculative_generate", "new_cache", "Forward", "crop_cache"]
-# (Forward, new_cache and crop_cache live in autospec.runners; re-exported for older imports)
+__all__ = ["LoopStats", "LoopResult", "speculative_generate", "DraftInput"]
 
 
 @dataclass
