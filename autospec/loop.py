@@ -144,7 +144,7 @@ class DraftInput:
     def __init__(self, target, draft):
         self.rows = _embedding_rows(draft)
         self.active = self.rows < _embedding_rows(target)
-        pad = getattr(draft.generation_config, "pad_token_id", None)
+        pad = getattr(getattr(draft, "generation_config", None), "pad_token_id", None)
         if pad is None:
             pad = getattr(draft.config, "pad_token_id", None)
         self.placeholder = pad if isinstance(pad, int) and 0 <= pad < self.rows else 0
