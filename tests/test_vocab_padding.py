@@ -131,3 +131,20 @@ def test_padded_vocab_sampled_law():
     assert abs(float(freq[VOCAB:].sum()) - p_pad) < 4 * sigma
     # total variation over the whole vocabulary, against its sampling noise at n draws
     assert 0.5 * float((freq - p).abs().sum()) < 0.12
+
+
+@pytest.mark.parametrize("graphs", [False, "emulate"])
+def test_padded_vocab_on_the_static_path(graphs):
+    """The static runner (and its graph buffers) get the draft's ids mapped as well."""
+    target, draft = _pair("target-larger")
+    ids = _prompts(1)[0]
+    ref = target.generate(ids, max_new_tokens=24, do_sample=False)
+    assert bool((ref[:, ids.shape[1]:] >= VOCAB).any())
+    autospec.wrap(target, draft, tokenizer=tiny_tokenizer(), store=False, static_cache=True,
+                  cuda_graphs=graphs)
+    try:
+        for _ in range(2):  # the second request reuses the runner
+            assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False, k=3), ref)
+        assert target._autospec_controller.last_stats.path.startswith("static")
+    finally:
+        autospec.unwrap(target)
