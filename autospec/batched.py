@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from autospec.loop import LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
+from autospec.loop import DraftInput, LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
 from autospec.policies.base import Context, Outcome, Policy
 from autospec.runners import Forward, new_cache
 from autospec.sampling import (
@@ -128,6 +128,7 @@ class _BatchLoop:
         self.criteria, self.k_max, self.costs = stopping_criteria, k_max, costs
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.draft_input = DraftInput(target, draft)  # ids the draft lacks (loop.DraftInput)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
         self.eos_set = set(eos_token_ids)
@@ -203,7 +204,7 @@ class _BatchLoop:
                              position_ids=pos)
         else:
             self.d_mask = torch.cat([self.d_mask, mask], dim=1)
-            out = self.d_fwd(ids, self.d_cache, keep, attention_mask=self.d_mask,
+            out = self.d_fwd(self.draft_input(ids), self.d_cache, keep, attention_mask=self.d_mask,
                              position_ids=pos)
         kv = B * (self.t_mask.shape[1] * self.kv_t + self.d_mask.shape[1] * self.kv_d)
         self.peak_kv = max(self.peak_kv, kv)

@@ -187,7 +187,9 @@ class Categorizer:
         self.name = name
         self.version = version
         self.kind = kind
-        self.classes = [str(c) for c in classes]
+        from autospec.store.records import check_category
+
+        self.classes = [check_category(str(c)) for c in classes]
         self.columns = np.ascontiguousarray(columns, dtype=np.uint32)
         coef = np.asarray(coef, dtype=np.float32)
         self.intercept = np.ascontiguousarray(intercept, dtype=np.float64)

@@ -29,6 +29,12 @@ def check_pair(target, draft, *, tokenizer=None, draft_tokenizer=None, match_dra
     does not have get probability 0 under it, which keeps the rejection rule exact.
     """
     for role, m in (("target", target), ("draft", draft)):
+        if m is None or not hasattr(m, "config") or not callable(
+                getattr(m, "get_output_embeddings", None)):
+            raise TypeError(
+                f"the {role} must be a transformers causal LM (e.g. AutoModelForCausalLM), got "
+                f"{type(m).__name__}: call autospec.wrap(target_model, draft_model), or "
+                "autospec.load_pair() for the default pair")
         if getattr(m.config, "is_encoder_decoder", False):
             raise PairMismatchError(f"the {role} is an encoder-decoder model; autospec "
                                     "speculates for decoder-only causal LMs")

@@ -10,72 +10,27 @@ model's own ``generate``, and the reason is logged once per kind of request.
 
 from __future__ import annotations
 
+import copy
 import logging
+import numbers
 import os
 import threading
 import types
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from autospec.loop import LoopStats, speculative_generate
+from autospec.plan import Plan, plan_request
 from autospec.policies.base import Policy, as_policy, early_stop_of
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
-from autospec.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Controller", "wrap", "unwrap", "K_LIMIT"]
 
 K_LIMIT = 64  # a lookahead beyond this is a mistake, not a setting
-
-# GenerationConfig fields that change the output and that the loop does not implement:
-# name → the value that means "not in use". Anything else set here goes to the original
-# generate. (Fields that only steer beam search or transformers' own assistant are ignored.)
-_UNSUPPORTED = {
-    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "penalty_alpha": None,
-    "num_return_sequences": 1, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-    "top_h": None, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-    "encoder_repetition_penalty": 1.0, "bad_words_ids": None, "force_words_ids": None,
-    "constraints": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "remove_invalid_values": False, "exponential_decay_length_penalty": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
-    "guidance_scale": None, "watermarking_config": None, "renormalize_logits": False,
-    "dola_layers": None, "prompt_lookup_num_tokens": None, "token_healing": False,
-    "low_memory": None, "output_attentions": False, "output_hidden_states": False,
-    "speculation_type": None, "use_mtp": False, "assistant_early_exit": None,
-}
-# generate() arguments that, when given, send the request to the original generate
-_FALLBACK_ARGS = ("logits_processor", "prefix_allowed_tokens_fn", "assistant_model",
-                  "negative_prompt_ids", "custom_generate", "inputs_embeds", "assistant_tokenizer")
-_OWN_ARGS = ("category", "k", "generator")
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A request the loop can serve: the prompt without padding and how to generate."""
-
-    input_ids: torch.Tensor  # [1, L] after removing left padding
-    pad_prefix: torch.Tensor  # [1, P] the removed padding, put back in front of the output
-    sampling: SamplingConfig
-    max_new_tokens: int
-    min_new_tokens: int
-    eos: tuple[int, ...]
-    stopping_criteria: object
-    return_dict: bool
-    output_scores: bool
-    output_logits: bool
-    # batch > 1: each row's prompt [1, L_i] and left padding [1, P_i]; the padded input as
-    # given; the id that fills rows which finished early (generate's pad_token_id)
-    rows: tuple = ()
-    padded: torch.Tensor | None = None
-    pad_token_id: int | None = None
-
-    @property
-    def batch(self) -> int:
-        return len(self.rows) if self.rows else 1
-
 
 class Controller:
     """Speculative ``generate`` for one target/draft pair."""
@@ -88,10 +43,9 @@ class Controller:
         from autospec.checks import check_pair
         from autospec.runners import resolve_graphs
 
+        k_max = _check_k_max(k_max)
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
                    match_draft=match_draft)
-        if not 0 < k_max <= K_LIMIT:
-            raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
         self.model = model
         self.draft = draft
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
@@ -132,10 +86,15 @@ class Controller:
     def _setup_categorizer(self, categorize) -> None:
         """categorize: None — the store's "default" categoriser if one was fitted; a name —
         that one (an error if missing); a Categorizer; False — never categorise."""
+        self._forecast = False  # acceptance forecasts hold only for the pair they were fit on
         if categorize is False:
             return
         if categorize is not None and not isinstance(categorize, str):
+            if not callable(getattr(categorize, "predict", None)):
+                raise TypeError(f"categorize= takes None, False, a categoriser's name or a "
+                                f"Categorizer, got {type(categorize).__name__}")
             self.categorizer = categorize
+            self._announce_categorizer()
             return
         if self.store is None:
             if categorize is not None:
@@ -155,16 +114,20 @@ class Controller:
         if self.categorizer is None and categorize is not None:
             raise ValueError(f"no categoriser named {name!r} in {self.store.url}: fit one "
                              "with `autospec categorize fit`")
-        self._forecast = False  # acceptance forecasts hold only for the pair they were fit on
         if self.categorizer is not None:
-            log.info("autospec: categorising uncategorised requests with %s v%s",
-                     self.categorizer.name, self.categorizer.version)
-            fitted_on = getattr(self.categorizer, "regressor_pair_id", None)
-            if fitted_on is not None and self.store is not None:
-                from autospec.store import queries
+            self._announce_categorizer()
 
-                with self.store.session() as s:
-                    self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
+    def _announce_categorizer(self) -> None:
+        """Log the categoriser, and use its acceptance forecasts only when it was fitted on
+        this pair (read from the store; without a store, never)."""
+        log.info("autospec: categorising uncategorised requests with %s v%s",
+                 getattr(self.categorizer, "name", "?"), getattr(self.categorizer, "version", "?"))
+        fitted_on = getattr(self.categorizer, "regressor_pair_id", None)
+        if fitted_on is not None and self.store is not None:
+            from autospec.store import queries
+
+            with self.store.session() as s:
+                self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
 
     def _open_store(self, store, names) -> None:
         """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
@@ -249,7 +212,7 @@ class Controller:
         """Per-row counters of this thread's last batched request (``last_stats`` sums them)."""
         return getattr(self._local, "row_stats", None)
 
-    def _generate_batch(self, plan: _Plan, policy, category, generator, k):
+    def _generate_batch(self, plan: Plan, policy, category, generator, k):
         """B prompts through the batched loop; output laid out as generate lays it out."""
         from autospec.batched import speculative_generate_batch
 
@@ -382,7 +345,7 @@ class Controller:
             return "default", "default", features if self.log_features else None, None
         return category, "auto", features if self.log_features else None, alpha
 
-    def _log(self, res, plan: _Plan, policy, category: str, source: str = "given",
+    def _log(self, res, plan: Plan, policy, category: str, source: str = "given",
              features: bytes | None = None, alpha: float | None = None) -> None:
         """Queue the request's record; a failure here is counted and logged, never raised."""
         try:
@@ -410,99 +373,8 @@ class Controller:
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
         """Either a plan for the loop, or (None, why the original generate must serve it)."""
-        if args:
-            return None, "positional arguments beyond generation_config"
-        for name in _FALLBACK_ARGS:
-            if kwargs.get(name) is not None:
-                return None, f"`{name}` given"
-        if kwargs.get("synced_gpus"):
-            return None, "synced_gpus"
-        kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
-                                                          "stopping_criteria", "tokenizer")}
-        input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
-        kw.pop("input_ids", None)
-        mask = kw.pop("attention_mask", None)
-        if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            return None, "no 2-D input_ids tensor"
-        if mask is not None and (not isinstance(mask, torch.Tensor)
-                                 or tuple(mask.shape) != tuple(input_ids.shape)):
-            return None, "attention_mask of another shape than input_ids"
-        if input_ids.shape[0] == 0:
-            return None, "empty batch"
-        if input_ids.shape[0] > 1 and kwargs.get("streamer") is not None:
-            return None, "a streamer at batch > 1"
-        gc, model_kwargs = _merge_config(self.model, generation_config, kw)
-        model_kwargs = {k: v for k, v in model_kwargs.items() if v is not None
-                        and k not in ("use_cache",)}
-        if model_kwargs:
-            return None, f"model arguments {sorted(model_kwargs)}"
-        for field, off in _UNSUPPORTED.items():
-            val = getattr(gc, field, off)
-            if val is not None and val != off and not (field == "guidance_scale" and val == 1):
-                return None, f"generation option {field}={val!r}"
-        if gc.max_time is not None or gc.stop_strings is not None:
-            crit = _extra_criteria(gc, kwargs.get("tokenizer") or self.tokenizer)
-            if crit is None:
-                return None, "stop_strings without a tokenizer"
-        else:
-            crit = None
-        user_crit = kwargs.get("stopping_criteria")
-        if user_crit:
-            crit = list(crit or []) + list(user_crit)
-        if crit:
-            from transformers import StoppingCriteriaList
-
-            crit = StoppingCriteriaList(crit)
-
-        rows = []
-        for b in range(input_ids.shape[0]):
-            ids, pad_prefix = input_ids[b : b + 1], input_ids[b : b + 1, :0]
-            if mask is not None:
-                keep = mask[b].bool()
-                if not bool(keep.all()):
-                    first = int(keep.to(torch.int64).argmax())
-                    if not bool(keep[first:].all()):
-                        return None, ("attention_mask with right padding or holes (only left "
-                                      "padding is supported, as generate expects)")
-                    ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
-            L = ids.shape[1]
-            if L == 0:
-                return None, "empty prompt"
-            if self.target_context is not None and L >= self.target_context:
-                raise ValueError(
-                    f"prompt of {L} tokens does not fit the target's context of "
-                    f"{self.target_context} tokens: shorten it (leave room for new tokens)")
-            rows.append((ids.to(self.model.device), pad_prefix.to(self.model.device)))
-        max_new = gc.max_new_tokens
-        if max_new is None:
-            max_new = max(0, (gc.max_length or 20) - input_ids.shape[1])
-        if max_new <= 0:
-            return None, "nothing to generate (max_new_tokens <= 0)"
-        min_new = max(gc.min_new_tokens or 0, (gc.min_length or 0) - input_ids.shape[1])
-        eos = gc.eos_token_id
-        eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-        ids, pad_prefix = rows[0]
-        pad_id = gc.pad_token_id
-        if pad_id is None and eos:
-            pad_id = eos[0]  # as generate does (it warns)
-        if len(rows) > 1 and pad_id is not None:
-            if bool((input_ids[:, -1] == pad_id).any()):
-                return None, "right padding (generate warns: decoder-only models need left padding)"
-            if mask is None and bool((input_ids == pad_id).any()):
-                return None, "padding without an attention_mask (generate infers one)"
-        try:
-            sampling = SamplingConfig.from_generation_config(gc)
-        except ValueError as e:
-            raise ValueError(f"invalid generation settings: {e}") from None
-        return _Plan(
-            input_ids=ids, pad_prefix=pad_prefix, sampling=sampling, max_new_tokens=max_new,
-            min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
-            return_dict=bool(gc.return_dict_in_generate), output_scores=bool(gc.output_scores),
-            output_logits=bool(gc.output_logits),
-            rows=tuple(rows) if len(rows) > 1 else (),
-            padded=input_ids.to(self.model.device) if len(rows) > 1 else None,
-            pad_token_id=None if pad_id is None else int(pad_id),
-        ), ""
+        return plan_request(self.model, inputs, generation_config, args, kwargs,
+                            tokenizer=self.tokenizer, target_context=self.target_context)
 
     def _fallback(self, reason, inputs, generation_config, args, kwargs):
         with self._lock:
@@ -591,33 +463,6 @@ def _check_categories(category, batch: int | None):
     return _check_category(category)
 
 
-def _merge_config(model, generation_config, kw):
-    """Merge defaults exactly as generate does (model's generation_config, then kwargs)."""
-    prepare = getattr(model, "_prepare_generation_config", None)
-    if prepare is not None:
-        try:
-            return prepare(generation_config, **kw)
-        except TypeError:  # a transformers whose private signature moved: merge by hand
-            pass
-    import copy
-
-    gc = copy.deepcopy(generation_config or model.generation_config)
-    return gc, gc.update(**kw)
-
-
-def _extra_criteria(gc, tokenizer):
-    from transformers import MaxTimeCriteria, StopStringCriteria
-
-    crit = []
-    if gc.max_time is not None:
-        crit.append(MaxTimeCriteria(max_time=gc.max_time))
-    if gc.stop_strings is not None:
-        if tokenizer is None:
-            return None
-        crit.append(StopStringCriteria(stop_strings=gc.stop_strings, tokenizer=tokenizer))
-    return crit
-
-
 def _store_dir(store):
     """Where machine-level figures (the measured CPU bandwidth) are cached: beside a SQLite
     file, else the cache directory."""
@@ -632,18 +477,35 @@ def _context_length(model) -> int | None:
     return getattr(cfg, "max_position_embeddings", None)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_k_max(k_max) -> int:
+    if not _is_int(k_max):
+        raise TypeError(f"k_max must be a whole number of draft tokens in 1..{K_LIMIT}, got "
+                        f"{k_max!r} ({type(k_max).__name__}): pass e.g. k_max=8")
+    if not 0 < k_max <= K_LIMIT:
+        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}: the most draft tokens "
+                         "one iteration may propose")
+    return int(k_max)
+
+
 def _check_k(k, k_max: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not _is_int(k):
+        raise TypeError(f"k must be a whole number of draft tokens in 0..{k_max}, got {k!r} "
+                        f"({type(k).__name__}): pass e.g. k=4, or k=0 for plain decoding")
     if not 0 <= k <= k_max:
         raise ValueError(f"k must be in 0..{k_max} (k_max of this controller), got {k}")
-    return k
+    return int(k)
 
 
 def _check_category(category) -> str:
-    if not isinstance(category, str) or not category.strip():
-        raise ValueError("category must be a non-empty string")
-    return category
+    """The store's rule (``autospec.store.records.check_category``), checked before any work
+    so that a request whose record the store would refuse never runs."""
+    from autospec.store.records import check_category
+
+    return check_category(category)
 
 
 def wrap(model, draft, **options) -> Controller:
@@ -672,7 +534,36 @@ def wrap(model, draft, **options) -> Controller:
 
     model.generate = types.MethodType(generate, model)
     model._autospec_controller = ctrl
+    model.__deepcopy__ = types.MethodType(_deepcopy_unwrapped, model)
+    model.__reduce_ex__ = types.MethodType(_refuse_pickle, model)
     return ctrl
+
+
+_WRAP_ATTRS = ("generate", "_autospec_controller", "__deepcopy__", "__reduce_ex__")
+
+
+def _deepcopy_unwrapped(self, memo):
+    """``copy.deepcopy`` of a wrapped model: a copy of the model alone, unwrapped (the
+    controller holds the draft, a store connection and threads, which a copy must not share
+    or duplicate); wrap the copy to speculate with it. Done as deepcopy does it for an
+    ``nn.Module`` (new object, deep-copied ``__dict__``, ``__setstate__``), minus wrap's
+    attributes, without touching the original (which may be serving other threads)."""
+    cls = type(self)
+    new = cls.__new__(cls)
+    memo[id(self)] = new
+    state = {k: v for k, v in self.__dict__.items() if k not in _WRAP_ATTRS}
+    new.__setstate__(copy.deepcopy(state, memo))
+    log.info("autospec: deep-copied a wrapped %s: the copy is not wrapped (autospec.wrap it "
+             "to speculate with it)", cls.__name__)
+    return new
+
+
+def _refuse_pickle(self, protocol):
+    raise TypeError(
+        f"a wrapped {type(self).__name__} cannot be pickled (or shallow-copied): its controller "
+        "holds the draft, a store connection and threads. Pickle the model after "
+        "autospec.unwrap(model), or pickle copy.deepcopy(model) (an unwrapped copy), and wrap "
+        "it again after loading")
 
 
 def unwrap(model):
@@ -680,7 +571,9 @@ def unwrap(model):
     if getattr(model, "_autospec_controller", None) is None:
         raise ValueError("this model is not wrapped by autospec")
     ctrl = model._autospec_controller
-    del model.generate  # the instance attribute: the class's generate shows through again
+    # the instance attributes: the class's generate, deepcopy and pickling show through again
+    for name in ("generate", "__deepcopy__", "__reduce_ex__"):
+        model.__dict__.pop(name, None)
     model._autospec_controller = None
     ctrl.close()
     return model

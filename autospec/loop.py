@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from autospec.policies.base import Context, Outcome, Policy, early_stop_of, stops_drafting
-from autospec.runners import Forward, crop_cache, new_cache, open_runner, resolve_graphs
+from autospec.runners import open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
     block_presence,
@@ -51,8 +51,7 @@ from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoopStats", "LoopResult", "speculative_generate", "new_cache", "Forward", "crop_cache"]
-# (Forward, new_cache and crop_cache live in autospec.runners; re-exported for older imports)
+__all__ = ["LoopStats", "LoopResult", "speculative_generate", "DraftInput"]
 
 
 @dataclass
@@ -133,6 +132,31 @@ def _fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(raw, (0, extra), value=float("-inf"))
 
 
+class DraftInput:
+    """Ids the draft can embed. A target with more embedding rows than the draft (padded
+    vocabularies: Qwen2.5-7B has 152064 rows, its 0.5B draft 151936) can emit, or be prompted
+    with, ids the draft has no row for. The draft reads each such id as ``placeholder`` (its
+    pad id, else 0): that changes only what the draft proposes, never the output, because the
+    draft's q is still the distribution its proposals are drawn from, which is all the
+    rejection rule needs (and greedy verification only compares with the target's argmax).
+    The mapping is one device-side ``where``, applied only when the draft has fewer rows."""
+
+    def __init__(self, target, draft):
+        self.rows = _embedding_rows(draft)
+        self.active = self.rows < _embedding_rows(target)
+        pad = getattr(getattr(draft, "generation_config", None), "pad_token_id", None)
+        if pad is None:
+            pad = getattr(draft.config, "pad_token_id", None)
+        self.placeholder = pad if isinstance(pad, int) and 0 <= pad < self.rows else 0
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return ids
+        return ids.masked_fill(ids >= self.rows, self.placeholder)
+
+
+def _embedding_rows(model) -> int:
+    return model.get_input_embeddings().weight.shape[0]
 
 
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,
@@ -180,6 +204,7 @@ class _Loop:
         self.early_stop = early_stop_of(policy, category)
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.draft_input = DraftInput(target, draft)  # ids the draft lacks, read as its pad
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
                                trace_kind=TRACE_GREEDY if self.greedy else TRACE_SAMPLED)
         self.scores_out = [] if output_scores else None
@@ -247,7 +272,7 @@ class _Loop:
         buf, n = self.buf, self.n
         d_toks = torch.empty(1, k, dtype=torch.long, device=self.device)
         q_list, conf = [], []
-        feed = buf[:, self.d_len : n]
+        feed = self.draft_input(buf[:, self.d_len : n])
         # catch-up rows whose predictions are generated tokens already known: trace material
         known = min(max(0, n - max(self.L, self.d_len + 1)), TRACE_CATCH_UP_MAX)
         if self.sampling.uses_presence:  # their penalties would need the past seen-sets: skip

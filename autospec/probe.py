@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from autospec.loop import Forward, crop_cache, new_cache
+from autospec.runners import Forward, crop_cache, new_cache
 from autospec.telemetry import (
     Clock,
     hardware_name,

@@ -35,8 +35,9 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # top_p = 0 keeps only the most likely token, as generate's TopPLogitsWarper does
+        if self.top_p is not None and not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k is not None and self.top_k < 0:

@@ -33,7 +33,7 @@ _EXPORTS = {
     "add_categorizer": "rows",
     "trace_acceptance": "records",
     "CATEGORY_SOURCES": "records",
-    "check_category": "rows",
+    "check_category": "records",
     "get_or_create_pair": "rows",
     "write_records": "rows",
 }

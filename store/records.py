@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
            "TRACE_CATCH_UP_MAX",
-           "CATEGORY_SOURCES", "trace_acceptance"]
+           "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
 # from the target's own prefix, would have produced that position's token.
@@ -24,6 +24,32 @@ TRACE_CATCH_UP_MAX = 64
 # generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
 # stopping decides on exactly this number, so replay can apply any threshold to it.
 CATEGORY_SOURCES = ("given", "auto", "default")
+
+CATEGORY_RULE = ("a category is a non-blank string of any Unicode text except NUL (U+0000) and "
+                 "lone surrogates")
+
+
+def check_category(category: object) -> str:
+    """The one rule for a category, wherever one comes from (``generate(category=...)``,
+    ``wrap(category=...)``, a categoriser's classes, a record reaching the store): free text
+    (quotes, unicode, any length) that is not blank and that every backend can store, so no
+    NUL characters (PostgreSQL refuses them) and no lone surrogates (not encodable as UTF-8).
+    Returns the category; raises ValueError saying what is allowed."""
+    if not isinstance(category, str):
+        raise ValueError(f"category must be a string, got {type(category).__name__}: "
+                         f"{CATEGORY_RULE}")
+    if not category.strip():
+        raise ValueError(f"category must be a non-empty string, not blank, got {category!r}: "
+                         f"{CATEGORY_RULE}")
+    if "\x00" in category:
+        raise ValueError(f"category {category!r} contains a NUL character, which no store "
+                         f"backend can hold: {CATEGORY_RULE}")
+    try:
+        category.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"category {category!r} is not valid Unicode text ({exc.reason}): "
+                         f"{CATEGORY_RULE}") from None
+    return category
 
 
 @dataclass(frozen=True)

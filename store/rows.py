@@ -21,11 +21,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams, utcnow
-from .records import CATEGORY_SOURCES, TRACE_GREEDY, TRACE_SAMPLED, PairInfo, RequestRecord
+from .records import (
+    CATEGORY_SOURCES,
+    TRACE_GREEDY,
+    TRACE_SAMPLED,
+    PairInfo,
+    RequestRecord,
+    check_category,
+)
 
 __all__ = [
     "category_key",
-    "check_category",
     "validate_record",
     "get_or_create_pair",
     "write_records",
@@ -48,22 +54,6 @@ def category_key(category: str) -> str:
 def pair_key(pair: PairInfo) -> str:
     parts = (pair.target, pair.draft, pair.dtype, pair.hardware)
     return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
-
-
-def check_category(category: object) -> str:
-    """Categories are free text (quotes, unicode, any length); only empty ones are refused,
-    and the two things no backend can store: NUL characters and lone surrogates."""
-    if not isinstance(category, str):
-        raise ValueError(f"category must be a string, got {type(category).__name__}")
-    if not category:
-        raise ValueError("category must be a non-empty string")
-    if "\x00" in category:
-        raise ValueError("category must not contain NUL characters (PostgreSQL cannot store them)")
-    try:
-        category.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"category is not valid Unicode text: {exc}") from None
-    return category
 
 
 def _clean_text(text: str | None) -> str | None:

@@ -91,3 +91,55 @@ def test_without_a_categoriser_or_features(tmp_path, models):
         Controller(target, draft, store=url, categorize="missing")
     with pytest.raises(ValueError, match="store is off"):
         Controller(target, draft, store=False, categorize="default")
+
+
+def _fixed_categorizer(winner: str, other: str = "other"):
+    """A real Categorizer with no feature columns: its intercept alone picks ``winner``."""
+    import numpy as np
+
+    from autospec.categorize import Categorizer
+
+    return Categorizer(name="fixed", version=None, kind="classifier", classes=[winner, other],
+                       columns=np.zeros(0, dtype=np.uint32), coef=np.zeros((2, 0)),
+                       intercept=np.array([1.0, 0.0]))
+
+
+def test_a_categorizer_object_categorises(models, caplog):
+    """wrap(..., categorize=<Categorizer>) used to leave ``_forecast`` unset: every request
+    then failed inside the categoriser, was served as "default" and logged a warning."""
+    import autospec
+
+    target, draft = models
+    cat = _fixed_categorizer("chat")
+    ids = prompt_of("low", random.Random(3))
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                          do_sample=False)
+    ctrl = autospec.wrap(target, draft, categorize=cat, store=False, policy=2)
+    try:
+        with caplog.at_level("WARNING", logger="autospec.controller"):
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                  do_sample=False)
+        assert torch.equal(out, ref)
+        assert ctrl.categorizer is cat
+        assert list(ctrl.live) == ["chat"]  # the request's statistics went to its category
+        assert getattr(ctrl, "categorize_failures", 0) == 0
+        assert not [r for r in caplog.records if "categoriser failed" in r.getMessage()]
+    finally:
+        autospec.unwrap(target)
+
+
+def test_a_categorizer_object_with_a_store_records_auto(tmp_path, models):
+    target, draft = models
+    url = f"sqlite:///{tmp_path / 'obj.db'}"
+    ctrl = Controller(target, draft, policy=2, store=url, categorize=_fixed_categorizer("code"))
+    serve(ctrl, prompt_of("high", random.Random(4)))
+    ctrl.close()
+    with open_store(url) as store, store.session() as s:
+        (row,) = queries.recent_requests(s, limit=5)
+    assert (row.category, row.category_source) == ("code", "auto")
+
+
+def test_categorize_takes_only_what_it_documents(models):
+    target, draft = models
+    with pytest.raises(TypeError, match="Categorizer"):
+        Controller(target, draft, store=False, categorize=True)

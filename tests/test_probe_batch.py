@@ -12,8 +12,8 @@ import torch
 
 from autospec import probe as probe_mod
 from autospec.cli import main
-from autospec.loop import Forward, new_cache
 from autospec.probe import SPARSE_N, ProbeResult, probe
+from autospec.runners import Forward, new_cache
 from autospec.store import add_probe, open_store, queries
 from autospec.telemetry import RequestTelemetry
 

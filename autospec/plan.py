@@ -1,0 +1,251 @@
+"""The mapping from a ``generate`` call to a plan for the speculative loop, or to the reason
+the original ``generate`` must serve it.
+
+A pure function of the call (its arguments and ``GenerationConfig``, merged with the model's
+defaults exactly as ``generate`` merges them): it runs no forward, touches no state and
+decides every request the same way. ``Controller.generate`` acts on its answer;
+``tests/test_plan.py`` holds its table of cases (each generate argument → a plan field or a
+fallback reason).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from autospec.sampling import SamplingConfig
+
+__all__ = ["Plan", "plan_request", "UNSUPPORTED", "FALLBACK_ARGS", "OWN_ARGS"]
+
+# GenerationConfig fields that change the output and that the loop does not implement:
+# name → the value that means "not in use". Anything else set here goes to the original
+# generate. (Fields that only steer beam search or transformers' own assistant are ignored.)
+UNSUPPORTED = {
+    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "penalty_alpha": None,
+    "num_return_sequences": 1, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "top_h": None, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0, "bad_words_ids": None, "force_words_ids": None,
+    "constraints": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "remove_invalid_values": False, "exponential_decay_length_penalty": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
+    "guidance_scale": None, "watermarking_config": None, "renormalize_logits": False,
+    "dola_layers": None, "prompt_lookup_num_tokens": None, "token_healing": False,
+    "low_memory": None, "output_attentions": False, "output_hidden_states": False,
+    "speculation_type": None, "use_mtp": False, "assistant_early_exit": None,
+}
+# generate() arguments that, when given, send the request to the original generate
+FALLBACK_ARGS = ("logits_processor", "prefix_allowed_tokens_fn", "assistant_model",
+                  "negative_prompt_ids", "custom_generate", "inputs_embeds", "assistant_tokenizer")
+OWN_ARGS = ("category", "k", "generator")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request the loop can serve: the prompt without padding and how to generate."""
+
+    input_ids: torch.Tensor  # [1, L] after removing left padding
+    pad_prefix: torch.Tensor  # [1, P] the removed padding, put back in front of the output
+    sampling: SamplingConfig
+    max_new_tokens: int
+    min_new_tokens: int
+    eos: tuple[int, ...]
+    stopping_criteria: object
+    return_dict: bool
+    output_scores: bool
+    output_logits: bool
+    # batch > 1: each row's prompt [1, L_i] and left padding [1, P_i]; the padded input as
+    # given; the id that fills rows which finished early (generate's pad_token_id)
+    rows: tuple = ()
+    padded: torch.Tensor | None = None
+    pad_token_id: int | None = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.rows) if self.rows else 1
+
+
+def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
+                 tokenizer=None, target_context: int | None = None):
+    """``generate``'s arguments → ``(Plan, "")`` for a request the loop serves exactly, or
+    ``(None, reason)`` for one the original ``generate`` must serve (or refuse).
+
+    model: the target (its generation_config supplies defaults, as in generate); kwargs: the
+    call's keyword arguments without autospec's own (category, k, generator); tokenizer: for
+    stop_strings when the call passes none; target_context: the target's context length.
+    Raises ValueError for a request no path can serve (a prompt longer than the context)."""
+    kwargs = {} if kwargs is None else kwargs
+    if args:
+        return None, "positional arguments beyond generation_config"
+    for name in FALLBACK_ARGS:
+        if kwargs.get(name) is not None:
+            return None, f"`{name}` given"
+    if kwargs.get("synced_gpus"):
+        return None, "synced_gpus"
+    kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
+                                                      "stopping_criteria", "tokenizer")}
+    input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
+    kw.pop("input_ids", None)
+    mask = kw.pop("attention_mask", None)
+    if inputs is not None and kwargs.get("input_ids") is not None:
+        return None, "both inputs and input_ids (generate refuses them)"
+    if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return None, "no 2-D input_ids tensor"
+    if input_ids.dtype not in (torch.long, torch.int32):
+        return None, f"input_ids of dtype {input_ids.dtype} (generate refuses non-integer ids)"
+    if mask is not None and (not isinstance(mask, torch.Tensor)
+                             or tuple(mask.shape) != tuple(input_ids.shape)):
+        return None, "attention_mask of another shape than input_ids"
+    if input_ids.shape[0] == 0:
+        return None, "empty batch"
+    if input_ids.shape[0] > 1 and kwargs.get("streamer") is not None:
+        return None, "a streamer at batch > 1"
+    gc, model_kwargs = _merge_config(model, generation_config, kw)
+    model_kwargs = {k: v for k, v in model_kwargs.items() if v is not None
+                    and k not in ("use_cache",)}
+    if model_kwargs:
+        return None, f"model arguments {sorted(model_kwargs)}"
+    for field, off in UNSUPPORTED.items():
+        val = getattr(gc, field, off)
+        if val is not None and val != off and not (field == "guidance_scale" and val == 1):
+            return None, f"generation option {field}={val!r}"
+    if gc.max_time is not None or gc.stop_strings is not None:
+        crit = _extra_criteria(gc, kwargs.get("tokenizer") or tokenizer)
+        if crit is None:
+            return None, "stop_strings without a tokenizer"
+    else:
+        crit = None
+    user_crit = kwargs.get("stopping_criteria")
+    if user_crit:
+        crit = list(crit or []) + list(user_crit)
+    if crit:
+        from transformers import StoppingCriteriaList
+
+        crit = StoppingCriteriaList(crit)
+
+    rows = []
+    for b in range(input_ids.shape[0]):
+        ids, pad_prefix = input_ids[b : b + 1], input_ids[b : b + 1, :0]
+        if mask is not None:
+            keep = mask[b].bool()
+            if not bool(keep.all()):
+                first = int(keep.to(torch.int64).argmax())
+                if not bool(keep[first:].all()):
+                    return None, ("attention_mask with right padding or holes (only left "
+                                  "padding is supported, as generate expects)")
+                ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
+        L = ids.shape[1]
+        if L == 0:
+            return None, "empty prompt"
+        if target_context is not None and L >= target_context:
+            raise ValueError(
+                f"prompt of {L} tokens does not fit the target's context of "
+                f"{target_context} tokens: shorten it (leave room for new tokens)")
+        rows.append((ids.to(model.device), pad_prefix.to(model.device)))
+    width = input_ids.shape[1]  # generate's input length: the padded width
+    default_max = (kwargs.get("max_length") is None
+                   and getattr(generation_config, "max_length", None) is None
+                   and getattr(model.generation_config, "max_length", None) is None)
+    max_new = _new_tokens(gc, width, default_max, getattr(model.config, "max_position_embeddings",
+                                                          None))
+    if max_new <= 0:
+        return None, "nothing to generate (max_new_tokens <= 0)"
+    eos = gc.eos_token_id
+    eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    # min_new_tokens wins over min_length, as in generate (both count only with an EOS)
+    if gc.min_new_tokens is not None:
+        min_length = gc.min_new_tokens + width
+    else:
+        min_length = gc.min_length or 0
+    _refuse_as_generate(gc, min_length, width, eos)
+    min_new = math.ceil(min_length - width) if eos else 0
+    ids, pad_prefix = rows[0]
+    pad_id = gc.pad_token_id
+    if pad_id is None and eos:
+        pad_id = eos[0]  # as generate does (it warns)
+    if len(rows) > 1 and pad_id is not None:
+        if bool((input_ids[:, -1] == pad_id).any()):
+            return None, "right padding (generate warns: decoder-only models need left padding)"
+        if mask is None and bool((input_ids == pad_id).any()):
+            return None, "padding without an attention_mask (generate infers one)"
+    try:
+        sampling = SamplingConfig.from_generation_config(gc)
+    except ValueError as e:  # generate took them (checked above): let it serve them
+        return None, f"generation settings the loop does not take ({e})"
+    return Plan(
+        input_ids=ids, pad_prefix=pad_prefix, sampling=sampling, max_new_tokens=max_new,
+        min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
+        return_dict=bool(gc.return_dict_in_generate), output_scores=bool(gc.output_scores),
+        output_logits=bool(gc.output_logits),
+        rows=tuple(rows) if len(rows) > 1 else (),
+        padded=input_ids.to(model.device) if len(rows) > 1 else None,
+        pad_token_id=None if pad_id is None else int(pad_id),
+    ), ""
+
+
+def _new_tokens(gc, width: int, default_max: bool, max_positions: int | None) -> int:
+    """How many tokens generate produces at most: it stops once the length reaches
+    ``max_length`` (``max_new_tokens`` + the input, or the default 20 new tokens capped at
+    the model's positions, or the given ``max_length``), so a fractional limit rounds up."""
+    if gc.max_new_tokens is not None:
+        max_length = gc.max_new_tokens + width
+    elif default_max:
+        max_length = (gc.max_length if gc.max_length is not None else 20) + width
+        if max_positions is not None:
+            max_length = min(max_length, max_positions)
+    else:
+        max_length = gc.max_length
+    return max(0, math.ceil(max_length - width))
+
+
+def _refuse_as_generate(gc, min_length, width: int, eos: tuple[int, ...]) -> None:
+    """Raise what generate raises for these settings: build the logits processors it would
+    build, under its conditions and in its order (their constructors are its checks)."""
+    from transformers.generation import logits_process as lp
+
+    if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
+        lp.RepetitionPenaltyLogitsProcessor(gc.repetition_penalty)
+    if eos:
+        eos_t = torch.tensor(eos)
+        if min_length is not None and min_length > 0:
+            lp.MinLengthLogitsProcessor(min_length, eos_t)
+        if gc.min_new_tokens is not None and gc.min_new_tokens > 0:
+            lp.MinNewTokensLengthLogitsProcessor(width, gc.min_new_tokens, eos_t)
+    if not gc.do_sample:
+        return
+    if gc.temperature is not None and gc.temperature != 1.0:
+        lp.TemperatureLogitsWarper(gc.temperature)
+    if gc.top_k is not None and gc.top_k != 0:
+        lp.TopKLogitsWarper(top_k=gc.top_k)
+    if gc.top_p is not None and gc.top_p < 1.0:
+        lp.TopPLogitsWarper(top_p=gc.top_p)
+    if gc.min_p is not None:
+        lp.MinPLogitsWarper(min_p=gc.min_p)
+
+
+def _merge_config(model, generation_config, kw):
+    """Merge defaults exactly as generate does (model's generation_config, then kwargs)."""
+    prepare = getattr(model, "_prepare_generation_config", None)
+    if prepare is not None:
+        try:
+            return prepare(generation_config, **kw)
+        except TypeError:  # a transformers whose private signature moved: merge by hand
+            pass
+    import copy
+
+    gc = copy.deepcopy(generation_config or model.generation_config)
+    return gc, gc.update(**kw)
+
+
+def _extra_criteria(gc, tokenizer):
+    from transformers import MaxTimeCriteria, StopStringCriteria
+
+    crit = []
+    if gc.max_time is not None:
+        crit.append(MaxTimeCriteria(max_time=gc.max_time))
+    if gc.stop_strings is not None:
+        if tokenizer is None:
+            return None
+        crit.append(StopStringCriteria(stop_strings=gc.stop_strings, tokenizer=tokenizer))
+    return crit
