@@ -344,7 +344,8 @@ class Bench:
                         + [fmt(rel[n], ".2f") for n in ns[1:]]
                         + [fmt(t_d / curve[1], ".2f")]
                         + [f"{kc[0]} ({kc[1]:.2f}×)" for kc in choice.values()])
-            if rel.get(5, 0) > COMPUTE_BOUND:
+            # --tiny checks that every section runs: timing noise must not cut the sweep
+            if rel.get(5, 0) > COMPUTE_BOUND and not a.tiny:
                 print(f"(stopping at batch {B}: T_t(5)/T_t(1) = {rel[5]:.2f}, compute bound)")
                 break
         print("\n3. Verification cost against batch size (static cache, graphs): T_t(n)/T_t(1), "
