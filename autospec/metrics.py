@@ -285,3 +285,150 @@ def as_metrics(option) -> Metrics | None:
         return option
     raise ValueError(f"metrics must be True, False or an autospec.metrics.Metrics, "
                      f"got {option!r}")
+
+
+# -- fleet metrics from the store ------------------------------------------------------------
+
+STORE_LABELS = (*SPEC_LABELS, "hardware")
+
+# what the store exporter adds to the live names (it has no fallbacks: those are not stored)
+STORE_METRIC_NAMES = (
+    "autospec:speedup_estimate",
+    "autospec:speedup_estimate_k",
+    "autospec:speedup_estimate_by_batch",
+    "autospec:k_by_batch",
+    "autospec:store_up",
+)
+
+
+class StoreCollector:
+    """A prometheus_client collector that reads the store's per-(category, pair) aggregates
+    on every scrape: the live exporter's counters (summed over every process that ever wrote
+    the store), the k in force (the k the recent requests ran most), the speculation-off
+    share, tokens/s, bandwidth against peak, and the cost model's speedup estimate, also per
+    batch size — all as ``autospec report`` computes them (``autospec.report.build_report``).
+    The store is only read; a failing read is logged and scraped as ``autospec:store_up 0``."""
+
+    def __init__(self, store, *, category: str | None = None):
+        self.store = store
+        self.category = category
+
+    def describe(self):
+        return []  # collected per scrape: nothing to check at registration
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily("autospec:store_up", "1 if the last read of the store worked.")
+        try:
+            families = self._families()
+        except Exception:
+            log.exception("autospec: could not read the store for metrics")
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield from families
+        yield up
+
+    def _families(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from autospec.report import build_report
+        from autospec.store import queries
+
+        with self.store.session() as s:
+            summaries = queries.category_summaries(s, category=self.category)
+            report = build_report(s, category=self.category, store_url=self.store.url)
+        work = {(w.category, w.pair["id"]): w for w in report.workloads}
+        labels = list(STORE_LABELS)
+
+        def counter(name, doc, extra=()):
+            return CounterMetricFamily(name, doc, labels=labels + list(extra))
+
+        def gauge(name, doc, extra=()):
+            return GaugeMetricFamily(name, doc, labels=labels + list(extra))
+
+        fam = {
+            "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            "drafted": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            "accepted": counter("vllm:spec_decode_num_accepted_tokens",
+                                "Number of accepted tokens."),
+            "acc_pos": counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                               "Accepted tokens per draft position.", ("position",)),
+            "dra_pos": counter("autospec:spec_decode_num_draft_tokens_per_pos",
+                               "Draft tokens proposed per draft position.", ("position",)),
+            "requests": counter("autospec:requests", "Requests served speculatively."),
+            "iterations": counter("autospec:iterations", "Draft-verify iterations."),
+            "off": counter("autospec:iterations_speculation_off",
+                           "Iterations run with speculation off (k = 0)."),
+            "tokens": counter("autospec:generation_tokens", "Tokens generated."),
+            "seconds": counter("autospec:request_seconds", "Wall seconds of requests."),
+            "share": gauge("autospec:speculation_off_share",
+                           "Share of iterations with speculation off."),
+            "k": gauge("autospec:k_in_force", "The k the recent requests ran most."),
+            "tps": gauge("autospec:tokens_per_second", "Tokens per second over all requests."),
+            "bw": gauge("autospec:target_bandwidth_bytes_per_second",
+                        "Target's achieved memory bandwidth (time-weighted)."),
+            "peak": gauge("autospec:target_bandwidth_peak_bytes_per_second",
+                          "The device's peak memory bandwidth."),
+            "util": gauge("autospec:target_bandwidth_utilisation",
+                          "Achieved over peak memory bandwidth."),
+            "speedup": gauge("autospec:speedup_estimate",
+                             "Cost model's S(k) at the k in force (else the most used k > 0)."),
+            "speedup_k": gauge("autospec:speedup_estimate_k", "The k that estimate is for."),
+            "by_batch": gauge("autospec:speedup_estimate_by_batch",
+                              "Cost model's predicted speedup over plain batched decoding at "
+                              "its k, per batch size of the pair's cost grid.", ("batch",)),
+            "k_by_batch": gauge("autospec:k_by_batch",
+                                "Cost model's k per batch size of the pair's cost grid.",
+                                ("batch",)),
+        }
+        for sm in summaries:
+            p = sm.pair
+            lv = [short_name(p.target), sm.category, pair_label(p.target, p.draft), PROPOSER,
+                  p.hardware]
+            fam["drafts"].add_metric(lv, sm.drafts)
+            fam["drafted"].add_metric(lv, sm.drafted)
+            fam["accepted"].add_metric(lv, sm.accepted)
+            acc, dra = list(sm.accepted_per_position), list(sm.drafted_per_position)
+            for pos in range(max(len(acc), len(dra))):
+                fam["acc_pos"].add_metric([*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
+                fam["dra_pos"].add_metric([*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
+            fam["requests"].add_metric(lv, sm.requests)
+            fam["iterations"].add_metric(lv, sm.iterations)
+            off = sm.k_counts.get(0, 0)
+            fam["off"].add_metric(lv, off)
+            fam["tokens"].add_metric(lv, sm.new_tokens)
+            fam["seconds"].add_metric(lv, sm.wall_s)
+            if sm.iterations:
+                fam["share"].add_metric(lv, off / sm.iterations)
+            for key, value in (("tps", sm.tokens_per_s), ("bw", sm.bandwidth_bytes_per_s),
+                               ("peak", sm.bandwidth_peak_bytes_per_s),
+                               ("util", sm.bandwidth_utilisation)):
+                if value is not None:
+                    fam[key].add_metric(lv, value)
+            w = work.get((sm.category, p.id))
+            if w is None:
+                continue
+            if w.policy.k_in_force is not None:
+                fam["k"].add_metric(lv, w.policy.k_in_force)
+            if w.speedup.estimated is not None and w.speedup.k is not None:
+                fam["speedup"].add_metric(lv, w.speedup.estimated)
+                fam["speedup_k"].add_metric(lv, w.speedup.k)
+            for pt in (w.batch.points if w.batch is not None else []):
+                if pt.speedup is not None:
+                    fam["by_batch"].add_metric([*lv, str(pt.batch)], pt.speedup)
+                if pt.k is not None:
+                    fam["k_by_batch"].add_metric([*lv, str(pt.batch)], pt.k)
+        return list(fam.values())
+
+
+def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
+                category: str | None = None) -> Exporter:
+    """Serve the store's per-category aggregates (``StoreCollector``, read per scrape)."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, category=category))
+    return serve_registry(registry, port, addr)

@@ -17,7 +17,8 @@ from autospec.textfmt import VisibleStream
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # in the order ``autospec --help`` lists them
-COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "categorize")
+COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "categorize",
+            "metrics", "export")
 
 
 def build_parser():
