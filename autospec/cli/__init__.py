@@ -18,7 +18,7 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 
 # in the order ``autospec --help`` lists them
 COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "categorize",
-            "metrics", "export")
+            "metrics", "export", "ingest")
 
 
 def build_parser():
