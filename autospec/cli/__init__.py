@@ -4,7 +4,8 @@ Every command module has ``register(sub, parents)``, which adds its parser to th
 subcommands (``parents``: the shared option groups of ``autospec.cli.common``) and sets
 ``run`` (``run(args, parser) -> exit status``) as its default. Heavy imports (torch,
 transformers) wait until a command runs, so ``--help`` is instant and the store-only
-commands (``stats``, ``report``, ``tune``, ``categorize``) never import torch.
+commands (``stats``, ``report``, ``tune``, ``categorize``, ``metrics``, ``export``,
+``ingest``) never import torch.
 """
 
 from __future__ import annotations
