@@ -20,6 +20,7 @@ from autospec.metrics import Metrics, serve_store, start_http_server
 from autospec.store import open_store, queries
 
 from conftest import noisy_copy, prompt, tiny
+from test_store import BACKENDS, fresh_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "autospec.json"
@@ -92,18 +93,22 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
         assert hw == {sm.pair.hardware}
 
 
-def test_speedup_and_k_by_batch_size_follow_the_report(tmp_path):
-    url = f"sqlite:///{tmp_path / 'b.db'}"
-    st = open_store(url)
-    recs = fill(st, tuned=False)
-    st.close()
-    ks, _, _ = expected_view(recs)
-    with open_store(url, read_only=True) as st:
-        exp = serve_store(st, 0)
-        try:
-            fleet = scrape(exp.url)
-        finally:
-            exp.close()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_speedup_and_k_by_batch_size_follow_the_report(backend, tmp_path):
+    url, cleanup = fresh_url(backend, tmp_path)  # PostgreSQL where CI provides one
+    try:
+        st = open_store(url)
+        recs = fill(st, tuned=False)
+        st.close()
+        ks, _, _ = expected_view(recs)
+        with open_store(url, read_only=True) as st:
+            exp = serve_store(st, 0)
+            try:
+                fleet = scrape(exp.url)
+            finally:
+                exp.close()
+    finally:
+        cleanup()
     for b in BATCHES:
         assert pick(fleet, "autospec:k_by_batch", category="code", batch=b) == ks[b][0]
         assert pick(fleet, "autospec:speedup_estimate_by_batch", category="code",
