@@ -27,7 +27,8 @@ never per token. Each ``Metrics`` has its own ``CollectorRegistry``.
 ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before any process imports
 prometheus_client; every process then writes its values there and ``start_http_server``
 (in any one process) serves the sum over processes through a ``MultiProcessCollector``
-(gauges: the most recent value written by any process).
+(gauges: the most recent value written by any process — the speculation-off share is then
+one process's; ``rate`` of the iteration counters gives all of them).
 """
 
 from __future__ import annotations
