@@ -39,7 +39,7 @@ class Controller:
                  draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
                  categorize=None, log_features: bool = True, static_cache: bool = False,
-                 cuda_graphs="auto"):
+                 cuda_graphs="auto", metrics=False):
         from autospec.checks import check_pair
         from autospec.runners import resolve_graphs
 
@@ -75,6 +75,7 @@ class Controller:
         if store is not False:
             self._open_store(store, names)
         self._setup_categorizer(categorize)
+        self._setup_metrics(metrics, names)
         if hasattr(self.policy, "attach"):
             if self.store is None:
                 log.warning("autospec: policy %r follows tuned parameters in the store, but "
@@ -128,6 +129,14 @@ class Controller:
 
             with self.store.session() as s:
                 self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
+
+    def _setup_metrics(self, option, names) -> None:
+        """Prometheus metrics (autospec.metrics), updated once per finished request."""
+        from autospec.metrics import RequestHook, as_metrics
+
+        m = as_metrics(option)
+        self.metrics = None if m is None else RequestHook(
+            m, self.model, self.draft, names=names, telemetry=self.telemetry)
 
     def _open_store(self, store, names) -> None:
         """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
@@ -196,6 +205,8 @@ class Controller:
         self._local.stats = res.stats
         if self.writer is not None:
             self._log(res, plan, policy, category, source, features, alpha)
+        if self.metrics is not None:
+            self.metrics.observe(res.stats, category)
         sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
         if not plan.return_dict:
             return sequences
@@ -236,6 +247,9 @@ class Controller:
                                                                        resolved):
                 self._log(row, replace(plan, input_ids=ids, pad_prefix=pad), policy, cat,
                           source, features, alpha)
+        if self.metrics is not None:
+            for row, (cat, *_) in zip(res.rows, resolved):
+                self.metrics.observe(row.stats, cat)
         steps = max(r.stats.new_tokens for r in res.rows)
         pad = plan.pad_token_id if plan.pad_token_id is not None else 0
         L = plan.padded.shape[1]
@@ -382,6 +396,8 @@ class Controller:
             self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
         if first:
             log.info("autospec: %s; this request goes to the original generate", reason)
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.fallback(reason)
         return self._original_generate(inputs, generation_config, *args, **kwargs)
 
 
@@ -523,7 +539,10 @@ def wrap(model, draft, **options) -> Controller:
     names ((target, draft) names for the store; default: the models' name_or_path),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
     reused across requests), cuda_graphs ("auto": with static_cache on a CUDA device, replay
-    the draft step and each verification size from CUDA graphs; True; False).
+    the draft step and each verification size from CUDA graphs; True; False), metrics
+    (True: count every request in Prometheus metrics named after vLLM's, served by
+    ``autospec.metrics.start_http_server(port)``; an ``autospec.metrics.Metrics``; default
+    False).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")

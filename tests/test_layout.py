@@ -76,7 +76,9 @@ def test_every_command_module_registers_the_same_way():
 
 
 @pytest.mark.parametrize("argv", [["stats", "--help"], ["report", "--help"],
-                                  ["tune", "--help"], ["categorize", "show", "--help"]])
+                                  ["tune", "--help"], ["categorize", "show", "--help"],
+                                  ["metrics", "--help"], ["export", "--help"],
+                                  ["ingest", "--help"]])
 def test_store_only_commands_do_not_import_torch(argv):
     code = (f"import sys\nfrom autospec.cli import main\ntry:\n    main({argv!r})\n"
             "except SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'\n")

@@ -1,0 +1,70 @@
+"""``autospec export``: the k (or batch size → k table) the cost model or the tuned policy
+would run for one workload, as a serving engine's own configuration (``autospec.export``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from autospec.cli.common import positive_int
+
+
+def register(sub, parents) -> None:
+    p = sub.add_parser(
+        "export", help="speculation settings for vLLM, SGLang, TensorRT-LLM or llama.cpp",
+        description="Writes the engine's configuration for the traffic in the store: the k "
+                    "(vLLM and TensorRT-LLM: per batch size) that the cost model — or the "
+                    "tuned policy — would run, from the measured acceptance and cost curves, "
+                    "with a header giving the window, pair, hardware and estimated speedup "
+                    "per batch size. vllm/sglang/llamacpp: a shell command line; trtllm: "
+                    "YAML for trtllm-serve --extra_llm_api_options.")
+    p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                               "autospec.db in the cache directory)")
+    p.add_argument("--engine", required=True, choices=("vllm", "sglang", "trtllm", "llamacpp"))
+    p.add_argument("--category", help="the workload's category (needed when the store has "
+                                      "several)")
+    p.add_argument("--pair-id", type=int, help="the model pair (see `autospec stats --json`)")
+    p.add_argument("--source", choices=("auto", "costmodel", "tuned"), default="auto",
+                   help="whose k: the tuned policy's table where stored, else the cost "
+                        "model's (auto); or either one")
+    p.add_argument("--max-batch", type=positive_int, metavar="B",
+                   help="the largest batch size the engine runs (default: the largest "
+                        "measured one): the last measured k holds up to it")
+    p.add_argument("--batch", type=positive_int, default=1, metavar="B",
+                   help="sglang/llamacpp take one k: the k at this batch size (default 1)")
+    p.add_argument("--engine-hardware", metavar="NAME",
+                   help="the hardware the engine runs on: warns where it differs from the "
+                        "store's")
+    p.add_argument("--engine-model", metavar="NAME",
+                   help="the target the engine serves: warns where it differs from the "
+                        "store's")
+    p.add_argument("--out", metavar="FILE", help="write here (default: stdout)")
+    p.set_defaults(run=run, parser=p)
+
+
+def run(args, parser) -> int:
+    from autospec.cli.common import die, open_store_or_die
+    from autospec.export import ExportError, plan_for, render
+
+    store = open_store_or_die(args.db, read_only=True)
+    with store:
+        try:
+            plan = plan_for(store, category=args.category, pair_id=args.pair_id,
+                            source=args.source, max_batch=args.max_batch,
+                            engine_hardware=args.engine_hardware,
+                            engine_model=args.engine_model)
+        except ExportError as e:
+            die(str(e))
+    text = render(plan, args.engine, batch=args.batch)
+    for w in plan.warnings:
+        print(f"autospec: warning: {w}", file=sys.stderr)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.out).write_text(text, encoding="utf-8")
+    except OSError as e:
+        die(f"cannot write {args.out}: {e}")
+    print(f"wrote {args.out} ({args.engine}: k " +
+          ", ".join(f"{a}-{b}:{k}" for a, b, k in plan.ranges()) + ")")
+    return 0

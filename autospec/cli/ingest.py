@@ -1,0 +1,74 @@
+"""``autospec ingest``: a vLLM metrics scrape's spec-decode counters into the store as one
+category's statistics (``autospec.ingest``), so ``report`` and ``export`` cover engine traffic."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _label(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def register(sub, parents) -> None:
+    p = sub.add_parser(
+        "ingest", help="record a vLLM metrics scrape's acceptance counters in the store",
+        description="Reads a vLLM /metrics scrape (a file or an http(s) URL, Prometheus text "
+                    "format) and records its spec-decode counters — drafts, draft tokens, "
+                    "accepted tokens, accepted tokens per position — as one record of the "
+                    "category's statistics (no traces). Counters are cumulative: ingest an "
+                    "engine once, or pass --baseline (an earlier scrape) to add only the "
+                    "traffic since.")
+    p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                               "autospec.db in the cache directory)")
+    p.add_argument("--prometheus", required=True, metavar="FILE|URL", help="the scrape")
+    p.add_argument("--category", required=True, help="the category the traffic belongs to")
+    p.add_argument("--baseline", metavar="FILE|URL", help="an earlier scrape of the same "
+                                                          "engine: ingest only the difference")
+    p.add_argument("--model", help="the model_name label to read (default: the only one)")
+    p.add_argument("--label", type=_label, action="append", default=[], metavar="NAME=VALUE",
+                   help="only samples with this label (repeatable), e.g. engine=0")
+    p.add_argument("--target", help="target name for the store (default: the model_name)")
+    p.add_argument("--draft", default="unknown", help="draft name for the store")
+    p.add_argument("--dtype", default="unknown")
+    p.add_argument("--hardware", default="unknown", help="e.g. 'cuda: NVIDIA H200' (as "
+                                                         "autospec names it, to pair the "
+                                                         "counters with a probe)")
+    p.set_defaults(run=run, parser=p)
+
+
+def run(args, parser) -> int:
+    from autospec.cli.common import die, open_store_or_die
+    from autospec.ingest import IngestError, parse_scrape, read_scrape, to_record
+    from autospec.store import write_records
+
+    labels = dict(args.label)
+    try:
+        text = read_scrape(args.prometheus)
+        counters = parse_scrape(text, args.model, labels)
+        if args.baseline is not None:
+            before = parse_scrape(read_scrape(args.baseline), counters.model, labels)
+            counters = counters.minus(before)
+        if not args.category.strip():
+            die("--category must not be empty")
+        record = to_record(counters, category=args.category, target=args.target,
+                           draft=args.draft, dtype=args.dtype, hardware=args.hardware)
+    except IngestError as e:
+        die(str(e))
+    except (OSError, UnicodeDecodeError) as e:
+        die(f"cannot read {args.prometheus}: {e}")
+    store = open_store_or_die(args.db)
+    with store:
+        try:
+            with store.begin() as s:
+                write_records(s, [record])
+        except ValueError as e:
+            die(f"cannot record the scrape: {e}")
+    acc = record.accepted / record.drafted if record.drafted else float("nan")
+    print(f"ingested {counters.model}: {record.drafts} drafts, {record.drafted} draft tokens, "
+          f"{record.accepted} accepted ({acc:.1%}) over {len(record.accepted_per_position)} "
+          f"positions as category {args.category!r}")
+    return 0

@@ -1,0 +1,57 @@
+"""``autospec metrics``: serve the store's per-category aggregates for Prometheus to scrape
+(``autospec.metrics.StoreCollector``, read per scrape; the store is opened read-only)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: a free port), got {value}")
+    return value
+
+
+def register(sub, parents) -> None:
+    p = sub.add_parser(
+        "metrics", help="serve the store's per-category aggregates to Prometheus",
+        description="Serves /metrics from the store, read on every scrape (any number of "
+                    "writers, SQLite or PostgreSQL): vLLM's spec-decode counters per "
+                    "category × model pair × hardware, acceptance by position, k in force, "
+                    "speculation-off share, tokens/s, bandwidth against peak and the cost "
+                    "model's speedup estimate (also per batch size). Runs until interrupted.")
+    p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
+                                               "autospec.db in the cache directory)")
+    p.add_argument("--port", type=_port, default=9464, help="port to serve on (default 9464; "
+                                                            "0: a free one)")
+    p.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                                                       "0.0.0.0 for every interface)")
+    p.add_argument("--category", help="only this category")
+    p.set_defaults(run=run, parser=p)
+
+
+def run(args, parser) -> int:
+    from autospec.cli.common import die, open_store_or_die
+    from autospec.metrics import serve_store
+
+    store = open_store_or_die(args.db, read_only=True)
+    try:
+        exporter = serve_store(store, args.port, args.addr, category=args.category)
+    except OSError as e:
+        store.close()
+        die(f"cannot serve on {args.addr}:{args.port}: {e}")
+    print(f"serving the store's metrics on {exporter.url} (Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exporter.close()
+        store.close()
+    return 0

@@ -1,0 +1,170 @@
+"""Engine telemetry into the store: a vLLM metrics scrape (Prometheus text exposition format)
+becomes one request-less record of a category's statistics — its spec-decode counters (drafts,
+draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
+``export`` work for traffic an engine served. No traces: replay and tuning need autospec's own
+requests.
+
+vLLM counts drafts at a fixed k (``num_speculative_tokens``), so the draft tokens proposed at
+each position are taken as the number of drafts (positions 0 … K−1 from the per-position
+counter's ``position`` labels); drafts that vLLM truncated (near the length limit) make that a
+slight over-count. The counters are cumulative since the engine started: ingesting the same
+engine twice counts its traffic twice (pass ``baseline``: an earlier scrape of the same engine,
+to ingest only the traffic between the two).
+
+autospec's own exporters (``autospec.metrics``) use the same names, so their scrapes ingest
+the same way. SGLang exports no per-position counters and is not read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "IngestError"]
+
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GENERATION = "vllm:generation_tokens"
+PROMPT = "vllm:prompt_tokens"
+
+
+class IngestError(ValueError):
+    """The scrape has no spec-decode counters for the model asked for (or is not a scrape)."""
+
+
+@dataclass
+class SpecCounters:
+    model: str
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    generation_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+    def minus(self, earlier: SpecCounters) -> SpecCounters:
+        """The traffic between ``earlier`` and this scrape (an engine restart resets the
+        counters: then this scrape's counts are all new)."""
+        if self.drafts < earlier.drafts or self.accepted < earlier.accepted:
+            log.warning("autospec: the counters went down since the baseline scrape (the "
+                        "engine restarted?): ingesting this scrape's counts whole")
+            return self
+        pos = [a - (earlier.accepted_per_position[i] if i < len(earlier.accepted_per_position)
+                    else 0) for i, a in enumerate(self.accepted_per_position)]
+
+        def sub(a, b):
+            return None if a is None else a - (b or 0)
+        return SpecCounters(self.model, self.drafts - earlier.drafts,
+                            self.draft_tokens - earlier.draft_tokens,
+                            self.accepted - earlier.accepted, pos,
+                            sub(self.generation_tokens, earlier.generation_tokens),
+                            sub(self.prompt_tokens, earlier.prompt_tokens))
+
+
+def _base(name: str) -> str:
+    for suffix in ("_total", "_created"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def parse_scrape(text: str, model: str | None = None,
+                 labels: dict[str, str] | None = None) -> SpecCounters:
+    """The spec-decode counters of one model in a scrape, summed over engines (and over any
+    other labels, restricted to ``labels`` where given). ``model``: the ``model_name`` label;
+    None — the scrape's only one."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as e:  # the parser raises ValueError and others on malformed input
+        raise IngestError(f"not a Prometheus text exposition: {e}") from None
+    wanted = {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS, GENERATION, PROMPT}
+    samples = []
+    for fam in families:
+        for s in fam.samples:
+            if s.name.endswith("_created") or _base(s.name) not in wanted:
+                continue
+            if labels and any(s.labels.get(k) != v for k, v in labels.items()):
+                continue
+            samples.append(s)
+    models = sorted({s.labels.get("model_name", "") for s in samples
+                     if _base(s.name) == DRAFTS})
+    if not models:
+        raise IngestError("no vllm:spec_decode_num_drafts counter in the scrape (was "
+                          "speculative decoding on?)" + (f" with labels {labels}" if labels
+                                                         else ""))
+    if model is None:
+        if len(models) > 1:
+            raise IngestError(f"the scrape has {len(models)} models: choose one with --model "
+                              f"({', '.join(models)})")
+        model = models[0]
+    elif model not in models:
+        raise IngestError(f"no spec-decode counters for model {model!r} in the scrape (it has "
+                          f"{', '.join(models)})")
+    out = SpecCounters(model)
+    per_pos: dict[int, float] = {}
+    gen = prompt = None
+    for s in samples:
+        if s.labels.get("model_name", "") != model:
+            continue
+        base = _base(s.name)
+        if base == DRAFTS:
+            out.drafts += int(round(s.value))
+        elif base == DRAFT_TOKENS:
+            out.draft_tokens += int(round(s.value))
+        elif base == ACCEPTED:
+            out.accepted += int(round(s.value))
+        elif base == PER_POS:
+            try:
+                pos = int(s.labels["position"])
+            except (KeyError, ValueError):
+                raise IngestError(f"{PER_POS} sample without an integer position label: "
+                                  f"{s.labels}") from None
+            per_pos[pos] = per_pos.get(pos, 0) + s.value
+        elif base == GENERATION:
+            gen = (gen or 0) + int(round(s.value))
+        elif base == PROMPT:
+            prompt = (prompt or 0) + int(round(s.value))
+    width = max(per_pos) + 1 if per_pos else 0
+    out.accepted_per_position = [int(round(per_pos.get(i, 0))) for i in range(width)]
+    out.generation_tokens, out.prompt_tokens = gen, prompt
+    return out
+
+
+def read_scrape(source: str, timeout: float = 10.0) -> str:
+    """A scrape's text from a file or an http(s) URL."""
+    if source.startswith(("http://", "https://")):
+        with urllib.request.urlopen(source, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace")
+    with open(source, encoding="utf-8") as f:
+        return f.read()
+
+
+def to_record(c: SpecCounters, *, category: str, target: str | None = None,
+              draft: str = "unknown", dtype: str = "unknown", hardware: str = "unknown",
+              engine: str = "vllm", created_at: float | None = None):
+    """One ``RequestRecord`` carrying the counters (no trace, no timings)."""
+    from autospec.store.records import TRACE_GREEDY, PairInfo, RequestRecord
+
+    if c.drafts <= 0:
+        raise IngestError("the scrape counts no drafts for this model: nothing to ingest")
+    width = len(c.accepted_per_position)
+    return RequestRecord(
+        pair=PairInfo(target=target or c.model, draft=draft, dtype=dtype, hardware=hardware),
+        category=category, policy=f"{engine} (ingested)", greedy=True,
+        prompt_tokens=c.prompt_tokens or 0,
+        new_tokens=c.generation_tokens if c.generation_tokens is not None
+        else c.drafts + c.accepted,
+        iterations=c.drafts, drafts=c.drafts, drafted=c.draft_tokens, accepted=c.accepted,
+        accepted_per_position=list(c.accepted_per_position),
+        drafted_per_position=[c.drafts] * width,
+        k_schedule=b"", accepted_schedule=b"", wall_s=0.0, prefill_s=0.0, draft_s=0.0,
+        draft_forwards=0, target_s_by_n={}, trace_kind=TRACE_GREEDY, trace=b"",
+        stop_reason="ingested", created_at=created_at if created_at is not None else time.time())

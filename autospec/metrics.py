@@ -1,0 +1,435 @@
+"""Prometheus metrics, named and shaped after vLLM's speculative-decoding metrics.
+
+The four counters vLLM v1 exports for speculative decoding keep its names, so dashboards
+built for vLLM read autospec too (vllm-project/vllm, ``vllm/v1/spec_decode/metrics.py``,
+``SpecDecodingProm``; prometheus_client appends ``_total`` to a counter's name):
+
+- ``vllm:spec_decode_num_drafts``: iterations that proposed at least one draft token
+- ``vllm:spec_decode_num_draft_tokens``: draft tokens proposed
+- ``vllm:spec_decode_num_accepted_tokens``: draft tokens accepted
+- ``vllm:spec_decode_num_accepted_tokens_per_pos``: accepted tokens by draft position
+  (label ``position``, from 0)
+
+vLLM labels them ``model_name`` (and ``engine``); autospec labels them ``model_name`` (the
+target), ``category``, ``pair`` (``target/draft``, short names) and ``proposer`` (``draft``).
+Since autospec changes k per iteration, it adds what vLLM's fixed k makes unnecessary:
+``autospec:spec_decode_num_draft_tokens_per_pos`` (drafted tokens by position: acceptance at
+position i is accepted_per_pos / draft_tokens_per_pos). Besides: k in force, iterations and
+those run with speculation off (k = 0), the speculation-off share, generated tokens and
+request seconds (tokens/s as a rate ratio) and the last request's tokens/s, the target's
+achieved memory bandwidth and the device's peak, and fallbacks (requests sent to the
+original ``generate``) by reason.
+
+Everything is updated once per finished request, after generation (``Metrics.observe``),
+never per token. Each ``Metrics`` has its own ``CollectorRegistry``.
+
+**Multi-process servers** follow prometheus_client's multiprocess mode: set
+``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before any process imports
+prometheus_client; every process then writes its values there and ``start_http_server``
+(in any one process) serves the sum over processes through a ``MultiProcessCollector``
+(gauges: the most recent value written by any process — the speculation-off share is then
+one process's; ``rate`` of the iteration counters gives all of them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Metrics", "Exporter", "start_http_server", "short_name", "pair_label",
+           "SPEC_LABELS", "METRIC_NAMES"]
+
+SPEC_LABELS = ("model_name", "category", "pair", "proposer")
+PROPOSER = "draft"
+
+# the exposed sample names (counters with ``_total``), for dashboards and their tests
+METRIC_NAMES = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    "autospec:spec_decode_num_draft_tokens_per_pos_total",
+    "autospec:requests_total",
+    "autospec:iterations_total",
+    "autospec:iterations_speculation_off_total",
+    "autospec:speculation_off_share",
+    "autospec:k_in_force",
+    "autospec:generation_tokens_total",
+    "autospec:request_seconds_total",
+    "autospec:tokens_per_second",
+    "autospec:target_bandwidth_bytes_per_second",
+    "autospec:target_bandwidth_peak_bytes_per_second",
+    "autospec:target_bandwidth_utilisation",
+    "autospec:fallbacks_total",
+)
+
+
+def short_name(name: str) -> str:
+    """A model's short name: the last part of its path or hub id."""
+    name = str(name).rstrip("/")
+    return name.rsplit("/", 1)[-1] or name
+
+
+def pair_label(target: str, draft: str) -> str:
+    return f"{short_name(target)}/{short_name(draft)}"
+
+
+def _multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or
+                os.environ.get("prometheus_multiproc_dir"))
+
+
+class Metrics:
+    """The live metrics of one or more controllers, in one registry."""
+
+    def __init__(self, registry=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = registry if registry is not None else CollectorRegistry(
+            auto_describe=True)
+        self._lock = threading.Lock()
+        # in-process running sums for the speculation-off share gauge
+        self._iters: dict[tuple, list[int]] = {}
+        labels = list(SPEC_LABELS)
+        reg = {"registry": self.registry}
+        last = {"multiprocess_mode": "mostrecent"}
+
+        def counter(name, doc, extra=()):
+            return Counter(name, doc, labels + list(extra), **reg)
+
+        def gauge(name, doc):
+            return Gauge(name, doc, labels, **reg, **last)
+
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
+                                    "Number of draft tokens.")
+        self.accepted = counter("vllm:spec_decode_num_accepted_tokens",
+                                "Number of accepted tokens.")
+        self.accepted_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                    "Accepted tokens per draft position.", ("position",))
+        self.drafted_pos = counter("autospec:spec_decode_num_draft_tokens_per_pos",
+                                   "Draft tokens proposed per draft position.", ("position",))
+        self.requests = counter("autospec:requests", "Requests served speculatively.")
+        self.iterations = counter("autospec:iterations",
+                                  "Draft-verify iterations (k = 0 included).")
+        self.iterations_off = counter("autospec:iterations_speculation_off",
+                                      "Iterations run with speculation off (k = 0).")
+        self.off_share = gauge("autospec:speculation_off_share",
+                               "Share of iterations with speculation off, since start.")
+        self.k_in_force = gauge("autospec:k_in_force",
+                                "k of the last iteration of the last request.")
+        self.tokens = counter("autospec:generation_tokens", "Tokens generated.")
+        self.seconds = counter("autospec:request_seconds",
+                               "Wall seconds of speculative requests.")
+        self.tokens_per_s = gauge("autospec:tokens_per_second",
+                                  "Tokens per second of the last request.")
+        self.bandwidth = gauge("autospec:target_bandwidth_bytes_per_second",
+                               "Target's achieved memory bandwidth, last request.")
+        self.peak = gauge("autospec:target_bandwidth_peak_bytes_per_second",
+                          "The device's peak memory bandwidth (measured).")
+        self.utilisation = gauge("autospec:target_bandwidth_utilisation",
+                                 "Achieved over peak memory bandwidth, last request.")
+        self.fallbacks = Counter("autospec:fallbacks",
+                                 "Requests sent to the original generate, by reason.",
+                                 ["model_name", "reason"], **reg)
+
+    def observe(self, stats, *, category: str, target: str, draft: str,
+                bandwidth: float | None = None, peak: float | None = None) -> None:
+        """Count one finished request (a ``LoopStats``); never raises into the caller."""
+        try:
+            self._observe(stats, category, target, draft, bandwidth, peak)
+        except Exception:
+            log.exception("autospec: could not update the request's metrics")
+
+    def _observe(self, stats, category, target, draft, bandwidth, peak) -> None:
+        lv = (short_name(target), category, pair_label(target, draft), PROPOSER)
+        self.drafts.labels(*lv).inc(stats.drafts)
+        self.draft_tokens.labels(*lv).inc(stats.drafted)
+        self.accepted.labels(*lv).inc(stats.accepted)
+        accepted = list(stats.accepted_per_position)
+        drafted = list(stats.drafted_per_position)
+        for pos in range(max(len(accepted), len(drafted))):  # the lists may differ in length
+            self.accepted_pos.labels(*lv, str(pos)).inc(
+                accepted[pos] if pos < len(accepted) else 0)
+            self.drafted_pos.labels(*lv, str(pos)).inc(drafted[pos] if pos < len(drafted) else 0)
+        ks = stats.k_schedule
+        off = sum(1 for k in ks if k == 0)
+        self.requests.labels(*lv).inc()
+        self.iterations.labels(*lv).inc(len(ks))
+        self.iterations_off.labels(*lv).inc(off)
+        with self._lock:
+            cell = self._iters.setdefault(lv, [0, 0])
+            cell[0] += len(ks)
+            cell[1] += off
+            share = cell[1] / cell[0] if cell[0] else None
+        if share is not None:
+            self.off_share.labels(*lv).set(share)
+        if ks:
+            self.k_in_force.labels(*lv).set(ks[-1])
+        self.tokens.labels(*lv).inc(stats.new_tokens)
+        self.seconds.labels(*lv).inc(max(stats.wall_s, 0.0))
+        if stats.wall_s > 0:
+            self.tokens_per_s.labels(*lv).set(stats.new_tokens / stats.wall_s)
+        if bandwidth is not None:
+            self.bandwidth.labels(*lv).set(bandwidth)
+        if peak:
+            self.peak.labels(*lv).set(peak)
+            if bandwidth is not None:
+                self.utilisation.labels(*lv).set(bandwidth / peak)
+
+    def fallback(self, reason: str, target: str) -> None:
+        try:
+            self.fallbacks.labels(short_name(target), reason).inc()
+        except Exception:
+            log.exception("autospec: could not count a fallback in the metrics")
+
+
+_default: Metrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> Metrics:
+    """The process's shared ``Metrics`` (what ``wrap(..., metrics=True)`` uses)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Metrics()
+        return _default
+
+
+class Exporter:
+    """A running ``/metrics`` endpoint: ``port`` (the bound one, also for port 0),
+    ``registry``, ``close()``."""
+
+    def __init__(self, server, thread, registry):
+        self.server, self.thread, self.registry = server, thread, registry
+        self.port = server.server_port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.server.server_address[0]}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_registry(registry, port: int = 0, addr: str = "127.0.0.1") -> Exporter:
+    """Serve ``registry`` on ``addr:port`` (0: a free port) from a daemon thread."""
+    from prometheus_client import start_http_server as _start
+
+    server, thread = _start(port, addr=addr, registry=registry)
+    log.info("autospec: serving metrics on http://%s:%d/metrics", addr, server.server_port)
+    return Exporter(server, thread, registry)
+
+
+def start_http_server(port: int = 0, addr: str = "127.0.0.1",
+                      metrics: Metrics | None = None) -> Exporter:
+    """Serve the live metrics (``metrics``, else the process's shared ones that
+    ``wrap(..., metrics=True)`` updates). Under ``PROMETHEUS_MULTIPROC_DIR`` it serves
+    every process's values, summed, instead."""
+    metrics = metrics if metrics is not None else default_metrics()
+    registry = metrics.registry
+    if _multiprocess():
+        from prometheus_client import CollectorRegistry, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return serve_registry(registry, port, addr)
+
+
+class RequestHook:
+    """What a controller calls when a request finishes (``observe``) or falls back
+    (``fallback``): names the pair as the store does and measures bandwidth as it does."""
+
+    def __init__(self, metrics: Metrics, target, draft, *, names=None, telemetry=None):
+        from autospec import telemetry as tm
+
+        self.metrics = metrics
+        self.telemetry = telemetry
+        if telemetry is not None:
+            self.target, self.draft = telemetry.pair.target, telemetry.pair.draft
+            self.target_bytes, self.kv_per_token = telemetry.target_bytes, telemetry.kv_per_token
+        else:
+            self.target, self.draft = names or (tm._model_name(target), tm._model_name(draft))
+            self.target_bytes = tm.param_bytes(target)
+            self.kv_per_token = tm.kv_bytes_per_token(target)
+
+    def observe(self, stats, category: str) -> None:
+        try:
+            from autospec.telemetry import achieved_bandwidth
+
+            bw = achieved_bandwidth(self.target_bytes, self.kv_per_token, stats.target_forwards)
+            peak = getattr(self.telemetry, "peak", None)
+        except Exception:
+            log.exception("autospec: could not measure the request's bandwidth for metrics")
+            bw = peak = None
+        self.metrics.observe(stats, category=category, target=self.target, draft=self.draft,
+                             bandwidth=bw, peak=peak)
+
+    def fallback(self, reason: str) -> None:
+        self.metrics.fallback(reason, self.target)
+
+
+def as_metrics(option) -> Metrics | None:
+    """``wrap``'s ``metrics`` option: False/None — none; True — the process's shared
+    ``Metrics``; a ``Metrics`` — that one."""
+    if option is None or option is False:
+        return None
+    if option is True:
+        return default_metrics()
+    if isinstance(option, Metrics):
+        return option
+    raise ValueError(f"metrics must be True, False or an autospec.metrics.Metrics, "
+                     f"got {option!r}")
+
+
+# -- fleet metrics from the store ------------------------------------------------------------
+
+STORE_LABELS = (*SPEC_LABELS, "hardware")
+
+# what the store exporter adds to the live names (it has no fallbacks: those are not stored)
+STORE_METRIC_NAMES = (
+    "autospec:speedup_estimate",
+    "autospec:speedup_estimate_k",
+    "autospec:speedup_estimate_by_batch",
+    "autospec:k_by_batch",
+    "autospec:store_up",
+)
+
+
+class StoreCollector:
+    """A prometheus_client collector that reads the store's per-(category, pair) aggregates
+    on every scrape: the live exporter's counters (summed over every process that ever wrote
+    the store), the k in force (the k the recent requests ran most), the speculation-off
+    share, tokens/s, bandwidth against peak, and the cost model's speedup estimate, also per
+    batch size — all as ``autospec report`` computes them (``autospec.report.build_report``).
+    The store is only read; a failing read is logged and scraped as ``autospec:store_up 0``."""
+
+    def __init__(self, store, *, category: str | None = None):
+        self.store = store
+        self.category = category
+
+    def describe(self):
+        return []  # collected per scrape: nothing to check at registration
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily("autospec:store_up", "1 if the last read of the store worked.")
+        try:
+            families = self._families()
+        except Exception:
+            log.exception("autospec: could not read the store for metrics")
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield from families
+        yield up
+
+    def _families(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from autospec.report import build_report
+        from autospec.store import queries
+
+        with self.store.session() as s:
+            summaries = queries.category_summaries(s, category=self.category)
+            report = build_report(s, category=self.category, store_url=self.store.url)
+        work = {(w.category, w.pair["id"]): w for w in report.workloads}
+        labels = list(STORE_LABELS)
+
+        def counter(name, doc, extra=()):
+            return CounterMetricFamily(name, doc, labels=labels + list(extra))
+
+        def gauge(name, doc, extra=()):
+            return GaugeMetricFamily(name, doc, labels=labels + list(extra))
+
+        fam = {
+            "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            "drafted": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            "accepted": counter("vllm:spec_decode_num_accepted_tokens",
+                                "Number of accepted tokens."),
+            "acc_pos": counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                               "Accepted tokens per draft position.", ("position",)),
+            "dra_pos": counter("autospec:spec_decode_num_draft_tokens_per_pos",
+                               "Draft tokens proposed per draft position.", ("position",)),
+            "requests": counter("autospec:requests", "Requests served speculatively."),
+            "iterations": counter("autospec:iterations", "Draft-verify iterations."),
+            "off": counter("autospec:iterations_speculation_off",
+                           "Iterations run with speculation off (k = 0)."),
+            "tokens": counter("autospec:generation_tokens", "Tokens generated."),
+            "seconds": counter("autospec:request_seconds", "Wall seconds of requests."),
+            "share": gauge("autospec:speculation_off_share",
+                           "Share of iterations with speculation off."),
+            "k": gauge("autospec:k_in_force", "The k the recent requests ran most."),
+            "tps": gauge("autospec:tokens_per_second", "Tokens per second over all requests."),
+            "bw": gauge("autospec:target_bandwidth_bytes_per_second",
+                        "Target's achieved memory bandwidth (time-weighted)."),
+            "peak": gauge("autospec:target_bandwidth_peak_bytes_per_second",
+                          "The device's peak memory bandwidth."),
+            "util": gauge("autospec:target_bandwidth_utilisation",
+                          "Achieved over peak memory bandwidth."),
+            "speedup": gauge("autospec:speedup_estimate",
+                             "Cost model's S(k) at the k in force (else the most used k > 0)."),
+            "speedup_k": gauge("autospec:speedup_estimate_k", "The k that estimate is for."),
+            "by_batch": gauge("autospec:speedup_estimate_by_batch",
+                              "Cost model's predicted speedup over plain batched decoding at "
+                              "its k, per batch size of the pair's cost grid.", ("batch",)),
+            "k_by_batch": gauge("autospec:k_by_batch",
+                                "Cost model's k per batch size of the pair's cost grid.",
+                                ("batch",)),
+        }
+        for sm in summaries:
+            p = sm.pair
+            lv = [short_name(p.target), sm.category, pair_label(p.target, p.draft), PROPOSER,
+                  p.hardware]
+            fam["drafts"].add_metric(lv, sm.drafts)
+            fam["drafted"].add_metric(lv, sm.drafted)
+            fam["accepted"].add_metric(lv, sm.accepted)
+            acc, dra = list(sm.accepted_per_position), list(sm.drafted_per_position)
+            for pos in range(max(len(acc), len(dra))):
+                fam["acc_pos"].add_metric([*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
+                fam["dra_pos"].add_metric([*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
+            fam["requests"].add_metric(lv, sm.requests)
+            fam["iterations"].add_metric(lv, sm.iterations)
+            off = sm.k_counts.get(0, 0)
+            fam["off"].add_metric(lv, off)
+            fam["tokens"].add_metric(lv, sm.new_tokens)
+            fam["seconds"].add_metric(lv, sm.wall_s)
+            if sm.iterations:
+                fam["share"].add_metric(lv, off / sm.iterations)
+            for key, value in (("tps", sm.tokens_per_s), ("bw", sm.bandwidth_bytes_per_s),
+                               ("peak", sm.bandwidth_peak_bytes_per_s),
+                               ("util", sm.bandwidth_utilisation)):
+                if value is not None:
+                    fam[key].add_metric(lv, value)
+            w = work.get((sm.category, p.id))
+            if w is None:
+                continue
+            if w.policy.k_in_force is not None:
+                fam["k"].add_metric(lv, w.policy.k_in_force)
+            if w.speedup.estimated is not None and w.speedup.k is not None:
+                fam["speedup"].add_metric(lv, w.speedup.estimated)
+                fam["speedup_k"].add_metric(lv, w.speedup.k)
+            for pt in (w.batch.points if w.batch is not None else []):
+                if pt.speedup is not None:
+                    fam["by_batch"].add_metric([*lv, str(pt.batch)], pt.speedup)
+                if pt.k is not None:
+                    fam["k_by_batch"].add_metric([*lv, str(pt.batch)], pt.k)
+        return list(fam.values())
+
+
+def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
+                category: str | None = None) -> Exporter:
+    """Serve the store's per-category aggregates (``StoreCollector``, read per scrape)."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, category=category))
+    return serve_registry(registry, port, addr)
