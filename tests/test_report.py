@@ -66,7 +66,7 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
         draft_s=drafted * t_draft, draft_forwards=drafted, target_s_by_n=dict(by_n),
         trace_kind="greedy", trace=bytes(1 for _ in range(sum(accs) + len(ks))),
         bandwidth_bytes_per_s=bandwidth, bandwidth_peak_bytes_per_s=4.8e12 if bandwidth
-        else None, created_at=created_at)
+        else None, created_at=created_at, path="eager")
 
 
 def accepted_run(rng: random.Random, k: int, alpha: float) -> int:
@@ -260,7 +260,7 @@ def test_verdicts_on_constructed_workloads(store):
     with store.begin() as s:
         from autospec.store.rows import get_or_create_pair
         slow = get_or_create_pair(s, SLOW)
-        add_probe(s, slow, {"target_s_by_n": {str(n): 0.1 * n for n in range(1, 9)},
+        add_probe(s, slow, {"path": "eager", "target_s_by_n": {str(n): 0.1 * n for n in range(1, 9)},
                             "draft_s": 0.03, "achieved_bytes_per_s": 2e10,
                             "peak_bytes_per_s": 4e10, "utilisation": 0.5,
                             "verdict": "verification is compute bound"})

@@ -1,0 +1,233 @@
+"""Costs from one execution path: every request and probe records the path its forwards ran
+on (eager, static cache, CUDA graphs), the store keeps batch-1 costs per path, and every cost
+query reads one path only — per-category statistics, ``measured_costs``, ``batch_costs`` and
+the controller's warm start. Old databases upgrade in place (paths unknown). SQLite always,
+PostgreSQL when AUTOSPEC_TEST_POSTGRES_URL is set (as tests/test_store.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import MetaData, create_engine, insert, select
+from test_store_batch import _create_at
+
+import autospec
+from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
+from autospec.store.migrate import current_revision, head_revision
+from autospec.store.models import CategoryCost, Request
+from autospec.store.rows import _request_row, get_or_create_pair
+
+from conftest import noisy_copy, prompt, tiny
+from test_store import BACKENDS, fresh_url
+
+PAIR = PairInfo("t-model", "d-model", "bfloat16", "cpu: test")
+EAGER = {1: 0.010, 2: 0.011, 4: 0.013}  # T_t(n), seconds
+STATIC = {1: 0.100, 2: 0.150, 4: 0.250}  # very different: another path, another machine state
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request, tmp_path):
+    u, cleanup = fresh_url(request.param, tmp_path)
+    yield u
+    cleanup()
+
+
+def record(path: str | None, curve: dict[int, float], t_draft: float, *, forwards: int = 8,
+           category: str = "code", pair: PairInfo = PAIR) -> RequestRecord:
+    """A batch-1 request whose forwards cost exactly ``curve`` (n → seconds) on ``path``."""
+    ks = [n - 1 for n in curve for _ in range(forwards)]
+    accs = list(ks)
+    width = max(ks)
+    return RequestRecord(
+        pair=pair, category=category, policy="fixed", greedy=True, prompt_tokens=10,
+        new_tokens=sum(accs) + len(ks), iterations=len(ks), drafts=sum(k > 0 for k in ks),
+        drafted=sum(ks), accepted=sum(accs),
+        accepted_per_position=[sum(a > i for a in accs) for i in range(width)],
+        drafted_per_position=[sum(k > i for k in ks) for i in range(width)],
+        k_schedule=bytes(ks), accepted_schedule=bytes(accs), wall_s=1.0, prefill_s=0.0,
+        draft_s=sum(ks) * t_draft, draft_forwards=sum(ks),
+        target_s_by_n={n: [t] * forwards for n, t in curve.items()}, trace_kind="greedy",
+        trace=bytes(1 for _ in range(sum(accs) + len(ks))), created_at=time.time(),
+        path=path)
+
+
+def test_each_path_gets_its_own_costs(url):
+    """Eager and static timings of one category in one store: each path's costs are its own,
+    never their mean, in the summaries and in ``measured_costs``."""
+    with open_store(url) as store:
+        store.write([record("eager", EAGER, 0.001) for _ in range(3)]
+                    + [record("static", STATIC, 0.02) for _ in range(2)])
+        with store.session() as s:
+            pid = queries.pair_id(s, PAIR)
+            eager = queries.measured_costs(s, pid, "code", path="eager", source="live")
+            static = queries.measured_costs(s, pid, "code", path="static", source="live")
+            (by_default,) = queries.category_summaries(s, category="code")
+            (as_static,) = queries.category_summaries(s, category="code", path="static")
+            (as_graphs,) = queries.category_summaries(s, category="code",
+                                                      path="static+cuda-graphs")
+            assert queries.paths(s, pid) == {"eager": 3, "static": 2}
+            assert queries.serving_path(s, pid, "code") == "eager"
+            # no path given: the path that served most of the traffic
+            assert queries.measured_costs(s, pid, "code", source="live")[:2] == eager[:2]
+    assert eager[1] == pytest.approx(EAGER) and eager[0] == pytest.approx(0.001)
+    assert static[1] == pytest.approx(STATIC) and static[0] == pytest.approx(0.02)
+    assert "eager" in eager[2] and "static" in static[2]
+    # counters and acceptance cover every request; timings one path
+    assert by_default.requests == as_static.requests == 5
+    assert by_default.path == "eager" and by_default.t_target_s_by_n == pytest.approx(EAGER)
+    assert as_static.path == "static" and as_static.t_target_s_by_n == pytest.approx(STATIC)
+    assert as_static.t_draft_s == pytest.approx(0.02)
+    assert as_graphs.t_target_s_by_n == {} and as_graphs.t_draft_s is None
+
+
+def test_a_probe_serves_only_the_path_it_timed(url):
+    with open_store(url) as store:
+        store.write([record("eager", EAGER, 0.001) for _ in range(3)])
+        with store.begin() as s:
+            add_probe(s, PAIR, {"path": "static", "draft_s": 0.02,
+                                "target_s_by_n": {str(n): t for n, t in STATIC.items()},
+                                "grid": {1: STATIC, 4: {n: 4 * t for n, t in STATIC.items()}},
+                                "draft_grid": {1: 0.02, 4: 0.05}})
+        with store.session() as s:
+            pid = queries.pair_id(s, PAIR)
+            eager = queries.measured_costs(s, pid, "code", path="eager")
+            static = queries.measured_costs(s, pid, "code", path="static")
+            (probe,) = [queries.latest_probe(s, pid)]
+            # the batched loop runs eager: a static probe's grid is not its cost source
+            batch = queries.batch_costs(s, pid)
+            batch_static = queries.batch_costs(s, pid, path="static")
+    assert eager[1] == pytest.approx(EAGER) and eager[2] == "live traffic (eager)"
+    assert static[1] == pytest.approx(STATIC) and static[2].startswith("probe #")
+    assert probe.path == "static"
+    assert batch == ({}, {}, "none")
+    assert batch_static[2] == "probe" and batch_static[0][4][1] == pytest.approx(0.4)
+
+
+def test_a_record_with_a_bad_path_is_refused(url):
+    with open_store(url) as store:
+        for bad in ("", "x" * 65, "eager\x1b[2J", 3):
+            with pytest.raises(ValueError, match="path"):
+                store.write([record(bad, EAGER, 0.001)])
+
+
+@pytest.fixture
+def models():
+    target = tiny("qwen2", sharpen=30.0)
+    return target, noisy_copy(target, 0.15)
+
+
+@pytest.mark.parametrize("options, path", [
+    ({}, "eager"),
+    ({"static_cache": True, "cuda_graphs": False}, "static"),
+    ({"static_cache": True, "cuda_graphs": "emulate"}, "static+emulate"),
+])
+def test_requests_record_the_path_their_forwards_ran_on(models, tmp_path, options, path):
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    spec = autospec.Controller(*models, store=url, **options)
+    assert spec.path == path
+    spec.generate(prompt(10), max_new_tokens=12, do_sample=False, k=2, eos_token_id=None)
+    assert spec.last_stats.path == path
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        (row,) = queries.recent_requests(s)
+        (sm,) = queries.category_summaries(s)
+        pid = queries.pair_id(s, spec.telemetry.pair)
+        assert queries.paths(s, pid) == {path: 1}
+    assert row.path == path and sm.path == path
+    assert sm.draft_forwards == spec.last_stats.draft_forwards > 0
+
+
+def test_the_warm_start_reads_the_path_the_controller_runs(models, tmp_path):
+    """A store holding fast eager and slow static timings: a static-cache controller warms
+    from the static ones, an eager one from the eager ones (before: from their mix)."""
+    from autospec.telemetry import RequestTelemetry
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    pinfo = RequestTelemetry(*models, measure_peak=False).pair
+    with open_store(url) as store:
+        store.write([record("eager", EAGER, 0.001, forwards=16, category="default",
+                            pair=pinfo) for _ in range(2)]
+                    + [record("static", STATIC, 0.02, forwards=16, category="default",
+                              pair=pinfo) for _ in range(2)])
+    for options, curve, t_draft in (({}, EAGER, 0.001),
+                                    ({"static_cache": True, "cuda_graphs": False}, STATIC, 0.02)):
+        spec = autospec.Controller(*models, store=url, policy="auto", **options)
+        live = spec.live_stats("default")
+        spec.close()
+        assert live.t_target == pytest.approx(curve)
+        assert live.t_draft == pytest.approx(t_draft)
+
+
+def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
+    """Rows of an 0004 database get path NULL (unknown): they count for acceptance and the
+    counters, and no path's costs read them; new rows fold into their path's costs."""
+    _create_at(url, "0004")
+    engine = create_engine(url)
+    meta = MetaData()
+    meta.reflect(engine, only=["pairs", "requests", "probes", "category_stats"])
+    assert "path" not in meta.tables["requests"].c and "path" not in meta.tables["probes"].c
+    old = record(None, STATIC, 0.02)
+    from sqlalchemy.orm import Session
+
+    from autospec.store.rows import _Delta, _fold_stats, category_key
+
+    with engine.begin() as conn:
+        assert current_revision(conn) == ("0004",)
+        with Session(conn) as s:
+            pid = get_or_create_pair(s, PAIR)
+            s.flush()
+            row = _request_row(old, pid)
+            row.pop("path")  # not in schema 0004
+            conn.execute(insert(meta.tables["requests"]).values(**row))
+            delta = _Delta(old.category)
+            delta.add(old)
+            # category_stats of 0004 has no column this fold touches that 0005 added
+            _fold_stats(s, pid, category_key(old.category), delta)
+            s.flush()
+        conn.execute(insert(meta.tables["probes"]).values(
+            pair_id=pid, created_at=row["created_at"],
+            payload={"target_s_by_n": {"1": 0.5}, "draft_s": 0.1}))
+    engine.dispose()
+
+    with open_store(url) as st:
+        with st.engine.connect() as conn:
+            assert current_revision(conn) == (head_revision(),)
+        with st.session() as s:
+            assert s.scalar(select(Request.path)) is None
+            (got,) = queries.recent_requests(s)
+            (legacy,) = queries.category_summaries(s)
+            assert queries.latest_probe(s, pid).path is None
+            assert queries.measured_costs(s, pid, "code", path="eager") == (
+                None, {}, "live traffic (eager)")
+            assert queries.measured_costs(s, pid, "code")[1] == {}  # no path known
+        assert got.path is None
+        # only unknown-path requests: the summary shows their sums, labelled unknown
+        assert legacy.path is None and legacy.t_target_s_by_n == pytest.approx(STATIC)
+        st.write([record("eager", EAGER, 0.001) for _ in range(2)])
+        with st.session() as s:
+            (sm,) = queries.category_summaries(s)
+            costs = queries.measured_costs(s, pid, "code", path="eager", source="live")
+            assert s.scalar(select(CategoryCost.requests)) == 2
+    assert sm.requests == 3 and sm.path == "eager"
+    assert sm.t_target_s_by_n == pytest.approx(EAGER)  # not mixed with the unknown ones
+    assert costs[1] == pytest.approx(EAGER)
+
+
+def test_downgrade_to_0004_and_back(url):
+    from alembic import command
+
+    from autospec.store.migrate import _config
+
+    with open_store(url) as store:
+        store.write([record("eager", EAGER, 0.001)])
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0004")
+        assert current_revision(conn) == ("0004",)
+    engine.dispose()
+    with open_store(url) as store, store.session() as s:
+        (sm,) = queries.category_summaries(s)
+        assert sm.path is None and sm.requests == 1  # the path was dropped: unknown again
