@@ -231,3 +231,51 @@ def test_downgrade_to_0004_and_back(url):
     with open_store(url) as store, store.session() as s:
         (sm,) = queries.category_summaries(s)
         assert sm.path is None and sm.requests == 1  # the path was dropped: unknown again
+
+
+def test_tune_takes_the_costs_of_the_path_the_traffic_ran_on(tmp_path):
+    """Traffic served on the static path, probes of both paths with very different costs:
+    tuning replays with the static probe's costs (before: the latest probe, whatever its
+    path), and says which path."""
+    import random
+
+    from test_tune import CURVE, T_D
+    from test_tune import PAIR as TPAIR
+    from test_tune import record as tune_record
+
+    from autospec.tune import tune
+
+    rng = random.Random(0)
+    recs = [tune_record(rng, 0.8, at=1.0e9 + i) for i in range(40)]
+    for r in recs:
+        r.path = "static"
+    slow = {n: 10 * t for n, t in CURVE.items()}
+    with open_store(tmp_path / "t.db") as store:
+        store.write(recs)
+        with store.begin() as s:
+            add_probe(s, TPAIR, {"path": "static", "draft_s": T_D,
+                                 "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+            add_probe(s, TPAIR, {"path": "eager", "draft_s": 10 * T_D,  # newer, other path
+                                 "target_s_by_n": {str(n): t for n, t in slow.items()}})
+        (res,) = tune(store, trials=4, families=("fixed",), holdout=0.25, seed=1,
+                      write=False)
+    assert res.status == "tuned", res.reason
+    assert res.costs["t_target_s_by_n"] == pytest.approx(CURVE)
+    assert res.costs["t_draft_s"] == pytest.approx(T_D)
+    assert res.costs["path"] == "static" and "(static)" in res.costs["source"]
+
+
+def test_replay_never_interpolates_between_two_paths():
+    """Batch 1 measured on the static path, the grid (batch 1 and 4) on the eager one: at
+    batch 2 replay reads the grid alone, not a line from static batch 1 to eager batch 4."""
+    from autospec.simulate import Costs
+
+    grid = {1: {1: 0.010, 2: 0.011}, 4: {1: 0.020, 2: 0.030}}
+    mixed = Costs(t_draft=0.05, t_target={1: 0.5, 2: 0.6}, target_grid=grid,
+                  draft_grid={1: 0.001, 4: 0.002}, path="static", grid_path="eager")
+    target2, draft2 = mixed.at(2)
+    assert target2(1) == pytest.approx(0.010 + (0.020 - 0.010) / 3)
+    assert draft2 == pytest.approx(0.001 + 0.001 / 3)
+    assert mixed.at(1)[0](1) == 0.5  # batch 1 itself is the static path's
+    same = Costs.from_description(mixed.describe())
+    assert same.other_paths and same.at(2)[0](1) == pytest.approx(target2(1))
