@@ -129,7 +129,9 @@ class Controller:
                             "the store is off: it serves the untuned default",
                             getattr(self.policy, "name", self.policy))
             else:
-                self.policy.attach(self.store, self.telemetry.pair)
+                from autospec.store.queries import tuned_fetcher
+
+                self.policy.attach(tuned_fetcher(self.store, self.telemetry.pair))
 
     def _setup_categorizer(self, categorize) -> None:
         """categorize: None — the store's "default" categoriser if one was fitted; a name —

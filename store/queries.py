@@ -28,7 +28,7 @@ __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
-    "serving_path", "paths", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
+    "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher", "CategorizerRow", "categorizers",
     "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
@@ -581,6 +581,24 @@ def tuned_params(session: Session, category: str | None = None, pair_id: int | N
             seen.add((r.category, r.pair_id))
             out.append(r)
     return out
+
+
+def tuned_fetcher(store, pair):
+    """``fetch(after_id)`` for ``policies.TunedPolicy.attach``: the tuned rows of ``pair`` (a
+    PairInfo) in ``store`` newer than ``after_id``, newest first; none while nothing was
+    logged for the pair (its id is looked up until it exists)."""
+    pid: int | None = None
+
+    def fetch(after_id: int) -> list[TunedRow]:
+        nonlocal pid
+        with store.session() as s:
+            if pid is None:
+                pid = pair_id(s, pair)
+                if pid is None:
+                    return []  # nothing logged for this pair yet, so nothing tuned
+            return tuned_params(s, pair_id=pid, after_id=after_id)
+
+    return fetch
 
 
 @dataclass(frozen=True)

@@ -279,3 +279,37 @@ def test_replay_never_interpolates_between_two_paths():
     assert mixed.at(1)[0](1) == 0.5  # batch 1 itself is the static path's
     same = Costs.from_description(mixed.describe())
     assert same.other_paths and same.at(2)[0](1) == pytest.approx(target2(1))
+
+
+def test_the_tuned_policy_follows_a_fetch_function_and_the_policies_import_no_store():
+    """``TunedPolicy`` is handed ``fetch(after_id)`` instead of reading SQL itself: any
+    source of rows works, and no module of the policy package imports the store."""
+    import ast
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import autospec.policies as policies
+    from autospec.policies import Context, LiveStats, TunedPolicy
+
+    rows = [SimpleNamespace(id=3, category="code", family="fixed", params={"k": 6})]
+    seen = []
+
+    def fetch(after_id):
+        seen.append(after_id)
+        return [r for r in rows if r.id > after_id]
+
+    policy = TunedPolicy(refresh_s=60)
+    policy.attach(fetch)
+    try:
+        assert policy.choose(Context(category="code", k_max=16, live=LiveStats())) == 6
+        assert policy.reload() == 0 and seen == [0, 3]
+    finally:
+        policy.close()
+    with pytest.raises(TypeError, match="fetch"):
+        TunedPolicy().attach(object())
+    for path in Path(policies.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [
+                    a.name for a in node.names]
+                assert not any("store" in n for n in names), (path.name, names)

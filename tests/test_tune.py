@@ -240,7 +240,7 @@ def test_tuned_policy_reloads_new_parameters_without_restart(tmp_path):
         ctx = Context(category="code", k_max=16, live=LiveStats())
         untuned = policy.choose(ctx)  # nothing tuned yet: the default (auto) policy
         assert untuned == as_policy("auto").choose(ctx)
-        policy.attach(store, PAIR)
+        policy.attach(queries.tuned_fetcher(store, PAIR))
         try:
             with store.begin() as s:
                 add_tuned_params(s, category="code", pair_id=pid, family="fixed",
