@@ -540,14 +540,15 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
     by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
-    probes: dict[int, Any] = {}
+    probes: dict[tuple[int, str | None], Any] = {}
     grids: dict[int, Any] = {}
     for sm in summaries:
         pid = sm.pair.id
-        if pid not in probes:
-            probes[pid] = queries.latest_probe(s, pid)
+        if (pid, sm.path) not in probes:  # the probe of the path the summary's costs are on
+            probes[pid, sm.path] = queries.latest_probe(s, pid, sm.path)
+        if pid not in grids:
             grids[pid] = batch_grid(s, pid)
-        probe = probes[pid]
+        probe = probes[pid, sm.path]
         curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
         k_in_force = recent_act.k_mode

@@ -313,3 +313,26 @@ def test_the_tuned_policy_follows_a_fetch_function_and_the_policies_import_no_st
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [
                     a.name for a in node.names]
                 assert not any("store" in n for n in names), (path.name, names)
+
+
+def test_report_and_stats_read_the_probe_of_the_summarys_path(tmp_path, capsys):
+    """Static traffic and an eager probe with very different costs: the report's and the
+    stats' cost curves are the static requests' own, not the other path's probe."""
+    import json
+
+    from autospec.cli import main
+    from autospec.report import build_report
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with open_store(url) as store:
+        store.write([record("static", STATIC, 0.02, forwards=16) for _ in range(2)])
+        with store.begin() as s:
+            add_probe(s, PAIR, {"path": "eager", "draft_s": 0.001,
+                                "target_s_by_n": {str(n): t for n, t in EAGER.items()}})
+        (w,) = build_report(store).workloads
+    assert w.verification.t_target_s_by_n == pytest.approx(STATIC)
+    assert set(w.verification.source_by_n.values()) == {"requests"}
+    assert main(["stats", "--db", url, "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    assert d["path"] == "static"
+    assert d["t_target_s_by_n"] == pytest.approx({str(n): t for n, t in STATIC.items()})
