@@ -536,7 +536,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     summaries = queries.category_summaries(s, category=category, pair_id=pair_id)
     if not summaries:
         return report
-    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id)
+    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id, by_path=True)
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
     by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
@@ -561,7 +561,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                          list(sm.acceptance_by_position), list(sm.drafted_per_position),
                          alphas, sm.mean_accepted_length)
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
-                      modes.get((category_key(sm.category), pid)))
+                      modes.get((category_key(sm.category), pid, sm.path)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
             k_ref = sp.oracle_k
         # the cost ratio needs some k even before anything was drafted: k = 4 then

@@ -336,3 +336,25 @@ def test_report_and_stats_read_the_probe_of_the_summarys_path(tmp_path, capsys):
     (d,) = json.loads(capsys.readouterr().out)
     assert d["path"] == "static"
     assert d["t_target_s_by_n"] == pytest.approx({str(n): t for n, t in STATIC.items()})
+
+
+def test_the_measured_speedup_compares_plain_and_speculative_on_one_path(tmp_path):
+    """Plain requests served eagerly, speculative ones on the static path: their tokens/s
+    ratio is the paths' difference, not speculation's; the report compares within a path."""
+    from autospec.report import build_report
+    from autospec.store import history
+
+    plain = record("eager", {1: 0.01}, 0.0, forwards=16)  # k = 0 throughout
+    spec = record("static", STATIC, 0.02, forwards=16)
+    spec.wall_s = 50.0
+    with open_store(tmp_path / "m.db") as store:
+        store.write([plain, spec])
+        with store.session() as s:
+            mixed = history.plain_vs_speculative(s)
+            split = history.plain_vs_speculative(s, by_path=True)
+        (w,) = build_report(store).workloads
+    ((key, modes),) = mixed.items()
+    assert modes.plain is not None and modes.speculative is not None
+    assert {k[2]: (m.plain is not None, m.speculative is not None)
+            for k, m in split.items()} == {"eager": (True, False), "static": (False, True)}
+    assert w.speedup.measured is None  # no plain requests on the static path to compare
