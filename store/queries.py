@@ -434,11 +434,20 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     - ``"live"``: what the category's (or, without one, all categories') traffic on that path
       measured: means over whatever else the machine was doing, each point kept only if it
       rests on at least ``min_forwards`` forwards (a handful of slow forwards bends the curve);
-    - ``"auto"``: the probe if there is one, else live.
+    - ``"auto"``: the probe of that path if there is one, else live.
 
     Timings of another path, or of unknown path (logged before 0005), are never read: a
     static-cache step and an eager one measure different things. Mixing sources would
-    compare a quiet probe's T_t(1) with a busy server's T_t(k+1)."""
+    compare a quiet probe's T_t(1) with a busy server's T_t(k+1).
+
+    Why the probe first: it now times the loop's own step through the loop's runner, and on
+    the default pair (CPU, bf16, 2 threads, a shared machine; scripts/probe_vs_live.py) its
+    medians matched the live ones within the machine's noise — T_t(1) live/probe 0.98, T_d
+    1.11, T_t(2…8) 0.75–1.0, while one quantity moved ±50 % between rounds. S(k) depends only
+    on ratios; the probe measures every n back to back, whereas live T_t(n) for different n
+    come from different iterations (T_t(1) only from k = 0 ones) at different machine load,
+    so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
+    timings still take over at run time (``LiveStats`` moves each warm point by EMA)."""
     if source not in ("auto", "probe", "live"):
         raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
     if path is None:
