@@ -446,9 +446,8 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     live/probe 0.98 and 1.31, T_d 1.11 and 1.25, c = T_d / T_t(1) 0.50 vs 0.56 and 0.44 vs
     0.42, T_t(2…8) 0.68–1.52, while single timings of one step ranged 0.6–9.5 s. S(k)
     depends only on ratios; the probe measures every n back to back, whereas live T_t(n) for
-    different n
-    come from different iterations (T_t(1) only from k = 0 ones) at different machine load,
-    so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
+    different n come from different iterations (T_t(1) only from k = 0 ones) at different
+    machine load, so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
     timings still take over at run time (``LiveStats`` moves each warm point by EMA)."""
     if source not in ("auto", "probe", "live"):
         raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
