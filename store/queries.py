@@ -444,7 +444,7 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     the default pair (CPU, bf16, 2 threads, a shared machine; scripts/probe_vs_live.py, two
     interleaved runs) its medians matched the live ones within the machine's noise: T_t(1)
     live/probe 0.98 and 1.31, T_d 1.11 and 1.25, c = T_d / T_t(1) 0.50 vs 0.56 and 0.44 vs
-    0.42, T_t(2…8) 0.68–1.52, while single timings of one step ranged 0.6–9.5 s. S(k)
+    0.42, T_t(2…8) 0.38–1.52, while single timings of one step ranged 0.6–9.5 s. S(k)
     depends only on ratios; the probe measures every n back to back, whereas live T_t(n) for
     different n come from different iterations (T_t(1) only from k = 0 ones) at different
     machine load, so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
