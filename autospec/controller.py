@@ -41,7 +41,7 @@ class Controller:
                  categorize=None, log_features: bool = True, static_cache: bool = False,
                  cuda_graphs="auto", metrics=False):
         from autospec.checks import check_pair
-        from autospec.runners import resolve_graphs
+        from autospec.runners import path_name, resolve_graphs
 
         k_max = _check_k_max(k_max)
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
@@ -53,8 +53,10 @@ class Controller:
         if cuda_graphs is True and not static_cache:
             raise ValueError("cuda_graphs=True replays forwards on a static cache: pass "
                              "static_cache=True as well")
-        resolve_graphs(cuda_graphs, next(model.parameters()).device)
+        graphs = resolve_graphs(cuda_graphs, next(model.parameters()).device)
         self.static_cache, self.cuda_graphs = bool(static_cache), cuda_graphs
+        # the path batch-1 requests run on: the warm start reads that path's costs only
+        self.path = path_name(self.static_cache, graphs if self.static_cache else None)
         self.tokenizer = tokenizer
         self.k_max = k_max
         # a category named here counts as given; None: the categoriser's, else "default"
@@ -82,7 +84,9 @@ class Controller:
                             "the store is off: it serves the untuned default",
                             getattr(self.policy, "name", self.policy))
             else:
-                self.policy.attach(self.store, self.telemetry.pair)
+                from autospec.store.queries import tuned_fetcher
+
+                self.policy.attach(tuned_fetcher(self.store, self.telemetry.pair))
 
     def _setup_categorizer(self, categorize) -> None:
         """categorize: None — the store's "default" categoriser if one was fitted; a name —
@@ -321,9 +325,11 @@ class Controller:
                 if pid is None:
                     return
                 sums = queries.category_summaries(s, category=category, pair_id=pid)
-                # costs from one source (the probe if any, else well-measured live points),
-                # so their ratios hold; live timings then replace them as they come in
-                t_draft, t_target, _ = queries.measured_costs(s, pid, category)
+                # costs from one path (the one this controller runs) and one source (the
+                # probe if any, else well-measured live points), so their ratios hold; live
+                # timings then replace them as they come in
+                t_draft, t_target, _ = queries.measured_costs(s, pid, category,
+                                                              path=self.path)
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,

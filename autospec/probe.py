@@ -14,6 +14,18 @@ so probing B = 32 costs no 32-row prefill. Every timed forward is cropped back t
 Batch sizes grow until one runs out of device memory (logged; the grid keeps those measured)
 or the ``max_seconds`` budget would be overrun. Above ``dense_up_to`` rows only the n in
 ``SPARSE_N`` are measured: n = 1 … 9 (what the loop scores with k ≤ 8) and 12, 16.
+
+What is timed is the loop's own step, so that probe and live T_t and T_d measure the same
+thing: T_t(n) is the target's forward of n tokens, its logits processing (``process_logits``
+with the request's ``SamplingConfig``), the greedy choice or the probabilities, and the
+verification of the n − 1 drafted tokens (``greedy_verify`` / ``rejection_sample``) — from the
+clock mark before the forward to the one after verification, as ``loop._Run.step`` marks
+them; T_d is one draft forward with the same processing, the token choice and the draft's
+confidence (its top probability), as ``draft_block`` times one proposal. Batch 1 runs
+through the runner the loop would open (``runners.open_runner``: eager, or the static cache
+with or without CUDA graphs), and the result names that ``path``; the store keeps costs per
+path. Batch sizes above 1 are eager (the batched loop's path), so a static probe measures
+batch 1 only.
 """
 
 from __future__ import annotations
@@ -26,7 +38,22 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from autospec.runners import Forward, crop_cache, new_cache
+from autospec.runners import (
+    Forward,
+    crop_cache,
+    new_cache,
+    open_runner,
+    path_name,
+    resolve_graphs,
+)
+from autospec.sampling import (
+    SamplingConfig,
+    block_presence,
+    logits_to_probs,
+    process_logits,
+    sample,
+    seen_tokens,
+)
 from autospec.telemetry import (
     Clock,
     hardware_name,
@@ -35,6 +62,7 @@ from autospec.telemetry import (
     peak_bandwidth,
     raise_peak,
 )
+from autospec.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +91,8 @@ class ProbeResult:
     grid: dict[int, dict[int, float]] = field(default_factory=dict)
     draft_grid: dict[int, float] = field(default_factory=dict)
     grid_note: str = ""  # why the grid stops short of the batch sizes asked for, if it does
+    path: str = "eager"  # the runners' execution path (``runners.path_name``) it timed
+    greedy: bool = True  # the step timed: greedy choice, or sampling probabilities
 
     @property
     def utilisation(self) -> float | None:
@@ -135,7 +165,9 @@ class ProbeResult:
         return d
 
 
-def _median_time(fn, clock: Clock, repeats: int) -> float:
+def _median_time(fn, clock: Clock, repeats: int, after=None) -> float:
+    """Median seconds of ``fn()`` between two clock marks; ``after()`` (e.g. a crop) runs
+    untimed after each, as the loop crops after its iteration's sync."""
     times = []
     for _ in range(repeats):
         a = clock.mark()
@@ -144,7 +176,66 @@ def _median_time(fn, clock: Clock, repeats: int) -> float:
         if clock.cuda:
             torch.cuda.synchronize()
         times.append(clock.seconds(a, b))
+        if after is not None:
+            after()
     return statistics.median(times)
+
+
+class _Step:
+    """The loop's work after a forward, on its logits: what T_t and T_d include besides the
+    model. ``verify``: the target's step on raw logits [B, n, V] scoring n − 1 drafts;
+    ``propose``: the draft's step on raw logits [B, 1, V]."""
+
+    def __init__(self, sampling: SamplingConfig, vocab: int, prompt: torch.Tensor):
+        self.sampling, self.vocab = sampling, vocab
+        self.greedy = not sampling.do_sample
+        self.generator = torch.Generator(device=prompt.device).manual_seed(0)
+        self.seen = seen_tokens(prompt, vocab) if sampling.uses_presence else None
+
+    def _seen(self, batch: int, drafts: torch.Tensor | None, npos: int):
+        if self.seen is None:
+            return None
+        return block_presence(self.seen.expand(batch, -1), drafts, npos)
+
+    def verify(self, raw: torch.Tensor, drafts: torch.Tensor):
+        from autospec.loop import _fit_vocab
+
+        k = drafts.shape[1]
+        s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
+                           seen=self._seen(raw.shape[0], drafts, k + 1))
+        if self.greedy:
+            tgt = s.argmax(dim=-1)
+            num, nxt = greedy_verify(tgt, drafts)
+            return num, nxt, drafts == tgt[:, :k]
+        p = logits_to_probs(s, self.sampling)
+        q = p[:, :k]  # the draft's q stands in: same shapes, same arithmetic
+        num, nxt = rejection_sample(p, q, drafts, generator=self.generator)
+        return num, nxt, torch.minimum(p[:, :k], q).sum(-1)
+
+    def propose(self, raw: torch.Tensor):
+        from autospec.loop import _fit_vocab
+
+        s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
+                           seen=self._seen(raw.shape[0], None, 1))
+        if self.greedy:
+            return s[:, 0].argmax(dim=-1), s[:, 0].softmax(dim=-1).amax(dim=-1)
+        q = logits_to_probs(s, self.sampling)
+        return sample(q[:, 0], self.generator), q[:, 0].amax(dim=-1)
+
+
+class _OnCache:
+    """A runner over a given cache (the grid's replicated caches at batch > 1)."""
+
+    path = "eager"
+
+    def __init__(self, fwd: Forward, cache):
+        self.fwd, self.cache = fwd, cache
+
+    def run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        return self.fwd(ids, self.cache, keep)
+
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -169,50 +260,69 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _curve(fwd, cache, extra: torch.Tensor, context: int, ns, clock: Clock, repeats: int,
-           tick) -> dict[int, float]:
-    """Median seconds of scoring n tokens (``extra[:, :n]``, every row) on ``cache``, per n.
-    Rounds over every n, so that a burst of machine noise spreads over the curve instead of
-    bending one stretch of it."""
+def _curve(run, step: _Step, extra: torch.Tensor, context: int, ns, clock: Clock,
+           repeats: int, tick) -> dict[int, float]:
+    """Median seconds of the loop's verification step scoring n tokens (``extra[:, :n]``,
+    every row; the last n − 1 of them as drafts) on ``run``'s cache, per n. Rounds over every
+    n, so that a burst of machine noise spreads over the curve instead of bending one stretch
+    of it; one untimed round first (lazy setup; graph captures on the static path)."""
     def score(n: int):
-        fwd(extra[:, :n], cache, n)
-        crop_cache(cache, context)
+        step.verify(run.run(extra[:, :n], n), extra[:, 1:n])
 
-    score(1)  # warm-up
+    def back():
+        run.crop(context)
+
+    for n in ns:  # warm-up
+        score(n)
+        back()
     times: dict[int, list[float]] = {n: [] for n in ns}
     for _ in range(repeats):
         for n in times:
-            times[n].append(_median_time(lambda n=n: score(n), clock, 1))
+            times[n].append(_median_time(lambda n=n: score(n), clock, 1, back))
             tick()
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _draft_step(dfwd, dcache, extra: torch.Tensor, context: int, clock: Clock,
+def _draft_step(run, step: _Step, extra: torch.Tensor, context: int, clock: Clock,
                 repeats: int) -> float:
-    def step():
-        dfwd(extra[:, :1], dcache, 1)
-        crop_cache(dcache, context)
+    """Median seconds of one proposal: the draft's one-token forward and its step."""
+    def propose():
+        step.propose(run.run(extra[:, :1], 1))
 
-    step()  # warm-up
-    return _median_time(step, clock, repeats)
+    def back():
+        run.crop(context)
+
+    propose()  # warm-up
+    back()
+    return _median_time(propose, clock, repeats, back)
 
 
 @torch.inference_mode()
 def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: int = 5,
           cache_dir=None, progress=None, batches=(1,), max_seconds: float | None = None,
-          dense_up_to: int = 8) -> ProbeResult:
+          dense_up_to: int = 8, static_cache: bool = False, cuda_graphs="auto",
+          sampling: SamplingConfig | None = None) -> ProbeResult:
     """Measure the cost grid; ``progress(i, total)`` is called as points complete.
 
     ``batches``: the batch sizes B to measure (1 is always measured: the bandwidth figures
     and ``target_s_by_n`` are batch 1's). Above ``dense_up_to`` rows only ``SPARSE_N`` (≤
     max_n) is measured. ``max_seconds``: stop adding batch sizes once the next one (estimated
-    from the last, scaled by B) would overrun this budget."""
+    from the last, scaled by B) would overrun this budget. ``static_cache``, ``cuda_graphs``:
+    the runner batch 1 runs on, as ``wrap`` takes them (the result's ``path``); the static
+    path measures batch 1 only. ``sampling``: the step timed (default greedy)."""
     device = next(target.parameters()).device
+    graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
+    path = path_name(bool(static_cache), graphs)
+    if static_cache and any(int(b) > 1 for b in batches):
+        raise ValueError("batch sizes above 1 run eager forwards (the batched loop's path): "
+                         "probe them without static_cache")
+    sampling = sampling or SamplingConfig()
     clock = Clock(device)
     vocab = min(target.config.get_text_config().vocab_size, 32000)
     g = torch.Generator(device="cpu").manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g).to(device)
     extra = torch.randint(0, vocab, (1, max_n), generator=g).to(device)
+    step = _Step(sampling, target.get_output_embeddings().weight.shape[0], prompt)
     sizes = sorted({1, *(int(b) for b in batches)})
     if sizes[0] < 1:
         raise ValueError(f"batch sizes must be positive, got {list(batches)}")
@@ -231,20 +341,45 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         if progress:
             progress(done, total)
 
-    fwd, base = Forward(target), new_cache(target)
-    fwd(prompt, base, 1)  # the context, cached once for one row; batches repeat that row
-    dfwd = dbase = None
-    if draft is not None:
-        dfwd, dbase = Forward(draft), new_cache(draft)
-        dfwd(prompt, dbase, 1)
-
-    grid: dict[int, dict[int, float]] = {}
-    draft_grid: dict[int, float] = {}
-    note = ""
+    # batch 1 through the runners the loop opens; the caches hold the context
     started = time.perf_counter()
-    last: tuple[int, float] | None = None  # (B, seconds it took)
-    for b in sizes:
-        if b > 1 and max_seconds is not None and last is not None:
+    need = context + max_n + 1
+    t_run = open_runner(target, need, static=bool(static_cache), graphs=graphs)
+    d_run = None
+    try:
+        if draft is not None:
+            d_run = open_runner(draft, need, static=bool(static_cache), graphs=graphs)
+        if t_run.path != path or (d_run is not None and d_run.path != path):
+            log.warning("probe: the %s path was asked for but the runners run %s: the "
+                        "probe is stored under the latter", path,
+                        "/".join(sorted({t_run.path, *([d_run.path] if d_run else [])})))
+        t_run.run(prompt, 1)
+        if d_run is not None:
+            d_run.run(prompt, 1)
+        grid = {1: _curve(t_run, step, extra, context, ns_at(1), clock, repeats, tick)}
+        draft_grid: dict[int, float] = {}
+        if d_run is not None:
+            draft_grid[1] = _draft_step(d_run, step, extra, context, clock, repeats)
+            tick()
+        paths = {t_run.path, *([d_run.path] if d_run else [])}
+        path = paths.pop() if len(paths) == 1 else f"{t_run.path}/{d_run.path}"
+    finally:
+        t_run.release()
+        if d_run is not None:
+            d_run.release()
+
+    fwd = base = dfwd = dbase = None
+    if len(sizes) > 1:  # the grid: one prefilled row repeated B times (eager)
+        fwd, base = Forward(target), new_cache(target)
+        fwd(prompt, base, 1)
+        if draft is not None:
+            dfwd, dbase = Forward(draft), new_cache(draft)
+            dfwd(prompt, dbase, 1)
+
+    note = ""
+    last = (1, time.perf_counter() - started)  # (B, seconds it took)
+    for b in sizes[1:]:
+        if max_seconds is not None:
             spent = time.perf_counter() - started
             estimate = last[1] * b / last[0]
             if spent + estimate > max_seconds:
@@ -255,25 +390,24 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         t0 = time.perf_counter()
         cache = dcache = None
         try:
-            cache = base if b == 1 else _replicate(base, b)
-            grid[b] = _curve(fwd, cache, extra.expand(b, -1), context, ns_at(b), clock,
-                             repeats, tick)
+            cache = _replicate(base, b)
+            grid[b] = _curve(_OnCache(fwd, cache), step, extra.expand(b, -1), context,
+                             ns_at(b), clock, repeats, tick)
             if draft is not None:
-                dcache = dbase if b == 1 else _replicate(dbase, b)
-                draft_grid[b] = _draft_step(dfwd, dcache, extra.expand(b, -1), context,
-                                            clock, repeats)
+                dcache = _replicate(dbase, b)
+                draft_grid[b] = _draft_step(_OnCache(dfwd, dcache), step,
+                                            extra.expand(b, -1), context, clock, repeats)
                 tick()
         except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if b == 1 or not _is_oom(exc):
+            if not _is_oom(exc):
                 raise
             grid.pop(b, None)
             note = f"out of memory at B = {b}; the grid stops at B = {max(grid)}"
             log.warning("probe: %s (%s)", note, str(exc).splitlines()[0])
             break
         finally:
-            if b > 1:
-                del cache, dcache
-                _release(device)
+            del cache, dcache
+            _release(device)
         last = (b, time.perf_counter() - t0)
 
     curve = grid[1]
@@ -287,4 +421,5 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         hardware=hardware_name(device), dtype=str(next(target.parameters()).dtype).split(".")[-1],
         context=context, target_s_by_n=curve, draft_s=draft_s, target_param_bytes=weights,
         kv_bytes=kv, achieved_bytes_per_s=achieved, peak_bytes_per_s=peak,
-        threads=torch.get_num_threads(), grid=grid, draft_grid=draft_grid, grid_note=note)
+        threads=torch.get_num_threads(), grid=grid, draft_grid=draft_grid, grid_note=note,
+        path=path, greedy=not sampling.do_sample)

@@ -37,7 +37,8 @@ import torch
 log = logging.getLogger(__name__)
 
 __all__ = ["Forward", "new_cache", "crop_cache", "EagerRunner", "StaticRunner",
-           "StaticUnsupported", "open_runner", "resolve_graphs", "graph_report"]
+           "StaticUnsupported", "open_runner", "resolve_graphs", "graph_report", "path_name",
+           "PATHS"]
 
 CAPACITY_STEP = 256  # static caches are sized in multiples of this many tokens
 MAX_RUNNERS = 4  # static runners kept per model (target and draft roles, concurrent requests)
@@ -154,8 +155,7 @@ class StaticRunner:
 
     @property
     def path(self) -> str:
-        return {None: "static", "cuda": "static+cuda-graphs"}.get(self.graph_mode,
-                                                                   f"static+{self.graph_mode}")
+        return path_name(True, self.graph_mode)
 
     @property
     def model(self):
@@ -311,6 +311,21 @@ class StaticRunner:
 _LOCK = threading.Lock()
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → [StaticRunner]
 _warned: set[tuple[int, str]] = set()
+
+
+# The execution paths a timing can come from. Each measures a different thing (a static cache
+# attends over its whole capacity; a graph replay drops the launch overhead), so the store
+# keeps costs per path and never mixes two in one S(k).
+PATHS = ("eager", "static", "static+cuda-graphs", "static+emulate")
+
+
+def path_name(static: bool, graphs: str | None = None) -> str:
+    """The path a runner of these settings runs on ("eager", "static", "static+cuda-graphs",
+    "static+emulate"): what a request's and a probe's timings are stored under. A loop whose
+    target and draft ran on different paths records "target/draft"."""
+    if not static:
+        return "eager"
+    return {None: "static", "cuda": "static+cuda-graphs"}.get(graphs, f"static+{graphs}")
 
 
 def resolve_graphs(option, device: torch.device) -> str | None:

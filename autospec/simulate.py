@@ -109,6 +109,12 @@ class Costs:
     t_target: Mapping[int, float]
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
+    # the execution paths the batch-1 fields and the grid were measured on (None: unknown,
+    # taken as the same). Where they differ the grid is read alone, with its own batch 1 if
+    # it has one: interpolating between batch 1 on one path and batch 4 on another would put
+    # two paths in one S(k).
+    path: str | None = None
+    grid_path: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # the fields only: the caches (a BatchCosts holds a lock) are rebuilt where unpickled
@@ -123,6 +129,12 @@ class Costs:
         """Whether T_t(B, n) was measured at some batch size B > 1."""
         return any(int(b) > 1 and curve for b, curve in self.target_grid.items())
 
+    @property
+    def other_paths(self) -> bool:
+        """Whether batch 1 and the grid were measured on different execution paths."""
+        return (self.path is not None and self.grid_path is not None
+                and self.path != self.grid_path)
+
     @cached_property
     def batch_costs(self):
         """A ``BatchCosts`` warmed with these costs (batch 1 from the batch-1 fields)."""
@@ -131,8 +143,9 @@ class Costs:
         target = {int(b): {int(n): float(s) for n, s in c.items()}
                   for b, c in self.target_grid.items()}
         draft = {int(b): float(s) for b, s in self.draft_grid.items()}
-        target[1] = {int(n): float(s) for n, s in self.t_target.items()}
-        draft[1] = float(self.t_draft)
+        if not self.other_paths:
+            target[1] = {int(n): float(s) for n, s in self.t_target.items()}
+            draft[1] = float(self.t_draft)
         bc = BatchCosts()
         bc.warm(target, draft)
         return bc
@@ -165,6 +178,8 @@ class Costs:
             out["t_target_s_by_bn"] = {int(b): {int(n): s for n, s in c.items()}
                                        for b, c in self.target_grid.items()}
             out["t_draft_s_by_b"] = {int(b): s for b, s in self.draft_grid.items()}
+        if self.path is not None or self.grid_path is not None:
+            out["path"], out["grid_path"] = self.path, self.grid_path
         return out
 
     @classmethod
@@ -175,7 +190,8 @@ class Costs:
                    target_grid={int(b): {int(n): float(s) for n, s in c.items()}
                                 for b, c in (d.get("t_target_s_by_bn") or {}).items()},
                    draft_grid={int(b): float(s)
-                               for b, s in (d.get("t_draft_s_by_b") or {}).items()})
+                               for b, s in (d.get("t_draft_s_by_b") or {}).items()},
+                   path=d.get("path"), grid_path=d.get("grid_path"))
 
 
 @dataclass

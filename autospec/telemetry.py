@@ -339,6 +339,8 @@ class RequestTelemetry:
                             in getattr(stats, "target_s_by_bn", {}).items()} or None,
             draft_s_by_b={int(b): list(v) for b, v
                           in getattr(stats, "draft_s_by_b", {}).items()} or None,
+            # the runners' path (autospec.runners.path_name): costs are kept per path
+            path=getattr(stats, "path", "") or None,
         )
 
     def _peak(self, achieved: float | None) -> float | None:

@@ -488,7 +488,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         pinned = existing.user_attrs.get("window") if existing is not None else None
         window = load_window(s, cat, pid, since=since, until=until, max_traces=max_traces,
                              holdout=holdout, pinned=pinned)
-        t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat,
+        # batch 1's costs from the path the category's traffic ran on (never another's);
+        # batch > 1 from the batched loop's path
+        path = queries.serving_path(s, pid, cat)
+        t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat, path=path,
                                                                 source=costs_from)
         grid, draft_grid, grid_source = queries.batch_costs(s, pid)
     res.traces = len(window.train) + len(window.holdout)
@@ -506,9 +509,11 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         return res
     if costs_from != "auto" and grid_source != costs_from:
         grid, draft_grid = {}, {}  # one source, as asked (the probe's grid or live medians)
+    same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
     costs = Costs(t_draft=float(t_draft), t_target=t_target,
-                  target_grid={b: c for b, c in grid.items() if b > 1},
-                  draft_grid={b: d for b, d in draft_grid.items() if b > 1})
+                  target_grid={b: c for b, c in grid.items() if b > 1 or not same},
+                  draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
+                  path=path, grid_path=queries.BATCH_PATH)
     if costs.batched:
         cost_source += f"; batch > 1: {grid_source}"
     if "table" in families and not costs.batched:

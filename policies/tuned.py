@@ -4,17 +4,20 @@
 writes the winner to the store's ``tuned_params`` table. ``TunedPolicy`` serves each category
 with the policy built from its newest row, and a background thread polls the store every
 ``refresh_s`` seconds for newer rows, swapping them in without a restart and without touching
-the generation path (a dictionary lookup per iteration). Categories without tuned parameters
-get the untuned default (``auto``). At batch > 1 the batch is served by the policy of its most
-common category (``context.categories``; ties: the first row's). If the store cannot be read the last parameters stay in
-force; the failure is logged and counted.
+the generation path (a dictionary lookup per iteration). The policy does not read the store
+itself: it is handed a fetch function (``attach(fetch)``; the controller passes
+``autospec.store.queries.tuned_fetcher(store, pair)``), so this package imports no SQL.
+Categories without tuned parameters get the untuned default (``auto``). At batch > 1 the
+batch is served by the policy of its most common category (``context.categories``; ties: the
+first row's). If the rows cannot be fetched the last parameters stay in force; the failure
+is logged and counted.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import Context, Outcome, Policy, auto_policy
@@ -74,9 +77,11 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
 class TunedPolicy:
     """Per category, the policy of the newest tuned parameters in the store for this pair.
 
-    A controller attaches it to its store and pair (``attach``); ``reload()`` reads new rows
-    at once (the poller calls it every ``refresh_s`` seconds). Unattached, or for a category
-    nobody tuned, it behaves as ``fallback`` (the ``auto`` policy)."""
+    A controller attaches a fetch function (``attach``): ``fetch(after_id)`` returns the
+    tuned rows of its pair newer than ``after_id`` (each with ``id``, ``category``,
+    ``family``, ``params``), newest first. ``reload()`` applies new rows at once (the poller
+    calls it every ``refresh_s`` seconds). Unattached, or for a category nobody tuned, it
+    behaves as ``fallback`` (the ``auto`` policy)."""
 
     name = "tuned"
 
@@ -88,7 +93,7 @@ class TunedPolicy:
         self._policies: dict[str, Policy] = {}  # category → policy in force
         self.params: dict[str, Any] = {}  # category → the TunedRow in force
         self._last_id = 0
-        self._store = self._pair = self._pair_id = None
+        self._fetch: Callable[[int], Sequence[Any]] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -96,10 +101,13 @@ class TunedPolicy:
         self.reloads = 0  # rows applied so far
 
     # -- wiring ---------------------------------------------------------------------------
-    def attach(self, store, pair) -> None:
-        """Follow ``store``'s tuned parameters for ``pair`` (a PairInfo); reads them now and
-        starts the poller."""
-        self._store, self._pair = store, pair
+    def attach(self, fetch: Callable[[int], Sequence[Any]]) -> None:
+        """Follow the tuned parameters ``fetch(after_id)`` returns (see the class); reads
+        them now and starts the poller."""
+        if not callable(fetch):
+            raise TypeError("attach takes a fetch function: fetch(after_id) -> tuned rows "
+                            "(autospec.store.queries.tuned_fetcher(store, pair) makes one)")
+        self._fetch = fetch
         self.reload()
         if self._thread is None:
             self._thread = threading.Thread(target=self._poll, name="autospec-tuned",
@@ -118,17 +126,10 @@ class TunedPolicy:
 
     def reload(self) -> int:
         """Apply tuned rows newer than the last seen; returns how many. Never raises."""
-        if self._store is None:
+        if self._fetch is None:
             return 0
-        from autospec.store import queries
-
         try:
-            with self._store.session() as s:
-                if self._pair_id is None:
-                    self._pair_id = queries.pair_id(s, self._pair)
-                    if self._pair_id is None:
-                        return 0  # nothing logged for this pair yet, so nothing tuned
-                rows = queries.tuned_params(s, pair_id=self._pair_id, after_id=self._last_id)
+            rows = list(self._fetch(self._last_id))
         except Exception as e:
             self.reload_failures += 1
             log.warning("autospec: could not read tuned parameters (keeping those in force): "

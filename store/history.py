@@ -65,9 +65,12 @@ def _filtered(stmt, category: str | None, pair_id: int | None, batch_size: int |
 
 
 def plain_vs_speculative(session: Session, category: str | None = None,
-                         pair_id: int | None = None, batch_size: int | None = 1
-                         ) -> dict[tuple[str, int], ModeRates]:
+                         pair_id: int | None = None, batch_size: int | None = 1, *,
+                         by_path: bool = False) -> dict[tuple, ModeRates]:
     """Per (category_key, pair_id): plain and speculative request totals (one GROUP BY).
+    ``by_path``: per (category_key, pair_id, path) instead (path None: unknown, logged before
+    0005) — plain requests on one execution path against speculative ones on another would
+    credit speculation with the path's speed, so the report compares within a path.
 
     A request is plain when it drafted nothing: ``drafted`` = Σ k over its iterations, so
     ``drafted = 0`` exactly when its k-schedule is all zeros. ``batch_size``: only requests
@@ -75,13 +78,14 @@ def plain_vs_speculative(session: Session, category: str | None = None,
     forwards and its wall time with the other rows, so its tokens/s is not comparable with a
     batch-1 request's: mixing them would credit or blame speculation for the batch size."""
     plain = case((Request.drafted == 0, 1), else_=0).label("plain")
-    stmt = _filtered(select(Request.category_key, Request.pair_id, plain,
-                            func.count(), func.sum(Request.new_tokens),
+    keys = (Request.category_key, Request.pair_id, *((Request.path,) if by_path else ()))
+    stmt = _filtered(select(*keys, plain, func.count(), func.sum(Request.new_tokens),
                             func.sum(Request.wall_s)), category, pair_id, batch_size)
-    stmt = stmt.group_by(Request.category_key, Request.pair_id, plain)
-    modes: dict[tuple[str, int], dict[int, Rate]] = {}
-    for key, pid, is_plain, n, tokens, wall in session.execute(stmt):
-        modes.setdefault((key, int(pid)), {})[int(is_plain)] = Rate(
+    stmt = stmt.group_by(*keys, plain)
+    modes: dict[tuple, dict[int, Rate]] = {}
+    for *key, is_plain, n, tokens, wall in session.execute(stmt):
+        key[1] = int(key[1])
+        modes.setdefault(tuple(key), {})[int(is_plain)] = Rate(
             int(n), int(tokens or 0), float(wall or 0.0))
     return {k: ModeRates(v.get(1), v.get(0)) for k, v in modes.items()}
 

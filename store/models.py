@@ -14,6 +14,12 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   of traffic they were fitted on and their held-out scores; versions per name.
 - ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each,
   and the (B, n) grid T_t(B, n), T_d(B) of batched probes.
+- ``category_costs`` (0005): the batch-1 timing sums of ``category_stats`` again, per
+  execution path (``path``: "eager", "static", "static+cuda-graphs", ...). Requests and
+  probes carry the path too. Costs are read from one path only: a static-cache step and an
+  eager one are different measurements and never meet in one S(k). Rows logged before 0005
+  have path NULL (unknown): they count in ``category_stats`` (acceptance, counters, and its
+  timing sums, which are all paths together and no cost source) but in no path's costs.
 
 Categories are free text of any length, so the tables are keyed and indexed on
 ``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
@@ -45,7 +51,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Pair", "Request", "CategoryStat", "Probe", "TunedParams", "Categorizer",
+__all__ = ["Base", "Pair", "Request", "CategoryStat", "CategoryCost", "Probe", "TunedParams", "Categorizer",
            "UTCDateTime", "VERSION_TABLE"]
 
 # Our own Alembic version table: Optuna's RDB storage (which may share the database) keeps its
@@ -156,6 +162,8 @@ class Request(Base):
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     target_s_by_bn: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B,n" → [s]
     draft_s_by_b: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B" → [s/token]
+    # the execution path its forwards ran on (0005; NULL: unknown, logged before 0005)
+    path: Mapped[str | None] = mapped_column(String(64))
 
 
 class CategoryStat(Base):
@@ -196,6 +204,25 @@ class CategoryStat(Base):
     last_seen: Mapped[datetime]
 
 
+class CategoryCost(Base):
+    """Batch-1 timing sums of one (category, pair, execution path): the cost curve T_t(n) and
+    T_d of that path alone (``category_stats`` holds every path's together)."""
+
+    __tablename__ = "category_costs"
+
+    category_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_category_costs_pair"), primary_key=True)
+    path: Mapped[str] = mapped_column(String(64), primary_key=True)
+    category: Mapped[str] = mapped_column(Text)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    draft_s: Mapped[float] = mapped_column(default=0.0)
+    draft_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
+    target_s_sum_by_n: Mapped[dict[str, float]] = mapped_column(JSON)  # "n" → Σ seconds
+    target_count_by_n: Mapped[dict[str, int]] = mapped_column(JSON)  # "n" → forwards
+    last_seen: Mapped[datetime]
+
+
 class Probe(Base):
     __tablename__ = "probes"
     __table_args__ = (Index("ix_probes_pair_created", "pair_id", "created_at"),)
@@ -208,6 +235,9 @@ class Probe(Base):
     # the batch dimension (0004): T_t(B, n) and T_d(B); None for probes at batch 1 only
     grid: Mapped[dict[str, dict[str, float]] | None] = mapped_column(JSON)  # "B" → {"n": s}
     draft_grid: Mapped[dict[str, float] | None] = mapped_column(JSON)  # "B" → s
+    # the execution path it timed (0005; NULL: a probe from before 0005, which timed bare
+    # eager forwards without the loop's logits processing and verification: no path's costs)
+    path: Mapped[str | None] = mapped_column(String(64))
 
 
 class TunedParams(Base):

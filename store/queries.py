@@ -20,14 +20,15 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams
+from .models import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
 from .records import trace_acceptance
 from .rows import category_key, pair_key
 
 __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
-    "latest_probe", "pair_id", "measured_costs", "batch_costs", "TunedRow", "tuned_params", "CategorizerRow", "categorizers",
+    "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
+    "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher", "CategorizerRow", "categorizers",
     "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
@@ -109,6 +110,10 @@ class CategorySummary:
     nvml_sm_util_n: int
     first_seen: datetime
     last_seen: datetime
+    # the execution path the timing fields (draft_s, draft_forwards, target_*_by_n and what
+    # derives from them) come from: one path only (``category_summaries``); None: unknown,
+    # the requests logged before paths were stored
+    path: str | None = None
     # derived
     alpha: float | None = field(init=False)
     alpha_ci95: tuple[float, float] | None = field(init=False)
@@ -163,29 +168,69 @@ def pairs(session: Session) -> list[PairRow]:
     return [PairRow.of(p) for p in session.scalars(select(Pair).order_by(Pair.id))]
 
 
+_SERVED = object()  # category_summaries' default path: the one that served most requests
+
+
+def _costs_by_path(session: Session, category: str | None, pair_id: int | None
+                   ) -> dict[tuple[str, int], dict[str, CategoryCost]]:
+    """(category_key, pair_id) → path → its ``category_costs`` row."""
+    stmt = select(CategoryCost)
+    if category is not None:
+        stmt = stmt.where(CategoryCost.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(CategoryCost.pair_id == pair_id)
+    out: dict[tuple[str, int], dict[str, CategoryCost]] = {}
+    for c in session.scalars(stmt):
+        out.setdefault((c.category_key, c.pair_id), {})[c.path] = c
+    return out
+
+
 def category_summaries(session: Session, category: str | None = None,
-                       pair_id: int | None = None) -> list[CategorySummary]:
-    """One summary per (category, pair), most requests first."""
+                       pair_id: int | None = None, *, path=_SERVED) -> list[CategorySummary]:
+    """One summary per (category, pair), most requests first.
+
+    Counters and acceptance cover every request. The timing fields (T_t(n), T_d and their
+    sums) come from ONE execution path, ``summary.path``: ``path`` if given (zero where that
+    path has no requests); by default the path that served most of the category's requests
+    (ties: the latest); where no request of the category has a known path (all logged before
+    paths were stored), the sums of those requests with ``path`` None (unknown)."""
     stmt = select(CategoryStat, Pair).join(Pair, Pair.id == CategoryStat.pair_id)
     if category is not None:
         stmt = stmt.where(CategoryStat.category_key == category_key(category))
     if pair_id is not None:
         stmt = stmt.where(CategoryStat.pair_id == pair_id)
+    by_path = _costs_by_path(session, category, pair_id)
     out = []
     for st, p in session.execute(stmt):
+        known = by_path.get((st.category_key, st.pair_id), {})
+        chosen = path
+        if chosen is _SERVED:
+            chosen = max(known, key=lambda q: (known[q].requests, known[q].last_seen),
+                         default=None)
+        if chosen is None and not known:
+            timing = dict(draft_s=st.draft_s, draft_forwards=st.draft_forwards,
+                          target_s_sum_by_n=_ints(st.target_s_sum_by_n),
+                          target_count_by_n=_ints(st.target_count_by_n))
+        elif chosen in known:
+            c = known[chosen]
+            timing = dict(draft_s=c.draft_s, draft_forwards=c.draft_forwards,
+                          target_s_sum_by_n=_ints(c.target_s_sum_by_n),
+                          target_count_by_n=_ints(c.target_count_by_n))
+        else:  # a path this category never ran on (or unknown beside known ones): no costs
+            timing = dict(draft_s=0.0, draft_forwards=0, target_s_sum_by_n={},
+                          target_count_by_n={})
         out.append(CategorySummary(
             category=st.category, pair=PairRow.of(p), requests=st.requests,
             prompt_tokens=st.prompt_tokens, new_tokens=st.new_tokens,
             iterations=st.iterations, drafts=st.drafts, drafted=st.drafted,
             accepted=st.accepted, accepted_per_position=tuple(st.accepted_per_position),
-            drafted_per_position=tuple(st.drafted_per_position), draft_s=st.draft_s,
-            draft_forwards=st.draft_forwards, target_s_sum_by_n=_ints(st.target_s_sum_by_n),
-            target_count_by_n=_ints(st.target_count_by_n), k_counts=_ints(st.k_counts),
+            drafted_per_position=tuple(st.drafted_per_position), **timing,
+            k_counts=_ints(st.k_counts),
             wall_s=st.wall_s, prefill_s=st.prefill_s, bandwidth_bytes=st.bandwidth_bytes,
             bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
             nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
             nvml_sm_util_sum=st.nvml_sm_util_sum, nvml_sm_util_n=st.nvml_sm_util_n,
-            first_seen=st.first_seen, last_seen=st.last_seen))
+            first_seen=st.first_seen, last_seen=st.last_seen, path=chosen))
     out.sort(key=lambda s: (-s.requests, s.category, s.pair.id))
     return out
 
@@ -232,6 +277,7 @@ class RequestRow:
     # forwards at batch B > 1: (B, n) → [seconds]; B → [seconds per proposed token]
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
+    path: str | None = None  # the execution path (None: unknown, logged before 0005)
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
@@ -319,18 +365,30 @@ class ProbeRow:
     payload: dict[str, Any]
     grid: dict[int, dict[int, float]] = field(default_factory=dict)  # T_t(B, n), seconds
     draft_grid: dict[int, float] = field(default_factory=dict)  # T_d(B), seconds per token
+    path: str | None = None  # the execution path it timed (None: before 0005, bare forwards)
 
     @classmethod
     def of(cls, p: Probe) -> ProbeRow:
         grid = {b: {int(n): float(t) for n, t in sorted(row.items(), key=lambda x: int(x[0]))}
                 for b, row in _ints(p.grid).items()}
         return cls(p.id, p.pair_id, p.created_at, p.payload, grid,
-                   {b: float(t) for b, t in _ints(p.draft_grid).items()})
+                   {b: float(t) for b, t in _ints(p.draft_grid).items()}, p.path)
 
 
-def latest_probe(session: Session, pair_id: int) -> ProbeRow | None:
-    p = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
-                        .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1)).first()
+_ANY = object()  # latest_probe's default: a probe of any path, unknown included
+
+
+def _probes(session: Session, pair_id: int, path=_ANY):
+    stmt = select(Probe).where(Probe.pair_id == pair_id)
+    if path is not _ANY:
+        stmt = stmt.where(Probe.path.is_(None) if path is None else Probe.path == path)
+    return stmt.order_by(Probe.created_at.desc(), Probe.id.desc())
+
+
+def latest_probe(session: Session, pair_id: int, path=_ANY) -> ProbeRow | None:
+    """The pair's latest probe; with ``path``, the latest that timed that execution path
+    (None: the probes of unknown path, stored before 0005)."""
+    p = session.scalars(_probes(session, pair_id, path).limit(1)).first()
     return None if p is None else ProbeRow.of(p)
 
 
@@ -339,29 +397,72 @@ def pair_id(session: Session, pair) -> int | None:
     return session.scalar(select(Pair.id).where(Pair.key == pair_key(pair)))
 
 
+def paths(session: Session, pair_id: int, category: str | None = None) -> dict[str, int]:
+    """Execution path → batch-1 requests with costs on it, for the pair (one category's, or
+    all), most first. Requests of unknown path are not counted."""
+    stmt = select(CategoryCost.path, CategoryCost.requests).where(
+        CategoryCost.pair_id == pair_id)
+    if category is not None:
+        stmt = stmt.where(CategoryCost.category_key == category_key(category))
+    out: dict[str, int] = {}
+    for path, n in session.execute(stmt):
+        out[path] = out.get(path, 0) + int(n or 0)
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def serving_path(session: Session, pair_id: int, category: str | None = None) -> str | None:
+    """The execution path the pair's traffic ran on: the one with the most batch-1 requests
+    of the category (else of the pair), else the latest probe's; None if none is known."""
+    for cat in ([category, None] if category is not None else [None]):
+        known = paths(session, pair_id, cat)
+        if known:
+            return next(iter(known))
+    return session.scalar(select(Probe.path).where(Probe.pair_id == pair_id,
+                                                   Probe.path.is_not(None))
+                          .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1))
+
+
 def measured_costs(session: Session, pair_id: int, category: str | None = None, *,
-                   source: str = "auto", min_forwards: int = 16,
+                   path: str | None = None, source: str = "auto", min_forwards: int = 16,
                    ) -> tuple[float | None, dict[int, float], str]:
-    """(T_d per proposed token, T_t(n) by n, where they came from) for a pair, from ONE
+    """(T_d per proposed token, T_t(n) by n, where they came from) for a pair on ONE
+    execution path (``path``: "eager", "static", ...; None: ``serving_path``), from ONE
     source, so that their ratios — all the cost model uses — hold:
 
-    - ``"probe"``: the latest ``autospec probe`` (medians of interleaved timings, n = 1…16);
-    - ``"live"``: what the category's (or, without one, all categories') traffic measured:
-      means over whatever else the machine was doing, each point kept only if it rests on at
-      least ``min_forwards`` forwards (a handful of slow forwards bends the curve);
-    - ``"auto"``: the probe if there is one, else live.
+    - ``"probe"``: the latest ``autospec probe`` of that path (medians of interleaved
+      timings of the loop's own step, n = 1…16);
+    - ``"live"``: what the category's (or, without one, all categories') traffic on that path
+      measured: means over whatever else the machine was doing, each point kept only if it
+      rests on at least ``min_forwards`` forwards (a handful of slow forwards bends the curve);
+    - ``"auto"``: the probe of that path if there is one, else live.
 
-    Mixing them would compare a quiet probe's T_t(1) with a busy server's T_t(k+1)."""
+    Timings of another path, or of unknown path (logged before 0005), are never read: a
+    static-cache step and an eager one measure different things. Mixing sources would
+    compare a quiet probe's T_t(1) with a busy server's T_t(k+1).
+
+    Why the probe first: it now times the loop's own step through the loop's runner, and on
+    the default pair (CPU, bf16, 2 threads, a shared machine; scripts/probe_vs_live.py, two
+    interleaved runs) its medians matched the live ones within the machine's noise: T_t(1)
+    live/probe 0.98 and 1.31, T_d 1.11 and 1.25, c = T_d / T_t(1) 0.50 vs 0.56 and 0.44 vs
+    0.42, T_t(2…8) 0.38–1.52, while single timings of one step ranged 0.6–9.5 s. S(k)
+    depends only on ratios; the probe measures every n back to back, whereas live T_t(n) for
+    different n come from different iterations (T_t(1) only from k = 0 ones) at different
+    machine load, so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
+    timings still take over at run time (``LiveStats`` moves each warm point by EMA)."""
     if source not in ("auto", "probe", "live"):
         raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
-    probe = latest_probe(session, pair_id) if source != "live" else None
+    if path is None:
+        path = serving_path(session, pair_id, category)
+        if path is None:
+            return None, {}, "none (no timings of a known execution path)"
+    probe = latest_probe(session, pair_id, path) if source != "live" else None
     if probe is not None:
         pl = probe.payload
         curve = {int(n): float(t) for n, t in pl.get("target_s_by_n", {}).items()}
-        return pl.get("draft_s"), dict(sorted(curve.items())), f"probe #{probe.id}"
+        return pl.get("draft_s"), dict(sorted(curve.items())), f"probe #{probe.id} ({path})"
     if source == "probe":
-        return None, {}, "probe (none stored)"
-    sums = category_summaries(session, category=category, pair_id=pair_id)
+        return None, {}, f"probe (none stored for {path})"
+    sums = category_summaries(session, category=category, pair_id=pair_id, path=path)
     draft_s = sum(sm.draft_s for sm in sums)
     draft_n = sum(sm.draft_forwards for sm in sums)
     seconds: dict[int, float] = {}
@@ -372,32 +473,37 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
             count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
     curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
     t_draft = draft_s / draft_n if draft_n >= min_forwards else None
-    return t_draft, curve, "live traffic"
+    return t_draft, curve, f"live traffic ({path})"
+
+
+BATCH_PATH = "eager"  # the batched loop (batch > 1) runs eager forwards only
 
 
 def batch_costs(session: Session, pair_id: int, *, min_forwards: int = 16,
-                recent: int = 2000,
+                recent: int = 2000, path: str = BATCH_PATH,
                 ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
     """(T_t(B, n): B → n → seconds, T_d(B): B → seconds per proposed token, source) for a
-    pair, from ONE source, as ``measured_costs`` does at batch 1:
+    pair on one execution path (default the batched loop's, eager), from ONE source, as
+    ``measured_costs`` does at batch 1:
 
-    - ``"probe"``: the grid of the latest probe that measured some batch B > 1 (its batch 1
-      is the probe's T_t(n) curve and T_d);
+    - ``"probe"``: the grid of the latest probe of that path that measured some batch B > 1
+      (its batch 1 is the probe's T_t(n) curve and T_d);
     - ``"live"``: else medians of the forwards the pair's last ``recent`` requests at batch
-      > 1 timed, per (B, n) — and per B for the draft — each point kept only if it rests on
-      at least ``min_forwards`` forwards; batch 1's points from the same requests' batch-1
-      forwards (compaction tails: ``(1, n)`` keys, else ``target_s_by_n``), same rule;
-    - else the latest probe's batch 1 alone (``"probe"``), or ``({}, {}, "none")``."""
-    probes = session.scalars(select(Probe).where(Probe.pair_id == pair_id)
-                             .order_by(Probe.created_at.desc(), Probe.id.desc()))
+      > 1 on that path timed, per (B, n) — and per B for the draft — each point kept only if
+      it rests on at least ``min_forwards`` forwards; batch 1's points from the same
+      requests' batch-1 forwards (compaction tails: ``(1, n)`` keys, else ``target_s_by_n``),
+      same rule;
+    - else the latest probe's batch 1 alone (``"probe"``), or ``({}, {}, "none")``.
+
+    Probes and requests of unknown path (stored before 0005) are not read."""
     latest = None
-    for p in probes:
+    for p in session.scalars(_probes(session, pair_id, path)):
         row = ProbeRow.of(p)
         latest = latest or row
         if any(b > 1 for b in row.grid):
             return _with_batch_one(row)
     target, draft = live_batch_grid(session, pair_id, min_forwards=min_forwards,
-                                    recent=recent)
+                                    recent=recent, path=path)
     if any(b > 1 for b in target):
         return target, draft, "live"
     if latest is not None:
@@ -421,12 +527,13 @@ def _with_batch_one(row: ProbeRow) -> tuple[dict[int, dict[int, float]], dict[in
 
 
 def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = 16,
-                    recent: int = 2000) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+                    recent: int = 2000, path: str = BATCH_PATH
+                    ) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
     """The ``"live"`` source of ``batch_costs`` alone, whether or not a probe exists: medians
-    of the forwards the pair's last ``recent`` batched requests timed, per (B, n), and per B
-    for the draft, each resting on ≥ ``min_forwards`` forwards."""
+    of the forwards the pair's last ``recent`` batched requests on ``path`` timed, per
+    (B, n), and per B for the draft, each resting on ≥ ``min_forwards`` forwards."""
     stmt = (select(Request.target_s_by_bn, Request.draft_s_by_b, Request.target_s_by_n)
-            .where(Request.pair_id == pair_id, Request.batch_size > 1)
+            .where(Request.pair_id == pair_id, Request.batch_size > 1, Request.path == path)
             .order_by(Request.id.desc()).limit(recent))
     target_points: dict[tuple[int, int], list[float]] = {}
     draft_points: dict[int, list[float]] = {}
@@ -484,6 +591,24 @@ def tuned_params(session: Session, category: str | None = None, pair_id: int | N
             seen.add((r.category, r.pair_id))
             out.append(r)
     return out
+
+
+def tuned_fetcher(store, pair):
+    """``fetch(after_id)`` for ``policies.TunedPolicy.attach``: the tuned rows of ``pair`` (a
+    PairInfo) in ``store`` newer than ``after_id``, newest first; none while nothing was
+    logged for the pair (its id is looked up until it exists)."""
+    pid: int | None = None
+
+    def fetch(after_id: int) -> list[TunedRow]:
+        nonlocal pid
+        with store.session() as s:
+            if pid is None:
+                pid = pair_id(s, pair)
+                if pid is None:
+                    return []  # nothing logged for this pair yet, so nothing tuned
+            return tuned_params(s, pair_id=pid, after_id=after_id)
+
+    return fetch
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,12 @@ class RequestRecord:
     batch_size: int = 1
     target_s_by_bn: dict[tuple[int, int], list[float]] | None = None
     draft_s_by_b: dict[int, list[float]] | None = None
+    # How the forwards ran (``autospec.runners.path_name``): "eager", "static",
+    # "static+cuda-graphs", or "target/draft" where they differ. Timings from different paths
+    # measure different things, so the store keeps costs per path (``category_costs``) and
+    # cost queries read one path. None: unknown (every request logged before 0005); such a
+    # request counts for acceptance and counters, never for costs.
+    path: str | None = None
 
 
 def trace_acceptance(kind: str, trace: bytes) -> float | None:

@@ -20,7 +20,16 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .models import Categorizer, CategoryStat, Pair, Probe, Request, TunedParams, utcnow
+from .models import (
+    Categorizer,
+    CategoryCost,
+    CategoryStat,
+    Pair,
+    Probe,
+    Request,
+    TunedParams,
+    utcnow,
+)
 from .records import (
     CATEGORY_SOURCES,
     TRACE_GREEDY,
@@ -32,6 +41,7 @@ from .records import (
 
 __all__ = [
     "category_key",
+    "check_path",
     "validate_record",
     "get_or_create_pair",
     "write_records",
@@ -54,6 +64,17 @@ def category_key(category: str) -> str:
 def pair_key(pair: PairInfo) -> str:
     parts = (pair.target, pair.draft, pair.dtype, pair.hardware)
     return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+
+
+def check_path(path: object) -> str | None:
+    """An execution path as the store keeps it (``autospec.runners.path_name``: "eager",
+    "static", "static+cuda-graphs", or "target/draft"), or None for unknown."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path or len(path) > 64 or not path.isprintable():
+        raise ValueError(f"path must be a short printable string such as 'eager' or "
+                         f"'static', or None (unknown), got {path!r}")
+    return path
 
 
 def _clean_text(text: str | None) -> str | None:
@@ -130,6 +151,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     if confidence is not None and len(confidence) != len(rec.trace):
         raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
+    path = check_path(rec.path)
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch!r}")
@@ -139,7 +161,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
             for key, times in _keyed(rec.draft_s_by_b, "draft_s_by_b", 1).items()}
     return replace(
         rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
-        batch_size=batch, target_s_by_bn=by_bn or None, draft_s_by_b=by_b or None,
+        batch_size=batch, target_s_by_bn=by_bn or None, draft_s_by_b=by_b or None, path=path,
         policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
         prompt_text=_clean_text(rec.prompt_text), output_text=_clean_text(rec.output_text),
         k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
@@ -208,7 +230,7 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
         "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
-        "category_source", "features", "confidence")}
+        "category_source", "features", "confidence", "path")}
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
                target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())},
@@ -348,8 +370,38 @@ def write_records(session: Session, records: Iterable[RequestRecord],
         deltas.setdefault(k, _Delta(r.category)).add(r)
     for (key, pid), delta in sorted(deltas.items()):
         _fold_stats(session, pid, key, delta)
+    costs: dict[tuple[str, int, str], _Delta] = {}
+    for r in recs:  # batch 1's costs per path; unknown paths and batched rows add none
+        if r.path is not None and r.batch_size == 1:
+            costs.setdefault((category_key(r.category), used[r.pair], r.path),
+                             _Delta(r.category)).add(r)
+    for (key, pid, path), delta in sorted(costs.items()):
+        _fold_costs(session, pid, key, path, delta)
     session.flush()
     return used
+
+
+def _fold_costs(session: Session, pair_id: int, key: str, path: str, delta: _Delta) -> None:
+    """``_fold_stats`` for one ``category_costs`` row: the timing sums of one path."""
+    last = _utc(delta.last)
+    _insert_ignoring_conflict(session, CategoryCost, dict(
+        category_key=key, pair_id=pair_id, path=path, category=delta.category, requests=0,
+        draft_s=0.0, draft_forwards=0, target_s_sum_by_n={}, target_count_by_n={},
+        last_seen=last), ["category_key", "pair_id", "path"])
+    row = session.execute(
+        select(CategoryCost)
+        .where(CategoryCost.category_key == key, CategoryCost.pair_id == pair_id,
+               CategoryCost.path == path)
+        .with_for_update()
+    ).scalar_one()
+    row.requests = (row.requests or 0) + delta.sums["requests"]
+    row.draft_s = (row.draft_s or 0.0) + delta.sums["draft_s"]
+    row.draft_forwards = (row.draft_forwards or 0) + delta.sums["draft_forwards"]
+    row.target_s_sum_by_n = _add_maps(row.target_s_sum_by_n or {},
+                                      _map(delta.target_s_sum_by_n))
+    row.target_count_by_n = _add_maps(row.target_count_by_n or {},
+                                      _map(delta.target_count_by_n))
+    row.last_seen = max(row.last_seen, last)
 
 
 def _grid(grid: Mapping | None, name: str, depth: int) -> dict[str, Any] | None:
@@ -370,13 +422,16 @@ def _grid(grid: Mapping | None, name: str, depth: int) -> dict[str, Any] | None:
 def add_probe(session: Session, pair: PairInfo | int, payload: Mapping[str, Any]) -> int:
     """Store a hardware probe of ``pair`` (``autospec probe``); returns the probe's id.
     A payload's ``grid`` (B → {n: seconds}) and ``draft_grid`` (B → seconds) go to their
-    own columns (``queries.batch_costs`` reads them), the rest stays the JSON payload."""
+    own columns (``queries.batch_costs`` reads them), its ``path`` (the execution path it
+    timed, ``ProbeResult.path``) to the path column; the rest stays the JSON payload. A
+    payload without a path is stored as unknown: no path's cost query reads it."""
     pid = pair if isinstance(pair, int) else get_or_create_pair(session, pair)
     payload = dict(payload)
     grid = _grid(payload.pop("grid", None), "grid", 2)
     draft_grid = _grid(payload.pop("draft_grid", None), "draft_grid", 1)
+    path = check_path(payload.get("path"))
     probe = Probe(pair_id=pid, created_at=utcnow(), payload=payload, grid=grid,
-                  draft_grid=draft_grid)
+                  draft_grid=draft_grid, path=path)
     session.add(probe)
     session.flush()
     return probe.id

@@ -299,7 +299,7 @@ def test_tuned_table_serves_a_batch_by_its_most_common_category(tmp_path):
                              params={"k": 1}, tokens_per_s=1.0, baseline_tokens_per_s=None,
                              provenance={})
         policy = TunedPolicy()
-        policy.attach(store, PAIR)
+        policy.attach(queries.tuned_fetcher(store, PAIR))
         try:
             def batch(*cats):
                 return Context(batch_size=len(cats), categories=cats)

@@ -66,7 +66,7 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
         draft_s=drafted * t_draft, draft_forwards=drafted, target_s_by_n=dict(by_n),
         trace_kind="greedy", trace=bytes(1 for _ in range(sum(accs) + len(ks))),
         bandwidth_bytes_per_s=bandwidth, bandwidth_peak_bytes_per_s=4.8e12 if bandwidth
-        else None, created_at=created_at)
+        else None, created_at=created_at, path="eager")
 
 
 def accepted_run(rng: random.Random, k: int, alpha: float) -> int:
@@ -261,7 +261,7 @@ def test_verdicts_on_constructed_workloads(store):
     with store.begin() as s:
         from autospec.store.rows import get_or_create_pair
         slow = get_or_create_pair(s, SLOW)
-        add_probe(s, slow, {"target_s_by_n": {str(n): 0.1 * n for n in range(1, 9)},
+        add_probe(s, slow, {"path": "eager", "target_s_by_n": {str(n): 0.1 * n for n in range(1, 9)},
                             "draft_s": 0.03, "achieved_bytes_per_s": 2e10,
                             "peak_bytes_per_s": 4e10, "utilisation": 0.5,
                             "verdict": "verification is compute bound"})
@@ -504,7 +504,8 @@ def test_text_fits_a_terminal_and_names_the_pair_once(store):
     with store.begin() as s:
         from autospec.store.rows import get_or_create_pair
         pid = get_or_create_pair(s, HF)
-        add_probe(s, pid, {"target_s_by_n": {str(n): 0.02 * (1 + 0.01 * n) for n in range(1, 17)},
+        add_probe(s, pid, {"path": "eager",
+                           "target_s_by_n": {str(n): 0.02 * (1 + 0.01 * n) for n in range(1, 17)},
                            "draft_s": 0.004, "verdict": "memory-bound up to n = 16"})
         add_tuned_params(s, category=LONG_CATEGORIES[0], pair_id=pid, family="costmodel",
                          params={"reprobe_every": 32, "explore": 0.05}, tokens_per_s=30.0,
@@ -570,7 +571,8 @@ def test_cost_curve_says_where_each_point_comes_from(store):
     with store.begin() as s:
         from autospec.store.rows import get_or_create_pair
         add_probe(s, get_or_create_pair(s, FLAT),
-                  {"target_s_by_n": {"1": 0.02, "2": 0.0204, "4": 0.021}, "draft_s": 0.004})
+                  {"path": "eager", "target_s_by_n": {"1": 0.02, "2": 0.0204, "4": 0.021},
+                   "draft_s": 0.004})
     rep = build_report(store)
     (w,) = rep.workloads
     v = w.verification
@@ -678,7 +680,7 @@ def test_stored_strings_reach_the_terminal_escaped(store, tmp_path, capsys):
     with store.begin() as s:
         from autospec.store.rows import get_or_create_pair
         add_probe(s, get_or_create_pair(s, evil),
-                  {"target_s_by_n": {"1": 0.1, "2": 0.1}, "draft_s": 0.01,
+                  {"path": "eager", "target_s_by_n": {"1": 0.1, "2": 0.1}, "draft_s": 0.01,
                    "verdict": "ok\x1b[8m\u2066"})
     assert main(["report", "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 0
     out = capsys.readouterr().out

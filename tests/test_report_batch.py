@@ -37,7 +37,7 @@ def t_draft(b: int) -> float:
 
 
 def grid_payload() -> dict:
-    return {"target_s_by_n": {str(n): t_target(1, n) for n in range(1, 17)},
+    return {"path": "eager", "target_s_by_n": {str(n): t_target(1, n) for n in range(1, 17)},
             "draft_s": t_draft(1),
             "grid": {str(b): {str(n): t_target(b, n) for n in range(1, 17)} for b in BATCHES},
             "draft_grid": {str(b): t_draft(b) for b in BATCHES}}
@@ -219,7 +219,8 @@ def test_live_forwards_set_the_level_of_the_probes_grid(store):
     the loop ran k = 1 at 0.73–0.88× plain)."""
     recs = [r for r in requests() if r.batch_size == 1]
     flat = {b: {n: 0.05 * (1 + 0.01 * b * n) for n in range(1, 17)} for b in BATCHES}
-    payload = {"target_s_by_n": {str(n): t for n, t in flat[1].items()}, "draft_s": 0.005,
+    payload = {"path": "eager",
+               "target_s_by_n": {str(n): t for n, t in flat[1].items()}, "draft_s": 0.005,
                "grid": {str(b): {str(n): t for n, t in ns.items()} for b, ns in flat.items()},
                "draft_grid": {str(b): 0.005 for b in BATCHES}}
     with store.begin() as s:

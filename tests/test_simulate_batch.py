@@ -169,7 +169,7 @@ def batched_store(path, alpha: float = 0.8):
                 recs.append(replace(record(rng, alpha, at=at), batch_size=b))
     store.write(recs)
     with store.begin() as s:
-        add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in FLAT_1.items()},
+        add_probe(s, PAIR, {"path": "eager", "target_s_by_n": {str(n): t for n, t in FLAT_1.items()},
                             "draft_s": T_D, "grid": GRID, "draft_grid": DRAFT_GRID})
     return store
 

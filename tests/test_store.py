@@ -75,7 +75,7 @@ def make_record(rng: random.Random, *, category: str | None = None,
         nvml_sm_util_pct=rng.choice([None, rng.uniform(0, 100)]),
         prompt_text="def f(x):\n    return 'ok' \"\" 日本" if text_too else None,
         output_text="  pass  🚀" if text_too else None,
-        created_at=time.time() - rng.uniform(0, 3600))
+        created_at=time.time() - rng.uniform(0, 3600), path="eager")
 
 
 def expected_stats(records) -> dict[tuple[str, PairInfo], dict]:

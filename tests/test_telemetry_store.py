@@ -135,7 +135,7 @@ def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_pa
     # no probe: T_t(4) (k = 3, dozens of forwards) counts; the prefill-sized ones do not
     assert 4 in live.t_target and all(n != 1 for n in live.t_target)
     with open_store(url) as store, store.begin() as s:
-        add_probe(s, spec.telemetry.pair, {"target_s_by_n": {"1": 0.01, "4": 0.011},
+        add_probe(s, spec.telemetry.pair, {"path": "eager", "target_s_by_n": {"1": 0.01, "4": 0.011},
                                            "draft_s": 0.002})
     fresh = autospec.Controller(target, target, store=url, policy="auto")
     live = fresh.live_stats("default")

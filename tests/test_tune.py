@@ -49,7 +49,7 @@ def record(rng: random.Random, alpha: float, *, n: int = 96, category: str = "co
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
         target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_SAMPLED if sampled else TRACE_GREEDY,
         trace=trace, created_at=at,
-        confidence=conf)
+        confidence=conf, path="eager")
 
 
 def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0,
@@ -63,7 +63,7 @@ def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: in
                         sampled=sampled) for i in range(count)]
     store.write(recs)
     with store.begin() as s:
-        add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in CURVE.items()},
+        add_probe(s, PAIR, {"path": "eager", "target_s_by_n": {str(n): t for n, t in CURVE.items()},
                             "draft_s": T_D})
     return store
 
@@ -240,7 +240,7 @@ def test_tuned_policy_reloads_new_parameters_without_restart(tmp_path):
         ctx = Context(category="code", k_max=16, live=LiveStats())
         untuned = policy.choose(ctx)  # nothing tuned yet: the default (auto) policy
         assert untuned == as_policy("auto").choose(ctx)
-        policy.attach(store, PAIR)
+        policy.attach(queries.tuned_fetcher(store, PAIR))
         try:
             with store.begin() as s:
                 add_tuned_params(s, category="code", pair_id=pid, family="fixed",
@@ -285,7 +285,7 @@ def test_a_result_that_loses_on_held_back_traffic_keeps_the_default(tmp_path):
         store.write([record(rng, 0.9, at=1.0e9 + i) for i in range(60)]
                     + [record(rng, 0.05, at=2.0e9 + i) for i in range(20)])
         with store.begin() as s:
-            add_probe(s, PAIR, {"target_s_by_n": {str(n): t for n, t in CURVE.items()},
+            add_probe(s, PAIR, {"path": "eager", "target_s_by_n": {str(n): t for n, t in CURVE.items()},
                                 "draft_s": T_D})
         (res,) = tune(store, trials=12, families=("fixed",), seed=0)
         assert res.family == "fixed" and res.params["k"] >= 4

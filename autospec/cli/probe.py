@@ -74,7 +74,8 @@ def run(args, parser) -> int:
           + (f" ({res.utilisation:.0%})" if res.utilisation else "")
           + f"  [weights {human_bytes(res.target_param_bytes)}, KV {human_bytes(res.kv_bytes)}]")
     print(f"{res.hardware}, {res.dtype}, context {res.context} tokens, {res.threads} threads, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}, {res.path} path (the loop's step: forward, logits "
+          "processing, verification)")
     print(f"verdict: {res.verdict()}")
     if len(res.grid) > 1 or res.grid_note:
         _print_grid(res)

@@ -30,13 +30,14 @@ def run(args, parser) -> int:
     store = open_store_or_die(args.db, read_only=True)
     with store, store.session() as s:
         summaries = queries.category_summaries(s, category=args.category)
-        probes = {sm.pair.id: queries.latest_probe(s, sm.pair.id) for sm in summaries}
-        grids = {pid: batch_grid(s, pid) for pid in probes}
+        probes = {(sm.pair.id, sm.path): queries.latest_probe(s, sm.pair.id, sm.path)
+                  for sm in summaries}  # the probe of the path the summary's costs are on
+        grids = {pid: batch_grid(s, pid) for pid, _ in probes}
         tuned = {(t.category, t.pair_id): t
                  for t in queries.tuned_params(s, category=args.category)}
     out = []
     for sm in summaries:
-        p = probes.get(sm.pair.id)
+        p = probes.get((sm.pair.id, sm.path))
         est = estimate_speedup(sm, p.payload if p else None)
         d = sm.to_dict()
         d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}

@@ -372,18 +372,19 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     summaries = queries.category_summaries(s, category=category, pair_id=pair_id)
     if not summaries:
         return report
-    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id)
+    modes = history.plain_vs_speculative(s, category=category, pair_id=pair_id, by_path=True)
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
     by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
-    probes: dict[int, Any] = {}
+    probes: dict[tuple[int, str | None], Any] = {}
     grids: dict[int, Any] = {}
     for sm in summaries:
         pid = sm.pair.id
-        if pid not in probes:
-            probes[pid] = queries.latest_probe(s, pid)
+        if (pid, sm.path) not in probes:  # the probe of the path the summary's costs are on
+            probes[pid, sm.path] = queries.latest_probe(s, pid, sm.path)
+        if pid not in grids:
             grids[pid] = batch_grid(s, pid)
-        probe = probes[pid]
+        probe = probes[pid, sm.path]
         curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
         k_in_force = recent_act.k_mode
@@ -398,7 +399,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                          [queries.wilson_interval(a, d) for a, d in
                           zip(sm.accepted_per_position, sm.drafted_per_position)])
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
-                      modes.get((category_key(sm.category), pid)))
+                      modes.get((category_key(sm.category), pid, sm.path)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
             k_ref = sp.oracle_k
         # the cost ratio needs some k even before anything was drafted: k = 4 then
