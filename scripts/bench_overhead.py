@@ -1,0 +1,123 @@
+"""The speculative loop's own per-iteration overhead: wall time per iteration minus the time
+spent inside model forwards (CPU, where forwards are synchronous and a forward hook times them
+exactly).
+
+It measures whichever autospec the interpreter imports, so one script compares two checkouts:
+run it with each checkout's virtual environment, alternately, several rounds (see
+``--label``; ``scripts/bench_overhead.sh`` drives the interleaved run), and compare medians.
+
+    .venv/bin/python scripts/bench_overhead.py --label after --model tiny
+    .venv/bin/python scripts/bench_overhead.py --label after --model pair   # default pair, bf16
+
+Each configuration (greedy; sampled with temperature 0.8, top-k 50, top-p 0.9) runs
+``--repeats`` requests of ``--max-new-tokens`` tokens at a fixed lookahead (k = 4: the same
+iterations in both checkouts) and with the default "auto" policy; one JSON line per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+class ForwardTimer:
+    """Seconds spent inside ``model.__call__`` (hooks on the top-level module)."""
+
+    def __init__(self, *models):
+        self.total = 0.0
+        self.calls = 0
+        self._t0 = None
+        for m in {id(m): m for m in models}.values():
+            m.register_forward_pre_hook(self._pre)
+            m.register_forward_hook(self._post)
+
+    def _pre(self, module, args):
+        self._t0 = time.perf_counter()
+
+    def _post(self, module, args, out):
+        self.total += time.perf_counter() - self._t0
+        self.calls += 1
+
+
+def tiny_pair():
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=3, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(30.0)  # peaked distributions, as the tests' tiny pair
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std().clamp_min(1e-3))
+    prompts = [torch.randint(4, 97, (1, 24), generator=torch.Generator().manual_seed(s))
+               for s in range(4)]
+    return target, draft, prompts
+
+
+def real_pair():
+    from autospec.models import load_pair
+
+    p = load_pair("qwen2.5-coder", progress=False)
+    texts = ["def quicksort(xs):", "The capital of France is", "SELECT name FROM users WHERE",
+             "Once upon a time"]
+    return p.target, p.draft, [p.tokenizer(t, return_tensors="pt").input_ids for t in texts]
+
+
+CONFIGS = {
+    "greedy": dict(do_sample=False),
+    "sampled": dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label", required=True, help="written into every line (before/after)")
+    ap.add_argument("--model", choices=("tiny", "pair"), default="tiny")
+    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--policies", default="k4,auto")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import autospec
+
+    target, draft, prompts = real_pair() if args.model == "pair" else tiny_pair()
+    timer = ForwardTimer(target, draft)
+    ctrl = autospec.Controller(target, draft, store=False, k_max=8)
+    ctrl.generate(prompts[0], max_new_tokens=8, do_sample=False, k=2)  # warm-up
+    for rep in range(args.repeats):
+        for cname, cfg in CONFIGS.items():
+            for pol in args.policies.split(","):
+                ids = prompts[rep % len(prompts)]
+                kw = dict(cfg, max_new_tokens=args.max_new_tokens, eos_token_id=None,
+                          attention_mask=torch.ones_like(ids))
+                if pol.startswith("k"):
+                    kw["k"] = int(pol[1:])
+                gen = torch.Generator().manual_seed(rep)
+                f0, c0 = timer.total, timer.calls
+                t0 = time.perf_counter()
+                ctrl.generate(ids, generator=gen, **kw)
+                wall = time.perf_counter() - t0
+                st = ctrl.last_stats
+                fwd = timer.total - f0
+                print(json.dumps({
+                    "label": args.label, "model": args.model, "mode": cname, "policy": pol,
+                    "threads": args.threads, "rep": rep, "iterations": st.iterations,
+                    "new_tokens": st.new_tokens, "forwards": timer.calls - c0,
+                    "loop_wall_s": st.wall_s, "call_wall_s": wall, "forward_s": fwd,
+                    "overhead_ms_per_iter": 1e3 * (st.wall_s - fwd) / st.iterations,
+                }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
