@@ -229,6 +229,7 @@ class Controller:
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, live=self.live_stats(category),
             static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            record_confidence=self.writer is not None,
         )
         self._local.stats = res.stats
         if self.writer is not None:
@@ -264,7 +265,7 @@ class Controller:
             stopping_criteria=plan.stopping_criteria, generator=generator, k_max=self.k_max,
             target_context=self.target_context, draft_context=self.draft_context,
             output_scores=plan.output_scores, output_logits=plan.output_logits,
-            row_prefix=[pad for _, pad in plan.rows])
+            row_prefix=[pad for _, pad in plan.rows], record_confidence=self.writer is not None)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
         self._local.stats = merge_stats(row_stats)

@@ -144,7 +144,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     live (the category's LiveStats, fed every iteration and shown to the policy),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
     reused across requests, see autospec.runners), cuda_graphs ("auto": with static_cache on
-    a CUDA device, replay forwards from CUDA graphs; True, False, "emulate").
+    a CUDA device, replay forwards from CUDA graphs; True, False, "emulate"),
+    record_confidence (keep the draft's top probability per generated token in
+    ``stats.confidence``, which only the store uses: off, no softmax runs for it).
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
     try:
@@ -167,7 +169,7 @@ class _Loop:
                  k_max: int = 16, target_context: int | None = None,
                  draft_context: int | None = None, output_scores: bool = False,
                  output_logits: bool = False, live=None, static_cache: bool = False,
-                 cuda_graphs="auto"):
+                 cuda_graphs="auto", record_confidence: bool = False):
         self.t_start = time.perf_counter()
         self.device = device = input_ids.device
         self.L = L = input_ids.shape[1]
@@ -178,6 +180,9 @@ class _Loop:
         self.category, self.k_max, self.live = category, k_max, live
         # draft-side early stopping (depends only on the draft's own distribution: exact)
         self.early_stop = early_stop_of(policy, category)
+        # the draft's top probability: for early stopping, and kept only for the store
+        self.record_conf = record_confidence
+        self.need_top = record_confidence or self.early_stop is not None
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
@@ -241,9 +246,10 @@ class _Loop:
         return max(k, 0)
 
     def draft_block(self, k: int, gen: int):
-        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's top
-        probability per proposed token [k], (trace values, confidences) for already generated
-        positions the catch-up forward scored, or None)."""
+        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's quantized
+        top probability per proposed token [k] (None unless recorded), (trace values,
+        confidences or None) for already generated positions the catch-up forward scored, or
+        None)."""
         buf, n = self.buf, self.n
         d_toks = torch.empty(1, k, dtype=torch.long, device=self.device)
         q_list, conf = [], []
@@ -273,15 +279,19 @@ class _Loop:
             else:
                 raw = self.d_run.run(feed, 1)  # [1, 1, V]
             s = self.process(raw, gen + i, d_seen)
+            top = None
             if self.greedy:
                 tok = s[:, 0].argmax(dim=-1)  # [1]
-                top = s[0, 0].softmax(dim=-1).max()
+                if self.need_top:
+                    top = s[0, 0].softmax(dim=-1).max()
             else:
                 q = logits_to_probs(s, self.sampling)  # [1, 1, V]
                 q_list.append(q)
                 tok = sample(q[:, 0], self.generator)  # [1]
-                top = q[0, 0].max()
-            conf.append(top)
+                if self.need_top:
+                    top = q[0, 0].max()
+            if self.record_conf:
+                conf.append(top)
             d_toks[:, i] = tok
             if d_seen is not None:
                 d_seen[0, tok] = True
@@ -294,7 +304,7 @@ class _Loop:
                 break
         self.timings.append(("draft", timed, t0, self.clock.mark()))
         self.d_len = n + k - 1
-        conf_t = quantize_beta(torch.stack(conf)) if conf else d_toks[0]
+        conf_t = quantize_beta(torch.stack(conf)) if self.record_conf and conf else None
         return d_toks, (torch.cat(q_list, dim=1) if q_list else None), conf_t, catch_up_trace
 
     def trace_catch_up(self, raw, first_gen: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,12 +314,13 @@ class _Loop:
         its threshold (AdaEDL/DISCO style), so replay can apply any threshold to it."""
         s = self.process(raw, first_gen, None)
         count = raw.shape[1]
-        probs = s[0].softmax(dim=-1)  # [count, V]; the draft's distribution either way
-        conf = quantize_beta(probs.max(dim=-1).values)
+        beta = not self.greedy and self.p_bonus is not None and count == 1
+        probs = s[0].softmax(dim=-1) if self.record_conf or beta else None  # [count, V]
+        conf = quantize_beta(probs.max(dim=-1).values) if self.record_conf else None
         if self.greedy:
             truth = self.buf[0, self.L + first_gen : self.L + first_gen + count]
             return (s[0].argmax(dim=-1) == truth).to(torch.int64), conf
-        if self.p_bonus is None or count != 1:
+        if not beta:
             return torch.full((count,), 255, dtype=torch.int64, device=self.device), conf
         return quantize_beta(torch.minimum(self.p_bonus, probs[0]).sum())[None], conf
 
@@ -328,7 +339,7 @@ class _Loop:
             k = d_toks.shape[1]  # early stopping may have drafted fewer
         else:
             d_toks = torch.empty(1, 0, dtype=torch.long, device=self.device)
-            block_conf = d_toks[0]
+            block_conf = d_toks[0] if self.record_conf else None
 
         # 2. Score catch-up + drafts in one target forward
         t0 = self.clock.mark()
@@ -352,9 +363,11 @@ class _Loop:
 
         # 4. The iteration's one host sync (with, when sampling, multinomial's validity check
         # that `sample` leaves out: NaN probabilities would otherwise pass as tokens)
-        parts = [num_acc, nxt, d_toks[0], block_trace, block_conf]
+        parts = [num_acc, nxt, d_toks[0], block_trace]
+        if block_conf is not None:
+            parts.append(block_conf)
         if catch_up_trace is not None:
-            parts += catch_up_trace  # (values, confidences)
+            parts += [t for t in catch_up_trace if t is not None]  # (values, confidences)
         if not self.greedy:
             parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
@@ -362,11 +375,15 @@ class _Loop:
             raise_invalid_probs(p, q, gen)
         m, nxt_id = vals[0], vals[1]
         proposed = vals[2 : 2 + k]
-        block_vals, block_conf_vals = vals[2 + k : 2 + 2 * k], vals[2 + 2 * k : 2 + 3 * k]
+        block_vals = vals[2 + k : 2 + 2 * k]
+        off = 2 + 2 * k
+        block_conf_vals = ()
+        if block_conf is not None:
+            block_conf_vals, off = vals[off : off + k], off + k
         unproposed = []
         if catch_up_trace is not None:
-            cu = vals[2 + 3 * k :]
-            half = len(cu) // 2
+            cu = vals[off:]
+            half = len(cu) // 2 if self.record_conf else len(cu)
             self.trace.put(gen - half, cu[:half], cu[half:])
             if stats.k_schedule and stats.k_schedule[-1] == 0:  # positions decoded at k = 0
                 unproposed = [v if self.greedy else v / 254 for v in cu[:half]
@@ -450,7 +467,8 @@ class _Loop:
         stats = self.stats
         stats.new_tokens = self.n - self.L
         stats.trace = self.trace.finish(stats.new_tokens)
-        stats.confidence = self.trace.finish_confidence(stats.new_tokens)
+        if self.record_conf:
+            stats.confidence = self.trace.finish_confidence(stats.new_tokens)
         # one pass over the clock marks (on CUDA the events completed at the last sync)
         for what, count, a, b, *rest in self.timings:
             sec = self.clock.seconds(a, b)
