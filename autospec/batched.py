@@ -243,7 +243,7 @@ class _BatchLoop:
         cu_rows = cu_known = None
         d_toks = torch.empty(B, k, dtype=torch.long, device=self.device)
         conf = []
-        d0 = d1 = None
+        d0 = d1 = t_cu = d_start = None
         if k > 0:
             catch = [r.tokens[r.d_len : r.n] for r in rows]
             known = [0 if self.sampling.uses_presence else
@@ -251,7 +251,7 @@ class _BatchLoop:
             keep0 = max(known) + 1
             d_seen = self.seen.clone() if self.seen is not None else None
             q_list = []
-            t0 = clock.mark()
+            d_start = clock.mark()
             raw = self.feed("d", catch, [r.d_len for r in rows], None, keep0)
             if max(known):
                 cu_rows, cu_known = self.trace_catch_up(raw[:, :-1], known)
@@ -277,7 +277,7 @@ class _BatchLoop:
                 d_toks[:, i] = tok
                 if d_seen is not None:
                     d_seen[torch.arange(B, device=self.device), tok] = True
-            d0, d1 = (t_cu if wide else t0), clock.mark()
+            d0, d1 = (t_cu if wide else d_start), clock.mark()
             timed = k - 1 if wide else k
             q = torch.cat(q_list, dim=1) if q_list else None
         block_conf = (None if not self.record_conf else  # [B, k]
@@ -336,6 +336,7 @@ class _BatchLoop:
         d_per_token = None
         if k > 0 and timed > 0:
             d_per_token = clock.seconds(d0, d1) / timed
+        clock.recycle(d_start, t_cu, d1, t0, t1)  # read: their events can be recorded again
         was_off = bool(rows[0].stats.k_schedule) and rows[0].stats.k_schedule[-1] == 0
 
         # 5. Per row: trace, emit, counters; then mask what was rejected

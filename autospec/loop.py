@@ -199,7 +199,9 @@ class _Loop:
         # tokens seen so far, for the repetition penalty (kept incrementally, never rescanned)
         self.seen = seen_tokens(input_ids, self.vocab) if sampling.uses_presence else None
         self.clock = Clock(device)
-        self.timings: list[tuple] = []  # (what, count, start mark, end mark), read at the end
+        # (what, count, start mark, end mark, …) until the iteration's sync, then (what, count,
+        # seconds, …): the marks are read and handed back to the clock for reuse
+        self.timings: list[tuple] = []
         self.trace = Trace(self.greedy, max_new_tokens)
         self.p_bonus = None  # sampling: p at the last bonus position, until the draft scores it
         self.finished = False
@@ -272,8 +274,9 @@ class _Loop:
                     # predictions: a cost of resuming, not T_d (counted as T_d it made a draft
                     # look 4× dearer after every k = 0 stretch, and the cost model kept
                     # speculation off on traffic where it paid)
-                    self.timings.append(("draft_catch_up", 1, t0, self.clock.mark()))
-                    t0 = self.clock.mark()
+                    mid = self.clock.mark()
+                    self.timings.append(("draft_catch_up", 1, t0, mid))
+                    t0 = mid
                     timed -= 1
                 raw = raw[:, -1:]
             else:
@@ -406,6 +409,7 @@ class _Loop:
             stats.accepted += m
             _bump(stats.drafted_per_position, k)
             _bump(stats.accepted_per_position, m)
+        self.timings[first_timing:] = self.read_marks(self.timings[first_timing:])
         outcome = replace(self.outcome(k, m, self.timings[first_timing:]),
                           unproposed=tuple(unproposed))
         if ctx.live is not None:
@@ -447,17 +451,25 @@ class _Loop:
         if self.n - self.L >= self.max_new and not self.finished:
             self.finished, self.stats.stop_reason = True, "max_new_tokens"
 
+    def read_marks(self, timings: list[tuple]) -> list[tuple]:
+        """An iteration's timings with seconds in place of its marks, read after its sync (on
+        CUDA the events have completed), and the marks recycled."""
+        out = [(what, count, self.clock.seconds(a, b), *rest)
+               for what, count, a, b, *rest in timings]
+        self.clock.recycle(*(mark for t in timings for mark in t[2:4]))
+        return out
+
     def outcome(self, k: int, m: int, timings: list[tuple]) -> Outcome:
         """What the policy learns from this iteration. Times are per-iteration costs of the
         steady state: the first target forward (prefill) and draft catch-ups over the prompt
         are left out (NaN), so they never pose as T_t(k+1) or T_d. CUDA events are read here
-        only because the iteration's sync has already completed them."""
+        only because the iteration's sync has already completed them (``read_marks``)."""
         d_s = t_s = float("nan")
-        for what, count, a, b, *_ in timings:
+        for what, count, sec, *_ in timings:
             if what == "draft" and count:  # scaled to k proposals when a catch-up took one
-                d_s = self.clock.seconds(a, b) * k / count
+                d_s = sec * k / count
             elif what == "target":
-                t_s = self.clock.seconds(a, b)
+                t_s = sec
         return Outcome(drafted=k, accepted=m, draft_time_s=d_s if k else 0.0, target_time_s=t_s)
 
     # -- the end ------------------------------------------------------------------------------
@@ -469,9 +481,7 @@ class _Loop:
         stats.trace = self.trace.finish(stats.new_tokens)
         if self.record_conf:
             stats.confidence = self.trace.finish_confidence(stats.new_tokens)
-        # one pass over the clock marks (on CUDA the events completed at the last sync)
-        for what, count, a, b, *rest in self.timings:
-            sec = self.clock.seconds(a, b)
+        for what, count, sec, *rest in self.timings:  # read iteration by iteration
             if what == "draft":
                 if count:  # k = 1 after a catch-up: no proposal forward left to time
                     stats.draft_s += sec
