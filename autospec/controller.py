@@ -180,9 +180,15 @@ class Controller:
         self.store_failures = 0
 
     def close(self, timeout: float = 10.0) -> None:
-        """Flush and close the store writer (also done at interpreter exit and by unwrap)."""
+        """Flush and close the store writer (also done at interpreter exit and by unwrap), and
+        free the models' static caches and CUDA graphs (a later request builds them again)."""
         if self._owns_policy and hasattr(self.policy, "close"):
             self.policy.close()
+        if self.static_cache:
+            from autospec.runners import release_runners
+
+            release_runners(self.model)
+            release_runners(self.draft)
         if self.writer is not None:
             self.writer.close(timeout=timeout)
             self.telemetry.close()
