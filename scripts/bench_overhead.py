@@ -3,11 +3,12 @@ spent inside model forwards (CPU, where forwards are synchronous and a forward h
 exactly).
 
 It measures whichever autospec the interpreter imports, so one script compares two checkouts:
-run it with each checkout's virtual environment, alternately, several rounds (see
-``--label``; ``scripts/bench_overhead.sh`` drives the interleaved run), and compare medians.
+``--compare`` runs it with each checkout's interpreter, alternately, ``--rounds`` times (one
+process per checkout and round), and prints the medians and their ratio:
 
-    .venv/bin/python scripts/bench_overhead.py --label after --model tiny
-    .venv/bin/python scripts/bench_overhead.py --label after --model pair   # default pair, bf16
+    .venv/bin/python scripts/bench_overhead.py --model tiny \
+        --compare before=/work/wt/iterbase/.venv/bin/python after=.venv/bin/python
+    .venv/bin/python scripts/bench_overhead.py --label after --model pair   # one checkout
 
 Each configuration (greedy; sampled with temperature 0.8, top-k 50, top-p 0.9) runs
 ``--repeats`` requests of ``--max-new-tokens`` tokens at a fixed lookahead (k = 4: the same
@@ -79,15 +80,66 @@ CONFIGS = {
 }
 
 
+def compare(args, argv: list[str]) -> None:
+    """Run this script under each ``label=python`` alternately; summarise medians."""
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    pythons = dict(item.split("=", 1) for item in args.compare)
+    rest = [a for a in argv if a not in args.compare and a != "--compare"]
+    rows = []
+    for rnd in range(args.rounds):
+        order = list(pythons.items())
+        if rnd % 2:
+            order.reverse()
+        for label, python in order:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(python)))  # checkout/.venv/bin
+            out = subprocess.run([python, os.path.abspath(__file__), *rest, "--label", label],
+                                 cwd=os.path.dirname(root), capture_output=True, text=True,
+                                 check=True).stdout
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    rows.append(json.loads(line))
+                    print(line, flush=True)
+    keys = sorted({(r["model"], r["mode"], r["policy"]) for r in rows})
+    labels = list(pythons)
+    print(f"\nper-iteration overhead outside forwards, ms (median over {args.rounds} rounds x "
+          f"{args.repeats} requests; {args.threads} threads; iterations per request)",
+          file=sys.stderr)
+    for key in keys:
+        med = {}
+        for label in labels:
+            vals = [r["overhead_ms_per_iter"] for r in rows
+                    if (r["model"], r["mode"], r["policy"]) == key and r["label"] == label]
+            its = [r["iterations"] for r in rows
+                   if (r["model"], r["mode"], r["policy"]) == key and r["label"] == label]
+            med[label] = (statistics.median(vals), statistics.median(its))
+        cells = "  ".join(f"{lab} {m:.3f} ({it:g} it)" for lab, (m, it) in med.items())
+        ratio = (med[labels[-1]][0] / med[labels[0]][0]) if med[labels[0]][0] else float("nan")
+        print(f"{key[0]:5} {key[1]:8} {key[2]:5} {cells}  ratio {labels[-1]}/{labels[0]} "
+              f"{ratio:.2f}", file=sys.stderr)
+
+
 def main() -> None:
+    import sys
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("--label", required=True, help="written into every line (before/after)")
+    ap.add_argument("--label", help="written into every line (before/after)")
+    ap.add_argument("--compare", nargs="+", metavar="LABEL=PYTHON",
+                    help="run each checkout's interpreter alternately and summarise")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", choices=("tiny", "pair"), default="tiny")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policies", default="k4,auto")
     args = ap.parse_args()
+    if args.compare:
+        return compare(args, sys.argv[1:])
+    if not args.label:
+        ap.error("--label or --compare")
     torch.set_num_threads(args.threads)
     import autospec
 

@@ -99,7 +99,7 @@ def test_invalid_settings_are_rejected(bad):
         SamplingConfig(**bad)
 
 
-def _topk_topp_rows(seed: int, rows: int = 64, vocab: int = 300):
+def _topk_topp_rows(seed: int, rows: int = 64, vocab: int = 4096):
     """Random logits [rows, vocab]: half continuous, half rounded to a coarse grid (many ties,
     as bf16 logits have), some rows entirely equal; with a top_k and top_p per batch."""
     g = torch.Generator().manual_seed(seed)
@@ -115,12 +115,16 @@ def _topk_topp_rows(seed: int, rows: int = 64, vocab: int = 300):
 def test_top_p_over_the_top_k_values_is_transformers_top_k_then_top_p(seed):
     """Top-p computed over the top-k candidates (no vocabulary-wide sort) equals transformers'
     TopKLogitsWarper + TopPLogitsWarper and the full-sort path, ties included."""
-    from autospec.sampling import _top_k_top_p, _top_p_full_sort
+    from autospec.sampling import FAST_TOP_P_VOCAB, _top_k_top_p, _top_p_full_sort
 
     x, k, top_p = _topk_topp_rows(seed)
+    assert x.shape[-1] >= FAST_TOP_P_VOCAB  # process_logits takes the top-k path
     want = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(k)(None, x.clone()))
     got = process_logits(x[:, None], SamplingConfig(do_sample=True, top_k=k, top_p=top_p))[:, 0]
     assert torch.equal(got, want)
+    assert torch.equal(_top_k_top_p(x, k, top_p), want)
+    for r in range(x.shape[0]):  # row by row: rows without a cut between ties skip the sort
+        assert torch.equal(_top_k_top_p(x[r : r + 1], k, top_p), want[r : r + 1]), r
     kth = torch.topk(x, k, dim=-1).values[..., -1:]
     assert torch.equal(_top_k_top_p(x, k, top_p),
                        _top_p_full_sort(x.masked_fill(x < kth, float("-inf")), top_p))
@@ -143,7 +147,7 @@ def test_top_p_over_the_top_k_values_resolves_ties_as_a_stable_sort(seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("vocab", [300, 151936])
+@pytest.mark.parametrize("vocab", [4096, 151936])
 def test_top_p_over_the_top_k_values_is_transformers_on_cuda(vocab):
     """On CUDA the fast path takes no fallback (a host sync per draft token): its tie rule
     must be what CUDA's sort does for TopPLogitsWarper."""
