@@ -213,6 +213,15 @@ class CostModelPolicy:
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        # the derived cache and its lock are rebuilt where copied or unpickled
+        return {k: v for k, v in self.__dict__.items() if k not in ("_derived", "_derived_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._derived = weakref.WeakKeyDictionary()
+        self._derived_lock = threading.Lock()
+
     def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
         """(acceptance curve over ``top`` positions, T_t cost function) from ``live``, the
         same objects until ``live.version`` changes. Callers only read them."""

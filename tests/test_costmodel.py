@@ -81,3 +81,19 @@ def test_the_policy_rebuilds_its_curves_only_when_the_statistics_change():
     assert new_curve == live.acceptance_curve(8) and new_curve != curve
     assert new_cost(4) == live.cost(optimistic=True)(4)
     assert pol.derived(live, 5)[0] == live.acceptance_curve(5)  # another length: its own
+
+
+def test_a_policy_with_derived_curves_copies_and_pickles():
+    import copy
+    import pickle
+
+    from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.live import LiveStats
+
+    live = LiveStats()
+    for k, m in [(3, 2), (0, 0), (2, 1)]:
+        live.observe(k, m, 0.002 * k, 0.01 + 0.001 * k)
+    pol = CostModelPolicy(z=0.5)
+    k = pol.choose(Context(k_max=8, live=live, remaining=100))
+    for twin in (copy.deepcopy(pol), pickle.loads(pickle.dumps(pol))):
+        assert twin.z == 0.5 and twin.choose(Context(k_max=8, live=live, remaining=100)) == k
