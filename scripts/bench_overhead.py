@@ -25,21 +25,25 @@ import torch
 
 
 class ForwardTimer:
-    """Seconds spent inside ``model.__call__`` (hooks on the top-level module)."""
+    """Seconds spent inside ``model.__call__`` (hooks on the top-level module): wall time, and
+    the process's CPU time (all threads), which waiting for a busy machine's cores does not
+    inflate."""
 
     def __init__(self, *models):
-        self.total = 0.0
+        self.total = self.cpu = 0.0
         self.calls = 0
-        self._t0 = None
+        self._t0 = self._c0 = None
         for m in {id(m): m for m in models}.values():
             m.register_forward_pre_hook(self._pre)
             m.register_forward_hook(self._post)
 
     def _pre(self, module, args):
+        self._c0 = time.process_time()
         self._t0 = time.perf_counter()
 
     def _post(self, module, args, out):
         self.total += time.perf_counter() - self._t0
+        self.cpu += time.process_time() - self._c0
         self.calls += 1
 
 
@@ -89,6 +93,9 @@ def compare(args, argv: list[str]) -> None:
 
     pythons = dict(item.split("=", 1) for item in args.compare)
     rest = [a for a in argv if a not in args.compare and a != "--compare"]
+    if "--metric" in rest:  # the summary's option, not the runs'
+        i = rest.index("--metric")
+        del rest[i : i + 2]
     rows = []
     for rnd in range(args.rounds):
         order = list(pythons.items())
@@ -105,13 +112,13 @@ def compare(args, argv: list[str]) -> None:
                     print(line, flush=True)
     keys = sorted({(r["model"], r["mode"], r["policy"]) for r in rows})
     labels = list(pythons)
-    print(f"\nper-iteration overhead outside forwards, ms (median over {args.rounds} rounds x "
+    print(f"\n{args.metric}: per-iteration overhead outside forwards, ms (median over {args.rounds} rounds x "
           f"{args.repeats} requests; {args.threads} threads; iterations per request)",
           file=sys.stderr)
     for key in keys:
         med = {}
         for label in labels:
-            vals = [r["overhead_ms_per_iter"] for r in rows
+            vals = [r[args.metric] for r in rows
                     if (r["model"], r["mode"], r["policy"]) == key and r["label"] == label]
             its = [r["iterations"] for r in rows
                    if (r["model"], r["mode"], r["policy"]) == key and r["label"] == label]
@@ -130,6 +137,8 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", metavar="LABEL=PYTHON",
                     help="run each checkout's interpreter alternately and summarise")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--metric", default="overhead_ms_per_iter",
+                    choices=("overhead_ms_per_iter", "overhead_cpu_ms_per_iter"))
     ap.add_argument("--model", choices=("tiny", "pair"), default="tiny")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -156,10 +165,12 @@ def main() -> None:
                 if pol.startswith("k"):
                     kw["k"] = int(pol[1:])
                 gen = torch.Generator().manual_seed(rep)
-                f0, c0 = timer.total, timer.calls
+                f0, c0, p0 = timer.total, timer.calls, timer.cpu
+                cpu0 = time.process_time()
                 t0 = time.perf_counter()
                 ctrl.generate(ids, generator=gen, **kw)
                 wall = time.perf_counter() - t0
+                cpu = time.process_time() - cpu0
                 st = ctrl.last_stats
                 fwd = timer.total - f0
                 print(json.dumps({
@@ -168,6 +179,8 @@ def main() -> None:
                     "new_tokens": st.new_tokens, "forwards": timer.calls - c0,
                     "loop_wall_s": st.wall_s, "call_wall_s": wall, "forward_s": fwd,
                     "overhead_ms_per_iter": 1e3 * (st.wall_s - fwd) / st.iterations,
+                    # CPU time of the whole call outside forwards (all threads)
+                    "overhead_cpu_ms_per_iter": 1e3 * (cpu - (timer.cpu - p0)) / st.iterations,
                 }), flush=True)
 
 
