@@ -73,7 +73,8 @@ def speculative_generate_batch(target, draft, prompts: list[torch.Tensor], *,
 
     Options as ``loop.speculative_generate``: min_new_tokens, eos_token_ids, stopping_criteria
     (called per row with ``row_prefix[i]`` + the row's tokens, as generate passes its padded
-    row), generator, k_max, target_context, draft_context, output_scores, output_logits.
+    row), generator, k_max, target_context, draft_context, output_scores, output_logits,
+    record_confidence (the draft's top probability per token, for the store; off: not computed).
     lives: each row's category LiveStats (fed with each row's acceptance); costs: a
     ``BatchCosts`` fed with the batch's timings by (B, n)."""
     loop = _BatchLoop(target, draft, prompts, sampling, policy, max_new_tokens, categories,
@@ -119,8 +120,9 @@ class _BatchLoop:
                  generator: torch.Generator | None = None, k_max: int = 16,
                  target_context: int | None = None, draft_context: int | None = None,
                  output_scores: bool = False, output_logits: bool = False,
-                 row_prefix: list[torch.Tensor] | None = None):
+                 row_prefix: list[torch.Tensor] | None = None, record_confidence: bool = False):
         self.t_start = time.perf_counter()
+        self.record_conf = record_confidence
         self.device = device = prompts[0].device
         self.sampling, self.policy, self.generator = sampling, policy, generator
         self.greedy = not sampling.do_sample
@@ -242,7 +244,7 @@ class _BatchLoop:
         cu_rows = cu_known = None
         d_toks = torch.empty(B, k, dtype=torch.long, device=self.device)
         conf = []
-        d0 = d1 = None
+        d0 = d1 = t_cu = d_start = None
         if k > 0:
             catch = [r.tokens[r.d_len : r.n] for r in rows]
             known = [0 if self.sampling.uses_presence else
@@ -250,7 +252,7 @@ class _BatchLoop:
             keep0 = max(known) + 1
             d_seen = self.seen.clone() if self.seen is not None else None
             q_list = []
-            t0 = clock.mark()
+            d_start = clock.mark()
             raw = self.feed("d", catch, [r.d_len for r in rows], None, keep0)
             if max(known):
                 cu_rows, cu_known = self.trace_catch_up(raw[:, :-1], known)
@@ -265,19 +267,22 @@ class _BatchLoop:
                 s = self.process(raw, [g + i for g in gens], d_seen)
                 if self.greedy:
                     tok = s[:, 0].argmax(dim=-1)  # [B]
-                    conf.append(s[:, 0].softmax(dim=-1).amax(dim=-1))
+                    if self.record_conf:
+                        conf.append(s[:, 0].softmax(dim=-1).amax(dim=-1))
                 else:
                     qi = logits_to_probs(s, self.sampling)  # [B, 1, V]
                     q_list.append(qi)
                     tok = sample(qi[:, 0], self.generator)
-                    conf.append(qi[:, 0].amax(dim=-1))
+                    if self.record_conf:
+                        conf.append(qi[:, 0].amax(dim=-1))
                 d_toks[:, i] = tok
                 if d_seen is not None:
                     d_seen[torch.arange(B, device=self.device), tok] = True
-            d0, d1 = (t_cu if wide else t0), clock.mark()
+            d0, d1 = (t_cu if wide else d_start), clock.mark()
             timed = k - 1 if wide else k
             q = torch.cat(q_list, dim=1) if q_list else None
-        block_conf = quantize_beta(torch.stack(conf, dim=1)) if conf else d_toks  # [B, k]
+        block_conf = (None if not self.record_conf else  # [B, k]
+                      quantize_beta(torch.stack(conf, dim=1)) if conf else d_toks)
 
         # 2. Score each row's new token + the k drafts in one target forward
         t0 = clock.mark()
@@ -305,10 +310,11 @@ class _BatchLoop:
         t1 = clock.mark()
 
         # 4. The iteration's one host sync
-        parts = [num_acc, nxt, d_toks.reshape(-1), block_trace.reshape(-1),
-                 block_conf.reshape(-1)]
+        parts = [num_acc, nxt, d_toks.reshape(-1), block_trace.reshape(-1)]
+        if block_conf is not None:
+            parts.append(block_conf.reshape(-1))
         if cu_rows is not None:
-            parts += [cu_rows[0].reshape(-1), cu_rows[1].reshape(-1)]
+            parts += [t.reshape(-1) for t in cu_rows if t is not None]
         if not self.greedy:
             parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
@@ -320,8 +326,10 @@ class _BatchLoop:
         off += B * k
         btrace = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
         off += B * k
-        bconf = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
-        off += B * k
+        bconf = [()] * B
+        if block_conf is not None:
+            bconf = [vals[off + i * k : off + (i + 1) * k] for i in range(B)]
+            off += B * k
 
         # timings: one (B, n) point per forward, shared by every row of the batch
         t_s = clock.seconds(t0, t1)
@@ -329,6 +337,7 @@ class _BatchLoop:
         d_per_token = None
         if k > 0 and timed > 0:
             d_per_token = clock.seconds(d0, d1) / timed
+        clock.recycle(d_start, t_cu, d1, t0, t1)  # read: their events can be recorded again
         was_off = bool(rows[0].stats.k_schedule) and rows[0].stats.k_schedule[-1] == 0
 
         # 5. Per row: trace, emit, counters; then mask what was rejected
@@ -341,7 +350,8 @@ class _BatchLoop:
                 kn = cu_known[b]
                 w = cu_rows[0].shape[1]
                 cu_v = vals[off + b * w + w - kn : off + (b + 1) * w]
-                cu_c = vals[off + B * w + b * w + w - kn : off + B * w + (b + 1) * w]
+                cu_c = (vals[off + B * w + b * w + w - kn : off + B * w + (b + 1) * w]
+                        if self.record_conf else ())
                 r.trace.put(r.gen - kn, cu_v, cu_c)
                 if was_off:
                     unproposed[b] = [v if self.greedy else v / 254 for v in cu_v
@@ -422,8 +432,9 @@ class _BatchLoop:
         rows = self.rows
         w = raw.shape[1]
         s = self.process(raw, [r.gen - w for r in rows], None)
-        probs = s.softmax(dim=-1)  # [B, w, V]
-        conf = quantize_beta(probs.amax(dim=-1))
+        beta = not self.greedy and self.p_bonus is not None
+        probs = s.softmax(dim=-1) if self.record_conf or beta else None  # [B, w, V]
+        conf = quantize_beta(probs.amax(dim=-1)) if self.record_conf else None
         if self.greedy:
             truth = torch.full((len(rows), w), -1, dtype=torch.long, device=self.device)
             for b, r in enumerate(rows):
@@ -558,7 +569,8 @@ class _BatchLoop:
             st = r.stats
             st.new_tokens = r.gen
             st.trace = r.trace.finish(st.new_tokens)
-            st.confidence = r.trace.finish_confidence(st.new_tokens)
+            if self.record_conf:
+                st.confidence = r.trace.finish_confidence(st.new_tokens)
             st.batch_size = self.batch0
             st.peak_kv_bytes = self.peak_kv
             st.cache_repacks = self.repacks

@@ -156,9 +156,15 @@ class Controller:
         self.store_failures = 0
 
     def close(self, timeout: float = 10.0) -> None:
-        """Flush and close the store writer (also done at interpreter exit and by unwrap)."""
+        """Flush and close the store writer (also done at interpreter exit and by unwrap), and
+        free the models' static caches and CUDA graphs (a later request builds them again)."""
         if self._owns_policy and hasattr(self.policy, "close"):
             self.policy.close()
+        if self.static_cache:
+            from autospec.runners import release_runners
+
+            release_runners(self.model)
+            release_runners(self.draft)
         if self.writer is not None:
             self.writer.close(timeout=timeout)
             self.telemetry.close()
@@ -205,6 +211,7 @@ class Controller:
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, live=self.live_stats(category),
             static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            record_confidence=self.writer is not None,
         )
         self._local.stats = res.stats
         if self.writer is not None:
@@ -242,7 +249,7 @@ class Controller:
             stopping_criteria=plan.stopping_criteria, generator=generator, k_max=self.k_max,
             target_context=self.target_context, draft_context=self.draft_context,
             output_scores=plan.output_scores, output_logits=plan.output_logits,
-            row_prefix=[pad for _, pad in plan.rows])
+            row_prefix=[pad for _, pad in plan.rows], record_confidence=self.writer is not None)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
         self._local.stats = merge_stats(row_stats)

@@ -168,7 +168,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     live (the category's LiveStats, fed every iteration and shown to the policy),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
     reused across requests, see autospec.runners), cuda_graphs ("auto": with static_cache on
-    a CUDA device, replay forwards from CUDA graphs; True, False, "emulate").
+    a CUDA device, replay forwards from CUDA graphs; True, False, "emulate"),
+    record_confidence (keep the draft's top probability per generated token in
+    ``stats.confidence``, which only the store uses: off, no softmax runs for it).
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
     try:
@@ -191,7 +193,7 @@ class _Loop:
                  k_max: int = 16, target_context: int | None = None,
                  draft_context: int | None = None, output_scores: bool = False,
                  output_logits: bool = False, live=None, static_cache: bool = False,
-                 cuda_graphs="auto"):
+                 cuda_graphs="auto", record_confidence: bool = False):
         self.t_start = time.perf_counter()
         self.device = device = input_ids.device
         self.L = L = input_ids.shape[1]
@@ -202,6 +204,9 @@ class _Loop:
         self.category, self.k_max, self.live = category, k_max, live
         # draft-side early stopping (depends only on the draft's own distribution: exact)
         self.early_stop = early_stop_of(policy, category)
+        # the draft's top probability: for early stopping, and kept only for the store
+        self.record_conf = record_confidence
+        self.need_top = record_confidence or self.early_stop is not None
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.draft_input = DraftInput(target, draft)  # ids the draft lacks, read as its pad
@@ -219,7 +224,9 @@ class _Loop:
         # tokens seen so far, for the repetition penalty (kept incrementally, never rescanned)
         self.seen = seen_tokens(input_ids, self.vocab) if sampling.uses_presence else None
         self.clock = Clock(device)
-        self.timings: list[tuple] = []  # (what, count, start mark, end mark), read at the end
+        # (what, count, start mark, end mark, …) until the iteration's sync, then (what, count,
+        # seconds, …): the marks are read and handed back to the clock for reuse
+        self.timings: list[tuple] = []
         self.trace = Trace(self.greedy, max_new_tokens)
         self.p_bonus = None  # sampling: p at the last bonus position, until the draft scores it
         self.finished = False
@@ -266,9 +273,10 @@ class _Loop:
         return max(k, 0)
 
     def draft_block(self, k: int, gen: int):
-        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's top
-        probability per proposed token [k], (trace values, confidences) for already generated
-        positions the catch-up forward scored, or None)."""
+        """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's quantized
+        top probability per proposed token [k] (None unless recorded), (trace values,
+        confidences or None) for already generated positions the catch-up forward scored, or
+        None)."""
         buf, n = self.buf, self.n
         d_toks = torch.empty(1, k, dtype=torch.long, device=self.device)
         q_list, conf = [], []
@@ -291,22 +299,27 @@ class _Loop:
                     # predictions: a cost of resuming, not T_d (counted as T_d it made a draft
                     # look 4× dearer after every k = 0 stretch, and the cost model kept
                     # speculation off on traffic where it paid)
-                    self.timings.append(("draft_catch_up", 1, t0, self.clock.mark()))
-                    t0 = self.clock.mark()
+                    mid = self.clock.mark()
+                    self.timings.append(("draft_catch_up", 1, t0, mid))
+                    t0 = mid
                     timed -= 1
                 raw = raw[:, -1:]
             else:
                 raw = self.d_run.run(feed, 1)  # [1, 1, V]
             s = self.process(raw, gen + i, d_seen)
+            top = None
             if self.greedy:
                 tok = s[:, 0].argmax(dim=-1)  # [1]
-                top = s[0, 0].softmax(dim=-1).max()
+                if self.need_top:
+                    top = s[0, 0].softmax(dim=-1).max()
             else:
                 q = logits_to_probs(s, self.sampling)  # [1, 1, V]
                 q_list.append(q)
                 tok = sample(q[:, 0], self.generator)  # [1]
-                top = q[0, 0].max()
-            conf.append(top)
+                if self.need_top:
+                    top = q[0, 0].max()
+            if self.record_conf:
+                conf.append(top)
             d_toks[:, i] = tok
             if d_seen is not None:
                 d_seen[0, tok] = True
@@ -319,7 +332,7 @@ class _Loop:
                 break
         self.timings.append(("draft", timed, t0, self.clock.mark()))
         self.d_len = n + k - 1
-        conf_t = quantize_beta(torch.stack(conf)) if conf else d_toks[0]
+        conf_t = quantize_beta(torch.stack(conf)) if self.record_conf and conf else None
         return d_toks, (torch.cat(q_list, dim=1) if q_list else None), conf_t, catch_up_trace
 
     def trace_catch_up(self, raw, first_gen: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,12 +342,13 @@ class _Loop:
         its threshold (AdaEDL/DISCO style), so replay can apply any threshold to it."""
         s = self.process(raw, first_gen, None)
         count = raw.shape[1]
-        probs = s[0].softmax(dim=-1)  # [count, V]; the draft's distribution either way
-        conf = quantize_beta(probs.max(dim=-1).values)
+        beta = not self.greedy and self.p_bonus is not None and count == 1
+        probs = s[0].softmax(dim=-1) if self.record_conf or beta else None  # [count, V]
+        conf = quantize_beta(probs.max(dim=-1).values) if self.record_conf else None
         if self.greedy:
             truth = self.buf[0, self.L + first_gen : self.L + first_gen + count]
             return (s[0].argmax(dim=-1) == truth).to(torch.int64), conf
-        if self.p_bonus is None or count != 1:
+        if not beta:
             return torch.full((count,), 255, dtype=torch.int64, device=self.device), conf
         return quantize_beta(torch.minimum(self.p_bonus, probs[0]).sum())[None], conf
 
@@ -353,7 +367,7 @@ class _Loop:
             k = d_toks.shape[1]  # early stopping may have drafted fewer
         else:
             d_toks = torch.empty(1, 0, dtype=torch.long, device=self.device)
-            block_conf = d_toks[0]
+            block_conf = d_toks[0] if self.record_conf else None
 
         # 2. Score catch-up + drafts in one target forward
         t0 = self.clock.mark()
@@ -377,9 +391,11 @@ class _Loop:
 
         # 4. The iteration's one host sync (with, when sampling, multinomial's validity check
         # that `sample` leaves out: NaN probabilities would otherwise pass as tokens)
-        parts = [num_acc, nxt, d_toks[0], block_trace, block_conf]
+        parts = [num_acc, nxt, d_toks[0], block_trace]
+        if block_conf is not None:
+            parts.append(block_conf)
         if catch_up_trace is not None:
-            parts += catch_up_trace  # (values, confidences)
+            parts += [t for t in catch_up_trace if t is not None]  # (values, confidences)
         if not self.greedy:
             parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
@@ -387,11 +403,15 @@ class _Loop:
             raise_invalid_probs(p, q, gen)
         m, nxt_id = vals[0], vals[1]
         proposed = vals[2 : 2 + k]
-        block_vals, block_conf_vals = vals[2 + k : 2 + 2 * k], vals[2 + 2 * k : 2 + 3 * k]
+        block_vals = vals[2 + k : 2 + 2 * k]
+        off = 2 + 2 * k
+        block_conf_vals = ()
+        if block_conf is not None:
+            block_conf_vals, off = vals[off : off + k], off + k
         unproposed = []
         if catch_up_trace is not None:
-            cu = vals[2 + 3 * k :]
-            half = len(cu) // 2
+            cu = vals[off:]
+            half = len(cu) // 2 if self.record_conf else len(cu)
             self.trace.put(gen - half, cu[:half], cu[half:])
             if stats.k_schedule and stats.k_schedule[-1] == 0:  # positions decoded at k = 0
                 unproposed = [v if self.greedy else v / 254 for v in cu[:half]
@@ -414,6 +434,7 @@ class _Loop:
             stats.accepted += m
             _bump(stats.drafted_per_position, k)
             _bump(stats.accepted_per_position, m)
+        self.timings[first_timing:] = self.read_marks(self.timings[first_timing:])
         outcome = replace(self.outcome(k, m, self.timings[first_timing:]),
                           unproposed=tuple(unproposed))
         if ctx.live is not None:
@@ -455,17 +476,25 @@ class _Loop:
         if self.n - self.L >= self.max_new and not self.finished:
             self.finished, self.stats.stop_reason = True, "max_new_tokens"
 
+    def read_marks(self, timings: list[tuple]) -> list[tuple]:
+        """An iteration's timings with seconds in place of its marks, read after its sync (on
+        CUDA the events have completed), and the marks recycled."""
+        out = [(what, count, self.clock.seconds(a, b), *rest)
+               for what, count, a, b, *rest in timings]
+        self.clock.recycle(*(mark for t in timings for mark in t[2:4]))
+        return out
+
     def outcome(self, k: int, m: int, timings: list[tuple]) -> Outcome:
         """What the policy learns from this iteration. Times are per-iteration costs of the
         steady state: the first target forward (prefill) and draft catch-ups over the prompt
         are left out (NaN), so they never pose as T_t(k+1) or T_d. CUDA events are read here
-        only because the iteration's sync has already completed them."""
+        only because the iteration's sync has already completed them (``read_marks``)."""
         d_s = t_s = float("nan")
-        for what, count, a, b, *_ in timings:
+        for what, count, sec, *_ in timings:
             if what == "draft" and count:  # scaled to k proposals when a catch-up took one
-                d_s = self.clock.seconds(a, b) * k / count
+                d_s = sec * k / count
             elif what == "target":
-                t_s = self.clock.seconds(a, b)
+                t_s = sec
         return Outcome(drafted=k, accepted=m, draft_time_s=d_s if k else 0.0, target_time_s=t_s)
 
     # -- the end ------------------------------------------------------------------------------
@@ -475,10 +504,9 @@ class _Loop:
         stats = self.stats
         stats.new_tokens = self.n - self.L
         stats.trace = self.trace.finish(stats.new_tokens)
-        stats.confidence = self.trace.finish_confidence(stats.new_tokens)
-        # one pass over the clock marks (on CUDA the events completed at the last sync)
-        for what, count, a, b, *rest in self.timings:
-            sec = self.clock.seconds(a, b)
+        if self.record_conf:
+            stats.confidence = self.trace.finish_confidence(stats.new_tokens)
+        for what, count, sec, *rest in self.timings:  # read iteration by iteration
             if what == "draft":
                 if count:  # k = 1 after a catch-up: no proposal forward left to time
                     stats.draft_s += sec

@@ -6,8 +6,12 @@ past ``length`` cached tokens.
 
 - ``EagerRunner``: transformers' DynamicCache, a fresh one per request; cropping drops tensors.
   The reference path and the default.
-- ``StaticRunner``: a preallocated StaticCache of ``capacity`` tokens, kept on the model and
-  reused across requests. Cropping only moves the write position back: entries past it are
+- ``StaticRunner``: a preallocated StaticCache of ``capacity`` tokens, kept with the model and
+  reused across requests until ``release_runners(model)`` (the controller's ``close`` and
+  ``unwrap`` call it). Capacities come in buckets — powers of two from 256 tokens, at most the
+  model's context — and a request takes a runner of its own bucket: attention spans the whole
+  capacity, so a short request after a long one must not attend over the long one's cache.
+  Cropping only moves the write position back: entries past it are
   stale, and the causal mask the runner builds from the positions hides them until the next
   forward overwrites them. Positions and mask are computed on the device from the cache's own
   length tensor, so a forward needs no host round trip (transformers' own mask code would
@@ -38,10 +42,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Forward", "new_cache", "crop_cache", "EagerRunner", "StaticRunner",
            "StaticUnsupported", "open_runner", "resolve_graphs", "graph_report", "path_name",
-           "PATHS"]
+           "PATHS", "release_runners", "capacity_bucket"]
 
-CAPACITY_STEP = 256  # static caches are sized in multiples of this many tokens
-MAX_RUNNERS = 4  # static runners kept per model (target and draft roles, concurrent requests)
+CAPACITY_STEP = 256  # the smallest static cache, in tokens; larger ones double
+MAX_RUNNERS = 4  # static runners kept per model (roles, concurrent requests, buckets)
 WARMUP = 2  # eager runs before a capture (cuBLAS workspaces, lazy kernels)
 
 
@@ -147,6 +151,8 @@ class StaticRunner:
         self.pass_cache_position = "cache_position" in params  # older transformers
         self.has_keep = "logits_to_keep" in params
         self.busy = False
+        self.closed = False
+        self.last_used = 0  # open_runner's counter when it last handed the runner out
         self.captures = 0  # graphs captured over the runner's life (re-captured after growth)
         self.capture_s = 0.0
         self.graphs: dict[int, _Graph] = {}
@@ -201,7 +207,7 @@ class StaticRunner:
         """Start a request that may cache up to ``need`` tokens: empty, large enough."""
         if need > self.capacity:
             old = self.capacity
-            self._alloc(-(-need // CAPACITY_STEP) * CAPACITY_STEP)
+            self._alloc(capacity_bucket(need))
             log.info("autospec: static cache of %s grown from %d to %d tokens (graphs are "
                      "captured again as used)", self.name, old, self.capacity)
         self.crop(0)
@@ -249,6 +255,16 @@ class StaticRunner:
     def release(self) -> None:
         self.crop(0)
         self.busy = False
+        if self.closed:  # released from the registry while it served a request
+            self.close()
+
+    def close(self) -> None:
+        """Free the cache and graphs now (the runner is out of the registry; not reusable)."""
+        self.closed = True
+        if not self.busy:
+            self.graphs.clear()
+            self._pool = None
+            self.cache = self.lens = self.positions = None
 
     # -- graphs -----------------------------------------------------------------------------
     def _graph(self, n: int) -> _Graph | None:
@@ -311,6 +327,23 @@ class StaticRunner:
 _LOCK = threading.Lock()
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → [StaticRunner]
 _warned: set[tuple[int, str]] = set()
+_uses = 0  # counts open_runner hand-outs: which free runner was used least recently
+
+
+def capacity_bucket(need: int, context: int | None = None) -> int:
+    """The static cache size for a request caching up to ``need`` tokens: the smallest power
+    of two ≥ need, at least ``CAPACITY_STEP``, at most the model's ``context`` (when need
+    fits it)."""
+    cap = max(CAPACITY_STEP, 1 << max(0, need - 1).bit_length())
+    if context and need <= context:
+        cap = min(cap, context)
+    return max(cap, need)
+
+
+def _context(model) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    ctx = getattr(cfg, "max_position_embeddings", None)
+    return ctx if isinstance(ctx, int) and ctx > 0 else None
 
 
 # The execution paths a timing can come from. Each measures a different thing (a static cache
@@ -346,21 +379,30 @@ def resolve_graphs(option, device: torch.device) -> str | None:
 
 
 def open_runner(model, need: int, *, static: bool, graphs: str | None = None):
-    """A runner for one request that caches up to ``need`` tokens: the model's free static
-    runner (grown if needed) when ``static``, else, or when the static path is unavailable or
-    every static runner is busy, a fresh eager one. Release it with ``runner.release()``."""
+    """A runner for one request that caches up to ``need`` tokens: when ``static``, the model's
+    free static runner of that capacity bucket (``capacity_bucket``), made if there is none —
+    in place of the least recently used free runner of another bucket once the model has
+    ``MAX_RUNNERS``; else, or when the static path is unavailable or every static runner is
+    busy, a fresh eager one. Release it with ``runner.release()``."""
+    global _uses
     if not static:
         return EagerRunner(model)
+    capacity = capacity_bucket(need, _context(model))
     runner = None
     with _LOCK:
         pool = _RUNNERS.setdefault(model, [])
         pool[:] = [r for r in pool if r.busy or not r.stale(model)]  # moved models: rebuild
         runner = next((r for r in pool if not r.busy and r.requested == graphs
-                       and not r.stale(model)), None)
+                       and r.capacity == capacity), None)
+        if runner is None and len(pool) >= MAX_RUNNERS:
+            free = [r for r in pool if not r.busy]
+            if free:  # the least recently used gives way: memory stays bounded
+                old = min(free, key=lambda r: r.last_used)
+                pool.remove(old)
+                old.close()
         if runner is None and len(pool) < MAX_RUNNERS:
             try:
-                runner = StaticRunner(model, -(-need // CAPACITY_STEP) * CAPACITY_STEP,
-                                      graphs=graphs)
+                runner = StaticRunner(model, capacity, graphs=graphs)
             except StaticUnsupported as e:
                 _warn_once(model, f"static cache unavailable ({e}): eager forwards")
                 return EagerRunner(model)
@@ -370,12 +412,24 @@ def open_runner(model, need: int, *, static: bool, graphs: str | None = None):
                        "concurrent requests")
             return EagerRunner(model)
         runner.busy = True
+        _uses += 1
+        runner.last_used = _uses
     try:
         runner.reserve(need)
     except Exception:
         runner.busy = False
         raise
     return runner
+
+
+def release_runners(model) -> int:
+    """Drop ``model``'s static runners and free their caches and graphs (one serving a request
+    frees them when the request ends). Returns how many there were."""
+    with _LOCK:
+        pool = _RUNNERS.pop(model, [])
+    for r in pool:
+        r.close()
+    return len(pool)
 
 
 def graph_report(model) -> list[dict]:

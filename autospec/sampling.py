@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+# top-k + top-p over the top-k values from this vocabulary size on (the result is the same;
+# below it a sort of the row costs less than the bookkeeping that avoids one)
+FAST_TOP_P_VOCAB = 2048
+
 __all__ = ["SamplingConfig", "process_logits", "logits_to_probs", "sample", "seen_tokens", "block_presence"]
 
 
@@ -107,17 +111,16 @@ def process_logits(
         return scores
     if cfg.temperature != 1.0:
         scores = scores / cfg.temperature
-    if cfg.top_k:
-        k = min(cfg.top_k, scores.shape[-1])
-        kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if cfg.top_p is not None and cfg.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= (1 - cfg.top_p)
-        drop_sorted[..., -1:] = False  # keep at least the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+    top_p = cfg.top_p if cfg.top_p is not None and cfg.top_p < 1.0 else None
+    if cfg.top_k and top_p is not None and scores.shape[-1] >= max(FAST_TOP_P_VOCAB, 4 * cfg.top_k):
+        scores = _top_k_top_p(scores, cfg.top_k, top_p)
+    else:
+        if cfg.top_k:
+            k = min(cfg.top_k, scores.shape[-1])
+            kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if top_p is not None:
+            scores = _top_p_full_sort(scores, top_p)
     if cfg.min_p is not None:
         probs = scores.softmax(dim=-1)
         top = probs.amax(dim=-1, keepdim=True)
@@ -125,6 +128,81 @@ def process_logits(
         drop.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores
+
+
+def _top_p_full_sort(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """TopPLogitsWarper's own computation: sort the whole row, drop the ascending prefix whose
+    cumulative probability stays within 1 − top_p (the most likely token always stays)."""
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+    cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cum <= (1 - top_p)
+    drop_sorted[..., -1:] = False  # keep at least the most likely token
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
+def _top_k_top_p(scores: torch.Tensor, top_k: int, top_p: float, *,
+                 exact_ties: bool | None = None) -> torch.Tensor:
+    """TopK then TopP, with top-p computed over the top-k values instead of a sort of the
+    whole row (a vocabulary-wide sort per draft token was most of the sampling overhead).
+
+    Top-k keeps every score ≥ the k-th largest (``kth``): the k values ``topk`` returns plus
+    any further ties at ``kth`` (the "boundary group", which topk returns only in part). In
+    the ascending order TopP works in, the boundary group comes first, then the other
+    candidates; TopP drops a prefix of that order. So: the candidates are sorted by (value,
+    token id) — k elements — and the boundary group, whose members all have the same
+    probability P, is handled by count: member r (0-based by id) has cumulative probability
+    (r + 1)·P. The result is the full sort's whenever the cut does not fall between equal
+    scores; where it does, which of the tied tokens stay depends on the sort's order of
+    equal elements: this keeps the highest ids, as a stable sort does (CUDA's radix sort for
+    vocabulary-sized rows). torch's CPU sort is not stable, so on the CPU such rows (cheap to
+    detect: syncs cost nothing there) take the full sort, and the result is exactly
+    TopPLogitsWarper's. ``exact_ties``: whether to do so (default: on the CPU).
+    """
+    vals, idx = torch.topk(scores, top_k, dim=-1)  # descending; ties in no particular order
+    kth = vals[..., -1:]
+    group = scores == kth  # the boundary group, all of it: [..., V]
+    n_group = group.sum(dim=-1, keepdim=True)
+    # candidates ascending by (value, id): a stable sort by id, then a stable one by value
+    order = idx.argsort(dim=-1, stable=True)
+    vals, idx = vals.gather(-1, order), idx.gather(-1, order)
+    order = vals.argsort(dim=-1, stable=True)
+    vals, idx = vals.gather(-1, order), idx.gather(-1, order)
+    in_group = vals == kth  # the returned group members: the first ones
+    extra = n_group - in_group.sum(dim=-1, keepdim=True)  # group members topk left out
+    e = (vals - vals[..., -1:]).exp()
+    e_group = (kth - vals[..., -1:]).exp()
+    z = e.sum(dim=-1, keepdim=True) + extra * e_group
+    p_group = e_group / z
+    # cumulative probability of each candidate in the full ascending order
+    cum = (e / z).cumsum(dim=-1) + extra * p_group
+    thr = 1 - top_p
+    drop_c = cum <= thr
+    drop_c[..., -1:] = False  # keep at least the most likely token
+    # boundary group: how many of its members (lowest ids first) fall in the dropped prefix;
+    # all of it when the group is the whole support but one stays (the forced keep)
+    only_group = in_group[..., -1:]
+    n_drop_group = torch.where((drop_c & ~in_group).any(dim=-1, keepdim=True), n_group,
+                               torch.floor(thr / p_group).to(n_group.dtype).clamp(0))
+    n_drop_group = torch.minimum(n_drop_group, n_group - only_group.to(n_group.dtype))
+    # a cut between equal scores: inside the group, or between equal candidates past it
+    split_group = (n_drop_group > 0) & (n_drop_group < n_group)
+    split_cand = (drop_c[..., :-1] & ~drop_c[..., 1:] & ~in_group[..., :-1]
+                  & (vals[..., :-1] == vals[..., 1:])).any(dim=-1, keepdim=True)
+    if exact_ties is None:
+        exact_ties = scores.device.type == "cpu"
+    if exact_ties:
+        if bool((split_group | split_cand).any()):
+            return _top_p_full_sort(scores.masked_fill(scores < kth, float("-inf")), top_p)
+        # no cut between equal scores: what stays is every score ≥ the smallest kept one
+        gone = torch.where(in_group, n_drop_group >= n_group, drop_c)
+        least = vals.masked_fill(gone, float("inf")).amin(dim=-1, keepdim=True)
+        return scores.masked_fill(scores < least, float("-inf"))
+    drop = scores < kth
+    drop |= torch.zeros_like(drop).scatter_(-1, idx, drop_c & ~in_group)
+    rank = group.to(torch.int32).cumsum(dim=-1)  # 1-based rank by id inside the group
+    drop |= group & (rank <= n_drop_group)
+    return scores.masked_fill(drop, float("-inf"))
 
 
 def logits_to_probs(scores: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -30,20 +30,33 @@ from autospec.store.records import UNOBSERVED  # the one definition (torch-free)
 log = logging.getLogger(__name__)
 
 __all__ = ["Clock", "Trace", "UNOBSERVED", "param_bytes", "kv_bytes_per_token",
-           "achieved_bandwidth", "peak_bandwidth", "hardware_name", "NvmlSampler"]
+           "achieved_bandwidth", "peak_bandwidth", "hardware_name", "NvmlSampler",
+           "nvml_device_ref", "nvml_handle"]
 
 
 
 class Clock:
     """perf_counter on the CPU (ops there are synchronous); CUDA events on a GPU, whose
-    elapsed times are read only after the loop's own per-iteration sync has completed them."""
+    elapsed times are read only after the loop's own per-iteration sync has completed them.
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    Events are reused: ``recycle`` hands marks whose times have been read back to the clock,
+    and later marks record those events again instead of creating new ones (a request makes
+    as many events as one iteration uses, not a few per iteration). ``event``: the event
+    type (default ``torch.cuda.Event``; given, the clock uses events whatever the device)."""
+
+    def __init__(self, device: torch.device, event=None):
+        self.cuda = device.type == "cuda" or event is not None
+        self._event = event
+        self._free: list = []
+        self.created = 0  # events made over the clock's life
 
     def mark(self):
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            if self._free:
+                event = self._free.pop()
+            else:
+                event = (self._event or torch.cuda.Event)(enable_timing=True)
+                self.created += 1
             event.record()
             return event
         return time.perf_counter()
@@ -52,6 +65,15 @@ class Clock:
         if self.cuda:
             return start.elapsed_time(end) / 1e3
         return end - start
+
+    def recycle(self, *marks) -> None:
+        """Marks whose times were read (their events completed): record them again later."""
+        if self.cuda:
+            known = {id(e) for e in self._free}
+            for m in marks:
+                if m is not None and id(m) not in known:
+                    known.add(id(m))
+                    self._free.append(m)
 
 
 class Trace:
@@ -136,6 +158,61 @@ def _nvml():
     return pynvml
 
 
+def nvml_device_ref(index: int, visible: str | None) -> int | str:
+    """torch's CUDA device index → how NVML knows that device: its physical index, or the
+    UUID (or unique UUID prefix, or MIG id) ``CUDA_VISIBLE_DEVICES`` names it by. torch counts
+    only the visible devices, NVML all of them: with CUDA_VISIBLE_DEVICES=2,3, torch's cuda:0
+    is NVML's device 2. As CUDA does, the list ends at its first empty or negative entry."""
+    if visible is None:
+        return index
+    entries = []
+    for item in visible.split(","):
+        item = item.strip()
+        if not item or (item.lstrip("-").isdigit() and int(item) < 0):
+            break
+        entries.append(item)
+    if not 0 <= index < len(entries):
+        raise ValueError(f"cuda:{index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def nvml_handle(nvml, index: int, *, uuid: str | None = None, visible: str | None = None):
+    """NVML's handle for torch's cuda:``index``: by the device's ``uuid`` when torch knows it
+    (exact whatever the visible list or CUDA_DEVICE_ORDER), else by ``nvml_device_ref``."""
+    if uuid:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-"))
+                                                  else f"GPU-{uuid}")
+        except Exception as e:  # an older driver, a MIG instance: try the visible list
+            log.debug("NVML has no device with UUID %s: %s", uuid, e)
+    ref = nvml_device_ref(index, visible)
+    if isinstance(ref, int):
+        return nvml.nvmlDeviceGetHandleByIndex(ref)
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(ref)
+    except Exception:  # a prefix, or without its "GPU-": match it against every device
+        pass
+    found = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        full = nvml.nvmlDeviceGetUUID(handle)
+        full = full.decode() if isinstance(full, bytes) else str(full)
+        if full.startswith(ref) or full.startswith(f"GPU-{ref}"):
+            found.append(handle)
+    if len(found) != 1:
+        raise ValueError(f"CUDA_VISIBLE_DEVICES entry {ref!r} matches {len(found)} NVML devices")
+    return found[0]
+
+
+def _torch_nvml_handle(nvml, device: torch.device):
+    """The NVML handle of a torch CUDA device (see ``nvml_handle``)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return nvml_handle(nvml, index, uuid=str(uuid) if uuid else None,
+                       visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def measure_copy_bandwidth(size_mb: int = 256, repeats: int = 5) -> float:
     """Bytes/s this machine's memory streams at, best of ``repeats``: the faster of a copy
     (read + write counted) and a read-only reduction — decoding mostly reads weights, and a
@@ -166,7 +243,7 @@ def peak_bandwidth(device: torch.device, cache_dir=None) -> float | None:
         if nvml is None:
             return None
         try:
-            h = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            h = _torch_nvml_handle(nvml, device)
             clock_mhz = nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_MEM)
             bus_bits = nvml.nvmlDeviceGetMemoryBusWidth(h)
             return clock_mhz * 1e6 * 2 * bus_bits / 8
@@ -254,7 +331,11 @@ class NvmlSampler:
         if nvml is None:
             return
         self._nvml = nvml
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        try:
+            self._handle = _torch_nvml_handle(nvml, device)
+        except Exception as e:  # no figures rather than another device's
+            log.debug("NVML sampling unavailable: %s", e)
+            return
         self._interval = interval_s
         self._thread = threading.Thread(target=self._run, name="autospec-nvml", daemon=True)
         self._thread.start()

@@ -58,10 +58,10 @@ def rejection_sample(
         q_n = torch.zeros_like(target_probs[:, 0])
     p_n = target_probs[rows, num_accepted]  # [B, V]
     residual = (p_n - q_n).clamp_min(0)
-    mass = residual.sum(dim=-1, keepdim=True)
-    # p == q up to rounding leaves no residual mass; rejection then had probability ~0 and p_n
-    # itself is the right fallback.
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_n)
+    # Not normalised: the draw (multinomial's exponential race, argmax of weight / E) is the
+    # same for any positive scale of the weights. p == q up to rounding leaves no residual
+    # mass; rejection then had probability ~0 and p_n itself is the right fallback.
+    residual = torch.where(residual.amax(dim=-1, keepdim=True) > 0, residual, p_n)
     next_token = sample(residual, generator)  # [B]; multinomial's draw, without its host sync
     return num_accepted, next_token
 

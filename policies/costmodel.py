@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -206,6 +208,33 @@ class CostModelPolicy:
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
         self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
+        # per LiveStats: (version, top, acceptance curve, cost function), rebuilt only when the
+        # statistics changed (their ``version``) or another curve length is asked for
+        self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._derived_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # the derived cache and its lock are rebuilt where copied or unpickled
+        return {k: v for k, v in self.__dict__.items() if k not in ("_derived", "_derived_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._derived = weakref.WeakKeyDictionary()
+        self._derived_lock = threading.Lock()
+
+    def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
+        """(acceptance curve over ``top`` positions, T_t cost function) from ``live``, the
+        same objects until ``live.version`` changes. Callers only read them."""
+        version = live.version  # read first: what is built reflects at least this version
+        with self._derived_lock:
+            hit = self._derived.get(live)
+        if hit is not None and hit[0] == version and hit[1] == top:
+            return hit[2], hit[3]
+        curve = live.acceptance_curve(top, z=self.z)
+        cost = live.cost(optimistic=self.optimistic)
+        with self._derived_lock:
+            self._derived[live] = (version, top, curve, cost)
+        return curve, cost
 
     def _stats(self, context):
         """The statistics to decide by: the controller's, or (with ``discount``) our own."""
@@ -229,11 +258,10 @@ class CostModelPolicy:
         if live.t_draft is None or len(live.t_target) < 2:
             return min(self.initial_k, top)
         predicted = getattr(context, "predicted_alpha", None)
+        curve, cost = self.derived(live, top)
         if predicted is not None and live.observed < self.cold_start:
             curve = [float(predicted)] * top
-        else:
-            curve = live.acceptance_curve(top, z=self.z)
-        k, s = best_k(curve, live.t_draft, live.cost(optimistic=self.optimistic), top)
+        k, s = best_k(curve, live.t_draft, cost, top)
         if k > 0 and s >= 1 + self.min_gain:
             self._off[context.category] = 0
             return k
@@ -279,7 +307,7 @@ class CostModelPolicy:
                 elif predicted is not None and live.observed < self.cold_start:
                     curve = [float(predicted)] * top
                 else:
-                    curve = live.acceptance_curve(top, z=self.z)
+                    curve = self.derived(live, top)[0]
                 by_stats[id(live)] = curve
             curves.append(curve)
         k, s = batch_best_k(curves, t_draft, cost, top)

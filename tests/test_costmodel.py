@@ -39,3 +39,61 @@ def test_memory_bound_pays_compute_bound_does_not():
 def test_speedup_matches_definition():
     s = speedup(3, 0.5, 0.1, {1: 1.0, 4: 1.2})
     assert math.isclose(s, (1 + 0.5 + 0.25 + 0.125) * 1.0 / (0.3 + 1.2))
+
+
+class _CountingStats:
+    """LiveStats that count how often the curves a policy decides by are built."""
+
+    def __new__(cls):
+        from autospec.policies.live import LiveStats
+
+        class Counting(LiveStats):
+            builds = 0
+
+            def acceptance_curve(self, k_max, z=0.0):
+                Counting.builds += 1
+                return super().acceptance_curve(k_max, z)
+
+            def cost(self, optimistic=False):
+                Counting.builds += 1
+                return super().cost(optimistic)
+
+        return Counting()
+
+
+def test_the_policy_rebuilds_its_curves_only_when_the_statistics_change():
+    from autospec.policies import Context, CostModelPolicy
+
+    live = _CountingStats()
+    for k, m in [(3, 2), (3, 3), (0, 0), (2, 1), (4, 1)]:
+        live.observe(k, m, 0.002 * k, 0.01 + 0.001 * k)
+    pol = CostModelPolicy()
+    ctx = Context(k_max=8, live=live, remaining=100)
+    k1 = pol.choose(ctx)
+    curve, cost = pol.derived(live, 8)
+    built = type(live).builds
+    assert pol.choose(ctx) == k1 and type(live).builds == built  # unchanged: nothing rebuilt
+    assert pol.derived(live, 8) == (curve, cost)
+    assert pol.derived(live, 8)[0] is curve and pol.derived(live, 8)[1] is cost
+    live.observe(3, 0, 0.006, 0.013)  # a new version: rebuilt, from the new statistics
+    new_curve, new_cost = pol.derived(live, 8)
+    assert type(live).builds == built + 2 and new_curve is not curve and new_cost is not cost
+    assert new_curve == live.acceptance_curve(8) and new_curve != curve
+    assert new_cost(4) == live.cost(optimistic=True)(4)
+    assert pol.derived(live, 5)[0] == live.acceptance_curve(5)  # another length: its own
+
+
+def test_a_policy_with_derived_curves_copies_and_pickles():
+    import copy
+    import pickle
+
+    from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.live import LiveStats
+
+    live = LiveStats()
+    for k, m in [(3, 2), (0, 0), (2, 1)]:
+        live.observe(k, m, 0.002 * k, 0.01 + 0.001 * k)
+    pol = CostModelPolicy(z=0.5)
+    k = pol.choose(Context(k_max=8, live=live, remaining=100))
+    for twin in (copy.deepcopy(pol), pickle.loads(pickle.dumps(pol))):
+        assert twin.z == 0.5 and twin.choose(Context(k_max=8, live=live, remaining=100)) == k

@@ -53,12 +53,14 @@ def test_confidence_is_the_drafts_top_probability_where_it_ran_on_the_prefix(pai
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.8, 0.95])
-def test_replayed_early_stopping_accepts_exactly_what_the_live_loop_accepted(pair, threshold):
+def test_replayed_early_stopping_accepts_exactly_what_the_live_loop_accepted(pair, threshold,
+                                                                              tmp_path):
     """A trace recorded at k = 4 without stopping, replayed with a threshold, gives the
     accepted length of every block a live run with that threshold had; the drafted count is
     the live one or more (past a rejection the draft's confidence was not recorded)."""
     target, draft = pair
-    spec = autospec.Controller(target, draft, store=False)
+    # the confidence is recorded for the store: without one it is not computed
+    spec = autospec.Controller(target, draft, store=f"sqlite:///{tmp_path / 'r.db'}")
     live_stopped = 0
     for seed in range(3):
         ids = prompt(10, seed=seed)
@@ -133,3 +135,56 @@ def test_the_loop_takes_the_threshold_of_the_requests_category(pair):
             g += m + 1
         shortened[cat] = short
     assert shortened["a"] > 0 and shortened["b"] == 0
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_the_drafts_confidence_is_computed_only_where_it_is_used(pair, tmp_path, do_sample):
+    """Without a store and without early stopping nothing reads the draft's confidence: no
+    vocabulary-wide softmax runs for it (greedy: none at all) and none is recorded; with a
+    store it is recorded; early stopping without a store still stops."""
+    from opcount import OpCounter
+
+    target, draft = pair
+    V = target.config.vocab_size
+    ids = prompt(10, seed=3)
+    kw = dict(max_new_tokens=N, do_sample=do_sample, eos_token_id=None)
+    bare = autospec.Controller(target, draft, store=False)
+    with OpCounter(width=V) as ops:
+        bare.generate(ids, k=4, generator=torch.Generator().manual_seed(0), **kw)
+    plain = ops
+    if not do_sample:
+        assert plain.counts["softmax"] == 0, plain.counts
+    assert bare.last_stats.confidence == b""
+    stored = autospec.Controller(target, draft, store=f"sqlite:///{tmp_path / 's.db'}")
+    with OpCounter(width=V) as ops:
+        stored.generate(ids, k=4, generator=torch.Generator().manual_seed(0), **kw)
+    assert len(stored.last_stats.confidence) == N
+    # the work is the confidence's: greedy, a softmax per draft token; sampled, a maximum of q
+    if do_sample:
+        assert ops.every["max"] > plain.every["max"]
+    else:
+        assert ops.counts["softmax"] > 0
+    stored.close()
+    stopping = autospec.Controller(target, draft, store=False, policy=EarlyStop(FixedK(4), 0.95))
+    stopping.generate(ids, generator=torch.Generator().manual_seed(0), **kw)
+    assert 0 < min(k for k in stopping.last_stats.k_schedule if k) < 4
+    assert stopping.last_stats.confidence == b""
+
+
+def test_a_batch_computes_the_drafts_confidence_only_for_a_store(pair, tmp_path):
+    """The batched loop, greedy: no softmax of the draft's without a store; recorded with one."""
+    from opcount import OpCounter
+
+    target, draft = pair
+    ids = torch.cat([prompt(10, seed=3), prompt(10, seed=4)])
+    kw = dict(max_new_tokens=N, do_sample=False, eos_token_id=None,
+              attention_mask=torch.ones_like(ids))
+    bare = autospec.Controller(target, draft, store=False)
+    with OpCounter(width=target.config.vocab_size) as ops:
+        bare.generate(ids, k=4, **kw)
+    assert ops.counts["softmax"] == 0, ops.counts
+    assert all(st.confidence == b"" for st in bare.last_row_stats)
+    stored = autospec.Controller(target, draft, store=f"sqlite:///{tmp_path / 'b.db'}")
+    stored.generate(ids, k=4, **kw)
+    assert all(len(st.confidence) == N for st in stored.last_row_stats)
+    stored.close()

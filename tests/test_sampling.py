@@ -94,3 +94,63 @@ def test_from_generation_config_ignores_warpers_when_greedy():
 def test_invalid_settings_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)
+
+
+def _topk_topp_rows(seed: int, rows: int = 64, vocab: int = 4096):
+    """Random logits [rows, vocab]: half continuous, half rounded to a coarse grid (many ties,
+    as bf16 logits have), some rows entirely equal; with a top_k and top_p per batch."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g) * 3
+    x[rows // 2 :] = (x[rows // 2 :] * 2).round() / 2
+    x[-2:] = 1.5  # every token tied
+    k = int(torch.randint(1, 80, (1,), generator=g))
+    top_p = float(torch.rand(1, generator=g)) * 0.98 + 0.01
+    return x, k, top_p
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_top_p_over_the_top_k_values_is_transformers_top_k_then_top_p(seed):
+    """Top-p computed over the top-k candidates (no vocabulary-wide sort) equals transformers'
+    TopKLogitsWarper + TopPLogitsWarper and the full-sort path, ties included."""
+    from autospec.sampling import FAST_TOP_P_VOCAB, _top_k_top_p, _top_p_full_sort
+
+    x, k, top_p = _topk_topp_rows(seed)
+    assert x.shape[-1] >= FAST_TOP_P_VOCAB  # process_logits takes the top-k path
+    want = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(k)(None, x.clone()))
+    got = process_logits(x[:, None], SamplingConfig(do_sample=True, top_k=k, top_p=top_p))[:, 0]
+    assert torch.equal(got, want)
+    assert torch.equal(_top_k_top_p(x, k, top_p), want)
+    for r in range(x.shape[0]):  # row by row: rows without a cut between ties skip the sort
+        assert torch.equal(_top_k_top_p(x[r : r + 1], k, top_p), want[r : r + 1]), r
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    assert torch.equal(_top_k_top_p(x, k, top_p),
+                       _top_p_full_sort(x.masked_fill(x < kth, float("-inf")), top_p))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_top_p_over_the_top_k_values_resolves_ties_as_a_stable_sort(seed):
+    """Without the CPU's fallback (the path a GPU takes), a cut between equal scores keeps the
+    tied tokens a stable ascending sort keeps: the highest ids."""
+    from autospec.sampling import _top_k_top_p
+
+    x, k, top_p = _topk_topp_rows(seed)
+    kept = x.masked_fill(x < torch.topk(x, k, dim=-1).values[..., -1:], float("-inf"))
+    srt, order = torch.sort(kept, dim=-1, stable=True)
+    drop = srt.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1:] = False
+    want = kept.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    assert torch.equal(_top_k_top_p(x, k, top_p, exact_ties=False), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("vocab", [4096, 151936])
+def test_top_p_over_the_top_k_values_is_transformers_on_cuda(vocab):
+    """On CUDA the fast path takes no fallback (a host sync per draft token): its tie rule
+    must be what CUDA's sort does for TopPLogitsWarper."""
+    for seed in range(8):
+        x, k, top_p = _topk_topp_rows(seed, vocab=vocab)
+        x = x.cuda()
+        want = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(k)(None, x.clone()))
+        cfg = SamplingConfig(do_sample=True, top_k=k, top_p=top_p)
+        assert torch.equal(process_logits(x[:, None], cfg)[:, 0], want)

@@ -87,17 +87,76 @@ def test_graphs_are_captured_once_per_size_and_reused_across_requests(pair):
     assert set(graph_report(target)[0]["graph_bytes"].values()) == {None}  # emulated: no pool
 
 
-def test_cache_grows_for_a_longer_request_and_stays_exact(arch):
+def test_a_longer_request_gets_a_larger_bucket_and_stays_exact(arch):
     target = tiny(arch, sharpen=30.0, max_pos=1024)
     draft = noisy_copy(target, 0.3)
     spec = autospec.Controller(target, draft, store=False, static_cache=True,
                                cuda_graphs="emulate")
     spec.generate(prompt(10), max_new_tokens=20, do_sample=False, k=3)
-    assert graph_report(target)[0]["capacity"] == 256
+    assert [r["capacity"] for r in graph_report(target)] == [256]
     ids = prompt(250, seed=4)
     out = spec.generate(ids, max_new_tokens=40, do_sample=False, k=3)
     assert torch.equal(out, reference(target, ids, max_new_tokens=40))
-    assert graph_report(target)[0]["capacity"] == 512
+    assert [r["capacity"] for r in graph_report(target)] == [256, 512]
+
+
+def test_a_short_request_after_a_long_one_does_not_use_its_capacity(arch):
+    """Attention spans the static cache's whole capacity: a short request must not inherit a
+    long one's (before, capacities only grew)."""
+    target = tiny(arch, sharpen=30.0, max_pos=2048)
+    long_run = open_runner(target, 700, static=True)
+    long_run.release()
+    short = open_runner(target, 31, static=True)
+    try:
+        assert short.capacity == 256 and short is not long_run
+    finally:
+        short.release()
+    assert long_run.capacity == 1024
+    again = open_runner(target, 600, static=True)  # the long bucket's runner, reused
+    assert again is long_run
+    again.release()
+    # bounded: a fifth bucket replaces the least recently used free runner
+    for need in (1500, 300, 100):
+        open_runner(target, need, static=True).release()
+    caps = [r["capacity"] for r in graph_report(target)]
+    assert len(caps) == 4 and sorted(caps) == [256, 512, 1024, 2048]
+    ids = prompt(10)
+    spec = autospec.Controller(target, noisy_copy(target, 0.3), store=False, static_cache=True,
+                               cuda_graphs="emulate")
+    out = spec.generate(ids, max_new_tokens=20, do_sample=False, k=3)
+    assert torch.equal(out, reference(target, ids, max_new_tokens=20))
+
+
+def test_capacity_buckets():
+    from autospec.runners import capacity_bucket
+
+    assert [capacity_bucket(n) for n in (1, 256, 257, 600, 1024, 1025)] == \
+        [256, 256, 512, 1024, 1024, 2048]
+    assert capacity_bucket(600, context=700) == 700  # never past the model's context
+    assert capacity_bucket(900, context=700) == 1024  # a request past it: its bucket
+
+
+@pytest.mark.parametrize("close", ["unwrap", "close"])
+def test_static_runners_are_released_on_unwrap_and_close(pair, close):
+    import gc
+    import weakref
+
+    from autospec.runners import _RUNNERS
+
+    target, draft = pair
+    spec = autospec.wrap(target, draft, store=False, static_cache=True, cuda_graphs="emulate")
+    target.generate(prompt(10), max_new_tokens=20, do_sample=False, k=3)
+    runners = [weakref.ref(r) for m in (target, draft) for r in _RUNNERS.get(m, [])]
+    caches = [weakref.ref(r().cache) for r in runners]
+    assert len(runners) == 2 and graph_report(target)
+    if close == "unwrap":
+        autospec.unwrap(target)
+    else:
+        spec.close()
+        autospec.unwrap(target)
+    gc.collect()
+    assert graph_report(target) == [] and graph_report(draft) == []
+    assert all(r() is None for r in runners) and all(c() is None for c in caches)
 
 
 def test_draft_that_is_the_target_gets_its_own_runner(arch):

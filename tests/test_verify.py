@@ -138,3 +138,28 @@ def test_greedy_verify_equals_rejection_sample_on_one_hot():
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="shape mismatch"):
         rejection_sample(torch.rand(1, 3, 5), torch.rand(1, 3, 5), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_the_residual_is_drawn_from_without_normalising_it():
+    """The recovered token is multinomial's draw from the residual max(0, p − q), which needs
+    no division by its mass: one vocabulary-wide division per call, the draw's own."""
+    from opcount import OpCounter
+
+    V, k = 1000, 3
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(1, k + 1, V, generator=g).softmax(-1)
+    q = torch.rand(1, k, V, generator=g).softmax(-1)
+    toks = torch.randint(0, V, (1, k), generator=g)
+    with OpCounter(width=V) as ops:
+        rejection_sample(p, q, toks, generator=torch.Generator().manual_seed(1))
+    assert ops.counts["div"] == 1, ops.counts
+    # and the draw is multinomial's from the unnormalised residual, token for token
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        m, nxt = rejection_sample(p, q, toks, generator=gen)
+        state = torch.Generator().manual_seed(seed)
+        torch.rand((1, k), generator=state)  # the acceptance draws
+        at = int(m)
+        qn = q[0, at] if at < k else torch.zeros(V)
+        want = torch.multinomial((p[0, at] - qn).clamp_min(0), 1, generator=state)
+        assert int(nxt) == int(want)
