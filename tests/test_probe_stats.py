@@ -75,3 +75,28 @@ def test_speedup_estimate_uses_the_probe_curve_when_requests_never_ran_k0(tmp_pa
     k, s = estimate_speedup(sm, flat)
     # costs from one source (the probe), acceptance (1.0) from the requests
     assert k == 4 and abs(s - 5 * 0.01 / (4 * 0.001 + 0.01)) < 1e-9
+
+
+def test_stats_text_fits_a_terminal_and_names_each_pair_once(tmp_path, capsys):
+    """Long model names (a Hub repository and file) and long categories: every line of the
+    text output stays within 100 columns, each pair's names appear once (a legend), not in
+    every row."""
+    import random
+
+    from autospec.store import PairInfo, open_store
+
+    from test_store import make_record
+
+    pair = PairInfo("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/qwen2.5-coder-1.5b-instruct-q8_0.gguf",
+                    "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q8_0.gguf",
+                    "bfloat16", "cpu: AMD EPYC 9654 96-Core Processor (2 threads)")
+    cats = ["refactoring requests from the IDE plugin, long files", "chat", "translation"]
+    db = tmp_path / "w.db"
+    with open_store(db) as st:
+        st.write([make_record(random.Random(i), category=cats[i % 3], pair=pair)
+                  for i in range(12)])
+    assert main(["stats", "--db", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert text.count(pair.target) == 1 and text.count(pair.draft) == 1
+    assert all(c[:20] in text for c in cats)

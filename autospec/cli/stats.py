@@ -50,35 +50,45 @@ def run(args, parser) -> int:
     if not summaries:
         print(f"no requests logged in {store.url} yet")
         return 0
-    rows = []
+    acc, costs, batch, pairs = [], [], [], {}
     for sm, d in zip(summaries, out):
         ci = sm.alpha_ci95
-        per_pos = " ".join(fmt(a, ".2f") for a in sm.acceptance_by_position[:6])
+        per_pos = " ".join(fmt(a, ".2f") for a in sm.acceptance_by_position[:4])
         k_used = max((k for k in sm.k_counts), key=lambda k: sm.k_counts[k], default=None)
         t_k1 = sm.t_target_s_by_n.get(k_used + 1) if k_used is not None else None
         est = d["speedup_estimate"]
-        rows.append([
-            sm.category[:40], f"{_short(sm.pair.target)} <- {_short(sm.pair.draft)}",
-            str(sm.requests), str(sm.new_tokens),
-            fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
-            per_pos or "-", fmt(sm.mean_accepted_length, ".2f"),
-            "-" if k_used is None else str(k_used),
-            fmt(_ms(sm.t_target_s_by_n.get(1)), ".0f"), fmt(_ms(t_k1), ".0f"),
-            fmt(_ms(sm.t_draft_s), ".0f"),
-            human_bytes(sm.bandwidth_bytes_per_s, per_s=True)
-            + (f" ({sm.bandwidth_utilisation:.0%})" if sm.bandwidth_utilisation else ""),
-            "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}",
-            _batch_cell(d["batch"]), _off_cell(d["batch"]),
-        ])
-    print(table(["category", "pair", "requests", "tokens", "alpha [95% CI]", "alpha by position",
-                 "mean len", "k", "Tt(1) ms", "Tt(k+1) ms", "Td ms", "bandwidth (of peak)",
-                 "S(k) est.", "mem-bound to B", "k by B (off from)"], rows, left=2))
-    print(f"\nstore {store.url}. alpha = accepted / drafted (Wilson interval); mean len counts "
-          "the bonus token; k = most used; S(k) = cost-model speedup incl. the draft's cost "
-          "(T_t(1) from a probe when requests never ran k = 0: run `autospec probe`); "
-          "mem-bound to B = largest batch size with T_t(B, 4) / T_t(B, 1) <= 1.25; "
-          "k by B = the cost model's k at each probed batch size for the category's acceptance "
-          "(off from: the batch size from which it decodes plainly)")
+        pairs[sm.pair.id] = sm.pair
+        cat, pid = _clip(sm.category), str(sm.pair.id)
+        acc.append([cat, pid, str(sm.requests), str(sm.new_tokens),
+                    fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
+                    per_pos or "-", fmt(sm.mean_accepted_length, ".2f"),
+                    "-" if k_used is None else str(k_used)])
+        costs.append([cat, pid, sm.path or "unknown", fmt(_ms(sm.t_target_s_by_n.get(1)), ".0f"),
+                      fmt(_ms(t_k1), ".0f"), fmt(_ms(sm.t_draft_s), ".0f"),
+                      human_bytes(sm.bandwidth_bytes_per_s, per_s=True)
+                      + (f" ({sm.bandwidth_utilisation:.0%})" if sm.bandwidth_utilisation
+                         else ""),
+                      "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}"])
+        batch.append([cat, pid, _batch_cell(d["batch"]), _off_cell(d["batch"])])
+    print(table(["category", "pair", "reqs", "tokens", "alpha [95% CI]", "alpha by position",
+                 "mean len", "k"], acc, left=2))
+    print()
+    print(table(["category", "pair", "path", "Tt(1) ms", "Tt(k+1) ms", "Td ms",
+                 "bandwidth (of peak)", "S(k) est."], costs, left=3))
+    print()
+    print(table(["category", "pair", "mem-bound to B", "k by B (off from)"], batch, left=2))
+    print()
+    for pid, pair in pairs.items():  # full names once, not in every row
+        print(f"pair {pid}:\n  target {pair.target}\n  draft  {pair.draft}\n"
+              f"  on     {pair.dtype}, {pair.hardware}")
+    print(_wrap(
+        f"store {store.url}. alpha = accepted / drafted (Wilson interval); alpha by position: "
+        "the first four draft positions; mean len counts the bonus token; k = most used; "
+        "costs are the path's (execution path the requests ran on); S(k) = cost-model speedup "
+        "incl. the draft's cost (T_t(1) from a probe when requests never ran k = 0: run "
+        "`autospec probe`); mem-bound to B = largest batch size with T_t(B, 4) / T_t(B, 1) "
+        "<= 1.25; k by B = the cost model's k at each probed batch size for the category's "
+        "acceptance (off from: the batch size from which it decodes plainly)"))
     if any(not d["batch"]["k_by_batch"] for d in out):
         from autospec.report import PROBE_BATCH_HINT
         print(f"no batch cost grid for some pairs: run `{PROBE_BATCH_HINT}`")
@@ -98,8 +108,14 @@ def _off_cell(b: dict) -> str:
     return ks + (f" (off from {b['crossover']})" if b["crossover"] is not None else "")
 
 
-def _short(name: str) -> str:
-    return name.rstrip("/").rsplit("/", 1)[-1][:36]
+def _clip(name: str, n: int = 24) -> str:
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+def _wrap(text: str, width: int = 100) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False)
 
 
 def _ms(s):
