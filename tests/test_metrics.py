@@ -147,21 +147,3 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
             samples[s.name, tuple(sorted(s.labels.items()))] = s.value
     assert pick(samples, "vllm:spec_decode_num_drafts_total", category="c") == 7
     assert pick(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=1) == 7
-
-
-def test_a_request_costs_the_metrics_well_under_a_millisecond():
-    """Updated once per request, off the loop: a few dozen label lookups and increments
-    (about 60 µs on a busy 2-core CPU); the bound is generous so a loaded machine passes."""
-    import time
-
-    from autospec.loop import LoopStats
-
-    m = Metrics()
-    st = LoopStats(drafts=200, drafted=800, accepted=500,
-                   accepted_per_position=[150, 120, 100, 80, 50], drafted_per_position=[200] * 5,
-                   k_schedule=[4] * 250, new_tokens=700, wall_s=2.0)
-    m.observe(st, category="c", target="a/t", draft="a/d", bandwidth=1e9, peak=2e9)
-    t0 = time.perf_counter()
-    for _ in range(200):
-        m.observe(st, category="c", target="a/t", draft="a/d", bandwidth=1e9, peak=2e9)
-    assert (time.perf_counter() - t0) / 200 < 5e-3
