@@ -283,8 +283,9 @@ class Controller:
         )
 
     def batch_costs(self):
-        """The pair's T_t(B, n) and T_d(B), live, warmed once from the store (the probe's grid,
-        else live points of earlier batches)."""
+        """The pair's T_t(B, n) and T_d(B), live, warmed once from the store's grid as every
+        reader sees it (``costgrid.batch_grid``: the probe's shape at the level earlier
+        batches measured, else their live points)."""
         costs = getattr(self, "_batch_costs", None)
         if costs is not None:
             return costs
@@ -292,15 +293,16 @@ class Controller:
 
         with self._lock:
             if getattr(self, "_batch_costs", None) is None:
-                costs = BatchCosts(live=True)  # the probe's grid, recalibrated live
+                costs = BatchCosts(live=True)  # the store's grid, recalibrated live
                 if self.store is not None:
+                    from autospec.costgrid import batch_grid
                     from autospec.store import queries
 
                     try:
                         with self.store.session() as s:
                             pid = queries.pair_id(s, self.telemetry.pair)
-                            if pid is not None:
-                                target, draft, _ = queries.batch_costs(s, pid)
+                            if pid is not None:  # as the report reads it: the live level
+                                target, draft, _ = batch_grid(s, pid)
                                 costs.warm(target, draft)
                     except Exception as e:
                         log.warning("autospec: could not warm batch costs from the store: %s",

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autospec.costgrid import batch_grid
 from autospec.policies.base import batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
@@ -493,7 +494,13 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         path = queries.serving_path(s, pid, cat)
         t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat, path=path,
                                                                 source=costs_from)
-        grid, draft_grid, grid_source = queries.batch_costs(s, pid)
+        if costs_from == "auto":  # as the report reads it and the controller starts from
+            grid, draft_grid, grid_source = batch_grid(s, pid)
+        elif costs_from == "live":
+            grid, draft_grid = queries.live_batch_grid(s, pid)
+            grid_source = "live"
+        else:
+            grid, draft_grid, grid_source = queries.batch_costs(s, pid)
     res.traces = len(window.train) + len(window.holdout)
     res.holdout_traces = len(window.holdout)
     res.observed_positions = observed_positions(window.train)
@@ -507,8 +514,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
                       "traffic with k = 0 and k > 0")
         return res
-    if costs_from != "auto" and grid_source != costs_from:
-        grid, draft_grid = {}, {}  # one source, as asked (the probe's grid or live medians)
+    if costs_from == "probe" and grid_source != "probe":
+        grid, draft_grid = {}, {}  # one source, as asked: the probe's grid alone
     same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
     costs = Costs(t_draft=float(t_draft), t_target=t_target,
                   target_grid={b: c for b, c in grid.items() if b > 1 or not same},

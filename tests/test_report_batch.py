@@ -240,6 +240,15 @@ def test_live_forwards_set_the_level_of_the_probes_grid(store):
     pts = {p.batch: p for p in view.points}
     assert pts[16].t_target_1_s == pytest.approx(0.05)
     assert pts[16].k == 0 and view.crossover is not None and view.crossover <= 16
+    # `autospec tune` replays the same grid the report shows (it read the raw probe before)
+    from autospec.tune import tune
+
+    (res,) = tune(store, trials=2, families=("fixed",), write=False, seed=0)
+    assert res.costs["source"].endswith(view.source)
+    assert res.costs["t_target_s_by_bn"][16] == pytest.approx(
+        {n: 0.05 + 0.04 * (n - 1) for n in range(1, 10)} | {
+            n: t for n, t in res.costs["t_target_s_by_bn"][16].items() if n >= 10})
+    assert res.costs["t_target_s_by_bn"][16][1] == pytest.approx(pts[16].t_target_1_s)
 
 
 def test_without_a_grid_the_report_says_what_to_run(store):

@@ -1,0 +1,58 @@
+"""The pair's batch cost grid, T_t(B, n) and T_d(B), as every reader of the store sees it: the
+live controller's warm start, ``autospec tune``'s replay, ``autospec report`` and ``autospec
+stats``. One function, so that what the report predicts, what tune replays and what a new
+process starts from are the same numbers.
+
+The grid is the latest probe's shape at the level the loop's own forwards measured
+(``at_live_level``): a probe times cached contexts of one length in every row, and on the
+default pair its T_t(16, 1) read 401 ms where the loop measured ~290 ms on shorter rows. Before
+this module the report and stats read it at the live level while the controller and tune read
+the raw probe, so a fresh process started from costs the report had already corrected.
+"""
+
+from __future__ import annotations
+
+from autospec.policies.batchcosts import BatchCosts
+
+__all__ = ["MIN_FORWARDS", "at_live_level", "batch_grid"]
+
+MIN_FORWARDS = 16  # a live T_t(B, n) or T_d(B) point counts only with this many forwards behind it
+
+
+def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], source: str,
+                  live_target: dict[int, dict[int, float]], live_draft: dict[int, float]
+                  ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
+    """A probe's grid read as the live cost model reads it: the probe gives the shape, the
+    loop's own forwards (the store's live medians) the level — live points replace the probe's
+    at their (B, n), the rest is scaled by live/probe at the nearest batch size measured
+    (``BatchCosts``). On the default pair the probe (context 200, every row) put T_t(16, 1)
+    at 401 ms where the loop measured ~290 ms, and the report said k = 1 pays at B = 16
+    (1.24×) where it ran at 0.73–0.88×. Other sources, and a probe without live points,
+    come back as they are."""
+    live_t = {b: ns for b, ns in live_target.items() if b > 1}  # batch 1 stays the probe's:
+    live_d = {b: t for b, t in live_draft.items() if b > 1}  # its curve is batch-1 requests'
+    if source != "probe" or not (live_t or live_d):
+        return target, draft, source
+    costs = BatchCosts(settle=1)
+    costs.warm(target, draft)
+    for b, ns in live_t.items():
+        for n, t in ns.items():
+            costs.observe(b, n, t)
+    for b, t in live_d.items():
+        costs.observe(b, 0, float("nan"), t)
+    sizes = sorted({b for b in target if b > 1} | set(live_t))
+    out_t = {**({1: dict(target[1])} if 1 in target else {}),
+             **{b: dict(sorted(costs.target_points(b).items())) for b in sizes}}
+    out_d = {**({1: draft[1]} if 1 in draft else {}),
+             **{b: d for b in sizes if (d := costs.draft_cost(b)) is not None}}
+    measured = ", ".join(map(str, sorted(set(live_t) | set(live_d))))
+    return out_t, out_d, f"probe at the live level (live/probe per n, batch sizes {measured})"
+
+
+def batch_grid(session, pair_id: int, *, min_forwards: int = MIN_FORWARDS):
+    """(T_t(B, n), T_d(B), source) for a pair: ``queries.batch_costs`` read ``at_live_level``
+    of the store's live medians (``queries.live_batch_grid``)."""
+    from autospec.store import queries
+
+    return at_live_level(*queries.batch_costs(session, pair_id, min_forwards=min_forwards),
+                         *queries.live_batch_grid(session, pair_id, min_forwards=min_forwards))
