@@ -28,7 +28,7 @@ __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
-    "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher", "CategorizerRow", "categorizers",
+    "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher", "CategorizerRow", "categorizers",
     "latest_categorizer", "FeatureRow", "feature_rows",
 ]
 
@@ -524,6 +524,19 @@ def _with_batch_one(row: ProbeRow) -> tuple[dict[int, dict[int, float]], dict[in
     if 1 not in draft and row.payload.get("draft_s"):
         draft[1] = float(row.payload["draft_s"])
     return dict(sorted(target.items())), dict(sorted(draft.items())), "probe"
+
+
+def traffic_context(session: Session, pair_id: int, *, recent: int = 500) -> int | None:
+    """The median context a forward of the pair's traffic sees: over its last ``recent``
+    requests (any batch size, any path), the prompt plus half the new tokens — a request's
+    cache grows from its prompt to prompt + new tokens, and a step's cost at batch > 1 grows
+    with it (attention). None without requests. ``autospec probe`` times its grid at this
+    length, so that the grid's level is the traffic's: probed at 200 tokens of context, the
+    default pair's T_t(16, 1) read 401 ms where its ~80-token traffic measured ~290 ms."""
+    stmt = (select(Request.prompt_tokens, Request.new_tokens)
+            .where(Request.pair_id == pair_id).order_by(Request.id.desc()).limit(recent))
+    lengths = [p + n / 2 for p, n in session.execute(stmt)]
+    return max(1, round(statistics.median(lengths))) if lengths else None
 
 
 def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = 16,

@@ -147,3 +147,49 @@ def test_probe_cli_refuses_bad_batch_sizes(bad, capsys):
         main(["probe", "--batch", bad, "--no-store"])
     assert exit_.value.code == 2
     assert "batch size" in capsys.readouterr().err
+
+
+def test_probe_cli_times_the_grid_at_the_traffics_median_context(models, tmp_path, capsys):
+    """Without --context the probe reads the pair's logged requests: the grid is timed at
+    their median context (prompt + half the new tokens), not at a fixed 200 tokens."""
+    from transformers import AutoModelForCausalLM
+
+    import autospec
+
+    tok = tiny_tokenizer()
+    dirs = {}
+    for name, model in zip(("target", "draft"), models, strict=True):
+        dirs[name] = str(tmp_path / name)
+        model.save_pretrained(dirs[name])
+        tok.save_pretrained(dirs[name])
+    url = f"sqlite:///{tmp_path / 'traffic.db'}"
+    torch.set_num_threads(1)  # the hardware string (part of the pair) names the threads
+    target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float32)
+    draft = AutoModelForCausalLM.from_pretrained(dirs["draft"], dtype=torch.float32)
+    autospec.wrap(target, draft, store=url, policy=2)
+    lengths = (5, 9, 30)  # prompt tokens; 6 new each: contexts 8, 12, 33 -> median 12
+    try:
+        for n in lengths:
+            ids = torch.randint(4, 90, (1, n), generator=torch.Generator().manual_seed(n))
+            target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                             min_new_tokens=6, do_sample=False, category="code")
+    finally:
+        autospec.unwrap(target)
+    with open_store(url) as store, store.session() as s:
+        (pair,) = queries.pairs(s)
+        assert queries.traffic_context(s, pair.id) == 12
+        assert queries.traffic_context(s, 10**9) is None
+    code = main(["probe", "--target", dirs["target"], "--draft", dirs["draft"], "--dtype",
+                 "fp32", "--threads", "1", "--max-n", "2", "--repeats", "1", "--db", url])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "context 12 tokens (the median context of this pair's logged requests)" in out
+    with open_store(url) as store, store.session() as s:
+        assert queries.latest_probe(s, pair.id).payload["context"] == 12
+    # a store without this pair's traffic: the default, and it says so
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["probe", "--target", dirs["target"], "--draft", dirs["draft"], "--dtype",
+                 "fp32", "--threads", "1", "--max-n", "2", "--repeats", "1",
+                 "--db", empty]) == 0
+    assert "context 200 tokens (no logged requests for this pair: the default)" in \
+        capsys.readouterr().out

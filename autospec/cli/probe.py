@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from autospec.cli.common import batch_sizes, load, open_store_or_die, positive_int, setup
 from autospec.textfmt import fmt, human_bytes, table
+
+DEFAULT_CONTEXT = 200  # cached tokens per row when neither a number nor logged traffic says
 
 
 def register(sub, parents) -> None:
@@ -18,7 +21,12 @@ def register(sub, parents) -> None:
                     "batch size B, the draft's step, and the achieved memory bandwidth "
                     "against the device's peak: whether verification is memory- or "
                     "compute-bound here, and up to which batch size.")
-    probe.add_argument("--context", type=int, default=200, help="cached tokens (default 200)")
+    probe.add_argument("--context", type=_context, default="traffic", metavar="N|traffic",
+                       help="cached tokens per row. Default 'traffic': the median context of "
+                            "the pair's logged requests (prompt + half the new tokens), so "
+                            "that the grid is timed where the traffic runs (attention at "
+                            f"batch > 1 grows with it); {DEFAULT_CONTEXT} without logged "
+                            "requests")
     probe.add_argument("--max-n", type=int, default=16, help="largest n (default 16)")
     probe.add_argument("--repeats", type=positive_int, default=5, help="timings per point (median)")
     probe.add_argument("--batch", type=batch_sizes, default=(1,), metavar="B,B,...",
@@ -41,22 +49,23 @@ def run(args, parser) -> int:
     from autospec.telemetry import RequestTelemetry
 
     env = setup(args)
-    if args.context < 1 or not 1 <= args.max_n <= 64:
-        parser.error("--context must be >= 1 and --max-n in 1..64")
+    if not 1 <= args.max_n <= 64:
+        parser.error("--max-n must be in 1..64")
     store = None
     if not args.no_store:
         store = open_store_or_die(args.db)
     target, draft, _, _ = load(args, parser, env)
+    pair = RequestTelemetry(target, draft, measure_peak=False).pair
+    context, context_from = _resolve_context(args.context, store, pair)
     def progress(i: int, n: int) -> None:
         bar.total = n
         bar.update(i - bar.n)
 
     with tqdm(desc="probe", unit="timing", file=sys.stderr) as bar:
-        res = probe(target, draft, context=args.context, max_n=args.max_n,
+        res = probe(target, draft, context=context, max_n=args.max_n,
                     repeats=args.repeats, progress=progress, batches=args.batch,
                     max_seconds=args.max_seconds)
     if store is not None:
-        pair = RequestTelemetry(target, draft, measure_peak=False).pair
         with store, store.begin() as s:
             add_probe(s, pair, res.to_dict())
     if args.json:
@@ -73,7 +82,8 @@ def run(args, parser) -> int:
           f" of {human_bytes(res.peak_bytes_per_s, True)} peak"
           + (f" ({res.utilisation:.0%})" if res.utilisation else "")
           + f"  [weights {human_bytes(res.target_param_bytes)}, KV {human_bytes(res.kv_bytes)}]")
-    print(f"{res.hardware}, {res.dtype}, context {res.context} tokens, {res.threads} threads, "
+    print(f"{res.hardware}, {res.dtype}, context {res.context} tokens ({context_from}), "
+          f"{res.threads} threads, "
           f"median of {args.repeats}, {res.path} path (the loop's step: forward, logits "
           "processing, verification)")
     print(f"verdict: {res.verdict()}")
@@ -106,6 +116,36 @@ def _print_grid(res) -> None:
           + "; c(B) = T_d(B) / T_t(B, 1)")
     if res.grid_note:
         print(f"note: {res.grid_note}")
+
+
+def _context(text: str):
+    """--context: a positive number of tokens, or 'traffic'."""
+    if text.strip().lower() == "traffic":
+        return "traffic"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tokens >= 1 or 'traffic', got {text!r}")
+    return value
+
+
+def _resolve_context(context, store, pair) -> tuple[int, str]:
+    """(tokens, where the number came from): a number as given, else the traffic's median
+    context in the store (``queries.traffic_context``), else DEFAULT_CONTEXT."""
+    if context != "traffic":
+        return context, "as given"
+    if store is not None:
+        from autospec.store import queries
+
+        with store.session() as s:
+            pid = queries.pair_id(s, pair)
+            found = queries.traffic_context(s, pid) if pid is not None else None
+        if found is not None:
+            return found, "the median context of this pair's logged requests"
+    return DEFAULT_CONTEXT, "no logged requests for this pair: the default"
 
 
 def _ms(s):
