@@ -106,22 +106,40 @@ class LiveStats:
     # -- reading ------------------------------------------------------------------------------
     def acceptance(self, i: int) -> tuple[float, float]:
         """Posterior mean and standard deviation of the acceptance at draft position i
-        (0-based), given it was reached: Beta(prior_a + accepted, prior_b + rejected)."""
-        a = self.prior[0] + self.accepted[i]
-        b = self.prior[1] + self.reached[i] - self.accepted[i]
-        mean = a / (a + b)
-        return mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+        (0-based), given it was reached (``acceptance_curve``'s i-th point at z = 0)."""
+        with self._lock:
+            return self._posteriors(i + 1)[i]
 
     def acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
         """Posterior means (+ z standard deviations, clipped to [0, 1]) for positions
-        0 … k_max−1; beyond the observed positions the last observed position's value carries
-        on (the prior alone would claim 0.5 everywhere)."""
-        out, last = [], None
+        0 … k_max−1.
+
+        Position 0 is Beta(prior) updated by its counts. Each later position's prior is
+        centred on the position before it, with the same strength (sum of ``prior``): a
+        position seen a few times is pulled toward its neighbour, not toward the flat prior's
+        0.5, and one never reached is its neighbour's estimate (the last observed value
+        carries on). With a 0.5 pull, positions a cautious k rarely reaches looked worse than
+        they are. On the default pair conditional acceptance is flat or rising along the block
+        (holdout prompts at k = 3: summary 0.87, 0.91, 0.92; code 0.91, 0.92, 0.86), and
+        from a cold store auto ran k = 1–2 on code where fixed k = 3 measured 1.69× against
+        its 1.46×."""
+        with self._lock:
+            posts = self._posteriors(k_max)
+        if not z:
+            return [mean for mean, _ in posts]
+        return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
+
+    def _posteriors(self, k_max: int) -> list[tuple[float, float]]:
+        """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``); under the lock."""
+        strength = self.prior[0] + self.prior[1]
+        out: list[tuple[float, float]] = []
+        mean = self.prior[0] / strength
         for i in range(k_max):
-            if self.reached[i] >= 1 or last is None:
-                mean, sd = self.acceptance(i)
-                last = min(1.0, max(0.0, mean + z * sd)) if z else mean
-            out.append(last)
+            acc, reach = (self.accepted[i], self.reached[i]) if i < len(self.reached) else (0, 0)
+            a = (self.prior[0] if i == 0 else mean * strength) + acc
+            b = (self.prior[1] if i == 0 else (1 - mean) * strength) + reach - acc
+            mean = a / (a + b)
+            out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))))
         return out
 
     def copy(self, *, discount: float | None = None) -> LiveStats:

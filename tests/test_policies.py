@@ -238,3 +238,28 @@ def test_costmodel_with_its_own_discount_keeps_its_own_statistics():
                                       target_time_s=0.1))
     assert policy.choose(ctx) == 0
     assert live.acceptance(0)[0] > 0.5  # the controller's statistics were not touched
+
+
+def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
+    """Position 0 seen 400 times at 0.9; position 1 reached 3 times, accepted 3 times;
+    position 2 never reached. A flat Beta(1, 1) per position read position 1 as 0.8 and
+    carried it on; the neighbour-centred prior reads it near 0.9+ and carries that."""
+    live = LiveStats(discount=1.0)
+    rng = random.Random(0)
+    for _ in range(400):
+        live.observe(1, int(rng.random() < 0.9), 0.01, 0.1)
+    for _ in range(3):
+        live.observe(2, 2, 0.01, 0.1)
+    first, _ = live.acceptance(0)
+    assert first == pytest.approx((1 + live.accepted[0]) / (2 + live.reached[0]))
+    curve = live.acceptance_curve(4)
+    flat = (1 + 3) / (2 + 3)
+    assert curve[1] == pytest.approx((2 * first + 3) / (2 + 3)) and curve[1] > first > flat
+    assert curve[2] == curve[3] == pytest.approx(curve[1])  # never reached: carried on
+    # plenty of evidence outweighs the neighbour: a position accepted 30 % of 1000 times
+    for _ in range(1000):
+        live.observe(2, int(rng.random() < 0.3) + 1, 0.01, 0.1)
+    assert live.acceptance_curve(2)[1] == pytest.approx(0.3, abs=0.04)
+    # z still moves every point by its own spread, within [0, 1]
+    up, down = live.acceptance_curve(3, z=2.0), live.acceptance_curve(3, z=-2.0)
+    assert all(d < m < u <= 1.0 for d, m, u in zip(down, live.acceptance_curve(3), up))
