@@ -280,3 +280,31 @@ def test_stats_prints_crossover_and_k_per_batch_size(store, tmp_path, capsys):
     out = capsys.readouterr().out
     cells = " ".join(f"{b}:{ks[b][0]}" for b in BATCHES)
     assert f"{cells} (off from {off})" in out
+
+
+def test_stats_k_is_batch_ones_not_the_mix_of_every_batch_size(store, tmp_path, capsys):
+    """30 requests ran k = 4 at batch 1; 60 batched rows ran k = 0 at B = 16 (more
+    iterations in all). `stats` shows k = 4: the workload's own choice, as the report's
+    policy in force is (before, it showed 0 and T_t(1) beside it)."""
+    from autospec.cli import build_parser
+
+    recs = [r for r in requests() if r.batch_size == 1]
+    off = [replace(recs[0], batch_size=16, k_schedule=bytes(24), accepted_schedule=bytes(24),
+                   iterations=24, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
+                   drafted_per_position=[], target_s_by_n={}, draft_s=0.0, draft_forwards=0,
+                   target_s_by_bn={(16, 1): [t_target(16, 1)] * 24}, created_at=T0 + 10**5 + i)
+           for i in range(60)]
+    with store.begin() as s:
+        write_records(s, recs + off)
+    parser = build_parser()
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    args = parser.parse_args(["stats", "--db", url, "--json"])
+    assert args.run(args, parser) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    assert max(d["k_counts"], key=lambda k: d["k_counts"][k]) == "0"  # all-time: the mix
+    assert d["k_batch_1"] == 4
+    args = parser.parse_args(["stats", "--db", url])
+    assert args.run(args, parser) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("code"))
+    assert row.split()[-1] == "4"

@@ -25,7 +25,7 @@ def register(sub, parents) -> None:
 
 def run(args, parser) -> int:
     from autospec.report import batch_grid, batch_summary, estimate_speedup
-    from autospec.store import queries
+    from autospec.store import history, queries
 
     store = open_store_or_die(args.db, read_only=True)
     with store, store.session() as s:
@@ -35,6 +35,10 @@ def run(args, parser) -> int:
         grids = {pid: batch_grid(s, pid) for pid, _ in probes}
         tuned = {(t.category, t.pair_id): t
                  for t in queries.tuned_params(s, category=args.category)}
+        # the k a workload runs is batch 1's (at batch > 1 the batch's mix sets it: third
+        # table); the summary's all-time k counts include every batch size's iterations
+        k_at_1 = {(sm.category, sm.pair.id): history.recent_activity(
+            s, sm.category, sm.pair.id, batch_size=1).k_mode for sm in summaries}
     out = []
     for sm in summaries:
         p = probes.get((sm.pair.id, sm.path))
@@ -42,6 +46,7 @@ def run(args, parser) -> int:
         d = sm.to_dict()
         d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}
         d["batch"] = batch_summary(sm, grids[sm.pair.id], tuned.get((sm.category, sm.pair.id)))
+        d["k_batch_1"] = k_at_1.get((sm.category, sm.pair.id))
         out.append(d)
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
@@ -54,7 +59,7 @@ def run(args, parser) -> int:
     for sm, d in zip(summaries, out):
         ci = sm.alpha_ci95
         per_pos = " ".join(fmt(a, ".2f") for a in sm.acceptance_by_position[:4])
-        k_used = max((k for k in sm.k_counts), key=lambda k: sm.k_counts[k], default=None)
+        k_used = k_at_1.get((sm.category, sm.pair.id))
         t_k1 = sm.t_target_s_by_n.get(k_used + 1) if k_used is not None else None
         est = d["speedup_estimate"]
         pairs[sm.pair.id] = sm.pair
@@ -83,7 +88,8 @@ def run(args, parser) -> int:
               f"  on     {pair.dtype}, {pair.hardware}")
     print(_wrap(
         f"store {store.url}. alpha = accepted / drafted (Wilson interval); alpha by position: "
-        "the first four draft positions; mean len counts the bonus token; k = most used; "
+        "the first four draft positions; mean len counts the bonus token; k = the k run most "
+        "often by the latest 200 requests at batch 1 (- if none ran at batch 1); "
         "costs are the path's (execution path the requests ran on); S(k) = cost-model speedup "
         "incl. the draft's cost (T_t(1) from a probe when requests never ran k = 0: run "
         "`autospec probe`); mem-bound to B = largest batch size with T_t(B, 4) / T_t(B, 1) "
