@@ -1,7 +1,18 @@
 """How the lookahead k is chosen (no torch import here: policies run anywhere)."""
 
 from .bandit import ThompsonBandit
-from .base import CallablePolicy, Context, Outcome, Policy, as_policy, auto_policy, batch_bucket
+from .base import (
+    PROPOSERS,
+    CallablePolicy,
+    Choice,
+    Context,
+    Outcome,
+    Policy,
+    as_policy,
+    auto_policy,
+    batch_bucket,
+    proposer_of,
+)
 from .batchcosts import BatchCosts
 from .costmodel import CostModelPolicy
 from .fixed import FixedK
@@ -10,6 +21,6 @@ from .live import LiveStats
 from .table import TablePolicy
 from .tuned import TunedPolicy, build_policy
 
-__all__ = ["BatchCosts", "CallablePolicy", "Context", "CostModelPolicy", "FixedK", "Heuristic",
+__all__ = ["BatchCosts", "CallablePolicy", "Choice", "PROPOSERS", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
            "LiveStats", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
            "as_policy", "auto_policy", "batch_bucket", "build_policy"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
-           "batch_bucket", "early_stop_of", "stops_drafting"]
+           "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
+           "stops_drafting"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class Context:
     categories: tuple[str, ...] = ()
     rows: tuple = ()
     costs: Any = None
+    # the proposers this request can use ("draft" needs a draft model; "ngram" is always
+    # there at batch 1), and the length n of the n-gram proposer's match right now (0: none)
+    proposers: tuple[str, ...] = ("draft",)
+    ngram_match: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,47 @@ class Outcome:
     # and ``drafted`` is the batch's k); times are the whole batch's
     accepted_rows: tuple[int, ...] = ()
     batch_size: int = 1
+    proposer: str = "draft"  # who drafted: "draft" (the draft model) or "ngram"
+
+
+PROPOSERS = ("draft", "ngram", "hybrid")
+
+
+class Choice(int):
+    """A policy's choice: k, and the proposer that drafts the k tokens. An int, so every
+    policy that returns a plain int k keeps meaning what it meant (the draft model), and code
+    that reads ``int(choice)`` reads k.
+
+    proposer: "draft" (the draft model), "ngram" (prompt lookup: the tokens that followed the
+    latest earlier occurrence of the context's last n tokens; no match → a plain step), or
+    "hybrid" (n-gram where its match has at least ``min_match`` tokens, else the draft model).
+    Without a draft model every proposer is the n-gram one."""
+
+    proposer: str
+    min_match: int
+
+    def __new__(cls, k: int, proposer: str = "draft", min_match: int = 2):
+        if proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
+        obj = super().__new__(cls, k)
+        obj.proposer, obj.min_match = proposer, min_match
+        return obj
+
+    def __repr__(self) -> str:
+        extra = f", min_match={self.min_match}" if self.proposer == "hybrid" else ""
+        return f"Choice({int(self)}, {self.proposer!r}{extra})"
+
+    def __reduce__(self):
+        return (Choice, (int(self), self.proposer, self.min_match))
+
+
+def proposer_of(choice) -> tuple[str, int]:
+    """(proposer, min_match) of what ``choose`` returned: a plain int is the draft model's."""
+    if isinstance(choice, Choice):
+        return choice.proposer, choice.min_match
+    return "draft", 2
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -88,7 +134,8 @@ class CallablePolicy:
 
 
 def as_policy(spec) -> Policy:
-    """An int k, ``"fixed:K"``, ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
+    """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"hybrid:K[:M]"`` (n-gram
+    where it matches ≥ M tokens, else the draft model), ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
     ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live),
     ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object."""
     from .bandit import ThompsonBandit
@@ -110,6 +157,17 @@ def as_policy(spec) -> Policy:
         name = spec.strip().lower()
         if name == "off":
             return FixedK(0)
+        if name.startswith(("ngram:", "hybrid:")):
+            kind, _, rest = name.partition(":")
+            k_text, _, match_text = rest.partition(":")
+            try:
+                if kind == "ngram" and match_text:
+                    raise ValueError
+                return FixedK(int(k_text), kind, int(match_text) if match_text else 2)
+            except ValueError:
+                raise ValueError(
+                    f"bad policy {spec!r}: expected 'ngram:K' or 'hybrid:K[:M]' (K draft "
+                    "tokens, M the shortest n-gram match used before the draft model)") from None
         if name.startswith("fixed:"):
             try:
                 return FixedK(int(name.split(":", 1)[1]))
@@ -132,8 +190,8 @@ def as_policy(spec) -> Policy:
 
             return TablePolicy.parse(name)
         raise ValueError(
-            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'off', 'heuristic', "
-            "'costmodel', 'bandit', 'auto', 'tuned', 'table:1-2:4,3-:0', a callable "
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'hybrid:K[:M]', "
+            "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'tuned', 'table:1-2:4,3-:0', a callable "
             "context -> k, or an object with choose()/update()"
         )
     if hasattr(spec, "choose") and hasattr(spec, "update"):

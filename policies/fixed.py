@@ -1,26 +1,43 @@
-"""Fixed lookahead: always k (k = 0 is plain decoding, "off")."""
+"""Fixed lookahead: always k (k = 0 is plain decoding, "off"), from one proposer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Context, Outcome
+from .base import PROPOSERS, Choice, Context, Outcome
 
 
 @dataclass(frozen=True)
 class FixedK:
+    """k from ``proposer`` every iteration: "draft" (the draft model; a plain int, as every
+    policy returned before proposers existed), "ngram" (prompt lookup) or "hybrid" (n-gram
+    where it matches at least ``min_match`` tokens, else the draft model)."""
+
     k: int
+    proposer: str = "draft"
+    min_match: int = 2
 
     def __post_init__(self) -> None:
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, "
+                             f"got {self.proposer!r}")
+        Choice(0, self.proposer, self.min_match)  # validates min_match
 
     @property
     def name(self) -> str:
-        return "off" if self.k == 0 else f"fixed:{self.k}"
+        if self.k == 0:
+            return "off"
+        if self.proposer == "draft":
+            return f"fixed:{self.k}"
+        if self.proposer == "hybrid":
+            return f"hybrid:{self.k}:{self.min_match}"
+        return f"ngram:{self.k}"
 
     def choose(self, context: Context) -> int:
-        return min(self.k, context.k_max)
+        k = min(self.k, context.k_max)
+        return k if self.proposer == "draft" else Choice(k, self.proposer, self.min_match)
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
         return None

@@ -1,0 +1,96 @@
+"""Prompt-lookup (n-gram) drafting: propose the tokens that followed the most recent earlier
+occurrence of the context's last n tokens, n from ``max_n`` down to ``min_n`` (vLLM's
+``prompt_lookup_max``/``prompt_lookup_min``; transformers' ``prompt_lookup_num_tokens``),
+searching the prompt and everything generated so far.
+
+The proposal is a deterministic function of the context, so in the rejection rule its q is
+one-hot at the proposed token: a proposal x is accepted with probability p(x) and, on
+rejection, the next token is drawn from p with x removed (``verify.rejection_sample`` with a
+one-hot q does exactly this). Greedy verification is the same rule with one-hot p. The output
+is the target's, whatever is proposed.
+
+Cost. A scan over the whole context per proposal grows with the context; the index here is a
+hash map per n from each n-gram to the position after its latest occurrence, updated by
+``extend`` in O(max_n − min_n + 1) per new token, so a lookup is O(max_n) dictionary probes at
+any context length. ``scripts/ngram_cost.py`` measures it against a target forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N"]
+
+DEFAULT_MAX_N = 3  # longest suffix matched (transformers' default is 2, vLLM asks for it)
+DEFAULT_MIN_N = 1  # shortest
+
+
+class NgramIndex:
+    """The token history of one request and, per n in [min_n, max_n], the latest position at
+    which each n-gram *ended before the current last token* — so that looking up the current
+    suffix finds its most recent earlier occurrence, never itself."""
+
+    def __init__(self, tokens: Sequence[int] = (), *, max_n: int = DEFAULT_MAX_N,
+                 min_n: int = DEFAULT_MIN_N):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got "
+                             f"min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = int(max_n), int(min_n)
+        self.tokens: list[int] = []
+        # n → {n-gram: end}: tokens[end - n : end] is the n-gram, tokens[end] what followed it
+        self._ends: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(self.min_n, self.max_n + 1)}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new: Sequence[int]) -> None:
+        """Append tokens. Each n-gram that ends before the new last token becomes findable."""
+        toks = self.tokens
+        for t in new:
+            end = len(toks)  # the n-grams ending here are followed by t: index them
+            for n, ends in self._ends.items():
+                if end >= n:
+                    ends[tuple(toks[end - n : end])] = end
+            toks.append(int(t))
+
+    def truncate(self, length: int) -> None:
+        """Drop tokens past ``length`` (rebuilds the index; the loop never needs it, since
+        tokens it emits are final, but a caller reusing an index may)."""
+        if length < len(self.tokens):
+            kept = self.tokens[:length]
+            self.tokens = []
+            for ends in self._ends.values():
+                ends.clear()
+            self.extend(kept)
+
+    def match(self) -> tuple[int, int]:
+        """(n, position after the match) of the longest suffix n-gram, n from max_n down to
+        min_n, that occurred earlier; (0, -1) when none did."""
+        toks = self.tokens
+        size = len(toks)
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            end = self._ends[n].get(tuple(toks[size - n :]))
+            if end is not None:
+                return n, end
+        return 0, -1
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        """(up to k proposed tokens, the matched n): the tokens that followed the match, as
+        many as the history holds after it (fewer than k near the end); ([], 0) without a
+        match. The continuation may run into the current suffix itself (a repeating pattern
+        keeps proposing its period)."""
+        if k <= 0:
+            return [], 0
+        n, end = self.match()
+        if n == 0:
+            return [], 0
+        toks = self.tokens
+        out = toks[end : end + k]
+        # a match ending right before the suffix repeats with period len(toks) - end: extend
+        # the proposal along that period instead of stopping at the history's end
+        period = len(toks) - end  # ≥ 1: the match ended before the last token
+        while len(out) < k:
+            out.append(out[len(out) - period])
+        return out, n
