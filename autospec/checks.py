@@ -28,7 +28,8 @@ def check_pair(target, draft, *, tokenizer=None, draft_tokenizer=None, match_dra
     differ (embedding matrices are often padded), provided the tokenizer fits both: ids a model
     does not have get probability 0 under it, which keeps the rejection rule exact.
     """
-    for role, m in (("target", target), ("draft", draft)):
+    roles = (("target", target),) if draft is None else (("target", target), ("draft", draft))
+    for role, m in roles:
         if m is None or not hasattr(m, "config") or not callable(
                 getattr(m, "get_output_embeddings", None)):
             raise TypeError(
@@ -40,6 +41,8 @@ def check_pair(target, draft, *, tokenizer=None, draft_tokenizer=None, match_dra
                                     "speculates for decoder-only causal LMs")
         if not hasattr(m, "generate"):
             raise PairMismatchError(f"the {role} ({type(m).__name__}) is not a generative model")
+    if draft is None:  # the n-gram proposer alone: nothing to match
+        return
     if target is draft:
         log.info("autospec: draft is the target itself: every draft token will be accepted")
     vt, vd = _vocab_rows(target), _vocab_rows(draft)

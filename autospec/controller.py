@@ -35,11 +35,11 @@ K_LIMIT = 64  # a lookahead beyond this is a mistake, not a setting
 class Controller:
     """Speculative ``generate`` for one target/draft pair."""
 
-    def __init__(self, model, draft, *, policy="auto", k_max: int = 16, tokenizer=None,
+    def __init__(self, model, draft=None, *, policy="auto", k_max: int = 16, tokenizer=None,
                  draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
                  categorize=None, log_features: bool = True, static_cache: bool = False,
-                 cuda_graphs="auto", metrics=False):
+                 cuda_graphs="auto", metrics=False, ngram=None):
         from autospec.checks import check_pair
         from autospec.runners import path_name, resolve_graphs
 
@@ -47,7 +47,8 @@ class Controller:
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
                    match_draft=match_draft)
         self.model = model
-        self.draft = draft
+        self.draft = draft  # None: the n-gram proposer drafts alone
+        self.ngram = _ngram_factory(ngram)
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
         # CUDA graphs where there is a GPU (autospec.runners); checked here, used per request
         if cuda_graphs is True and not static_cache:
@@ -68,7 +69,7 @@ class Controller:
         self._original_generate = type(model).generate.__get__(model)
         self._lock = threading.Lock()
         self.target_context = _context_length(model)
-        self.draft_context = _context_length(draft)
+        self.draft_context = None if draft is None else _context_length(draft)
         self.log_text = log_text
         self.live: dict[str, LiveStats] = {}  # per category: acceptance and timings, live
         self.store = self.writer = self.telemetry = None
@@ -164,7 +165,8 @@ class Controller:
             from autospec.runners import release_runners
 
             release_runners(self.model)
-            release_runners(self.draft)
+            if self.draft is not None:
+                release_runners(self.draft)
         if self.writer is not None:
             self.writer.close(timeout=timeout)
             self.telemetry.close()
@@ -195,6 +197,8 @@ class Controller:
         self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
+        if plan.rows and self.draft is None:
+            return self._fallback(NO_DRAFT_BATCH, inputs, generation_config, args, kwargs)
         if plan.rows:
             return self._generate_batch(plan, policy, category, generator, k)
         if isinstance(category, list):
@@ -211,7 +215,7 @@ class Controller:
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, live=self.live_stats(category),
             static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
-            record_confidence=self.writer is not None,
+            record_confidence=self.writer is not None, ngram=self.ngram,
         )
         self._local.stats = res.stats
         if self.writer is not None:
@@ -531,6 +535,31 @@ def _check_k(k, k_max: int) -> int:
     return int(k)
 
 
+NO_DRAFT_BATCH = ("batch > 1 without a draft model (the n-gram proposer serves batch 1; at "
+                  "batch > 1 it is not built yet)")
+
+
+def _ngram_factory(ngram):
+    """The n-gram proposer's factory from wrap's ``ngram=``: None (defaults), a dict of
+    ``NgramIndex`` settings, or a callable ``tokens -> index``."""
+    from functools import partial
+
+    from autospec.ngram import NgramIndex
+
+    if ngram is None:
+        return NgramIndex
+    if isinstance(ngram, dict):
+        unknown = set(ngram) - {"max_n", "min_n"}
+        if unknown:
+            raise ValueError(f"ngram= takes max_n and min_n, got {sorted(unknown)}")
+        NgramIndex((), **ngram)  # checks the sizes now, not at the first request
+        return partial(NgramIndex, **ngram)
+    if callable(ngram):
+        return ngram
+    raise TypeError(f"ngram= takes None, a dict (max_n, min_n) or a callable tokens -> index, "
+                    f"got {type(ngram).__name__}")
+
+
 def _check_category(category) -> str:
     """The store's rule (``autospec.store.records.check_category``), checked before any work
     so that a request whose record the store would refuse never runs."""
@@ -539,8 +568,9 @@ def _check_category(category) -> str:
     return check_category(category)
 
 
-def wrap(model, draft, **options) -> Controller:
-    """Make ``model.generate`` speculative with ``draft``; returns the controller.
+def wrap(model, draft=None, **options) -> Controller:
+    """Make ``model.generate`` speculative with ``draft`` (None: prompt lookup alone, the
+    n-gram proposer: no draft model needed); returns the controller.
 
     Options: policy ("auto" (default), "costmodel", "bandit", "heuristic", an int k,
     "fixed:K", "off", "NAME+stop=P", a callable or a policy object), k_max (16), tokenizer / draft_tokenizer (checked to share token ids),
@@ -557,7 +587,8 @@ def wrap(model, draft, **options) -> Controller:
     the draft step and each verification size from CUDA graphs; True; False), metrics
     (True: count every request in Prometheus metrics named after vLLM's, served by
     ``autospec.metrics.start_http_server(port)``; an ``autospec.metrics.Metrics``; default
-    False).
+    False), ngram (the n-gram proposer's settings: ``dict(max_n=3, min_n=1)`` by default, or
+    a callable ``tokens -> index`` with ``extend``/``propose``, see ``autospec.ngram``).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")

@@ -33,7 +33,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from autospec.policies.base import Context, Outcome, Policy, early_stop_of, stops_drafting
+from autospec.ngram import NgramIndex
+from autospec.policies.base import (
+    Context,
+    Outcome,
+    Policy,
+    early_stop_of,
+    proposer_of,
+    stops_drafting,
+)
 from autospec.runners import open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
@@ -88,6 +96,15 @@ class LoopStats:
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
     peak_kv_bytes: int = 0  # the largest target + draft KV cache the request held (batch > 1)
+    # iterations drafted by the n-gram proposer (prompt lookup) instead of the draft model:
+    # counted apart, so that the draft model's acceptance above stays the draft model's
+    ngram_drafts: int = 0
+    ngram_drafted: int = 0
+    ngram_accepted: int = 0
+    ngram_accepted_per_position: list[int] = field(default_factory=list)
+    ngram_drafted_per_position: list[int] = field(default_factory=list)
+    proposer_schedule: list[int] = field(default_factory=list)  # per iteration: 1 = n-gram
+    ngram_s: float = 0.0  # host time of the n-gram lookups
     cache_repacks: int = 0  # batch > 1: times the caches' masked slots were squeezed out
 
     @property
@@ -161,7 +178,8 @@ def _embedding_rows(model) -> int:
 
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,
                          policy: Policy, max_new_tokens: int, **options) -> LoopResult:
-    """Generate exactly as ``target.generate`` would, speculating with ``draft``.
+    """Generate exactly as ``target.generate`` would, speculating with ``draft`` (None: the
+    n-gram proposer alone) and, where the policy chooses it, the n-gram proposer.
 
     input_ids: [1, L]. Options: min_new_tokens, eos_token_ids, stopping_criteria, streamer,
     generator, category, k_max, target_context, draft_context, output_scores, output_logits,
@@ -170,7 +188,10 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     reused across requests, see autospec.runners), cuda_graphs ("auto": with static_cache on
     a CUDA device, replay forwards from CUDA graphs; True, False, "emulate"),
     record_confidence (keep the draft's top probability per generated token in
-    ``stats.confidence``, which only the store uses: off, no softmax runs for it).
+    ``stats.confidence``, which only the store uses: off, no softmax runs for it),
+    ngram (the n-gram proposer: a callable ``tokens -> index`` with ``extend(tokens)``,
+    ``match() -> (n, end)`` and ``propose(k) -> (tokens, matched n)``, e.g.
+    ``functools.partial(NgramIndex, max_n=4)``; default ``NgramIndex``).
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)
     try:
@@ -179,7 +200,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
                 loop.step()
     finally:
         loop.t_run.release()
-        loop.d_run.release()
+        if loop.d_run is not None:
+            loop.d_run.release()
     return loop.result()
 
 
@@ -193,7 +215,7 @@ class _Loop:
                  k_max: int = 16, target_context: int | None = None,
                  draft_context: int | None = None, output_scores: bool = False,
                  output_logits: bool = False, live=None, static_cache: bool = False,
-                 cuda_graphs="auto", record_confidence: bool = False):
+                 cuda_graphs="auto", record_confidence: bool = False, ngram=None):
         self.t_start = time.perf_counter()
         self.device = device = input_ids.device
         self.L = L = input_ids.shape[1]
@@ -209,7 +231,13 @@ class _Loop:
         self.need_top = record_confidence or self.early_stop is not None
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
-        self.draft_input = DraftInput(target, draft)  # ids the draft lacks, read as its pad
+        self.has_draft = draft is not None
+        # ids the draft lacks, read as its pad
+        self.draft_input = DraftInput(target, draft) if self.has_draft else None
+        # the n-gram proposer's index over prompt + generated tokens, kept as tokens are
+        # emitted (a few dictionary inserts per token; see autospec.ngram)
+        self.ngram = (NgramIndex if ngram is None else ngram)(input_ids[0].tolist())
+        self.proposers = ("draft", "ngram") if self.has_draft else ("ngram",)
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
                                trace_kind=TRACE_GREEDY if self.greedy else TRACE_SAMPLED)
         self.scores_out = [] if output_scores else None
@@ -236,13 +264,16 @@ class _Loop:
         graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
         need = L + max_new_tokens + 1
         self.t_run = open_runner(target, need, static=static_cache, graphs=graphs)
+        self.d_run = None
         try:
-            self.d_run = open_runner(draft, need, static=static_cache, graphs=graphs)
+            if self.has_draft:
+                self.d_run = open_runner(draft, need, static=static_cache, graphs=graphs)
         except BaseException:
             self.t_run.release()
             raise
-        paths = {self.t_run.path, self.d_run.path}
-        self.stats.path = paths.pop() if len(paths) == 1 else f"{self.t_run.path}/{self.d_run.path}"
+        paths = {self.t_run.path} | ({self.d_run.path} if self.d_run is not None else set())
+        self.stats.path = (paths.pop() if len(paths) == 1
+                           else f"{self.t_run.path}/{self.d_run.path}")
 
     # -- logits processing, as generate would do it at each position ------------------------
     def banned_at(self, first_gen: int, npos: int) -> torch.Tensor | None:
@@ -263,14 +294,33 @@ class _Loop:
                               banned=self.banned_at(first_gen, npos))
 
     # -- one iteration --------------------------------------------------------------------------
-    def choose_k(self, ctx: Context) -> int:
+    def choose_k(self, ctx: Context) -> tuple[int, str, int]:
+        """(k, proposer, min_match): the policy's choice, clamped to what can be kept. An int
+        is the draft model's k; without a draft model every proposer is the n-gram one."""
+        choice = self.policy.choose(ctx)
+        proposer, min_match = proposer_of(choice)
+        if not self.has_draft:
+            proposer = "ngram"
         # every iteration emits at least one token: never draft past what can be kept
-        k = min(int(self.policy.choose(ctx)), self.k_max, ctx.remaining - 1)
+        k = min(int(choice), self.k_max, ctx.remaining - 1)
         if self.target_context is not None:
             k = min(k, self.target_context - self.n)
-        if self.draft_context is not None:
+        if self.draft_context is not None and proposer != "ngram":
             k = min(k, self.draft_context - self.n + 1)
-        return max(k, 0)
+        return max(k, 0), proposer, min_match
+
+    def ngram_block(self, k: int, proposer: str, min_match: int) -> torch.Tensor | None:
+        """The n-gram proposer's block, [1, k'] with 1 ≤ k' ≤ k, or None: no match ("ngram":
+        the iteration is a plain step), or a match shorter than ``min_match`` ("hybrid": the
+        draft model drafts instead). Host work only: a few dictionary probes."""
+        t0 = self.clock.mark()
+        toks, matched = self.ngram.propose(k)
+        if proposer == "hybrid" and matched < min_match and self.has_draft:
+            toks = []
+        self.timings.append(("ngram", len(toks), t0, self.clock.mark()))
+        if not toks:
+            return None
+        return torch.tensor([toks], dtype=torch.long, device=self.device)
 
     def draft_block(self, k: int, gen: int):
         """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's quantized
@@ -356,13 +406,28 @@ class _Loop:
         stats, buf, n = self.stats, self.buf, self.n
         gen = n - self.L
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
-                      remaining=self.max_new - gen, live=self.live)
-        k = self.choose_k(ctx)
+                      remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
+                      ngram_match=self.ngram.match()[0])
+        k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
-        # 1. Draft k tokens (k = 0: nothing; the draft catches up when drafting resumes)
-        q = catch_up_trace = None
-        if k > 0:
+        # 1. Draft k tokens (k = 0: nothing; the draft catches up when drafting resumes).
+        # The n-gram proposer's tokens are a function of the context: q is one-hot at each
+        # (accepted with probability p(x); on rejection the residual is p without x)
+        q = catch_up_trace = d_toks = None
+        used = "draft"
+        if k > 0 and proposer != "draft":
+            d_toks = self.ngram_block(k, proposer, min_match)
+            if d_toks is not None:
+                used, k = "ngram", d_toks.shape[1]
+                if not self.greedy:
+                    q = torch.zeros(1, k, self.vocab, device=self.device)
+                    q.scatter_(-1, d_toks[..., None], 1.0)
+            elif proposer == "ngram" or not self.has_draft:
+                k = 0  # nothing to propose: a plain step
+        if d_toks is not None:
+            block_conf = None
+        elif k > 0:
             d_toks, q, block_conf, catch_up_trace = self.draft_block(k, gen)
             k = d_toks.shape[1]  # early stopping may have drafted fewer
         else:
@@ -413,13 +478,18 @@ class _Loop:
             cu = vals[off:]
             half = len(cu) // 2 if self.record_conf else len(cu)
             self.trace.put(gen - half, cu[:half], cu[half:])
-            if stats.k_schedule and stats.k_schedule[-1] == 0:  # positions decoded at k = 0
+            # positions the draft model did not propose (decoded at k = 0 or by the n-gram)
+            if stats.k_schedule and (stats.k_schedule[-1] == 0 or stats.proposer_schedule[-1]):
                 unproposed = [v if self.greedy else v / 254 for v in cu[:half]
                               if v != UNOBSERVED]
-        # past the first rejection the draft ran off the target's prefix: not trace material
-        on_prefix = min(m + 1, k)
-        self.trace.put(gen, block_vals[:on_prefix], block_conf_vals[:on_prefix])
-        self.p_bonus = p[:, k].squeeze(0) if not self.greedy and k and m == k else None
+        # past the first rejection the draft ran off the target's prefix: not trace material.
+        # An n-gram block is not the draft model's: its positions are left to the draft's
+        # catch-up, which predicts them from the target's prefix when the draft runs again
+        if used == "draft":
+            on_prefix = min(m + 1, k)
+            self.trace.put(gen, block_vals[:on_prefix], block_conf_vals[:on_prefix])
+        self.p_bonus = (p[:, k].squeeze(0) if used == "draft" and not self.greedy and k and m == k
+                        else None)
         what = "target_prefill" if stats.iterations == 0 else "target"
         self.timings.append((what, k + 1, t0, t_end, cached))
 
@@ -428,7 +498,14 @@ class _Loop:
         stats.iterations += 1
         stats.k_schedule.append(k)
         stats.accepted_schedule.append(m)
-        if k > 0:
+        stats.proposer_schedule.append(int(used == "ngram"))
+        if k > 0 and used == "ngram":
+            stats.ngram_drafts += 1
+            stats.ngram_drafted += k
+            stats.ngram_accepted += m
+            _bump(stats.ngram_drafted_per_position, k)
+            _bump(stats.ngram_accepted_per_position, m)
+        elif k > 0:
             stats.drafts += 1
             stats.drafted += k
             stats.accepted += m
@@ -436,17 +513,20 @@ class _Loop:
             _bump(stats.accepted_per_position, m)
         self.timings[first_timing:] = self.read_marks(self.timings[first_timing:])
         outcome = replace(self.outcome(k, m, self.timings[first_timing:]),
-                          unproposed=tuple(unproposed))
+                          unproposed=tuple(unproposed), proposer=used)
         if ctx.live is not None:
             ctx.live.observe_unproposed(outcome.unproposed)
-            ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
+            if used == "ngram":  # the draft model's statistics stay the draft model's
+                ctx.live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s)
+            else:
+                ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
         self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches
         if not self.finished:
             self.t_run.crop(self.n - 1)
             self.t_len = self.n - 1
-            if self.d_len > self.n - 1:
+            if self.d_run is not None and self.d_len > self.n - 1:
                 self.d_run.crop(self.n - 1)
                 self.d_len = self.n - 1
 
@@ -470,6 +550,7 @@ class _Loop:
             self.logits_out.extend(raw_t[:, j].float().clone() for j in range(emitted))
         if self.seen is not None:
             self.seen[0, buf[0, n : n + emitted]] = True
+        self.ngram.extend(new[:emitted])
         if self.streamer is not None:
             self.streamer.put(torch.tensor(new[:emitted]))
         self.n += emitted
@@ -491,8 +572,8 @@ class _Loop:
         only because the iteration's sync has already completed them (``read_marks``)."""
         d_s = t_s = float("nan")
         for what, count, sec, *_ in timings:
-            if what == "draft" and count:  # scaled to k proposals when a catch-up took one
-                d_s = sec * k / count
+            if what in ("draft", "ngram") and count:  # scaled to k proposals (a catch-up
+                d_s = sec * k / count  # took one)
             elif what == "target":
                 t_s = sec
         return Outcome(drafted=k, accepted=m, draft_time_s=d_s if k else 0.0, target_time_s=t_s)
@@ -513,6 +594,8 @@ class _Loop:
                     stats.draft_forwards += count
             elif what == "draft_catch_up":
                 stats.draft_prefill_s += sec
+            elif what == "ngram":  # host time of the lookup: the n-gram proposer's T_d
+                stats.ngram_s += sec
             elif what == "target_prefill":
                 stats.prefill_s = sec
             else:

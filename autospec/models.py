@@ -577,13 +577,18 @@ def load_pair(
     dtype: torch.dtype = torch.bfloat16,
     cache: str | os.PathLike | None = None,
     progress: bool = True,
+    draft: bool = True,
 ) -> LoadedPair:
-    """Load a named pair from PAIRS, building it on first use (downloads about 1.5 GB)."""
+    """Load a named pair from PAIRS, building it on first use (downloads about 1.5 GB).
+    ``draft=False``: the target alone (``LoadedPair.draft`` is None), for the n-gram
+    proposer."""
     if name not in PAIRS:
         raise KeyError(f"unknown pair {name!r}; known: {', '.join(sorted(PAIRS))}")
     pair = PAIRS[name]
     root = cache_dir(cache)
     target, tokenizer = _load_spec(pair.target, dtype, root, progress)
+    if not draft:
+        return LoadedPair(target=target, draft=None, tokenizer=tokenizer, name=name)
     draft, draft_tokenizer = _load_spec(pair.draft, dtype, root, progress)
     # Drafting is only exact if both models read and write the same token ids.
     if draft_tokenizer.get_vocab() != tokenizer.get_vocab():

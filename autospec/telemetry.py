@@ -105,7 +105,12 @@ def quantize_beta(beta: torch.Tensor) -> torch.Tensor:
     return (beta.clamp(0, 1) * 254).round().nan_to_num(UNOBSERVED).to(torch.int64)
 
 
+NO_DRAFT = "none (n-gram)"  # the draft's name in the store when there is no draft model
+
+
 def param_bytes(model) -> int:
+    if model is None:
+        return 0
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -435,5 +440,7 @@ class RequestTelemetry:
 
 
 def _model_name(model) -> str:
+    if model is None:
+        return NO_DRAFT
     name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     return str(name) if name else type(model).__name__

@@ -20,7 +20,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
-from .base import batch_bucket
+from .base import Choice, batch_bucket
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "conditional_from_cumulative", "CostModelPolicy"]
@@ -251,25 +251,42 @@ class CostModelPolicy:
         if _batched(context):
             return self._choose_batch(context, top)
         live = self._stats(context)
+        proposers = getattr(context, "proposers", ("draft",))
+        drafts = "draft" in proposers
+        matched = "ngram" in proposers and getattr(context, "ngram_match", 0) > 0
+        explore = min(self.initial_k, top) if drafts else Choice(min(self.initial_k, top),
+                                                                   "ngram")
         if live is None:
-            return min(self.initial_k, top)
+            return explore
         if 1 not in live.t_target:
             return 0
-        if live.t_draft is None or len(live.t_target) < 2:
-            return min(self.initial_k, top)
-        predicted = getattr(context, "predicted_alpha", None)
-        curve, cost = self.derived(live, top)
-        if predicted is not None and live.observed < self.cold_start:
-            curve = [float(predicted)] * top
-        k, s = best_k(curve, live.t_draft, cost, top)
+        best = (0, 1.0, "draft")  # (k, S, proposer)
+        if drafts:
+            if live.t_draft is None or len(live.t_target) < 2:
+                return min(self.initial_k, top)
+            predicted = getattr(context, "predicted_alpha", None)
+            curve, cost = self.derived(live, top)
+            if predicted is not None and live.observed < self.cold_start:
+                curve = [float(predicted)] * top
+            k, s = best_k(curve, live.t_draft, cost, top)
+            best = (k, s, "draft")
+        if matched:  # the n-gram proposer has a match now: what would it pay?
+            cost = live.cost(optimistic=self.optimistic)
+            k, s = best_k(live.ngram_acceptance_curve(top, z=self.z), live.t_ngram or 0.0,
+                          cost, top)
+            if s > best[1]:
+                best = (k, s, "ngram")
+        k, s, proposer = best
         if k > 0 and s >= 1 + self.min_gain:
             self._off[context.category] = 0
-            return k
+            return k if proposer == "draft" else Choice(k, "ngram")
         off = self._off.get(context.category, 0) + 1
         k = 0
         if off >= self.reprobe_every:
             off = 0
             k = min(self.probe_k, top)
+            if not drafts:
+                k = Choice(k, "ngram")
         self._off[context.category] = off
         return k
 

@@ -32,6 +32,11 @@ class LiveStats:
         self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
         self.reached = [0.0] * max_positions  # discounted blocks that reached position i
         self.t_draft: float | None = None  # seconds per proposed token
+        # the n-gram proposer (prompt lookup), counted apart from the draft model: its
+        # acceptance by position, given a match proposed it, and its host time per token
+        self.ngram_accepted = [0.0] * max_positions
+        self.ngram_reached = [0.0] * max_positions
+        self.t_ngram: float | None = None
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
         self.bandwidth_utilisation: float | None = None
         self.iterations = 0
@@ -58,6 +63,36 @@ class LiveStats:
                 self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
             self.iterations += 1
             self.version += 1
+
+    def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float) -> None:
+        """One iteration drafted by the n-gram proposer: its own acceptance counts (not the
+        draft model's) and the target's timing, which is the same whoever proposed."""
+        with self._lock:
+            d = self.discount
+            if d < 1:
+                for i in range(len(self.ngram_reached)):
+                    if self.ngram_reached[i] == 0:
+                        break
+                    self.ngram_reached[i] *= d
+                    self.ngram_accepted[i] *= d
+            for i in range(min(k, accepted + 1, len(self.ngram_reached))):
+                self.ngram_reached[i] += 1
+                if i < accepted:
+                    self.ngram_accepted[i] += 1
+            if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
+                self.t_ngram = self._avg(self.t_ngram, lookup_s / k)
+            if target_s == target_s and target_s > 0:
+                self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
+            self.iterations += 1
+            self.version += 1
+
+    def ngram_acceptance(self) -> float | None:
+        """The n-gram proposer's acceptance at its first position, given it proposed (None
+        before it has)."""
+        with self._lock:
+            if self.ngram_reached[0] <= 0:
+                return None
+            return self.ngram_accepted[0] / self.ngram_reached[0]
 
     def observe_unproposed(self, matches: Sequence[float]) -> None:
         """Positions decoded without drafting (k = 0) that the draft predicted afterwards,
@@ -129,13 +164,22 @@ class LiveStats:
             return [mean for mean, _ in posts]
         return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
 
-    def _posteriors(self, k_max: int) -> list[tuple[float, float]]:
-        """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``); under the lock."""
+    def ngram_acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
+        """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match)."""
+        with self._lock:
+            posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
+        return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
+
+    def _posteriors(self, k_max: int, accepted=None, reached=None) -> list[tuple[float, float]]:
+        """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
+        model's counts, or of ``accepted``/``reached``; under the lock."""
+        accepted = self.accepted if accepted is None else accepted
+        reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
         out: list[tuple[float, float]] = []
         mean = self.prior[0] / strength
         for i in range(k_max):
-            acc, reach = (self.accepted[i], self.reached[i]) if i < len(self.reached) else (0, 0)
+            acc, reach = (accepted[i], reached[i]) if i < len(reached) else (0, 0)
             a = (self.prior[0] if i == 0 else mean * strength) + acc
             b = (self.prior[1] if i == 0 else (1 - mean) * strength) + reach - acc
             mean = a / (a + b)
@@ -149,6 +193,9 @@ class LiveStats:
             new = LiveStats(discount=self.discount if discount is None else discount,
                             prior=self.prior, ema=self.ema, max_positions=len(self.reached))
             new.accepted, new.reached = list(self.accepted), list(self.reached)
+            new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
+                                                     list(self.ngram_reached))
+            new.t_ngram = self.t_ngram
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
         return new

@@ -136,7 +136,7 @@ def test_k_is_checked_with_a_clear_error(models, k):
 def test_wrap_without_a_model_says_what_it_needs(models):
     target, draft = models
     with pytest.raises(TypeError, match="the draft must be a transformers causal LM"):
-        autospec.wrap(target, None)
+        autospec.wrap(target, "Qwen/Qwen2.5-0.5B")  # a name is not a model (None: no draft)
     with pytest.raises(TypeError, match="the target must be a transformers causal LM"):
         autospec.wrap(None, draft)
     assert getattr(target, "_autospec_controller", None) is None

@@ -138,7 +138,9 @@ def _models(pair_only: bool = False) -> argparse.ArgumentParser:
     g.add_argument("--pair", help=f"a named target/draft pair (default: {DEFAULT_PAIR})")
     if not pair_only:
         g.add_argument("--target", help="target model: local directory, .gguf file or Hub id")
-        g.add_argument("--draft", help="draft model sharing the target's tokenizer")
+        g.add_argument("--draft", help="draft model sharing the target's tokenizer; 'none': no "
+                                       "draft model, prompt lookup (n-gram) drafts alone "
+                                       "(generate, bench)")
     return p
 
 
@@ -191,28 +193,43 @@ def setup(args) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def load(args, parser, env):
-    """(target, draft, tokenizer, draft_tokenizer) on env's device; user errors exit cleanly."""
+NO_DRAFT = "none"  # --draft none: no draft model, the n-gram proposer alone
+
+
+def load(args, parser, env, *, allow_no_draft: bool = False):
+    """(target, draft, tokenizer, draft_tokenizer) on env's device; user errors exit cleanly.
+    ``allow_no_draft``: ``--draft none`` gives draft None (commands that can serve with the
+    n-gram proposer alone)."""
     from autospec import models
 
     target_path, draft_path = getattr(args, "target", None), getattr(args, "draft", None)
-    if (target_path or draft_path) and args.pair:
+    no_draft = draft_path is not None and draft_path.strip().lower() == NO_DRAFT
+    if no_draft and not allow_no_draft:
+        parser.error("--draft none (the n-gram proposer alone) is not available here")
+    if target_path and args.pair:
         parser.error("use either --pair or --target/--draft")
-    if bool(target_path) != bool(draft_path):
-        parser.error("--target and --draft go together")
+    if draft_path and not no_draft and args.pair:
+        parser.error("use either --pair or --target/--draft (--pair P --draft none keeps "
+                     "P's target alone)")
+    if bool(target_path) != bool(draft_path) and not no_draft:
+        parser.error("--target and --draft go together (--draft none: no draft model)")
     name = args.pair or DEFAULT_PAIR
     if not target_path and name not in models.PAIRS:
         parser.error(f"--pair: unknown pair {name!r} (known: {', '.join(sorted(models.PAIRS))})")
     try:
+        draft = dtok = None
         if target_path:
             target, tok = models.load_model(target_path, dtype=env["dtype"], cache=args.cache)
-            draft, dtok = models.load_model(draft_path, dtype=env["dtype"], cache=args.cache)
+            if not no_draft:
+                draft, dtok = models.load_model(draft_path, dtype=env["dtype"], cache=args.cache)
         else:
-            pair = models.load_pair(name, dtype=env["dtype"], cache=args.cache)
-            target, draft, tok, dtok = pair.target, pair.draft, pair.tokenizer, None
+            pair = models.load_pair(name, dtype=env["dtype"], cache=args.cache,
+                                    draft=not no_draft)
+            target, draft, tok = pair.target, pair.draft, pair.tokenizer
     except (OSError, ValueError, RuntimeError) as e:
         die(f"cannot load the models: {e}")
-    return target.to(env["device"]), draft.to(env["device"]), tok, dtok
+    return (target.to(env["device"]), None if draft is None else draft.to(env["device"]),
+            tok, dtok)
 
 
 def gen_kwargs(args) -> dict:

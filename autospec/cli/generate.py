@@ -38,7 +38,7 @@ def run(args, parser) -> int:
     if not args.prompt:
         parser.error("--prompt is empty: give the text to continue")
     env = setup(args)
-    target, draft, tok, dtok = load(args, parser, env)
+    target, draft, tok, dtok = load(args, parser, env, allow_no_draft=True)
     try:  # a draft that cannot serve the target, a chat prompt without a template
         ctrl = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=dtok, policy=args.k,
                              k_max=max(16, args.k))
@@ -62,9 +62,15 @@ def run(args, parser) -> int:
     if not args.stream:
         print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
     s = ctrl.last_stats
-    how = (f"k={args.k}, acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
-           f"{s.mean_accepted_length:.2f}" if s is not None
-           else "served by transformers' generate (run with -v for why)")
+    if s is None:
+        how = "served by transformers' generate (run with -v for why)"
+    elif draft is None:
+        rate = s.ngram_accepted / s.ngram_drafted if s.ngram_drafted else float("nan")
+        how = (f"k={args.k} by prompt lookup (no draft model): {s.ngram_drafts} of "
+               f"{s.iterations} steps found a match, acceptance {fmt(rate, '.2f')}")
+    else:
+        how = (f"k={args.k}, acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
+               f"{s.mean_accepted_length:.2f}")
     print(f"[autospec] {new} new tokens in {wall:.2f} s ({new / wall:.1f} tok/s); {how}; "
           f"{env_line(env)}", file=sys.stderr)
     return 0

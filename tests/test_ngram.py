@@ -1,0 +1,221 @@
+"""The n-gram (prompt-lookup) proposer: its index, exactness (greedy token identity against
+``generate``; sampled output against the target's law, with a proposer that proposes tokens
+the target finds unlikely), no draft model needed, the policy contract's proposer, and that
+the draft model's statistics stay the draft model's. Tiny random-weight models, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autospec
+from autospec.ngram import NgramIndex
+from autospec.policies import Choice, Context, CostModelPolicy, LiveStats, as_policy
+
+from conftest import noisy_copy, tiny
+from test_sampled_exact import V, exact_joint
+from test_verify import ALPHA, _chi2_pvalue
+
+
+# -- the index ------------------------------------------------------------------------------
+def test_the_latest_earlier_occurrence_of_the_longest_suffix_is_proposed():
+    ix = NgramIndex([1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3], max_n=3, min_n=1)
+    # suffix (9, 2, 3)? no; (2, 3) last occurred ending at 7 (before the suffix itself)
+    assert ix.match() == (2, 7)
+    assert ix.propose(3) == ([4, 5, 2], 2)
+    ix.extend([4])  # suffix (2, 3, 4) occurred ending at 8
+    assert ix.match() == (3, 8) and ix.propose(2) == ([5, 2], 3)
+    # a suffix that never occurred before: shorter n, then nothing
+    assert NgramIndex([7, 8, 9]).propose(4) == ([], 0)
+    assert NgramIndex([7, 8, 7], max_n=2, min_n=2).propose(4) == ([], 0)  # 1-gram not allowed
+    assert NgramIndex([7, 8, 7], max_n=2, min_n=1).propose(4) == ([8, 7, 8, 7], 1)
+
+
+def test_a_repeating_pattern_keeps_proposing_its_period():
+    assert NgramIndex([5, 6, 5, 6]).propose(5) == ([5, 6, 5, 6, 5], 2)
+    assert NgramIndex([4, 4]).propose(3) == ([4, 4, 4], 1)
+
+
+def test_the_index_equals_a_scan_after_every_token():
+    """Against the definition, by brute force, over a long random history with repeats."""
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, 6, (400,), generator=g).tolist()
+    ix = NgramIndex(max_n=4, min_n=2)
+    for i, t in enumerate(toks):
+        ix.extend([t])
+        hist = toks[: i + 1]
+        want = (0, -1)
+        for n in range(min(4, len(hist)), 1, -1):
+            suffix = hist[len(hist) - n :]
+            ends = [e for e in range(n, len(hist)) if hist[e - n : e] == suffix]
+            if ends:
+                want = (n, max(ends))
+                break
+        assert ix.match() == want, i
+    ix.truncate(50)
+    assert len(ix) == 50 and ix.match() == NgramIndex(toks[:50], max_n=4, min_n=2).match()
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="min_n"):
+        NgramIndex(max_n=1, min_n=2)
+    with pytest.raises(ValueError, match="max_n and min_n"):
+        autospec.Controller(tiny(), None, store=False, ngram={"size": 3})
+
+
+# -- policies -------------------------------------------------------------------------------
+def test_policy_specs_name_the_proposer_and_an_int_still_means_the_draft_model():
+    assert as_policy(3).choose(Context()) == 3 and not isinstance(as_policy(3).choose(
+        Context()), Choice)
+    c = as_policy("ngram:4").choose(Context(k_max=16))
+    assert isinstance(c, Choice) and int(c) == 4 and c.proposer == "ngram"
+    c = as_policy("hybrid:3:1").choose(Context(k_max=2))
+    assert (int(c), c.proposer, c.min_match) == (2, "hybrid", 1)
+    assert as_policy("hybrid:3").name == "hybrid:3:2"
+    for bad in ("ngram:x", "ngram:3:1", "hybrid:3:0"):
+        with pytest.raises(ValueError, match="bad policy|min_match"):
+            as_policy(bad)
+    with pytest.raises(ValueError, match="proposer"):
+        Choice(2, "suffix")
+
+
+def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():
+    live = LiveStats(discount=1.0)
+    live.observe(0, 0, 0.0, 0.1)  # T_t(1)
+    for _ in range(50):
+        live.observe_ngram(4, 3, 1e-5, 0.1)
+    pol = CostModelPolicy()
+    without_draft = Context(k_max=8, live=live, proposers=("ngram",), ngram_match=2)
+    c = pol.choose(without_draft)
+    assert isinstance(c, Choice) and c.proposer == "ngram" and int(c) > 0
+    no_match = Context(k_max=8, live=live, proposers=("ngram",), ngram_match=0)
+    assert int(pol.choose(no_match)) == 0
+    # n-gram counts are not the draft model's
+    assert live.reached[0] == 0 and live.ngram_reached[0] == 50 and live.t_draft is None
+
+
+# -- exactness, greedy ----------------------------------------------------------------------
+def _repetitive(seed: int, length: int = 10) -> torch.Tensor:
+    """A prompt that repeats itself, so the n-gram proposer finds matches."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(4, 90, (1, length), generator=g)
+    return torch.cat([base, base[:, : length // 2], base], dim=1)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    target = tiny(request.param, layers=2, seed=5)
+    return target, noisy_copy(target, 0.1)
+
+
+@pytest.mark.parametrize("policy", ["ngram:1", "ngram:3", "ngram:6", "hybrid:4:1",
+                                    "hybrid:2:3", "auto"])
+def test_greedy_output_is_generates_token_for_token(pair, policy):
+    target, draft = pair
+    spec = autospec.Controller(target, draft, store=False, policy=policy)
+    drafted = accepted = 0
+    for seed in range(3):
+        ids = _repetitive(seed)
+        ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                              do_sample=False)
+        out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                            do_sample=False)
+        assert torch.equal(out, ref), (policy, seed)
+        drafted += spec.last_stats.ngram_drafted
+        accepted += spec.last_stats.ngram_accepted
+    assert 0 < accepted < drafted  # n-gram blocks ran, were accepted and rejected
+
+
+def test_greedy_without_a_draft_model_stops_at_eos_inside_a_block(pair):
+    target, _ = pair
+    ids = _repetitive(7)
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                          do_sample=False)
+    new = ref[0, ids.shape[1]:].tolist()
+    # an EOS id the target emits late: with n-gram blocks of 6 it lands inside one
+    eos = new[25]
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                          do_sample=False, eos_token_id=eos, pad_token_id=0)
+    spec = autospec.Controller(target, None, store=False, policy="ngram:6")
+    out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                        do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(out, ref) and out[0, -1].item() == eos
+    assert spec.last_stats.stop_reason == "eos" and spec.last_stats.ngram_drafted > 0
+
+
+# -- exactness, sampled ---------------------------------------------------------------------
+class _Unlikely:
+    """A deterministic proposer for the test: always proposes [the target's least likely
+    first token, the most likely one] — so both the acceptance path and the residual path
+    (p with the proposal removed) carry real mass."""
+
+    def __init__(self, tokens, proposal):
+        self.proposal = list(proposal)
+
+    def extend(self, tokens):
+        return None
+
+    def match(self):
+        return 2, 0
+
+    def propose(self, k):
+        return self.proposal[:k], 2
+
+
+@pytest.mark.parametrize("kwargs", [dict(top_k=0), dict(temperature=0.7, top_k=6)])
+def test_sampled_first_two_tokens_follow_the_targets_law(kwargs):
+    target = tiny("llama", vocab=V, sharpen=4.0, seed=3)
+    ids = torch.randint(4, V, (1, 6), generator=torch.Generator().manual_seed(1))
+    law = exact_joint(target, ids, **kwargs)  # [V, V]
+    first = law.sum(1)
+    unlikely, likely = int(first.argmin()), int(first.argmax())
+    assert first[unlikely] < 0.05  # the proposal the target finds unlikely
+
+    def factory(tokens):
+        return _Unlikely(tokens, [unlikely, likely])
+
+    spec = autospec.Controller(target, None, store=False, policy="ngram:2", ngram=factory)
+    g = torch.Generator().manual_seed(11)
+    counts = torch.zeros(V * V, dtype=torch.long)
+    drafted = accepted = 0
+    for _ in range(2000):
+        out = spec.generate(ids, max_new_tokens=2, do_sample=True, generator=g,
+                            eos_token_id=None, **kwargs)
+        counts[out[0, 6] * V + out[0, 7]] += 1
+        drafted += spec.last_stats.ngram_drafted
+        accepted += spec.last_stats.ngram_accepted
+    assert _chi2_pvalue(counts, law.flatten()) > ALPHA
+    assert drafted >= 2000 and accepted < 0.2 * drafted  # the unlikely token was rejected
+    # power: the law of emitting the proposal whenever proposed is rejected
+    wrong = torch.zeros(V, V)
+    wrong[unlikely, likely] = 1.0
+    assert _chi2_pvalue(counts, (0.5 * law + 0.5 * wrong).flatten()) < ALPHA
+
+
+# -- no draft model -------------------------------------------------------------------------
+def test_wrap_without_a_draft_model_serves_and_logs(tmp_path, caplog):
+    target = tiny("llama", layers=1, seed=9)
+    url = f"sqlite:///{tmp_path / 'nd.db'}"
+    autospec.wrap(target, store=url)
+    try:
+        ids = _repetitive(3)
+        ref_out = target._autospec_controller._original_generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                              do_sample=False, category="copy")
+        assert torch.equal(out, ref_out)
+        stats = target._autospec_controller.last_stats
+        assert stats.ngram_drafts > 0 and stats.drafts == 0
+        batch = torch.cat([ids, ids], dim=0)  # batch > 1: the original generate, said why
+        with caplog.at_level("INFO", logger="autospec.controller"):
+            target.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=4,
+                            do_sample=False)
+        assert any("without a draft model" in r.getMessage() for r in caplog.records)
+    finally:
+        autospec.unwrap(target)
+    from autospec.store import open_store, queries
+
+    with open_store(url) as store, store.session() as s:
+        (pair,) = queries.pairs(s)
+        (sm,) = queries.category_summaries(s)
+    assert pair.draft == "none (n-gram)" and sm.category == "copy" and sm.requests == 1
