@@ -113,8 +113,8 @@ def encode_prompt(tokenizer, prompt: Prompt):
 # -- modes --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mode:
-    kind: str  # "plain" | "hf-assisted" | "autospec" | "policy"
-    k: int | None = None  # None: plain, or transformers' own default schedule
+    kind: str  # "plain" | "hf-assisted" | "hf-lookup" | "autospec" | "ngram" | "policy"
+    k: int | None = None  # None: plain, or transformers' own default (schedule, or lookup k)
     policy: str | None = None  # kind "policy": a policy name for autospec.wrap(policy=...)
 
     @property
@@ -158,6 +158,11 @@ def parse_ks(text: str, k_limit: int = 64) -> list[int]:
     return sorted(set(ks))
 
 
+MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec", "ngram")
+HF_LOOKUP_K = 10  # hf-lookup without :k: prompt_lookup_num_tokens as transformers' docs use it
+NEEDS_DRAFT = ("hf-assisted", "autospec")  # modes that cannot run without a draft model
+
+
 def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
     """Mode names; ``KIND:k`` expands over ``ks``, ``KIND:N`` is one lookahead. plain is always
     included (first), since speedups and identity are measured against it."""
@@ -170,10 +175,11 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
             if Mode("policy", policy=k) not in modes:
                 modes.append(Mode("policy", policy=k))
             continue
-        if kind not in ("plain", "hf-assisted", "autospec"):
+        if kind not in MODE_KINDS:
             raise ValueError(f"unknown mode {spec!r}: use plain, hf-assisted, hf-assisted:k, "
-                             "autospec:k, or a number in place of k")
-        if kind == "plain" or (kind == "hf-assisted" and not k):
+                             "hf-lookup, hf-lookup:k, autospec:k, ngram:k, policy:NAME, or a "
+                             "number in place of k")
+        if kind == "plain" or (kind in ("hf-assisted", "hf-lookup") and not k):
             new = [Mode(kind)]
         elif k == "k":
             new = [Mode(kind, x) for x in ks]
@@ -321,6 +327,10 @@ class _Runner:
         # one controller per adaptive policy, so each learns from its own runs only
         policy_opts = dict(opts, store=store if store is not None else False)
         self.policy_ctrls, self.unsupported = {}, {}  # unsupported: mode → why
+        if draft is None:
+            for m in modes:
+                if m.kind in NEEDS_DRAFT:
+                    self.unsupported[m] = "no draft model (--draft none)"
         for m in (m for m in modes if m.kind == "policy"):
             try:
                 self.policy_ctrls[m] = Controller(target, draft, policy=m.policy, **policy_opts)
@@ -344,7 +354,7 @@ class _Runner:
         # (kwargs to generate do not reach them), and its heuristic schedule writes its state
         # back there. Each hf mode keeps its own copy, swapped in around its calls, so modes
         # cannot leak into each other and the default mode evolves as it would for a user.
-        dgc = draft.generation_config
+        dgc = draft.generation_config if draft is not None else None
         self._saved = {f: getattr(dgc, f, None) for f in _ASSIST_FIELDS}
         fixed = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
         self._assist = {m: dict(self._saved) if m.k is None else {"num_assistant_tokens": m.k, **fixed}
@@ -381,6 +391,17 @@ class _Runner:
             hooks = [m.register_forward_hook(lambda *_, i=i: counts.__setitem__(i, counts[i] + 1))
                      for i, m in enumerate((self.target, self.draft))]
             call = lambda: self.generate(assistant_model=self.draft, **kw)  # noqa: E731
+        elif mode.kind == "hf-lookup":  # transformers' prompt lookup: target forwards counted
+            hooks = [self.target.register_forward_hook(
+                lambda *_: counts.__setitem__(0, counts[0] + 1))]
+            look = HF_LOOKUP_K if mode.k is None else mode.k
+            call = lambda: self.generate(prompt_lookup_num_tokens=look, **kw)  # noqa: E731
+        elif mode.kind == "ngram":  # autospec's n-gram proposer at a fixed k
+            from autospec.policies import Choice
+
+            def call():
+                cat = category if self._category_lists or not batched else None
+                return ctrl.generate(k=Choice(mode.k, "ngram"), category=cat, **kw)
         else:
             call = lambda: self.generate(**kw)  # noqa: E731
         try:
@@ -405,7 +426,7 @@ class _Runner:
             eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
             rows = [until_stop(row, eos) for row in out[:, ids.shape[1]:].tolist()]
             rec = {"new_tokens": sum(map(len, rows)), "wall_s": wall, "rows": rows}
-            if mode.kind in ("autospec", "policy"):
+            if mode.kind in ("autospec", "policy", "ngram"):
                 rec.update(batch_stats(ctrl.last_stats))
                 if ctrl.last_stats is None:
                     rec["fallback"] = next((why for why, n in ctrl.fallbacks.items()
@@ -417,6 +438,19 @@ class _Runner:
             # every iteration keeps its accepted tokens plus one: accepted = new - iterations
             rec.update(target_forwards=counts[0], drafted=counts[1],
                        accepted=max(0, min(counts[1], len(tokens) - counts[0])))
+        elif mode.kind == "hf-lookup":  # proposals are not forwards: tokens per forward only
+            rec.update(target_forwards=counts[0])
+        elif mode.kind == "ngram":
+            s = ctrl.last_stats
+            if s is not None:  # the n-gram proposer's own counters in the acceptance columns
+                rec.update(target_forwards=s.iterations, drafts=s.ngram_drafts,
+                           drafted=s.ngram_drafted, accepted=s.ngram_accepted,
+                           t_target_1=s.target_time(1),
+                           t_draft=s.ngram_s / s.ngram_drafted if s.ngram_drafted else None,
+                           t_target_k1=s.target_time(mode.k + 1),
+                           k_schedule=list(s.k_schedule),
+                           accepted_per_position=list(s.ngram_accepted_per_position),
+                           drafted_per_position=list(s.ngram_drafted_per_position))
         elif mode.kind in ("autospec", "policy"):
             s = ctrl.last_stats
             if s is None:
@@ -429,7 +463,8 @@ class _Runner:
                            t_target_k1=s.target_time(mode.k + 1) if mode.k else None,
                            k_schedule=list(s.k_schedule),
                            accepted_per_position=list(s.accepted_per_position),
-                           drafted_per_position=list(s.drafted_per_position))
+                           drafted_per_position=list(s.drafted_per_position),
+                           ngram_drafted=s.ngram_drafted, ngram_accepted=s.ngram_accepted)
         return rec
 
     def _timed(self, call, seed: int):
@@ -448,6 +483,8 @@ class _Runner:
             return out, time.perf_counter() - t0
 
     def _set_assist(self, values: dict) -> None:
+        if self.draft is None:  # no draft model: no assisted-generation settings to keep
+            return
         for name, value in values.items():
             setattr(self.draft.generation_config, name, value)
 
@@ -527,4 +564,8 @@ def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:
 
 
 def _model_name(model) -> str:
+    if model is None:
+        from autospec.telemetry import NO_DRAFT
+
+        return NO_DRAFT
     return str(getattr(model, "name_or_path", "") or type(model).__name__)

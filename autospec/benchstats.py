@@ -41,6 +41,10 @@ class RunRecord:
     divergence: dict | None = None  # first difference from plain (greedy), see run_bench
     batch: int = 1  # batch size the request ran at (these records: always 1)
     peak_kv_bytes: int | None = None  # autospec: the loop's peak KV cache, where it reports it
+    # autospec policies: iterations the n-gram proposer drafted (its tokens, accepted ones);
+    # ngram:k modes report the n-gram's counters in drafted/accepted themselves
+    ngram_drafted: int | None = None
+    ngram_accepted: int | None = None
 
 
 def _median(values, scale: float = 1.0) -> float | None:
@@ -80,6 +84,7 @@ def oracle(records: Sequence[RunRecord], k_max: int = 16):
     that decoded at k = 0). None when the costs needed are missing."""
     from autospec.policies.costmodel import best_k, conditional_from_cumulative
 
+    records = [r for r in records if not r.mode.startswith("ngram")]  # the draft model's
     acc, dr = Counter(), Counter()
     for r in records:
         for i, (a, d) in enumerate(zip(r.accepted_per_position, r.drafted_per_position)):
@@ -134,6 +139,10 @@ def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dic
         "t_target_1_ms": _median((r.t_target_1 for r in runs), 1e3),
         "t_target_k1_ms": _median((r.t_target_k1 for r in runs), 1e3),
         "t_draft_ms": _median((r.t_draft for r in runs), 1e3),
+        "ngram_drafted": sum(r.ngram_drafted or 0 for r in runs) or None,
+        "ngram_acceptance": (sum(r.ngram_accepted or 0 for r in runs)
+                             / sum(r.ngram_drafted or 0 for r in runs)
+                             if any(r.ngram_drafted for r in runs) else None),
         "identical": all(same) if greedy and same else None,
         "k_settled": _settled(runs),
         "divergences": divergences,

@@ -22,7 +22,7 @@ import torch
 
 from autospec.loop import LoopStats, speculative_generate
 from autospec.plan import Plan, plan_request
-from autospec.policies.base import Policy, as_policy, early_stop_of
+from autospec.policies.base import Policy, as_policy, early_stop_of, proposer_of
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 
@@ -186,12 +186,14 @@ class Controller:
 
         category: traffic category for statistics and policies (else the controller's, else
             the categoriser's guess from the prompt, else "default").
-        k: a fixed lookahead for this call (0 = plain decoding), overriding the policy.
+        k: a fixed lookahead for this call (0 = plain decoding), overriding the policy; a
+            ``policies.Choice`` names the proposer too (``Choice(4, "ngram")``).
         generator: a ``torch.Generator`` for sampling (else torch's global RNG, like generate).
         """
         rows = _batch_of(inputs if inputs is not None else kwargs.get("input_ids"))
         category = _check_categories(category, rows)
-        policy = self.policy if k is None else FixedK(_check_k(k, self.k_max))
+        policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
+                                                      *proposer_of(k))
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
         self._local.row_stats = None

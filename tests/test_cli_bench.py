@@ -374,3 +374,61 @@ def test_divergence_reports_position_and_the_targets_margin(models, tok):
                                   "sample": False},
                             rows=bench.aggregate(records, greedy=True), records=records)
     assert "diverged: code autospec:2 prompt 0 repeat 0 at new token 2" in format_table(res)
+
+
+# -- the n-gram proposer's modes ----------------------------------------------------------
+COPY = [Prompt("copy", "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", False),
+        Prompt("copy", "the cat sat on the mat. the cat sat on", False)]
+
+
+def test_ngram_and_hf_lookup_modes_run_identical_and_count_their_own_drafts(models, tok):
+    target, draft = models
+    res = bench.run_bench(target, draft, tok, COPY, ks=[3],
+                          modes=["hf-lookup:k", "ngram:k", "autospec:k", "policy:hybrid:3:1"],
+                          max_new_tokens=16, repeats=1, warmup=False, progress=False)
+    rows = {r["mode"]: r for r in res.rows if r["category"] == "overall"}
+    assert set(rows) == {"plain", "hf-lookup:3", "ngram:3", "autospec:3", "policy:hybrid:3:1"}
+    assert all(r["identical"] is True for r in rows.values())
+    ng = rows["ngram:3"]
+    assert ng["acceptance"] is not None and 0.0 <= ng["acceptance"] <= 1.0
+    assert 1.0 <= ng["tokens_per_forward"] <= 4.0
+    assert 1.0 <= rows["hf-lookup:3"]["tokens_per_forward"] <= 4.0
+    assert rows["autospec:3"]["ngram_drafted"] is None  # the draft model alone
+    assert rows["policy:hybrid:3:1"]["ngram_drafted"]  # the hybrid used the n-gram
+    # the draft model's oracle is not fed the n-gram's acceptance
+    only_ngram = [r for r in res.records if r.mode == "ngram:3"]
+    from autospec.benchstats import oracle
+
+    assert oracle(only_ngram) is None
+
+
+def test_bench_without_a_draft_model_reports_what_needs_one(saved_pair, tmp_path, capsys):
+    target, _ = saved_pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "copy", "prompt": p.prompt,
+                                             "chat": False}) for p in COPY))
+    out_json = tmp_path / "out.json"
+    code = main(["bench", "--target", target, "--draft", "none", "--prompts", str(prompts),
+                 "--k", "3", "--repeats", "1", "--max-new-tokens", "8", "--modes", "ngram:k",
+                 "autospec:k", "hf-assisted", "policy:auto", "--json", str(out_json),
+                 "--dtype", "fp32", "--threads", "1"])
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    modes = {r["mode"] for r in data["rows"]}
+    assert {"plain", "ngram:3", "policy:auto"} <= modes and "autospec:3" not in modes
+    (one,) = data["batches"]  # batch 1's summary: every mode, run or not
+    unsupported = {r["mode"]: r["reason"] for r in one["rows"] if r["status"] == "unsupported"}
+    assert "no draft model" in unsupported["autospec:3"]
+    assert "no draft model" in unsupported["hf-assisted"]
+    assert "not run: autospec:3 (no draft model" in capsys.readouterr().out
+    assert all(r["identical"] is True for r in data["rows"])
+    assert data["meta"]["draft"] == "none (n-gram)"
+
+
+def test_cli_generate_without_a_draft_model(saved_pair, capsys):
+    target, _ = saved_pair
+    code = main(["generate", "--target", target, "--draft", "none", "--prompt",
+                 "the cat sat on the mat. the cat sat on", "--max-new-tokens", "8", "--k", "3",
+                 "--dtype", "fp32", "--threads", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.strip() and "prompt lookup (no draft model)" in err

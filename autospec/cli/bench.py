@@ -32,9 +32,13 @@ def register(sub, parents) -> None:
     bench.add_argument("--max-new-tokens", type=positive_int, default=64)
     bench.add_argument("--repeats", type=positive_int, default=3)
     bench.add_argument("--modes", nargs="+", default=None,
-                       help="plain, hf-assisted (its defaults), hf-assisted:k, autospec:k, "
-                            "policy:NAME; :N for one k (default: all but policy:, or plain and "
-                            "hf-assisted when --policies is given)")
+                       help="plain, hf-assisted (its defaults), hf-assisted:k, hf-lookup "
+                            "(transformers' prompt lookup, 10 tokens), hf-lookup:k, autospec:k "
+                            "(the draft model), ngram:k (autospec's prompt lookup), "
+                            "policy:NAME (e.g. policy:auto, policy:hybrid:4); :N for one k "
+                            "(default: plain, hf-assisted, hf-assisted:k, autospec:k, or plain "
+                            "and hf-assisted when --policies is given). With --draft none the "
+                            "modes that need a draft model are reported as unsupported")
     bench.add_argument("--policies", help="k policies to compare, e.g. auto,costmodel,bandit,"
                                           "heuristic,fixed:1..8,off (adds modes)")
     bench.add_argument("--db", metavar="URL",
@@ -108,7 +112,7 @@ def run(args, parser) -> int:
         if not Path(args.json).expanduser().resolve().parent.is_dir():
             parser.error(f"--json: the directory for {args.json} does not exist")
     env = setup(args)
-    target, draft, tok, dtok = load(args, parser, env)
+    target, draft, tok, dtok = load(args, parser, env, allow_no_draft=True)
     try:
         result = bench.run_bench(
             target, draft, tok, prompts, ks=ks, modes=modes, max_new_tokens=args.max_new_tokens,
@@ -188,8 +192,13 @@ def format_table(result) -> str:
         f"{m['prompts']} prompts x {m['repeats']} repeats, at most {m['max_new_tokens']} new "
         f"tokens, {'sampling' if m['sample'] else 'greedy'}; tok/s and speedup (vs plain, same "
         "request and repeat, per token) are medians; alpha = accepted / drafted; mean len = 1 + "
-        "accepted per drafting step; tok/fwd = new tokens per target forward",
+        "accepted per drafting step; tok/fwd = new tokens per target forward; ngram:k and "
+        "hf-lookup modes draft by prompt lookup (alpha: the n-gram proposals')",
     ]
+    skipped = {b["mode"]: b["reason"] for b in result.batches
+               if b.get("batch") == 1 and b.get("status") == "unsupported"}
+    if skipped:
+        lines.append("not run: " + "; ".join(f"{mode} ({why})" for mode, why in skipped.items()))
     for row in result.rows:
         for d in row["divergences"] if row["category"] != "overall" else ():
             lines.append(
