@@ -36,7 +36,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from autospec.loop import DraftInput, LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
-from autospec.policies.base import Context, Outcome, Policy
+from autospec.ngram import NgramIndex
+from autospec.policies.base import Context, Outcome, Policy, proposer_of
 from autospec.runners import Forward, new_cache
 from autospec.sampling import (
     SamplingConfig,
@@ -74,7 +75,15 @@ def speculative_generate_batch(target, draft, prompts: list[torch.Tensor], *,
     Options as ``loop.speculative_generate``: min_new_tokens, eos_token_ids, stopping_criteria
     (called per row with ``row_prefix[i]`` + the row's tokens, as generate passes its padded
     row), generator, k_max, target_context, draft_context, output_scores, output_logits,
-    record_confidence (the draft's top probability per token, for the store; off: not computed).
+    record_confidence (the draft's top probability per token, for the store; off: not computed),
+    ngram (the n-gram proposer's index factory; ``draft`` None: it drafts alone).
+
+    The n-gram proposer at batch: each row proposes from its own history, up to the batch's k
+    (fewer, or none, where its match is short or missing: the row's block is shorter, its
+    padded slots are never accepted and its next token comes from p at its own end, so the
+    rule stays exact per row). "ngram" skips the draft model's forwards; "hybrid" runs them and
+    takes, per row, the n-gram's block where its match has ≥ min_match tokens (the draft's
+    own proposals for that row are then masked out of its cache, as rejected ones are).
     lives: each row's category LiveStats (fed with each row's acceptance); costs: a
     ``BatchCosts`` fed with the batch's timings by (B, n)."""
     loop = _BatchLoop(target, draft, prompts, sampling, policy, max_new_tokens, categories,
@@ -107,6 +116,7 @@ class _Row:
         self.stop_at: int | None = None  # without EOS: where a stopping criterion first hit
         self.wall_end = 0.0
         self.bonus = False  # sampling: the row's last block was accepted whole
+        self.ngram = None  # the row's n-gram index (set by the loop: its factory)
 
     @property
     def gen(self) -> int:
@@ -120,7 +130,8 @@ class _BatchLoop:
                  generator: torch.Generator | None = None, k_max: int = 16,
                  target_context: int | None = None, draft_context: int | None = None,
                  output_scores: bool = False, output_logits: bool = False,
-                 row_prefix: list[torch.Tensor] | None = None, record_confidence: bool = False):
+                 row_prefix: list[torch.Tensor] | None = None, record_confidence: bool = False,
+                 ngram=None):
         self.t_start = time.perf_counter()
         self.record_conf = record_confidence
         self.device = device = prompts[0].device
@@ -130,7 +141,10 @@ class _BatchLoop:
         self.criteria, self.k_max, self.costs = stopping_criteria, k_max, costs
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
-        self.draft_input = DraftInput(target, draft)  # ids the draft lacks (loop.DraftInput)
+        self.has_draft = draft is not None
+        # ids the draft lacks (loop.DraftInput)
+        self.draft_input = DraftInput(target, draft) if self.has_draft else None
+        self.proposers = ("draft", "ngram") if self.has_draft else ("ngram",)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
         self.eos_set = set(eos_token_ids)
@@ -139,17 +153,22 @@ class _BatchLoop:
                  None if row_prefix is None else row_prefix[i], output_scores, output_logits)
             for i, p in enumerate(prompts)]
         self.rows = list(self.all_rows)  # the rows still running, in batch order
+        factory = NgramIndex if ngram is None else ngram
+        for r in self.all_rows:  # each row's n-gram index over its own prompt and output
+            r.ngram = factory(list(r.tokens))
         B = len(prompts)
         self.seen = None
         if sampling.uses_presence:
             self.seen = torch.zeros(B, self.vocab, dtype=torch.bool, device=device)
             for i, p in enumerate(prompts):
                 self.seen[i] = seen_tokens(p, self.vocab)[0]
-        self.t_fwd, self.d_fwd = Forward(target), Forward(draft)
-        self.t_cache, self.d_cache = new_cache(target), new_cache(draft)
+        self.t_fwd, self.t_cache = Forward(target), new_cache(target)
+        self.d_fwd = Forward(draft) if self.has_draft else None
+        self.d_cache = new_cache(draft) if self.has_draft else None
         self.t_mask = torch.zeros(B, 0, dtype=torch.long, device=device)
         self.d_mask = torch.zeros(B, 0, dtype=torch.long, device=device)
-        self.kv_t, self.kv_d = kv_bytes_per_token(target), kv_bytes_per_token(draft)
+        self.kv_t = kv_bytes_per_token(target)
+        self.kv_d = kv_bytes_per_token(draft) if self.has_draft else 0
         self.peak_kv = 0
         self.clock = Clock(device)
         self.p_bonus = None  # sampling: [B, V] p at each row's last bonus position
@@ -217,27 +236,63 @@ class _BatchLoop:
         rows = self.rows
         lead = rows[0]
         gens = [r.gen for r in rows]
+        matches = tuple(r.ngram.match()[0] for r in rows)
         return Context(category=lead.category, k_max=self.k_max, batch_size=len(rows),
                        generated=min(gens), remaining=self.max_new - min(gens), live=lead.live,
                        categories=tuple(r.category for r in rows),
-                       rows=tuple(r.live for r in rows), costs=self.costs)
+                       rows=tuple(r.live for r in rows), costs=self.costs,
+                       proposers=self.proposers, ngram_match=max(matches),
+                       ngram_matches=matches)
 
-    def choose_k(self, ctx: Context) -> int:
-        k = min(int(self.policy.choose(ctx)), self.k_max, ctx.remaining - 1)
+    def choose_k(self, ctx: Context) -> tuple[int, str, int]:
+        """(k, proposer, min_match), clamped; without a draft model every proposer is the
+        n-gram one (see ``loop._Loop.choose_k``)."""
+        choice = self.policy.choose(ctx)
+        proposer, min_match = proposer_of(choice)
+        if not self.has_draft:
+            proposer = "ngram"
+        k = min(int(choice), self.k_max, ctx.remaining - 1)
         longest = max(r.n for r in self.rows)
         if self.target_context is not None:
             k = min(k, self.target_context - longest)
-        if self.draft_context is not None:
+        if self.draft_context is not None and proposer != "ngram":
             k = min(k, self.draft_context - longest + 1)
-        return max(k, 0)
+        return max(k, 0), proposer, min_match
+
+    def ngram_blocks(self, k: int, proposer: str, min_match: int) -> list[list[int]] | None:
+        """Each row's n-gram block (≤ k tokens; [] where it has no usable match), or None when
+        no row has one (the iteration is a plain step, or the draft model's)."""
+        blocks = []
+        for r in self.rows:
+            toks, matched = r.ngram.propose(k)
+            blocks.append(toks if proposer != "hybrid" or matched >= min_match else [])
+        return blocks if any(blocks) else None
 
     def step(self) -> None:
         rows = self.rows
         B = len(rows)
         ctx = self.context()
-        k = self.choose_k(ctx)
+        k, proposer, min_match = self.choose_k(ctx)
         gens = [r.gen for r in rows]
         clock = self.clock
+
+        # 0. The n-gram proposer's blocks, per row (host work); "ngram" rows of a hybrid
+        # batch take theirs, the others the draft model's
+        blocks = None
+        ngram_s = 0.0
+        if k > 0 and proposer != "draft":
+            n0 = clock.mark()
+            blocks = self.ngram_blocks(k, proposer, min_match)
+            n1 = clock.mark()
+            ngram_s = clock.seconds(n0, n1)
+            clock.recycle(n0, n1)
+            if blocks is None and (proposer == "ngram" or not self.has_draft):
+                k = 0  # no row has a match: a plain step
+            elif blocks is not None and proposer == "hybrid" and all(blocks):
+                proposer = "ngram"  # every row has its block: the draft model need not run
+        by_ngram = ([bool(b) for b in blocks] if blocks is not None and k > 0
+                    else [False] * B)
+        run_draft = k > 0 and not (proposer == "ngram")
 
         # 1. Draft k tokens for every row (the first forward carries each row's catch-up)
         q = None
@@ -245,7 +300,8 @@ class _BatchLoop:
         d_toks = torch.empty(B, k, dtype=torch.long, device=self.device)
         conf = []
         d0 = d1 = t_cu = d_start = None
-        if k > 0:
+        timed = 0
+        if run_draft:
             catch = [r.tokens[r.d_len : r.n] for r in rows]
             known = [0 if self.sampling.uses_presence else
                      min(max(0, r.n - max(r.L, r.d_len + 1)), TRACE_CATCH_UP_MAX) for r in rows]
@@ -281,6 +337,31 @@ class _BatchLoop:
             d0, d1 = (t_cu if wide else d_start), clock.mark()
             timed = k - 1 if wide else k
             q = torch.cat(q_list, dim=1) if q_list else None
+        lengths = None  # per-row block lengths, where some row proposes fewer than k
+        if any(by_ngram):
+            # n-gram rows: their own tokens, q one-hot (zero past a short block's end, so the
+            # residual there is p itself); rows without a block propose nothing
+            k_rows = [len(b) if used else (k if run_draft else 0)
+                      for b, used in zip(blocks, by_ngram)]
+            pad = [b + [0] * (k - len(b)) if used else None for b, used in zip(blocks, by_ngram)]
+            rows_ng = [i for i, used in enumerate(by_ngram) if used]
+            idx = torch.tensor(rows_ng, device=self.device)
+            d_toks[idx] = torch.tensor([pad[i] for i in rows_ng], dtype=torch.long,
+                                       device=self.device)
+            if not run_draft:
+                d_toks[[i for i in range(B) if not by_ngram[i]]] = 0
+            if not self.greedy:
+                if q is None:
+                    q = torch.zeros(B, k, self.vocab, device=self.device)
+                q[idx] = 0.0
+                one = torch.zeros(len(rows_ng), k, self.vocab, device=self.device)
+                one.scatter_(-1, d_toks[idx][..., None], 1.0)
+                live_cols = (torch.arange(k, device=self.device)
+                             < torch.tensor([k_rows[i] for i in rows_ng],
+                                            device=self.device)[:, None])
+                q[idx] = one * live_cols[..., None]
+            if any(kr < k for kr in k_rows):
+                lengths = torch.tensor(k_rows, device=self.device)
         block_conf = (None if not self.record_conf else  # [B, k]
                       quantize_beta(torch.stack(conf, dim=1)) if conf else d_toks)
 
@@ -296,6 +377,8 @@ class _BatchLoop:
         if self.greedy:
             tgt = s_t.argmax(dim=-1)  # [B, k+1]
             match = (d_toks == tgt[:, :k]).to(torch.int64)
+            if lengths is not None:  # a short block ends: nothing past it is accepted
+                match = match * (torch.arange(k, device=self.device) < lengths[:, None])
             num_acc = match.cumprod(dim=-1).sum(dim=-1)  # [B]
             nxt = tgt.gather(1, num_acc[:, None]).squeeze(1)
             block_trace = match
@@ -304,7 +387,7 @@ class _BatchLoop:
 
             p = logits_to_probs(s_t, self.sampling)  # [B, k+1, V]
             num_acc, nxt = rejection_sample(p, q if q is not None else p[:, :0], d_toks,
-                                            generator=self.generator)
+                                            generator=self.generator, lengths=lengths)
             block_trace = (quantize_beta(torch.minimum(p[:, :k], q).sum(-1)) if k
                            else d_toks)
         t1 = clock.mark()
@@ -335,10 +418,9 @@ class _BatchLoop:
         t_s = clock.seconds(t0, t1)
         first = self.iteration == 0
         d_per_token = None
-        if k > 0 and timed > 0:
+        if run_draft and timed > 0:
             d_per_token = clock.seconds(d0, d1) / timed
         clock.recycle(d_start, t_cu, d1, t0, t1)  # read: their events can be recorded again
-        was_off = bool(rows[0].stats.k_schedule) and rows[0].stats.k_schedule[-1] == 0
 
         # 5. Per row: trace, emit, counters; then mask what was rejected
         unproposed: dict[int, list[float]] = {}
@@ -346,6 +428,10 @@ class _BatchLoop:
         width_t = self.t_mask.shape[1] - s_before
         for b, r in enumerate(rows):
             m = m_all[b]
+            st = r.stats
+            # the positions before this catch-up were not the draft model's (k = 0, n-gram)
+            was_off = bool(st.k_schedule) and (st.k_schedule[-1] == 0
+                                               or st.proposer_schedule[-1] == 1)
             if cu_rows is not None and cu_known[b]:
                 kn = cu_known[b]
                 w = cu_rows[0].shape[1]
@@ -356,17 +442,26 @@ class _BatchLoop:
                 if was_off:
                     unproposed[b] = [v if self.greedy else v / 254 for v in cu_v
                                      if v != UNOBSERVED]
-            on_prefix = min(m + 1, k)
-            r.trace.put(r.gen, btrace[b][:on_prefix], bconf[b][:on_prefix])
-            st = r.stats
+            kb = len(blocks[b]) if by_ngram[b] else (k if run_draft else 0)
+            if not by_ngram[b]:  # an n-gram block's positions are left to the draft's catch-up
+                on_prefix = min(m + 1, kb)
+                r.trace.put(r.gen, btrace[b][:on_prefix], bconf[b][:on_prefix])
             st.iterations += 1
-            st.k_schedule.append(k)
+            st.k_schedule.append(kb)
             st.accepted_schedule.append(m)
-            if k > 0:
+            st.proposer_schedule.append(int(by_ngram[b]))
+            if by_ngram[b]:
+                st.ngram_drafts += 1
+                st.ngram_drafted += kb
+                st.ngram_accepted += m
+                st.ngram_s += ngram_s / B
+                _bump(st.ngram_drafted_per_position, kb)
+                _bump(st.ngram_accepted_per_position, m)
+            elif kb > 0:
                 st.drafts += 1
-                st.drafted += k
+                st.drafted += kb
                 st.accepted += m
-                _bump(st.drafted_per_position, k)
+                _bump(st.drafted_per_position, kb)
                 _bump(st.accepted_per_position, m)
             if first:
                 st.prefill_s = t_s
@@ -385,20 +480,21 @@ class _BatchLoop:
             r.t_end = s_before + width_t - k + m
             if m < k:
                 t_mask_rows.append((b, r.t_end, s_before + width_t))
-            if k > 0:
-                d_keep = min(m, k - 1)
+            if run_draft:
+                # an n-gram row keeps none of the draft's own proposals (they were not its)
+                d_keep = 0 if by_ngram[b] else min(m, k - 1)
                 r.d_len = n_old + d_keep
                 d_total = self.d_mask.shape[1]
                 r.d_end = d_total - (k - 1) + d_keep
                 if d_keep < k - 1:
                     d_mask_rows.append((b, r.d_end, d_total))
-            r.bonus = k > 0 and m == k
+            r.bonus = run_draft and not by_ngram[b] and m == k
         for b, a, z in t_mask_rows:
             self.t_mask[b, a:z] = 0
         for b, a, z in d_mask_rows:
             self.d_mask[b, a:z] = 0
         if not self.greedy:
-            self.p_bonus = p[:, k] if k else None
+            self.p_bonus = p[:, k] if run_draft else None
 
         # 6. Feed what was learned to the policy and the statistics
         accepted_rows = tuple(m_all)
@@ -413,10 +509,16 @@ class _BatchLoop:
             if b in unproposed:
                 r.live.observe_unproposed(unproposed[b])
             timed_here = B == 1 and not first
-            r.live.observe(k, m_all[b], outcome.draft_time_s if timed_here else float("nan"),
-                           t_s if timed_here else float("nan"))
+            if by_ngram[b]:
+                r.live.observe_ngram(len(blocks[b]), m_all[b], float("nan"),
+                                     t_s if timed_here else float("nan"))
+            elif run_draft or k == 0:
+                r.live.observe(k if run_draft else 0, m_all[b],
+                               outcome.draft_time_s if timed_here else float("nan"),
+                               t_s if timed_here else float("nan"))
         if self.costs is not None and not first:
             self.costs.observe(B, k + 1, t_s, d_per_token)
+        outcome = replace(outcome, proposer="ngram" if any(by_ngram) else "draft")
         row_outcome = replace(outcome, unproposed=tuple(v for u in unproposed.values()
                                                         for v in u))
         self.policy.update(ctx, k, row_outcome)
@@ -479,6 +581,7 @@ class _BatchLoop:
             r.logits.extend(raw_t[b, j].float().clone() for j in range(emitted))
         if emitted and self.seen is not None:
             self.seen[b, torch.tensor(new[:emitted], device=self.device)] = True
+        r.ngram.extend(new[:emitted])
         r.n += emitted
         if r.finished:
             r.wall_end = time.perf_counter()
@@ -518,14 +621,16 @@ class _BatchLoop:
                 return
             idx = torch.tensor(keep, device=self.device)
             for cache in (self.t_cache, self.d_cache):
-                cache.batch_select_indices(idx)
+                if cache is not None:
+                    cache.batch_select_indices(idx)
             self.t_mask, self.d_mask = self.t_mask[idx], self.d_mask[idx]
             if self.seen is not None:
                 self.seen = self.seen[idx]
             if self.p_bonus is not None:
                 self.p_bonus = self.p_bonus[idx]
         self.t_mask = self._trim(self.t_cache, self.t_mask, "t")
-        self.d_mask = self._trim(self.d_cache, self.d_mask, "d")
+        if self.d_cache is not None:
+            self.d_mask = self._trim(self.d_cache, self.d_mask, "d")
 
     def _trim(self, cache, mask: torch.Tensor, which: str) -> torch.Tensor:
         """Cut trailing slots no row uses; repack when masked slots pile up."""

@@ -199,8 +199,6 @@ class Controller:
         self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
-        if plan.rows and self.draft is None:
-            return self._fallback(NO_DRAFT_BATCH, inputs, generation_config, args, kwargs)
         if plan.rows:
             return self._generate_batch(plan, policy, category, generator, k)
         if isinstance(category, list):
@@ -255,7 +253,8 @@ class Controller:
             stopping_criteria=plan.stopping_criteria, generator=generator, k_max=self.k_max,
             target_context=self.target_context, draft_context=self.draft_context,
             output_scores=plan.output_scores, output_logits=plan.output_logits,
-            row_prefix=[pad for _, pad in plan.rows], record_confidence=self.writer is not None)
+            row_prefix=[pad for _, pad in plan.rows], record_confidence=self.writer is not None,
+            ngram=self.ngram)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
         self._local.stats = merge_stats(row_stats)
@@ -445,9 +444,11 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
     out = LoopStats()
     for st in rows:
         for name in ("drafts", "drafted", "accepted", "new_tokens", "prompt_tokens",
-                     "draft_forwards"):
+                     "draft_forwards", "ngram_drafts", "ngram_drafted", "ngram_accepted",
+                     "ngram_s"):
             setattr(out, name, getattr(out, name) + getattr(st, name))
-        for name in ("accepted_per_position", "drafted_per_position"):
+        for name in ("accepted_per_position", "drafted_per_position",
+                     "ngram_accepted_per_position", "ngram_drafted_per_position"):
             acc = getattr(out, name)
             for i, v in enumerate(getattr(st, name)):
                 if i < len(acc):
@@ -535,10 +536,6 @@ def _check_k(k, k_max: int) -> int:
     if not 0 <= k <= k_max:
         raise ValueError(f"k must be in 0..{k_max} (k_max of this controller), got {k}")
     return int(k)
-
-
-NO_DRAFT_BATCH = ("batch > 1 without a draft model (the n-gram proposer serves batch 1; at "
-                  "batch > 1 it is not built yet)")
 
 
 def _ngram_factory(ngram):

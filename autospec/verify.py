@@ -22,6 +22,7 @@ def rejection_sample(
     draft_tokens: torch.Tensor,  # [B, k]     the draft's proposals
     *,
     generator: torch.Generator | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (num_accepted [B], next_token [B]) with outputs distributed exactly as p.
 
@@ -29,6 +30,10 @@ def rejection_sample(
     rejection the next token is sampled from normalise(max(0, p_i − q_i)); if all k are
     accepted it is sampled from p_{k+1}. Uses ``generator`` (or torch's global RNG, so that
     ``torch.manual_seed`` governs it as it governs ``generate``).
+
+    lengths [B]: rows whose block is shorter than k (a proposer with fewer tokens for that
+    row): nothing past ``lengths[b]`` is accepted, and ``draft_probs[b]`` must be zero there,
+    so that the next token at the block's end is drawn from p itself (the bonus position).
     """
     B, k1, V = target_probs.shape
     k = k1 - 1
@@ -48,6 +53,8 @@ def rejection_sample(
         u = torch.rand((B, k), generator=generator, device=device, dtype=p.dtype)
         # q >= p: accept with probability p/q; q < p: always accept (u < 1 <= p/q).
         accepted = u * q < p  # [B, k]
+        if lengths is not None:
+            accepted &= torch.arange(k, device=device) < lengths[:, None]
         # number of leading accepts: a rejection stops the block
         num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
         # residual at the first rejection; at the bonus position (n == k) q counts as 0

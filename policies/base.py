@@ -43,6 +43,7 @@ class Context:
     # there at batch 1), and the length n of the n-gram proposer's match right now (0: none)
     proposers: tuple[str, ...] = ("draft",)
     ngram_match: int = 0
+    ngram_matches: tuple[int, ...] = ()  # at batch > 1: each row's match length
 
 
 @dataclass(frozen=True)

@@ -311,6 +311,10 @@ class CostModelPolicy:
         if (cost is None or (points is not None and 1 not in points)
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0  # plain batched decoding at this B: measures the baseline
+        proposers = getattr(context, "proposers", ("draft",))
+        ngram = self._batch_ngram(context, cost, top) if "ngram" in proposers else (0, 1.0)
+        if "draft" not in proposers:
+            return self._batch_decision(context, batch, *ngram, top, "ngram")
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):
             return min(self.initial_k, top)
@@ -328,15 +332,42 @@ class CostModelPolicy:
                 by_stats[id(live)] = curve
             curves.append(curve)
         k, s = batch_best_k(curves, t_draft, cost, top)
+        if ngram[1] > s:
+            return self._batch_decision(context, batch, *ngram, top, "ngram")
+        return self._batch_decision(context, batch, k, s, top, "draft")
+
+    def _batch_ngram(self, context, cost, top: int) -> tuple[int, float]:
+        """(k, S_B(k)) of the n-gram proposer for this batch: rows with a match now draft by
+        their category's n-gram acceptance, rows without one propose nothing (E[N] = 1 but
+        still scored at k + 1), lookups cost what they measured (≈ nothing)."""
+        matches = tuple(getattr(context, "ngram_matches", ()) or ())
+        rows = self._row_stats(context)
+        if len(matches) != len(rows) or not any(matches):
+            return 0, 1.0
+        curves, t_ngram = [], 0.0
+        for live, matched in zip(rows, matches):
+            if live is None or not matched:
+                curves.append([0.0] * top)
+                continue
+            curves.append(live.ngram_acceptance_curve(top, z=self.z))
+            t_ngram = max(t_ngram, live.t_ngram or 0.0)
+        return batch_best_k(curves, t_ngram, cost, top)
+
+    def _batch_decision(self, context, batch: int, k: int, s: float, top: int,
+                        proposer: str) -> int:
+        """k (as the proposer's Choice) when it pays by min_gain, else plain batched decoding
+        with a re-probe every ``reprobe_every`` off iterations per (categories, bucket)."""
         key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
         if k > 0 and s >= 1 + self.min_gain:
             self._off_batch[key] = 0
-            return k
+            return k if proposer == "draft" else Choice(k, proposer)
         off = self._off_batch.get(key, 0) + 1
         k = 0
         if off >= self.reprobe_every:
             off = 0
             k = min(self.probe_k, top)
+            if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
+                k = Choice(k, "ngram")
         self._off_batch[key] = off
         return k
 

@@ -219,3 +219,90 @@ def test_wrap_without_a_draft_model_serves_and_logs(tmp_path, caplog):
         (pair,) = queries.pairs(s)
         (sm,) = queries.category_summaries(s)
     assert pair.draft == "none (n-gram)" and sm.category == "copy" and sm.requests == 1
+
+
+# -- batch > 1 ------------------------------------------------------------------------------
+def _repetitive_batch(lengths, seed=0, pad=0):
+    """Left-padded rows that repeat themselves (different lengths, different periods)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        base = torch.randint(4, 90, (n,), generator=g)
+        rows.append(torch.cat([base, base[: n // 2], base]))
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, L - len(r):] = r
+        mask[i, L - len(r):] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("draft_model", [True, False], ids=["with-draft", "no-draft"])
+@pytest.mark.parametrize("policy", ["ngram:2", "ngram:5", "hybrid:4:1", "hybrid:3:3", "auto"])
+def test_batched_greedy_rows_are_generates_with_the_n_gram_proposer(pair, policy, draft_model):
+    target, draft = pair
+    spec = autospec.Controller(target, draft if draft_model else None, store=False,
+                               policy=policy)
+    drafted = accepted = short = 0
+    for seed in range(2):
+        ids, mask = _repetitive_batch([6, 9, 4], seed=seed)
+        ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                              eos_token_id=[3, 41], pad_token_id=0)
+        out = spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                            eos_token_id=[3, 41], pad_token_id=0)
+        assert torch.equal(out, ref), (policy, seed)
+        assert not spec.fallbacks
+        for st in spec.last_row_stats:
+            drafted += st.ngram_drafted
+            accepted += st.ngram_accepted
+            short += sum(1 for k, used in zip(st.k_schedule, st.proposer_schedule)
+                         if used and k < 5)
+    assert 0 < accepted < drafted
+    if policy == "ngram:5":  # rows proposed blocks shorter than the batch's k
+        assert short > 0
+    if policy.startswith("hybrid") and draft_model:
+        assert spec.last_stats.drafted > 0  # rows without a long match took the draft model's
+
+
+@pytest.mark.parametrize("kwargs", [dict(top_k=0)])
+def test_batched_sampled_rows_follow_the_targets_law_with_short_blocks(kwargs):
+    """Two rows with different prompts: row 0 always gets a 2-token block, row 1 a 1-token
+    block (shorter than the batch's k = 2): per-row chi-square on the first two tokens."""
+    target = tiny("llama", vocab=V, sharpen=4.0, seed=3)
+    prompts = [torch.randint(4, V, (1, 6), generator=torch.Generator().manual_seed(s))
+               for s in (1, 2)]
+    laws = [exact_joint(target, p, **kwargs) for p in prompts]
+    picks = []
+    for law in laws:
+        first = law.sum(1)
+        picks.append([int(first.argmin()), int(first.argmax())])
+
+    class Rows:
+        def __init__(self, tokens):
+            self.row = 0 if tokens[:6] == prompts[0][0].tolist() else 1
+
+        def extend(self, tokens):
+            return None
+
+        def match(self):
+            return 2, 0
+
+        def propose(self, k):
+            return picks[self.row][: k - self.row], 2
+
+    spec = autospec.Controller(target, None, store=False, policy="ngram:2", ngram=Rows)
+    ids = torch.cat(prompts, dim=0)
+    g = torch.Generator().manual_seed(5)
+    counts = [torch.zeros(V * V, dtype=torch.long) for _ in prompts]
+    for _ in range(2000):
+        # 3 new tokens, so that k = 2 fits; the first two are counted
+        out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                            do_sample=True, generator=g, eos_token_id=None, **kwargs)
+        for b in range(2):
+            counts[b][out[b, 6] * V + out[b, 7]] += 1
+        sts = spec.last_row_stats
+        assert [st.k_schedule[0] for st in sts] == [2, 1]
+    for b in range(2):
+        assert _chi2_pvalue(counts[b], laws[b].flatten()) > ALPHA, b
+        assert _chi2_pvalue(counts[b], laws[1 - b].flatten()) < ALPHA, b  # rows not mixed
