@@ -94,3 +94,26 @@ class NgramIndex:
         while len(out) < k:
             out.append(out[len(out) - period])
         return out, n
+
+
+# -- the n-gram trace's bytes (store.records ``ngram_trace``) ------------------------------
+NGRAM_NONE = 255  # no match at this position: the proposer proposed nothing
+NGRAM_TRACE_K = 16  # the longest block a trace value describes
+_TRACE_N_MAX = 14  # (n - 1) * 17 + 16 <= 254: matches longer than this are recorded as 14
+
+
+def encode_trace_value(matched: int, agree: int) -> int:
+    """One position of the n-gram trace: the match length the proposer had there (1…14,
+    longer ones recorded as 14) and how many of its first 16 proposed tokens equal the output
+    from there on (0…16); NGRAM_NONE without a match."""
+    if matched <= 0:
+        return NGRAM_NONE
+    return (min(matched, _TRACE_N_MAX) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
+
+
+def decode_trace_value(value: int) -> tuple[int, int] | None:
+    """(matched n, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
+    if value == NGRAM_NONE:
+        return None
+    n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
+    return n + 1, agree

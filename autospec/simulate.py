@@ -5,6 +5,16 @@ target's own prefix matched the target's token. Because the output does not depe
 accepted length of a block of k starting at position g is the run of 1s in trace[g : g+k]:
 replay is exact. A sampled trace holds β per position (the acceptance probability); replay
 gives expectations: E[accepted] = Σ_i Π_{j≤i} β_j.
+
+The n-gram proposer (prompt lookup) replays from the request's n-gram trace (``ngram_trace``,
+see ``autospec.ngram.ngram_trace``): per generated position, the length of the match the
+proposer had there and how many of its proposed tokens equal the output from there on. A
+block of k it starts at position g accepts min(that count, k) — exact for greedy traffic, as
+the draft's trace is; for sampled traffic it counts proposals equal to what was sampled (a
+proposal x is accepted live with probability p(x), so this is an estimate). Where it had no
+match the iteration is a plain step; the hybrid proposer takes the n-gram's block where the
+match has ≥ min_match tokens, else the draft model's. Requests logged without an n-gram trace
+replay the draft model only (their policy sees no n-gram proposer).
 """
 
 from __future__ import annotations
@@ -16,7 +26,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
-from autospec.policies.base import early_stop_of, stops_drafting
+from autospec.ngram import decode_trace_value
+from autospec.policies.base import early_stop_of, proposer_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
 from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
 
@@ -109,6 +120,7 @@ class Costs:
     t_target: Mapping[int, float]
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
+    t_ngram: float = 0.0  # seconds per token the n-gram proposer proposes (host lookup time)
     # the execution paths the batch-1 fields and the grid were measured on (None: unknown,
     # taken as the same). Where they differ the grid is read alone, with its own batch 1 if
     # it has one: interpolating between batch 1 on one path and batch 4 on another would put
@@ -205,6 +217,8 @@ class SimResult:
     iterations: int = 0
     drafted: int = 0
     accepted: int = 0
+    ngram_drafted: int = 0  # the n-gram proposer's share of drafted / accepted
+    ngram_accepted: int = 0
     k_counts: Counter = field(default_factory=Counter)
     unobserved_hits: int = 0  # blocks that ran into an unobserved position (counted rejected)
     # the same batches decoded plainly: one token per running row per step, Σ_t T_t(B_t, 1)
@@ -248,7 +262,7 @@ def plain_batch_seconds(lengths: Sequence[int], costs: Costs) -> float:
 
 def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
              category: str | Callable[[object], str] = "default", live=None,
-             seed: int = 0, batched: bool = True) -> SimResult:
+             seed: int = 0, batched: bool = True, has_draft: bool = True) -> SimResult:
     """Replay ``traces`` (objects with ``trace_kind`` and ``trace``, e.g. the store's TraceRow,
     or (kind, bytes) tuples) under ``policy`` and the cost model, feeding it the outcomes it
     would have seen. Greedy traces replay exactly; sampled ones draw each acceptance from its
@@ -265,6 +279,8 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     (costs without a batch grid).
 
     live: a dict category → LiveStats to feed (as the controller does); fresh ones by default.
+    has_draft: False for a pair without a draft model (logged with the n-gram proposer alone):
+    the policy then sees the n-gram proposer only.
     """
     from autospec.policies import LiveStats
 
@@ -277,13 +293,13 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
         stats = lives.setdefault(cat, LiveStats())
         b = batch_size_of(row) if batched else 1
         if b == 1:
-            _replay_one(_Row(row), policy, costs, cat, stats, k_max, rng, res)
+            _replay_one(_Row(row, has_draft), policy, costs, cat, stats, k_max, rng, res)
             continue
         if not costs.batched:
             raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
                              "pass Costs(target_grid=...) or batched=False")
         group = pending.setdefault((b, cat), [])
-        group.append(_Row(row))
+        group.append(_Row(row, has_draft))
         if len(group) == b:
             _replay_batch(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
     for (_b, cat), group in pending.items():
@@ -294,14 +310,16 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
 class _Row:
     """One request being replayed: its trace and where it stands."""
 
-    __slots__ = ("kind", "trace", "conf", "g", "covered", "prev_k")
+    __slots__ = ("kind", "trace", "conf", "ngram", "has_draft", "g", "covered", "prev_k")
 
-    def __init__(self, row):
+    def __init__(self, row, has_draft: bool = True):
+        self.ngram, self.has_draft = None, has_draft
         if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
             self.kind, self.trace, self.conf = (*row, None)[:3]
         else:
             self.kind, self.trace = row.trace_kind, row.trace
             self.conf = getattr(row, "confidence", None)
+            self.ngram = getattr(row, "ngram_trace", None) or None
         self.g = 0  # generated so far
         self.covered = 0  # first position the draft has not predicted
         self.prev_k: int | None = None
@@ -309,6 +327,30 @@ class _Row:
     @property
     def remaining(self) -> int:
         return len(self.trace) - self.g
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        if not self.has_draft:
+            return ("ngram",)
+        return ("draft", "ngram") if self.ngram is not None else ("draft",)
+
+    def ngram_match(self) -> tuple[int, int]:
+        """(matched n, tokens of its block that equal the output) at the current position;
+        (0, 0) without a match (or without an n-gram trace)."""
+        if self.ngram is None or self.g >= len(self.ngram):
+            return 0, 0
+        return decode_trace_value(self.ngram[self.g]) or (0, 0)
+
+    def ngram_step(self, k: int) -> tuple[int, int]:
+        """Replay one n-gram block of (at most) k: (proposed, accepted); (0, 0) without a
+        match (a plain step). The draft model did not see these positions: its next block
+        starts with a catch-up over them, as after k = 0."""
+        matched, agree = self.ngram_match()
+        k = k if matched else 0
+        m = min(agree, k)
+        self.prev_k = 0
+        self.g += m + 1
+        return k, m
 
     def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool, tuple]:
         """Replay one block of (at most) k: (drafted, accepted, unknown, unproposed)."""
@@ -338,8 +380,29 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
     total = len(row.trace)
     while row.g < total:
         ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
-                      live=stats)
-        k = max(0, min(int(policy.choose(ctx)), k_max, row.remaining - 1))
+                      live=stats, proposers=row.proposers, ngram_match=row.ngram_match()[0])
+        choice = policy.choose(ctx)
+        k = max(0, min(int(choice), k_max, row.remaining - 1))
+        proposer, min_match = proposer_of(choice)
+        if not row.has_draft:
+            proposer = "ngram"
+        if k > 0 and row.ngram is not None and (
+                proposer == "ngram" or (proposer == "hybrid" and ctx.ngram_match >= min_match)):
+            k, m = row.ngram_step(k)
+            d_s, t_s = k * costs.t_ngram, cost(k + 1)
+            stats.observe_ngram(k, m, d_s, t_s)
+            policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
+                                          target_time_s=t_s, proposer="ngram"))
+            res._count(1, k)
+            res.row_steps += 1
+            res.ngram_drafted += k
+            res.ngram_accepted += m
+            res.tokens += m + 1
+            res.seconds += d_s + t_s
+            res.plain_seconds += (m + 1) * t1
+            continue
+        if proposer == "ngram":
+            k = 0  # the n-gram proposer alone, and no trace of it: plain
         k, m, unknown, unproposed = row.step(k, stop, rng)
         res.unobserved_hits += unknown
         d_s, t_s = k * t_draft, cost(k + 1)

@@ -1,0 +1,69 @@
+"""Replaying the n-gram proposer from its trace (``autospec.simulate``): blocks accept
+min(agreeing tokens, k) where it had a match, are plain steps where it had none, and the
+hybrid proposer switches to the draft model's trace where the match is short. Traces built
+by hand; the live-vs-replay identity is in tests/test_ngram_store.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from autospec.ngram import NGRAM_NONE, decode_trace_value, encode_trace_value
+from autospec.policies import as_policy
+from autospec.simulate import Costs, simulate
+from autospec.store.records import TRACE_GREEDY
+
+COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}, t_ngram=0.0)
+
+
+def row(draft_bits, ngram_values):
+    return SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes(draft_bits),
+                           ngram_trace=bytes(ngram_values), confidence=None, batch_size=1)
+
+
+def test_trace_values_round_trip():
+    assert encode_trace_value(0, 5) == NGRAM_NONE and decode_trace_value(NGRAM_NONE) is None
+    assert decode_trace_value(encode_trace_value(3, 7)) == (3, 7)
+    assert decode_trace_value(encode_trace_value(40, 99)) == (14, 16)  # clamped, still < 255
+
+
+def test_ngram_blocks_replay_from_the_trace():
+    # 10 positions. At 0: match n=2 agreeing on 3 tokens; at 4: no match; at 5: n=1, 0 agree;
+    # at 6: n=3 agreeing on 2
+    ng = [encode_trace_value(2, 3), 0, 0, 0, NGRAM_NONE, encode_trace_value(1, 0),
+          encode_trace_value(3, 2), 0, 0, NGRAM_NONE]
+    res = simulate([row([0] * 10, ng)], as_policy("ngram:4"), COSTS)
+    # iterations: g=0 block of 4 accepts 3 (+1) → g=4; no match: plain → g=5; block accepts 0
+    # → g=6; block of min(4, remaining-1=3) accepts 2 → g=9; last: no match, plain → g=10
+    assert res.tokens == 10 and res.iterations == 5
+    assert res.ngram_accepted == 3 + 0 + 2 and res.drafted == 0
+    assert res.ngram_drafted == 4 + 4 + 3
+    assert res.seconds == pytest.approx(5 * 0.1)  # flat verification, free lookups
+    assert res.speedup == pytest.approx(2.0)
+
+
+def test_hybrid_takes_the_draft_where_the_match_is_short():
+    draft = [1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
+    ng = [encode_trace_value(1, 5)] * 10  # every match is one token long
+    long = simulate([row(draft, ng)], as_policy("hybrid:3:2"), COSTS)
+    assert long.ngram_drafted == 0 and long.drafted > 0  # min_match 2: never the n-gram's
+    short = simulate([row(draft, ng)], as_policy("hybrid:3:1"), COSTS)
+    assert short.drafted == 0 and short.ngram_drafted > 0
+
+
+def test_without_an_ngram_trace_the_policy_sees_the_draft_only():
+    old = SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes([1] * 8), confidence=None,
+                          batch_size=1)
+    res = simulate([old], as_policy("hybrid:3:1"), COSTS)
+    assert res.ngram_drafted == 0 and res.drafted > 0
+    res = simulate([old], as_policy("ngram:3"), COSTS)
+    assert res.ngram_drafted == 0 and res.drafted == 0 and res.tokens == 8  # plain
+
+
+def test_a_pair_without_a_draft_replays_the_ngram_whatever_the_policy_returns():
+    ng = [encode_trace_value(2, 4)] * 12
+    res = simulate([row([255] * 12, ng)], as_policy(3), COSTS, has_draft=False)
+    assert res.drafted == 0 and res.ngram_drafted > 0
+    auto = simulate([row([255] * 12, ng)], as_policy("auto"), COSTS, has_draft=False)
+    assert auto.ngram_accepted > 0 and auto.speedup > 1.0
