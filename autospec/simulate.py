@@ -121,6 +121,7 @@ class Costs:
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
     t_ngram: float = 0.0  # seconds per token the n-gram proposer proposes (host lookup time)
+    has_draft: bool = True  # False: the pair has no draft model (n-gram proposer alone)
     # the execution paths the batch-1 fields and the grid were measured on (None: unknown,
     # taken as the same). Where they differ the grid is read alone, with its own batch 1 if
     # it has one: interpolating between batch 1 on one path and batch 4 on another would put
@@ -192,6 +193,10 @@ class Costs:
             out["t_draft_s_by_b"] = {int(b): s for b, s in self.draft_grid.items()}
         if self.path is not None or self.grid_path is not None:
             out["path"], out["grid_path"] = self.path, self.grid_path
+        if self.t_ngram:
+            out["t_ngram_s"] = self.t_ngram
+        if not self.has_draft:
+            out["has_draft"] = False
         return out
 
     @classmethod
@@ -203,7 +208,9 @@ class Costs:
                                 for b, c in (d.get("t_target_s_by_bn") or {}).items()},
                    draft_grid={int(b): float(s)
                                for b, s in (d.get("t_draft_s_by_b") or {}).items()},
-                   path=d.get("path"), grid_path=d.get("grid_path"))
+                   path=d.get("path"), grid_path=d.get("grid_path"),
+                   t_ngram=float(d.get("t_ngram_s", 0.0)),
+                   has_draft=bool(d.get("has_draft", True)))
 
 
 @dataclass
@@ -262,7 +269,7 @@ def plain_batch_seconds(lengths: Sequence[int], costs: Costs) -> float:
 
 def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
              category: str | Callable[[object], str] = "default", live=None,
-             seed: int = 0, batched: bool = True, has_draft: bool = True) -> SimResult:
+             seed: int = 0, batched: bool = True, has_draft: bool | None = None) -> SimResult:
     """Replay ``traces`` (objects with ``trace_kind`` and ``trace``, e.g. the store's TraceRow,
     or (kind, bytes) tuples) under ``policy`` and the cost model, feeding it the outcomes it
     would have seen. Greedy traces replay exactly; sampled ones draw each acceptance from its
@@ -280,8 +287,10 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
 
     live: a dict category → LiveStats to feed (as the controller does); fresh ones by default.
     has_draft: False for a pair without a draft model (logged with the n-gram proposer alone):
-    the policy then sees the n-gram proposer only.
+    the policy then sees the n-gram proposer only (default: ``costs.has_draft``).
     """
+    if has_draft is None:
+        has_draft = costs.has_draft
     from autospec.policies import LiveStats
 
     rng = random.Random(seed)

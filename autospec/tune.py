@@ -97,16 +97,26 @@ class TuneError(ValueError):
 
 def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
             early_stop: bool = False,
-            table_buckets: Sequence[int] = TABLE_BUCKETS) -> tuple[str, dict]:
+            table_buckets: Sequence[int] = TABLE_BUCKETS,
+            proposers: Sequence[str] = ("draft",)) -> tuple[str, dict]:
     """A policy family and its parameters from an Optuna trial (define-by-run: each family's
     parameters exist only in its branch). Parameter names are prefixed by the family.
     ``early_stop``: also search the draft-side early-stop threshold (off or one of
     ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence.
-    ``table_buckets``: the batch-size buckets a ``table`` trial chooses a k for."""
+    ``table_buckets``: the batch-size buckets a ``table`` trial chooses a k for.
+    ``proposers``: the proposers the traces can replay (``proposer_space``): with the n-gram's
+    trace a fixed trial also chooses its proposer (draft model, n-gram, hybrid with a minimum
+    match) and a cost-model trial which proposers it weighs."""
     family = trial.suggest_categorical("family", list(families))
     p: dict[str, Any] = {}
     if family == "fixed":
         p["k"] = trial.suggest_int("fixed.k", 0, k_max)
+        if len(proposers) > 1:
+            p["proposer"] = trial.suggest_categorical("fixed.proposer", list(proposers))
+            if p["proposer"] == "hybrid":
+                p["min_match"] = trial.suggest_int("fixed.min_match", 1, 3)
+        elif proposers and proposers[0] != "draft":
+            p["proposer"] = proposers[0]
     elif family == "table":
         p["table"] = table_spec({b: trial.suggest_int(f"table.k{b}", 0, k_max)
                                  for b in table_buckets})
@@ -124,6 +134,9 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
         p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
         p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
+        if len(proposers) > 1:
+            p["proposers"] = trial.suggest_categorical("costmodel.proposers",
+                                                       ["both", "draft", "ngram"])
     if early_stop:
         p["early_stop"] = trial.suggest_categorical(f"{family}.early_stop", list(STOP_GRID))
     return family, p
@@ -241,7 +254,10 @@ def load_window(session, category: str, pair_id: int, *, since=None, until=None,
 
 
 def observed_positions(traces: Sequence) -> int:
-    return sum(sum(1 for v in t.trace if v != UNOBSERVED) for t in traces)
+    """Positions some proposer's trace observed: the draft model's, or the n-gram's (every
+    position: it records whether the proposer had a match there too)."""
+    return sum(max(sum(1 for v in t.trace if v != UNOBSERVED),
+                   len(getattr(t, "ngram_trace", None) or b"")) for t in traces)
 
 
 def confidence_share(traces: Sequence) -> float:
@@ -273,6 +289,9 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
                 f"|{sorted(costs.draft_grid.items())!r}")
     if "table" in families:
         key += f"|table{tuple(table_buckets)!r}"
+    proposers = proposer_space(window, costs)
+    if proposers != ("draft",):
+        key += f"|proposers{proposers!r}|{costs.t_ngram!r}"
     space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
@@ -309,6 +328,11 @@ class CategoryResult:
     # the k the best policy ran most at each batch-size bucket (``batch_bucket``) in the
     # replay of the tuning part: its batch-size → k table, whatever its family
     k_by_batch: dict[int, int] | None = None
+    # the proposers searched (``proposer_space``) and, in the replay of the tuning part, the
+    # share of drafted tokens the best policy took from the n-gram proposer
+    proposers_searched: tuple[str, ...] = ("draft",)
+    proposer: str | None = None  # the best policy's proposer: "draft", "ngram", "hybrid", "both"
+    ngram_share: float | None = None
     note: str = ""
     provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
@@ -340,15 +364,39 @@ def _storage(url: str, attempts: int = 5):
 def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
                early_stop: bool):
     buckets = _table_buckets(window, costs)
+    proposers = proposer_space(window, costs)
 
     def objective(trial) -> float:
         family, params = suggest(trial, k_max, families, early_stop=early_stop,
-                                 table_buckets=buckets)
+                                 table_buckets=buckets, proposers=proposers)
         res = evaluate(family, params, window.train, costs, k_max=k_max, seed=seed)
         trial.set_user_attr("speedup", res.speedup)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         return res.tokens_per_s
     return objective
+
+
+def proposer_of_params(family: str, params: dict, space: Sequence[str]) -> str:
+    """The proposer a tuned policy drafts with: a fixed policy's own, a cost model's
+    ``proposers`` ("both" weighs the two per iteration), else the draft model's."""
+    if tuple(space) == ("ngram",):
+        return "ngram"
+    if family == "fixed":
+        return params.get("proposer", "draft")
+    if family == "costmodel":
+        return params.get("proposers", "both" if len(space) > 1 else "draft")
+    return "draft"
+
+
+def proposer_space(window: Window, costs: Costs) -> tuple[str, ...]:
+    """The proposers a study can replay on this window: the n-gram alone for a pair without a
+    draft model; draft model, n-gram and hybrid where the traces carry the n-gram's trace
+    (logged since schema 0006); else the draft model."""
+    if not costs.has_draft:
+        return ("ngram",)
+    if any(getattr(r, "ngram_trace", None) for r in window.train):
+        return ("draft", "ngram", "hybrid")
+    return ("draft",)
 
 
 def _table_buckets(window: Window, costs: Costs) -> tuple[int, ...]:
@@ -494,6 +542,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         path = queries.serving_path(s, pid, cat)
         t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat, path=path,
                                                                 source=costs_from)
+        # the n-gram proposer's host time per proposed token, as its live requests measured
+        t_ngram = next((getattr(sm, "ngram_lookup_s_per_token", None) or 0.0
+                        for sm in queries.category_summaries(s, category=cat, pair_id=pid)),
+                       0.0)
         if costs_from == "auto":  # as the report reads it and the controller starts from
             grid, draft_grid, grid_source = batch_grid(s, pid)
         elif costs_from == "live":
@@ -509,7 +561,12 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       f"positions to tune on (need ≥ {min_traces} and ≥ {min_positions}): "
                       "too little to tell policies apart, log more traffic first")
         return res
-    if not t_draft or 1 not in t_target or len(t_target) < 2:
+    from autospec.telemetry import NO_DRAFT
+
+    has_draft = pair.draft != NO_DRAFT
+    if not has_draft:
+        t_draft = 0.0  # the n-gram proposer alone: its lookups are t_ngram
+    if (has_draft and not t_draft) or 1 not in t_target or len(t_target) < 2:
         res.reason = (f"no usable costs for this pair from {cost_source} (need T_t(1), "
                       "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
                       "traffic with k = 0 and k > 0")
@@ -520,7 +577,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     costs = Costs(t_draft=float(t_draft), t_target=t_target,
                   target_grid={b: c for b, c in grid.items() if b > 1 or not same},
                   draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
-                  path=path, grid_path=queries.BATCH_PATH)
+                  path=path, grid_path=queries.BATCH_PATH, t_ngram=t_ngram,
+                  has_draft=has_draft)
     if costs.batched:
         cost_source += f"; batch > 1: {grid_source}"
     if "table" in families and not costs.batched:
@@ -622,8 +680,12 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     res.train_tokens_per_s = float(best.value)
     res.baseline_train_tokens_per_s = evaluate(base_family, base_params, window.train, costs,
                                                k_max=k_max, seed=seed).tokens_per_s
-    res.k_by_batch = bucketed_k(evaluate(family, params, window.train, costs, k_max=k_max,
-                                         seed=seed))
+    best_replay = evaluate(family, params, window.train, costs, k_max=k_max, seed=seed)
+    res.k_by_batch = bucketed_k(best_replay)
+    res.proposers_searched = proposer_space(window, costs)
+    res.proposer = proposer_of_params(family, params, res.proposers_searched)
+    drafted = best_replay.drafted + best_replay.ngram_drafted
+    res.ngram_share = best_replay.ngram_drafted / drafted if drafted else None
     holdout_figures = None
     if window.holdout:
         # both start from the statistics the tuning part left, as a live controller would

@@ -183,7 +183,9 @@ class CostModelPolicy:
     - ``discount``: keep the policy's own acceptance statistics per category with this
       discount (seeded from the controller's), instead of reading the controller's (0.995);
     - ``cold_start``: below this many (discounted) drafting blocks of evidence, a request's
-      predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead.
+      predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead;
+    - ``proposers``: which proposers it may choose among those the request has: "both" (the
+      draft model, and the n-gram proposer where it has a match now), "draft" or "ngram".
 
     At batch > 1 (``context.rows`` and ``context.costs`` given) it chooses one k for the batch:
     argmax S_B(k) (``batch_best_k``) from each row's category statistics and the controller's
@@ -196,7 +198,9 @@ class CostModelPolicy:
     def __init__(self, *, initial_k: int = 3, reprobe_every: int = 64, probe_k: int = 1,
                  name: str = "costmodel", k_cap: int | None = None, z: float = 0.0,
                  min_gain: float = 0.0, optimistic: bool = True, discount: float | None = None,
-                 cold_start: float = 8.0):
+                 cold_start: float = 8.0, proposers: str = "both"):
+        if proposers not in ("both", "draft", "ngram"):
+            raise ValueError(f"proposers must be 'both', 'draft' or 'ngram', got {proposers!r}")
         if discount is not None and not 0 < discount <= 1:
             raise ValueError(f"discount must be in (0, 1], got {discount}")
         if reprobe_every < 1:
@@ -205,6 +209,7 @@ class CostModelPolicy:
         self.name = name
         self.k_cap, self.z, self.min_gain = k_cap, z, min_gain
         self.optimistic, self.discount, self.cold_start = optimistic, discount, cold_start
+        self.proposers = proposers
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
         self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
@@ -251,7 +256,7 @@ class CostModelPolicy:
         if _batched(context):
             return self._choose_batch(context, top)
         live = self._stats(context)
-        proposers = getattr(context, "proposers", ("draft",))
+        proposers = self._allowed(context)
         drafts = "draft" in proposers
         matched = "ngram" in proposers and getattr(context, "ngram_match", 0) > 0
         explore = min(self.initial_k, top) if drafts else Choice(min(self.initial_k, top),
@@ -290,6 +295,14 @@ class CostModelPolicy:
         self._off[context.category] = off
         return k
 
+    def _allowed(self, context) -> tuple[str, ...]:
+        """The proposers this request has (``context.proposers``) that ``proposers`` allows;
+        a request without a draft model keeps its n-gram proposer whatever is set."""
+        have = tuple(getattr(context, "proposers", ("draft",)))
+        if self.proposers == "both" or len(have) == 1:
+            return have
+        return tuple(p for p in have if p == self.proposers) or have
+
     def _row_stats(self, context) -> list:
         """Each row's statistics to decide by (our own per category, with ``discount``)."""
         rows = list(context.rows)
@@ -311,7 +324,7 @@ class CostModelPolicy:
         if (cost is None or (points is not None and 1 not in points)
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0  # plain batched decoding at this B: measures the baseline
-        proposers = getattr(context, "proposers", ("draft",))
+        proposers = self._allowed(context)
         ngram = self._batch_ngram(context, cost, top) if "ngram" in proposers else (0, 1.0)
         if "draft" not in proposers:
             return self._batch_decision(context, batch, *ngram, top, "ngram")

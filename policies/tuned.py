@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 # family → the parameters it takes (every one optional; defaults are the untuned policy's)
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "fixed": ("k", "early_stop"),
+    "fixed": ("k", "proposer", "min_match", "early_stop"),
     "costmodel": ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
-                  "probe_k", "initial_k", "cold_start", "early_stop"),
+                  "probe_k", "initial_k", "cold_start", "proposers", "early_stop"),
     "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
 # families a tuned row may name but the search does not draw from FAMILIES: a batch-size → k
@@ -58,7 +58,8 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     params = dict(params)
     early_stop = params.pop("early_stop", None)  # every family: draft-side early stopping
     if family == "fixed":
-        policy: Policy = FixedK(int(params.get("k", 0)))
+        policy: Policy = FixedK(int(params.get("k", 0)), params.get("proposer", "draft"),
+                                int(params.get("min_match", 2)))
     elif family == "table":
         from .table import TablePolicy
 

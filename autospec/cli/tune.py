@@ -117,6 +117,10 @@ def run(args, parser) -> int:
             fmt(gain, ".3f") + "x" if gain else "-",
             f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
         notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
+                     + (f"\n  proposer: {r.proposer} (searched: "
+                        f"{', '.join(r.proposers_searched)}; n-gram share of drafted tokens "
+                        f"in the replay {fmt(r.ngram_share, '.0%')})"
+                        if len(r.proposers_searched) > 1 or r.proposer != "draft" else "")
                      + (f"\n  k by batch size: {_k_by_batch(r.k_by_batch)}"
                         if r.k_by_batch and max(r.k_by_batch) > 1 else "")
                      + (f"\n  {r.note}" if r.note else "")
