@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from autospec.ngram import NgramIndex
+from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex
 from autospec.policies.base import (
     Context,
     Outcome,
@@ -105,6 +105,11 @@ class LoopStats:
     ngram_drafted_per_position: list[int] = field(default_factory=list)
     proposer_schedule: list[int] = field(default_factory=list)  # per iteration: 1 = n-gram
     ngram_s: float = 0.0  # host time of the n-gram lookups
+    # batch 1: the request's tokens, prompt + generated (the n-gram index's host list: no
+    # device sync; do not modify it) and the index's {"max_n", "min_n"}, from which the
+    # store's writer computes the n-gram trace (autospec.ngram.ngram_trace). None at batch > 1
+    tokens: list[int] | None = None
+    ngram_settings: dict[str, int] | None = None
     cache_repacks: int = 0  # batch > 1: times the caches' masked slots were squeezed out
 
     @property
@@ -601,6 +606,12 @@ class _Loop:
             else:
                 stats.target_s_by_n.setdefault(count, []).append(sec)
                 stats.target_forwards.append((rest[0], sec))
+        # what the n-gram trace is computed from, later, off this thread (a custom index
+        # without the host list leaves it None: no trace rather than a device sync)
+        tokens = getattr(self.ngram, "tokens", None)
+        stats.tokens = tokens if isinstance(tokens, list) and len(tokens) == self.n else None
+        stats.ngram_settings = {"max_n": int(getattr(self.ngram, "max_n", DEFAULT_MAX_N)),
+                                "min_n": int(getattr(self.ngram, "min_n", DEFAULT_MIN_N))}
         stats.wall_s = time.perf_counter() - self.t_start
         return LoopResult(sequences=self.buf[:, : self.n].clone(), stats=stats,
                           scores=self.scores_out, logits=self.logits_out)

@@ -13,16 +13,24 @@ Cost. A scan over the whole context per proposal grows with the context; the ind
 hash map per n from each n-gram to the position after its latest occurrence, updated by
 ``extend`` in O(max_n − min_n + 1) per new token, so a lookup is O(max_n) dictionary probes at
 any context length. ``scripts/ngram_cost.py`` measures it against a target forward.
+
+The store keeps, per request, ``ngram_trace``: what the proposer would have matched at every
+generated position (see that function), so replay can price the n-gram proposer on traffic
+the draft model served, and the other way round.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N"]
+from autospec.store.records import NGRAM_NONE  # the one definition (torch-free)
+
+__all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N", "NGRAM_NONE", "NGRAM_TRACE_K",
+           "ngram_trace"]
 
 DEFAULT_MAX_N = 3  # longest suffix matched (transformers' default is 2, vLLM asks for it)
 DEFAULT_MIN_N = 1  # shortest
+NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
 
 
 class NgramIndex:
@@ -97,8 +105,6 @@ class NgramIndex:
 
 
 # -- the n-gram trace's bytes (store.records ``ngram_trace``) ------------------------------
-NGRAM_NONE = 255  # no match at this position: the proposer proposed nothing
-NGRAM_TRACE_K = 16  # the longest block a trace value describes
 _TRACE_N_MAX = 14  # (n - 1) * 17 + 16 <= 254: matches longer than this are recorded as 14
 
 
@@ -117,3 +123,41 @@ def decode_trace_value(value: int) -> tuple[int, int] | None:
         return None
     n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
     return n + 1, agree
+
+
+def ngram_trace(tokens: Sequence[int], prompt_len: int, *, max_n: int, min_n: int,
+                k: int = NGRAM_TRACE_K) -> bytes:
+    """The n-gram proposer's trace of one request: one byte per generated position t
+    (``prompt_len`` ≤ t < len(tokens)), how many leading tokens of the proposal made from
+    ``tokens[:t]`` (``NgramIndex(max_n=, min_n=).propose(k)``) equal ``tokens[t : t + k]``
+    (0 … k; compared only as far as tokens exist) together with the length n of the match
+    the proposal came from (``encode_trace_value``: (min(n, 14) − 1) · 17 + agreeing), or
+    ``NGRAM_NONE`` (255) where the index had no match there (no proposal). The match length
+    lets replay apply the hybrid proposer's minimum match.
+
+    Under greedy verification an n-gram block of k' ≤ k tokens started at t accepts exactly
+    min(value, k') tokens (the output is the target's argmax chain, whatever was proposed, and
+    a shorter proposal is a prefix of a longer one), so replay can price the n-gram proposer at
+    every position, drafted or not. For sampled traffic it is the match against the tokens that
+    were sampled, one draw of what the rule would have kept, not an acceptance probability.
+
+    One index, extended one token at a time: O(len(tokens) × (max_n + k)) host work. It runs
+    on the store's writer thread (``RequestRecord.finish``), never on the request's."""
+    if not 0 < k <= NGRAM_TRACE_K:
+        raise ValueError(f"k must be in 1 … {NGRAM_TRACE_K}, got {k}")
+    toks = [int(t) for t in tokens]
+    size = len(toks)
+    prompt_len = max(0, min(int(prompt_len), size))
+    index = NgramIndex(toks[:prompt_len], max_n=max_n, min_n=min_n)
+    out = bytearray(size - prompt_len)
+    for t in range(prompt_len, size):
+        proposal, matched = index.propose(k)
+        if not matched:
+            out[t - prompt_len] = NGRAM_NONE
+        else:
+            same, stop = 0, min(len(proposal), size - t)
+            while same < stop and proposal[same] == toks[t + same]:
+                same += 1
+            out[t - prompt_len] = encode_trace_value(matched, same)
+        index.extend((toks[t],))
+    return bytes(out)

@@ -21,10 +21,13 @@ import platform
 import statistics
 import threading
 import time
+from array import array
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from autospec.ngram import ngram_trace
 from autospec.store.records import UNOBSERVED  # the one definition (torch-free)
 
 log = logging.getLogger(__name__)
@@ -402,6 +405,24 @@ class RequestTelemetry:
         achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
                                       stats.target_forwards)
         mem_busy, sm = self.nvml.window(stats.started_at, stats.started_at + stats.wall_s)
+        # the n-gram proposer (batch 1 only: the batched loop has none, its settings are None)
+        settings = getattr(stats, "ngram_settings", None)
+        ngram = None if settings is None else {
+            "max_n": settings.get("max_n"), "min_n": settings.get("min_n"),
+            "drafts": stats.ngram_drafts, "drafted": stats.ngram_drafted,
+            "accepted": stats.ngram_accepted,
+            "accepted_per_position": list(stats.ngram_accepted_per_position),
+            "drafted_per_position": list(stats.ngram_drafted_per_position),
+            "lookup_s": stats.ngram_s}
+        schedule = getattr(stats, "proposer_schedule", None) or ()
+        tokens = getattr(stats, "tokens", None)
+        # its trace is O(tokens × (max_n + 16)) of Python: the store's writer thread computes
+        # it (RequestRecord.finish), not this one. What waits in the writer's queue is a
+        # compact copy of the tokens (8 bytes each, one C-level copy: ~30 µs per 2000 tokens),
+        # not the index's list of int objects, several times larger
+        finish = None if tokens is None or ngram is None else partial(
+            _finish_ngram_trace, array("q", tokens), stats.prompt_tokens, ngram["max_n"],
+            ngram["min_n"])
         return RequestRecord(
             pair=self.pair, category=category, policy=policy, greedy=greedy,
             prompt_tokens=stats.prompt_tokens, new_tokens=stats.new_tokens,
@@ -427,6 +448,8 @@ class RequestTelemetry:
                           in getattr(stats, "draft_s_by_b", {}).items()} or None,
             # the runners' path (autospec.runners.path_name): costs are kept per path
             path=getattr(stats, "path", "") or None,
+            ngram=ngram, proposer_schedule=bytes(schedule) if any(schedule) else None,
+            finish=finish,
         )
 
     def _peak(self, achieved: float | None) -> float | None:
@@ -437,6 +460,12 @@ class RequestTelemetry:
 
     def close(self) -> None:
         self.nvml.close()
+
+
+def _finish_ngram_trace(tokens: array, prompt_len: int, max_n: int, min_n: int, record):
+    """A record's deferred work (``RequestRecord.finish``): its n-gram trace."""
+    record.ngram_trace = ngram_trace(tokens, prompt_len, max_n=max_n, min_n=min_n)
+    return record
 
 
 def _model_name(model) -> str:

@@ -22,6 +22,7 @@ _EXPORTS = {
     "TRACE_GREEDY": "records",
     "TRACE_SAMPLED": "records",
     "UNOBSERVED": "records",
+    "NGRAM_NONE": "records",
     "Store": "engine",
     "StoreError": "engine",
     "default_url": "engine",

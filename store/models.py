@@ -20,6 +20,10 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   eager one are different measurements and never meet in one S(k). Rows logged before 0005
   have path NULL (unknown): they count in ``category_stats`` (acceptance, counters, and its
   timing sums, which are all paths together and no cost source) but in no path's costs.
+- the n-gram (prompt-lookup) proposer (0006): requests carry its counters and settings
+  (``ngram``), which iterations it drafted (``proposer_schedule``) and its trace
+  (``ngram_trace``: what it would have matched at every generated position); category_stats
+  its running sums (``ngram_*``). Its iterations are not in the draft model's counters.
 
 Categories are free text of any length, so the tables are keyed and indexed on
 ``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
@@ -164,6 +168,12 @@ class Request(Base):
     draft_s_by_b: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B" → [s/token]
     # the execution path its forwards ran on (0005; NULL: unknown, logged before 0005)
     path: Mapped[str | None] = mapped_column(String(64))
+    # the n-gram proposer (0006; NULL: not recorded: batch > 1, or logged before 0006):
+    # its counters and settings (records.RequestRecord.ngram), per iteration 1 = it drafted
+    # (NULL also when it drafted none), per generated position what it would have matched
+    ngram: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    proposer_schedule: Mapped[bytes | None]
+    ngram_trace: Mapped[bytes | None]
 
 
 class CategoryStat(Base):
@@ -202,6 +212,14 @@ class CategoryStat(Base):
     nvml_sm_util_n: Mapped[int] = mapped_column(BigInteger, default=0)
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
+    # the n-gram proposer's iterations (0006), counted apart from the draft model's above
+    ngram_drafts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    ngram_drafted: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    ngram_accepted: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # summed elementwise; NULL: no n-gram iteration yet
+    ngram_accepted_per_position: Mapped[list[int] | None] = mapped_column(JSON)
+    ngram_drafted_per_position: Mapped[list[int] | None] = mapped_column(JSON)
+    ngram_lookup_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
 class CategoryCost(Base):

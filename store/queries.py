@@ -114,6 +114,13 @@ class CategorySummary:
     # derives from them) come from: one path only (``category_summaries``); None: unknown,
     # the requests logged before paths were stored
     path: str | None = None
+    # the n-gram proposer's iterations (0006), apart from the draft model's counters above
+    ngram_drafts: int = 0
+    ngram_drafted: int = 0
+    ngram_accepted: int = 0
+    ngram_accepted_per_position: tuple[int, ...] = ()
+    ngram_drafted_per_position: tuple[int, ...] = ()
+    ngram_lookup_s: float = 0.0  # host seconds of its lookups (failed lookups included)
     # derived
     alpha: float | None = field(init=False)
     alpha_ci95: tuple[float, float] | None = field(init=False)
@@ -126,6 +133,10 @@ class CategorySummary:
     bandwidth_utilisation: float | None = field(init=False)  # achieved / peak
     nvml_mem_busy_pct: float | None = field(init=False)  # mean over requests
     nvml_sm_util_pct: float | None = field(init=False)
+    ngram_alpha: float | None = field(init=False)  # its accepted / drafted
+    ngram_acceptance_by_position: tuple[float | None, ...] = field(init=False)
+    # lookup seconds per token it drafted: the n-gram proposer's T_d (None: it never drafted)
+    ngram_lookup_s_per_token: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -150,6 +161,13 @@ class CategorySummary:
             if self.nvml_mem_busy_n else None)
         put("nvml_sm_util_pct", self.nvml_sm_util_sum / self.nvml_sm_util_n
             if self.nvml_sm_util_n else None)
+        put("ngram_alpha", self.ngram_accepted / self.ngram_drafted
+            if self.ngram_drafted else None)
+        put("ngram_acceptance_by_position", tuple(
+            a / d if d else None
+            for a, d in zip(self.ngram_accepted_per_position, self.ngram_drafted_per_position)))
+        put("ngram_lookup_s_per_token", self.ngram_lookup_s / self.ngram_drafted
+            if self.ngram_drafted else None)
 
     @property
     def pair_id(self) -> int:
@@ -230,7 +248,12 @@ def category_summaries(session: Session, category: str | None = None,
             bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
             nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
             nvml_sm_util_sum=st.nvml_sm_util_sum, nvml_sm_util_n=st.nvml_sm_util_n,
-            first_seen=st.first_seen, last_seen=st.last_seen, path=chosen))
+            first_seen=st.first_seen, last_seen=st.last_seen, path=chosen,
+            ngram_drafts=st.ngram_drafts or 0, ngram_drafted=st.ngram_drafted or 0,
+            ngram_accepted=st.ngram_accepted or 0,
+            ngram_accepted_per_position=tuple(st.ngram_accepted_per_position or ()),
+            ngram_drafted_per_position=tuple(st.ngram_drafted_per_position or ()),
+            ngram_lookup_s=st.ngram_lookup_s or 0.0))
     out.sort(key=lambda s: (-s.requests, s.category, s.pair.id))
     return out
 
@@ -278,6 +301,11 @@ class RequestRow:
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
     path: str | None = None  # the execution path (None: unknown, logged before 0005)
+    # the n-gram proposer (0006; None: not recorded): its counters and settings, per
+    # iteration 1 = it drafted, per generated position what it would have matched
+    ngram: dict[str, Any] | None = None
+    proposer_schedule: bytes | None = None
+    ngram_trace: bytes | None = None
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
@@ -286,7 +314,8 @@ class RequestRow:
         values["batch_size"] = r.batch_size or 1
         values["target_s_by_bn"] = _pairs(r.target_s_by_bn)
         values["draft_s_by_b"] = _ints(r.draft_s_by_b)
-        for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence"):
+        for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence",
+                     "proposer_schedule", "ngram_trace"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
         return cls(**values)

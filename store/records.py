@@ -7,10 +7,12 @@ path) and queued for the background writer.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
-           "TRACE_CATCH_UP_MAX",
+           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "NGRAM_KEYS",
            "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
@@ -23,6 +25,14 @@ TRACE_CATCH_UP_MAX = 64
 # Confidence, beside the trace: round(254 · max_x q(x)), the draft's top probability at each
 # generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
 # stopping decides on exactly this number, so replay can apply any threshold to it.
+# N-gram traces (``autospec.ngram.ngram_trace``): one byte per generated position, the length
+# n of the prompt-lookup match there and how many leading tokens of its proposal match the
+# output (0 … 16), as (min(n, 14) − 1) · 17 + matching (``autospec.ngram.encode_trace_value``),
+# or:
+NGRAM_NONE = 255  # the index had no match there: no proposal
+# a request's n-gram counters (``RequestRecord.ngram``)
+NGRAM_KEYS = ("max_n", "min_n", "drafts", "drafted", "accepted", "accepted_per_position",
+              "drafted_per_position", "lookup_s")
 CATEGORY_SOURCES = ("given", "auto", "default")
 
 CATEGORY_RULE = ("a category is a non-blank string of any Unicode text except NUL (U+0000) and "
@@ -113,6 +123,26 @@ class RequestRecord:
     # cost queries read one path. None: unknown (every request logged before 0005); such a
     # request counts for acceptance and counters, never for costs.
     path: str | None = None
+    # The n-gram (prompt-lookup) proposer (0006). Its iterations are not in drafts, drafted,
+    # accepted or the per-position lists above (those stay the draft model's); k_schedule and
+    # accepted_schedule hold every iteration. ``ngram``: {"max_n", "min_n" (the index's
+    # settings), "drafts", "drafted", "accepted", "accepted_per_position",
+    # "drafted_per_position" (its iterations, counted as the draft model's are), "lookup_s"
+    # (host seconds of its lookups)}; None: unknown (batch > 1, or logged before 0006).
+    # ``proposer_schedule``: one byte per iteration, beside k_schedule: 1 the n-gram proposer
+    # drafted it, 0 the draft model (or nobody, k = 0); None when no iteration was the
+    # n-gram's. ``ngram_trace``: one byte per generated position, as the trace (see NGRAM_NONE;
+    # ``autospec.ngram.ngram_trace``); None: not computed.
+    ngram: dict[str, Any] | None = None
+    proposer_schedule: bytes | None = None
+    ngram_trace: bytes | None = None
+    # Deferred work: a callable taking the record and returning the finished record (or None:
+    # finished in place), run once by the store before validating it, on the writer thread
+    # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``. Work too slow
+    # for the request's thread goes here (the n-gram trace). A failure in it counts as an
+    # invalid record (logged, counted, the record skipped), never reaching ``generate``.
+    finish: Callable[[RequestRecord], RequestRecord | None] | None = field(
+        default=None, repr=False, compare=False)
 
 
 def trace_acceptance(kind: str, trace: bytes) -> float | None:

@@ -32,6 +32,7 @@ from .models import (
 )
 from .records import (
     CATEGORY_SOURCES,
+    NGRAM_KEYS,
     TRACE_GREEDY,
     TRACE_SAMPLED,
     PairInfo,
@@ -54,6 +55,9 @@ _COUNTERS = ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted", "
              "draft_forwards")
 _OPTIONAL_FLOATS = ("bandwidth_bytes_per_s", "bandwidth_peak_bytes_per_s",
                     "nvml_mem_busy_pct", "nvml_sm_util_pct", "predicted_alpha")
+# the n-gram proposer's counters in a record's ``ngram`` → their category_stats sums
+_NGRAM_SUMS = {"drafts": "ngram_drafts", "drafted": "ngram_drafted",
+               "accepted": "ngram_accepted", "lookup_s": "ngram_lookup_s"}
 
 
 def category_key(category: str) -> str:
@@ -107,11 +111,53 @@ def _blob(name: str, value: object) -> bytes:
 
 def validate_record(rec: RequestRecord) -> RequestRecord:
     """A normalised copy of ``rec`` (bytes are bytes, ints are ints), or ValueError saying
-    which field is wrong. Called before anything touches the database."""
+    which field is wrong. Called before anything touches the database. A record's deferred
+    work (``finish``) runs here first, once; the copy has none left. Its failure is a
+    ValueError too: the record is invalid (the writer counts it, ``Store.write`` raises)."""
     try:
-        return _validated(rec)
+        return _validated(_finished(rec))
     except (TypeError, AttributeError) as exc:  # e.g. None where a list belongs
         raise ValueError(f"malformed RequestRecord: {exc}") from None
+
+
+def _finished(rec: RequestRecord) -> RequestRecord:
+    """``rec`` after its deferred work (``RequestRecord.finish``), if any."""
+    work = rec.finish if isinstance(rec, RequestRecord) else None
+    if work is None:
+        return rec
+    try:
+        done = work(rec)
+    except Exception as exc:
+        raise ValueError(f"the record's deferred work failed: {type(exc).__name__}: "
+                         f"{exc}") from exc
+    return rec if done is None else done
+
+
+def _ngram(value: object) -> dict[str, Any] | None:
+    """A record's ``ngram`` counters, normalised: every key of ``NGRAM_KEYS`` (missing
+    counters 0, missing settings None)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"ngram must be a dict of {', '.join(NGRAM_KEYS)}, got "
+                         f"{type(value).__name__}")
+    unknown = set(value) - set(NGRAM_KEYS)
+    if unknown:
+        raise ValueError(f"ngram has unknown keys {sorted(map(str, unknown))}; it takes "
+                         f"{', '.join(NGRAM_KEYS)}")
+    out: dict[str, Any] = {}
+    for name in ("max_n", "min_n"):
+        v = value.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"ngram[{name!r}] must be a positive int or None, got {v!r}")
+        out[name] = v
+    for name in ("drafts", "drafted", "accepted"):
+        out[name] = _count(f"ngram[{name!r}]", value.get(name, 0))
+    for name in ("accepted_per_position", "drafted_per_position"):
+        out[name] = [_count(f"ngram[{name!r}][{i}]", v)
+                     for i, v in enumerate(value.get(name) or ())]
+    out["lookup_s"] = _seconds("ngram['lookup_s']", value.get("lookup_s", 0.0))
+    return out
 
 
 def _validated(rec: RequestRecord) -> RequestRecord:
@@ -152,6 +198,17 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
     path = check_path(rec.path)
+    ngram = _ngram(rec.ngram)
+    proposers = (None if rec.proposer_schedule is None
+                 else _blob("proposer_schedule", rec.proposer_schedule))
+    if proposers is not None and (len(proposers) != len(rec.k_schedule)
+                                  or not set(proposers) <= {0, 1}):
+        raise ValueError(f"proposer_schedule must hold one 0 or 1 per iteration "
+                         f"({len(rec.k_schedule)}), got {len(proposers)} bytes")
+    ngram_trace = None if rec.ngram_trace is None else _blob("ngram_trace", rec.ngram_trace)
+    if ngram_trace is not None and len(ngram_trace) != len(rec.trace):
+        raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "
+                         f"{len(rec.trace)}: one per generated position")
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch!r}")
@@ -167,7 +224,8 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
-        draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence)
+        draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence,
+        ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace, finish=None)
 
 
 def _keyed(mapping: Mapping | None, name: str, arity: int) -> dict[tuple[int, ...], Any]:
@@ -230,7 +288,8 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
         "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
-        "category_source", "features", "confidence", "path")}
+        "category_source", "features", "confidence", "path", "ngram", "proposer_schedule",
+        "ngram_trace")}
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
                target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())},
@@ -263,6 +322,8 @@ class _Delta:
     sums: Counter = field(default_factory=Counter)
     accepted_per_position: Counter = field(default_factory=Counter)  # position → count
     drafted_per_position: Counter = field(default_factory=Counter)
+    ngram_accepted_per_position: Counter = field(default_factory=Counter)  # the n-gram's
+    ngram_drafted_per_position: Counter = field(default_factory=Counter)
     target_s_sum_by_n: Counter = field(default_factory=Counter)  # n → seconds
     target_count_by_n: Counter = field(default_factory=Counter)  # n → forwards
     k_counts: Counter = field(default_factory=Counter)  # k → iterations
@@ -282,6 +343,13 @@ class _Delta:
                 sums[name] += getattr(rec, name)
         self.accepted_per_position.update(dict(enumerate(rec.accepted_per_position)))
         self.drafted_per_position.update(dict(enumerate(rec.drafted_per_position)))
+        if rec.ngram is not None:  # the n-gram proposer's iterations, apart from the draft's
+            for key, name in _NGRAM_SUMS.items():
+                sums[name] += rec.ngram[key]
+            self.ngram_accepted_per_position.update(
+                dict(enumerate(rec.ngram["accepted_per_position"])))
+            self.ngram_drafted_per_position.update(
+                dict(enumerate(rec.ngram["drafted_per_position"])))
         target_s = 0.0
         for n, ts in rec.target_s_by_n.items():
             if not batched:
@@ -332,6 +400,10 @@ def _fold_stats(session: Session, pair_id: int, key: str, delta: _Delta) -> None
                                            _list(delta.accepted_per_position))
     row.drafted_per_position = _add_lists(row.drafted_per_position or [],
                                           _list(delta.drafted_per_position))
+    for name in ("ngram_accepted_per_position", "ngram_drafted_per_position"):
+        add = _list(getattr(delta, name))
+        if add:  # NULL until the n-gram proposer first drafts
+            setattr(row, name, _add_lists(getattr(row, name) or [], add))
     row.target_s_sum_by_n = _add_maps(row.target_s_sum_by_n or {},
                                       _map(delta.target_s_sum_by_n))
     row.target_count_by_n = _add_maps(row.target_count_by_n or {},

@@ -13,7 +13,9 @@ full, unreachable: any SQLAlchemyError or OSError) never propagates: the writer 
 (capped at ``max_backoff_s``) while ``submit`` keeps queueing (and dropping once full).
 A record the database refuses for what it contains, or an invalid record (e.g. an empty
 category), is isolated, counted in ``failures`` and ``rejected``, and skipped; it never
-blocks the records behind it.
+blocks the records behind it. A record's deferred work (``RequestRecord.finish``, e.g. the
+n-gram trace) runs here, on the writer thread, when the record is validated; if it fails the
+record counts as invalid.
 
 Durability: a batch is durable once its transaction commits. Committed rows survive SIGKILL
 of the writing process (SQLite in WAL mode with ``synchronous=NORMAL`` has written the commit
@@ -259,6 +261,8 @@ class StoreWriter:
         self.store.pair_ids.update(used)  # only after the commit: these rows exist now
 
     def _valid(self, items: list[tuple[int, RequestRecord]]) -> list[RequestRecord]:
+        """The validated records (their deferred work, ``finish``, done); the invalid ones,
+        and those whose deferred work failed, counted in ``failures`` and ``rejected``."""
         good = []
         for _, rec in items:
             try:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from sqlalchemy import MetaData, create_engine, insert, select
-from test_store_batch import _create_at
+from test_store_batch import _create_at, _legacy_stats
 
 import autospec
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
@@ -170,21 +170,16 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
     old = record(None, STATIC, 0.02)
     from sqlalchemy.orm import Session
 
-    from autospec.store.rows import _Delta, _fold_stats, category_key
-
     with engine.begin() as conn:
         assert current_revision(conn) == ("0004",)
         with Session(conn) as s:
             pid = get_or_create_pair(s, PAIR)
             s.flush()
-            row = _request_row(old, pid)
-            row.pop("path")  # not in schema 0004
-            conn.execute(insert(meta.tables["requests"]).values(**row))
-            delta = _Delta(old.category)
-            delta.add(old)
-            # category_stats of 0004 has no column this fold touches that 0005 added
-            _fold_stats(s, pid, category_key(old.category), delta)
-            s.flush()
+        row = _request_row(old, pid)
+        for name in ("path", "ngram", "proposer_schedule", "ngram_trace"):
+            row.pop(name)  # not in schema 0004
+        conn.execute(insert(meta.tables["requests"]).values(**row))
+        _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
         conn.execute(insert(meta.tables["probes"]).values(
             pair_id=pid, created_at=row["created_at"],
             payload={"target_s_by_n": {"1": 0.5}, "draft_s": 0.1}))

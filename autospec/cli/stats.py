@@ -58,7 +58,7 @@ def run(args, parser) -> int:
     acc, costs, batch, pairs = [], [], [], {}
     for sm, d in zip(summaries, out):
         ci = sm.alpha_ci95
-        per_pos = " ".join(fmt(a, ".2f") for a in sm.acceptance_by_position[:4])
+        per_pos = " ".join(_rate(a) for a in sm.acceptance_by_position[:4])
         k_used = k_at_1.get((sm.category, sm.pair.id))
         t_k1 = sm.t_target_s_by_n.get(k_used + 1) if k_used is not None else None
         est = d["speedup_estimate"]
@@ -66,8 +66,8 @@ def run(args, parser) -> int:
         cat, pid = _clip(sm.category), str(sm.pair.id)
         acc.append([cat, pid, str(sm.requests), str(sm.new_tokens),
                     fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
-                    per_pos or "-", fmt(sm.mean_accepted_length, ".2f"),
-                    "-" if k_used is None else str(k_used)])
+                    per_pos or "-", fmt(sm.ngram_alpha, ".2f"),
+                    fmt(sm.mean_accepted_length, ".2f"), "-" if k_used is None else str(k_used)])
         costs.append([cat, pid, sm.path or "unknown", fmt(_ms(sm.t_target_s_by_n.get(1)), ".0f"),
                       fmt(_ms(t_k1), ".0f"), fmt(_ms(sm.t_draft_s), ".0f"),
                       human_bytes(sm.bandwidth_bytes_per_s, per_s=True)
@@ -75,8 +75,8 @@ def run(args, parser) -> int:
                          else ""),
                       "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}"])
         batch.append([cat, pid, _batch_cell(d["batch"]), _off_cell(d["batch"])])
-    print(table(["category", "pair", "reqs", "tokens", "alpha [95% CI]", "alpha by position",
-                 "mean len", "k"], acc, left=2))
+    print(table(["category", "pair", "reqs", "tokens", "alpha [95% CI]", "by position",
+                 "ngram a", "len", "k"], acc, left=2))
     print()
     print(table(["category", "pair", "path", "Tt(1) ms", "Tt(k+1) ms", "Td ms",
                  "bandwidth (of peak)", "S(k) est."], costs, left=3))
@@ -87,9 +87,11 @@ def run(args, parser) -> int:
         print(f"pair {pid}:\n  target {pair.target}\n  draft  {pair.draft}\n"
               f"  on     {pair.dtype}, {pair.hardware}")
     print(_wrap(
-        f"store {store.url}. alpha = accepted / drafted (Wilson interval); alpha by position: "
-        "the first four draft positions; mean len counts the bonus token; k = the k run most "
-        "often by the latest 200 requests at batch 1 (- if none ran at batch 1); "
+        f"store {store.url}. alpha = accepted / drafted (Wilson interval); by position: alpha "
+        "at the first four draft positions; ngram a = the n-gram (prompt-lookup) proposer's "
+        "accepted / drafted, its iterations counted apart from the draft model's (- if it "
+        "never drafted); len = mean accepted length, counting the bonus token; k = the k run "
+        "most often by the latest 200 requests at batch 1 (- if none ran at batch 1); "
         "costs are the path's (execution path the requests ran on); S(k) = cost-model speedup "
         "incl. the draft's cost (T_t(1) from a probe when requests never ran k = 0: run "
         "`autospec probe`); mem-bound to B = largest batch size with T_t(B, 4) / T_t(B, 1) "
@@ -114,7 +116,13 @@ def _off_cell(b: dict) -> str:
     return ks + (f" (off from {b['crossover']})" if b["crossover"] is not None else "")
 
 
-def _clip(name: str, n: int = 24) -> str:
+def _rate(a: float | None) -> str:
+    """A rate in [0, 1] in four columns at most: ".85", "1.00", "-"."""
+    text = fmt(a, ".2f")
+    return text[1:] if text.startswith("0.") else text
+
+
+def _clip(name: str, n: int = 21) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
