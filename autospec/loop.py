@@ -177,6 +177,12 @@ class DraftInput:
         return ids.masked_fill(ids >= self.rows, self.placeholder)
 
 
+def host_tokens(ids: torch.Tensor) -> list[int] | None:
+    """Row 0 of ``ids`` as ints when it is in host memory (no device read); None on a device,
+    where reading it would be a sync of its own."""
+    return ids[0].numpy().tolist() if ids.device.type == "cpu" else None
+
+
 def _embedding_rows(model) -> int:
     return model.get_input_embeddings().weight.shape[0]
 
@@ -241,7 +247,12 @@ class _Loop:
         self.draft_input = DraftInput(target, draft) if self.has_draft else None
         # the n-gram proposer's index over prompt + generated tokens, kept as tokens are
         # emitted (a few dictionary inserts per token; see autospec.ngram)
-        self.ngram = (NgramIndex if ngram is None else ngram)(input_ids[0].tolist())
+        # the prompt in host memory is read as it is; on a GPU it comes back with the first
+        # iteration's host sync instead of costing a read of its own (the n-gram proposer
+        # then starts proposing from the second iteration)
+        self.ngram_factory = NgramIndex if ngram is None else ngram
+        prompt = host_tokens(input_ids)
+        self.ngram = None if prompt is None else self.ngram_factory(prompt)
         self.proposers = ("draft", "ngram") if self.has_draft else ("ngram",)
         self.stats = LoopStats(prompt_tokens=L, started_at=time.time(),
                                trace_kind=TRACE_GREEDY if self.greedy else TRACE_SAMPLED)
@@ -319,7 +330,7 @@ class _Loop:
         the iteration is a plain step), or a match shorter than ``min_match`` ("hybrid": the
         draft model drafts instead). Host work only: a few dictionary probes."""
         t0 = self.clock.mark()
-        toks, matched = self.ngram.propose(k)
+        toks, matched = self.ngram.propose(k) if self.ngram is not None else ([], 0)
         if proposer == "hybrid" and matched < min_match and self.has_draft:
             toks = []
         self.timings.append(("ngram", len(toks), t0, self.clock.mark()))
@@ -412,7 +423,7 @@ class _Loop:
         gen = n - self.L
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
                       remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
-                      ngram_match=self.ngram.match()[0])
+                      ngram_match=self.ngram.match()[0] if self.ngram is not None else 0)
         k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -466,11 +477,16 @@ class _Loop:
             parts.append(block_conf)
         if catch_up_trace is not None:
             parts += [t for t in catch_up_trace if t is not None]  # (values, confidences)
+        if self.ngram is None:  # the first iteration: the prompt, for the n-gram index
+            parts.append(buf[0, : self.L])
         if not self.greedy:
             parts.append(invalid_probs(p, q))
         vals = torch.cat(parts).tolist()
         if not self.greedy and vals.pop():
             raise_invalid_probs(p, q, gen)
+        if self.ngram is None:
+            self.ngram = self.ngram_factory(vals[len(vals) - self.L :])
+            del vals[len(vals) - self.L :]
         m, nxt_id = vals[0], vals[1]
         proposed = vals[2 : 2 + k]
         block_vals = vals[2 + k : 2 + 2 * k]

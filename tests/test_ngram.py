@@ -307,3 +307,32 @@ def test_batched_sampled_rows_follow_the_targets_law_with_short_blocks(kwargs):
     for b in range(2):
         assert _chi2_pvalue(counts[b], laws[b].flatten()) > ALPHA, b
         assert _chi2_pvalue(counts[b], laws[1 - b].flatten()) < ALPHA, b  # rows not mixed
+
+
+def test_on_a_device_the_prompt_comes_back_with_the_first_sync(pair, monkeypatch):
+    """Where the prompt is not in host memory (a GPU) the index is built from the first
+    iteration's host sync, not from a read of its own: no extra read, same output, and the
+    n-gram proposes from the second iteration on."""
+    import autospec.loop as loop_mod
+
+    target, draft = pair
+    monkeypatch.setattr(loop_mod, "host_tokens", lambda ids: None)
+    reads = []
+    original = torch.Tensor.tolist
+
+    def counted(self, *a, **kw):
+        reads.append(1)
+        return original(self, *a, **kw)
+
+    spec = autospec.Controller(target, draft, store=False, policy="ngram:4")
+    ids = _repetitive(2)
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                          do_sample=False)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                        do_sample=False)
+    monkeypatch.setattr(torch.Tensor, "tolist", original)
+    st = spec.last_stats
+    assert torch.equal(out, ref)
+    assert st.proposer_schedule[0] == 0 and st.ngram_drafts > 0
+    assert len(reads) <= st.iterations + 1  # one per iteration (+ the output's)
