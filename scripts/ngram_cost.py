@@ -123,7 +123,7 @@ def main() -> None:
         toks = history(context, vocab)
         build = timed(lambda t=toks: NgramIndex(t), max(1, args.repeats // 2))
         ix = NgramIndex(toks)
-        look = timed(lambda: ix.propose(args.k), args.repeats * 200)
+        look = timed(lambda ix=ix: ix.propose(args.k), args.repeats * 200)
         grow = NgramIndex(toks[:-2000])
         tail = toks[-2000:]
         t0 = time.perf_counter()
@@ -132,7 +132,7 @@ def main() -> None:
         extend = (time.perf_counter() - t0) / len(tail)
         # a suffix that never occurred: the scan's worst case, the usual case for fresh text
         novel = toks + [vocab - 1, vocab - 2, vocab - 3]
-        sc = timed(lambda: scan(novel, args.k, DEFAULT_MAX_N, DEFAULT_MIN_N),
+        sc = timed(lambda novel=novel: scan(novel, args.k, DEFAULT_MAX_N, DEFAULT_MIN_N),
                    max(1, args.repeats))
         fwd = target_forward(model, context, args.k, args.repeats)
         print(f"{context:>8} {build * 1e3:>15.1f} {look * 1e6:>10.2f} {extend * 1e6:>10.2f} "

@@ -98,7 +98,6 @@ def test_trace_edges():
     assert ngram_trace([1, 2, 3], 3, max_n=3, min_n=1) == b""
     assert ngram_trace([], 0, max_n=3, min_n=1) == b""
     # no earlier occurrence until a suffix repeats; then the period matches to the end
-    none = NGRAM_NONE
     got = [decode_trace_value(v) for v in ngram_trace([7, 7, 7, 7, 7], 0, max_n=2, min_n=1)]
     assert got == [None, None, (1, 3), (2, 2), (2, 1)]  # (match length, matching tokens)
     got = [decode_trace_value(v) for v in ngram_trace([5, 6, 5, 6, 5, 6], 2, max_n=3,
