@@ -23,14 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autospec.store.records import NGRAM_NONE  # the one definition (torch-free)
+from autospec.store.records import (  # the one definition (torch-free)
+    NGRAM_NONE,
+    NGRAM_TRACE_K,
+    decode_trace_value,
+    encode_trace_value,
+)
 
 __all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N", "NGRAM_NONE", "NGRAM_TRACE_K",
-           "ngram_trace"]
+           "ngram_trace", "encode_trace_value", "decode_trace_value"]
 
 DEFAULT_MAX_N = 3  # longest suffix matched (transformers' default is 2, vLLM asks for it)
 DEFAULT_MIN_N = 1  # shortest
-NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
 
 
 class NgramIndex:
@@ -105,26 +109,6 @@ class NgramIndex:
 
 
 # -- the n-gram trace's bytes (store.records ``ngram_trace``) ------------------------------
-_TRACE_N_MAX = 14  # (n - 1) * 17 + 16 <= 254: matches longer than this are recorded as 14
-
-
-def encode_trace_value(matched: int, agree: int) -> int:
-    """One position of the n-gram trace: the match length the proposer had there (1…14,
-    longer ones recorded as 14) and how many of its first 16 proposed tokens equal the output
-    from there on (0…16); NGRAM_NONE without a match."""
-    if matched <= 0:
-        return NGRAM_NONE
-    return (min(matched, _TRACE_N_MAX) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
-
-
-def decode_trace_value(value: int) -> tuple[int, int] | None:
-    """(matched n, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
-    if value == NGRAM_NONE:
-        return None
-    n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
-    return n + 1, agree
-
-
 def ngram_trace(tokens: Sequence[int], prompt_len: int, *, max_n: int, min_n: int,
                 k: int = NGRAM_TRACE_K) -> bytes:
     """The n-gram proposer's trace of one request: one byte per generated position t

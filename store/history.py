@@ -12,6 +12,9 @@ of Unix seconds, written per dialect).
 - ``recent_activity``: the policies and k of the latest requests (the policy in force).
 - ``forward_spread``: how much the latest requests' T_t(n) forwards scatter (the summaries
   keep only sums and counts), read from at most ``limit`` rows.
+- ``ngram_profile``: what the n-gram proposer would have done on the latest greedy requests,
+  from their n-gram traces (at most ``limit`` rows): how often it had a match, and how far
+  its proposals agreed with the output there.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, se
 from sqlalchemy.orm import Session
 
 from .models import Request
+from .records import UNOBSERVED, decode_trace_value
 from .rows import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
-           "ForwardSpread", "forward_spread"]
+           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile"]
 
 # bucket sizes ``bucket_seconds`` chooses from: 1 min … 30 days
 BUCKET_SIZES = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
@@ -209,3 +213,59 @@ def forward_spread(session: Session, category: str | None = None, pair_id: int |
               if len(ts) > 1 else None)
         out[n] = ForwardSpread(requests[n], len(ts), mean, sd)
     return out
+
+
+@dataclass(frozen=True)
+class NgramProfile:
+    """The n-gram proposer over the latest greedy requests' traces (schema 0006)."""
+
+    requests: int
+    positions: int  # generated positions their traces cover
+    matched: int  # positions where the proposer had a match
+    agree: Counter  # tokens its proposal had in common with the output → positions (matched)
+    draft_observed: int = 0  # the same requests' draft traces: positions observed
+    draft_matched: int = 0  # … where the draft's token was the target's
+
+    @property
+    def draft_alpha(self) -> float | None:
+        """The draft model's acceptance on these requests, from its trace (any k ran)."""
+        return self.draft_matched / self.draft_observed if self.draft_observed else None
+
+    @property
+    def match_rate(self) -> float | None:
+        return self.matched / self.positions if self.positions else None
+
+    def conditional(self, k_max: int = 16) -> list[float | None]:
+        """P(proposed token i accepted | the i − 1 before it were), i = 1 … k_max, where it
+        had a match: under greedy verification a block accepts its agreeing prefix."""
+        out: list[float | None] = []
+        for i in range(k_max):
+            reached = sum(c for a, c in self.agree.items() if a >= i)
+            out.append(sum(c for a, c in self.agree.items() if a > i) / reached
+                       if reached else None)
+        return out
+
+
+def ngram_profile(session: Session, category: str | None = None, pair_id: int | None = None,
+                  limit: int = 200) -> NgramProfile | None:
+    """The n-gram traces of the latest ``limit`` greedy batch-1 requests; None when none of
+    them carries one (logged before 0006). Sampled requests are left out: their trace counts
+    agreement with what was sampled, not what the rule would have accepted."""
+    stmt = _filtered(select(Request.ngram_trace, Request.trace), category, pair_id, 1)
+    stmt = (stmt.where(Request.greedy.is_(True), Request.ngram_trace.is_not(None))
+            .order_by(Request.id.desc()).limit(limit))
+    n = positions = matched = observed = right = 0
+    agree: Counter = Counter()
+    for trace, draft_trace in session.execute(stmt):
+        n += 1
+        for v in bytes(draft_trace):
+            if v != UNOBSERVED:
+                observed += 1
+                right += v == 1
+        for v in bytes(trace):
+            positions += 1
+            got = decode_trace_value(v)
+            if got is not None:
+                matched += 1
+                agree[got[1]] += 1
+    return NgramProfile(n, positions, matched, agree, observed, right) if n else None

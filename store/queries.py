@@ -344,6 +344,10 @@ class TraceRow(NamedTuple):
     category: str = ""
     confidence: bytes | None = None  # the draft's top probability per position (records)
     batch_size: int = 1  # rows of the batch the request started in
+    # the n-gram proposer (0006): its trace (match length and agreeing tokens per position,
+    # ``autospec.ngram.ngram_trace``) and which iterations it drafted; None before 0006
+    ngram_trace: bytes | None = None
+    proposer_schedule: bytes | None = None
 
 
 def _when(t: datetime | float) -> datetime:
@@ -360,7 +364,8 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
                   Request.accepted_schedule, Request.id, Request.created_at, Request.category,
-                  Request.confidence, Request.batch_size)
+                  Request.confidence, Request.batch_size, Request.ngram_trace,
+                  Request.proposer_schedule)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -380,10 +385,11 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     elif limit is not None:
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
-    for kind, trace, ks, acc, rid, created, cat, conf, batch in session.execute(
+    for kind, trace, ks, acc, rid, created, cat, conf, batch, ng, props in session.execute(
             stmt.execution_options(yield_per=500)):
         yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
-                       None if conf is None else bytes(conf), batch or 1)
+                       None if conf is None else bytes(conf), batch or 1,
+                       None if ng is None else bytes(ng), None if props is None else bytes(props))
 
 
 @dataclass(frozen=True)

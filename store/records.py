@@ -27,9 +27,29 @@ TRACE_CATCH_UP_MAX = 64
 # stopping decides on exactly this number, so replay can apply any threshold to it.
 # N-gram traces (``autospec.ngram.ngram_trace``): one byte per generated position, the length
 # n of the prompt-lookup match there and how many leading tokens of its proposal match the
-# output (0 … 16), as (min(n, 14) − 1) · 17 + matching (``autospec.ngram.encode_trace_value``),
-# or:
+# output (0 … 16), as (min(n, 14) − 1) · 17 + matching (``encode_trace_value`` below), or:
 NGRAM_NONE = 255  # the index had no match there: no proposal
+NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
+_TRACE_N_MAX = 14  # (n - 1) * 17 + 16 <= 254: matches longer than this are recorded as 14
+
+
+def encode_trace_value(matched: int, agree: int) -> int:
+    """One position of the n-gram trace: the match length the proposer had there (1…14,
+    longer ones recorded as 14) and how many of its first 16 proposed tokens equal the output
+    from there on (0…16); NGRAM_NONE without a match."""
+    if matched <= 0:
+        return NGRAM_NONE
+    return (min(matched, _TRACE_N_MAX) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
+
+
+def decode_trace_value(value: int) -> tuple[int, int] | None:
+    """(matched n, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
+    if value == NGRAM_NONE:
+        return None
+    n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
+    return n + 1, agree
+
+
 # a request's n-gram counters (``RequestRecord.ngram``)
 NGRAM_KEYS = ("max_n", "min_n", "drafts", "drafted", "accepted", "accepted_per_position",
               "drafted_per_position", "lookup_s")

@@ -14,6 +14,7 @@ from autospec.policies.costmodel import (
     batch_best_k,
     best_k,
     conditional_from_cumulative,
+    expected_tokens,
     interpolate_cost,
     speedup,
 )
@@ -33,6 +34,7 @@ from autospec.report.model import (
     Batch,
     BatchPoint,
     PolicyInForce,
+    Proposers,
     Rate,
     Report,
     Speedup,
@@ -381,9 +383,64 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         g_target, g_draft, g_source = grids[pid]
         batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
                            requests_by_batch=by_batch.get((category_key(sm.category), pid)))
+        props = proposers_view(sm, history.ngram_profile(s, sm.category, pid, limit=recent),
+                               alphas, curve, t_draft, k_max=k_max)
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
-                                         bucket_s, hist, _verdict(acc, ver, pol, sp), batch))
+                                         bucket_s, hist, _verdict(acc, ver, pol, sp), batch,
+                                         props))
     return report
+
+
+def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float | None, *,
+                   k_max: int = K_MAX) -> Proposers | None:
+    """Which proposer pays for this workload (``Proposers``), or None when nothing is known of
+    the n-gram proposer (no n-gram trace, no live n-gram block). Per iteration the n-gram has a
+    match with probability r (its traces' match rate); S of a policy is E[tokens per
+    iteration] · T_t(1) / E[seconds per iteration]:
+    - n-gram alone (k): (r·E_ng[N](k) + 1 − r) · T_t(1) / (r·(k·t_ng + T_t(k+1)) + (1 − r)·T_t(1));
+    - hybrid (k1, k2): the n-gram's block of k1 where it matches, the draft model's of k2 where
+      it does not (k2 = 0: plain there);
+    - draft model alone: ``best_k`` as everywhere else."""
+    live_drafted = int(getattr(sm, "ngram_drafted", 0) or 0)
+    if profile is None and not live_drafted:
+        return None
+    live_alpha = (sm.ngram_accepted / live_drafted) if live_drafted else None
+    live_by_pos = conditional_from_cumulative(
+        list(getattr(sm, "ngram_acceptance_by_position", None) or []))
+    ng_alphas = profile.conditional(k_max) if profile is not None else []
+    r = profile.match_rate if profile is not None else None
+    draft = ngram = hybrid = None
+    if not alphas and profile is not None and profile.draft_alpha is not None:
+        alphas = [profile.draft_alpha]  # nothing drafted live: the draft's traces say
+    if 1 in curve and len(curve) >= 2:
+        cost = interpolate_cost(curve)
+        t1 = cost(1)
+        t_ng = float(getattr(sm, "ngram_lookup_s_per_token", None) or 0.0)
+        if t_draft and alphas:
+            draft = best_k(alphas, t_draft, cost, k_max)
+        if r is not None and any(a is not None for a in ng_alphas):
+            ng = [(k, expected_tokens(ng_alphas, k), k * t_ng + cost(k + 1))
+                  for k in range(1, k_max + 1)]
+            ngram = max(((k, (r * e + 1 - r) * t1 / (r * c + (1 - r) * t1)) for k, e, c in ng),
+                        key=lambda x: x[1])
+            if t_draft and alphas:
+                dr = [(0, 1.0, t1)] + [(k, expected_tokens(alphas, k), k * t_draft + cost(k + 1))
+                                        for k in range(1, k_max + 1)]
+                hybrid = max(((k1, k2, (r * e1 + (1 - r) * e2) * t1 / (r * c1 + (1 - r) * c2))
+                              for k1, e1, c1 in ng for k2, e2, c2 in dr), key=lambda x: x[2])
+    options = {"plain": 1.0}
+    if draft is not None:
+        options["draft"] = draft[1]
+    if ngram is not None:
+        options["ngram"] = ngram[1]
+    if hybrid is not None and hybrid[1] > 0:  # k2 = 0 is the n-gram alone: not a third way
+        options["hybrid"] = hybrid[2]
+    ranked = sorted(options.items(), key=lambda x: -x[1])
+    pays = ranked[0][0]
+    margin = ranked[0][1] / ranked[1][1] if len(ranked) > 1 and ranked[1][1] > 0 else None
+    return Proposers(profile.requests if profile is not None else 0, r, ng_alphas[:8],
+                     live_drafted, live_alpha, live_by_pos[:8], draft, ngram, hybrid, pays,
+                     margin, profile.draft_alpha if profile is not None else None)
 
 
 def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = None

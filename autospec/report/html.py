@@ -34,6 +34,7 @@ from autospec.report.text import (
     _when,
     _x,
     cost_points,
+    proposers_headline,
 )
 from autospec.textfmt import fmt, human_bytes, visible
 
@@ -258,6 +259,42 @@ def _batch_html(b: Batch) -> list[str]:
     return out
 
 
+def _proposers_html(pr, a) -> list[str]:
+    """Which proposer pays, the estimates behind it, and acceptance by position per
+    proposer (the same numbers as the text's section 5)."""
+    out = [f"<h3>Proposers</h3><p><b>{_h(proposers_headline(pr))}</b>."]
+    if pr.match_rate is not None:
+        out.append(f" The n-gram proposer had a match at {pr.match_rate:.0%} of generated "
+                   f"positions ({pr.trace_requests} greedy requests' n-gram traces).")
+    out.append("</p>")
+    est = []
+    if pr.draft is not None:
+        est.append(["draft model", f"k = {pr.draft[0]}", _x(pr.draft[1])])
+    if pr.ngram is not None:
+        est.append(["n-gram (plain where no match)", f"k = {pr.ngram[0]}", _x(pr.ngram[1])])
+    if pr.hybrid is not None and pr.hybrid[1] > 0:
+        est.append(["hybrid", f"n-gram k = {pr.hybrid[0]}, draft k = {pr.hybrid[1]}",
+                    _x(pr.hybrid[2])])
+    if est:
+        out.append(_html_table(["proposer", "k", "estimated speedup"], est))
+    width = min(8, max(len(a.conditional), len(pr.ngram_conditional), 1))
+
+    def cells(values):
+        return [fmt(values[i], ".2f") if i < len(values) else "-" for i in range(width)]
+
+    rows = [["draft model (live)", *cells(a.conditional)]]
+    if not any(v is not None for v in a.conditional) and pr.draft_trace_alpha is not None:
+        rows = [["draft model (traces)", *cells([pr.draft_trace_alpha])]]
+    rows.append(["n-gram where matched (traces)", *cells(pr.ngram_conditional)])
+    if pr.ngram_live_drafted:
+        rows.append([f"n-gram live ({pr.ngram_live_drafted} drafted)",
+                     *cells(pr.ngram_live_by_position)])
+    out.append("<p class=\"small\">Acceptance by draft position, conditional on the ones "
+               "before it being accepted:</p>")
+    out.append(_html_table(["proposer", *(str(i + 1) for i in range(width))], rows))
+    return out
+
+
 def render_html(report: Report) -> str:
     """One self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -341,6 +378,8 @@ def render_html(report: Report) -> str:
                        "workload.</p>")
         if w.batch is not None:
             out += _batch_html(w.batch)
+        if w.proposers is not None:
+            out += _proposers_html(w.proposers, w.acceptance)
     out.append("<p class=\"small\">α = accepted / drafted. Measured speedup = speculative ÷ "
                "plain tokens/s (Σ tokens / Σ wall seconds) of requests of the same workload. "
                "Estimated S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and the "

@@ -170,6 +170,28 @@ class Batch:
 
 
 @dataclass
+class Proposers:
+    """Which proposer pays for this workload — the draft model, the n-gram proposer (prompt
+    lookup: plain steps where it has no match) or the hybrid (n-gram where it matches, else
+    the draft model) — by the cost model on the measured costs, with the n-gram's acceptance
+    read from the latest greedy requests' n-gram traces (exact for greedy traffic)."""
+
+    trace_requests: int  # requests whose n-gram traces the figures come from
+    match_rate: float | None  # share of generated positions where the n-gram had a match
+    ngram_conditional: list[float | None]  # P(i-th proposed token accepted | match, i-1 were)
+    ngram_live_drafted: int  # tokens the n-gram proposer drafted live (any policy)
+    ngram_live_alpha: float | None  # their acceptance
+    ngram_live_by_position: list[float | None]  # live rates by position
+    draft: tuple[int, float] | None  # (k, S): the draft model alone
+    ngram: tuple[int, float] | None  # (k, S): the n-gram alone
+    hybrid: tuple[int, int, float] | None  # (k of the n-gram, k of the draft, S)
+    pays: str  # "draft", "ngram", "hybrid" or "plain"
+    margin: float | None  # S of the one that pays over the next best (plain counts as 1)
+    draft_trace_alpha: float | None = None  # the draft's acceptance on the same requests'
+    # traces (position 1; used for its estimate where nothing was drafted live)
+
+
+@dataclass
 class Workload:
     category: str
     pair: dict[str, Any]  # id, target, draft, dtype, hardware
@@ -182,6 +204,7 @@ class Workload:
     history: list[dict[str, Any]]  # {start, requests, new_tokens, drafted, accepted, alpha}
     verdict: Verdict
     batch: Batch | None = None
+    proposers: Proposers | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from autospec.report.model import (
     MIN_POSITION_DRAFTED,
     Acceptance,
     Batch,
+    Proposers,
     Rate,
     Report,
     Speedup,
@@ -251,6 +252,55 @@ def _s_curve(curve: dict[int, float], per_row: int = 12) -> list[str]:
             for i in range(0, len(ks), per_row)]
 
 
+PROPOSER_NAMES = {"draft": "the draft model", "ngram": "the n-gram proposer (prompt lookup)",
+                  "hybrid": "the hybrid (n-gram where it matches, else the draft model)",
+                  "plain": "neither (plain decoding)"}
+
+
+def proposers_headline(pr: Proposers) -> str:
+    """Which proposer pays, and by how much, in one line."""
+    head = f"{PROPOSER_NAMES[pr.pays]} pays"
+    if pr.margin is not None:
+        head += f", {pr.margin:.2f}× the next best"
+    return head
+
+
+def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
+    """Section 5: acceptance by position per proposer, and which one pays."""
+    out = ["\n5. proposers: " + proposers_headline(pr)]
+    if pr.match_rate is not None:
+        out.append(f"   n-gram match at {pr.match_rate:.0%} of generated positions "
+                   f"({pr.trace_requests} greedy requests' n-gram traces)")
+    est = []
+    if pr.draft is not None:
+        est.append(f"draft model k = {pr.draft[0]}: {_x(pr.draft[1])}")
+    if pr.ngram is not None:
+        est.append(f"n-gram k = {pr.ngram[0]} (plain where no match): {_x(pr.ngram[1])}")
+    if pr.hybrid is not None and pr.hybrid[1] > 0:
+        est.append(f"hybrid n-gram k = {pr.hybrid[0]} / draft k = {pr.hybrid[1]}: "
+                   f"{_x(pr.hybrid[2])}")
+    if est:
+        out += _wrap("   estimated speedup vs plain decoding: " + "; ".join(est))
+    width = max(len(a.conditional), len(pr.ngram_conditional), len(pr.ngram_live_by_position),
+                1)
+    width = min(width, 8)
+
+    def cells(values):
+        return [fmt(values[i], ".2f") if i < len(values) else "-" for i in range(width)]
+
+    rows = [["draft model (live)", *cells(a.conditional)]]
+    if not any(v is not None for v in a.conditional) and pr.draft_trace_alpha is not None:
+        rows = [["draft model (traces)", *cells([pr.draft_trace_alpha])]]
+    rows.append(["n-gram where matched (traces)", *cells(pr.ngram_conditional)])
+    if pr.ngram_live_drafted:
+        rows.append([f"n-gram live ({pr.ngram_live_drafted} drafted)",
+                     *cells(pr.ngram_live_by_position)])
+    out.append("   acceptance by draft position (conditional: given the ones before were "
+               "accepted):")
+    out.append(table(["proposer", *(str(i + 1) for i in range(width))], rows, left=1))
+    return out
+
+
 def render_text(report: Report) -> str:
     """The report for a terminal: every line at most WIDTH characters, every stored string
     (category, model names, hardware, policies) with its control characters shown escaped."""
@@ -359,6 +409,8 @@ def render_text(report: Report) -> str:
             mem, off = _batch_headline_parts(w.batch)
             lines.append("\n4. batch: " + mem + (f";\n   {off}" if off else ""))
             lines += _batch_text(w.batch)
+        if w.proposers is not None:
+            lines += proposers_text(w.proposers, w.acceptance)
     lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
               "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
               "E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and T_t(n) (requests, "

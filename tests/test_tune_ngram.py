@@ -1,0 +1,94 @@
+"""Proposer choice learned from logged traffic: the n-gram proposer's trace replays what live
+verification did (greedy, exactly), and ``autospec tune`` picks the proposer per category —
+the n-gram where the output copies the input and the draft model is weak there, the draft
+model where nothing repeats. Real SQLite stores, real Optuna studies, real tiny models for
+the live part."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_ngram import _repetitive
+
+import autospec
+from autospec.ngram import encode_trace_value
+from autospec.policies import as_policy
+from autospec.simulate import Costs, simulate
+from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
+from autospec.store.records import NGRAM_NONE, TRACE_GREEDY
+from autospec.tune import tune
+
+from conftest import noisy_copy, tiny
+
+
+@pytest.mark.parametrize("policy", ["ngram:4", "hybrid:3:1", "fixed:3"])
+def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, policy):
+    target = tiny("llama", layers=2, seed=5)
+    draft = noisy_copy(target, 0.1)
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    spec = autospec.Controller(target, draft, store=url, policy=policy)
+    live = []
+    for seed in range(3):
+        ids = _repetitive(seed)
+        spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                      do_sample=False, category="copy")
+        live.append(spec.last_stats)
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        rows = list(queries.traces(s))
+    assert len(rows) == 3 and all(r.ngram_trace for r in rows)
+    costs = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
+    for row, st in zip(rows, live):
+        res = simulate([row], as_policy(policy), costs, k_max=16)
+        assert (res.ngram_drafted, res.ngram_accepted) == (st.ngram_drafted, st.ngram_accepted)
+        assert (res.drafted, res.accepted) == (st.drafted, st.accepted)
+        assert res.iterations == st.iterations and res.unobserved_hits == 0
+        assert bytes(row.proposer_schedule or bytes(st.iterations)) == bytes(
+            st.proposer_schedule)
+    assert sum(st.ngram_drafted for st in live) > 0 or policy == "fixed:3"
+
+
+PAIR = PairInfo("synthetic-target", "synthetic-draft", "float32", "cpu: test")
+CURVE = {n: 0.1 + 0.004 * (n - 1) for n in range(1, 17)}  # memory-bound: nearly flat
+T_D = 0.03
+
+
+def _record(rng, category: str, draft_alpha: float, copy_share: float, at: float,
+            n: int = 96) -> RequestRecord:
+    """Greedy traffic served at k = 0: the draft's trace is Bernoulli(draft_alpha); the
+    n-gram's has a match at ``copy_share`` of positions, agreeing for 8 tokens there."""
+    trace = bytes(1 if rng.random() < draft_alpha else 0 for _ in range(n))
+    ngram = bytes(encode_trace_value(3, 8) if rng.random() < copy_share else NGRAM_NONE
+                  for _ in range(n))
+    return RequestRecord(
+        pair=PAIR, category=category, policy="off", greedy=True, prompt_tokens=16,
+        new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
+        drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
+        wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
+        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace,
+        created_at=at, path="eager", ngram_trace=ngram, proposer_schedule=None,
+        ngram={"max_n": 3, "min_n": 1, "drafts": 0, "drafted": 0, "accepted": 0,
+               "accepted_per_position": [], "drafted_per_position": [], "lookup_s": 0.0})
+
+
+def test_tune_chooses_the_proposer_that_pays_per_category(tmp_path):
+    rng = random.Random(0)
+    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    recs = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + i) for i in range(40)]
+    recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(40)]
+    store.write(recs)
+    with store.begin() as s:
+        add_probe(s, PAIR, {"path": "eager", "draft_s": T_D,
+                            "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+    results = {r.category: r for r in tune(store, trials=40, families=("fixed",), seed=0,
+                                            write=False)}
+    copy, free = results["copy"], results["free"]
+    assert copy.status == free.status == "tuned"
+    assert copy.proposers_searched == ("draft", "ngram", "hybrid")
+    # copying traffic: the n-gram proposer (alone or first) drafts nearly everything
+    assert copy.proposer in ("ngram", "hybrid") and copy.ngram_share > 0.8
+    # nothing repeats: the draft model drafts
+    assert free.proposer in ("draft", "hybrid") and (free.ngram_share or 0.0) < 0.05
+    store.close()
