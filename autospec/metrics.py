@@ -11,7 +11,8 @@ built for vLLM read autospec too (vllm-project/vllm, ``vllm/v1/spec_decode/metri
   (label ``position``, from 0)
 
 vLLM labels them ``model_name`` (and ``engine``); autospec labels them ``model_name`` (the
-target), ``category``, ``pair`` (``target/draft``, short names) and ``proposer`` (``draft``).
+target), ``category``, ``pair`` (``target/draft``, short names) and ``proposer`` (``draft``;
+the acceptance counters also under ``ngram`` for blocks the prompt-lookup proposer drafted).
 Since autospec changes k per iteration, it adds what vLLM's fixed k makes unnecessary:
 ``autospec:spec_decode_num_draft_tokens_per_pos`` (drafted tokens by position: acceptance at
 position i is accepted_per_pos / draft_tokens_per_pos). Besides: k in force, iterations and
@@ -155,6 +156,17 @@ class Metrics:
             self.accepted_pos.labels(*lv, str(pos)).inc(
                 accepted[pos] if pos < len(accepted) else 0)
             self.drafted_pos.labels(*lv, str(pos)).inc(drafted[pos] if pos < len(drafted) else 0)
+        if getattr(stats, "ngram_drafts", 0):  # the n-gram proposer's own series
+            ng = (*lv[:3], "ngram")
+            self.drafts.labels(*ng).inc(stats.ngram_drafts)
+            self.draft_tokens.labels(*ng).inc(stats.ngram_drafted)
+            self.accepted.labels(*ng).inc(stats.ngram_accepted)
+            n_acc = list(stats.ngram_accepted_per_position)
+            n_dr = list(stats.ngram_drafted_per_position)
+            for pos in range(max(len(n_acc), len(n_dr))):
+                self.accepted_pos.labels(*ng, str(pos)).inc(n_acc[pos] if pos < len(n_acc)
+                                                            else 0)
+                self.drafted_pos.labels(*ng, str(pos)).inc(n_dr[pos] if pos < len(n_dr) else 0)
         ks = stats.k_schedule
         off = sum(1 for k in ks if k == 0)
         self.requests.labels(*lv).inc()

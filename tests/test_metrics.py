@@ -147,3 +147,27 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
             samples[s.name, tuple(sorted(s.labels.items()))] = s.value
     assert pick(samples, "vllm:spec_decode_num_drafts_total", category="c") == 7
     assert pick(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=1) == 7
+
+
+def test_n_gram_blocks_are_counted_under_their_own_proposer_label(models):
+    from test_ngram import _repetitive
+
+    m = Metrics()
+    spec = autospec.Controller(*models, store=False, metrics=m, policy="hybrid:3:1")
+    spec.generate(_repetitive(4), max_new_tokens=24, do_sample=False, category="c",
+                  eos_token_id=None)
+    st = spec.last_stats
+    assert st.ngram_drafted > 0 and st.drafted > 0
+    ep = start_http_server(0, metrics=m)
+    try:
+        got = scrape(ep.url)
+    finally:
+        ep.close()
+    for proposer, drafted, accepted in (("draft", st.drafted, st.accepted),
+                                        ("ngram", st.ngram_drafted, st.ngram_accepted)):
+        assert pick(got, "vllm:spec_decode_num_draft_tokens_total", category="c",
+                    proposer=proposer) == drafted
+        assert pick(got, "vllm:spec_decode_num_accepted_tokens_total", category="c",
+                    proposer=proposer) == accepted
+        assert pick(got, "vllm:spec_decode_num_accepted_tokens_per_pos_total", category="c",
+                    proposer=proposer) == accepted
