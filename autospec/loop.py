@@ -246,10 +246,10 @@ class _Loop:
         # ids the draft lacks, read as its pad
         self.draft_input = DraftInput(target, draft) if self.has_draft else None
         # the n-gram proposer's index over prompt + generated tokens, kept as tokens are
-        # emitted (a few dictionary inserts per token; see autospec.ngram)
-        # the prompt in host memory is read as it is; on a GPU it comes back with the first
-        # iteration's host sync instead of costing a read of its own (the n-gram proposer
-        # then starts proposing from the second iteration)
+        # emitted (a few dictionary inserts per token; see autospec.ngram). A prompt in host
+        # memory is read as it is; on a GPU it comes back with the first iteration's host
+        # sync instead of costing a read of its own (the n-gram then proposes from the second
+        # iteration on)
         self.ngram_factory = NgramIndex if ngram is None else ngram
         prompt = host_tokens(input_ids)
         self.ngram = None if prompt is None else self.ngram_factory(prompt)

@@ -46,45 +46,41 @@ class LiveStats:
     # -- feeding ------------------------------------------------------------------------------
     def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
         with self._lock:
-            d = self.discount
-            if d < 1:
-                for i in range(len(self.reached)):
-                    if self.reached[i] == 0:
-                        break
-                    self.reached[i] *= d
-                    self.accepted[i] *= d
-            for i in range(min(k, accepted + 1, len(self.reached))):
-                self.reached[i] += 1
-                if i < accepted:
-                    self.accepted[i] += 1
+            self._count(self.accepted, self.reached, k, accepted)
             if k > 0 and draft_s == draft_s and draft_s > 0:  # not NaN
                 self.t_draft = self._avg(self.t_draft, draft_s / k)
-            if target_s == target_s and target_s > 0:
-                self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
-            self.iterations += 1
-            self.version += 1
+            self._timed(k, target_s)
+
+    def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
+        """One block of k with m accepted into one proposer's discounted counts (position i
+        is reached when the i before it were accepted); under the lock."""
+        d = self.discount
+        if d < 1:
+            for i in range(len(reached)):
+                if reached[i] == 0:
+                    break
+                reached[i] *= d
+                accepted[i] *= d
+        for i in range(min(k, m + 1, len(reached))):
+            reached[i] += 1
+            if i < m:
+                accepted[i] += 1
+
+    def _timed(self, k: int, target_s: float) -> None:
+        """The target's forward of k + 1 tokens (whoever proposed), and the iteration."""
+        if target_s == target_s and target_s > 0:  # not NaN
+            self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
+        self.iterations += 1
+        self.version += 1
 
     def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float) -> None:
         """One iteration drafted by the n-gram proposer: its own acceptance counts (not the
         draft model's) and the target's timing, which is the same whoever proposed."""
         with self._lock:
-            d = self.discount
-            if d < 1:
-                for i in range(len(self.ngram_reached)):
-                    if self.ngram_reached[i] == 0:
-                        break
-                    self.ngram_reached[i] *= d
-                    self.ngram_accepted[i] *= d
-            for i in range(min(k, accepted + 1, len(self.ngram_reached))):
-                self.ngram_reached[i] += 1
-                if i < accepted:
-                    self.ngram_accepted[i] += 1
+            self._count(self.ngram_accepted, self.ngram_reached, k, accepted)
             if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
                 self.t_ngram = self._avg(self.t_ngram, lookup_s / k)
-            if target_s == target_s and target_s > 0:
-                self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
-            self.iterations += 1
-            self.version += 1
+            self._timed(k, target_s)
 
     def ngram_acceptance(self) -> float | None:
         """The n-gram proposer's acceptance at its first position, given it proposed (None

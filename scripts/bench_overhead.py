@@ -7,7 +7,7 @@ It measures whichever autospec the interpreter imports, so one script compares t
 process per checkout and round), and prints the medians and their ratio:
 
     .venv/bin/python scripts/bench_overhead.py --model tiny \
-        --compare before=/work/wt/iterbase/.venv/bin/python after=.venv/bin/python
+        --compare before=../base-checkout/.venv/bin/python after=.venv/bin/python
     .venv/bin/python scripts/bench_overhead.py --label after --model pair   # one checkout
 
 Each configuration (greedy; sampled with temperature 0.8, top-k 50, top-p 0.9) runs

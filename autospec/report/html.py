@@ -34,6 +34,7 @@ from autospec.report.text import (
     _when,
     _x,
     cost_points,
+    proposer_rows,
     proposers_headline,
 )
 from autospec.textfmt import fmt, human_bytes, visible
@@ -277,21 +278,9 @@ def _proposers_html(pr, a) -> list[str]:
                     _x(pr.hybrid[2])])
     if est:
         out.append(_html_table(["proposer", "k", "estimated speedup"], est))
-    width = min(8, max(len(a.conditional), len(pr.ngram_conditional), 1))
-
-    def cells(values):
-        return [fmt(values[i], ".2f") if i < len(values) else "-" for i in range(width)]
-
-    rows = [["draft model (live)", *cells(a.conditional)]]
-    if not any(v is not None for v in a.conditional) and pr.draft_trace_alpha is not None:
-        rows = [["draft model (traces)", *cells([pr.draft_trace_alpha])]]
-    rows.append(["n-gram where matched (traces)", *cells(pr.ngram_conditional)])
-    if pr.ngram_live_drafted:
-        rows.append([f"n-gram live ({pr.ngram_live_drafted} drafted)",
-                     *cells(pr.ngram_live_by_position)])
     out.append("<p class=\"small\">Acceptance by draft position, conditional on the ones "
                "before it being accepted:</p>")
-    out.append(_html_table(["proposer", *(str(i + 1) for i in range(width))], rows))
+    out.append(_html_table(*proposer_rows(pr, a)))
     return out
 
 

@@ -281,9 +281,18 @@ def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
                    f"{_x(pr.hybrid[2])}")
     if est:
         out += _wrap("   estimated speedup vs plain decoding: " + "; ".join(est))
-    width = max(len(a.conditional), len(pr.ngram_conditional), len(pr.ngram_live_by_position),
-                1)
-    width = min(width, 8)
+    out.append("   acceptance by draft position (conditional: given the ones before were "
+               "accepted):")
+    out.append(table(*proposer_rows(pr, a), left=1))
+    return out
+
+
+def proposer_rows(pr: Proposers, a: Acceptance) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows): conditional acceptance by draft position per proposer — the draft
+    model's live counters (or its traces' rate where it never drafted), the n-gram's traces
+    where it matched, and its live blocks if any ran."""
+    width = min(8, max(len(a.conditional), len(pr.ngram_conditional),
+                       len(pr.ngram_live_by_position), 1))
 
     def cells(values):
         return [fmt(values[i], ".2f") if i < len(values) else "-" for i in range(width)]
@@ -295,10 +304,7 @@ def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
     if pr.ngram_live_drafted:
         rows.append([f"n-gram live ({pr.ngram_live_drafted} drafted)",
                      *cells(pr.ngram_live_by_position)])
-    out.append("   acceptance by draft position (conditional: given the ones before were "
-               "accepted):")
-    out.append(table(["proposer", *(str(i + 1) for i in range(width))], rows, left=1))
-    return out
+    return ["proposer", *(str(i + 1) for i in range(width))], rows
 
 
 def render_text(report: Report) -> str:
