@@ -216,15 +216,18 @@ class CostModelPolicy:
         # per LiveStats: (version, top, acceptance curve, cost function), rebuilt only when the
         # statistics changed (their ``version``) or another curve length is asked for
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._derived_ngram: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         # the derived cache and its lock are rebuilt where copied or unpickled
-        return {k: v for k, v in self.__dict__.items() if k not in ("_derived", "_derived_lock")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_derived", "_derived_ngram", "_derived_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._derived = weakref.WeakKeyDictionary()
+        self._derived_ngram = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
 
     def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
@@ -240,6 +243,19 @@ class CostModelPolicy:
         with self._derived_lock:
             self._derived[live] = (version, top, curve, cost)
         return curve, cost
+
+    def derived_ngram(self, live, top: int) -> list[float]:
+        """The n-gram proposer's acceptance curve from ``live``, rebuilt only when
+        ``live.version`` changes (as ``derived``)."""
+        version = live.version
+        with self._derived_lock:
+            hit = self._derived_ngram.get(live)
+        if hit is not None and hit[0] == version and hit[1] == top:
+            return hit[2]
+        curve = live.ngram_acceptance_curve(top, z=self.z)
+        with self._derived_lock:
+            self._derived_ngram[live] = (version, top, curve)
+        return curve
 
     def _stats(self, context):
         """The statistics to decide by: the controller's, or (with ``discount``) our own."""
@@ -276,9 +292,8 @@ class CostModelPolicy:
             k, s = best_k(curve, live.t_draft, cost, top)
             best = (k, s, "draft")
         if matched:  # the n-gram proposer has a match now: what would it pay?
-            cost = live.cost(optimistic=self.optimistic)
-            k, s = best_k(live.ngram_acceptance_curve(top, z=self.z), live.t_ngram or 0.0,
-                          cost, top)
+            cost = self.derived(live, top)[1]
+            k, s = best_k(self.derived_ngram(live, top), live.t_ngram or 0.0, cost, top)
             if s > best[1]:
                 best = (k, s, "ngram")
         k, s, proposer = best
@@ -362,7 +377,7 @@ class CostModelPolicy:
             if live is None or not matched:
                 curves.append([0.0] * top)
                 continue
-            curves.append(live.ngram_acceptance_curve(top, z=self.z))
+            curves.append(self.derived_ngram(live, top))
             t_ngram = max(t_ngram, live.t_ngram or 0.0)
         return batch_best_k(curves, t_ngram, cost, top)
 
