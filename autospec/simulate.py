@@ -395,34 +395,31 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
         proposer, min_match = proposer_of(choice)
         if not row.has_draft:
             proposer = "ngram"
-        if k > 0 and row.ngram is not None and (
-                proposer == "ngram" or (proposer == "hybrid" and ctx.ngram_match >= min_match)):
+        ngram = k > 0 and row.ngram is not None and (
+            proposer == "ngram" or (proposer == "hybrid" and ctx.ngram_match >= min_match))
+        if ngram:
             k, m = row.ngram_step(k)
             d_s, t_s = k * costs.t_ngram, cost(k + 1)
             stats.observe_ngram(k, m, d_s, t_s)
-            policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
-                                          target_time_s=t_s, proposer="ngram"))
-            res._count(1, k)
-            res.row_steps += 1
+            outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
+                              proposer="ngram")
             res.ngram_drafted += k
             res.ngram_accepted += m
-            res.tokens += m + 1
-            res.seconds += d_s + t_s
-            res.plain_seconds += (m + 1) * t1
-            continue
-        if proposer == "ngram":
-            k = 0  # the n-gram proposer alone, and no trace of it: plain
-        k, m, unknown, unproposed = row.step(k, stop, rng)
-        res.unobserved_hits += unknown
-        d_s, t_s = k * t_draft, cost(k + 1)
-        stats.observe_unproposed(unproposed)
-        stats.observe(k, m, d_s, t_s)
-        policy.update(ctx, k, Outcome(drafted=k, accepted=m, draft_time_s=d_s,
-                                      target_time_s=t_s, unproposed=unproposed))
+        else:
+            if proposer == "ngram":
+                k = 0  # the n-gram proposer alone, and no trace of it: plain
+            k, m, unknown, unproposed = row.step(k, stop, rng)
+            res.unobserved_hits += unknown
+            d_s, t_s = k * t_draft, cost(k + 1)
+            stats.observe_unproposed(unproposed)
+            stats.observe(k, m, d_s, t_s)
+            outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
+                              unproposed=unproposed)
+            res.drafted += k
+            res.accepted += m
+        policy.update(ctx, k, outcome)
         res._count(1, k)
         res.row_steps += 1
-        res.drafted += k
-        res.accepted += m
         res.tokens += m + 1
         res.seconds += d_s + t_s
         res.plain_seconds += (m + 1) * t1

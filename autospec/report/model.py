@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
 
+from autospec.costgrid import MIN_FORWARDS  # live points need this many forwards (one rule)
+
 K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
 MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
 MIN_POSITION_DRAFTED = 20  # a draft position drafted fewer times is thin evidence (marked)
-MIN_FORWARDS = 16  # a live T_t(n) or T_d point counts only with this many forwards behind it
 MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
 PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
 # T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
