@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from autospec.loop import DraftInput, LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
-from autospec.ngram import NgramIndex
+from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 from autospec.policies.base import Context, Outcome, Policy, proposer_of
 from autospec.runners import Forward, new_cache
 from autospec.sampling import (
@@ -260,11 +260,12 @@ class _BatchLoop:
         return max(k, 0), proposer, min_match
 
     def ngram_blocks(self, k: int, proposer: str, min_match: int) -> list[list[int]] | None:
-        """Each row's n-gram block (≤ k tokens; [] where it has no usable match), or None when
-        no row has one (the iteration is a plain step, or the draft model's)."""
+        """Each row's n-gram block (≤ k tokens, and never past what the row can keep; []
+        where it has no usable match), or None when no row has one (the iteration is a plain
+        step, or the draft model's)."""
         blocks = []
         for r in self.rows:
-            toks, matched = r.ngram.propose(k)
+            toks, matched = r.ngram.propose(min(k, r.limit - r.gen - 1))
             blocks.append(toks if proposer != "hybrid" or matched >= min_match else [])
         return blocks if any(blocks) else None
 
@@ -424,6 +425,7 @@ class _BatchLoop:
 
         # 5. Per row: trace, emit, counters; then mask what was rejected
         unproposed: dict[int, list[float]] = {}
+        shadow: dict[int, object] = {}  # row → (n-gram agreement, tokens emitted)
         t_mask_rows, d_mask_rows = [], []
         width_t = self.t_mask.shape[1] - s_before
         for b, r in enumerate(rows):
@@ -474,7 +476,13 @@ class _BatchLoop:
                 st.draft_s += d_per_token * timed
                 st.draft_forwards += timed
             n_old = r.n
-            self.emit(b, r, props[b][:m] + [nxt_all[b]], s_t, raw_t)
+            new = props[b][:m] + [nxt_all[b]]
+            if not by_ngram[b] and ctx.ngram_matches[b] and r.live is not None:
+                shadow[b] = r.ngram.propose(len(new))[0]  # what the n-gram would have drafted
+            self.emit(b, r, new, s_t, raw_t)
+            if b in shadow:  # … against what was emitted (loop._Loop.step)
+                seen = r.n - n_old
+                shadow[b] = (agreement(shadow[b], new[:seen]), seen)
             # target cache: the row's catch-up and accepted drafts stay, rejected ones hidden
             r.t_len = n_old + m
             r.t_end = s_before + width_t - k + m
@@ -511,11 +519,14 @@ class _BatchLoop:
             timed_here = B == 1 and not first
             if by_ngram[b]:
                 r.live.observe_ngram(len(blocks[b]), m_all[b], float("nan"),
-                                     t_s if timed_here else float("nan"))
+                                     t_s if timed_here else float("nan"),
+                                     match=ctx.ngram_matches[b])
             elif run_draft or k == 0:
                 r.live.observe(k if run_draft else 0, m_all[b],
                                outcome.draft_time_s if timed_here else float("nan"),
                                t_s if timed_here else float("nan"))
+            if b in shadow:
+                r.live.observe_ngram_shadow(ctx.ngram_matches[b], *shadow[b])
         if self.costs is not None and not first:
             self.costs.observe(B, k + 1, t_s, d_per_token)
         outcome = replace(outcome, proposer="ngram" if any(by_ngram) else "draft")
@@ -681,6 +692,11 @@ class _BatchLoop:
             st.cache_repacks = self.repacks
             st.wall_s = (r.wall_end or time.perf_counter()) - self.t_start
             st.path = "eager"
+            # what the store's writer computes the row's n-gram trace from, as at batch 1
+            st.tokens = (r.tokens if len(r.tokens) == st.prompt_tokens + st.new_tokens
+                         else None)
+            st.ngram_settings = {"max_n": int(getattr(r.ngram, "max_n", DEFAULT_MAX_N)),
+                                 "min_n": int(getattr(r.ngram, "min_n", DEFAULT_MIN_N))}
             seq = torch.tensor(r.tokens, dtype=torch.long, device=self.device)[None]
             out.append(LoopResult(sequences=seq, stats=st, scores=r.scores, logits=r.logits))
         return BatchResult(rows=out, peak_kv_bytes=self.peak_kv,

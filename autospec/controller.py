@@ -322,9 +322,29 @@ class Controller:
             with self._lock:
                 live = self.live.get(category)
                 if live is None:
-                    live = self.live[category] = LiveStats()
+                    live = LiveStats()
                     self._warm(category, live)
+                    self._share_costs(live)
+                    self.live[category] = live
         return live
+
+    def _share_costs(self, live: LiveStats) -> None:
+        """A category the store knows no costs for starts from what this process measured
+        for the others: T_t(n), T_d and the lookup time are the pair's and the hardware's,
+        not the traffic's. Without this every new category re-measured plain decoding and
+        re-explored each n from a cold start (two plain iterations and up to one iteration
+        per block length, per category). Acceptance is never shared; the category's own
+        timings replace these by EMA as they come in. Under the lock."""
+        if live.t_target:
+            return
+        peers = [p for p in self.live.values() if p.t_target]
+        if not peers:
+            return
+        peer = max(peers, key=lambda p: (len(p.t_target), p.iterations))
+        donor = peer.copy()  # a consistent snapshot under the peer's lock
+        live.warm_start([], [], t_target=donor.t_target, t_draft=donor.t_draft)
+        if live.t_ngram is None:
+            live.t_ngram = donor.t_ngram
 
     def _warm(self, category: str, live: LiveStats) -> None:
         """History of this category and pair from the store (a read, once per category;

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex
+from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 from autospec.policies.base import (
     Context,
     Outcome,
@@ -107,7 +107,7 @@ class LoopStats:
     ngram_s: float = 0.0  # host time of the n-gram lookups
     # batch 1: the request's tokens, prompt + generated (the n-gram index's host list: no
     # device sync; do not modify it) and the index's {"max_n", "min_n"}, from which the
-    # store's writer computes the n-gram trace (autospec.ngram.ngram_trace). None at batch > 1
+    # store's writer computes the n-gram trace (autospec.ngram.ngram_trace); per row at batch > 1
     tokens: list[int] | None = None
     ngram_settings: dict[str, int] | None = None
     cache_repacks: int = 0  # batch > 1: times the caches' masked slots were squeezed out
@@ -514,8 +514,14 @@ class _Loop:
         what = "target_prefill" if stats.iterations == 0 else "target"
         self.timings.append((what, k + 1, t0, t_end, cached))
 
-        # 5. Emit, stopping where generate would
-        self.emit(proposed[:m] + [nxt_id], d_toks, nxt, m, s_t, raw_t)
+        # 5. Emit, stopping where generate would. Where the n-gram had a match but did not
+        # draft, its would-be block is compared with what was emitted: free evidence of where
+        # it pays (a dictionary probe and a list compare; ``LiveStats.observe_ngram_shadow``)
+        new = proposed[:m] + [nxt_id]
+        shadow = (self.ngram.propose(len(new))[0]
+                  if used != "ngram" and ctx.ngram_match and ctx.live is not None else None)
+        before = self.n
+        self.emit(new, d_toks, nxt, m, s_t, raw_t)
         stats.iterations += 1
         stats.k_schedule.append(k)
         stats.accepted_schedule.append(m)
@@ -538,9 +544,14 @@ class _Loop:
         if ctx.live is not None:
             ctx.live.observe_unproposed(outcome.unproposed)
             if used == "ngram":  # the draft model's statistics stay the draft model's
-                ctx.live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s)
+                ctx.live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s,
+                                       match=ctx.ngram_match)
             else:
                 ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
+                if shadow:
+                    seen = self.n - before
+                    ctx.live.observe_ngram_shadow(ctx.ngram_match,
+                                                  agreement(shadow, new[:seen]), seen)
         self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches

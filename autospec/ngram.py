@@ -31,7 +31,7 @@ from autospec.store.records import (  # the one definition (torch-free)
 )
 
 __all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N", "NGRAM_NONE", "NGRAM_TRACE_K",
-           "ngram_trace", "encode_trace_value", "decode_trace_value"]
+           "ngram_trace", "agreement", "encode_trace_value", "decode_trace_value"]
 
 DEFAULT_MAX_N = 3  # longest suffix matched (transformers' default is 2, vLLM asks for it)
 DEFAULT_MIN_N = 1  # shortest
@@ -108,6 +108,14 @@ class NgramIndex:
         return out, n
 
 
+def agreement(proposal: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many leading tokens of ``proposal`` equal ``tokens`` (as far as both go)."""
+    same, stop = 0, min(len(proposal), len(tokens))
+    while same < stop and proposal[same] == tokens[same]:
+        same += 1
+    return same
+
+
 # -- the n-gram trace's bytes (store.records ``ngram_trace``) ------------------------------
 def ngram_trace(tokens: Sequence[int], prompt_len: int, *, max_n: int, min_n: int,
                 k: int = NGRAM_TRACE_K) -> bytes:
@@ -139,9 +147,7 @@ def ngram_trace(tokens: Sequence[int], prompt_len: int, *, max_n: int, min_n: in
         if not matched:
             out[t - prompt_len] = NGRAM_NONE
         else:
-            same, stop = 0, min(len(proposal), size - t)
-            while same < stop and proposal[same] == toks[t + same]:
-                same += 1
-            out[t - prompt_len] = encode_trace_value(matched, same)
+            out[t - prompt_len] = encode_trace_value(
+                matched, agreement(proposal, toks[t : t + len(proposal)]))
         index.extend((toks[t],))
     return bytes(out)

@@ -400,19 +400,24 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
         if ngram:
             k, m = row.ngram_step(k)
             d_s, t_s = k * costs.t_ngram, cost(k + 1)
-            stats.observe_ngram(k, m, d_s, t_s)
+            if k:
+                stats.observe_ngram(k, m, d_s, t_s, match=ctx.ngram_match)
+            else:  # no match: a plain step, counted as the live loop counts one (k = 0)
+                stats.observe(0, 0, d_s, t_s)
             outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
-                              proposer="ngram")
+                              proposer="ngram" if k else "draft")
             res.ngram_drafted += k
             res.ngram_accepted += m
         else:
             if proposer == "ngram":
                 k = 0  # the n-gram proposer alone, and no trace of it: plain
+            shadow = row.ngram_match()
             k, m, unknown, unproposed = row.step(k, stop, rng)
             res.unobserved_hits += unknown
             d_s, t_s = k * t_draft, cost(k + 1)
             stats.observe_unproposed(unproposed)
             stats.observe(k, m, d_s, t_s)
+            stats.observe_ngram_shadow(shadow[0], shadow[1], m + 1)  # as the live loop
             outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
                               unproposed=unproposed)
             res.drafted += k
@@ -428,8 +433,10 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
 def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
                   res: SimResult) -> None:
     """Rows that ran in one batch, replayed together: one k per iteration for the batch, each
-    row's block from its own trace, finished rows leaving the batch, as ``autospec.batched``
-    runs them (at one running row its timings feed the statistics, as the live loop's do)."""
+    row's block from its own trace — the draft model's, or the n-gram's where the policy
+    chose it and the row has a match — finished rows leaving the batch, as
+    ``autospec.batched`` runs them (at one running row its timings feed the statistics, as
+    the live loop's do)."""
     from autospec.policies import Context, Outcome
 
     stop = early_stop_of(policy, cat)
@@ -441,23 +448,58 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
             return
         b = len(running)
         cost, t_draft = costs.at(b)
+        shadows = [r.ngram_match() for r in running]  # (match length, agreement) per row
+        matches = tuple(n for n, _agree in shadows)
         ctx = Context(category=cat, k_max=k_max, batch_size=b,
                       generated=min(r.g for r in running),
                       remaining=max(r.remaining for r in running), live=stats,
-                      categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs)
-        k = max(0, min(int(policy.choose(ctx)), k_max, ctx.remaining - 1))
-        steps = [r.step(min(k, r.remaining - 1), stop, rng) for r in running]
-        k_run = max(d for d, _m, _u, _p in steps)  # the batch drafts while any row does
-        d_s, t_s = k_run * t_draft, cost(k_run + 1)
-        for d, m, unknown, unproposed in steps:
+                      categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs,
+                      proposers=running[0].proposers, ngram_match=max(matches),
+                      ngram_matches=matches)
+        choice = policy.choose(ctx)
+        k = max(0, min(int(choice), k_max, ctx.remaining - 1))
+        proposer, min_match = proposer_of(choice)
+        if not running[0].has_draft:
+            proposer = "ngram"
+        # the n-gram's blocks per row, as ``batched._Batch.step`` decides them: rows with a
+        # (long enough) match take theirs; a hybrid batch where every row has one, or the
+        # n-gram alone, runs no draft model; no match anywhere and no draft: a plain step
+        by_ngram = [k > 0 and proposer != "draft" and m > 0
+                    and (proposer != "hybrid" or m >= min_match) for m in matches]
+        if proposer == "hybrid" and all(by_ngram):
+            proposer = "ngram"
+        if k > 0 and proposer == "ngram" and not any(by_ngram):
+            k = 0
+        run_draft = k > 0 and proposer != "ngram"
+        steps = []
+        for r, ng in zip(running, by_ngram):
+            if ng:
+                kb, m = r.ngram_step(min(k, r.remaining - 1))
+                steps.append((kb, m, False, (), True))
+            else:
+                steps.append((*r.step(min(k, r.remaining - 1) if run_draft else 0, stop, rng),
+                              False))
+        k_run = max(d for d, *_ in steps)  # the batch scores k + 1 per row while any drafts
+        d_s = (k_run * t_draft if run_draft else 0.0) + costs.t_ngram * sum(
+            d for d, *_rest, ng in steps if ng)
+        t_s = cost(k_run + 1)
+        for (d, m, unknown, unproposed, ng), (match, agree) in zip(steps, shadows):
             res.unobserved_hits += unknown
             stats.observe_unproposed(unproposed)
             # batch timings are not batch 1's cost curve: acceptance only, unless one row runs
-            stats.observe(d, m, d_s if b == 1 else nan, t_s if b == 1 else nan)
-            res.drafted += d
-            res.accepted += m
+            timed = (d_s, t_s) if b == 1 else (nan, nan)
+            if ng:
+                stats.observe_ngram(d, m, *timed, match=match)
+                res.ngram_drafted += d
+                res.ngram_accepted += m
+            else:
+                if run_draft or k == 0:
+                    stats.observe(d, m, *timed)
+                stats.observe_ngram_shadow(match, agree, m + 1)  # as the live loop
+                res.drafted += d
+                res.accepted += m
             res.tokens += m + 1
-        accepted = tuple(m for _d, m, _u, _p in steps)
+        accepted = tuple(m for _d, m, *_rest in steps)
         policy.update(ctx, k_run, Outcome(
             drafted=k_run, accepted=sum(accepted) // b, draft_time_s=d_s,
             target_time_s=t_s, unproposed=tuple(v for s in steps for v in s[3]),

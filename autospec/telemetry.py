@@ -405,7 +405,7 @@ class RequestTelemetry:
         achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
                                       stats.target_forwards)
         mem_busy, sm = self.nvml.window(stats.started_at, stats.started_at + stats.wall_s)
-        # the n-gram proposer (batch 1 only: the batched loop has none, its settings are None)
+        # the n-gram proposer's settings and counters (None: a loop without one)
         settings = getattr(stats, "ngram_settings", None)
         ngram = None if settings is None else {
             "max_n": settings.get("max_n"), "min_n": settings.get("min_n"),

@@ -244,17 +244,21 @@ class CostModelPolicy:
             self._derived[live] = (version, top, curve, cost)
         return curve, cost
 
-    def derived_ngram(self, live, top: int) -> list[float]:
-        """The n-gram proposer's acceptance curve from ``live``, rebuilt only when
-        ``live.version`` changes (as ``derived``)."""
+    def derived_ngram(self, live, top: int, match: int = 0) -> list[float]:
+        """The n-gram proposer's acceptance curve from ``live`` for a match of ``match``
+        tokens (0: any), rebuilt only when ``live.version`` changes (as ``derived``)."""
         version = live.version
         with self._derived_lock:
-            hit = self._derived_ngram.get(live)
+            hits = self._derived_ngram.get(live)
+        hit = None if hits is None else hits.get(match)
         if hit is not None and hit[0] == version and hit[1] == top:
             return hit[2]
-        curve = live.ngram_acceptance_curve(top, z=self.z)
+        curve = live.ngram_acceptance_curve(top, z=self.z, match=match)
         with self._derived_lock:
-            self._derived_ngram[live] = (version, top, curve)
+            hits = self._derived_ngram.get(live)
+            if hits is None or next(iter(hits.values()))[0] != version:
+                hits = self._derived_ngram[live] = {}  # one version's curves at a time
+            hits[match] = (version, top, curve)
         return curve
 
     def _stats(self, context):
@@ -274,7 +278,7 @@ class CostModelPolicy:
         live = self._stats(context)
         proposers = self._allowed(context)
         drafts = "draft" in proposers
-        matched = "ngram" in proposers and getattr(context, "ngram_match", 0) > 0
+        match = getattr(context, "ngram_match", 0) if "ngram" in proposers else 0
         explore = min(self.initial_k, top) if drafts else Choice(min(self.initial_k, top),
                                                                    "ngram")
         if live is None:
@@ -291,9 +295,9 @@ class CostModelPolicy:
                 curve = [float(predicted)] * top
             k, s = best_k(curve, live.t_draft, cost, top)
             best = (k, s, "draft")
-        if matched:  # the n-gram proposer has a match now: what would it pay?
+        if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
-            k, s = best_k(self.derived_ngram(live, top), live.t_ngram or 0.0, cost, top)
+            k, s = best_k(self.derived_ngram(live, top, match), live.t_ngram or 0.0, cost, top)
             if s > best[1]:
                 best = (k, s, "ngram")
         k, s, proposer = best
@@ -377,7 +381,7 @@ class CostModelPolicy:
             if live is None or not matched:
                 curves.append([0.0] * top)
                 continue
-            curves.append(self.derived_ngram(live, top))
+            curves.append(self.derived_ngram(live, top, matched))
             t_ngram = max(t_ngram, live.t_ngram or 0.0)
         return batch_best_k(curves, t_ngram, cost, top)
 

@@ -14,6 +14,11 @@ from collections.abc import Mapping, Sequence
 
 from .costmodel import interpolate_cost
 
+# the n-gram trace's reach (autospec.store.records.NGRAM_TRACE_K; not imported: policies stay
+# free of the store): shadow evidence counts at most this many positions, so that replay
+# from the trace counts exactly what the live loop did
+SHADOW_REACH = 16
+
 __all__ = ["LiveStats"]
 
 
@@ -36,6 +41,10 @@ class LiveStats:
         # acceptance by position, given a match proposed it, and its host time per token
         self.ngram_accepted = [0.0] * max_positions
         self.ngram_reached = [0.0] * max_positions
+        # the same counts per length of the match the block came from (n → (accepted,
+        # reached)): a suffix of 3 tokens seen before predicts its continuation far better
+        # than one token does, and the policy knows the length before it chooses
+        self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.t_ngram: float | None = None
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
         self.bandwidth_utilisation: float | None = None
@@ -73,14 +82,50 @@ class LiveStats:
         self.iterations += 1
         self.version += 1
 
-    def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float) -> None:
+    def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
+                      match: int = 0) -> None:
         """One iteration drafted by the n-gram proposer: its own acceptance counts (not the
-        draft model's) and the target's timing, which is the same whoever proposed."""
+        draft model's), also under the length of its match (``match``, 0: unknown), and the
+        target's timing, which is the same whoever proposed."""
         with self._lock:
-            self._count(self.ngram_accepted, self.ngram_reached, k, accepted)
+            self._count_ngram(k, accepted, match)
             if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
                 self.t_ngram = self._avg(self.t_ngram, lookup_s / k)
             self._timed(k, target_s)
+
+    def observe_ngram_shadow(self, match: int, agree: int, seen: int) -> None:
+        """What the n-gram proposer would have done in an iteration it did not draft (the
+        draft model's, or k = 0), learned for free: its match then was ``match`` tokens long
+        and the first ``agree`` of its proposed tokens equal the ``seen`` tokens the
+        iteration emitted. Counted as the block that tells exactly that — agree + 1
+        positions reached and agree accepted where it disagreed, else ``seen`` positions all
+        accepted (what lay beyond is unknown), over at most ``SHADOW_REACH`` positions (the
+        stored trace's reach, so that replay counts what the live loop counted).
+
+        Exact for greedy traffic (the output is the target's argmax chain whoever proposed).
+        Sampled: the n-gram's q is one-hot, so the rule accepts x with probability p(x), the
+        probability that the sampled output token equals x; the agreement has the
+        acceptance's distribution. No iteration passes and no timing (as
+        ``observe_unproposed``): this is what lets a category served by the draft model
+        learn, from its first request, where the n-gram would pay."""
+        if match <= 0 or seen <= 0:
+            return
+        seen = min(int(seen), SHADOW_REACH)
+        agree = max(0, min(int(agree), seen))
+        k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
+        with self._lock:
+            self._count_ngram(k, m, match)
+            self.version += 1
+
+    def _count_ngram(self, k: int, m: int, match: int) -> None:
+        """An n-gram block into the pooled counts and its match length's; under the lock."""
+        self._count(self.ngram_accepted, self.ngram_reached, k, m)
+        if match > 0:
+            by = self.ngram_by_match.get(match)
+            if by is None:
+                size = len(self.ngram_reached)
+                by = self.ngram_by_match[match] = ([0.0] * size, [0.0] * size)
+            self._count(by[0], by[1], k, m)
 
     def ngram_acceptance(self) -> float | None:
         """The n-gram proposer's acceptance at its first position, given it proposed (None
@@ -160,24 +205,35 @@ class LiveStats:
             return [mean for mean, _ in posts]
         return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
 
-    def ngram_acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
-        """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match)."""
+    def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
+                               match: int = 0) -> list[float]:
+        """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match);
+        with ``match`` > 0, of blocks from a match that long: position 0's prior is then
+        centred on the pooled estimate there (same strength), so a length seen rarely reads
+        as the n-gram in general until its own evidence says otherwise."""
         with self._lock:
-            posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
+            by = self.ngram_by_match.get(match) if match > 0 else None
+            if by is None:
+                posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
+            else:
+                first = self._posteriors(1, self.ngram_accepted, self.ngram_reached)[0][0]
+                posts = self._posteriors(k_max, by[0], by[1], first=first)
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
-    def _posteriors(self, k_max: int, accepted=None, reached=None) -> list[tuple[float, float]]:
+    def _posteriors(self, k_max: int, accepted=None, reached=None, *,
+                    first: float | None = None) -> list[tuple[float, float]]:
         """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
-        model's counts, or of ``accepted``/``reached``; under the lock."""
+        model's counts, or of ``accepted``/``reached``; position 0's prior is ``prior``, or
+        centred on ``first`` with its strength; under the lock."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
         out: list[tuple[float, float]] = []
-        mean = self.prior[0] / strength
+        mean = self.prior[0] / strength if first is None else first
         for i in range(k_max):
             acc, reach = (accepted[i], reached[i]) if i < len(reached) else (0, 0)
-            a = (self.prior[0] if i == 0 else mean * strength) + acc
-            b = (self.prior[1] if i == 0 else (1 - mean) * strength) + reach - acc
+            a = mean * strength + acc
+            b = (1 - mean) * strength + reach - acc
             mean = a / (a + b)
             out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))))
         return out
@@ -191,6 +247,8 @@ class LiveStats:
             new.accepted, new.reached = list(self.accepted), list(self.reached)
             new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
                                                      list(self.ngram_reached))
+            new.ngram_by_match = {n: (list(a), list(r))
+                                  for n, (a, r) in self.ngram_by_match.items()}
             new.t_ngram = self.t_ngram
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations

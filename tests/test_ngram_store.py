@@ -14,12 +14,14 @@ import threading
 import pytest
 import torch
 from sqlalchemy import MetaData, create_engine, insert, inspect, select
-from test_ngram import _repetitive
+from test_ngram import _repetitive, _repetitive_batch
 from test_store_batch import _create_at, _legacy_stats
 
 import autospec
 import autospec.telemetry as telemetry
 from autospec.ngram import (
+    DEFAULT_MAX_N,
+    DEFAULT_MIN_N,
     NGRAM_NONE,
     NGRAM_TRACE_K,
     NgramIndex,
@@ -263,21 +265,29 @@ def test_category_sums_and_stats_show_the_n_gram(models, tmp_path, capsys):
     assert out["plain"]["ngram_lookup_s_per_token"] is None
 
 
-def test_a_batched_request_has_no_n_gram_record(models, tmp_path):
-    """The batched loop has no n-gram proposer: its rows log no n-gram fields, no trace."""
+def test_a_batched_request_logs_its_rows_n_gram_record_and_trace(models, tmp_path):
+    """The batched loop drafts by n-gram too: each row logs its settings, counters and trace
+    as a batch-1 request does (before, batched rows logged none, so neither the n-gram's
+    blocks at batch > 1 nor their traces reached the store, the report or replay)."""
     db = f"sqlite:///{tmp_path / 'b.db'}"
-    spec = autospec.Controller(*models, store=db)
-    ids = torch.cat([prompt(10, seed=1), prompt(10, seed=2)])
-    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                  eos_token_id=None, k=2)
+    spec = autospec.Controller(*models, store=db, policy="ngram:2")
+    ids, mask = _repetitive_batch([8, 6], seed=3)
+    spec.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                  eos_token_id=None, pad_token_id=0)
+    live = spec.last_row_stats
     spec.close()
     with open_store(db) as store, store.session() as s:
-        rows = queries.recent_requests(s)
+        rows = sorted(queries.recent_requests(s), key=lambda r: r.prompt_tokens)
         (sm,) = queries.category_summaries(s)
     assert len(rows) == 2 and all(r.batch_size == 2 for r in rows)
-    assert all(r.ngram is None and r.ngram_trace is None and r.proposer_schedule is None
-               for r in rows)
-    assert sm.ngram_drafts == 0 and sm.ngram_lookup_s == 0.0
+    assert sm.ngram_drafts == sum(st.ngram_drafts for st in live) > 0
+    assert sm.ngram_accepted == sum(st.ngram_accepted for st in live)
+    for row, st in zip(rows, sorted(live, key=lambda st: st.prompt_tokens)):
+        assert row.ngram["drafted"] == st.ngram_drafted and row.ngram["max_n"] == DEFAULT_MAX_N
+        assert bytes(row.proposer_schedule) == bytes(st.proposer_schedule)
+        assert row.ngram_trace == ngram_trace(st.tokens, st.prompt_tokens,
+                                              max_n=DEFAULT_MAX_N, min_n=DEFAULT_MIN_N)
+        assert len(row.ngram_trace) == st.new_tokens == 12
 
 
 # -- deferred work --------------------------------------------------------------------------

@@ -48,6 +48,21 @@ def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, poli
         assert bytes(row.proposer_schedule or bytes(st.iterations)) == bytes(
             st.proposer_schedule)
     assert sum(st.ngram_drafted for st in live) > 0 or policy == "fixed:3"
+    # the n-gram's statistics, pooled and per match length, learned live (its own blocks and
+    # its shadow where it did not draft) are what replaying the traces learns
+    lives: dict = {}
+    simulate(rows, as_policy(policy), costs, k_max=16, live=lives, category="copy")
+    got, want = spec.live["copy"], lives["copy"]
+    assert sorted(got.ngram_by_match) == sorted(want.ngram_by_match) != []
+    assert got.ngram_reached == pytest.approx(want.ngram_reached)
+    assert got.ngram_accepted == pytest.approx(want.ngram_accepted)
+    # … and the draft model's (a plain step where the n-gram had no match is the draft
+    # model's k = 0 in both: replay once counted it as an empty n-gram block)
+    assert got.reached == pytest.approx(want.reached)
+    assert got.accepted == pytest.approx(want.accepted)
+    for n, (acc, reach) in want.ngram_by_match.items():
+        assert got.ngram_by_match[n][0] == pytest.approx(acc)
+        assert got.ngram_by_match[n][1] == pytest.approx(reach)
 
 
 PAIR = PairInfo("synthetic-target", "synthetic-draft", "float32", "cpu: test")

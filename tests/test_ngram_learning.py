@@ -1,0 +1,160 @@
+"""How the n-gram proposer's acceptance is learned live: per length of the match its block
+came from, from its own blocks and, for free, from the iterations it did not draft (its
+"shadow": what it would have proposed, against what was emitted) — at batch 1 and batch > 1,
+counted the same way by replay; and how a new category starts from the costs the process
+already measured. Real tiny models, real SQLite stores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ngram import _repetitive, _repetitive_batch
+
+import autospec
+from autospec.policies import Context, CostModelPolicy, LiveStats, as_policy
+from autospec.simulate import Costs, simulate
+from autospec.store import open_store, queries
+
+from conftest import noisy_copy, tiny
+
+COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
+
+
+def test_shadow_counts_the_block_the_proposer_would_have_drafted():
+    live = LiveStats(discount=1.0)
+    live.observe_ngram_shadow(3, 2, 4)  # disagreed at the 3rd token: 3 reached, 2 accepted
+    live.observe_ngram_shadow(3, 4, 4)  # all 4 emitted agree: 4 reached, 4 accepted
+    live.observe_ngram_shadow(1, 0, 1)
+    live.observe_ngram_shadow(0, 5, 5)  # no match, no proposal: nothing
+    live.observe_ngram_shadow(2, 20, 20)  # at most the trace's 16 positions
+    assert live.ngram_reached[:5] == [4, 3, 3, 2, 1]
+    assert live.ngram_accepted[:5] == [3, 3, 2, 2, 1]
+    assert sorted(live.ngram_by_match) == [1, 2, 3]
+    acc, reach = live.ngram_by_match[3]
+    assert (reach[:4], acc[:4]) == ([2, 2, 2, 1], [2, 2, 1, 1])
+    assert live.ngram_by_match[2][1][15:17] == [1, 0]
+    assert live.iterations == 0  # no iteration passed
+
+
+def test_the_policy_prices_the_n_gram_by_the_length_of_its_match():
+    """One-token matches that never hold and three-token ones that always do: the cost model
+    drafts by n-gram at a match of 3 and not at a match of 1 (pooled, the two would read as
+    one middling proposer)."""
+    live = LiveStats(discount=1.0)
+    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
+    live.t_draft, live.t_ngram = 0.05, 1e-6
+    for _ in range(30):
+        live.observe_ngram_shadow(1, 0, 1)
+        live.observe_ngram_shadow(3, 8, 8)
+    pooled = live.ngram_acceptance_curve(4)
+    by1, by3 = (live.ngram_acceptance_curve(4, match=n) for n in (1, 3))
+    assert by1[0] < 0.1 < pooled[0] < 0.9 < by3[0]
+    assert live.ngram_acceptance_curve(4, match=2)[0] == pytest.approx(pooled[0])  # unseen
+    policy = CostModelPolicy(proposers="ngram")
+    ctx = dict(category="c", k_max=8, generated=5, remaining=40, live=live,
+               proposers=("draft", "ngram"))
+    at3 = policy.choose(Context(**ctx, ngram_match=3))
+    at1 = policy.choose(Context(**ctx, ngram_match=1))
+    assert int(at3) == 8 and getattr(at3, "proposer", None) == "ngram"
+    assert int(at1) == 0
+
+
+def _stored(url):
+    with open_store(url) as store, store.session() as s:
+        return list(queries.traces(s))
+
+
+def _same_ngram_stats(got: LiveStats, want: LiveStats) -> None:
+    assert sorted(got.ngram_by_match) == sorted(want.ngram_by_match) != []
+    assert got.ngram_reached == pytest.approx(want.ngram_reached)
+    assert got.ngram_accepted == pytest.approx(want.ngram_accepted)
+    for n, (acc, reach) in want.ngram_by_match.items():
+        assert got.ngram_by_match[n][0] == pytest.approx(acc)
+        assert got.ngram_by_match[n][1] == pytest.approx(reach)
+
+
+def test_a_draft_served_category_learns_the_n_gram_live_as_replay_does(tmp_path):
+    """Batch 1, the draft model alone (fixed k): the n-gram never drafts, yet its statistics
+    fill from its shadow, exactly as replaying the stored n-gram trace fills them."""
+    target = tiny("llama", layers=2, seed=5)
+    url = f"sqlite:///{tmp_path / 'b1.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:3")
+    for seed in range(3):
+        ids = _repetitive(seed)
+        spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                      do_sample=False, category="copy")
+        assert spec.last_stats.ngram_drafted == 0
+    spec.close()
+    lives: dict = {}
+    simulate(_stored(url), as_policy("fixed:3"), COSTS, live=lives, category="copy")
+    got = spec.live["copy"]
+    assert got.ngram_reached[0] > 20
+    _same_ngram_stats(got, lives["copy"])
+
+
+def test_batched_rows_learn_the_n_gram_from_their_shadow_as_replay_does(tmp_path):
+    target = tiny("llama", layers=2, seed=5)
+    url = f"sqlite:///{tmp_path / 'b3.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:2")
+    ids, mask = _repetitive_batch([6, 9, 4], seed=1)
+    spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                  pad_token_id=0, category="copy")
+    assert len(spec.last_row_stats) == 3
+    spec.close()
+    rows = _stored(url)
+    assert [r.batch_size for r in rows] == [3, 3, 3]
+    lives: dict = {}
+    grid = {b: {n: 0.1 + 0.01 * n for n in range(1, 18)} for b in (1, 2, 3)}
+    costs = Costs(t_draft=0.01, t_target=grid[1], target_grid=grid,
+                  draft_grid={b: 0.01 for b in grid})
+    simulate(rows, as_policy("fixed:2"), costs, live=lives, category="copy")
+    got = spec.live["copy"]
+    assert got.ngram_reached[0] > 10
+    _same_ngram_stats(got, lives["copy"])
+
+
+def test_a_new_category_starts_from_the_costs_the_process_measured():
+    """T_t(n) and T_d are the pair's: a second category does not re-measure plain decoding
+    and re-explore every block length from nothing (no store to warm from here)."""
+    target = tiny("llama", layers=2, seed=5)
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=False, policy="auto")
+    ids = _repetitive(0)
+    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                  do_sample=False, category="first")
+    assert spec.last_stats.k_schedule[0] == 0  # cold: plain decoding first, to measure T_t(1)
+    first = spec.live["first"]
+    assert 1 in first.t_target and first.t_draft
+    measured = dict(first.t_target)
+    second = spec.live_stats("second")
+    assert second.t_target == measured and second.t_draft == first.t_draft
+    assert second.observed == 0  # acceptance is never shared
+    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                  do_sample=False, category="second")
+    ks = spec.last_stats.k_schedule
+    # its first iteration already drafts: no plain iteration to measure T_t(1)
+    assert ks[0] > 0, ks
+
+
+@pytest.mark.parametrize("policy", ["ngram:3", "hybrid:3:2"])
+def test_batched_n_gram_blocks_replay_as_they_ran(tmp_path, policy):
+    """At batch > 1 the store now keeps each row's n-gram trace, and replay runs the n-gram's
+    blocks per row as the batched loop did: the same drafted and accepted counts."""
+    target = tiny("llama", layers=2, seed=5)
+    url = f"sqlite:///{tmp_path / 'ng.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy=policy)
+    ids, mask = _repetitive_batch([6, 9, 4], seed=1)
+    spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                  pad_token_id=0, category="copy")
+    live = spec.last_row_stats
+    spec.close()
+    rows = _stored(url)
+    assert all(r.ngram_trace for r in rows)
+    grid = {b: {n: 0.1 + 0.01 * n for n in range(1, 18)} for b in (1, 2, 3)}
+    costs = Costs(t_draft=0.01, t_target=grid[1], target_grid=grid,
+                  draft_grid={b: 0.01 for b in grid})
+    res = simulate(rows, as_policy(policy), costs, category="copy")
+    assert res.ngram_drafted > 0
+    assert (res.ngram_drafted, res.ngram_accepted) == (
+        sum(st.ngram_drafted for st in live), sum(st.ngram_accepted for st in live))
+    assert (res.drafted, res.accepted) == (sum(st.drafted for st in live),
+                                           sum(st.accepted for st in live))
