@@ -65,6 +65,12 @@ def run_store(tmp_path_factory):
     loop = hybrid.last_stats
     hybrid.close()
     assert loop.ngram_drafts > 0 and loop.drafts > 0
+    # and without a draft model at all: prompt lookup only
+    solo = autospec.Controller(target, None, store=url, metrics=metrics, policy="ngram:4")
+    solo.generate(_repetitive(5), max_new_tokens=16, do_sample=False, category="solo",
+                  eos_token_id=None)
+    assert solo.last_stats.ngram_drafts > 0 and solo.last_stats.drafts == 0
+    solo.close()
     live = start_http_server(0, metrics=metrics)
     try:
         samples = scrape(live.url)
@@ -85,6 +91,8 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
         sums = {sm.category: sm for sm in queries.category_summaries(s)}
     assert pick(fleet, "autospec:store_up") == 1
     for cat, sm in sums.items():
+        if cat == "solo":  # another pair (no draft model): below
+            continue
         lab = dict(category=cat, pair="t/d", proposer="draft", model_name="t")
         for name, value in [("vllm:spec_decode_num_drafts_total", sm.drafts),
                             ("vllm:spec_decode_num_draft_tokens_total", sm.drafted),
@@ -117,6 +125,13 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
         for pos, c in enumerate(counts):
             assert pick(fleet, name, position=pos, **ng) == c == pick(live, name, position=pos,
                                                                       **ng), (name, pos)
+    solo = sums["solo"]
+    for name, value in [("vllm:spec_decode_num_drafts_total", solo.ngram_drafts),
+                        ("vllm:spec_decode_num_draft_tokens_total", solo.ngram_drafted),
+                        ("vllm:spec_decode_num_accepted_tokens_total", solo.ngram_accepted)]:
+        assert value > 0 or name.endswith("accepted_tokens_total")
+        assert pick(fleet, name, category="solo", proposer="ngram") == value == pick(
+            live, name, category="solo", proposer="ngram"), name
     # the same series from either source: a dashboard summing by proposer sees no difference
     def series(samples):
         return {(n, lv) for n, lv in samples if n.endswith("_total")
