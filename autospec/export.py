@@ -29,6 +29,36 @@ the output to):
   ``--spec-draft-n-min`` and ``--spec-draft-p-min`` (the tuned early-stop threshold, where
   tuned); current llama.cpp replaced ``--draft-max``/``--draft-min`` with these (its
   ``llama-server --help``; ``--draft-p-min`` remains an alias). One k.
+
+The n-gram (prompt-lookup) proposer, exported where the report's section 5 finds that it pays
+for the workload (``autospec.report.build.proposers_view``: its k and estimated speedup, from
+the requests' n-gram traces and the T_t(n) curve; ``--proposer auto``) or when asked
+(``--proposer ngram``). Its suffix lengths are the requests' logged settings
+(``requests.ngram`` ``max_n``/``min_n``; autospec.ngram's 3/1 where none is logged). One k:
+the report prices it at batch 1.
+
+- vLLM — ``--speculative-config`` JSON ``{"method": "ngram", "num_speculative_tokens": k,
+  "prompt_lookup_max": max_n, "prompt_lookup_min": min_n}`` (vllm-project/vllm
+  ``vllm/config/speculative.py``, ``SpeculativeConfig.prompt_lookup_max/min``; docs.vllm.ai
+  features/speculative_decoding/n_gram).
+- TensorRT-LLM — ``speculative_config`` with ``decoding_type: NGram``, ``max_draft_len``,
+  ``max_matching_ngram_size`` (= max_n; TensorRT-LLM tries it down to 1), ``is_keep_all``,
+  ``is_use_oldest: false`` (the newest match, as autospec's lookup) and ``is_public_pool:
+  false`` (each request matches its own tokens, as autospec's lookup) (NVIDIA/TensorRT-LLM
+  ``tensorrt_llm/llmapi/llm_args.py``, ``NGramDecodingConfig``; nvidia.github.io/TensorRT-LLM
+  llm-api/reference/NGramDecodingConfig).
+- SGLang — ``--speculative-algorithm NGRAM``, ``--speculative-num-draft-tokens`` = k + 1 (as
+  for STANDALONE, the count includes the verified root token),
+  ``--speculative-ngram-min-match-window-size`` / ``--speculative-ngram-max-match-window-size``
+  (min_n / max_n) and ``--speculative-ngram-min-bfs-breadth 1`` /
+  ``--speculative-ngram-max-bfs-breadth 1`` (a chain, as autospec drafts; SGLang sets its
+  top-k from the latter) (sgl-project/sglang ``python/sglang/srt/server_args.py``,
+  ``_handle_speculative_decoding`` and ``add_cli_args``). SGLang runs NGRAM on CUDA only.
+- llama.cpp — ``--spec-type ngram-simple`` (the last n-gram's latest earlier occurrence and
+  the tokens after it: prompt lookup) with ``--spec-ngram-simple-size-n`` (= max_n; one length,
+  no fallback to shorter ones, which the header says) and ``--spec-ngram-simple-size-m`` (= k,
+  the draft length); current llama.cpp removed ``--spec-ngram-size-n``/``-m`` for these
+  per-type options (ggml-org/llama.cpp ``common/arg.cpp`` and ``docs/speculative.md``).
 """
 
 from __future__ import annotations
@@ -41,13 +71,34 @@ from datetime import datetime, timezone
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "Plan", "plan_for", "render", "ExportError"]
+__all__ = ["ENGINES", "PROPOSERS", "Plan", "NgramPlan", "plan_for", "render",
+           "ExportError"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")
+PROPOSERS = ("auto", "draft", "ngram")
 
 
 class ExportError(ValueError):
     """The store cannot answer what the export needs (no such workload, several to choose)."""
+
+
+@dataclass
+class NgramPlan:
+    """The n-gram (prompt-lookup) proposer for one workload, as the report's section 5
+    (``autospec.report.build.proposers_view``) priced it, with the settings it ran with."""
+
+    k: int | None  # the cost model's k for it (None: no cost curve to price it with)
+    speedup: float | None  # its estimated speedup over plain decoding at that k
+    draft: tuple[int, float] | None  # (k, S) of the draft model alone, the same way
+    pays: str  # which proposer pays: "draft", "ngram", "hybrid" or "plain"
+    margin: float | None  # S of the one that pays over the next best
+    match_rate: float | None  # share of generated positions where it had a match (traces)
+    conditional: list[float | None]  # P(i-th proposed accepted | match, i-1 were) (traces)
+    trace_requests: int  # greedy requests those traces come from
+    live_drafted: int  # tokens it drafted live
+    live_alpha: float | None  # their acceptance
+    max_n: int  # longest suffix matched (the requests' logged settings)
+    min_n: int  # shortest
 
 
 @dataclass
@@ -70,6 +121,8 @@ class Plan:
     early_stop: float | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    proposer: str = "draft"  # "draft" (the draft model) or "ngram" (prompt lookup)
+    ngram: NgramPlan | None = None  # what the store knows of the n-gram proposer, if anything
 
     def k_at(self, batch: int) -> int:
         k = self.table[0][1]
@@ -95,12 +148,17 @@ class Plan:
 
 def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              source: str = "auto", max_batch: int | None = None,
-             engine_hardware: str | None = None, engine_model: str | None = None) -> Plan:
+             engine_hardware: str | None = None, engine_model: str | None = None,
+             proposer: str = "auto") -> Plan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
-    stored, else the cost model)."""
+    stored, else the cost model). ``proposer``: "draft" (the draft model), "ngram" (prompt
+    lookup; an error if the store cannot price it) or "auto" (the n-gram proposer where the
+    report's section 5 finds that it pays, else the draft model)."""
     from autospec.report import build_report
 
+    if proposer not in PROPOSERS:
+        raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
     report = build_report(store, category=category, pair_id=pair_id)
     work = report.workloads
     if not work:
@@ -112,50 +170,44 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
         raise ExportError(f"{len(work)} workloads in the store — choose one with --category "
                           f"(and --pair-id): {names}")
     w = work[0]
-    tuned = w.policy.tuned
-    batch = w.batch
-    points = [p for p in (batch.points if batch is not None else [])]
-    use_tuned = source == "tuned" or (source == "auto" and any(
-        p.tuned_k is not None for p in points))
-    if source == "tuned" and not any(p.tuned_k is not None for p in points):
-        fixed = tuned.params.get("k") if tuned is not None else None
-        if not isinstance(fixed, int):
-            raise ExportError("no tuned table or fixed k for this workload: run `autospec "
-                              "tune` first, or export --source costmodel")
-    plan = Plan(
-        category=w.category, target=w.pair["target"], draft=w.pair["draft"],
-        hardware=w.pair["hardware"], dtype=w.pair["dtype"], requests=w.traffic.requests,
-        first_seen=w.traffic.first_seen, last_seen=w.traffic.last_seen,
-        source="cost model", grid_source=batch.source if points else None)
-    if points and (use_tuned or any(p.k is not None for p in points)):
-        for p in points:
-            k = p.tuned_k if use_tuned and p.tuned_k is not None else p.k
-            if k is None:
-                continue
-            s = p.speedup_by_k.get(k) if k != p.k else p.speedup
-            if k == 0:
-                s = 1.0
-            plan.table.append((p.batch, int(k), s))
-        if use_tuned:
-            plan.source = f"tuned policy ({batch.tuned or tuned.family})"
-    if not plan.table:  # batch 1 only: the cost model's argmax over the T_t(n) curve
-        sp = w.speedup
-        fixed = tuned.params.get("k") if tuned is not None else None
-        if source != "costmodel" and isinstance(fixed, int):
-            plan.table = [(1, fixed, sp.curve.get(fixed))]
-            plan.source = f"tuned policy ({tuned.family})"
-        elif sp.oracle_k is not None:
-            plan.table = [(1, int(sp.oracle_k), sp.oracle)]
-        else:
-            why = (w.verification.cost_note or (batch.note if batch is not None else None)
-                   or "measure acceptance and costs first (`autospec probe`)")
-            raise ExportError(f"the cost model has no k for this workload yet: {why}")
-        plan.notes.append("no batch cost grid: one k, measured at batch 1 (`autospec probe "
-                          "--batch` measures T_t(B, n) for a batch-size table)")
-    elif batch is not None and batch.note:
-        plan.notes.append(batch.note)
+    ng = _ngram_plan(store, w)
+    if proposer == "ngram":
+        if ng is None:
+            raise ExportError("the store has nothing on the n-gram proposer for this workload "
+                              "(no n-gram traces, no n-gram blocks): serve greedy traffic with "
+                              "this version of autospec first, or export --proposer draft")
+        if ng.k is None and ng.match_rate == 0 and not ng.live_drafted:
+            raise ExportError(f"the n-gram proposer never found a match in this workload's "
+                              f"{ng.trace_requests} traced requests: nothing to draft from; "
+                              f"export --proposer draft")
+        if ng.k is None:
+            raise ExportError("the cost model cannot price the n-gram proposer for this "
+                              "workload yet: measure T_t(n) first (`autospec probe`), or "
+                              "export --proposer draft")
+    use_ngram = proposer == "ngram" or (proposer == "auto" and ng is not None
+                                        and ng.pays == "ngram" and ng.k is not None)
+    base = dict(category=w.category, target=w.pair["target"], draft=w.pair["draft"],
+                hardware=w.pair["hardware"], dtype=w.pair["dtype"],
+                requests=w.traffic.requests, first_seen=w.traffic.first_seen,
+                last_seen=w.traffic.last_seen)
+    if use_ngram:
+        plan = Plan(**base, source="cost model, n-gram proposer (report section 5)",
+                    grid_source=None, proposer="ngram", ngram=ng)
+        plan.table = [(1, int(ng.k), ng.speedup)]
+        plan.notes.append("the n-gram proposer is priced at batch 1 (its acceptance from the "
+                          "requests' n-gram traces): one k")
+        if proposer == "ngram" and ng.pays != "ngram":
+            plan.notes.append(f"exported as asked (--proposer ngram), but the report finds "
+                              f"that {_PAYS[ng.pays]} pays for this workload")
+    else:
+        plan = _draft_plan(w, base, source)
+        plan.ngram = ng
+        if proposer == "auto" and ng is not None and ng.pays == "hybrid":
+            plan.notes.append("the hybrid (n-gram where it matches, else the draft model) pays "
+                              "most, which no engine runs: the draft model's settings")
     plan.max_batch = max(max_batch or 0, plan.table[-1][0])
-    if tuned is not None:
+    tuned = w.policy.tuned
+    if tuned is not None and plan.proposer == "draft":
         es = tuned.params.get("early_stop")
         if isinstance(es, (int, float)) and not isinstance(es, bool):
             plan.early_stop = float(es)
@@ -175,6 +227,95 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     return plan
 
 
+_PAYS = {"draft": "the draft model", "ngram": "the n-gram proposer", "hybrid": "the hybrid",
+         "plain": "neither (plain decoding)"}
+
+
+def _draft_plan(w, base: dict, source: str) -> Plan:
+    """The draft model's k (or batch size → k table) for workload ``w``."""
+    tuned = w.policy.tuned
+    batch = w.batch
+    points = [p for p in (batch.points if batch is not None else [])]
+    use_tuned = source == "tuned" or (source == "auto" and any(
+        p.tuned_k is not None for p in points))
+    if source == "tuned" and not any(p.tuned_k is not None for p in points):
+        fixed = tuned.params.get("k") if tuned is not None else None
+        if not isinstance(fixed, int):
+            raise ExportError("no tuned table or fixed k for this workload: run `autospec "
+                              "tune` first, or export --source costmodel")
+    plan = Plan(**base, source="cost model", grid_source=batch.source if points else None)
+    if points and (use_tuned or any(p.k is not None for p in points)):
+        for p in points:
+            k = p.tuned_k if use_tuned and p.tuned_k is not None else p.k
+            if k is None:
+                continue
+            s = p.speedup_by_k.get(k) if k != p.k else p.speedup
+            if k == 0:
+                s = 1.0
+            plan.table.append((p.batch, int(k), s))
+        if use_tuned:
+            plan.source = f"tuned policy ({batch.tuned or tuned.family})"
+    if not plan.table:  # batch 1 only: the cost model's argmax over the T_t(n) curve
+        sp = w.speedup
+        fixed = tuned.params.get("k") if tuned is not None else None
+        if source != "costmodel" and isinstance(fixed, int):
+            plan.table = [(1, fixed, sp.curve.get(fixed))]
+            plan.source = f"tuned policy ({tuned.family})"
+        elif sp.oracle_k is not None:
+            plan.table = [(1, int(sp.oracle_k), sp.oracle)]
+        elif w.proposers is not None and w.proposers.draft is not None:
+            # nothing drafted live: section 5 prices the draft model on its traces
+            plan.table = [(1, int(w.proposers.draft[0]), w.proposers.draft[1])]
+            plan.source = "cost model, draft model on the requests' traces (report section 5)"
+        else:
+            why = (w.verification.cost_note or (batch.note if batch is not None else None)
+                   or "measure acceptance and costs first (`autospec probe`)")
+            raise ExportError(f"the cost model has no k for this workload yet: {why}")
+        plan.notes.append("no batch cost grid: one k, measured at batch 1 (`autospec probe "
+                          "--batch` measures T_t(B, n) for a batch-size table)")
+    elif batch is not None and batch.note:
+        plan.notes.append(batch.note)
+    return plan
+
+
+def _ngram_plan(store, w) -> NgramPlan | None:
+    """The report's section 5 for workload ``w`` (None: it knows nothing of the n-gram
+    proposer), with the n-gram settings of the workload's latest requests that logged them."""
+    pr = w.proposers
+    if pr is None:
+        return None
+    max_n, min_n = _ngram_settings(store, w.category, w.pair["id"])
+    return NgramPlan(
+        k=pr.ngram[0] if pr.ngram is not None else None,
+        speedup=pr.ngram[1] if pr.ngram is not None else None,
+        draft=pr.draft, pays=pr.pays, margin=pr.margin, match_rate=pr.match_rate,
+        conditional=list(pr.ngram_conditional), trace_requests=pr.trace_requests,
+        live_drafted=pr.ngram_live_drafted, live_alpha=pr.ngram_live_alpha,
+        max_n=max_n, min_n=min_n)
+
+
+def _ngram_settings(store, category: str, pair_id: int, limit: int = 50) -> tuple[int, int]:
+    """(max_n, min_n) of the latest requests that logged them (``requests.ngram``), else
+    autospec.ngram's defaults."""
+    from sqlalchemy import select
+
+    from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
+    from autospec.store.models import Request
+    from autospec.store.rows import category_key
+
+    stmt = (select(Request.ngram)
+            .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
+                   Request.ngram.is_not(None))
+            .order_by(Request.id.desc()).limit(limit))
+    with store.session() as s:
+        for (settings,) in s.execute(stmt):
+            mx = settings.get("max_n") if isinstance(settings, dict) else None
+            mn = settings.get("min_n") if isinstance(settings, dict) else None
+            if isinstance(mx, int) and mx >= 1:
+                return mx, mn if isinstance(mn, int) and 1 <= mn <= mx else min(DEFAULT_MIN_N, mx)
+    return DEFAULT_MAX_N, DEFAULT_MIN_N
+
+
 def _short(name: str) -> str:
     return str(name).rstrip("/").rsplit("/", 1)[-1]
 
@@ -186,6 +327,16 @@ def _header(plan: Plan, engine: str, prefix: str = "# ") -> list[str]:
         f"{plan.first_seen:%Y-%m-%d %H:%M} – {plan.last_seen:%Y-%m-%d %H:%M} UTC",
         f"pair: target {plan.target}, draft {plan.draft}; hardware {plan.hardware} "
         f"({plan.dtype})",
+    ]
+    ng = plan.ngram
+    if plan.proposer == "ngram":
+        lines.append(f"proposer: the n-gram proposer (prompt lookup, no draft model), suffixes "
+                     f"of {ng.max_n} down to {ng.min_n} tokens (the requests' logged settings)")
+    else:
+        lines.append("proposer: the draft model")
+    if ng is not None:
+        lines += _ngram_lines(ng)
+    lines += [
         f"k from: {plan.source}; costs: "
         f"{plan.grid_source or 'T_t(n) at batch 1'}",
         "batch size → k, estimated speedup over plain decoding at that batch size:",
@@ -202,6 +353,59 @@ def _header(plan: Plan, engine: str, prefix: str = "# ") -> list[str]:
     lines += [f"WARNING: {w}" for w in plan.warnings]
     lines.append(f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     return [prefix + line for line in lines]
+
+
+def _ngram_lines(ng: NgramPlan) -> list[str]:
+    """Provenance of the proposer choice: the report's section 5 numbers."""
+    head = f"which proposer pays (report section 5): {_PAYS[ng.pays]}"
+    if ng.margin is not None:
+        head += f", {ng.margin:.2f}× the next best"
+    est = []
+    if ng.draft is not None:
+        est.append(f"draft model k={ng.draft[0]} S≈{ng.draft[1]:.2f}×")
+    if ng.k is not None and ng.speedup is not None:
+        est.append(f"n-gram k={ng.k} S≈{ng.speedup:.2f}×")
+    out = [head + (f" ({'; '.join(est)})" if est else "")]
+    measured = []
+    if ng.match_rate is not None:
+        measured.append(f"match at {ng.match_rate:.0%} of generated positions "
+                        f"({ng.trace_requests} greedy requests' n-gram traces)")
+    by_pos = [f"{a:.2f}" if a is not None else "-" for a in ng.conditional]
+    if any(a is not None for a in ng.conditional):
+        measured.append("acceptance by position where matched " + " ".join(by_pos))
+    if ng.live_drafted:
+        measured.append(f"live: {ng.live_drafted} drafted, α={ng.live_alpha:.3f}"
+                        if ng.live_alpha is not None else f"live: {ng.live_drafted} drafted")
+    if measured:
+        out.append("n-gram measured: " + "; ".join(measured))
+    return out
+
+
+def vllm_ngram_config(plan: Plan) -> dict:
+    ng = plan.ngram
+    return {"method": "ngram", "num_speculative_tokens": plan.k_at(1),
+            "prompt_lookup_max": ng.max_n, "prompt_lookup_min": ng.min_n}
+
+
+def trtllm_ngram_config(plan: Plan) -> dict:
+    # per-request matches of the newest occurrence, as autospec's prompt lookup
+    return {"decoding_type": "NGram", "max_draft_len": plan.k_at(1),
+            "max_matching_ngram_size": plan.ngram.max_n, "is_keep_all": True,
+            "is_use_oldest": False, "is_public_pool": False}
+
+
+def sglang_ngram_flags(plan: Plan, k: int) -> list[str]:
+    ng = plan.ngram
+    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
+            "--speculative-ngram-min-match-window-size", str(ng.min_n),
+            "--speculative-ngram-max-match-window-size", str(ng.max_n),
+            "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth",
+            "1"]
+
+
+def llamacpp_ngram_flags(plan: Plan, k: int) -> list[str]:
+    return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(plan.ngram.max_n),
+            "--spec-ngram-simple-size-m", str(k)]
 
 
 def vllm_config(plan: Plan) -> dict | None:
@@ -253,7 +457,7 @@ def render(plan: Plan, engine: str, *, batch: int = 1) -> str:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     head = _header(plan, engine)
     if engine == "vllm":
-        cfg = vllm_config(plan)
+        cfg = vllm_ngram_config(plan) if plan.proposer == "ngram" else vllm_config(plan)
         cmd = ["vllm", "serve", plan.target]
         if cfg is None:
             head.append("# speculation does not pay at any batch size: serve without it")
@@ -261,7 +465,7 @@ def render(plan: Plan, engine: str, *, batch: int = 1) -> str:
             cmd += ["--speculative-config", json.dumps(cfg, separators=(", ", ": "))]
         return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])
     if engine == "trtllm":
-        cfg = trtllm_config(plan)
+        cfg = trtllm_ngram_config(plan) if plan.proposer == "ngram" else trtllm_config(plan)
         head.append(f"# use: trtllm-serve {plan.target} --extra_llm_api_options THIS_FILE")
         if cfg is None:
             head.append("# speculation does not pay at batch 1: no speculative_config")
@@ -274,7 +478,11 @@ def render(plan: Plan, engine: str, *, batch: int = 1) -> str:
     head.append(f"# one k for this engine: the k at batch size {batch}")
     if engine == "sglang":
         cmd = ["python", "-m", "sglang.launch_server", "--model-path", plan.target]
-        if k > 0:
+        if k > 0 and plan.proposer == "ngram":
+            cmd += sglang_ngram_flags(plan, k)
+            head.append("# a chain of k tokens (BFS breadth 1), as autospec drafts; "
+                        "--speculative-num-draft-tokens counts the verified token too (k + 1)")
+        elif k > 0:
             cmd += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
                     plan.draft, "--speculative-num-steps", str(k), "--speculative-eagle-topk",
                     "1", "--speculative-num-draft-tokens", str(k + 1)]
@@ -282,7 +490,12 @@ def render(plan: Plan, engine: str, *, batch: int = 1) -> str:
             head.append("# speculation does not pay here: serve without it")
         return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])
     cmd = ["llama-server", "-m", plan.target]
-    if k > 0:
+    if k > 0 and plan.proposer == "ngram":
+        cmd += llamacpp_ngram_flags(plan, k)
+        head.append(f"# llama.cpp's ngram-simple matches one suffix length (n = "
+                    f"{plan.ngram.max_n}) and does not fall back to shorter ones as autospec's "
+                    f"lookup does: expect fewer matches than measured")
+    elif k > 0:
         cmd += ["-md", plan.draft, "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
         if plan.early_stop is not None:
             cmd += ["--spec-draft-p-min", f"{plan.early_stop:g}"]

@@ -317,10 +317,12 @@ STORE_METRIC_NAMES = (
 class StoreCollector:
     """A prometheus_client collector that reads the store's per-(category, pair) aggregates
     on every scrape: the live exporter's counters (summed over every process that ever wrote
-    the store), the k in force (the k the recent requests ran most), the speculation-off
-    share, tokens/s, bandwidth against peak, and the cost model's speedup estimate, also per
-    batch size — all as ``autospec report`` computes them (``autospec.report.build_report``).
-    The store is only read; a failing read is logged and scraped as ``autospec:store_up 0``."""
+    the store; the draft model's blocks under ``proposer="draft"``, the n-gram proposer's
+    under ``proposer="ngram"``, as ``Metrics`` labels them), the k in force (the k the recent
+    requests ran most), the speculation-off share, tokens/s, bandwidth against peak, and the
+    cost model's speedup estimate, also per batch size — all as ``autospec report`` computes
+    them (``autospec.report.build_report``). The store is only read; a failing read is
+    logged and scraped as ``autospec:store_up 0``."""
 
     def __init__(self, store, *, category: str | None = None):
         self.store = store
@@ -408,6 +410,16 @@ class StoreCollector:
             for pos in range(max(len(acc), len(dra))):
                 fam["acc_pos"].add_metric([*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
                 fam["dra_pos"].add_metric([*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
+            if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
+                ng = [*lv[:3], "ngram", lv[4]]
+                fam["drafts"].add_metric(ng, sm.ngram_drafts)
+                fam["drafted"].add_metric(ng, sm.ngram_drafted)
+                fam["accepted"].add_metric(ng, sm.ngram_accepted)
+                acc = list(sm.ngram_accepted_per_position)
+                dra = list(sm.ngram_drafted_per_position)
+                for pos in range(max(len(acc), len(dra))):
+                    fam["acc_pos"].add_metric([*ng, str(pos)], acc[pos] if pos < len(acc) else 0)
+                    fam["dra_pos"].add_metric([*ng, str(pos)], dra[pos] if pos < len(dra) else 0)
             fam["requests"].add_metric(lv, sm.requests)
             fam["iterations"].add_metric(lv, sm.iterations)
             off = sm.k_counts.get(0, 0)

@@ -211,3 +211,186 @@ def test_several_workloads_need_a_category(tmp_path, capsys):
     assert e.value.code == 2 and len(err) == 1 and "--category" in err[0]
     with pytest.raises(SystemExit):
         main(["export", "--db", str(tmp_path / "missing.db"), "--engine", "vllm"])
+
+
+# -- the n-gram (prompt-lookup) proposer -------------------------------------------------------
+
+NGRAM_SETTINGS = {"max_n": 5, "min_n": 2}
+
+
+def check_vllm_ngram(text: str) -> dict:
+    shape = SHAPES["vllm"]
+    argv = command(text)
+    assert argv[:2] == shape["command"]
+    cfg = json.loads(flags(argv)[shape["flag"]])
+    assert set(cfg) == set(shape["ngram"]["keys"]) and cfg["method"] == shape["ngram"]["method"]
+    assert cfg["num_speculative_tokens"] > 0
+    assert 1 <= cfg["prompt_lookup_min"] <= cfg["prompt_lookup_max"]
+    return cfg
+
+
+def check_trtllm_ngram(text: str) -> dict:
+    shape = SHAPES["trtllm"]
+    cfg = yaml.safe_load(text)[shape["top_key"]]
+    assert set(cfg) == set(shape["ngram"]["keys"])
+    assert cfg["decoding_type"] == shape["ngram"]["decoding_type"]
+    assert cfg["max_draft_len"] > 0 and cfg["max_matching_ngram_size"] > 0
+    assert all(isinstance(cfg[k], bool) for k in ("is_keep_all", "is_use_oldest",
+                                                  "is_public_pool"))
+    return cfg
+
+
+def check_flags_ngram(engine: str, text: str) -> dict[str, str]:
+    shape = SHAPES[engine]
+    argv = command(text)
+    assert argv[: len(shape["command"])] == shape["command"]
+    f = flags(argv[len(shape["command"]):])
+    assert set(f) == set(shape["ngram"]["flags"]), set(f) ^ set(shape["ngram"]["flags"])
+    assert not set(f) & set(shape["ngram"].get("removed", []))
+    return f
+
+
+def check_ngram_exports(texts: dict[str, str], k: int, max_n: int, min_n: int) -> None:
+    """Every engine's prompt-lookup configuration, with the k and suffix lengths given."""
+    vl = check_vllm_ngram(texts["vllm"])
+    assert (vl["num_speculative_tokens"], vl["prompt_lookup_max"],
+            vl["prompt_lookup_min"]) == (k, max_n, min_n)
+    trt = check_trtllm_ngram(texts["trtllm"])
+    assert (trt["max_draft_len"], trt["max_matching_ngram_size"]) == (k, max_n)
+    assert trt["is_use_oldest"] is False and trt["is_public_pool"] is False
+    sg = check_flags_ngram("sglang", texts["sglang"])
+    assert sg["--speculative-algorithm"] == SHAPES["sglang"]["ngram"]["algorithm"]
+    assert int(sg["--speculative-num-draft-tokens"]) == k + 1
+    assert (int(sg["--speculative-ngram-min-match-window-size"]),
+            int(sg["--speculative-ngram-max-match-window-size"])) == (min_n, max_n)
+    assert sg["--speculative-ngram-max-bfs-breadth"] == "1"
+    ll = check_flags_ngram("llamacpp", texts["llamacpp"])
+    assert ll["--spec-type"] == SHAPES["llamacpp"]["ngram"]["spec_type"]
+    assert (int(ll["--spec-ngram-simple-size-n"]), int(ll["--spec-ngram-simple-size-m"])) == (
+        max_n, k)
+    assert "-md" not in ll  # no draft model
+    for text in texts.values():  # provenance: the proposer, which pays, its measured acceptance
+        assert "proposer: the n-gram proposer" in text and "n-gram measured:" in text
+        assert f"suffixes of {max_n} down to {min_n} tokens" in text
+
+
+@pytest.fixture
+def proposer_store(tmp_path):
+    """Greedy traffic priced per proposer by the report's section 5: "copy" repeats its input
+    (the n-gram matches everywhere, the draft model agrees rarely), "free" never does (the
+    draft model agrees often), "mixed" in between."""
+    import random
+    from dataclasses import replace
+
+    from test_tune_ngram import CURVE, PAIR, T_D, _record
+
+    from autospec.store import add_probe
+
+    rng = random.Random(1)
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    st = open_store(url)
+    recs = [_record(rng, "copy", 0.05, 1.0, 1.0e9 + i) for i in range(30)]
+    recs = [replace(r, ngram={**r.ngram, **NGRAM_SETTINGS}) for r in recs]
+    recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(30)]
+    recs += [_record(rng, "mixed", 0.9, 0.15, 1.0e9 + 200 + i) for i in range(30)]
+    st.write(recs)
+    with st.begin() as s:
+        add_probe(s, PAIR, {"path": "eager", "draft_s": T_D,
+                            "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+    st.close()
+    return url
+
+
+def section5(url: str, category: str):
+    from autospec.report import build_report
+
+    with open_store(url, read_only=True) as st:
+        (w,) = build_report(st, category=category).workloads
+    return w.proposers
+
+
+def test_auto_exports_the_ngram_proposer_where_the_report_finds_it_pays(proposer_store,
+                                                                       tmp_path):
+    url = proposer_store
+    copy, free = section5(url, "copy"), section5(url, "free")
+    assert copy.pays == "ngram" and free.pays == "draft"  # the report's verdicts
+    engines = ("vllm", "trtllm", "sglang", "llamacpp")
+    texts = {e: export(url, e, tmp_path, "--category", "copy") for e in engines}
+    check_ngram_exports(texts, copy.ngram[0], NGRAM_SETTINGS["max_n"],
+                        NGRAM_SETTINGS["min_n"])
+    for text in texts.values():  # the report's numbers, not recomputed ones
+        assert f"B=1: k={copy.ngram[0]}, S≈{copy.ngram[1]:.2f}×" in text
+        assert f"which proposer pays (report section 5): the n-gram proposer, " \
+               f"{copy.margin:.2f}×" in text
+        assert f"match at {copy.match_rate:.0%} of generated positions" in text
+    # where the draft model pays, auto exports the draft model's configuration
+    cfg = check_vllm(export(url, "vllm", tmp_path, "--category", "free"))
+    assert cfg["num_speculative_tokens"] == free.draft[0] and cfg["model"] == "synthetic-draft"
+    ll = check_flags("llamacpp", export(url, "llamacpp", tmp_path, "--category", "free"))
+    assert int(ll["--spec-draft-n-max"]) == free.draft[0]
+    trt = check_trtllm(export(url, "trtllm", tmp_path, "--category", "free"))
+    assert trt["max_draft_len"] == free.draft[0]
+
+
+def test_the_proposer_option_overrides_the_choice(proposer_store, synthetic, tmp_path, capsys):
+    url = proposer_store
+    # --proposer draft where the n-gram pays: the draft model's settings (here: none pay)
+    text = export(url, "vllm", tmp_path, "--category", "copy", "--proposer", "draft")
+    assert '"method": "ngram"' not in text and "proposer: the draft model" in text
+    # --proposer ngram where it does not pay: exported as asked, and the header says so
+    mixed = section5(url, "mixed")
+    assert mixed.pays != "ngram" and mixed.ngram is not None
+    texts = {e: export(url, e, tmp_path, "--category", "mixed", "--proposer", "ngram")
+             for e in ("vllm", "trtllm", "sglang", "llamacpp")}
+    check_ngram_exports(texts, mixed.ngram[0], 3, 1)
+    assert all("exported as asked (--proposer ngram)" in t for t in texts.values())
+    # nothing to export: never a match, or no n-gram record at all (one error line each)
+    for db, extra, message in [(url, ["--category", "free"], "never found a match"),
+                               (synthetic[0], [], "nothing on the n-gram proposer")]:
+        capsys.readouterr()  # the warnings of the exports above
+        with pytest.raises(SystemExit) as e:
+            main(["export", "--db", db, "--engine", "vllm", "--proposer", "ngram", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+    # a store without n-gram records: auto is the draft model, as before
+    assert check_vllm(export(synthetic[0], "vllm", tmp_path))["method"] == "draft_model"
+
+
+def test_ngram_export_from_a_tiny_model_run(tmp_path):
+    from test_ngram import _repetitive
+
+    import autospec
+    from autospec.probe import probe
+    from autospec.store import add_probe, queries
+    from autospec.telemetry import RequestTelemetry
+
+    from conftest import noisy_copy, tiny
+
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    target = tiny("qwen2", sharpen=30.0)
+    draft = noisy_copy(target, 0.15)
+    names = ("org/tiny-target", "org/tiny-draft")
+    spec = autospec.Controller(target, draft, store=url, names=names, policy="ngram:4",
+                               ngram={"max_n": 4, "min_n": 2})
+    for seed in range(3):
+        spec.generate(_repetitive(seed), max_new_tokens=24, do_sample=False, category="rep",
+                      eos_token_id=None)
+    spec.close()
+    res = probe(target, draft, context=16, max_n=6, repeats=1, cache_dir=str(tmp_path))
+    with open_store(url) as st, st.begin() as s:
+        add_probe(s, RequestTelemetry(target, draft, names=names, measure_peak=False).pair,
+                  res.to_dict())
+    with open_store(url, read_only=True) as st, st.session() as s:
+        (sm,) = queries.category_summaries(s)
+    assert sm.ngram_drafted > 0  # the run drafted by prompt lookup
+    pr = section5(url, "rep")
+    assert pr is not None and pr.ngram is not None
+    texts = {e: export(url, e, tmp_path, "--proposer", "ngram")
+             for e in ("vllm", "trtllm", "sglang", "llamacpp")}
+    check_ngram_exports(texts, pr.ngram[0], 4, 2)  # the run's logged suffix lengths
+    for text in texts.values():  # the live counters, as the store sums them
+        assert f"live: {sm.ngram_drafted} drafted, α={sm.ngram_accepted / sm.ngram_drafted:.3f}" \
+            in text and "org/tiny-target" in text
+    # auto: what the report's section 5 says pays
+    auto = export(url, "vllm", tmp_path)
+    assert ('"method": "ngram"' in auto) == (pr.pays == "ngram")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_metrics import pick, scrape
+from test_ngram import _repetitive
 from test_report_batch import BATCHES, expected_view, fill
 
 import autospec
@@ -56,16 +57,30 @@ def run_store(tmp_path_factory):
                   attention_mask=torch.ones(2, 8, dtype=torch.long))
     spec.generate(prompt(6), max_new_tokens=4, num_beams=2)
     spec.close()
+    # prompt lookup on a repetitive prompt: n-gram blocks beside the draft model's
+    hybrid = autospec.Controller(target, noisy_copy(target, 0.15), store=url, metrics=metrics,
+                                 names=("org/t", "org/d"), policy="hybrid:3:1")
+    hybrid.generate(_repetitive(4), max_new_tokens=24, do_sample=False, category="rep",
+                    eos_token_id=None)
+    loop = hybrid.last_stats
+    hybrid.close()
+    assert loop.ngram_drafts > 0 and loop.drafts > 0
+    # and without a draft model at all: prompt lookup only
+    solo = autospec.Controller(target, None, store=url, metrics=metrics, policy="ngram:4")
+    solo.generate(_repetitive(5), max_new_tokens=16, do_sample=False, category="solo",
+                  eos_token_id=None)
+    assert solo.last_stats.ngram_drafts > 0 and solo.last_stats.drafts == 0
+    solo.close()
     live = start_http_server(0, metrics=metrics)
     try:
         samples = scrape(live.url)
     finally:
         live.close()
-    return url, samples
+    return url, samples, loop
 
 
 def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
-    url, live = run_store
+    url, live, loop = run_store
     proc, endpoint = serve_cli(url)
     try:
         fleet = scrape(endpoint)
@@ -76,6 +91,8 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
         sums = {sm.category: sm for sm in queries.category_summaries(s)}
     assert pick(fleet, "autospec:store_up") == 1
     for cat, sm in sums.items():
+        if cat == "solo":  # another pair (no draft model): below
+            continue
         lab = dict(category=cat, pair="t/d", proposer="draft", model_name="t")
         for name, value in [("vllm:spec_decode_num_drafts_total", sm.drafts),
                             ("vllm:spec_decode_num_draft_tokens_total", sm.drafted),
@@ -91,6 +108,37 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
             pick(live, "autospec:speculation_off_share", **lab))
         hw = {dict(lv).get("hardware") for n, lv in fleet if n.startswith("vllm:")}
         assert hw == {sm.pair.hardware}
+    # the n-gram proposer's blocks: its own series, equal to the store's, the live scrape's
+    # and the loop's own counts
+    sm = sums["rep"]
+    assert (sm.ngram_drafts, sm.ngram_drafted, sm.ngram_accepted) == (
+        loop.ngram_drafts, loop.ngram_drafted, loop.ngram_accepted)
+    ng = dict(category="rep", pair="t/d", proposer="ngram", model_name="t")
+    for name, value in [("vllm:spec_decode_num_drafts_total", loop.ngram_drafts),
+                        ("vllm:spec_decode_num_draft_tokens_total", loop.ngram_drafted),
+                        ("vllm:spec_decode_num_accepted_tokens_total", loop.ngram_accepted)]:
+        assert pick(fleet, name, **ng) == value == pick(live, name, **ng), name
+    for name, counts in [("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                          loop.ngram_accepted_per_position),
+                         ("autospec:spec_decode_num_draft_tokens_per_pos_total",
+                          loop.ngram_drafted_per_position)]:
+        for pos, c in enumerate(counts):
+            assert pick(fleet, name, position=pos, **ng) == c == pick(live, name, position=pos,
+                                                                      **ng), (name, pos)
+    solo = sums["solo"]
+    for name, value in [("vllm:spec_decode_num_drafts_total", solo.ngram_drafts),
+                        ("vllm:spec_decode_num_draft_tokens_total", solo.ngram_drafted),
+                        ("vllm:spec_decode_num_accepted_tokens_total", solo.ngram_accepted)]:
+        assert value > 0 or name.endswith("accepted_tokens_total")
+        assert pick(fleet, name, category="solo", proposer="ngram") == value == pick(
+            live, name, category="solo", proposer="ngram"), name
+    # the same series from either source: a dashboard summing by proposer sees no difference
+    def series(samples):
+        return {(n, lv) for n, lv in samples if n.endswith("_total")
+                and n.startswith(("vllm:spec_decode", "autospec:spec_decode"))}
+    strip = {(n, tuple(kv for kv in lv if kv[0] != "hardware")) for n, lv in series(fleet)}
+    assert strip == series(live)
+    assert {dict(lv)["proposer"] for _, lv in strip} == {"draft", "ngram"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -161,7 +209,7 @@ def test_port_in_use_is_one_error_line(tmp_path):
 
 
 def test_the_dashboard_is_grafana_json_over_exposed_metrics(run_store, tmp_path):
-    url, live = run_store
+    url, live, loop = run_store
     synthetic = f"sqlite:///{tmp_path / 'g.db'}"  # with a cost grid: the speedup metrics
     st = open_store(synthetic)
     fill(st)

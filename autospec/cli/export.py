@@ -27,6 +27,10 @@ def register(sub, parents) -> None:
     p.add_argument("--source", choices=("auto", "costmodel", "tuned"), default="auto",
                    help="whose k: the tuned policy's table where stored, else the cost "
                         "model's (auto); or either one")
+    p.add_argument("--proposer", choices=("auto", "draft", "ngram"), default="auto",
+                   help="what drafts: the draft model, the n-gram proposer (prompt lookup, "
+                        "no draft model), or auto: the n-gram proposer where the report "
+                        "(section 5) finds that it pays, else the draft model")
     p.add_argument("--max-batch", type=positive_int, metavar="B",
                    help="the largest batch size the engine runs (default: the largest "
                         "measured one): the last measured k holds up to it")
@@ -52,7 +56,7 @@ def run(args, parser) -> int:
             plan = plan_for(store, category=args.category, pair_id=args.pair_id,
                             source=args.source, max_batch=args.max_batch,
                             engine_hardware=args.engine_hardware,
-                            engine_model=args.engine_model)
+                            engine_model=args.engine_model, proposer=args.proposer)
         except ExportError as e:
             die(str(e))
     text = render(plan, args.engine, batch=args.batch)
@@ -65,6 +69,6 @@ def run(args, parser) -> int:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as e:
         die(f"cannot write {args.out}: {e}")
-    print(f"wrote {args.out} ({args.engine}: k " +
+    print(f"wrote {args.out} ({args.engine}, {plan.proposer}: k " +
           ", ".join(f"{a}-{b}:{k}" for a, b, k in plan.ranges()) + ")")
     return 0
