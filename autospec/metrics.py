@@ -35,6 +35,7 @@ one process's; ``rate`` of the iteration counters gives all of them).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
@@ -462,19 +463,24 @@ def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
     return serve_registry(registry, port, addr)
 
 
+# the store families the collector takes from the report (``build_report``), not the sums
+_FROM_REPORT = ("k", "speedup", "speedup_k", "by_batch", "k_by_batch")
+
+
 def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> int:
     """Write the store's history as OpenMetrics text with timestamps, for Prometheus to load
     (``promtool tsdb create-blocks-from openmetrics FILE DIR``): what ``StoreCollector``
-    would have served had it been scraped every ``step`` seconds since the first request.
+    would have served had it been scraped every ``step`` seconds (whole milliseconds, as
+    Prometheus keeps them) since the first request.
 
-    The requests are replayed in ``created_at`` order. At every step before the last request
-    it emits the running counters (drafts, draft and accepted tokens and by position,
-    requests, iterations and those with speculation off, generated tokens, request seconds)
-    and the gauges that follow from those sums alone (speculation-off share, tokens/s,
-    bandwidth, its peak and utilisation). The gauges the collector takes from the report —
-    k in force, the speedup estimates (also per batch size) — and ``autospec:store_up`` come
-    only at the last step, which is the collector's own scrape of the store, timestamped at
-    the last request. Same names, labels and help text as the collector (one definition).
+    The requests are replayed in ``created_at`` order. At every step before the last request,
+    and at the last request's time it emits the running counters (drafts, draft and accepted
+    tokens and by position, requests, iterations and those with speculation off, generated
+    tokens, request seconds) and the gauges that follow from those sums alone
+    (speculation-off share, tokens/s, bandwidth, its peak and utilisation). The gauges the
+    collector takes from the report — k in force, the speedup estimates (also per batch
+    size) — and ``autospec:store_up`` come only at that last time, from the collector's own
+    read of the store. Same names, labels and help text as the collector (one definition).
     ``out``: a writable text file. Returns the number of samples written."""
     from collections import Counter
     from datetime import timezone
@@ -526,13 +532,15 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
                 nvml_mem_busy_n=0, nvml_sm_util_sum=0.0, nvml_sm_util_n=0,
                 first_seen=seen[0], last_seen=seen[1]), None, ts)
 
-    last = epoch(rows[-1].created_at) if rows else None
-    t = epoch(rows[0].created_at) if rows else None
+    # Prometheus keeps milliseconds: every step is a whole one, the last one rounded up
+    step_ms = max(1, round(step * 1000))
+    last = math.ceil(epoch(rows[-1].created_at) * 1000) if rows else None
+    t = math.ceil(epoch(rows[0].created_at) * 1000) if rows else None
     for r in rows:
-        at = epoch(r.created_at)
+        at = epoch(r.created_at) * 1000
         while t < at:  # the steps this request comes after
-            emit(t)
-            t += step
+            emit(t / 1000)
+            t += step_ms
         a = sums.setdefault((r.category_key, r.pair_id), dict(
             category=r.category, requests=0, prompt_tokens=0, new_tokens=0, iterations=0,
             drafts=0, drafted=0, accepted=0, acc=Counter(), dra=Counter(), k=Counter(),
@@ -554,10 +562,14 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             a["peak"] = max(a["peak"] or 0.0, r.bandwidth_peak_bytes_per_s)
         a["last"] = r.created_at
     families = {f.name: f for f in fam.values()}
-    if last is not None:  # the last step: the collector's own scrape, all of it
+    if last is not None:  # the last step: the replay's sums, and what only the report has
+        last /= 1000
+        emit(last)
+        replayed = {f.name for k, f in fam.items() if k not in _FROM_REPORT}
         for f in StoreCollector(store, category=category).collect():
-            mine = families.setdefault(f.name, type(f)(f.name, f.documentation, labels=[]))
-            mine.samples.extend(smp._replace(timestamp=last) for smp in f.samples)
+            if f.name not in replayed:
+                mine = families.setdefault(f.name, type(f)(f.name, f.documentation, labels=[]))
+                mine.samples.extend(smp._replace(timestamp=last) for smp in f.samples)
     n = 0
     for f in families.values():  # one series' samples together, in time order
         f.samples.sort(key=lambda smp: (smp.name, sorted(smp.labels.items()), smp.timestamp))
