@@ -464,7 +464,7 @@ def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
 
 
 # the store families the collector takes from the report (``build_report``), not the sums
-_FROM_REPORT = ("k", "speedup", "speedup_k", "by_batch", "k_by_batch")
+_FROM_REPORT = ("speedup", "speedup_k", "by_batch", "k_by_batch")
 
 
 def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> int:
@@ -477,17 +477,19 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
     and at the last request's time it emits the running counters (drafts, draft and accepted
     tokens and by position, requests, iterations and those with speculation off, generated
     tokens, request seconds) and the gauges that follow from those sums alone
-    (speculation-off share, tokens/s, bandwidth, its peak and utilisation). The gauges the
-    collector takes from the report — k in force, the speedup estimates (also per batch
-    size) — and ``autospec:store_up`` come only at that last time, from the collector's own
-    read of the store. Same names, labels and help text as the collector (one definition).
+    (speculation-off share, tokens/s, bandwidth, its peak and utilisation) or from the
+    latest requests (k in force: the k the latest ``RECENT`` batch-1 requests ran most, as
+    the report takes it). The cost model's speedup estimates (also per batch size) and
+    ``autospec:store_up`` come only at that last time, from the collector's own read of the
+    store. Same names, labels and help text as the collector (one definition).
     ``out``: a writable text file. Returns the number of samples written."""
-    from collections import Counter
+    from collections import Counter, deque
     from datetime import timezone
 
     from prometheus_client.openmetrics import exposition
     from sqlalchemy import select
 
+    from autospec.report.model import RECENT
     from autospec.store import queries
     from autospec.store.models import Request
     from autospec.store.rows import category_key
@@ -499,7 +501,8 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             Request.drafted, Request.accepted, Request.accepted_per_position,
             Request.drafted_per_position, Request.k_schedule, Request.wall_s,
             Request.prefill_s, Request.target_s_by_n, Request.target_s_by_bn,
-            Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s)
+            Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s,
+            Request.batch_size)
     stmt = select(*cols).order_by(Request.created_at, Request.id)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
@@ -530,7 +533,7 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
                 bandwidth_bytes=a["bw_bytes"], bandwidth_s=a["bw_s"],
                 bandwidth_peak_bytes_per_s=a["peak"], nvml_mem_busy_sum=0.0,
                 nvml_mem_busy_n=0, nvml_sm_util_sum=0.0, nvml_sm_util_n=0,
-                first_seen=seen[0], last_seen=seen[1]), None, ts)
+                first_seen=seen[0], last_seen=seen[1]), _k_only(a["recent_k"]), ts)
 
     # Prometheus keeps milliseconds: every step is a whole one, the last one rounded up
     step_ms = max(1, round(step * 1000))
@@ -545,14 +548,20 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             category=r.category, requests=0, prompt_tokens=0, new_tokens=0, iterations=0,
             drafts=0, drafted=0, accepted=0, acc=Counter(), dra=Counter(), k=Counter(),
             wall_s=0.0, prefill_s=0.0, bw_bytes=0.0, bw_s=0.0, peak=None,
-            first=r.created_at, last=r.created_at))
+            first=r.created_at, last=r.created_at, recent=deque(), recent_k=Counter()))
         a["requests"] += 1
         for name in ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
                      "accepted", "wall_s", "prefill_s"):
             a[name] += getattr(r, name)
         a["acc"].update(dict(enumerate(r.accepted_per_position or ())))
         a["dra"].update(dict(enumerate(r.drafted_per_position or ())))
-        a["k"].update(bytes(r.k_schedule or b""))
+        ks = Counter(bytes(r.k_schedule or b""))
+        a["k"].update(ks)
+        if r.batch_size == 1:  # k in force: the latest RECENT requests at batch 1
+            a["recent"].append(ks)
+            a["recent_k"].update(ks)
+            if len(a["recent"]) > RECENT:
+                a["recent_k"].subtract(a["recent"].popleft())
         target_s = sum(sum(v) for m in (r.target_s_by_n, r.target_s_by_bn) for v in
                        (m or {}).values())
         if r.bandwidth_bytes_per_s is not None and target_s > 0:
@@ -585,6 +594,17 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
     out.write(exposition.generate_latest(_Families(), **kw).decode("utf-8"))
     log.info("autospec: backfilled %d samples of %d requests", n, len(rows))
     return n
+
+
+def _k_only(recent_k):
+    """A stand-in for ``_add_summary``'s report workload that has only the k in force (the k
+    run most, ties: the larger, as ``RecentActivity.k_mode``)."""
+    from types import SimpleNamespace
+
+    counts = {k: n for k, n in recent_k.items() if n > 0}
+    k = max(counts, key=lambda k: (counts[k], k)) if counts else None
+    return SimpleNamespace(policy=SimpleNamespace(k_in_force=k),
+                           speedup=SimpleNamespace(estimated=None, k=None), batch=None)
 
 
 def _as_list(c) -> tuple[int, ...]:
