@@ -502,7 +502,7 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             Request.drafted_per_position, Request.k_schedule, Request.wall_s,
             Request.prefill_s, Request.target_s_by_n, Request.target_s_by_bn,
             Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s,
-            Request.batch_size)
+            Request.batch_size, Request.ngram)
     stmt = select(*cols).order_by(Request.created_at, Request.id)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
@@ -533,7 +533,11 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
                 bandwidth_bytes=a["bw_bytes"], bandwidth_s=a["bw_s"],
                 bandwidth_peak_bytes_per_s=a["peak"], nvml_mem_busy_sum=0.0,
                 nvml_mem_busy_n=0, nvml_sm_util_sum=0.0, nvml_sm_util_n=0,
-                first_seen=seen[0], last_seen=seen[1]), _k_only(a["recent_k"]), ts)
+                first_seen=seen[0], last_seen=seen[1], ngram_drafts=a["ng_drafts"],
+                ngram_drafted=a["ng_drafted"], ngram_accepted=a["ng_accepted"],
+                ngram_accepted_per_position=_as_list(a["ng_acc"]),
+                ngram_drafted_per_position=_as_list(a["ng_dra"]),
+                ngram_lookup_s=a["ng_lookup_s"]), _k_only(a["recent_k"]), ts)
 
     # Prometheus keeps milliseconds: every step is a whole one, the last one rounded up
     step_ms = max(1, round(step * 1000))
@@ -548,7 +552,9 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             category=r.category, requests=0, prompt_tokens=0, new_tokens=0, iterations=0,
             drafts=0, drafted=0, accepted=0, acc=Counter(), dra=Counter(), k=Counter(),
             wall_s=0.0, prefill_s=0.0, bw_bytes=0.0, bw_s=0.0, peak=None,
-            first=r.created_at, last=r.created_at, recent=deque(), recent_k=Counter()))
+            first=r.created_at, last=r.created_at, recent=deque(), recent_k=Counter(),
+            ng_drafts=0, ng_drafted=0, ng_accepted=0, ng_lookup_s=0.0, ng_acc=Counter(),
+            ng_dra=Counter()))
         a["requests"] += 1
         for name in ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
                      "accepted", "wall_s", "prefill_s"):
@@ -557,6 +563,11 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
         a["dra"].update(dict(enumerate(r.drafted_per_position or ())))
         ks = Counter(bytes(r.k_schedule or b""))
         a["k"].update(ks)
+        if r.ngram is not None:  # the n-gram proposer's own sums, as the store folds them
+            for key in ("drafts", "drafted", "accepted", "lookup_s"):
+                a[f"ng_{key}"] += r.ngram[key]
+            a["ng_acc"].update(dict(enumerate(r.ngram["accepted_per_position"])))
+            a["ng_dra"].update(dict(enumerate(r.ngram["drafted_per_position"])))
         if r.batch_size == 1:  # k in force: the latest RECENT requests at batch 1
             a["recent"].append(ks)
             a["recent_k"].update(ks)
