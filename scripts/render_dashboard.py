@@ -83,18 +83,18 @@ def legend(fmt: str | None, metric: dict) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: metric.get(m.group(1), ""), fmt).strip()
 
 
-def unit_of(panel: dict) -> tuple[float, str, str]:
-    """(scale, axis label, format spec) for the panel's Grafana unit."""
+def unit_of(panel: dict) -> tuple[float, str, str, str]:
+    """(scale, axis label, format spec, suffix) for the panel's Grafana unit."""
     unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "none")
     if unit == "percentunit":
-        return 1.0, "", ".0%"
+        return 100.0, "%", ".3g", "%"
     if unit == "Bps":
-        return 1e-9, "GB/s", ".3g"
-    return 1.0, "", ".3g"
+        return 1e-9, "GB/s", ".3g", " GB/s"
+    return 1.0, "", ".3g", ""
 
 
-def fmt_value(v: float, spec: str) -> str:
-    return format(v, spec) if math.isfinite(v) else str(v)
+def fmt_value(v: float, spec: str, suffix: str = "") -> str:
+    return format(v, spec) + suffix if math.isfinite(v) else str(v)
 
 
 def time_ticks(start: float, end: float, n: int = 6) -> list[tuple[float, str]]:
@@ -118,7 +118,7 @@ def legend_html(entries: list[tuple[str, str, str]]) -> str:
 
 
 def render_timeseries(panel, base, start, end, step, rate_interval, width, height):
-    scale, y_label, spec = unit_of(panel)
+    scale, y_label, spec, suffix = unit_of(panel)
     series, entries, queries = [], [], []
     for target in panel["targets"]:
         expr = substitute(target["expr"], rate_interval)
@@ -129,8 +129,8 @@ def render_timeseries(panel, base, start, end, step, rate_interval, width, heigh
             name = legend(target.get("legendFormat"), res["metric"])
             series.append(Series("", pts, color=color, dots=len(pts) < 3, stroke=1.5))
             finite = [y for _, y in pts if math.isfinite(y)]
-            entries.append((color, name, f"last {fmt_value(finite[-1], spec)}" if finite
-                            else "no finite value"))
+            entries.append((color, name, f"last {fmt_value(finite[-1], spec, suffix)}"
+                            if finite else "last: none"))
     legend_h = legend_height(entries, width)
     chart_h = max(140, height - legend_h)
     if not series:
@@ -146,7 +146,7 @@ def render_timeseries(panel, base, start, end, step, rate_interval, width, heigh
 def render_instant(panel, base, end, rate_interval, width, height):
     """stat and bargauge: the value of each series at ``end``, as labelled horizontal bars
     (bargauge) or big numbers (stat)."""
-    scale, y_label, spec = unit_of(panel)
+    scale, y_label, spec, suffix = unit_of(panel)
     rows, queries = [], []
     for target in panel["targets"]:
         expr = substitute(target["expr"], rate_interval)
@@ -161,7 +161,7 @@ def render_instant(panel, base, end, rate_interval, width, height):
         return (title + f'<div class="nodata">no data. {escape(panel.get("description", ""))}'
                 '</div>', queries, 0)
     if panel["type"] == "stat":
-        body = "".join(f'<div class="stat"><span class="big">{fmt_value(v, spec)}</span>'
+        body = "".join(f'<div class="stat"><span class="big">{fmt_value(v, spec, suffix)}</span>'
                        f'<span>{escape(n)}</span></div>' for n, v, _ in rows)
         return title + body, queries, len(rows)
     groups: dict[str, list] = {}  # one scale per target: speedup and k do not share a bar
@@ -174,15 +174,15 @@ def render_instant(panel, base, end, rate_interval, width, height):
         cols = math.ceil(len(items) * row_px / room)
         body.append(f'<div class="bars" style="column-count:{cols};flex:{cols}">')
         top = max((v for _, v in items if math.isfinite(v)), default=1.0) or 1.0
-        if spec.endswith("%"):
-            top = max(top, 1.0)
+        if suffix == "%":
+            top = max(top, 100.0)
         for n, v in items:
             frac = max(0.0, min(1.0, v / top)) if math.isfinite(v) else 0.0
             body.append(f'<div class="bar" style="height:{row_px}px;font-size:{min(11, row_px - 1)}px">'
                         f'<span class="bl">{escape(n)}</span>'
                         f'<span class="bt"><i style="width:{100 * frac:.1f}%;background:'
                         f'{PALETTE[g * 5 % len(PALETTE)]}"></i></span>'
-                        f'<span class="bv">{fmt_value(v, spec)}</span></div>')
+                        f'<span class="bv">{fmt_value(v, spec, suffix)}</span></div>')
         body.append("</div>")
     return title + f'<div class="groups">{"".join(body)}</div>', queries, len(rows)
 
