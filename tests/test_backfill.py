@@ -1,15 +1,19 @@
 """`autospec metrics --backfill FILE`: a real store's history as timestamped OpenMetrics —
 the replay ends on what the live `autospec metrics` scrape of the same store serves, each
 series' timestamps increase, every step counts the requests stored by then, and promtool
-(where installed) turns the file into TSDB blocks holding every sample."""
+(where installed) turns the file into TSDB blocks holding every sample, from which a real
+Prometheus serves every panel of the dashboard (scripts/render_dashboard.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 from datetime import timezone
+from html import escape
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +27,9 @@ from autospec.store import open_store
 from autospec.store.models import Request
 
 from conftest import noisy_copy, prompt, tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "dashboards" / "autospec.json"
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +141,57 @@ def test_promtool_makes_blocks_of_every_sample(backfilled, tmp_path):
     # BLOCK ULID, MIN TIME, MAX TIME, DURATION, NUM SAMPLES, ...
     samples = sum(int(row[4]) for row in rows)
     assert samples == sum(len(p) for p in series(text).values())
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None or shutil.which("prometheus") is None,
+                    reason="Prometheus is not installed")
+def test_the_dashboard_renders_from_a_prometheus_loaded_with_the_backfill(backfilled, tmp_path):
+    """The whole path: backfill → promtool blocks → a real Prometheus → every panel's query
+    through its HTTP API → one HTML page with a chart or a "no data" per panel."""
+    import socket
+    import time
+    import urllib.request
+
+    text, times, _, path = backfilled
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(path),
+                    str(tmp_path / "data")], check=True, capture_output=True, timeout=300)
+    (tmp_path / "prom.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prom = subprocess.Popen(["prometheus", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--config.file={tmp_path / 'prom.yml'}",
+                             f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=100y"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{base}/-/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_dashboard.py"),
+                            "--prometheus", base, "--dashboard", str(DASHBOARD),
+                            "--out", str(tmp_path / "out"), "--start", repr(times[0][0] - 60),
+                            "--end", repr(times[-1][0] + 60)],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+    assert r.returncode == 0, r.stderr
+    counts = {m.group(2): int(m.group(1)) for m in re.finditer(
+        r"^\s*(\d+) series\s+\S+\s+(.*?)(?:\s+<- no data)?$", r.stdout, re.M)}
+    # this store has no cost grid and no fallbacks; everything else has data
+    for title, n in counts.items():
+        expect_none = title.startswith(("Speedup estimate", "Fallbacks"))
+        assert (n == 0) == expect_none, (title, n)
+    html = (tmp_path / "out" / "dashboard.html").read_text(encoding="utf-8")
+    dash = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    assert len(counts) == len(dash["panels"])
+    for p in dash["panels"]:
+        assert escape(p["title"]) in html
+    assert html.count("<svg") >= sum(p["type"] == "timeseries" for p in dash["panels"])
+    # two categories of the test store, in the acceptance legend
+    assert "code pos 0" in html and "chat pos 0" in html
