@@ -35,6 +35,7 @@ one process's; ``rate`` of the iteration counters gives all of them).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
@@ -347,8 +348,6 @@ class StoreCollector:
         yield up
 
     def _families(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         from autospec.report import build_report
         from autospec.store import queries
 
@@ -356,97 +355,113 @@ class StoreCollector:
             summaries = queries.category_summaries(s, category=self.category)
             report = build_report(s, category=self.category, store_url=self.store.url)
         work = {(w.category, w.pair["id"]): w for w in report.workloads}
-        labels = list(STORE_LABELS)
-
-        def counter(name, doc, extra=()):
-            return CounterMetricFamily(name, doc, labels=labels + list(extra))
-
-        def gauge(name, doc, extra=()):
-            return GaugeMetricFamily(name, doc, labels=labels + list(extra))
-
-        fam = {
-            "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
-            "drafted": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
-            "accepted": counter("vllm:spec_decode_num_accepted_tokens",
-                                "Number of accepted tokens."),
-            "acc_pos": counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                               "Accepted tokens per draft position.", ("position",)),
-            "dra_pos": counter("autospec:spec_decode_num_draft_tokens_per_pos",
-                               "Draft tokens proposed per draft position.", ("position",)),
-            "requests": counter("autospec:requests", "Requests served speculatively."),
-            "iterations": counter("autospec:iterations", "Draft-verify iterations."),
-            "off": counter("autospec:iterations_speculation_off",
-                           "Iterations run with speculation off (k = 0)."),
-            "tokens": counter("autospec:generation_tokens", "Tokens generated."),
-            "seconds": counter("autospec:request_seconds", "Wall seconds of requests."),
-            "share": gauge("autospec:speculation_off_share",
-                           "Share of iterations with speculation off."),
-            "k": gauge("autospec:k_in_force", "The k the recent requests ran most."),
-            "tps": gauge("autospec:tokens_per_second", "Tokens per second over all requests."),
-            "bw": gauge("autospec:target_bandwidth_bytes_per_second",
-                        "Target's achieved memory bandwidth (time-weighted)."),
-            "peak": gauge("autospec:target_bandwidth_peak_bytes_per_second",
-                          "The device's peak memory bandwidth."),
-            "util": gauge("autospec:target_bandwidth_utilisation",
-                          "Achieved over peak memory bandwidth."),
-            "speedup": gauge("autospec:speedup_estimate",
-                             "Cost model's S(k) at the k in force (else the most used k > 0)."),
-            "speedup_k": gauge("autospec:speedup_estimate_k", "The k that estimate is for."),
-            "by_batch": gauge("autospec:speedup_estimate_by_batch",
-                              "Cost model's predicted speedup over plain batched decoding at "
-                              "its k, per batch size of the pair's cost grid.", ("batch",)),
-            "k_by_batch": gauge("autospec:k_by_batch",
-                                "Cost model's k per batch size of the pair's cost grid.",
-                                ("batch",)),
-        }
+        fam = _store_families()
         for sm in summaries:
-            p = sm.pair
-            lv = [short_name(p.target), sm.category, pair_label(p.target, p.draft), PROPOSER,
-                  p.hardware]
-            fam["drafts"].add_metric(lv, sm.drafts)
-            fam["drafted"].add_metric(lv, sm.drafted)
-            fam["accepted"].add_metric(lv, sm.accepted)
-            acc, dra = list(sm.accepted_per_position), list(sm.drafted_per_position)
-            for pos in range(max(len(acc), len(dra))):
-                fam["acc_pos"].add_metric([*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
-                fam["dra_pos"].add_metric([*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
-            if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
-                ng = [*lv[:3], "ngram", lv[4]]
-                fam["drafts"].add_metric(ng, sm.ngram_drafts)
-                fam["drafted"].add_metric(ng, sm.ngram_drafted)
-                fam["accepted"].add_metric(ng, sm.ngram_accepted)
-                acc = list(sm.ngram_accepted_per_position)
-                dra = list(sm.ngram_drafted_per_position)
-                for pos in range(max(len(acc), len(dra))):
-                    fam["acc_pos"].add_metric([*ng, str(pos)], acc[pos] if pos < len(acc) else 0)
-                    fam["dra_pos"].add_metric([*ng, str(pos)], dra[pos] if pos < len(dra) else 0)
-            fam["requests"].add_metric(lv, sm.requests)
-            fam["iterations"].add_metric(lv, sm.iterations)
-            off = sm.k_counts.get(0, 0)
-            fam["off"].add_metric(lv, off)
-            fam["tokens"].add_metric(lv, sm.new_tokens)
-            fam["seconds"].add_metric(lv, sm.wall_s)
-            if sm.iterations:
-                fam["share"].add_metric(lv, off / sm.iterations)
-            for key, value in (("tps", sm.tokens_per_s), ("bw", sm.bandwidth_bytes_per_s),
-                               ("peak", sm.bandwidth_peak_bytes_per_s),
-                               ("util", sm.bandwidth_utilisation)):
-                if value is not None:
-                    fam[key].add_metric(lv, value)
-            w = work.get((sm.category, p.id))
-            if w is None:
-                continue
-            if w.policy.k_in_force is not None:
-                fam["k"].add_metric(lv, w.policy.k_in_force)
-            if w.speedup.estimated is not None and w.speedup.k is not None:
-                fam["speedup"].add_metric(lv, w.speedup.estimated)
-                fam["speedup_k"].add_metric(lv, w.speedup.k)
-            for pt in (w.batch.points if w.batch is not None else []):
-                if pt.speedup is not None:
-                    fam["by_batch"].add_metric([*lv, str(pt.batch)], pt.speedup)
-                if pt.k is not None:
-                    fam["k_by_batch"].add_metric([*lv, str(pt.batch)], pt.k)
+            _add_summary(fam, sm, work.get((sm.category, sm.pair.id)))
         return list(fam.values())
+
+
+def _store_families() -> dict:
+    """The store exporter's metric families, empty (``StoreCollector`` and ``backfill``)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = list(STORE_LABELS)
+
+    def counter(name, doc, extra=()):
+        return CounterMetricFamily(name, doc, labels=labels + list(extra))
+
+    def gauge(name, doc, extra=()):
+        return GaugeMetricFamily(name, doc, labels=labels + list(extra))
+
+    return {
+        "drafts": counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+        "drafted": counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+        "accepted": counter("vllm:spec_decode_num_accepted_tokens",
+                            "Number of accepted tokens."),
+        "acc_pos": counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                           "Accepted tokens per draft position.", ("position",)),
+        "dra_pos": counter("autospec:spec_decode_num_draft_tokens_per_pos",
+                           "Draft tokens proposed per draft position.", ("position",)),
+        "requests": counter("autospec:requests", "Requests served speculatively."),
+        "iterations": counter("autospec:iterations", "Draft-verify iterations."),
+        "off": counter("autospec:iterations_speculation_off",
+                       "Iterations run with speculation off (k = 0)."),
+        "tokens": counter("autospec:generation_tokens", "Tokens generated."),
+        "seconds": counter("autospec:request_seconds", "Wall seconds of requests."),
+        "share": gauge("autospec:speculation_off_share",
+                       "Share of iterations with speculation off."),
+        "k": gauge("autospec:k_in_force", "The k the recent requests ran most."),
+        "tps": gauge("autospec:tokens_per_second", "Tokens per second over all requests."),
+        "bw": gauge("autospec:target_bandwidth_bytes_per_second",
+                    "Target's achieved memory bandwidth (time-weighted)."),
+        "peak": gauge("autospec:target_bandwidth_peak_bytes_per_second",
+                      "The device's peak memory bandwidth."),
+        "util": gauge("autospec:target_bandwidth_utilisation",
+                      "Achieved over peak memory bandwidth."),
+        "speedup": gauge("autospec:speedup_estimate",
+                         "Cost model's S(k) at the k in force (else the most used k > 0)."),
+        "speedup_k": gauge("autospec:speedup_estimate_k", "The k that estimate is for."),
+        "by_batch": gauge("autospec:speedup_estimate_by_batch",
+                          "Cost model's predicted speedup over plain batched decoding at "
+                          "its k, per batch size of the pair's cost grid.", ("batch",)),
+        "k_by_batch": gauge("autospec:k_by_batch",
+                            "Cost model's k per batch size of the pair's cost grid.",
+                            ("batch",)),
+    }
+
+
+def _add_summary(fam: dict, sm, w, timestamp: float | None = None) -> None:
+    """Add one (category, pair) summary's samples to ``fam`` (``_store_families``); ``w``,
+    its report workload (None: no k in force, speedup or batch figures)."""
+    p = sm.pair
+    lv = [short_name(p.target), sm.category, pair_label(p.target, p.draft), PROPOSER,
+          p.hardware]
+    ts = {"timestamp": timestamp}
+
+    def add(key, labels, value):
+        fam[key].add_metric(labels, value, **ts)
+
+    add("drafts", lv, sm.drafts)
+    add("drafted", lv, sm.drafted)
+    add("accepted", lv, sm.accepted)
+    acc, dra = list(sm.accepted_per_position), list(sm.drafted_per_position)
+    for pos in range(max(len(acc), len(dra))):
+        add("acc_pos", [*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
+        add("dra_pos", [*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
+    if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
+        ng = [*lv[:3], "ngram", lv[4]]
+        add("drafts", ng, sm.ngram_drafts)
+        add("drafted", ng, sm.ngram_drafted)
+        add("accepted", ng, sm.ngram_accepted)
+        acc, dra = list(sm.ngram_accepted_per_position), list(sm.ngram_drafted_per_position)
+        for pos in range(max(len(acc), len(dra))):
+            add("acc_pos", [*ng, str(pos)], acc[pos] if pos < len(acc) else 0)
+            add("dra_pos", [*ng, str(pos)], dra[pos] if pos < len(dra) else 0)
+    add("requests", lv, sm.requests)
+    add("iterations", lv, sm.iterations)
+    off = sm.k_counts.get(0, 0)
+    add("off", lv, off)
+    add("tokens", lv, sm.new_tokens)
+    add("seconds", lv, sm.wall_s)
+    if sm.iterations:
+        add("share", lv, off / sm.iterations)
+    for key, value in (("tps", sm.tokens_per_s), ("bw", sm.bandwidth_bytes_per_s),
+                       ("peak", sm.bandwidth_peak_bytes_per_s),
+                       ("util", sm.bandwidth_utilisation)):
+        if value is not None:
+            add(key, lv, value)
+    if w is None:
+        return
+    if w.policy.k_in_force is not None:
+        add("k", lv, w.policy.k_in_force)
+    if w.speedup.estimated is not None and w.speedup.k is not None:
+        add("speedup", lv, w.speedup.estimated)
+        add("speedup_k", lv, w.speedup.k)
+    for pt in (w.batch.points if w.batch is not None else []):
+        if pt.speedup is not None:
+            add("by_batch", [*lv, str(pt.batch)], pt.speedup)
+        if pt.k is not None:
+            add("k_by_batch", [*lv, str(pt.batch)], pt.k)
 
 
 def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
@@ -457,3 +472,162 @@ def serve_store(store, port: int = 0, addr: str = "127.0.0.1", *,
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, category=category))
     return serve_registry(registry, port, addr)
+
+
+# the store families the collector takes from the report (``build_report``), not the sums
+_FROM_REPORT = ("speedup", "speedup_k", "by_batch", "k_by_batch")
+
+
+def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> int:
+    """Write the store's history as OpenMetrics text with timestamps, for Prometheus to load
+    (``promtool tsdb create-blocks-from openmetrics FILE DIR``): what ``StoreCollector``
+    would have served had it been scraped every ``step`` seconds (whole milliseconds, as
+    Prometheus keeps them) since the first request.
+
+    The requests are replayed in ``created_at`` order. At every step before the last request,
+    and at the last request's time it emits the running counters (drafts, draft and accepted
+    tokens and by position, requests, iterations and those with speculation off, generated
+    tokens, request seconds) and the gauges that follow from those sums alone
+    (speculation-off share, tokens/s, bandwidth, its peak and utilisation) or from the
+    latest requests (k in force: the k the latest ``RECENT`` batch-1 requests ran most, as
+    the report takes it). The cost model's speedup estimates (also per batch size) and
+    ``autospec:store_up`` come only at that last time, from the collector's own read of the
+    store. Same names, labels and help text as the collector (one definition).
+    ``out``: a writable text file. Returns the number of samples written."""
+    from collections import Counter, deque
+    from datetime import timezone
+
+    from prometheus_client.openmetrics import exposition
+    from sqlalchemy import select
+
+    from autospec.report.model import RECENT
+    from autospec.store import queries
+    from autospec.store.models import Request
+    from autospec.store.rows import category_key
+
+    if not step > 0:
+        raise ValueError(f"step must be positive, got {step!r}")
+    cols = (Request.created_at, Request.category_key, Request.pair_id, Request.category,
+            Request.new_tokens, Request.prompt_tokens, Request.iterations, Request.drafts,
+            Request.drafted, Request.accepted, Request.accepted_per_position,
+            Request.drafted_per_position, Request.k_schedule, Request.wall_s,
+            Request.prefill_s, Request.target_s_by_n, Request.target_s_by_bn,
+            Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s,
+            Request.batch_size, Request.ngram)
+    stmt = select(*cols).order_by(Request.created_at, Request.id)
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    with store.session() as s:
+        pairs = {p.id: p for p in queries.pairs(s)}
+        names = {(category_key(sm.category), sm.pair.id): sm.category  # the stats row's
+                 for sm in queries.category_summaries(s, category=category)}
+        rows = list(s.execute(stmt))
+
+    def epoch(t) -> float:
+        return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+    fam = _store_families()
+    sums: dict[tuple[str, int], dict] = {}
+
+    def emit(ts: float) -> None:
+        for (key, pid), a in sums.items():
+            seen = (a["first"], a["last"])
+            _add_summary(fam, queries.CategorySummary(
+                category=names.get((key, pid), a["category"]), pair=pairs[pid],
+                requests=a["requests"], prompt_tokens=a["prompt_tokens"],
+                new_tokens=a["new_tokens"], iterations=a["iterations"], drafts=a["drafts"],
+                drafted=a["drafted"], accepted=a["accepted"],
+                accepted_per_position=_as_list(a["acc"]),
+                drafted_per_position=_as_list(a["dra"]), draft_s=0.0, draft_forwards=0,
+                target_s_sum_by_n={}, target_count_by_n={}, k_counts=dict(a["k"]),
+                wall_s=a["wall_s"], prefill_s=a["prefill_s"],
+                bandwidth_bytes=a["bw_bytes"], bandwidth_s=a["bw_s"],
+                bandwidth_peak_bytes_per_s=a["peak"], nvml_mem_busy_sum=0.0,
+                nvml_mem_busy_n=0, nvml_sm_util_sum=0.0, nvml_sm_util_n=0,
+                first_seen=seen[0], last_seen=seen[1], ngram_drafts=a["ng_drafts"],
+                ngram_drafted=a["ng_drafted"], ngram_accepted=a["ng_accepted"],
+                ngram_accepted_per_position=_as_list(a["ng_acc"]),
+                ngram_drafted_per_position=_as_list(a["ng_dra"]),
+                ngram_lookup_s=a["ng_lookup_s"]), _k_only(a["recent_k"]), ts)
+
+    # Prometheus keeps milliseconds: every step is a whole one, the last one rounded up
+    step_ms = max(1, round(step * 1000))
+    last = math.ceil(epoch(rows[-1].created_at) * 1000) if rows else None
+    t = math.ceil(epoch(rows[0].created_at) * 1000) if rows else None
+    for r in rows:
+        at = epoch(r.created_at) * 1000
+        while t < at:  # the steps this request comes after
+            emit(t / 1000)
+            t += step_ms
+        a = sums.setdefault((r.category_key, r.pair_id), dict(
+            category=r.category, requests=0, prompt_tokens=0, new_tokens=0, iterations=0,
+            drafts=0, drafted=0, accepted=0, acc=Counter(), dra=Counter(), k=Counter(),
+            wall_s=0.0, prefill_s=0.0, bw_bytes=0.0, bw_s=0.0, peak=None,
+            first=r.created_at, last=r.created_at, recent=deque(), recent_k=Counter(),
+            ng_drafts=0, ng_drafted=0, ng_accepted=0, ng_lookup_s=0.0, ng_acc=Counter(),
+            ng_dra=Counter()))
+        a["requests"] += 1
+        for name in ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
+                     "accepted", "wall_s", "prefill_s"):
+            a[name] += getattr(r, name)
+        a["acc"].update(dict(enumerate(r.accepted_per_position or ())))
+        a["dra"].update(dict(enumerate(r.drafted_per_position or ())))
+        ks = Counter(bytes(r.k_schedule or b""))
+        a["k"].update(ks)
+        if r.ngram is not None:  # the n-gram proposer's own sums, as the store folds them
+            for key in ("drafts", "drafted", "accepted", "lookup_s"):
+                a[f"ng_{key}"] += r.ngram[key]
+            a["ng_acc"].update(dict(enumerate(r.ngram["accepted_per_position"])))
+            a["ng_dra"].update(dict(enumerate(r.ngram["drafted_per_position"])))
+        if r.batch_size == 1:  # k in force: the latest RECENT requests at batch 1
+            a["recent"].append(ks)
+            a["recent_k"].update(ks)
+            if len(a["recent"]) > RECENT:
+                a["recent_k"].subtract(a["recent"].popleft())
+        target_s = sum(sum(v) for m in (r.target_s_by_n, r.target_s_by_bn) for v in
+                       (m or {}).values())
+        if r.bandwidth_bytes_per_s is not None and target_s > 0:
+            a["bw_bytes"] += r.bandwidth_bytes_per_s * target_s
+            a["bw_s"] += target_s
+        if r.bandwidth_peak_bytes_per_s is not None:
+            a["peak"] = max(a["peak"] or 0.0, r.bandwidth_peak_bytes_per_s)
+        a["last"] = r.created_at
+    families = {f.name: f for f in fam.values()}
+    if last is not None:  # the last step: the replay's sums, and what only the report has
+        last /= 1000
+        emit(last)
+        replayed = {f.name for k, f in fam.items() if k not in _FROM_REPORT}
+        for f in StoreCollector(store, category=category).collect():
+            if f.name not in replayed:
+                mine = families.setdefault(f.name, type(f)(f.name, f.documentation, labels=[]))
+                mine.samples.extend(smp._replace(timestamp=last) for smp in f.samples)
+    n = 0
+    for f in families.values():  # one series' samples together, in time order
+        f.samples.sort(key=lambda smp: (smp.name, sorted(smp.labels.items()), smp.timestamp))
+        n += len(f.samples)
+
+    class _Families:
+        def collect(self):
+            return iter(families.values())
+
+    # names keep their colons (newer prometheus_client escapes them to "_" by default)
+    utf8 = getattr(exposition, "ALLOWUTF8", None)
+    kw = {"escaping": utf8} if utf8 else {}
+    out.write(exposition.generate_latest(_Families(), **kw).decode("utf-8"))
+    log.info("autospec: backfilled %d samples of %d requests", n, len(rows))
+    return n
+
+
+def _k_only(recent_k):
+    """A stand-in for ``_add_summary``'s report workload that has only the k in force (the k
+    run most, ties: the larger, as ``RecentActivity.k_mode``)."""
+    from types import SimpleNamespace
+
+    counts = {k: n for k, n in recent_k.items() if n > 0}
+    k = max(counts, key=lambda k: (counts[k], k)) if counts else None
+    return SimpleNamespace(policy=SimpleNamespace(k_in_force=k),
+                           speedup=SimpleNamespace(estimated=None, k=None), batch=None)
+
+
+def _as_list(c) -> tuple[int, ...]:
+    return tuple(c[i] for i in range(max(c) + 1)) if c else ()

@@ -1,5 +1,7 @@
 """``autospec metrics``: serve the store's per-category aggregates for Prometheus to scrape
-(``autospec.metrics.StoreCollector``, read per scrape; the store is opened read-only)."""
+(``autospec.metrics.StoreCollector``, read per scrape; the store is opened read-only), or
+with ``--backfill FILE`` write the store's history as timestamped OpenMetrics text
+(``autospec.metrics.backfill``) for ``promtool tsdb create-blocks-from openmetrics``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: a free port), got {value}")
+    return value
+
+
+def _step(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 
 
@@ -32,6 +44,12 @@ def register(sub, parents) -> None:
     p.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                                                        "0.0.0.0 for every interface)")
     p.add_argument("--category", help="only this category")
+    p.add_argument("--backfill", metavar="FILE",
+                   help="instead of serving, write the store's history as OpenMetrics text "
+                        "with timestamps to FILE ('-': stdout), for Prometheus to load: "
+                        "promtool tsdb create-blocks-from openmetrics FILE DIR")
+    p.add_argument("--step", type=_step, default=60.0, metavar="SECONDS",
+                   help="seconds between the backfill's samples (default 60)")
     p.set_defaults(run=run, parser=p)
 
 
@@ -40,6 +58,8 @@ def run(args, parser) -> int:
     from autospec.metrics import serve_store
 
     store = open_store_or_die(args.db, read_only=True)
+    if args.backfill is not None:
+        return _backfill(args, store, die)
     try:
         exporter = serve_store(store, args.port, args.addr, category=args.category)
     except OSError as e:
@@ -54,4 +74,24 @@ def run(args, parser) -> int:
     finally:
         exporter.close()
         store.close()
+    return 0
+
+
+def _backfill(args, store, die) -> int:
+    import sys
+
+    from autospec.metrics import backfill
+
+    try:
+        if args.backfill == "-":
+            n = backfill(store, sys.stdout, step=args.step, category=args.category)
+        else:
+            with open(args.backfill, "w", encoding="utf-8") as f:
+                n = backfill(store, f, step=args.step, category=args.category)
+    except OSError as e:
+        die(f"cannot write {args.backfill}: {e}")
+    finally:
+        store.close()
+    if args.backfill != "-":
+        print(f"wrote {n} samples to {args.backfill}", flush=True)
     return 0

@@ -216,17 +216,18 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str = "", y_lab
                y_max: float | None = None, y_fmt: str = ".2g", width: int = 360,
                height: int = 220, empty: str = "no data",
                vlines: Sequence[tuple[float, str]] = (), legend_width: int = 0,
-               x_pad: float = 0.0) -> str:
+               x_pad: float = 0.0, x_range: tuple[float, float] | None = None) -> str:
     """Lines (with dots) over a shared x axis, optional labelled markers and horizontal
     and vertical reference lines. ``x_ticks``: (x, label) pairs; default: the series'
     distinct x. ``legend_width`` > 0: the series' names go in a column of that width right
     of the plot instead of over its top-left corner. ``x_pad``: room (in x units) left and
-    right of the data, so that points and their labels stay clear of the axis."""
+    right of the data, so that points and their labels stay clear of the axis. ``x_range``:
+    the x axis' ends (default: the data's), e.g. a time range the data fills only part of."""
     pts = [(x, y) for s in series for x, y in s.points if y is not None and math.isfinite(y)]
     pts += [(m.x, m.y) for m in markers if math.isfinite(m.y)]
     if not pts:
         return placeholder(title, empty, width, height)
-    xs = [x for x, _ in pts] + [x for x, _ in vlines]
+    xs = [x for x, _ in pts] + [x for x, _ in vlines] + list(x_range or ())
     ys = [y for _, y in pts] + [y for y, _ in hlines]
     x0, x1 = min(xs), max(xs)
     if x1 == x0:
