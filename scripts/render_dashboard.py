@@ -70,9 +70,14 @@ def data_span(base: str, lookback: str) -> tuple[float, float]:
     return out[0], out[1] + 60
 
 
+# the dashboard's template variables: ".*" is Grafana's "All"; --var NAME=REGEX picks values,
+# as its variable menus do (a page of every category and proposer can hold more bars than fit)
+VARS = {"category": ".*", "pair": ".*"}
+
+
 def substitute(expr: str, rate_interval: str) -> str:
     expr = expr.replace("$__rate_interval", rate_interval)
-    return re.sub(r"\$\{?(category|pair)\}?", ".*", expr)
+    return re.sub(r"\$\{?(category|pair)\}?", lambda m: VARS[m.group(1)], expr)
 
 
 def legend(fmt: str | None, metric: dict) -> str:
@@ -231,7 +236,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rate-interval", default="5m")
     ap.add_argument("--lookback", default="30d")
     ap.add_argument("--note", default="", help="a line under the title (e.g. the data's source)")
+    ap.add_argument("--var", action="append", default=[], metavar="NAME=REGEX",
+                    help="a template variable's value, e.g. category=code-edit|qa-quote "
+                         "(default: All)")
     args = ap.parse_args(argv)
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        if not sep or name not in VARS:
+            ap.error(f"--var takes NAME=REGEX with NAME one of {', '.join(VARS)}, got {item!r}")
+        VARS[name] = value
     dash = json.loads(args.dashboard.read_text(encoding="utf-8"))
     start, end = args.start, args.end
     if start is None or end is None:
@@ -257,11 +270,12 @@ def main(argv=None) -> int:
                     f'width:{width}px;height:{height}px">{body}</div>')
         report.append((panel["title"], panel["type"], n, queries))
         bottom = max(bottom, top + height)
+    chosen = " · ".join(f"${n} = {'All' if v == '.*' else v}" for n, v in VARS.items())
     span = (f"{datetime.fromtimestamp(start, timezone.utc):%Y-%m-%d %H:%M:%S} – "
             f"{datetime.fromtimestamp(end, timezone.utc):%H:%M:%S} UTC")
     page = (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(dash["title"])}'
             f'</title><style>{CSS}</style></head><body><header><h1>{escape(dash["title"])}</h1>'
-            f'{span} · $category = $pair = All · $__rate_interval = '
+            f'{span} · {escape(chosen)} · $__rate_interval = '
             f'{escape(args.rate_interval)} · step {step}s · {escape(args.prometheus)}'
             f'{"<br>" + escape(args.note) if args.note else ""}</header>'
             f'<div class="grid" style="height:{bottom + 8}px">{"".join(html)}</div>'
