@@ -421,22 +421,21 @@ def _add_summary(fam: dict, sm, w, timestamp: float | None = None) -> None:
     def add(key, labels, value):
         fam[key].add_metric(labels, value, **ts)
 
-    add("drafts", lv, sm.drafts)
-    add("drafted", lv, sm.drafted)
-    add("accepted", lv, sm.accepted)
-    acc, dra = list(sm.accepted_per_position), list(sm.drafted_per_position)
-    for pos in range(max(len(acc), len(dra))):
-        add("acc_pos", [*lv, str(pos)], acc[pos] if pos < len(acc) else 0)
-        add("dra_pos", [*lv, str(pos)], dra[pos] if pos < len(dra) else 0)
-    if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
-        ng = [*lv[:3], "ngram", lv[4]]
-        add("drafts", ng, sm.ngram_drafts)
-        add("drafted", ng, sm.ngram_drafted)
-        add("accepted", ng, sm.ngram_accepted)
-        acc, dra = list(sm.ngram_accepted_per_position), list(sm.ngram_drafted_per_position)
+    def drafting(labels, drafts, drafted, accepted, acc, dra):
+        add("drafts", labels, drafts)
+        add("drafted", labels, drafted)
+        add("accepted", labels, accepted)
+        acc, dra = list(acc), list(dra)
         for pos in range(max(len(acc), len(dra))):
-            add("acc_pos", [*ng, str(pos)], acc[pos] if pos < len(acc) else 0)
-            add("dra_pos", [*ng, str(pos)], dra[pos] if pos < len(dra) else 0)
+            add("acc_pos", [*labels, str(pos)], acc[pos] if pos < len(acc) else 0)
+            add("dra_pos", [*labels, str(pos)], dra[pos] if pos < len(dra) else 0)
+
+    drafting(lv, sm.drafts, sm.drafted, sm.accepted, sm.accepted_per_position,
+             sm.drafted_per_position)
+    if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
+        drafting([*lv[:3], "ngram", lv[4]], sm.ngram_drafts, sm.ngram_drafted,
+                 sm.ngram_accepted, sm.ngram_accepted_per_position,
+                 sm.ngram_drafted_per_position)
     add("requests", lv, sm.requests)
     add("iterations", lv, sm.iterations)
     off = sm.k_counts.get(0, 0)

@@ -19,8 +19,7 @@ import pytest
 import torch
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from sqlalchemy import select
-from test_fleet_metrics import serve_cli
-from test_metrics import scrape
+from test_fleet_metrics import scrape_cli
 
 import autospec
 from autospec.store import open_store
@@ -91,12 +90,7 @@ def test_the_history_ends_on_the_live_scrape(store_url, backfilled):
     text, times, _, _ = backfilled
     assert text.rstrip().endswith("# EOF")
     hist = series(text)
-    proc, endpoint = serve_cli(store_url)
-    try:
-        live = scrape(endpoint)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    live = scrape_cli(store_url)
     assert set(hist) == set(live)
     for key, points in hist.items():
         assert points[-1][1] == pytest.approx(live[key], rel=1e-9), key

@@ -40,6 +40,16 @@ def serve_cli(url: str):
     return proc, m.group(1)
 
 
+def scrape_cli(url: str) -> dict:
+    """One scrape of `autospec metrics` serving the store at ``url`` (started and stopped)."""
+    proc, endpoint = serve_cli(url)
+    try:
+        return scrape(endpoint)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def run_store(tmp_path_factory):
     """A store and a live scrape of the same tiny-model requests (with a fallback)."""
@@ -81,12 +91,7 @@ def run_store(tmp_path_factory):
 
 def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
     url, live, loop = run_store
-    proc, endpoint = serve_cli(url)
-    try:
-        fleet = scrape(endpoint)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    fleet = scrape_cli(url)
     with open_store(url, read_only=True) as st, st.session() as s:
         sums = {sm.category: sm for sm in queries.category_summaries(s)}
     assert pick(fleet, "autospec:store_up") == 1
