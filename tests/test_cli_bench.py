@@ -420,9 +420,18 @@ def test_bench_without_a_draft_model_reports_what_needs_one(saved_pair, tmp_path
     unsupported = {r["mode"]: r["reason"] for r in one["rows"] if r["status"] == "unsupported"}
     assert "no draft model" in unsupported["autospec:3"]
     assert "no draft model" in unsupported["hf-assisted"]
-    assert "not run: autospec:3 (no draft model" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not run: autospec:3 (no draft model" in out
     assert all(r["identical"] is True for r in data["rows"])
     assert data["meta"]["draft"] == "none (n-gram)"
+    # the table shows the n-gram's acceptance of a policy mode (it drafts by n-gram alone)
+    auto = next(r for r in data["rows"] if r["mode"] == "policy:auto"
+                and r["category"] == "overall")
+    assert auto["ngram_acceptance"] is not None
+    assert "ngram a" in next(line for line in out.splitlines() if line.startswith("category"))
+    line = next(line for line in out.splitlines() if line.startswith("overall")
+                and "policy:auto" in line)
+    assert f"{auto['ngram_acceptance']:.3f}" in line.split()
 
 
 def test_cli_generate_without_a_draft_model(saved_pair, capsys):

@@ -134,6 +134,7 @@ def run(args, parser) -> int:
 _COLUMNS = (  # header, row key, format
     ("category", "category", ""), ("mode", "mode", ""), ("tok/s", "tokens_per_s", ".2f"),
     ("speedup", "speedup", ".2f"), ("alpha", "acceptance", ".3f"),
+    ("ngram a", "ngram_acceptance", ".3f"),
     ("mean len", "mean_accepted_length", ".2f"), ("tok/fwd", "tokens_per_forward", ".2f"),
     ("Tt(1) ms", "t_target_1_ms", ".1f"),
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),
@@ -193,7 +194,9 @@ def format_table(result) -> str:
         f"tokens, {'sampling' if m['sample'] else 'greedy'}; tok/s and speedup (vs plain, same "
         "request and repeat, per token) are medians; alpha = accepted / drafted; mean len = 1 + "
         "accepted per drafting step; tok/fwd = new tokens per target forward; ngram:k and "
-        "hf-lookup modes draft by prompt lookup (alpha: the n-gram proposals')",
+        "hf-lookup modes draft by prompt lookup (alpha: the n-gram proposals'); ngram a = "
+        "accepted / drafted of autospec's n-gram blocks (policy modes that draft by both: "
+        "alpha is then the draft model's alone)",
     ]
     skipped = {b["mode"]: b["reason"] for b in result.batches
                if b.get("batch") == 1 and b.get("status") == "unsupported"}
