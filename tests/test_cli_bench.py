@@ -441,3 +441,18 @@ def test_cli_generate_without_a_draft_model(saved_pair, capsys):
                  "--dtype", "fp32", "--threads", "1"])
     out, err = capsys.readouterr()
     assert code == 0 and out.strip() and "prompt lookup (no draft model)" in err
+
+
+def test_demo_line_counts_the_n_gram_apart_from_the_draft_model():
+    from autospec.cli.demo import _drafting_summary
+    from autospec.loop import LoopStats
+
+    st = LoopStats(prompt_tokens=4, k_schedule=[2, 9, 2, 0], proposer_schedule=[0, 1, 0, 0],
+                   drafts=2, drafted=4, accepted=3, ngram_drafts=1, ngram_drafted=9,
+                   ngram_accepted=6)
+    line = _drafting_summary(st)
+    assert line.startswith("acceptance 0.75, mean accepted length 2.50, k used 0×1, 2×2;")
+    assert line.endswith("n-gram: 1 blocks, acceptance 0.67")
+    st.ngram_drafts = st.ngram_drafted = st.ngram_accepted = 0
+    st.proposer_schedule = [0, 0, 0, 0]
+    assert "n-gram" not in _drafting_summary(st) and "9×1" in _drafting_summary(st)

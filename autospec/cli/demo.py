@@ -73,8 +73,7 @@ def run(args, parser) -> int:
         print(tok.decode(spec_out, skip_special_tokens=True).strip())
         spec_tps, plain_tps = len(spec_out) / spec_s, len(plain_out) / plain_s
         how = ("served by transformers' generate (-v says why)" if s is None else
-               f"acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
-               f"{s.mean_accepted_length:.2f}, k used {_k_summary(s.k_schedule)}")
+               _drafting_summary(s))
         print(f"--- autospec: {spec_tps:.1f} tok/s, {how}, {len(spec_out)} tokens")
         print(f"--- plain:    {plain_tps:.1f} tok/s  ->  speedup {spec_tps / plain_tps:.2f}x, "
               f"identical to plain: {'yes' if torch.equal(spec_out, plain_out) else 'NO'}")
@@ -83,6 +82,19 @@ def run(args, parser) -> int:
         if why:
             print(f"    ({why})")
     return 0
+
+
+def _drafting_summary(s) -> str:
+    """What drafted and how well: the draft model's acceptance, mean accepted length and k
+    schedule, and the n-gram proposer's blocks where it drafted (counted apart)."""
+    draft_ks = [k for k, ng in zip(s.k_schedule, s.proposer_schedule or [0] * len(s.k_schedule))
+                if not ng]
+    out = (f"acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
+           f"{s.mean_accepted_length:.2f}, k used {_k_summary(draft_ks)}")
+    if s.ngram_drafted:
+        out += (f"; n-gram: {s.ngram_drafts} blocks, acceptance "
+                f"{s.ngram_accepted / s.ngram_drafted:.2f}")
+    return out
 
 
 def _k_summary(ks: list[int]) -> str:
