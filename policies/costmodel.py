@@ -248,17 +248,16 @@ class CostModelPolicy:
         """The n-gram proposer's acceptance curve from ``live`` for a match of ``match``
         tokens (0: any), rebuilt only when ``live.version`` changes (as ``derived``)."""
         version = live.version
-        with self._derived_lock:
-            hits = self._derived_ngram.get(live)
-        hit = None if hits is None else hits.get(match)
-        if hit is not None and hit[0] == version and hit[1] == top:
-            return hit[2]
+        with self._derived_lock:  # (version, {(match, top): curve}): one version at a time
+            entry = self._derived_ngram.get(live)
+        if entry is not None and entry[0] == version and (match, top) in entry[1]:
+            return entry[1][(match, top)]
         curve = live.ngram_acceptance_curve(top, z=self.z, match=match)
         with self._derived_lock:
-            hits = self._derived_ngram.get(live)
-            if hits is None or next(iter(hits.values()))[0] != version:
-                hits = self._derived_ngram[live] = {}  # one version's curves at a time
-            hits[match] = (version, top, curve)
+            entry = self._derived_ngram.get(live)
+            if entry is None or entry[0] != version:
+                entry = self._derived_ngram[live] = (version, {})
+            entry[1][(match, top)] = curve
         return curve
 
     def _stats(self, context):

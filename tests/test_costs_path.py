@@ -10,13 +10,12 @@ import time
 
 import pytest
 from sqlalchemy import MetaData, create_engine, insert, select
-from test_store_batch import _create_at, _legacy_stats
+from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
 from autospec.store.migrate import current_revision, head_revision
 from autospec.store.models import CategoryCost, Request
-from autospec.store.rows import _request_row, get_or_create_pair
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, fresh_url
@@ -168,17 +167,11 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
     meta.reflect(engine, only=["pairs", "requests", "probes", "category_stats"])
     assert "path" not in meta.tables["requests"].c and "path" not in meta.tables["probes"].c
     old = record(None, STATIC, 0.02)
-    from sqlalchemy.orm import Session
 
     with engine.begin() as conn:
         assert current_revision(conn) == ("0004",)
-        with Session(conn) as s:
-            pid = get_or_create_pair(s, PAIR)
-            s.flush()
-        row = _request_row(old, pid)
-        for name in ("path", "ngram", "proposer_schedule", "ngram_trace"):
-            row.pop(name)  # not in schema 0004
-        conn.execute(insert(meta.tables["requests"]).values(**row))
+        pid, row, _ = _insert_legacy(conn, meta.tables["requests"], old,  # schema 0004's
+                                     ("path", "ngram", "proposer_schedule", "ngram_trace"))
         _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
         conn.execute(insert(meta.tables["probes"]).values(
             pair_id=pid, created_at=row["created_at"],
@@ -210,19 +203,9 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
 
 
 def test_downgrade_to_0004_and_back(url):
-    from alembic import command
-
-    from autospec.store.migrate import _config
-
     with open_store(url) as store:
         store.write([record("eager", EAGER, 0.001)])
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        cfg = _config()
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0004")
-        assert current_revision(conn) == ("0004",)
-    engine.dispose()
+    _downgrade(url, "0004").dispose()
     with open_store(url) as store, store.session() as s:
         (sm,) = queries.category_summaries(s)
         assert sm.path is None and sm.requests == 1  # the path was dropped: unknown again

@@ -13,9 +13,9 @@ import threading
 
 import pytest
 import torch
-from sqlalchemy import MetaData, create_engine, insert, inspect, select
+from sqlalchemy import MetaData, create_engine, inspect, select
 from test_ngram import _repetitive, _repetitive_batch
-from test_store_batch import _create_at, _legacy_stats
+from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
 import autospec.telemetry as telemetry
@@ -30,9 +30,9 @@ from autospec.ngram import (
     ngram_trace,
 )
 from autospec.store import open_store, queries
-from autospec.store.migrate import _config, current_revision, head_revision
+from autospec.store.migrate import current_revision, head_revision
 from autospec.store.models import CategoryStat, Request
-from autospec.store.rows import _request_row, get_or_create_pair, validate_record
+from autospec.store.rows import validate_record
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, PAIRS, fresh_url, make_record
@@ -426,8 +426,6 @@ def test_a_0005_database_is_upgraded_in_place_and_back(url):
     """Rows of an 0005 database read as "not recorded" (NULL) and their category sums as no
     n-gram iterations (0); new rows fold in; downgrading to 0005 drops the columns, keeps the
     rows, and upgrading again works."""
-    from alembic import command
-
     _create_at(url, "0005")
     engine = create_engine(url)
     meta = MetaData()
@@ -435,17 +433,11 @@ def test_a_0005_database_is_upgraded_in_place_and_back(url):
     assert "ngram_trace" not in meta.tables["requests"].c
     assert "ngram_drafts" not in meta.tables["category_stats"].c
     old = make_record(random.Random(9), category="code", pair=PAIRS[1])
-    from sqlalchemy.orm import Session
-
     with engine.begin() as conn:
         assert current_revision(conn) == ("0005",)
-        with Session(conn) as s:
-            pid = get_or_create_pair(s, old.pair)
-            s.flush()
-        row = _request_row(validate_record(old), pid)
-        for name in ("ngram", "proposer_schedule", "ngram_trace"):
-            assert row.pop(name) is None  # not in schema 0005
-        conn.execute(insert(meta.tables["requests"]).values(**row))
+        pid, _row, dropped = _insert_legacy(conn, meta.tables["requests"], validate_record(old),
+                                            ("ngram", "proposer_schedule", "ngram_trace"))
+        assert set(dropped.values()) == {None}  # nothing of the n-gram: not in schema 0005
         _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
     engine.dispose()
 
@@ -470,12 +462,7 @@ def test_a_0005_database_is_upgraded_in_place_and_back(url):
         assert sm.requests == 2 and sm.ngram_drafted == 8 and sm.ngram_accepted == 5
         assert sm.ngram_accepted_per_position == (2, 2, 1)
 
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        cfg = _config()
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0005")
-        assert current_revision(conn) == ("0005",)
+    engine = _downgrade(url, "0005")
     insp = inspect(engine)
     assert not {"ngram", "proposer_schedule", "ngram_trace"} & {
         c["name"] for c in insp.get_columns("requests")}

@@ -8,23 +8,16 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_tune_ngram import CURVE, PAIR, T_D, _record
+from test_tune_ngram import CURVE, _record, copy_and_free_store
 
 from autospec.policies.costmodel import expected_tokens, interpolate_cost
 from autospec.report import build_report, render_html, render_text
-from autospec.store import add_probe, open_store
+from autospec.store import open_store
 
 
 @pytest.fixture
 def store(tmp_path):
-    rng = random.Random(1)
-    st = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    recs = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + i) for i in range(30)]
-    recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(30)]
-    st.write(recs)
-    with st.begin() as s:
-        add_probe(s, PAIR, {"path": "eager", "draft_s": T_D,
-                            "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+    st = copy_and_free_store(tmp_path / "r.db", 30, seed=1)
     yield st
     st.close()
 

@@ -245,6 +245,32 @@ def _legacy_stats(conn, table, pair_id: int, records) -> None:
     conn.execute(insert(table).values({k: v for k, v in row.items() if k in table.c}))
 
 
+def _insert_legacy(conn, table, rec, absent: tuple[str, ...]) -> tuple[int, dict, dict]:
+    """Write ``rec`` into an older schema's requests ``table`` (its pair first): the row
+    without the columns ``absent`` that schema lacks. (pair id, row, what was left out)."""
+    with Session(conn) as s:
+        pid = get_or_create_pair(s, rec.pair)
+        s.flush()
+    row = _request_row(rec, pid)
+    dropped = {name: row.pop(name) for name in absent}
+    conn.execute(insert(table).values(**row))
+    return pid, row, dropped
+
+
+def _downgrade(url: str, revision: str):
+    """Migrate the store at ``url`` down to ``revision``; the engine, for the caller to
+    inspect and dispose."""
+    from alembic import command
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        cfg = _config()
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        assert current_revision(conn) == (revision,)
+    return engine
+
+
 def test_a_0003_database_is_upgraded_in_place_and_its_rows_read_as_batch_one(url):
     _create_at(url, "0003")
     engine = create_engine(url)
@@ -254,14 +280,10 @@ def test_a_0003_database_is_upgraded_in_place_and_its_rows_read_as_batch_one(url
     rec = make_record(random.Random(11), category="code", pair=PAIRS[1])
     with engine.begin() as conn:
         assert current_revision(conn) == ("0003",)
-        with Session(conn) as s:
-            pid = get_or_create_pair(s, rec.pair)
-            s.flush()
-        row = _request_row(rec, pid)
-        for name in ("batch_size", "target_s_by_bn", "draft_s_by_b", "path", "ngram",
-                     "proposer_schedule", "ngram_trace"):
-            row.pop(name)  # not in schema 0003
-        conn.execute(insert(meta.tables["requests"]).values(**row))
+        pid, row, _ = _insert_legacy(  # without what schema 0003 lacks
+            conn, meta.tables["requests"], rec,
+            ("batch_size", "target_s_by_bn", "draft_s_by_b", "path", "ngram",
+             "proposer_schedule", "ngram_trace"))
         conn.execute(insert(meta.tables["probes"]).values(
             pair_id=pid, created_at=row["created_at"], payload=_probe_payload(0.01, 0.001)))
     engine.dispose()

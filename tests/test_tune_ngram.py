@@ -88,15 +88,23 @@ def _record(rng, category: str, draft_alpha: float, copy_share: float, at: float
                "accepted_per_position": [], "drafted_per_position": [], "lookup_s": 0.0})
 
 
-def test_tune_chooses_the_proposer_that_pays_per_category(tmp_path):
-    rng = random.Random(0)
-    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
-    recs = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + i) for i in range(40)]
-    recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(40)]
+def copy_and_free_store(path, per_category: int, seed: int):
+    """A store at ``path`` of greedy traffic in two categories — "copy" (the output repeats
+    the input at 90 % of positions, a weak draft model) and "free" (nothing repeats, a good
+    draft model) — and a probe of CURVE and T_D."""
+    rng = random.Random(seed)
+    store = open_store(f"sqlite:///{path}")
+    recs = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + i) for i in range(per_category)]
+    recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(per_category)]
     store.write(recs)
     with store.begin() as s:
         add_probe(s, PAIR, {"path": "eager", "draft_s": T_D,
                             "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+    return store
+
+
+def test_tune_chooses_the_proposer_that_pays_per_category(tmp_path):
+    store = copy_and_free_store(tmp_path / "t.db", 40, seed=0)
     results = {r.category: r for r in tune(store, trials=40, families=("fixed",), seed=0,
                                             write=False)}
     copy, free = results["copy"], results["free"]
