@@ -348,17 +348,39 @@ def _storage(url: str, attempts: int = 5):
     import optuna
 
     kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        # several workers commit trials to one file: wait for the lock rather than fail
-        kwargs = {"connect_args": {"timeout": 60}}
+    sqlite = url.startswith("sqlite")
+    if sqlite:
+        # several workers commit trials to one file: wait for the lock rather than fail; the
+        # driver's own transaction handling is off, so that _serialize_sqlite's BEGIN counts
+        kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            if sqlite:
+                _serialize_sqlite(storage.engine)
+            return storage
         except Exception as e:
             if attempt == attempts - 1:
                 raise
             log.info("Optuna storage not ready (%s); retrying", type(e).__name__)
             time.sleep(0.2 * (attempt + 1))
+
+
+def _serialize_sqlite(engine) -> None:
+    """Every transaction on ``engine`` takes SQLite's write lock when it begins.
+
+    Optuna claims a trial by reading its state and writing RUNNING in one transaction, with
+    ``SELECT ... FOR UPDATE``, which SQLite ignores; and Python's sqlite3 begins a transaction
+    only at the first write, so the read runs outside it. Two processes could then both read
+    the enqueued default trial as WAITING and both run it: the second one's tell failed with
+    "Cannot tell a COMPLETE trial" (or "Trial#0 has already finished"), and its `autospec tune`
+    exited 1. ``BEGIN IMMEDIATE`` makes the read and the write one step; the other process
+    waits (up to the connection's timeout) and then sees the trial taken."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,

@@ -162,6 +162,57 @@ def test_thin_or_empty_traffic_is_refused_not_optimised(tmp_path):
             assert queries.tuned_params(s) == []  # nothing written for a skipped workload
 
 
+def _claim_enqueued(url, go, out):
+    # a child process: claim enqueued trials through autospec's storage until none is left
+    from autospec.tune import _storage
+
+    study = optuna.load_study(study_name="claims", storage=_storage(url))
+    go.wait(60)
+    told = []
+    try:
+        while True:
+            trial = study.ask()
+            x = trial.suggest_int("x", 0, 10**9)  # an enqueued one's fixed x, else sampled
+            if x >= 40:  # the queue is empty: this one was sampled
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                break
+            study.tell(trial, x)
+            told.append(x)
+    except Exception as e:  # a trial another process had claimed too
+        out.put(f"{type(e).__name__}: {e}")
+        return
+    out.put(told)
+
+
+def test_processes_claim_each_enqueued_trial_once_on_sqlite(tmp_path):
+    """Optuna claims a WAITING trial with SELECT ... FOR UPDATE, which SQLite ignores: without
+    autospec's BEGIN IMMEDIATE, two `autospec tune` processes both ran the enqueued default
+    trial and the second one's tell failed ("Cannot tell a COMPLETE trial"). Four processes
+    draining forty enqueued trials at once each claim distinct trials, all forty between them."""
+    import multiprocessing
+
+    from autospec.tune import _storage
+
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    study = optuna.create_study(study_name="claims", storage=_storage(url))
+    for x in range(40):
+        study.enqueue_trial({"x": x})
+    ctx = multiprocessing.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claim_enqueued, args=(url, go, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    time.sleep(3)  # let them import optuna and load the study, then start them together
+    go.set()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    errors = [r for r in results if isinstance(r, str)]
+    assert errors == []
+    told = sorted(x for r in results for x in r)
+    assert told == list(range(40))  # each once: none lost, none run twice
+
+
 def test_two_processes_share_one_study_on_one_sqlite_url(tmp_path):
     """`autospec tune` processes with the same --study on one SQLite file: run together they
     stop at the asked-for count between them (not twice it); one that joins later replays the
