@@ -330,11 +330,12 @@ class Controller:
 
     def _share_costs(self, live: LiveStats) -> None:
         """A category the store knows no costs for starts from what this process measured
-        for the others: T_t(n), T_d and the lookup time are the pair's and the hardware's,
-        not the traffic's. Without this every new category re-measured plain decoding and
-        re-explored each n from a cold start (two plain iterations and up to one iteration
-        per block length, per category). Acceptance is never shared; the category's own
-        timings replace these by EMA as they come in. Under the lock."""
+        for the others: T_t(n), T_d, the draft's catch-up cost and the lookup time are the
+        pair's and the hardware's, not the traffic's. Without this every new category
+        re-measured plain decoding and re-explored each n from a cold start (two plain
+        iterations and up to one iteration per block length, per category). Acceptance is
+        never shared; the category's own timings replace these by EMA as they come in.
+        Under the lock."""
         if live.t_target:
             return
         peers = [p for p in self.live.values() if p.t_target]
@@ -345,6 +346,8 @@ class Controller:
         live.warm_start([], [], t_target=donor.t_target, t_draft=donor.t_draft)
         if live.t_ngram is None:
             live.t_ngram = donor.t_ngram
+        if not live.catch_up[0]:  # the draft model's catch-up cost is the pair's too
+            live.catch_up = list(donor.catch_up)
 
     def _warm(self, category: str, live: LiveStats) -> None:
         """History of this category and pair from the store (a read, once per category;

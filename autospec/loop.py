@@ -366,7 +366,7 @@ class _Loop:
                     # look 4× dearer after every k = 0 stretch, and the cost model kept
                     # speculation off on traffic where it paid)
                     mid = self.clock.mark()
-                    self.timings.append(("draft_catch_up", 1, t0, mid))
+                    self.timings.append(("draft_catch_up", feed.shape[1], t0, mid))
                     t0 = mid
                     timed -= 1
                 raw = raw[:, -1:]
@@ -423,7 +423,8 @@ class _Loop:
         gen = n - self.L
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
                       remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
-                      ngram_match=self.ngram.match()[0] if self.ngram is not None else 0)
+                      ngram_match=self.ngram.match()[0] if self.ngram is not None else 0,
+                      draft_gap=n - self.d_len if self.has_draft else 0)
         k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -543,6 +544,11 @@ class _Loop:
                           unproposed=tuple(unproposed), proposer=used)
         if ctx.live is not None:
             ctx.live.observe_unproposed(outcome.unproposed)
+            if self.ngram is not None:
+                ctx.live.observe_match(ctx.ngram_match > 0)
+            for what, count, sec, *_ in self.timings[first_timing:]:
+                if what == "draft_catch_up":
+                    ctx.live.observe_catch_up(count, sec)
             if used == "ngram":  # the draft model's statistics stay the draft model's
                 ctx.live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s,
                                        match=ctx.ngram_match)

@@ -391,6 +391,8 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
         ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
                       live=stats, proposers=row.proposers, ngram_match=row.ngram_match()[0])
         choice = policy.choose(ctx)
+        if row.ngram is not None:  # as the live loop: whether the n-gram had a match here
+            stats.observe_match(ctx.ngram_match > 0)
         k = max(0, min(int(choice), k_max, row.remaining - 1))
         proposer, min_match = proposer_of(choice)
         if not row.has_draft:

@@ -44,6 +44,9 @@ class Context:
     proposers: tuple[str, ...] = ("draft",)
     ngram_match: int = 0
     ngram_matches: tuple[int, ...] = ()  # at batch > 1: each row's match length
+    # tokens the draft model has not seen (batch 1): its next block begins with a forward
+    # over them — the prompt at its first use, what k = 0 or the n-gram emitted since
+    draft_gap: int = 0
 
 
 @dataclass(frozen=True)

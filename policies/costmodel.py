@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from .base import Choice, batch_bucket
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
+           "catch_up_per_token",
            "conditional_from_cumulative", "CostModelPolicy"]
 
 
@@ -108,9 +109,14 @@ def speedup(k: int, acceptance, t_draft: float,
     return expected_tokens(acceptance, k) * cost(1) / (k * t_draft + cost(k + 1))
 
 
-def best_k(acceptance, t_draft: float, t_target, k_max: int) -> tuple[int, float]:
+def best_k(acceptance, t_draft: float, t_target, k_max: int,
+           per_token: float = 0.0) -> tuple[int, float]:
     """argmax_k S(k) over 0 … k_max, and that S (the smallest k among ties). One pass: E[N]
-    grows by one product per k, so this is O(k_max) — it runs every iteration."""
+    grows by one product per k, so this is O(k_max) — it runs every iteration.
+
+    per_token: seconds more per token drafting yields, beyond the iteration's own cost (a
+    catch-up paid once and shared over the tokens the draft will serve): S(k) =
+    E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
@@ -123,10 +129,23 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int) -> tuple[int, float
         a = acceptance[k - 1] if k - 1 < len(acceptance) else None
         run *= last if a is None else float(a)
         tokens += run
-        s = tokens * t1 / (k * t_draft + cost(k + 1))
+        s = tokens * t1 / (k * t_draft + cost(k + 1) + tokens * per_token)
         if s > best_s:
             best, best_s = k, s
     return best, best_s
+
+
+def catch_up_per_token(live, gap: int, served: float) -> float:
+    """What resuming the draft model costs per token it will then serve: the catch-up over
+    the ``gap`` tokens it has not seen, less the one proposal it replaces (T_d), shared over
+    ``served`` tokens. Zero for the usual gap of one or two tokens after a draft block, and
+    while no catch-up has been measured (optimism: the first one measures it)."""
+    if gap <= 2 or live is None:
+        return 0.0
+    cost = live.catch_up_cost(gap)
+    if cost is None:
+        return 0.0
+    return max(0.0, cost - (live.t_draft or 0.0)) / max(1.0, served)
 
 
 def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int) -> tuple[int, float]:
@@ -292,7 +311,8 @@ class CostModelPolicy:
             curve, cost = self.derived(live, top)
             if predicted is not None and live.observed < self.cold_start:
                 curve = [float(predicted)] * top
-            k, s = best_k(curve, live.t_draft, cost, top)
+            k, s = best_k(curve, live.t_draft, cost, top,
+                          per_token=self._catch_up(live, context, proposers))
             best = (k, s, "draft")
         if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
@@ -312,6 +332,22 @@ class CostModelPolicy:
                 k = Choice(k, "ngram")
         self._off[context.category] = off
         return k
+
+    @staticmethod
+    def _catch_up(live, context, proposers) -> float:
+        """The draft model's catch-up, per token it is expected to serve in the rest of this
+        request: all of it where it drafts alone; with the n-gram proposer beside it, the
+        share of the category's decision points without an n-gram match (measured on the
+        traffic, whatever was chosen: pricing by the draft's own recent share would keep a
+        draft that was priced out, out). On copy-heavy prompts its first use costs a forward
+        over the whole prompt, which a few unmatched steps cannot pay back (unpriced, it ran
+        auto at 2.20× where prompt lookup alone ran 3.05×)."""
+        gap = getattr(context, "draft_gap", 0)
+        if gap <= 2:
+            return 0.0
+        remaining = max(1, getattr(context, "remaining", 1))
+        served = remaining * (live.unmatched_share() if "ngram" in proposers else 1.0)
+        return catch_up_per_token(live, gap, served)
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;

@@ -18,6 +18,8 @@ from .costmodel import interpolate_cost
 # free of the store): shadow evidence counts at most this many positions, so that replay
 # from the trace counts exactly what the live loop did
 SHADOW_REACH = 16
+# the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
+_CATCH_UP_DISCOUNT = 0.98
 
 __all__ = ["LiveStats"]
 
@@ -47,6 +49,13 @@ class LiveStats:
         self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.t_ngram: float | None = None
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
+        # the draft model's catch-up forwards (the tokens it had not seen: the prompt at its
+        # first use, and what k = 0 or the n-gram emitted since): discounted sums of
+        # (1, g, g², C, g·C) for the fit C(g) = a + b·g (``catch_up_cost``)
+        self.catch_up = [0.0] * 5
+        # decision points with and without an n-gram match (discounted): the share of the
+        # request the draft model would serve, over which its catch-up is paid off
+        self.match_points = [0.0, 0.0]  # [without a match, with one]
         self.bandwidth_utilisation: float | None = None
         self.iterations = 0
         self._lock = threading.Lock()
@@ -81,6 +90,55 @@ class LiveStats:
             self.t_target[k + 1] = self._avg(self.t_target.get(k + 1), target_s)
         self.iterations += 1
         self.version += 1
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
+        which took ``seconds`` (its first proposal included). Discounted like the counts, at
+        0.98 per catch-up: the fit follows the hardware, not a prompt seen long ago."""
+        if tokens <= 0 or not seconds == seconds or seconds <= 0:
+            return
+        g, c = float(tokens), float(seconds)
+        with self._lock:
+            sums = self.catch_up
+            for i, v in enumerate((1.0, g, g * g, c, g * c)):
+                sums[i] = sums[i] * _CATCH_UP_DISCOUNT + v
+            self.version += 1
+
+    def catch_up_cost(self, tokens: int) -> float | None:
+        """Seconds for the draft model to take in ``tokens`` unseen tokens and propose its
+        first one: C(g) = a + b·g fitted to the catch-ups seen (least squares, discounted),
+        proportional to the mean where their sizes barely vary; never below one proposal
+        (T_d). None before any catch-up was measured."""
+        with self._lock:
+            n, sg, sgg, sc, sgc = self.catch_up
+            t_draft = self.t_draft
+        if n <= 0:
+            return None
+        mean_g, mean_c = sg / n, sc / n
+        var = sgg / n - mean_g * mean_g
+        if var > (0.05 * mean_g) ** 2 and n >= 2:
+            b = max(0.0, (sgc / n - mean_g * mean_c) / var)
+            a = max(0.0, mean_c - b * mean_g)
+            cost = a + b * tokens
+        else:
+            cost = mean_c * tokens / mean_g
+        return max(cost, t_draft or 0.0)
+
+    def observe_match(self, matched: bool) -> None:
+        """A decision point at batch 1: did the n-gram proposer have a match there? (A
+        property of the traffic — the text and its prompt — not of what the policy chose.)"""
+        with self._lock:
+            self.match_points[0] *= self.discount
+            self.match_points[1] *= self.discount
+            self.match_points[1 if matched else 0] += 1
+            self.version += 1
+
+    def unmatched_share(self, prior: float = 2.0) -> float:
+        """The share of decision points without an n-gram match (the prior: ``prior`` points
+        without one, so an unknown category counts on the draft model serving it all)."""
+        with self._lock:
+            without, with_ = self.match_points
+        return (without + prior) / (without + with_ + prior)
 
     def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
                       match: int = 0) -> None:
@@ -250,6 +308,7 @@ class LiveStats:
             new.ngram_by_match = {n: (list(a), list(r))
                                   for n, (a, r) in self.ngram_by_match.items()}
             new.t_ngram = self.t_ngram
+            new.catch_up, new.match_points = list(self.catch_up), list(self.match_points)
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
         return new

@@ -1,0 +1,151 @@
+"""The draft model's catch-up, priced: its first use in a request costs a forward over every
+token it has not seen (the whole prompt), and after a stretch at k = 0 or of n-gram blocks, a
+forward over those. The loop measures it (tokens fed, seconds), ``LiveStats`` fits
+C(g) = a + b·g and counts how often the n-gram proposer has a match, and the cost model
+charges a resumption its catch-up shared over the tokens the draft is expected to serve in
+the rest of the request. Unpriced, auto paid a ~0.5 s catch-up over copy-heavy prompts to
+draft the few steps prompt lookup had no match for, and ran 2.20× where prompt lookup alone
+ran 3.05× (session 18's run on the default pair)."""
+
+from __future__ import annotations
+
+import pytest
+from test_draft_cost import SLOW, Stretches, slow_catch_up  # noqa: F401 (a fixture)
+
+import autospec
+from autospec.policies import Context, CostModelPolicy, LiveStats
+from autospec.policies.costmodel import best_k, catch_up_per_token, expected_tokens
+
+from conftest import noisy_copy, prompt, tiny
+
+
+def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
+    live = LiveStats()
+    assert live.catch_up_cost(100) is None  # nothing measured: nothing to price
+    for g in (300, 5, 12, 250, 3, 40):
+        live.observe_catch_up(g, 0.01 + 0.002 * g)
+    assert live.catch_up_cost(100) == pytest.approx(0.21, rel=1e-6)
+    assert live.catch_up_cost(1) == pytest.approx(0.012, rel=1e-6)
+    live.t_draft = 0.05  # a catch-up is never cheaper than the proposal it includes
+    assert live.catch_up_cost(1) == 0.05
+    one = LiveStats()
+    one.observe_catch_up(200, 0.4)  # a single size: proportional to it
+    assert one.catch_up_cost(50) == pytest.approx(0.1)
+    one.observe_catch_up(0, 1.0)  # nothing fed, or no time: ignored
+    one.observe_catch_up(10, float("nan"))
+    assert one.catch_up[0] == 1
+    copied = one.copy()
+    assert copied.catch_up == one.catch_up and copied.catch_up is not one.catch_up
+
+
+def test_the_unmatched_share_starts_at_all_and_follows_the_traffic():
+    live = LiveStats(discount=1.0)
+    assert live.unmatched_share() == 1.0  # unknown: the draft may serve it all
+    for i in range(10):
+        live.observe_match(i % 5 != 0)  # 2 of 10 points without a match
+    assert live.unmatched_share() == pytest.approx((2 + 2) / (10 + 2))
+    assert live.copy().match_points == [2, 8]
+
+
+def test_best_k_charges_the_per_token_share_of_a_catch_up():
+    curve, cost = [0.8] * 8, {n: 0.1 + 0.005 * n for n in range(1, 10)}
+    k0, s0 = best_k(curve, 0.02, cost, 8)
+    assert k0 > 0 and s0 > 1.2
+    k, s = best_k(curve, 0.02, cost, 8, per_token=0.01)
+    e = expected_tokens(curve, k)
+    assert s == pytest.approx(e * cost[1] / (k * 0.02 + cost[k + 1] + e * 0.01))
+    assert 1 < s < s0
+    assert best_k(curve, 0.02, cost, 8, per_token=0.1) == (0, 1.0)  # dearer than plain
+
+
+def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
+    live = LiveStats()
+    live.t_draft = 0.02
+    assert catch_up_per_token(live, 300, 10) == 0.0  # unmeasured
+    live.observe_catch_up(300, 0.62)
+    assert catch_up_per_token(live, 2, 10) == 0.0  # after a draft block: no catch-up
+    assert catch_up_per_token(live, 300, 10) == pytest.approx((0.62 - 0.02) / 10)
+    assert catch_up_per_token(live, 300, 0) == pytest.approx(0.60)  # at least one token
+
+
+def _measured(match_every: int) -> LiveStats:
+    """Costs like the default pair's on this CPU (T_t(1) 0.1 s, a draft step 0.02 s, a
+    catch-up over a 300-token prompt 0.6 s), the draft's k = 3 blocks worth 1.48× uncaught-up,
+    and decision points of
+    which one in ``match_every`` has no n-gram match."""
+    live = LiveStats(discount=1.0)
+    live.t_target = {n: 0.1 + 0.004 * n for n in range(1, 18)}
+    live.t_draft, live.t_ngram = 0.02, 1e-6
+    for i in range(60):
+        live.observe(3, (2, 1, 3, 0)[i % 4], 0.06, 0.116)
+        live.observe_match(i % match_every != 0)
+    live.observe_catch_up(300, 0.6)
+    live.observe_catch_up(8, 0.03)
+    return live
+
+
+@pytest.mark.parametrize("gap, remaining, match_every, drafts", [
+    (300, 60, 5, False),  # copy-heavy: the draft would serve ~14 tokens, not worth 0.6 s
+    (1, 60, 5, True),  # the draft is caught up: nothing to pay
+    (300, 2000, 5, True),  # a long request pays it back
+    (300, 60, 1, True),  # no n-gram matches: the draft serves all 60
+])
+def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
+        gap, remaining, match_every, drafts):
+    live = _measured(match_every)
+    policy = CostModelPolicy()
+    ctx = Context(category="c", k_max=8, generated=4, remaining=remaining, live=live,
+                  proposers=("draft", "ngram"), ngram_match=0, draft_gap=gap)
+    choice = policy.choose(ctx)
+    assert (int(choice) > 0) == drafts, (int(choice), live.unmatched_share())
+    if drafts:  # and the k it drafts with is the one that pays most, catch-up included
+        served = remaining * live.unmatched_share()
+        want, _s = best_k(live.acceptance_curve(8), 0.02, live.cost(optimistic=True), 8,
+                          per_token=catch_up_per_token(live, gap, served))
+        assert int(choice) == want and getattr(choice, "proposer", "draft") == "draft"
+
+
+def test_the_draft_alone_charges_its_catch_up_to_the_whole_rest_of_the_request():
+    live = _measured(5)
+    ctx = dict(category="c", k_max=8, generated=4, live=live, ngram_match=0, draft_gap=300)
+    policy = CostModelPolicy(proposers="draft")  # the n-gram is not this policy's option
+    assert int(policy.choose(Context(**ctx, remaining=60, proposers=("draft", "ngram")))) > 0
+    assert int(policy.choose(Context(**ctx, remaining=3, proposers=("draft", "ngram")))) == 0
+
+
+def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # noqa: F811
+    """A policy that decodes 6 plain steps, then drafts 2 blocks, over and over: the draft's
+    gap grows through each plain stretch (the prompt's 10 tokens at the start), is at most 2
+    after a draft block, and every resumption feeds one catch-up of exactly that many tokens
+    — slowed here, so the fitted cost says so."""
+
+    class Gaps(Stretches):
+        def __init__(self):
+            super().__init__(k=3, off=6, on=2)
+            self.gaps: list[int] = []
+
+        def choose(self, ctx):
+            self.gaps.append(ctx.draft_gap)
+            return super().choose(ctx)
+
+    target = tiny("llama", sharpen=30.0)
+    policy = Gaps()
+    spec = autospec.Controller(target, noisy_copy(target, 0.5), store=False, policy=policy)
+    spec.generate(prompt(10), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                  category="c")
+    ks = spec.last_stats.k_schedule
+    gaps = policy.gaps[: len(ks)]
+    assert gaps[:7] == [10, 11, 12, 13, 14, 15, 16]  # the prompt, then one more per step
+    resumed = [g for i, g in enumerate(gaps) if ks[i] > 0 and (i == 0 or ks[i - 1] == 0)]
+    after_block = [g for i, g in enumerate(gaps) if i and ks[i - 1] > 0]
+    assert len(resumed) >= 3 and all(g > 2 for g in resumed)
+    assert after_block and all(g <= 2 for g in after_block)
+    live = spec.live["c"]
+    weights = [0.98 ** (len(resumed) - 1 - i) for i in range(len(resumed))]
+    assert live.catch_up[0] == pytest.approx(sum(weights))
+    assert live.catch_up[1] == pytest.approx(sum(w * g for w, g in zip(weights, resumed)))
+    assert live.catch_up_cost(10) >= SLOW
+    # the n-gram's match was looked at once per decision point (discounted as the counts)
+    d = live.discount
+    assert sum(live.match_points) == pytest.approx((1 - d ** len(ks)) / (1 - d))
+    spec.close()
