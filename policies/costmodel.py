@@ -110,26 +110,34 @@ def speedup(k: int, acceptance, t_draft: float,
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
-           per_token: float = 0.0) -> tuple[int, float]:
+           per_token: float = 0.0, value: float | None = None) -> tuple[int, float]:
     """argmax_k S(k) over 0 … k_max, and that S (the smallest k among ties). One pass: E[N]
     grows by one product per k, so this is O(k_max) — it runs every iteration.
 
     per_token: seconds more per token drafting yields, beyond the iteration's own cost (a
     catch-up paid once and shared over the tokens the draft will serve): S(k) =
-    E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
+    E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token).
+
+    value: what a token beyond the first is worth, in seconds — the rate the rest of the
+    request will run at (T_t(1), the default, where that is plain decoding). A block's first
+    token saves a plain step; the others only save what covering them otherwise would cost:
+    S(k) = (T_t(1) + (E[N] − 1) · value) / (the block's cost). The switch point is the same
+    as S's wherever this block's own proposer sets the rate (value = its cost per token);
+    where a cheaper one does (prompt lookup on copy-heavy traffic), long dear blocks lose."""
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
     known = [a for a in acceptance if a is not None]
     last = float(known[-1]) if known else 0.0
     t1 = cost(1)
+    v = t1 if value is None else value
     best, best_s = 0, 1.0
     run, tokens = 1.0, 1.0
     for k in range(1, k_max + 1):
         a = acceptance[k - 1] if k - 1 < len(acceptance) else None
         run *= last if a is None else float(a)
         tokens += run
-        s = tokens * t1 / (k * t_draft + cost(k + 1) + tokens * per_token)
+        s = (t1 + (tokens - 1) * v) / (k * t_draft + cost(k + 1) + tokens * per_token)
         if s > best_s:
             best, best_s = k, s
     return best, best_s
@@ -304,6 +312,7 @@ class CostModelPolicy:
         if 1 not in live.t_target:
             return 0
         best = (0, 1.0, "draft")  # (k, S, proposer)
+        value = self._token_value(live, proposers)
         if drafts:
             if live.t_draft is None or len(live.t_target) < 2:
                 return min(self.initial_k, top)
@@ -312,11 +321,12 @@ class CostModelPolicy:
             if predicted is not None and live.observed < self.cold_start:
                 curve = [float(predicted)] * top
             k, s = best_k(curve, live.t_draft, cost, top,
-                          per_token=self._catch_up(live, context, proposers))
+                          per_token=self._catch_up(live, context, proposers), value=value)
             best = (k, s, "draft")
         if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
-            k, s = best_k(self.derived_ngram(live, top, match), live.t_ngram or 0.0, cost, top)
+            k, s = best_k(self.derived_ngram(live, top, match), live.t_ngram or 0.0, cost, top,
+                          value=value)
             if s > best[1]:
                 best = (k, s, "ngram")
         k, s, proposer = best
@@ -332,6 +342,21 @@ class CostModelPolicy:
                 k = Choice(k, "ngram")
         self._off[context.category] = off
         return k
+
+    def _token_value(self, live, proposers) -> float | None:
+        """With both proposers, a token beyond a block's first is worth the rate the category
+        runs at (seconds per token, realized), when that beats plain decoding: on copy-heavy
+        traffic prompt lookup covers most tokens almost free, and a draft-model block that
+        beats a plain step by S can still lose to the lookup the next step would do (auto
+        drafted k = 9–16 there, where prompt lookup alone ran faster). None (T_t(1)) with
+        one proposer, or before the rate is known."""
+        if len(proposers) < 2 or self.proposers != "both":
+            return None
+        rate = live.seconds_per_token()
+        t1 = live.t_target.get(1)
+        if rate is None or t1 is None:
+            return None
+        return min(rate, t1)
 
     @staticmethod
     def _catch_up(live, context, proposers) -> float:

@@ -56,6 +56,9 @@ class LiveStats:
         # decision points with and without an n-gram match (discounted): the share of the
         # request the draft model would serve, over which its catch-up is paid off
         self.match_points = [0.0, 0.0]  # [without a match, with one]
+        # the rate the category runs at: discounted seconds (proposals, catch-ups, the
+        # target's forwards) and tokens emitted, over the iterations past prefill
+        self.spent = [0.0, 0.0]  # [seconds, tokens]
         self.bandwidth_utilisation: float | None = None
         self.iterations = 0
         self._lock = threading.Lock()
@@ -67,7 +70,22 @@ class LiveStats:
             self._count(self.accepted, self.reached, k, accepted)
             if k > 0 and draft_s == draft_s and draft_s > 0:  # not NaN
                 self.t_draft = self._avg(self.t_draft, draft_s / k)
+            self._spend(draft_s if k else 0.0, target_s, accepted + 1)
             self._timed(k, target_s)
+
+    def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
+        """An iteration's time and tokens into the realized rate (prefill, with no steady
+        target time, is left out); under the lock."""
+        if not (target_s == target_s and target_s > 0 and draft_s == draft_s):
+            return
+        self.spent[0] = self.spent[0] * self.discount + draft_s + target_s
+        self.spent[1] = self.spent[1] * self.discount + tokens
+
+    def seconds_per_token(self) -> float | None:
+        """The rate this category runs at, everything counted (None before 8 tokens)."""
+        with self._lock:
+            seconds, tokens = self.spent
+        return seconds / tokens if tokens >= 8 else None
 
     def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
         """One block of k with m accepted into one proposer's discounted counts (position i
@@ -99,6 +117,7 @@ class LiveStats:
             return
         g, c = float(tokens), float(seconds)
         with self._lock:
+            self.spent[0] += c  # time the category spent, for no token of its own
             sums = self.catch_up
             for i, v in enumerate((1.0, g, g * g, c, g * c)):
                 sums[i] = sums[i] * _CATCH_UP_DISCOUNT + v
@@ -149,6 +168,7 @@ class LiveStats:
             self._count_ngram(k, accepted, match)
             if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
                 self.t_ngram = self._avg(self.t_ngram, lookup_s / k)
+            self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
             self._timed(k, target_s)
 
     def observe_ngram_shadow(self, match: int, agree: int, seen: int) -> None:
@@ -309,6 +329,7 @@ class LiveStats:
                                   for n, (a, r) in self.ngram_by_match.items()}
             new.t_ngram = self.t_ngram
             new.catch_up, new.match_points = list(self.catch_up), list(self.match_points)
+            new.spent = list(self.spent)
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
         return new

@@ -101,7 +101,8 @@ def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
     if drafts:  # and the k it drafts with is the one that pays most, catch-up included
         served = remaining * live.unmatched_share()
         want, _s = best_k(live.acceptance_curve(8), 0.02, live.cost(optimistic=True), 8,
-                          per_token=catch_up_per_token(live, gap, served))
+                          per_token=catch_up_per_token(live, gap, served),
+                          value=min(live.seconds_per_token(), live.t_target[1]))
         assert int(choice) == want and getattr(choice, "proposer", "draft") == "draft"
 
 
