@@ -262,6 +262,10 @@ class _Loop:
         self.buf[:, :L] = input_ids
         self.n = L  # tokens known: prompt + generated
         self.t_len = self.d_len = 0  # tokens each cache holds
+        # this request so far, for the policy: [seconds, tokens] of its iterations past
+        # prefill (catch-ups included), [decision points without an n-gram match, all]
+        self.spent = [0.0, 0]
+        self.points = [0, 0]
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
         self.eos_set = set(eos_token_ids)
@@ -337,6 +341,19 @@ class _Loop:
         if not toks:
             return None
         return torch.tensor([toks], dtype=torch.long, device=self.device)
+
+    def account(self, ctx, k: int, m: int, outcome, first_timing: int) -> None:
+        """This request's rate and n-gram match share so far, for the policy's next
+        ``Context``: the iteration's time past prefill (its catch-up included) and tokens."""
+        if self.ngram is not None:
+            self.points[0] += ctx.ngram_match == 0
+            self.points[1] += 1
+        spent = outcome.target_time_s + (outcome.draft_time_s if k else 0.0)
+        if spent == spent:  # not NaN: prefill is left out
+            self.spent[0] += spent + sum(sec for what, _n, sec, *_ in
+                                         self.timings[first_timing:]
+                                         if what == "draft_catch_up")
+            self.spent[1] += m + 1
 
     def draft_block(self, k: int, gen: int):
         """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's quantized
@@ -424,7 +441,8 @@ class _Loop:
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
                       remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
                       ngram_match=self.ngram.match()[0] if self.ngram is not None else 0,
-                      draft_gap=n - self.d_len if self.has_draft else 0)
+                      draft_gap=n - self.d_len if self.has_draft else 0,
+                      request_spent=tuple(self.spent), request_points=tuple(self.points))
         k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -558,6 +576,7 @@ class _Loop:
                     seen = self.n - before
                     ctx.live.observe_ngram_shadow(ctx.ngram_match,
                                                   agreement(shadow, new[:seen]), seen)
+        self.account(ctx, k, m, outcome, first_timing)
         self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches

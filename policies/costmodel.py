@@ -27,6 +27,12 @@ __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_
            "conditional_from_cumulative", "CostModelPolicy"]
 
 
+# a request's own rate and n-gram match share count against the category's as if the
+# category's were this many tokens / decision points of the request
+REQUEST_PRIOR = 16
+REQUEST_PRIOR_POINTS = 8
+
+
 def _rate(acceptance: Sequence[float | None], i: int) -> float:
     """Acceptance at position i (0-based); past the measured positions, the last one."""
     known = [a for a in acceptance if a is not None]
@@ -312,7 +318,7 @@ class CostModelPolicy:
         if 1 not in live.t_target:
             return 0
         best = (0, 1.0, "draft")  # (k, S, proposer)
-        value = self._token_value(live, proposers)
+        value = self._token_value(live, context, proposers)
         if drafts:
             if live.t_draft is None or len(live.t_target) < 2:
                 return min(self.initial_k, top)
@@ -343,19 +349,23 @@ class CostModelPolicy:
         self._off[context.category] = off
         return k
 
-    def _token_value(self, live, proposers) -> float | None:
-        """With both proposers, a token beyond a block's first is worth the rate the category
+    def _token_value(self, live, context, proposers) -> float | None:
+        """With both proposers, a token beyond a block's first is worth the rate the request
         runs at (seconds per token, realized), when that beats plain decoding: on copy-heavy
         traffic prompt lookup covers most tokens almost free, and a draft-model block that
         beats a plain step by S can still lose to the lookup the next step would do (auto
-        drafted k = 9–16 there, where prompt lookup alone ran faster). None (T_t(1)) with
-        one proposer, or before the rate is known."""
+        drafted k = 9–16 there, where prompt lookup alone ran faster). The request's own rate
+        so far, pulled toward the category's by ``REQUEST_PRIOR`` tokens of it: one prompt
+        of a copy-heavy category can have nothing to copy. None (T_t(1)) with one proposer,
+        or before the category's rate is known."""
         if len(proposers) < 2 or self.proposers != "both":
             return None
         rate = live.seconds_per_token()
         t1 = live.t_target.get(1)
         if rate is None or t1 is None:
             return None
+        seconds, tokens = getattr(context, "request_spent", (0.0, 0))
+        rate = (rate * REQUEST_PRIOR + seconds) / (REQUEST_PRIOR + tokens)
         return min(rate, t1)
 
     @staticmethod
@@ -371,8 +381,12 @@ class CostModelPolicy:
         if gap <= 2:
             return 0.0
         remaining = max(1, getattr(context, "remaining", 1))
-        served = remaining * (live.unmatched_share() if "ngram" in proposers else 1.0)
-        return catch_up_per_token(live, gap, served)
+        share = 1.0
+        if "ngram" in proposers:  # this request's points, pulled toward the category's share
+            unmatched, points = getattr(context, "request_points", (0, 0))
+            share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
+                     / (REQUEST_PRIOR_POINTS + points))
+        return catch_up_per_token(live, gap, remaining * share)
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;

@@ -58,6 +58,37 @@ def test_best_k_charges_the_per_token_share_of_a_catch_up():
     assert best_k(curve, 0.02, cost, 8, per_token=0.1) == (0, 1.0)  # dearer than plain
 
 
+def test_tokens_past_a_blocks_first_are_worth_the_rate_the_request_runs_at():
+    curve, cost = [0.8] * 8, {n: 0.1 + 0.005 * n for n in range(1, 10)}
+    k, s = best_k(curve, 0.02, cost, 8, value=0.05)
+    e = expected_tokens(curve, k)
+    assert s == pytest.approx((cost[1] + (e - 1) * 0.05) / (k * 0.02 + cost[k + 1]))
+    assert best_k(curve, 0.02, cost, 8, value=cost[1]) == best_k(curve, 0.02, cost, 8)
+    # where the block's own proposer sets the rate, it still pays exactly where S says so
+    for k in range(1, 9):
+        e = expected_tokens(curve, k)
+        own = (k * 0.02 + cost[k + 1]) / e
+        s_own = (cost[1] + (e - 1) * own) / (k * 0.02 + cost[k + 1])
+        assert (s_own > 1) == (e * cost[1] / (k * 0.02 + cost[k + 1]) > 1)
+    # a much cheaper continuation (prompt lookup): long dear blocks lose to a plain step
+    assert best_k(curve, 0.02, cost, 8, value=0.01)[0] < k
+
+
+def test_the_request_rate_decides_where_the_category_rate_would_not():
+    """A copy-heavy category runs at a third of plain decoding's time per token, so the
+    draft model's blocks are not worth it there; a request of it that has nothing to copy
+    (it ran 40 tokens at the plain rate so far) drafts again. (S alone would draft both.)"""
+    live = _measured(1)
+    live.spent = [0.035 * 400, 400]  # the category: 0.035 s per token, T_t(1) = 0.104
+    live.t_draft = 0.035  # a draft step a third of the target's, as the default pair on CPU
+    ctx = dict(category="c", k_max=8, generated=40, remaining=200, live=live,
+               proposers=("draft", "ngram"), ngram_match=0, draft_gap=1)
+    policy = CostModelPolicy()
+    assert int(policy.choose(Context(**ctx))) == 0
+    assert int(policy.choose(Context(**ctx, request_spent=(0.104 * 40, 40)))) > 0
+    assert int(CostModelPolicy(proposers="draft").choose(Context(**ctx))) > 0  # one proposer
+
+
 def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
     live = LiveStats()
     live.t_draft = 0.02
@@ -124,9 +155,11 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
         def __init__(self):
             super().__init__(k=3, off=6, on=2)
             self.gaps: list[int] = []
+            self.requests: list = []
 
         def choose(self, ctx):
             self.gaps.append(ctx.draft_gap)
+            self.requests.append((ctx.request_spent, ctx.request_points))
             return super().choose(ctx)
 
     target = tiny("llama", sharpen=30.0)
@@ -146,6 +179,13 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
     assert live.catch_up[0] == pytest.approx(sum(weights))
     assert live.catch_up[1] == pytest.approx(sum(w * g for w, g in zip(weights, resumed)))
     assert live.catch_up_cost(10) >= SLOW
+    # the request's own account: tokens past prefill's, every decision point
+    acc = spec.last_stats.accepted_schedule
+    for i, ((seconds, tokens), (_unmatched, points)) in enumerate(policy.requests[: len(ks)]):
+        assert points == i
+        assert tokens == sum(a + 1 for a in acc[1:i])
+        assert (seconds > 0) == (i > 1)
+    assert policy.requests[len(ks) - 1][0][0] >= SLOW * (len(resumed) - 1)  # catch-ups in
     # the n-gram's match was looked at once per decision point (discounted as the counts)
     d = live.discount
     assert sum(live.match_points) == pytest.approx((1 - d ** len(ks)) / (1 - d))
