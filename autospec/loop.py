@@ -42,6 +42,7 @@ from autospec.policies.base import (
     proposer_of,
     stops_drafting,
 )
+from autospec.policies.live import LiveStats
 from autospec.runners import open_runner, resolve_graphs
 from autospec.sampling import (
     SamplingConfig,
@@ -266,6 +267,8 @@ class _Loop:
         # prefill (catch-ups included), [decision points without an n-gram match, all]
         self.spent = [0.0, 0]
         self.points = [0, 0]
+        # and its own n-gram acceptance (its blocks and its shadow, undiscounted)
+        self.request = LiveStats(discount=1.0)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
         self.eos_set = set(eos_token_ids)
@@ -342,9 +345,14 @@ class _Loop:
             return None
         return torch.tensor([toks], dtype=torch.long, device=self.device)
 
-    def account(self, ctx, k: int, m: int, outcome, first_timing: int) -> None:
-        """This request's rate and n-gram match share so far, for the policy's next
-        ``Context``: the iteration's time past prefill (its catch-up included) and tokens."""
+    def account(self, ctx, k: int, m: int, outcome, first_timing: int, shadow) -> None:
+        """This request's rate, n-gram match share and n-gram acceptance so far, for the
+        policy's next ``Context``: the iteration's time past prefill (its catch-up included)
+        and tokens; its n-gram block, or the n-gram's shadow (match, agree, seen)."""
+        if outcome.proposer == "ngram" and k:
+            self.request.observe_ngram(k, m, float("nan"), float("nan"), match=ctx.ngram_match)
+        elif shadow:
+            self.request.observe_ngram_shadow(*shadow)
         if self.ngram is not None:
             self.points[0] += ctx.ngram_match == 0
             self.points[1] += 1
@@ -442,7 +450,8 @@ class _Loop:
                       remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
                       ngram_match=self.ngram.match()[0] if self.ngram is not None else 0,
                       draft_gap=n - self.d_len if self.has_draft else 0,
-                      request_spent=tuple(self.spent), request_points=tuple(self.points))
+                      request_spent=tuple(self.spent), request_points=tuple(self.points),
+                      request=self.request)
         k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -574,9 +583,9 @@ class _Loop:
                 ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
                 if shadow:
                     seen = self.n - before
-                    ctx.live.observe_ngram_shadow(ctx.ngram_match,
-                                                  agreement(shadow, new[:seen]), seen)
-        self.account(ctx, k, m, outcome, first_timing)
+                    shadow = (ctx.ngram_match, agreement(shadow, new[:seen]), seen)
+                    ctx.live.observe_ngram_shadow(*shadow)
+        self.account(ctx, k, m, outcome, first_timing, shadow if used != "ngram" else None)
         self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches

@@ -51,6 +51,7 @@ class Context:
     # (decision points without an n-gram match, decision points)
     request_spent: tuple[float, int] = (0.0, 0)
     request_points: tuple[int, int] = (0, 0)
+    request: Any = None  # this request's own LiveStats: its n-gram blocks and shadow
 
 
 @dataclass(frozen=True)

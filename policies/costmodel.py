@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from .base import Choice, batch_bucket
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
-           "catch_up_per_token",
+           "catch_up_per_token", "valued_speedup", "request_ngram_curve",
            "conditional_from_cumulative", "CostModelPolicy"]
 
 
@@ -31,6 +31,7 @@ __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_
 # category's were this many tokens / decision points of the request
 REQUEST_PRIOR = 16
 REQUEST_PRIOR_POINTS = 8
+REQUEST_PRIOR_BLOCKS = 4
 
 
 def _rate(acceptance: Sequence[float | None], i: int) -> float:
@@ -147,6 +148,36 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
         if s > best_s:
             best, best_s = k, s
     return best, best_s
+
+
+def valued_speedup(acceptance, k: int, t_draft: float, cost, per_token: float,
+                   value: float) -> float:
+    """A block of k against one plain step when the tokens past its first are worth
+    ``value`` seconds each (see ``best_k``): (T_t(1) + (E[N] − 1) · value) / (k · T_d +
+    T_t(k + 1) + E[N] · per_token). The cost model picks each proposer's k by S (the k that
+    serves tokens at the best rate) and decides by this whether the block beats a plain step
+    and which proposer's does: valuing tokens below T_t(1) in the argmax too shortened every
+    n-gram block on copy-heavy traffic, where the n-gram itself sets the rate."""
+    cost = cost if callable(cost) else interpolate_cost(cost)
+    tokens = expected_tokens(acceptance, k)
+    return ((cost(1) + (tokens - 1) * value)
+            / (k * t_draft + cost(k + 1) + tokens * per_token))
+
+
+def request_ngram_curve(curve: Sequence[float], context) -> list[float]:
+    """The n-gram proposer's acceptance curve for this request: the category's (``curve``),
+    per position pulled toward this request's own blocks and shadow so far
+    (``context.request``), which count against ``REQUEST_PRIOR_BLOCKS`` blocks of the
+    category's. A request of a copy-heavy category that has nothing to copy (its matches
+    fail at once) stops proposing long n-gram blocks after a few; one that copies well
+    proposes longer ones than its category's average."""
+    req = getattr(context, "request", None)
+    reached = getattr(req, "ngram_reached", None)
+    if not reached or reached[0] <= 0:
+        return list(curve)
+    accepted, w = req.ngram_accepted, REQUEST_PRIOR_BLOCKS
+    return [(c * w + accepted[i]) / (w + reached[i]) if i < len(reached) else c
+            for i, c in enumerate(curve)]
 
 
 def catch_up_per_token(live, gap: int, served: float) -> float:
@@ -326,13 +357,18 @@ class CostModelPolicy:
             curve, cost = self.derived(live, top)
             if predicted is not None and live.observed < self.cold_start:
                 curve = [float(predicted)] * top
-            k, s = best_k(curve, live.t_draft, cost, top,
-                          per_token=self._catch_up(live, context, proposers), value=value)
+            per_token = self._catch_up(live, context, proposers)
+            k, s = best_k(curve, live.t_draft, cost, top, per_token=per_token)
+            if value is not None and k:
+                s = valued_speedup(curve, k, live.t_draft, cost, per_token, value)
             best = (k, s, "draft")
         if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
-            k, s = best_k(self.derived_ngram(live, top, match), live.t_ngram or 0.0, cost, top,
-                          value=value)
+            curve = request_ngram_curve(self.derived_ngram(live, top, match), context)
+            t_ngram = live.t_ngram or 0.0
+            k, s = best_k(curve, t_ngram, cost, top)
+            if value is not None and k:
+                s = valued_speedup(curve, k, t_ngram, cost, 0.0, value)
             if s > best[1]:
                 best = (k, s, "ngram")
         k, s, proposer = best
@@ -382,10 +418,14 @@ class CostModelPolicy:
             return 0.0
         remaining = max(1, getattr(context, "remaining", 1))
         share = 1.0
-        if "ngram" in proposers:  # this request's points, pulled toward the category's share
+        if "ngram" in proposers:
+            # the draft serves where the n-gram has no match, or has one that fails at once:
+            # this request's points and n-gram acceptance, pulled toward the category's
             unmatched, points = getattr(context, "request_points", (0, 0))
             share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
                      / (REQUEST_PRIOR_POINTS + points))
+            first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
+            share += (1 - share) * (1 - first)
         return catch_up_per_token(live, gap, remaining * share)
 
     def _allowed(self, context) -> tuple[str, ...]:

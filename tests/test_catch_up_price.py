@@ -14,7 +14,14 @@ from test_draft_cost import SLOW, Stretches, slow_catch_up  # noqa: F401 (a fixt
 
 import autospec
 from autospec.policies import Context, CostModelPolicy, LiveStats
-from autospec.policies.costmodel import best_k, catch_up_per_token, expected_tokens
+from autospec.policies.costmodel import (
+    REQUEST_PRIOR_BLOCKS,
+    best_k,
+    catch_up_per_token,
+    expected_tokens,
+    request_ngram_curve,
+    valued_speedup,
+)
 
 from conftest import noisy_copy, prompt, tiny
 
@@ -72,6 +79,10 @@ def test_tokens_past_a_blocks_first_are_worth_the_rate_the_request_runs_at():
         assert (s_own > 1) == (e * cost[1] / (k * 0.02 + cost[k + 1]) > 1)
     # a much cheaper continuation (prompt lookup): long dear blocks lose to a plain step
     assert best_k(curve, 0.02, cost, 8, value=0.01)[0] < k
+    k, _s = best_k(curve, 0.02, cost, 8)
+    e = expected_tokens(curve, k)
+    assert valued_speedup(curve, k, 0.02, cost, 0.0, 0.05) == pytest.approx(
+        (cost[1] + (e - 1) * 0.05) / (k * 0.02 + cost[k + 1]))
 
 
 def test_the_request_rate_decides_where_the_category_rate_would_not():
@@ -89,6 +100,34 @@ def test_the_request_rate_decides_where_the_category_rate_would_not():
     assert int(CostModelPolicy(proposers="draft").choose(Context(**ctx))) > 0  # one proposer
 
 
+def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
+    """A copy-heavy category (its n-gram blocks from a 2-token match hold 0.9 per position)
+    and one of its requests whose n-gram blocks and shadow all failed at once: its n-gram
+    curve falls toward its own evidence, it stops proposing n-gram blocks, and the draft's
+    catch-up is shared over more of the request (its matches serve nothing)."""
+    live = _measured(5)
+    live.t_target = {n: 0.1 + 0.02 * n for n in range(1, 18)}  # verification not free
+    request = LiveStats(discount=1.0)
+    ctx = dict(category="c", k_max=8, generated=20, remaining=44, live=live,
+               proposers=("draft", "ngram"), ngram_match=2, draft_gap=1)
+    cat_curve = live.ngram_acceptance_curve(8, match=2)
+    assert request_ngram_curve(cat_curve, Context(**ctx, request=request)) == cat_curve
+    choice = CostModelPolicy().choose(Context(**ctx, request=request))
+    assert getattr(choice, "proposer", "draft") == "ngram" and int(choice) == 8
+    for _ in range(10):
+        request.observe_ngram_shadow(2, 0, 1)  # proposed, and the first token was wrong
+    curve = request_ngram_curve(cat_curve, Context(**ctx, request=request))
+    w = REQUEST_PRIOR_BLOCKS
+    assert curve[0] == pytest.approx(cat_curve[0] * w / (w + 10))
+    assert curve[1:] == cat_curve[1:]  # never reached in this request
+    choice = CostModelPolicy().choose(Context(**ctx, request=request))
+    assert getattr(choice, "proposer", "draft") == "draft"
+    policy = CostModelPolicy()
+    far = dict(ctx, draft_gap=300)
+    assert policy._catch_up(live, Context(**far, request=request), ("draft", "ngram")) < (
+        policy._catch_up(live, Context(**far), ("draft", "ngram")))
+
+
 def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
     live = LiveStats()
     live.t_draft = 0.02
@@ -101,9 +140,9 @@ def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
 
 def _measured(match_every: int) -> LiveStats:
     """Costs like the default pair's on this CPU (T_t(1) 0.1 s, a draft step 0.02 s, a
-    catch-up over a 300-token prompt 0.6 s), the draft's k = 3 blocks worth 1.48× uncaught-up,
-    and decision points of
-    which one in ``match_every`` has no n-gram match."""
+    catch-up over a 300-token prompt 0.6 s), the draft's k = 3 blocks worth 1.48× caught up,
+    and decision points of which one in ``match_every`` has no n-gram match (where one has,
+    its blocks hold)."""
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 + 0.004 * n for n in range(1, 18)}
     live.t_draft, live.t_ngram = 0.02, 1e-6
@@ -112,6 +151,8 @@ def _measured(match_every: int) -> LiveStats:
         live.observe_match(i % match_every != 0)
     live.observe_catch_up(300, 0.6)
     live.observe_catch_up(8, 0.03)
+    for _ in range(40):  # where it has a match, the n-gram's blocks hold
+        live.observe_ngram_shadow(2, 8, 8)
     return live
 
 
@@ -129,12 +170,16 @@ def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
                   proposers=("draft", "ngram"), ngram_match=0, draft_gap=gap)
     choice = policy.choose(ctx)
     assert (int(choice) > 0) == drafts, (int(choice), live.unmatched_share())
-    if drafts:  # and the k it drafts with is the one that pays most, catch-up included
-        served = remaining * live.unmatched_share()
-        want, _s = best_k(live.acceptance_curve(8), 0.02, live.cost(optimistic=True), 8,
-                          per_token=catch_up_per_token(live, gap, served),
-                          value=min(live.seconds_per_token(), live.t_target[1]))
+    if drafts:  # and the k it drafts with serves tokens at the best rate, catch-up included
+        first = live.ngram_acceptance_curve(1)[0]
+        share = live.unmatched_share()
+        served = remaining * (share + (1 - share) * (1 - first))
+        curve, cost = live.acceptance_curve(8), live.cost(optimistic=True)
+        per_token = catch_up_per_token(live, gap, served)
+        want, _s = best_k(curve, 0.02, cost, 8, per_token=per_token)
         assert int(choice) == want and getattr(choice, "proposer", "draft") == "draft"
+        value = min(live.seconds_per_token(), live.t_target[1])
+        assert valued_speedup(curve, want, 0.02, cost, per_token, value) > 1
 
 
 def test_the_draft_alone_charges_its_catch_up_to_the_whole_rest_of_the_request():
