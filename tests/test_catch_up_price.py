@@ -235,3 +235,49 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
     d = live.discount
     assert sum(live.match_points) == pytest.approx((1 - d ** len(ks)) / (1 - d))
     spec.close()
+
+
+def test_replay_keeps_each_requests_own_account_as_the_live_loop_does(tmp_path):
+    """Tuning replays the policy on stored traces: the request's points, rate and own n-gram
+    statistics reach its Context there too (fed as the live loop feeds them), so a tuned
+    cost model is scored on the decisions it would make live."""
+    from test_ngram import _repetitive
+    from test_ngram_learning import COSTS, _stored
+
+    from autospec.policies import as_policy
+    from autospec.simulate import simulate
+
+    target = tiny("llama", layers=2, seed=5)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:3")
+    ids = _repetitive(0)
+    spec.generate(ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=40,
+                  do_sample=False, category="copy")
+    spec.close()
+    (row,) = _stored(url)
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self):
+            self.inner, self.seen = as_policy("auto"), []
+
+        def choose(self, ctx):
+            self.seen.append((ctx.request_points, ctx.request_spent, ctx.request))
+            return self.inner.choose(ctx)
+
+        def update(self, ctx, k, outcome):
+            self.inner.update(ctx, k, outcome)
+
+    policy, lives = Recorder(), {"copy": LiveStats(discount=1.0)}
+    res = simulate([row], policy, COSTS, live=lives, category="copy")
+    points = [p for p, _s, _r in policy.seen]
+    assert [p[1] for p in points] == list(range(len(points)))  # every decision point
+    assert policy.seen[-1][1][1] < res.tokens and policy.seen[-1][1][0] < res.seconds
+    assert [s[1] for _p, s, _r in policy.seen] == sorted(s[1] for _p, s, _r in policy.seen)
+    # one request into a fresh undiscounted category: its own n-gram counts are the category's
+    (request,) = {id(r): r for _p, _s, r in policy.seen}.values()  # one object throughout
+    cat = lives["copy"]
+    assert request.ngram_reached[0] > 0
+    assert request.ngram_reached == cat.ngram_reached
+    assert request.ngram_accepted == cat.ngram_accepted
