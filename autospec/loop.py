@@ -263,11 +263,8 @@ class _Loop:
         self.buf[:, :L] = input_ids
         self.n = L  # tokens known: prompt + generated
         self.t_len = self.d_len = 0  # tokens each cache holds
-        # this request so far, for the policy: [seconds, tokens] of its iterations past
-        # prefill (catch-ups included), [decision points without an n-gram match, all]
-        self.spent = [0.0, 0]
-        self.points = [0, 0]
-        # and its own n-gram acceptance (its blocks and its shadow, undiscounted)
+        # this request so far, for the policy: its own statistics (undiscounted), fed as
+        # its category's are — its rate, its n-gram match points, blocks and shadow
         self.request = LiveStats(discount=1.0)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
@@ -344,24 +341,6 @@ class _Loop:
         if not toks:
             return None
         return torch.tensor([toks], dtype=torch.long, device=self.device)
-
-    def account(self, ctx, k: int, m: int, outcome, first_timing: int, shadow) -> None:
-        """This request's rate, n-gram match share and n-gram acceptance so far, for the
-        policy's next ``Context``: the iteration's time past prefill (its catch-up included)
-        and tokens; its n-gram block, or the n-gram's shadow (match, agree, seen)."""
-        if outcome.proposer == "ngram" and k:
-            self.request.observe_ngram(k, m, float("nan"), float("nan"), match=ctx.ngram_match)
-        elif shadow:
-            self.request.observe_ngram_shadow(*shadow)
-        if self.ngram is not None:
-            self.points[0] += ctx.ngram_match == 0
-            self.points[1] += 1
-        spent = outcome.target_time_s + (outcome.draft_time_s if k else 0.0)
-        if spent == spent:  # not NaN: prefill is left out
-            self.spent[0] += spent + sum(sec for what, _n, sec, *_ in
-                                         self.timings[first_timing:]
-                                         if what == "draft_catch_up")
-            self.spent[1] += m + 1
 
     def draft_block(self, k: int, gen: int):
         """Propose k tokens. Returns (tokens [1, k], q [1, k, V] or None, the draft's quantized
@@ -449,9 +428,7 @@ class _Loop:
         ctx = Context(category=self.category, k_max=self.k_max, generated=gen,
                       remaining=self.max_new - gen, live=self.live, proposers=self.proposers,
                       ngram_match=self.ngram.match()[0] if self.ngram is not None else 0,
-                      draft_gap=n - self.d_len if self.has_draft else 0,
-                      request_spent=tuple(self.spent), request_points=tuple(self.points),
-                      request=self.request)
+                      draft_gap=n - self.d_len if self.has_draft else 0, request=self.request)
         k, proposer, min_match = self.choose_k(ctx)
         first_timing = len(self.timings)
 
@@ -571,21 +548,22 @@ class _Loop:
                           unproposed=tuple(unproposed), proposer=used)
         if ctx.live is not None:
             ctx.live.observe_unproposed(outcome.unproposed)
+        if shadow:
+            seen = self.n - before
+            shadow = (ctx.ngram_match, agreement(shadow, new[:seen]), seen)
+        for live in [x for x in (ctx.live, self.request) if x is not None]:
             if self.ngram is not None:
-                ctx.live.observe_match(ctx.ngram_match > 0)
+                live.observe_match(ctx.ngram_match > 0)
             for what, count, sec, *_ in self.timings[first_timing:]:
                 if what == "draft_catch_up":
-                    ctx.live.observe_catch_up(count, sec)
+                    live.observe_catch_up(count, sec)
             if used == "ngram":  # the draft model's statistics stay the draft model's
-                ctx.live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s,
-                                       match=ctx.ngram_match)
+                live.observe_ngram(k, m, outcome.draft_time_s, outcome.target_time_s,
+                                   match=ctx.ngram_match)
             else:
-                ctx.live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
+                live.observe(k, m, outcome.draft_time_s, outcome.target_time_s)
                 if shadow:
-                    seen = self.n - before
-                    shadow = (ctx.ngram_match, agreement(shadow, new[:seen]), seen)
-                    ctx.live.observe_ngram_shadow(*shadow)
-        self.account(ctx, k, m, outcome, first_timing, shadow if used != "ngram" else None)
+                    live.observe_ngram_shadow(*shadow)
         self.policy.update(ctx, k, outcome)
 
         # 6. Keep only what was kept in both caches

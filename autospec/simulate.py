@@ -387,19 +387,17 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
     t1 = cost(1)
     stop = early_stop_of(policy, cat)
     total = len(row.trace)
-    # the request's own account, as the live loop keeps it (the draft's gap is not given:
-    # replay has no catch-up cost to charge, so the policy has none to price)
-    spent, points, request = [0.0, 0], [0, 0], LiveStats(discount=1.0)
+    # the request's own statistics, fed as the live loop feeds them (the draft's gap is not
+    # given: replay has no catch-up cost to charge, so the policy has none to price)
+    request = LiveStats(discount=1.0)
     while row.g < total:
         ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
                       live=stats, proposers=row.proposers, ngram_match=row.ngram_match()[0],
-                      request_spent=tuple(spent), request_points=tuple(points),
                       request=request)
         choice = policy.choose(ctx)
         if row.ngram is not None:  # as the live loop: whether the n-gram had a match here
-            stats.observe_match(ctx.ngram_match > 0)
-            points[0] += ctx.ngram_match == 0
-            points[1] += 1
+            for live in (stats, request):
+                live.observe_match(ctx.ngram_match > 0)
         k = max(0, min(int(choice), k_max, row.remaining - 1))
         proposer, min_match = proposer_of(choice)
         if not row.has_draft:
@@ -409,11 +407,11 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
         if ngram:
             k, m = row.ngram_step(k)
             d_s, t_s = k * costs.t_ngram, cost(k + 1)
-            if k:
-                stats.observe_ngram(k, m, d_s, t_s, match=ctx.ngram_match)
-                request.observe_ngram(k, m, float("nan"), float("nan"), match=ctx.ngram_match)
-            else:  # no match: a plain step, counted as the live loop counts one (k = 0)
-                stats.observe(0, 0, d_s, t_s)
+            for live in (stats, request):
+                if k:
+                    live.observe_ngram(k, m, d_s, t_s, match=ctx.ngram_match)
+                else:  # no match: a plain step, counted as the live loop counts one (k = 0)
+                    live.observe(0, 0, d_s, t_s)
             outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
                               proposer="ngram" if k else "draft")
             res.ngram_drafted += k
@@ -426,16 +424,14 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
             res.unobserved_hits += unknown
             d_s, t_s = k * t_draft, cost(k + 1)
             stats.observe_unproposed(unproposed)
-            stats.observe(k, m, d_s, t_s)
-            stats.observe_ngram_shadow(shadow[0], shadow[1], m + 1)  # as the live loop
-            request.observe_ngram_shadow(shadow[0], shadow[1], m + 1)
+            for live in (stats, request):
+                live.observe(k, m, d_s, t_s)
+                live.observe_ngram_shadow(shadow[0], shadow[1], m + 1)  # as the live loop
             outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
                               unproposed=unproposed)
             res.drafted += k
             res.accepted += m
         policy.update(ctx, k, outcome)
-        spent[0] += d_s + t_s
-        spent[1] += m + 1
         res._count(1, k)
         res.row_steps += 1
         res.tokens += m + 1

@@ -47,11 +47,9 @@ class Context:
     # tokens the draft model has not seen (batch 1): its next block begins with a forward
     # over them — the prompt at its first use, what k = 0 or the n-gram emitted since
     draft_gap: int = 0
-    # this request so far (batch 1): (seconds, tokens) of its iterations past prefill, and
-    # (decision points without an n-gram match, decision points)
-    request_spent: tuple[float, int] = (0.0, 0)
-    request_points: tuple[int, int] = (0, 0)
-    request: Any = None  # this request's own LiveStats: its n-gram blocks and shadow
+    # this request so far (batch 1): its own LiveStats, fed as its category's (undiscounted):
+    # its rate (``spent``), n-gram match points, n-gram blocks and shadow
+    request: Any = None
 
 
 @dataclass(frozen=True)

@@ -117,34 +117,26 @@ def speedup(k: int, acceptance, t_draft: float,
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
-           per_token: float = 0.0, value: float | None = None) -> tuple[int, float]:
+           per_token: float = 0.0) -> tuple[int, float]:
     """argmax_k S(k) over 0 … k_max, and that S (the smallest k among ties). One pass: E[N]
     grows by one product per k, so this is O(k_max) — it runs every iteration.
 
     per_token: seconds more per token drafting yields, beyond the iteration's own cost (a
     catch-up paid once and shared over the tokens the draft will serve): S(k) =
-    E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token).
-
-    value: what a token beyond the first is worth, in seconds — the rate the rest of the
-    request will run at (T_t(1), the default, where that is plain decoding). A block's first
-    token saves a plain step; the others only save what covering them otherwise would cost:
-    S(k) = (T_t(1) + (E[N] − 1) · value) / (the block's cost). The switch point is the same
-    as S's wherever this block's own proposer sets the rate (value = its cost per token);
-    where a cheaper one does (prompt lookup on copy-heavy traffic), long dear blocks lose."""
+    E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
     known = [a for a in acceptance if a is not None]
     last = float(known[-1]) if known else 0.0
     t1 = cost(1)
-    v = t1 if value is None else value
     best, best_s = 0, 1.0
     run, tokens = 1.0, 1.0
     for k in range(1, k_max + 1):
         a = acceptance[k - 1] if k - 1 < len(acceptance) else None
         run *= last if a is None else float(a)
         tokens += run
-        s = (t1 + (tokens - 1) * v) / (k * t_draft + cost(k + 1) + tokens * per_token)
+        s = tokens * t1 / (k * t_draft + cost(k + 1) + tokens * per_token)
         if s > best_s:
             best, best_s = k, s
     return best, best_s
@@ -153,8 +145,12 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
 def valued_speedup(acceptance, k: int, t_draft: float, cost, per_token: float,
                    value: float) -> float:
     """A block of k against one plain step when the tokens past its first are worth
-    ``value`` seconds each (see ``best_k``): (T_t(1) + (E[N] − 1) · value) / (k · T_d +
-    T_t(k + 1) + E[N] · per_token). The cost model picks each proposer's k by S (the k that
+    ``value`` seconds each — the rate the rest of the request will run at — rather than
+    T_t(1): (T_t(1) + (E[N] − 1) · value) / (k · T_d + T_t(k + 1) + E[N] · per_token). A
+    block's first token saves a plain step; the others only save what covering them
+    otherwise would cost. The switch point is S's (``best_k``) wherever this block's own
+    proposer sets the rate (value = its cost per token); where a cheaper one does (prompt
+    lookup on copy-heavy traffic), dear blocks lose. The cost model picks each proposer's k by S (the k that
     serves tokens at the best rate) and decides by this whether the block beats a plain step
     and which proposer's does: valuing tokens below T_t(1) in the argmax too shortened every
     n-gram block on copy-heavy traffic, where the n-gram itself sets the rate."""
@@ -400,7 +396,8 @@ class CostModelPolicy:
         t1 = live.t_target.get(1)
         if rate is None or t1 is None:
             return None
-        seconds, tokens = getattr(context, "request_spent", (0.0, 0))
+        req = getattr(context, "request", None)
+        seconds, tokens = req.spent if req is not None else (0.0, 0.0)
         rate = (rate * REQUEST_PRIOR + seconds) / (REQUEST_PRIOR + tokens)
         return min(rate, t1)
 
@@ -421,9 +418,10 @@ class CostModelPolicy:
         if "ngram" in proposers:
             # the draft serves where the n-gram has no match, or has one that fails at once:
             # this request's points and n-gram acceptance, pulled toward the category's
-            unmatched, points = getattr(context, "request_points", (0, 0))
+            req = getattr(context, "request", None)
+            unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
             share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
-                     / (REQUEST_PRIOR_POINTS + points))
+                     / (REQUEST_PRIOR_POINTS + unmatched + matched))
             first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
             share += (1 - share) * (1 - first)
         return catch_up_per_token(live, gap, remaining * share)

@@ -67,22 +67,20 @@ def test_best_k_charges_the_per_token_share_of_a_catch_up():
 
 def test_tokens_past_a_blocks_first_are_worth_the_rate_the_request_runs_at():
     curve, cost = [0.8] * 8, {n: 0.1 + 0.005 * n for n in range(1, 10)}
-    k, s = best_k(curve, 0.02, cost, 8, value=0.05)
-    e = expected_tokens(curve, k)
-    assert s == pytest.approx((cost[1] + (e - 1) * 0.05) / (k * 0.02 + cost[k + 1]))
-    assert best_k(curve, 0.02, cost, 8, value=cost[1]) == best_k(curve, 0.02, cost, 8)
-    # where the block's own proposer sets the rate, it still pays exactly where S says so
-    for k in range(1, 9):
-        e = expected_tokens(curve, k)
-        own = (k * 0.02 + cost[k + 1]) / e
-        s_own = (cost[1] + (e - 1) * own) / (k * 0.02 + cost[k + 1])
-        assert (s_own > 1) == (e * cost[1] / (k * 0.02 + cost[k + 1]) > 1)
-    # a much cheaper continuation (prompt lookup): long dear blocks lose to a plain step
-    assert best_k(curve, 0.02, cost, 8, value=0.01)[0] < k
     k, _s = best_k(curve, 0.02, cost, 8)
     e = expected_tokens(curve, k)
     assert valued_speedup(curve, k, 0.02, cost, 0.0, 0.05) == pytest.approx(
         (cost[1] + (e - 1) * 0.05) / (k * 0.02 + cost[k + 1]))
+    for k in range(1, 9):
+        e = expected_tokens(curve, k)
+        s = e * cost[1] / (k * 0.02 + cost[k + 1])
+        # valued at T_t(1), a block is worth what S says
+        assert valued_speedup(curve, k, 0.02, cost, 0.0, cost[1]) == pytest.approx(s)
+        # where the block's own proposer sets the rate, it still pays exactly where S says so
+        own = (k * 0.02 + cost[k + 1]) / e
+        assert (valued_speedup(curve, k, 0.02, cost, 0.0, own) > 1) == (s > 1)
+    # a much cheaper continuation (prompt lookup): a long dear block loses to a plain step
+    assert valued_speedup(curve, 8, 0.02, cost, 0.0, 0.01) < 1 < best_k(curve, 0.02, cost, 8)[1]
 
 
 def test_the_request_rate_decides_where_the_category_rate_would_not():
@@ -96,7 +94,9 @@ def test_the_request_rate_decides_where_the_category_rate_would_not():
                proposers=("draft", "ngram"), ngram_match=0, draft_gap=1)
     policy = CostModelPolicy()
     assert int(policy.choose(Context(**ctx))) == 0
-    assert int(policy.choose(Context(**ctx, request_spent=(0.104 * 40, 40)))) > 0
+    request = LiveStats(discount=1.0)
+    request.spent = [0.104 * 40, 40]  # 40 tokens at the plain rate so far
+    assert int(policy.choose(Context(**ctx, request=request))) > 0
     assert int(CostModelPolicy(proposers="draft").choose(Context(**ctx))) > 0  # one proposer
 
 
@@ -204,7 +204,7 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
 
         def choose(self, ctx):
             self.gaps.append(ctx.draft_gap)
-            self.requests.append((ctx.request_spent, ctx.request_points))
+            self.requests.append((tuple(ctx.request.spent), sum(ctx.request.match_points)))
             return super().choose(ctx)
 
     target = tiny("llama", sharpen=30.0)
@@ -226,7 +226,7 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
     assert live.catch_up_cost(10) >= SLOW
     # the request's own account: tokens past prefill's, every decision point
     acc = spec.last_stats.accepted_schedule
-    for i, ((seconds, tokens), (_unmatched, points)) in enumerate(policy.requests[: len(ks)]):
+    for i, ((seconds, tokens), points) in enumerate(policy.requests[: len(ks)]):
         assert points == i
         assert tokens == sum(a + 1 for a in acc[1:i])
         assert (seconds > 0) == (i > 1)
@@ -263,7 +263,8 @@ def test_replay_keeps_each_requests_own_account_as_the_live_loop_does(tmp_path):
             self.inner, self.seen = as_policy("auto"), []
 
         def choose(self, ctx):
-            self.seen.append((ctx.request_points, ctx.request_spent, ctx.request))
+            req = ctx.request
+            self.seen.append((sum(req.match_points), tuple(req.spent), req))
             return self.inner.choose(ctx)
 
         def update(self, ctx, k, outcome):
@@ -272,7 +273,7 @@ def test_replay_keeps_each_requests_own_account_as_the_live_loop_does(tmp_path):
     policy, lives = Recorder(), {"copy": LiveStats(discount=1.0)}
     res = simulate([row], policy, COSTS, live=lives, category="copy")
     points = [p for p, _s, _r in policy.seen]
-    assert [p[1] for p in points] == list(range(len(points)))  # every decision point
+    assert points == list(range(len(points)))  # every decision point
     assert policy.seen[-1][1][1] < res.tokens and policy.seen[-1][1][0] < res.seconds
     assert [s[1] for _p, s, _r in policy.seen] == sorted(s[1] for _p, s, _r in policy.seen)
     # one request into a fresh undiscounted category: its own n-gram counts are the category's
