@@ -40,7 +40,7 @@ from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
 from autospec.simulate import Costs, SimResult, batch_size_of, simulate
-from autospec.store.records import UNOBSERVED
+from autospec.store.records import MATCH_REACH, UNOBSERVED
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
            "default_params",
@@ -114,7 +114,7 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         if len(proposers) > 1:
             p["proposer"] = trial.suggest_categorical("fixed.proposer", list(proposers))
             if p["proposer"] == "hybrid":
-                p["min_match"] = trial.suggest_int("fixed.min_match", 1, 3)
+                p["min_match"] = trial.suggest_int("fixed.min_match", 1, MATCH_REACH)
         elif proposers and proposers[0] != "draft":
             p["proposer"] = proposers[0]
     elif family == "table":

@@ -80,7 +80,9 @@ class Choice(int):
 
     proposer: "draft" (the draft model), "ngram" (prompt lookup: the tokens that followed the
     latest earlier occurrence of the context's last n tokens; no match → a plain step), or
-    "hybrid" (n-gram where its match has at least ``min_match`` tokens, else the draft model).
+    "hybrid" (n-gram where its match has at least ``min_match`` tokens, else the draft model;
+    a match's length is how far the context agrees with the proposal's source, up to 14:
+    ``autospec.ngram.NgramIndex.match``).
     Without a draft model every proposer is the n-gram one."""
 
     proposer: str

@@ -160,18 +160,22 @@ def valued_speedup(acceptance, k: int, t_draft: float, cost, per_token: float,
             / (k * t_draft + cost(k + 1) + tokens * per_token))
 
 
-def request_ngram_curve(curve: Sequence[float], context) -> list[float]:
-    """The n-gram proposer's acceptance curve for this request: the category's (``curve``),
-    per position pulled toward this request's own blocks and shadow so far
-    (``context.request``), which count against ``REQUEST_PRIOR_BLOCKS`` blocks of the
-    category's. A request of a copy-heavy category that has nothing to copy (its matches
-    fail at once) stops proposing long n-gram blocks after a few; one that copies well
-    proposes longer ones than its category's average."""
+def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list[float]:
+    """The n-gram proposer's acceptance curve for this request: the category's (``curve``,
+    for a match of ``match`` tokens; 0: any), per position pulled toward this request's own
+    blocks and shadow so far from a match that long (``context.request``), which count
+    against ``REQUEST_PRIOR_BLOCKS`` blocks of the category's. A request of a copy-heavy
+    category that has nothing to copy (its matches fail at once) stops proposing long n-gram
+    blocks after a few; one that copies well proposes longer ones than its category's
+    average. Only the same match length's blocks pull: a request's failed chance hits say
+    nothing about its copy runs (pooled, they shortened its blocks inside quotations)."""
     req = getattr(context, "request", None)
-    reached = getattr(req, "ngram_reached", None)
+    if req is None:
+        return list(curve)
+    accepted, reached = req.ngram_counts(match)
     if not reached or reached[0] <= 0:
         return list(curve)
-    accepted, w = req.ngram_accepted, REQUEST_PRIOR_BLOCKS
+    w = REQUEST_PRIOR_BLOCKS
     return [(c * w + accepted[i]) / (w + reached[i]) if i < len(reached) else c
             for i, c in enumerate(curve)]
 
@@ -360,7 +364,7 @@ class CostModelPolicy:
             best = (k, s, "draft")
         if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
-            curve = request_ngram_curve(self.derived_ngram(live, top, match), context)
+            curve = request_ngram_curve(self.derived_ngram(live, top, match), context, match)
             t_ngram = live.t_ngram or 0.0
             k, s = best_k(curve, t_ngram, cost, top)
             if value is not None and k:

@@ -18,10 +18,25 @@ from .costmodel import interpolate_cost
 # free of the store): shadow evidence counts at most this many positions, so that replay
 # from the trace counts exactly what the live loop did
 SHADOW_REACH = 16
+# n-gram statistics are kept per match length (``NgramIndex.match``: how far the context agrees
+# with the proposal's source, up to 14) in these buckets, each the shortest length it holds: the
+# first token of a proposal after a 1-token match is the target's 30 % of the time and after
+# 14 or more 93–97 % (default pair, copy-heavy prompts), so a copy run and a chance hit get
+# their own curves, with evidence enough in each
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
 _CATCH_UP_DISCOUNT = 0.98
 
-__all__ = ["LiveStats"]
+__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket"]
+
+
+def match_bucket(match: int) -> int:
+    """The ``MATCH_BUCKETS`` bucket an n-gram match of ``match`` tokens counts in (0: none)."""
+    bucket = 0
+    for b in MATCH_BUCKETS:
+        if match >= b:
+            bucket = b
+    return bucket
 
 
 class LiveStats:
@@ -198,12 +213,25 @@ class LiveStats:
     def _count_ngram(self, k: int, m: int, match: int) -> None:
         """An n-gram block into the pooled counts and its match length's; under the lock."""
         self._count(self.ngram_accepted, self.ngram_reached, k, m)
+        match = match_bucket(match)
         if match > 0:
             by = self.ngram_by_match.get(match)
             if by is None:
                 size = len(self.ngram_reached)
                 by = self.ngram_by_match[match] = ([0.0] * size, [0.0] * size)
             self._count(by[0], by[1], k, m)
+
+    def ngram_counts(self, match: int = 0) -> tuple[list[float], list[float]]:
+        """(accepted, reached) per position of the n-gram proposer's blocks: all of them, or
+        (``match`` > 0) those from a match of that length's bucket (zeros where none)."""
+        with self._lock:
+            if match > 0:
+                by = self.ngram_by_match.get(match_bucket(match))
+                if by is None:
+                    size = len(self.ngram_reached)
+                    return [0.0] * size, [0.0] * size
+                return list(by[0]), list(by[1])
+            return list(self.ngram_accepted), list(self.ngram_reached)
 
     def ngram_acceptance(self) -> float | None:
         """The n-gram proposer's acceptance at its first position, given it proposed (None
@@ -286,11 +314,11 @@ class LiveStats:
     def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
                                match: int = 0) -> list[float]:
         """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match);
-        with ``match`` > 0, of blocks from a match that long: position 0's prior is then
-        centred on the pooled estimate there (same strength), so a length seen rarely reads
-        as the n-gram in general until its own evidence says otherwise."""
+        with ``match`` > 0, of blocks from a match that long (its ``match_bucket``): position
+        0's prior is then centred on the pooled estimate there (same strength), so a length
+        seen rarely reads as the n-gram in general until its own evidence says otherwise."""
         with self._lock:
-            by = self.ngram_by_match.get(match) if match > 0 else None
+            by = self.ngram_by_match.get(match_bucket(match)) if match > 0 else None
             if by is None:
                 posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
             else:

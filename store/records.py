@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
-           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "NGRAM_KEYS",
+           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "NGRAM_KEYS",
            "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
@@ -26,11 +26,13 @@ TRACE_CATCH_UP_MAX = 64
 # generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
 # stopping decides on exactly this number, so replay can apply any threshold to it.
 # N-gram traces (``autospec.ngram.ngram_trace``): one byte per generated position, the length
-# n of the prompt-lookup match there and how many leading tokens of its proposal match the
-# output (0 … 16), as (min(n, 14) − 1) · 17 + matching (``encode_trace_value`` below), or:
+# n of the prompt-lookup match there (how many trailing tokens of the context agree with the
+# tokens before the proposal's source, ``NgramIndex.match``) and how many leading tokens of its
+# proposal match the output (0 … 16), as (min(n, 14) − 1) · 17 + matching
+# (``encode_trace_value`` below), or:
 NGRAM_NONE = 255  # the index had no match there: no proposal
 NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
-_TRACE_N_MAX = 14  # (n - 1) * 17 + 16 <= 254: matches longer than this are recorded as 14
+MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured and recorded
 
 
 def encode_trace_value(matched: int, agree: int) -> int:
@@ -39,7 +41,7 @@ def encode_trace_value(matched: int, agree: int) -> int:
     from there on (0…16); NGRAM_NONE without a match."""
     if matched <= 0:
         return NGRAM_NONE
-    return (min(matched, _TRACE_N_MAX) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
+    return (min(matched, MATCH_REACH) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
 
 
 def decode_trace_value(value: int) -> tuple[int, int] | None:

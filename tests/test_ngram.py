@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autospec
-from autospec.ngram import NgramIndex
+from autospec.ngram import MATCH_REACH, OCCURRENCES, NgramIndex
 from autospec.policies import Choice, Context, CostModelPolicy, LiveStats, as_policy
 
 from conftest import noisy_copy, tiny
@@ -31,9 +31,36 @@ def test_the_latest_earlier_occurrence_of_the_longest_suffix_is_proposed():
     assert NgramIndex([7, 8, 7], max_n=2, min_n=1).propose(4) == ([8, 7, 8, 7], 1)
 
 
+def test_a_matchs_length_is_how_far_the_context_agrees_with_the_source():
+    """Past max_n: a copy in progress reads as a long match, a chance hit as a short one."""
+    quote = [10, 11, 12, 13, 14, 15, 16]
+    ix = NgramIndex(quote + [0] + quote[:5], max_n=3, min_n=1)
+    assert ix.match() == (5, 5) and ix.propose(2) == ([15, 16], 5)
+    ix.extend([15])
+    assert ix.match() == (6, 6)
+    chance = NgramIndex([1, 12, 13, 14, 15, 2, 3, 13, 14], max_n=3, min_n=1)
+    assert chance.match() == (2, 4)  # (13, 14) occurred, preceded by 12 here and 3 there
+    # the source is the occurrence that agrees furthest back, not the latest: a line copied
+    # once beats a phrase repeated since
+    ix = NgramIndex([5, 6, 7, 8, 1, 9, 7, 8, 2, 9, 7, 8, 3, 0, 5, 6, 7, 8], max_n=2, min_n=1)
+    assert ix.match() == (4, 4) and ix.propose(1) == ([1], 4)
+    long = list(range(100, 140))
+    ix = NgramIndex(long + [0] + long, max_n=3, min_n=1)
+    assert ix.match() == (MATCH_REACH, len(long))  # capped: the walk back stays short
+
+
 def test_a_repeating_pattern_keeps_proposing_its_period():
     assert NgramIndex([5, 6, 5, 6]).propose(5) == ([5, 6, 5, 6, 5], 2)
     assert NgramIndex([4, 4]).propose(3) == ([4, 4, 4], 1)
+
+
+def _back(hist, end, n):
+    """How far hist's suffix and the tokens before ``end`` agree (≥ n, ≤ MATCH_REACH)."""
+    length = n
+    while (length < MATCH_REACH and end - 1 - length >= 0
+           and hist[end - 1 - length] == hist[len(hist) - 1 - length]):
+        length += 1
+    return length
 
 
 def test_the_index_equals_a_scan_after_every_token():
@@ -48,8 +75,8 @@ def test_the_index_equals_a_scan_after_every_token():
         for n in range(min(4, len(hist)), 1, -1):
             suffix = hist[len(hist) - n :]
             ends = [e for e in range(n, len(hist)) if hist[e - n : e] == suffix]
-            if ends:
-                want = (n, max(ends))
+            if ends:  # of the latest OCCURRENCES, the one agreeing furthest back, then latest
+                want = max((_back(hist, e, n), e) for e in ends[-OCCURRENCES:])
                 break
         assert ix.match() == want, i
     ix.truncate(50)

@@ -59,6 +59,36 @@ def test_the_policy_prices_the_n_gram_by_the_length_of_its_match():
     assert int(at1) == 0
 
 
+def test_a_copy_run_gets_long_blocks_and_a_chance_hit_short_ones():
+    """Statistics kept by the match's length (how far the context agrees with the source,
+    ``NgramIndex.match``), in buckets: blocks after a 3-token match hold a few tokens, after
+    14 or more they hold all 16. The cost model proposes a long block inside the copy and a
+    short one at the chance hit; a request whose own chance hits failed keeps its long blocks
+    inside a copy (only the same length's blocks pull its curve)."""
+    from autospec.policies.live import match_bucket
+
+    assert [match_bucket(n) for n in (0, 1, 3, 5, 8, 13, 14, 40)] == [0, 1, 3, 4, 6, 9, 14, 14]
+    live = LiveStats(discount=1.0)
+    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
+    live.t_draft, live.t_ngram = 0.05, 1e-6
+    for i in range(40):
+        live.observe_ngram_shadow(3, (0, 1, 2, 4)[i % 4], 16)
+        live.observe_ngram_shadow(14 + i % 3, 16 if i % 8 else 12, 16)
+    assert live.ngram_acceptance_curve(8, match=15) == live.ngram_acceptance_curve(8, match=14)
+    policy = CostModelPolicy(proposers="ngram")
+    ctx = dict(category="c", k_max=16, generated=5, remaining=60, live=live,
+               proposers=("draft", "ngram"))
+    copying = policy.choose(Context(**ctx, ngram_match=14))
+    chance = policy.choose(Context(**ctx, ngram_match=3))
+    assert getattr(copying, "proposer", None) == "ngram" and int(copying) == 16
+    assert 0 < int(chance) <= 4
+    request = LiveStats(discount=1.0)
+    for _ in range(12):
+        request.observe_ngram_shadow(3, 0, 1)  # this request's chance hits all failed
+    assert int(policy.choose(Context(**ctx, ngram_match=14, request=request))) == 16
+    assert int(policy.choose(Context(**ctx, ngram_match=3, request=request))) < int(chance)
+
+
 def _stored(url):
     with open_store(url) as store, store.session() as s:
         return list(queries.traces(s))

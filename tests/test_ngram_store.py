@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 from sqlalchemy import MetaData, create_engine, inspect, select
-from test_ngram import _repetitive, _repetitive_batch
+from test_ngram import _back, _repetitive, _repetitive_batch
 from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
@@ -24,6 +24,7 @@ from autospec.ngram import (
     DEFAULT_MIN_N,
     NGRAM_NONE,
     NGRAM_TRACE_K,
+    OCCURRENCES,
     NgramIndex,
     decode_trace_value,
     encode_trace_value,
@@ -54,8 +55,10 @@ def models():
 # -- the trace against its definition ---------------------------------------------------------
 def _brute_trace(tokens, prompt_len, max_n, min_n, k):
     """The definition, by scanning: at each generated position t, the longest suffix of
-    tokens[:t] (n from max_n down to min_n) that also ended earlier, its latest such end e,
-    the proposal tokens[e:e+k] continued with period t − e; how many of it match."""
+    tokens[:t] (n from max_n down to min_n) that also ended earlier, of its latest
+    OCCURRENCES ends the one e whose preceding tokens agree furthest back with the suffix's
+    (then the latest), that agreement's length (``_back``), the proposal tokens[e:e+k]
+    continued with period t − e; how many of it match."""
     out = []
     for t in range(prompt_len, len(tokens)):
         hist = tokens[:t]
@@ -63,7 +66,7 @@ def _brute_trace(tokens, prompt_len, max_n, min_n, k):
         for n in range(min(max_n, len(hist)), min_n - 1, -1):
             ends = [e for e in range(n, len(hist)) if hist[e - n : e] == hist[len(hist) - n :]]
             if ends:
-                end, matched = max(ends), n
+                matched, end = max((_back(hist, e, n), e) for e in ends[-OCCURRENCES:])
                 break
         if end is None:
             out.append(NGRAM_NONE)
@@ -101,7 +104,7 @@ def test_trace_edges():
     assert ngram_trace([], 0, max_n=3, min_n=1) == b""
     # no earlier occurrence until a suffix repeats; then the period matches to the end
     got = [decode_trace_value(v) for v in ngram_trace([7, 7, 7, 7, 7], 0, max_n=2, min_n=1)]
-    assert got == [None, None, (1, 3), (2, 2), (2, 1)]  # (match length, matching tokens)
+    assert got == [None, None, (1, 3), (2, 2), (3, 1)]  # (match length, matching tokens)
     got = [decode_trace_value(v) for v in ngram_trace([5, 6, 5, 6, 5, 6], 2, max_n=3,
                                                       min_n=2)]
     assert got == [None, None, (2, 2), (3, 1)]
