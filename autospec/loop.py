@@ -202,7 +202,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     record_confidence (keep the draft's top probability per generated token in
     ``stats.confidence``, which only the store uses: off, no softmax runs for it),
     ngram (the n-gram proposer: a callable ``tokens -> index`` with ``extend(tokens)``,
-    ``match() -> (n, end)`` and ``propose(k) -> (tokens, matched n)``, e.g.
+    ``match() -> (match length, end)`` and ``propose(k) -> (tokens, match length)``, e.g.
     ``functools.partial(NgramIndex, max_n=4)``; default ``NgramIndex``).
     """
     loop = _Loop(target, draft, input_ids, sampling, policy, max_new_tokens, **options)

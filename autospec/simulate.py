@@ -344,7 +344,7 @@ class _Row:
         return ("draft", "ngram") if self.ngram is not None else ("draft",)
 
     def ngram_match(self) -> tuple[int, int]:
-        """(matched n, tokens of its block that equal the output) at the current position;
+        """(match length, tokens of its block that equal the output) at the current position;
         (0, 0) without a match (or without an n-gram trace)."""
         if self.ngram is None or self.g >= len(self.ngram):
             return 0, 0

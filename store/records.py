@@ -45,7 +45,7 @@ def encode_trace_value(matched: int, agree: int) -> int:
 
 
 def decode_trace_value(value: int) -> tuple[int, int] | None:
-    """(matched n, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
+    """(match length, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
     if value == NGRAM_NONE:
         return None
     n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
