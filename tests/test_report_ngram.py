@@ -48,6 +48,53 @@ def test_the_proposer_that_pays_per_workload(store):
     assert "<h3>Proposers</h3>" in html and "estimated speedup" in html
 
 
+def test_traffic_served_by_prompt_lookup_is_speculative_and_headlined(tmp_path):
+    """Requests that drafted only by prompt lookup (the draft model's ``drafted`` is 0) are
+    speculative, not plain: the measured speedup sets them against the plain requests. The
+    n-gram estimate reads its live blocks' acceptance where there are enough (its traces
+    count every position and run high), and the headline says prompt lookup pays, with the
+    draft model's own verdict after it."""
+    from dataclasses import replace
+
+    from autospec.store import history
+
+    rng = random.Random(3)
+    st = copy_and_free_store(tmp_path / "served.db", 0, seed=3)
+    n, live = 96, (0.5, 0.8, 0.9, 0.9)  # live blocks of 4: conditional acceptance by position
+    reached = [48.0]
+    for a in live[:-1]:
+        reached.append(reached[-1] * a)
+    accepted = [r * a for r, a in zip(reached, live)]
+    served = [replace(_record(rng, "copy", 0.4, 0.9, 1.0e9 + i), policy="ngram:4",
+                      wall_s=n * CURVE[1] / 2.5,
+                      ngram={"max_n": 3, "min_n": 1, "drafts": 48, "drafted": 192,
+                             "accepted": round(sum(accepted)),
+                             "accepted_per_position": [round(a) for a in accepted],
+                             "drafted_per_position": [48] * 4, "lookup_s": 0.0})
+              for i in range(6)]
+    plain = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + 10 + i) for i in range(4)]
+    st.write(served + plain)
+    try:
+        with st.session() as s:
+            (rates,) = history.plain_vs_speculative(s).values()
+        assert (rates.plain.requests, rates.speculative.requests) == (4, 6)
+        (w,) = build_report(st).workloads
+        assert w.speedup.measured == pytest.approx(2.5)
+        pr = w.proposers
+        assert pr.ngram_source == "live blocks" and pr.ngram_live_drafted == 6 * 192
+        cost = interpolate_cost(CURVE)
+        r, t1, k = pr.match_rate, cost(1), pr.ngram[0]
+        e = expected_tokens(pr.ngram_live_by_position, k)
+        assert pr.ngram[1] == pytest.approx((r * e + 1 - r) * t1 / (r * cost(k + 1)
+                                                                  + (1 - r) * t1))
+        assert pr.ngram[1] < 0.8 * (r * 9 + 1 - r) * t1 / (r * cost(9) + (1 - r) * t1)
+        assert w.verdict.kind == "pays" and "prompt lookup" in w.verdict.text
+        assert "the draft model alone: plain decoding only so far" in w.verdict.text
+        assert "acceptance from its live blocks" in render_text(build_report(st))
+    finally:
+        st.close()
+
+
 def test_workloads_without_any_ngram_record_have_no_section(tmp_path):
     from dataclasses import replace
 

@@ -272,7 +272,8 @@ def _proposers_html(pr, a) -> list[str]:
     if pr.draft is not None:
         est.append(["draft model", f"k = {pr.draft[0]}", _x(pr.draft[1])])
     if pr.ngram is not None:
-        est.append(["n-gram (plain where no match)", f"k = {pr.ngram[0]}", _x(pr.ngram[1])])
+        est.append([f"n-gram (plain where no match; acceptance from its {pr.ngram_source})",
+                    f"k = {pr.ngram[0]}", _x(pr.ngram[1])])
     if pr.hybrid is not None and pr.hybrid[1] > 0:
         est.append(["hybrid", f"n-gram k = {pr.hybrid[0]}, draft k = {pr.hybrid[1]}",
                     _x(pr.hybrid[2])])

@@ -190,6 +190,7 @@ class Proposers:
     margin: float | None  # S of the one that pays over the next best (plain counts as 1)
     draft_trace_alpha: float | None = None  # the draft's acceptance on the same requests'
     # traces (position 1; used for its estimate where nothing was drafted live)
+    ngram_source: str = "traces"  # the n-gram estimate's acceptance: "live blocks" or "traces"
 
 
 @dataclass

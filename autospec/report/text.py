@@ -275,7 +275,8 @@ def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
     if pr.draft is not None:
         est.append(f"draft model k = {pr.draft[0]}: {_x(pr.draft[1])}")
     if pr.ngram is not None:
-        est.append(f"n-gram k = {pr.ngram[0]} (plain where no match): {_x(pr.ngram[1])}")
+        est.append(f"n-gram k = {pr.ngram[0]} (plain where no match; acceptance from its "
+                   f"{pr.ngram_source}): {_x(pr.ngram[1])}")
     if pr.hybrid is not None and pr.hybrid[1] > 0:
         est.append(f"hybrid n-gram k = {pr.hybrid[0]} / draft k = {pr.hybrid[1]}: "
                    f"{_x(pr.hybrid[2])}")
