@@ -90,7 +90,12 @@ def test_traffic_served_by_prompt_lookup_is_speculative_and_headlined(tmp_path):
         assert pr.ngram[1] < 0.8 * (r * 9 + 1 - r) * t1 / (r * cost(9) + (1 - r) * t1)
         assert w.verdict.kind == "pays" and "prompt lookup" in w.verdict.text
         assert "the draft model alone: plain decoding only so far" in w.verdict.text
-        assert "acceptance from its live blocks" in render_text(build_report(st))
+        text = render_text(build_report(st))
+        assert "acceptance from its live blocks" in text
+        # the summary's speedup is the one the verdict rests on, not the draft model's
+        assert w.verdict.figure == (pytest.approx(pr.ngram[1]), "n-gram")
+        assert f"{pr.ngram[1]:.2f}× n-gram est." in text
+        assert f"{pr.ngram[1]:.2f}× (n-gram, estimated)" in render_html(build_report(st))
     finally:
         st.close()
 

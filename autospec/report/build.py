@@ -330,7 +330,8 @@ def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
     if s < PAYS:
         return verdict
     return Verdict("pays", f"speculation pays here: {how}, {s:.2f}× (estimated, section 5); "
-                   f"the draft model alone: {verdict.text}")
+                   f"the draft model alone: {verdict.text}",
+                   figure=(s, "n-gram" if props.pays == "ngram" else "hybrid"))
 
 
 def build_report(source, *, category: str | None = None, pair_id: int | None = None,

@@ -31,6 +31,7 @@ from autospec.report.text import (
     _bucket_name,
     _ms,
     _speed_line,
+    _summary_speedup,
     _when,
     _x,
     cost_points,
@@ -303,7 +304,7 @@ def render_html(report: Report) -> str:
           str(w.traffic.new_tokens),
           fmt(w.acceptance.alpha, ".3f"),
           "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
-          _x(w.speedup.value) + (f" ({w.speedup.source})" if w.speedup.source else ""),
+          _summary_speedup(w),
           w.verdict.text] for w in report.workloads]))
     pairs = {w.pair["id"]: w.pair for w in report.workloads}
     out.append("<p class=\"small\">" + "<br>".join(

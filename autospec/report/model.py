@@ -139,6 +139,9 @@ class Verdict:
     #          | switched_off_but_would_pay | unknown
     text: str
     switched_off: bool = False
+    # the speedup the verdict rests on where it is not section 3's (the draft model's): the
+    # proposer that pays, from section 5 (estimated), as (value, "n-gram" | "hybrid")
+    figure: tuple[float, str] | None = None
 
 
 @dataclass

@@ -138,6 +138,18 @@ _VERDICT_SHORT = {"pays": "pays", "break_even": "break-even", "low_acceptance": 
                   "unknown": "unknown"}
 
 
+def _summary_speedup(w: Workload, short: bool = False) -> str:
+    """The summary's speedup: the one the verdict rests on — the proposer that pays where
+    the verdict names it (section 5's estimate), else section 3's — and where it comes from."""
+    if w.verdict.figure is not None:
+        value, proposer = w.verdict.figure
+        return f"{_x(value)} {proposer} est." if short else f"{_x(value)} ({proposer}, estimated)"
+    sp = w.speedup
+    if not sp.source:
+        return _x(sp.value)
+    return f"{_x(sp.value)} {sp.source[:4]}." if short else f"{_x(sp.value)} ({sp.source})"
+
+
 def _short_verdict(w: Workload) -> str:
     v = w.verdict
     short = _VERDICT_SHORT.get(v.kind, v.kind)
@@ -324,7 +336,7 @@ def render_text(report: Report) -> str:
     rows = [[str(i), _clip(visible(w.category), 28), str(w.pair["id"]),
              str(w.traffic.requests), str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
              "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
-             _x(w.speedup.value) + (f" {w.speedup.source[:4]}." if w.speedup.source else ""),
+             _summary_speedup(w, short=True),
              _short_verdict(w)]
             for i, w in enumerate(report.workloads, 1)]
     lines += ["", table(["#", "category", "pair", "requests", "tokens", "alpha", "k", "speedup",
