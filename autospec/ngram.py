@@ -12,7 +12,8 @@ is the target's, whatever is proposed.
 Cost. A scan over the whole context per proposal grows with the context; the index here is a
 hash map per n from each n-gram to the positions after its latest few occurrences, updated by
 ``extend`` in O(max_n − min_n + 1) per new token, so a lookup is O(max_n) dictionary probes
-and a bounded comparison (``NgramIndex.match``) at any context length. ``scripts/ngram_cost.py`` measures it against a target forward.
+and a bounded comparison (``NgramIndex.match``) at any context length.
+``scripts/ngram_cost.py`` measures it against a target forward.
 
 The store keeps, per request, ``ngram_trace``: what the proposer would have matched at every
 generated position (see that function), so replay can price the n-gram proposer on traffic
@@ -32,7 +33,8 @@ from autospec.store.records import (  # the one definition (torch-free)
 )
 
 __all__ = ["NgramIndex", "DEFAULT_MAX_N", "DEFAULT_MIN_N", "MATCH_REACH", "OCCURRENCES",
-           "NGRAM_NONE", "NGRAM_TRACE_K", "ngram_trace", "agreement", "encode_trace_value", "decode_trace_value"]
+           "NGRAM_NONE", "NGRAM_TRACE_K", "ngram_trace", "agreement", "encode_trace_value",
+           "decode_trace_value"]
 
 DEFAULT_MAX_N = 3  # longest suffix matched (transformers' default is 2, vLLM asks for it)
 DEFAULT_MIN_N = 1  # shortest
@@ -55,6 +57,7 @@ class NgramIndex:
         # is the n-gram, tokens[end] what followed it
         self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(self.min_n, self.max_n + 1)}
+        self._matched: tuple[int, int] | None = None  # match() of the current history
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -62,7 +65,7 @@ class NgramIndex:
 
     def extend(self, new: Sequence[int]) -> None:
         """Append tokens. Each n-gram that ends before the new last token becomes findable."""
-        toks = self.tokens
+        toks, self._matched = self.tokens, None
         for t in new:
             end = len(toks)  # the n-grams ending here are followed by t: index them
             for n, ends in self._ends.items():
@@ -78,7 +81,7 @@ class NgramIndex:
         tokens it emits are final, but a caller reusing an index may)."""
         if length < len(self.tokens):
             kept = self.tokens[:length]
-            self.tokens = []
+            self.tokens, self._matched = [], None
             for ends in self._ends.values():
                 ends.clear()
             self.extend(kept)
@@ -99,7 +102,13 @@ class NgramIndex:
         long blocks and a chance hit short ones. Choosing the occurrence by it, not the
         latest, lengthened the proposals that held on code edits by 11 % (7.4 → 8.2 of 16
         tokens on average; quotations 2–3 %): a line like ``return x`` occurs often, the
-        line being copied once. At most OCCURRENCES × MATCH_REACH comparisons."""
+        line being copied once. At most OCCURRENCES × MATCH_REACH comparisons, once per
+        history: the loop asks for the match, then proposes from it."""
+        if self._matched is None:
+            self._matched = self._match()
+        return self._matched
+
+    def _match(self) -> tuple[int, int]:
         toks = self.tokens
         size = len(toks)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
@@ -121,8 +130,8 @@ class NgramIndex:
     def propose(self, k: int) -> tuple[list[int], int]:
         """(up to k proposed tokens, the match length as ``match`` gives it): the tokens that
         followed the match, as many as the history holds after it (fewer than k near the
-        end); ([], 0) without a match. The continuation may run into the current suffix itself (a repeating pattern
-        keeps proposing its period)."""
+        end); ([], 0) without a match. The continuation may run into the current suffix
+        itself (a repeating pattern keeps proposing its period)."""
         if k <= 0:
             return [], 0
         n, end = self.match()

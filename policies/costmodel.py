@@ -173,7 +173,7 @@ def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list
     if req is None:
         return list(curve)
     accepted, reached = req.ngram_counts(match)
-    if not reached or reached[0] <= 0:
+    if reached[0] <= 0:
         return list(curve)
     w = REQUEST_PRIOR_BLOCKS
     return [(c * w + accepted[i]) / (w + reached[i]) if i < len(reached) else c

@@ -435,8 +435,8 @@ def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float 
     # and the estimate runs high (5.95× on code edits whose live blocks gave 3.0 tokens per
     # forward, ~2.9× measured).
     live_enough = live_drafted >= MIN_DRAFTED and any(a is not None for a in live_by_pos)
-    ng_alphas = (live_by_pos if live_enough else
-                 profile.conditional(k_max) if profile is not None else [])
+    traced = profile.conditional(k_max) if profile is not None else []
+    ng_alphas = live_by_pos if live_enough else traced
     r = profile.match_rate if profile is not None else None
     draft = ngram = hybrid = None
     if not alphas and profile is not None and profile.draft_alpha is not None:
@@ -467,7 +467,6 @@ def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float 
     ranked = sorted(options.items(), key=lambda x: -x[1])
     pays = ranked[0][0]
     margin = ranked[0][1] / ranked[1][1] if len(ranked) > 1 and ranked[1][1] > 0 else None
-    traced = profile.conditional(k_max) if profile is not None else []
     return Proposers(profile.requests if profile is not None else 0, r, traced[:8],
                      live_drafted, live_alpha, live_by_pos[:8], draft, ngram, hybrid, pays,
                      margin, profile.draft_alpha if profile is not None else None,
