@@ -231,7 +231,8 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
               max_new_tokens: int = 64, repeats: int = 3, sample: bool = False,
               sampling: dict | None = None, seed: int = 0, warmup: bool = True,
               progress: bool = True, draft_tokenizer=None, store=None,
-              batch_sizes: Sequence[int] = (1,)) -> BenchResult:
+              batch_sizes: Sequence[int] = (1,), repeats_batch1: int | None = None
+              ) -> BenchResult:
     """Run every mode on every prompt ``repeats`` times, interleaved; see the module docstring.
 
     sampling: extra generation settings for ``sample=True`` (temperature, top_p, top_k).
@@ -241,6 +242,9 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     parameters from it (``policy:tuned``) and log their requests to it. Default: none.
     batch_sizes: batch 1 runs prompt by prompt (``rows``); each larger size runs on batches of
     prompts sorted by length (``batch_records``); ``batches`` summarises every size.
+    repeats_batch1: repeats at batch 1 (default ``repeats``). Batch 1 pairs every prompt on its
+    own, so one repeat of 16 prompts gives 16 paired ratios where a batch of 16 gives one: a run
+    across batch sizes can spend its repeats where the samples are few.
     """
     import torch
     import transformers
@@ -248,7 +252,8 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
 
     import autospec
 
-    if repeats < 1 or max_new_tokens < 1:
+    single = repeats if repeats_batch1 is None else repeats_batch1
+    if repeats < 1 or single < 1 or max_new_tokens < 1:
         raise ValueError("repeats and max_new_tokens must be >= 1")
     sizes = sorted(set(batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -266,10 +271,10 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
         if warmup and 1 in sizes:  # first calls pay for allocation and lazy setup: untimed
             for mode in usable:
                 runner.run(mode, encoded[0], min(8, max_new_tokens), seed, prompts[0].category)
-        total = repeats * len(usable) * sum(len(batched[b]) if b > 1 else len(prompts)
-                                            for b in sizes)
+        total = len(usable) * sum(repeats * len(batched[b]) if b > 1 else single * len(prompts)
+                                  for b in sizes)
         with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
-            for rep in range(repeats if 1 in sizes else 0):
+            for rep in range(single if 1 in sizes else 0):
                 for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
                     shift = (rep + i) % len(usable)
                     for mode in usable[shift:] + usable[:shift]:
@@ -294,6 +299,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     meta = {"target": _model_name(target), "draft": _model_name(draft),
             "device": str(param.device), "dtype": str(param.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": repeats,
+            "repeats_batch1": single,
             "max_new_tokens": max_new_tokens, "sample": sample, "sampling": sampling or {},
             "ks": list(ks), "modes": [m.name for m in mode_list], "torch": torch.__version__,
             "transformers": transformers.__version__, "autospec": autospec.__version__,

@@ -281,15 +281,20 @@ def test_cli_bench_at_batch_sizes_adds_table_and_auto_and_writes_them(pair, tok,
     out_json = tmp_path / "out.json"
     code = main(["bench", "--target", str(tmp_path / "target"), "--draft",
                  str(tmp_path / "draft"), "--prompts", str(prompts), "--k", "2", "--repeats",
-                 "1", "--max-new-tokens", "4", "--modes", "autospec:k", "--batch", "1,2",
+                 "2", "--repeats-batch1", "1", "--max-new-tokens", "4", "--modes", "autospec:k",
+                 "--batch", "1,2",
                  "--json", str(out_json), "--dtype", "fp32", "--threads", "1", "--no-warmup"])
     assert code == 0
     out = capsys.readouterr().out
     assert "batch sizes: 1, 2" in out and "k schedule" in out
+    assert "3 prompts x 1 repeat at batch 1, 2 at larger sizes" in out
     data = json.loads(out_json.read_text())
     assert data["meta"]["modes"] == ["plain", "autospec:2", "policy:auto", TABLE]
     assert [b["batch"] for b in data["batches"]] == [1, 2]
     for b in data["batches"]:
         assert [r["mode"] for r in b["rows"]] == data["meta"]["modes"]
-        assert all(r["identical_rows"] == r["rows"] == 3 for r in b["rows"]
-                   if r["status"] != "unsupported")
+        done = [r for r in b["rows"] if r["status"] != "unsupported"]
+        # 3 prompts alone once at batch 1; 2 batches (2 + 1 prompts) twice at batch 2
+        assert all(r["runs"] == (3 if b["batch"] == 1 else 4) for r in done)
+        assert all(r["identical_rows"] == r["rows"] == 3 * (1 if b["batch"] == 1 else 2)
+                   for r in done)

@@ -31,6 +31,10 @@ def register(sub, parents) -> None:
                                                         "(default: 1,2,4,6,8)")
     bench.add_argument("--max-new-tokens", type=positive_int, default=64)
     bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--repeats-batch1", type=positive_int, metavar="N",
+                       help="repeats at batch 1 when --batch has larger sizes too (default: "
+                            "--repeats): batch 1 pairs every prompt alone, a batch of 16 pairs "
+                            "once, so the larger sizes need the repeats")
     bench.add_argument("--modes", nargs="+", default=None,
                        help="plain, hf-assisted (its defaults), hf-assisted:k, hf-lookup "
                             "(transformers' prompt lookup, 10 tokens), hf-lookup:k, autospec:k "
@@ -120,7 +124,7 @@ def run(args, parser) -> int:
             sampling={k: v for k, v in gen_kwargs(args).items()
                       if k in ("temperature", "top_p", "top_k")},
             warmup=not args.no_warmup, draft_tokenizer=dtok, store=args.db,
-            batch_sizes=args.batch)
+            batch_sizes=args.batch, repeats_batch1=args.repeats_batch1)
     except ValueError as e:  # e.g. chat prompts without a chat template, a bad --db (StoreError)
         die(str(e))
     print(format_table(result))
@@ -190,7 +194,7 @@ def format_table(result) -> str:
         "",
         f"target {m['target']}, draft {m['draft']}; device {m['device']}, dtype {m['dtype']}, "
         f"{m['threads']} threads",
-        f"{m['prompts']} prompts x {m['repeats']} repeats, at most {m['max_new_tokens']} new "
+        f"{m['prompts']} prompts x {_repeats(m)}, at most {m['max_new_tokens']} new "
         f"tokens, {'sampling' if m['sample'] else 'greedy'}; tok/s and speedup (vs plain, same "
         "request and repeat, per token) are medians; alpha = accepted / drafted; mean len = 1 + "
         "accepted per drafting step; tok/fwd = new tokens per target forward; ngram:k and "
@@ -215,3 +219,16 @@ def format_table(result) -> str:
                   + (f"; prompts sorted by length, left-padded: {sizes}" if sizes else ""),
                   format_batch_table(result)]
     return "\n".join(lines).lstrip("\n")  # no batch-1 rows: the settings come first
+
+
+def _repeats(meta: dict) -> str:
+    """'3 repeats', or '1 repeat at batch 1, 3 at larger sizes' when they differ."""
+    n, single, sizes = meta["repeats"], meta.get("repeats_batch1", meta["repeats"]), meta["batch"]
+
+    def count(r: int) -> str:
+        return f"{r} repeat{'' if r == 1 else 's'}"
+    if sizes == [1]:
+        return count(single)
+    if single == n or 1 not in sizes:
+        return count(n)
+    return f"{count(single)} at batch 1, {n} at larger sizes"
