@@ -223,7 +223,8 @@ def format_table(result) -> str:
 
 def _repeats(meta: dict) -> str:
     """'3 repeats', or '1 repeat at batch 1, 3 at larger sizes' when they differ."""
-    n, single, sizes = meta["repeats"], meta.get("repeats_batch1", meta["repeats"]), meta["batch"]
+    n, sizes = meta["repeats"], meta.get("batch", [1])
+    single = meta.get("repeats_batch1", n)
 
     def count(r: int) -> str:
         return f"{r} repeat{'' if r == 1 else 's'}"
