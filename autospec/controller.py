@@ -367,6 +367,9 @@ class Controller:
                 # timings then replace them as they come in
                 t_draft, t_target, _ = queries.measured_costs(s, pid, category,
                                                               path=self.path)
+                # the draft's catch-up cost is the pair's: priced from the first resumption
+                catch_ups, _ = queries.catch_ups(s, pid, path=self.path)
+            live.warm_catch_up(catch_ups)
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,

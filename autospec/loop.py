@@ -79,6 +79,9 @@ class LoopStats:
     prompt_tokens: int = 0
     prefill_s: float = 0.0  # first target forward (prompt + first block)
     draft_prefill_s: float = 0.0  # draft forwards that caught up on > 2 tokens (the prompt)
+    # each of those catch-ups: (tokens it took in, seconds, its first proposal included), the
+    # points of the cost C(g) the policy prices resuming the draft model with (batch 1)
+    draft_catch_ups: list[tuple[int, float]] = field(default_factory=list)
     draft_s: float = 0.0  # the other draft forwards (one token each, or two after a bonus)
     draft_forwards: int = 0
     target_s_by_n: dict[int, list[float]] = field(default_factory=dict)  # scored tokens → times
@@ -638,6 +641,7 @@ class _Loop:
                     stats.draft_forwards += count
             elif what == "draft_catch_up":
                 stats.draft_prefill_s += sec
+                stats.draft_catch_ups.append((count, sec))
             elif what == "ngram":  # host time of the lookup: the n-gram proposer's T_d
                 stats.ngram_s += sec
             elif what == "target_prefill":

@@ -15,6 +15,14 @@ proposal x is accepted live with probability p(x), so this is an estimate). Wher
 match the iteration is a plain step; the hybrid proposer takes the n-gram's block where the
 match has ≥ min_match tokens, else the draft model's. Requests logged without an n-gram trace
 replay the draft model only (their policy sees no n-gram proposer).
+
+The draft model pays to resume: its first block takes in the prompt, and a block after k = 0
+steps or n-gram blocks takes in what they emitted, in one catch-up forward. At batch 1 replay
+tracks that gap as the live loop does, hands it to the policy (``Context.draft_gap``), and
+charges C(gap) − T_d from the fit in ``Costs.catch_up`` (logged catch-ups): without it a
+draft model resumed for free, and replay favoured policies that switch between proposers, or
+speculate on long prompts, by what the live loop pays for them. At batch > 1 the batched loop
+times its catch-ups into T_d(B), and replay charges none apart.
 """
 
 from __future__ import annotations
@@ -128,6 +136,19 @@ class Costs:
     # two paths in one S(k).
     path: str | None = None
     grid_path: str | None = None
+    # the draft model's catch-up C(g) = a + b·g seconds to take in g tokens it has not seen
+    # and propose its first (``policies.live.catch_up_line``, fitted to logged catch-ups);
+    # None: not charged (nothing logged, or costs from before it was recorded)
+    catch_up: tuple[float, float] | None = None
+
+    def catch_up_seconds(self, tokens: int) -> float | None:
+        """C(g): seconds of the draft model's forward over ``tokens`` tokens it has not seen,
+        its first proposal included (never below T_d); None for the usual gap of one or two
+        tokens after a draft block (that forward is a proposal, T_d), or without a fit."""
+        if tokens <= 2 or self.catch_up is None:
+            return None
+        a, b = self.catch_up
+        return max(a + b * tokens, self.t_draft)
 
     def __getstate__(self) -> dict[str, Any]:
         # the fields only: the caches (a BatchCosts holds a lock) are rebuilt where unpickled
@@ -197,6 +218,8 @@ class Costs:
             out["t_ngram_s"] = self.t_ngram
         if not self.has_draft:
             out["has_draft"] = False
+        if self.catch_up is not None:
+            out["catch_up_s"] = list(self.catch_up)
         return out
 
     @classmethod
@@ -210,7 +233,9 @@ class Costs:
                                for b, s in (d.get("t_draft_s_by_b") or {}).items()},
                    path=d.get("path"), grid_path=d.get("grid_path"),
                    t_ngram=float(d.get("t_ngram_s", 0.0)),
-                   has_draft=bool(d.get("has_draft", True)))
+                   has_draft=bool(d.get("has_draft", True)),
+                   catch_up=(None if d.get("catch_up_s") is None
+                             else (float(d["catch_up_s"][0]), float(d["catch_up_s"][1]))))
 
 
 @dataclass
@@ -232,6 +257,8 @@ class SimResult:
     plain_seconds: float = 0.0
     row_steps: int = 0
     k_counts_by_batch: dict[int, Counter] = field(default_factory=dict)  # rows running → k
+    # the draft model's catch-ups beyond their first proposal (in ``seconds``; batch 1)
+    catch_up_seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -319,7 +346,8 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
 class _Row:
     """One request being replayed: its trace and where it stands."""
 
-    __slots__ = ("kind", "trace", "conf", "ngram", "has_draft", "g", "covered", "prev_k")
+    __slots__ = ("kind", "trace", "conf", "ngram", "has_draft", "g", "covered", "prev_k",
+                 "gap")
 
     def __init__(self, row, has_draft: bool = True):
         self.ngram, self.has_draft = None, has_draft
@@ -332,6 +360,9 @@ class _Row:
         self.g = 0  # generated so far
         self.covered = 0  # first position the draft has not predicted
         self.prev_k: int | None = None
+        # tokens the draft model has not taken in (the live loop's ``draft_gap``): the prompt
+        # before its first block (0 where the trace does not say how long it was)
+        self.gap = int(getattr(row, "prompt_tokens", 0) or 0)
 
     @property
     def remaining(self) -> int:
@@ -359,6 +390,7 @@ class _Row:
         m = min(agree, k)
         self.prev_k = 0
         self.g += m + 1
+        self.gap += m + 1
         return k, m
 
     def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool, tuple]:
@@ -373,6 +405,12 @@ class _Row:
                                      early_stop=stop, rng=rng)
         if k > 0:
             self.covered = self.g + min(m + 1, k)
+            # it took in its own proposals but the last; the cache is then cropped to the
+            # accepted ones: the target's token is new to it, and its last proposal if all
+            # were accepted (``loop``: gap 1 or 2)
+            self.gap = 1 if m < k else 2
+        else:
+            self.gap += m + 1
         self.prev_k = k
         self.g += m + 1
         return k, m, unknown, unproposed
@@ -387,13 +425,12 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
     t1 = cost(1)
     stop = early_stop_of(policy, cat)
     total = len(row.trace)
-    # the request's own statistics, fed as the live loop feeds them (the draft's gap is not
-    # given: replay has no catch-up cost to charge, so the policy has none to price)
+    # the request's own statistics, fed as the live loop feeds them
     request = LiveStats(discount=1.0)
     while row.g < total:
         ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
                       live=stats, proposers=row.proposers, ngram_match=row.ngram_match()[0],
-                      request=request)
+                      request=request, draft_gap=row.gap if row.has_draft else 0)
         choice = policy.choose(ctx)
         if row.ngram is not None:  # as the live loop: whether the n-gram had a match here
             for live in (stats, request):
@@ -419,12 +456,20 @@ def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rn
         else:
             if proposer == "ngram":
                 k = 0  # the n-gram proposer alone, and no trace of it: plain
-            shadow = row.ngram_match()
+            shadow, gap = row.ngram_match(), row.gap
             k, m, unknown, unproposed = row.step(k, stop, rng)
             res.unobserved_hits += unknown
             d_s, t_s = k * t_draft, cost(k + 1)
+            # resuming after the prompt, k = 0 or n-gram blocks: the catch-up forward, beyond
+            # its first proposal (in d_s), as the live loop times it apart
+            catch_up = costs.catch_up_seconds(gap) if k else None
+            if catch_up is not None:
+                res.seconds += catch_up - t_draft
+                res.catch_up_seconds += catch_up - t_draft
             stats.observe_unproposed(unproposed)
             for live in (stats, request):
+                if catch_up is not None:
+                    live.observe_catch_up(gap, catch_up)
                 live.observe(k, m, d_s, t_s)
                 live.observe_ngram_shadow(shadow[0], shadow[1], m + 1)  # as the live loop
             outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,

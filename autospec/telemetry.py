@@ -449,6 +449,10 @@ class RequestTelemetry:
             # the runners' path (autospec.runners.path_name): costs are kept per path
             path=getattr(stats, "path", "") or None,
             ngram=ngram, proposer_schedule=bytes(schedule) if any(schedule) else None,
+            # batch 1's catch-up forwards (the batched loop times its draft per batch)
+            draft_catch_ups=(list(getattr(stats, "draft_catch_ups", ()))
+                             if getattr(stats, "batch_size", 1) == 1
+                             and self.pair.draft != NO_DRAFT else None),
             finish=finish,
         )
 

@@ -289,6 +289,8 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
                 f"|{sorted(costs.draft_grid.items())!r}")
     if "table" in families:
         key += f"|table{tuple(table_buckets)!r}"
+    if costs.catch_up is not None:
+        key += f"|catchup{tuple(costs.catch_up)!r}"
     proposers = proposer_space(window, costs)
     if proposers != ("draft",):
         key += f"|proposers{proposers!r}|{costs.t_ngram!r}"
@@ -540,6 +542,22 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
     return results
 
 
+def catch_up_fit(points, live_t_draft: float | None, t_draft: float
+                 ) -> tuple[float, float] | None:
+    """The draft model's catch-up C(g) = a + b·g for replay, from logged catch-ups
+    ((tokens, seconds), ``queries.catch_ups``), scaled by ``t_draft`` / ``live_t_draft``
+    (T_d of the costs replay uses over T_d of the requests that logged them) so that C(g) / T_d
+    holds as it was measured; unscaled where the logging requests measured no T_d. None
+    without a catch-up."""
+    from autospec.policies.live import catch_up_line, catch_up_sums
+
+    line = catch_up_line(catch_up_sums(points))
+    if line is None:
+        return None
+    scale = t_draft / live_t_draft if live_t_draft and t_draft > 0 else 1.0
+    return line[0] * scale, line[1] * scale
+
+
 def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, min_traces,
               min_positions, holdout, max_traces, since, until, study, families, k_max, seed,
               progress, optuna, costs_from) -> CategoryResult:
@@ -568,6 +586,9 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         t_ngram = next((getattr(sm, "ngram_lookup_s_per_token", None) or 0.0
                         for sm in queries.category_summaries(s, category=cat, pair_id=pid)),
                        0.0)
+        # the draft model's catch-up, fitted to what the pair logged (no probe times it), at
+        # the ratio to T_d those same requests measured
+        catch_up_points, catch_up_t_draft = queries.catch_ups(s, pid, path=path)
         if costs_from == "auto":  # as the report reads it and the controller starts from
             grid, draft_grid, grid_source = batch_grid(s, pid)
         elif costs_from == "live":
@@ -596,11 +617,16 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     if costs_from == "probe" and grid_source != "probe":
         grid, draft_grid = {}, {}  # one source, as asked: the probe's grid alone
     same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
+    catch_up = (catch_up_fit(catch_up_points, catch_up_t_draft, float(t_draft))
+                if has_draft else None)
     costs = Costs(t_draft=float(t_draft), t_target=t_target,
                   target_grid={b: c for b, c in grid.items() if b > 1 or not same},
                   draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
                   path=path, grid_path=queries.BATCH_PATH, t_ngram=t_ngram,
-                  has_draft=has_draft)
+                  has_draft=has_draft, catch_up=catch_up)
+    if has_draft:  # batch 1's (the batched loop times its catch-ups into T_d(B))
+        cost_source += (f"; draft catch-up: {len(catch_up_points)} logged" if catch_up
+                        else "; draft catch-up: none logged, not charged")
     if costs.batched:
         cost_source += f"; batch > 1: {grid_source}"
     if "table" in families and not costs.batched:

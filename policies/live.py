@@ -27,7 +27,37 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
 _CATCH_UP_DISCOUNT = 0.98
 
-__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket"]
+__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums"]
+
+
+def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
+                  ) -> list[float]:
+    """The fit's sufficient statistics (Σ1, Σg, Σg², ΣC, Σg·C) over catch-ups ``points``
+    ((tokens, seconds) pairs, oldest first), each older one weighted by ``discount`` more,
+    added to ``sums`` (discounted too). Pairs with no tokens or no positive time are skipped."""
+    out = list(sums) if sums is not None else [0.0] * 5
+    for g, c in points:
+        g, c = float(g), float(c)
+        if g <= 0 or not c == c or c <= 0:
+            continue
+        for i, v in enumerate((1.0, g, g * g, c, g * c)):
+            out[i] = out[i] * discount + v
+    return out
+
+
+def catch_up_line(sums: Sequence[float]) -> tuple[float, float] | None:
+    """(a, b) of the draft model's catch-up cost C(g) = a + b·g fitted to ``sums``
+    (``catch_up_sums``): least squares where the sizes vary, else proportional to the mean
+    (a = 0); None with no catch-up. The live policy and replay read one fit."""
+    n, sg, sgg, sc, sgc = sums
+    if n <= 0:
+        return None
+    mean_g, mean_c = sg / n, sc / n
+    var = sgg / n - mean_g * mean_g
+    if var > (0.05 * mean_g) ** 2 and n >= 2:
+        b = max(0.0, (sgc / n - mean_g * mean_c) / var)
+        return max(0.0, mean_c - b * mean_g), b
+    return 0.0, mean_c / mean_g
 
 
 def match_bucket(match: int) -> int:
@@ -130,12 +160,20 @@ class LiveStats:
         0.98 per catch-up: the fit follows the hardware, not a prompt seen long ago."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
-        g, c = float(tokens), float(seconds)
         with self._lock:
-            self.spent[0] += c  # time the category spent, for no token of its own
-            sums = self.catch_up
-            for i, v in enumerate((1.0, g, g * g, c, g * c)):
-                sums[i] = sums[i] * _CATCH_UP_DISCOUNT + v
+            self.spent[0] += float(seconds)  # time the category spent, for no token of its own
+            self.catch_up = catch_up_sums([(tokens, seconds)], _CATCH_UP_DISCOUNT,
+                                          self.catch_up)
+            self.version += 1
+
+    def warm_catch_up(self, points) -> None:
+        """Seed the catch-up fit from logged catch-ups ((tokens, seconds), oldest first; the
+        store's ``queries.catch_ups``), where none was measured yet: the pair's cost, so a new
+        process prices the draft model's first catch-up instead of taking it for free."""
+        with self._lock:
+            if self.catch_up[0]:
+                return
+            self.catch_up = catch_up_sums(points, _CATCH_UP_DISCOUNT)
             self.version += 1
 
     def catch_up_cost(self, tokens: int) -> float | None:
@@ -144,19 +182,11 @@ class LiveStats:
         proportional to the mean where their sizes barely vary; never below one proposal
         (T_d). None before any catch-up was measured."""
         with self._lock:
-            n, sg, sgg, sc, sgc = self.catch_up
+            line = catch_up_line(self.catch_up)
             t_draft = self.t_draft
-        if n <= 0:
+        if line is None:
             return None
-        mean_g, mean_c = sg / n, sc / n
-        var = sgg / n - mean_g * mean_g
-        if var > (0.05 * mean_g) ** 2 and n >= 2:
-            b = max(0.0, (sgc / n - mean_g * mean_c) / var)
-            a = max(0.0, mean_c - b * mean_g)
-            cost = a + b * tokens
-        else:
-            cost = mean_c * tokens / mean_g
-        return max(cost, t_draft or 0.0)
+        return max(line[0] + line[1] * tokens, t_draft or 0.0)
 
     def observe_match(self, matched: bool) -> None:
         """A decision point at batch 1: did the n-gram proposer have a match there? (A

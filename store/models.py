@@ -174,6 +174,8 @@ class Request(Base):
     ngram: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     proposer_schedule: Mapped[bytes | None]
     ngram_trace: Mapped[bytes | None]
+    # the draft model's catch-up forwards (0007): [[tokens, seconds], ...]; NULL: not recorded
+    draft_catch_ups: Mapped[list[list[float]] | None] = mapped_column(JSON)
 
 
 class CategoryStat(Base):

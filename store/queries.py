@@ -28,8 +28,9 @@ __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
-    "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher", "CategorizerRow", "categorizers",
-    "latest_categorizer", "FeatureRow", "feature_rows",
+    "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
+    "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
+    "catch_ups",
 ]
 
 Z95 = 1.959963984540054
@@ -306,6 +307,8 @@ class RequestRow:
     ngram: dict[str, Any] | None = None
     proposer_schedule: bytes | None = None
     ngram_trace: bytes | None = None
+    # the draft model's catch-up forwards (0007; None: not recorded): (tokens, seconds)
+    draft_catch_ups: list[tuple[int, float]] | None = None
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
@@ -314,6 +317,8 @@ class RequestRow:
         values["batch_size"] = r.batch_size or 1
         values["target_s_by_bn"] = _pairs(r.target_s_by_bn)
         values["draft_s_by_b"] = _ints(r.draft_s_by_b)
+        if r.draft_catch_ups is not None:
+            values["draft_catch_ups"] = [(int(g), float(c)) for g, c in r.draft_catch_ups]
         for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence",
                      "proposer_schedule", "ngram_trace"):
             if values[name] is not None:
@@ -348,6 +353,7 @@ class TraceRow(NamedTuple):
     # ``autospec.ngram.ngram_trace``) and which iterations it drafted; None before 0006
     ngram_trace: bytes | None = None
     proposer_schedule: bytes | None = None
+    prompt_tokens: int = 0  # the draft model's first catch-up takes these in (replay)
 
 
 def _when(t: datetime | float) -> datetime:
@@ -365,7 +371,7 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
                   Request.accepted_schedule, Request.id, Request.created_at, Request.category,
                   Request.confidence, Request.batch_size, Request.ngram_trace,
-                  Request.proposer_schedule)
+                  Request.proposer_schedule, Request.prompt_tokens)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -385,11 +391,12 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     elif limit is not None:
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
-    for kind, trace, ks, acc, rid, created, cat, conf, batch, ng, props in session.execute(
-            stmt.execution_options(yield_per=500)):
+    for (kind, trace, ks, acc, rid, created, cat, conf, batch, ng, props,
+         prompt) in session.execute(stmt.execution_options(yield_per=500)):
         yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
                        None if conf is None else bytes(conf), batch or 1,
-                       None if ng is None else bytes(ng), None if props is None else bytes(props))
+                       None if ng is None else bytes(ng), None if props is None else bytes(props),
+                       prompt or 0)
 
 
 @dataclass(frozen=True)
@@ -509,6 +516,28 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
     t_draft = draft_s / draft_n if draft_n >= min_forwards else None
     return t_draft, curve, f"live traffic ({path})"
+
+
+def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent: int = 500
+              ) -> tuple[list[tuple[int, float]], float | None]:
+    """The draft model's catch-up forwards the pair's latest ``recent`` batch-1 requests on
+    ``path`` logged ((tokens, seconds), oldest first), and T_d per proposed token over the
+    same requests (None below 16 proposals): a catch-up's cost is the pair's and the
+    hardware's, whatever the category. Replay reads the fit relative to that T_d, so that
+    it stands beside T_d from another source (a probe) at the same ratio."""
+    stmt = (select(Request.draft_catch_ups, Request.draft_s, Request.draft_forwards)
+            .where(Request.pair_id == pair_id, Request.batch_size == 1,
+                   Request.draft_catch_ups.is_not(None))
+            .order_by(Request.id.desc()).limit(recent))
+    if path is not None:
+        stmt = stmt.where(Request.path == path)
+    points: list[tuple[int, float]] = []
+    draft_s, forwards = 0.0, 0
+    for ups, d_s, d_n in reversed(session.execute(stmt).all()):
+        points += [(int(g), float(c)) for g, c in ups or ()]
+        draft_s += d_s or 0.0
+        forwards += d_n or 0
+    return points, (draft_s / forwards if forwards >= 16 else None)
 
 
 BATCH_PATH = "eager"  # the batched loop (batch > 1) runs eager forwards only

@@ -158,6 +158,12 @@ class RequestRecord:
     ngram: dict[str, Any] | None = None
     proposer_schedule: bytes | None = None
     ngram_trace: bytes | None = None
+    # The draft model's catch-up forwards (0007): (tokens it took in, seconds) for each forward
+    # over more than 2 tokens it had not seen — the prompt at its first use, and what k = 0 or
+    # the n-gram proposer emitted since. The points of the pair's C(g), which the live policy
+    # prices resuming the draft with and replay charges (``queries.catch_ups``). None: not
+    # recorded (batch > 1, or logged before 0007); [] none happened.
+    draft_catch_ups: list[tuple[int, float]] | None = None
     # Deferred work: a callable taking the record and returning the finished record (or None:
     # finished in place), run once by the store before validating it, on the writer thread
     # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``. Work too slow

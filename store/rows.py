@@ -209,6 +209,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     if ngram_trace is not None and len(ngram_trace) != len(rec.trace):
         raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
+    catch_ups = _catch_ups(rec.draft_catch_ups)
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch!r}")
@@ -225,7 +226,26 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
         draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence,
-        ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace, finish=None)
+        ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace,
+        draft_catch_ups=catch_ups, finish=None)
+
+
+def _catch_ups(value) -> list[tuple[int, float]] | None:
+    """``draft_catch_ups`` checked: (tokens, seconds) pairs, tokens a positive int."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"draft_catch_ups must be a list of (tokens, seconds), got {value!r}")
+    out = []
+    for i, point in enumerate(value):
+        if not isinstance(point, (tuple, list)) or len(point) != 2:
+            raise ValueError(f"draft_catch_ups[{i}] must be (tokens, seconds), got {point!r}")
+        tokens = point[0]
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"draft_catch_ups[{i}] tokens must be a positive int, "
+                             f"got {tokens!r}")
+        out.append((tokens, _seconds(f"draft_catch_ups[{i}]", point[1])))
+    return out
 
 
 def _keyed(mapping: Mapping | None, name: str, arity: int) -> dict[tuple[int, ...], Any]:
@@ -290,6 +310,8 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
         "category_source", "features", "confidence", "path", "ngram", "proposer_schedule",
         "ngram_trace")}
+    row["draft_catch_ups"] = (None if rec.draft_catch_ups is None
+                              else [[g, c] for g, c in rec.draft_catch_ups])
     row.update(pair_id=pair_id, category_key=category_key(rec.category),
                created_at=_utc(rec.created_at),
                target_s_by_n={str(n): ts for n, ts in sorted(rec.target_s_by_n.items())},

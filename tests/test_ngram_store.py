@@ -439,14 +439,15 @@ def test_a_0005_database_is_upgraded_in_place_and_back(url):
     with engine.begin() as conn:
         assert current_revision(conn) == ("0005",)
         pid, _row, dropped = _insert_legacy(conn, meta.tables["requests"], validate_record(old),
-                                            ("ngram", "proposer_schedule", "ngram_trace"))
+                                            ("ngram", "proposer_schedule", "ngram_trace",
+                                             "draft_catch_ups"))
         assert set(dropped.values()) == {None}  # nothing of the n-gram: not in schema 0005
         _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
     engine.dispose()
 
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0006",)
+            assert current_revision(conn) == (head_revision(),)
         with st.session() as s:
             (got,) = queries.recent_requests(s)
             (legacy,) = queries.category_summaries(s)
