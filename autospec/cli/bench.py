@@ -228,8 +228,8 @@ def _repeats(meta: dict) -> str:
 
     def count(r: int) -> str:
         return f"{r} repeat{'' if r == 1 else 's'}"
-    if sizes == [1]:
-        return count(single)
     if single == n or 1 not in sizes:
         return count(n)
+    if sizes == [1]:
+        return count(single)
     return f"{count(single)} at batch 1, {n} at larger sizes"
