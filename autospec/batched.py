@@ -242,7 +242,8 @@ class _BatchLoop:
                        categories=tuple(r.category for r in rows),
                        rows=tuple(r.live for r in rows), costs=self.costs,
                        proposers=self.proposers, ngram_match=max(matches),
-                       ngram_matches=matches)
+                       ngram_matches=matches,
+                       draft_gap=(max(r.n - r.d_len for r in rows) if self.has_draft else 0))
 
     def choose_k(self, ctx: Context) -> tuple[int, str, int]:
         """(k, proposer, min_match), clamped; without a draft model every proposer is the
@@ -421,6 +422,9 @@ class _BatchLoop:
         d_per_token = None
         if run_draft and timed > 0:
             d_per_token = clock.seconds(d0, d1) / timed
+        catch_up = None  # (tokens the forward took in: B × the widest row's, seconds)
+        if t_cu is not None:
+            catch_up = (B * ctx.draft_gap, clock.seconds(d_start, t_cu))
         clock.recycle(d_start, t_cu, d1, t0, t1)  # read: their events can be recorded again
 
         # 5. Per row: trace, emit, counters; then mask what was rejected
@@ -511,6 +515,9 @@ class _BatchLoop:
                                         else (0.0 if k == 0 else float("nan"))),
                           target_time_s=float("nan") if first else t_s,
                           accepted_rows=accepted_rows, batch_size=B)
+        if catch_up is not None:  # the pair's catch-up fit, as the batch-1 loop feeds it
+            for live in {id(r.live): r.live for r in rows if r.live is not None}.values():
+                live.observe_catch_up(*catch_up)
         for b, r in enumerate(rows):
             if r.live is None:
                 continue

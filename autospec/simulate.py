@@ -22,7 +22,8 @@ tracks that gap as the live loop does, hands it to the policy (``Context.draft_g
 charges C(gap) − T_d from the fit in ``Costs.catch_up`` (logged catch-ups): without it a
 draft model resumed for free, and replay favoured policies that switch between proposers, or
 speculate on long prompts, by what the live loop pays for them. At batch > 1 the batched loop
-times its catch-ups into T_d(B), and replay charges none apart.
+runs one catch-up forward over B × the widest row's gap (the others padded within it), and
+replay charges C(B · gap) − T_d(B) as the policy prices it.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ class SimResult:
     plain_seconds: float = 0.0
     row_steps: int = 0
     k_counts_by_batch: dict[int, Counter] = field(default_factory=dict)  # rows running → k
-    # the draft model's catch-ups beyond their first proposal (in ``seconds``; batch 1)
+    # the draft model's catch-ups beyond their first proposal (in ``seconds``)
     catch_up_seconds: float = 0.0
 
     @property
@@ -504,12 +505,13 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
         cost, t_draft = costs.at(b)
         shadows = [r.ngram_match() for r in running]  # (match length, agreement) per row
         matches = tuple(n for n, _agree in shadows)
+        gap = max(r.gap for r in running) if running[0].has_draft else 0
         ctx = Context(category=cat, k_max=k_max, batch_size=b,
                       generated=min(r.g for r in running),
                       remaining=max(r.remaining for r in running), live=stats,
                       categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs,
                       proposers=running[0].proposers, ngram_match=max(matches),
-                      ngram_matches=matches)
+                      ngram_matches=matches, draft_gap=gap)
         choice = policy.choose(ctx)
         k = max(0, min(int(choice), k_max, ctx.remaining - 1))
         proposer, min_match = proposer_of(choice)
@@ -525,9 +527,16 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
         if k > 0 and proposer == "ngram" and not any(by_ngram):
             k = 0
         run_draft = k > 0 and proposer != "ngram"
+        # the draft model's catch-up over every row (``batched``: one forward, B × the widest
+        # gap), beyond the batch's first proposal
+        catch_up = None
+        if run_draft and gap > 2 and costs.catch_up is not None:
+            catch_up = max(costs.catch_up_seconds(b * gap), t_draft)
         steps = []
         for r, ng in zip(running, by_ngram):
             if ng:
+                if run_draft:  # the draft took in this row's gap too, and none of its block
+                    r.gap = 0
                 kb, m = r.ngram_step(min(k, r.remaining - 1))
                 steps.append((kb, m, False, (), True))
             else:
@@ -536,6 +545,10 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
         k_run = max(d for d, *_ in steps)  # the batch scores k + 1 per row while any drafts
         d_s = (k_run * t_draft if run_draft else 0.0) + costs.t_ngram * sum(
             d for d, *_rest, ng in steps if ng)
+        if catch_up is not None:
+            res.seconds += catch_up - t_draft
+            res.catch_up_seconds += catch_up - t_draft
+            stats.observe_catch_up(b * gap, catch_up)
         t_s = cost(k_run + 1)
         for (d, m, unknown, unproposed, ng), (match, agree) in zip(steps, shadows):
             res.unobserved_hits += unknown

@@ -44,8 +44,9 @@ class Context:
     proposers: tuple[str, ...] = ("draft",)
     ngram_match: int = 0
     ngram_matches: tuple[int, ...] = ()  # at batch > 1: each row's match length
-    # tokens the draft model has not seen (batch 1): its next block begins with a forward
-    # over them — the prompt at its first use, what k = 0 or the n-gram emitted since
+    # tokens the draft model has not seen: its next block begins with a forward over them —
+    # the prompt at its first use, what k = 0 or the n-gram emitted since (at batch > 1 the
+    # widest row's: the catch-up forward pads every row to it)
     draft_gap: int = 0
     # this request so far (batch 1): its own LiveStats, fed as its category's (undiscounted):
     # its rate (``spent``), n-gram match points, n-gram blocks and shadow

@@ -180,24 +180,35 @@ def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list
             for i, c in enumerate(curve)]
 
 
-def catch_up_per_token(live, gap: int, served: float) -> float:
+def catch_up_per_token(live, gap: int, served: float, *, rows: int = 1,
+                       t_draft: float | None = None) -> float:
     """What resuming the draft model costs per token it will then serve: the catch-up over
     the ``gap`` tokens it has not seen, less the one proposal it replaces (T_d), shared over
     ``served`` tokens. Zero for the usual gap of one or two tokens after a draft block, and
-    while no catch-up has been measured (optimism: the first one measures it)."""
+    while no catch-up has been measured (optimism: the first one measures it).
+
+    At batch (``rows`` > 1, ``gap`` the widest row's): the catch-up forward is one block of
+    rows × gap slots (rows with less to take in are padded within it), priced by the fit at
+    that many tokens, less one draft step of the batch (``t_draft``, T_d(B))."""
     if gap <= 2 or live is None:
         return 0.0
-    cost = live.catch_up_cost(gap)
+    cost = live.catch_up_cost(gap * max(1, rows))
     if cost is None:
         return 0.0
-    return max(0.0, cost - (live.t_draft or 0.0)) / max(1.0, served)
+    step = live.t_draft if t_draft is None else t_draft
+    return max(0.0, cost - (step or 0.0)) / max(1.0, served)
 
 
-def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int) -> tuple[int, float]:
+def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int,
+                 per_token: float = 0.0) -> tuple[int, float]:
     """argmax_k S_B(k) over 0 … k_max for a batch whose row i accepts along ``curves[i]`` (a
     per-position list or a constant α), and that S against plain batched decoding at the same
     B = len(curves) (the smallest k among ties; S_B(0) = 1). ``cost``: T_t(B, ·) as a mapping
-    n → seconds or a function. Rows that share a curve object are computed once."""
+    n → seconds or a function. Rows that share a curve object are computed once.
+
+    per_token: seconds more per token of the batch that drafting yields (the draft model's
+    catch-up shared over the tokens it will serve, as ``best_k``'s): S_B(k) =
+    Σ E[N_i] · T_t(B, 1) / (B · (k · T_d(B) + T_t(B, k + 1) + Σ E[N_i] · per_token))."""
     cost = cost if callable(cost) else interpolate_cost(cost)
     rows = len(curves)
     if rows == 0:
@@ -221,7 +232,7 @@ def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int) -> tuple[in
             a = rates[k - 1] if k - 1 < len(rates) else None
             g[3] *= last if a is None else float(a)
             tokens += count * g[3]
-        s = tokens * t1 / (rows * (k * t_draft + cost(k + 1)))
+        s = tokens * t1 / (rows * (k * t_draft + cost(k + 1) + tokens * per_token))
         if s > best_s:
             best, best_s = k, s
     return best, best_s
@@ -418,17 +429,32 @@ class CostModelPolicy:
         if gap <= 2:
             return 0.0
         remaining = max(1, getattr(context, "remaining", 1))
+        share = _draft_share(live, context) if "ngram" in proposers else 1.0
+        return catch_up_per_token(live, gap, remaining * share)
+
+    @staticmethod
+    def _batch_catch_up(context, rows: list, t_draft: float, proposers) -> float:
+        """The draft model's catch-up at batch, per token of the batch it is expected to serve:
+        one forward over B × the widest row's gap (``context.draft_gap``), priced by the
+        catch-up fit of the rows' statistics (the controller's, fed by every catch-up; the
+        pair's cost), shared over B × the tokens left, times each row's share the draft
+        serves beside the n-gram proposer (as at batch 1, by category). Unpriced, a batch's
+        first draft block took in every row's prompt for free, and so did every block after
+        a stretch of k = 0."""
+        gap = getattr(context, "draft_gap", 0)
+        if gap <= 2:
+            return 0.0
+        fit = next((live for live in context.rows
+                    if live is not None and live.catch_up_cost(gap) is not None), None)
+        if fit is None:
+            return 0.0
+        batch = len(context.rows)
         share = 1.0
         if "ngram" in proposers:
-            # the draft serves where the n-gram has no match, or has one that fails at once:
-            # this request's points and n-gram acceptance, pulled toward the category's
-            req = getattr(context, "request", None)
-            unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
-            share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
-                     / (REQUEST_PRIOR_POINTS + unmatched + matched))
-            first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
-            share += (1 - share) * (1 - first)
-        return catch_up_per_token(live, gap, remaining * share)
+            shares = [_draft_share(live, context) if live is not None else 1.0 for live in rows]
+            share = sum(shares) / len(shares)
+        served = batch * max(1, getattr(context, "remaining", 1)) * share
+        return catch_up_per_token(fit, gap, served, rows=batch, t_draft=t_draft)
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;
@@ -479,7 +505,8 @@ class CostModelPolicy:
                     curve = self.derived(live, top)[0]
                 by_stats[id(live)] = curve
             curves.append(curve)
-        k, s = batch_best_k(curves, t_draft, cost, top)
+        per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
+        k, s = batch_best_k(curves, t_draft, cost, top, per_token=per_token)
         if ngram[1] > s:
             return self._batch_decision(context, batch, *ngram, top, "ngram")
         return self._batch_decision(context, batch, k, s, top, "draft")
@@ -532,6 +559,18 @@ class CostModelPolicy:
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
             own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+
+
+def _draft_share(live, context) -> float:
+    """The share of the rest of a request the draft model serves beside the n-gram proposer:
+    where the n-gram has no match, or has one that fails at once — this request's points and
+    n-gram acceptance (``context.request``, batch 1), pulled toward the category's."""
+    req = getattr(context, "request", None)
+    unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
+    share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
+             / (REQUEST_PRIOR_POINTS + unmatched + matched))
+    first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
+    return share + (1 - share) * (1 - first)
 
 
 def _batched(context) -> bool:
