@@ -368,7 +368,8 @@ class Controller:
                 t_draft, t_target, _ = queries.measured_costs(s, pid, category,
                                                               path=self.path)
                 # the draft's catch-up cost is the pair's: priced from the first resumption
-                catch_ups, _ = queries.catch_ups(s, pid, path=self.path)
+                # (logged catch-ups, else the probe's)
+                catch_ups, _, _ = queries.catch_up_source(s, pid, path=self.path)
             live.warm_catch_up(catch_ups)
             if sums:
                 sm = sums[0]

@@ -72,6 +72,10 @@ MEMORY_BOUND_RATIO = 1.25  # T_t(n) / T_t(1) up to which we call scoring n token
 # n measured per row at batch sizes above ``dense_up_to``: the loop's k + 1 for k ≤ 8, and two
 # points to extend the curve
 SPARSE_N = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+# tokens the draft model takes in at once in the catch-ups timed (its forward over what it
+# has not seen: the prompt at its first block, a stretch decoded at k = 0 since): the points
+# of the line C(g) = a + b·g a store with nothing logged yet prices its first catch-up by
+CATCH_UP_SIZES = (8, 32, 128)
 
 
 @dataclass
@@ -93,6 +97,16 @@ class ProbeResult:
     grid_note: str = ""  # why the grid stops short of the batch sizes asked for, if it does
     path: str = "eager"  # the runners' execution path (``runners.path_name``) it timed
     greedy: bool = True  # the step timed: greedy choice, or sampling probabilities
+    # the draft model's catch-up at batch 1: (tokens taken in, median seconds of the forward
+    # over them and its first proposal), at CATCH_UP_SIZES; empty without a draft model
+    draft_catch_up: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def catch_up_line(self) -> tuple[float, float] | None:
+        """(a, b) of C(g) = a + b·g fitted to ``draft_catch_up`` (as the live fit), or None."""
+        from autospec.policies.live import catch_up_line, catch_up_sums
+
+        return catch_up_line(catch_up_sums(self.draft_catch_up)) if self.draft_catch_up else None
 
     @property
     def utilisation(self) -> float | None:
@@ -297,6 +311,25 @@ def _draft_step(run, step: _Step, extra: torch.Tensor, context: int, clock: Cloc
     return _median_time(propose, clock, repeats, back)
 
 
+def _catch_ups(run, step: _Step, tokens: torch.Tensor, context: int, clock: Clock,
+               repeats: int) -> list[tuple[int, float]]:
+    """Median seconds of the draft's catch-up over g tokens it has not seen (one forward over
+    them, then its first proposal from the last: the loop's catch-up), per g in
+    CATCH_UP_SIZES, on ``run``'s cache of ``context`` tokens."""
+    out = []
+    for g in CATCH_UP_SIZES:
+        def catch_up(g=g):
+            step.propose(run.run(tokens[:, :g], 1))
+
+        def back():
+            run.crop(context)
+
+        catch_up()  # warm-up (allocations at this size)
+        back()
+        out.append((g, _median_time(catch_up, clock, repeats, back)))
+    return out
+
+
 @torch.inference_mode()
 def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: int = 5,
           cache_dir=None, progress=None, batches=(1,), max_seconds: float | None = None,
@@ -322,6 +355,7 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
     g = torch.Generator(device="cpu").manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g).to(device)
     extra = torch.randint(0, vocab, (1, max_n), generator=g).to(device)
+    unseen = torch.randint(0, vocab, (1, max(CATCH_UP_SIZES)), generator=g).to(device)
     step = _Step(sampling, target.get_output_embeddings().weight.shape[0], prompt)
     sizes = sorted({1, *(int(b) for b in batches)})
     if sizes[0] < 1:
@@ -332,7 +366,8 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
             return list(range(1, max_n + 1))
         return [n for n in SPARSE_N if n <= max_n]
 
-    total = sum(len(ns_at(b)) * repeats + (draft is not None) for b in sizes)
+    total = (sum(len(ns_at(b)) * repeats + (draft is not None) for b in sizes)
+             + (draft is not None) * len(CATCH_UP_SIZES))
     done = 0
 
     def tick(step: int = 1) -> None:
@@ -348,7 +383,8 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
     d_run = None
     try:
         if draft is not None:
-            d_run = open_runner(draft, need, static=bool(static_cache), graphs=graphs)
+            d_run = open_runner(draft, max(need, context + max(CATCH_UP_SIZES) + 1),
+                                static=bool(static_cache), graphs=graphs)
         if t_run.path != path or (d_run is not None and d_run.path != path):
             log.warning("probe: the %s path was asked for but the runners run %s: the "
                         "probe is stored under the latter", path,
@@ -358,9 +394,12 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
             d_run.run(prompt, 1)
         grid = {1: _curve(t_run, step, extra, context, ns_at(1), clock, repeats, tick)}
         draft_grid: dict[int, float] = {}
+        catch_ups: list[tuple[int, float]] = []
         if d_run is not None:
             draft_grid[1] = _draft_step(d_run, step, extra, context, clock, repeats)
             tick()
+            catch_ups = _catch_ups(d_run, step, unseen, context, clock, repeats)
+            tick(len(CATCH_UP_SIZES))
         paths = {t_run.path, *([d_run.path] if d_run else [])}
         path = paths.pop() if len(paths) == 1 else f"{t_run.path}/{d_run.path}"
     finally:
@@ -422,4 +461,4 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         context=context, target_s_by_n=curve, draft_s=draft_s, target_param_bytes=weights,
         kv_bytes=kv, achieved_bytes_per_s=achieved, peak_bytes_per_s=peak,
         threads=torch.get_num_threads(), grid=grid, draft_grid=draft_grid, grid_note=note,
-        path=path, greedy=not sampling.do_sample)
+        path=path, greedy=not sampling.do_sample, draft_catch_up=catch_ups)

@@ -586,9 +586,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         t_ngram = next((getattr(sm, "ngram_lookup_s_per_token", None) or 0.0
                         for sm in queries.category_summaries(s, category=cat, pair_id=pid)),
                        0.0)
-        # the draft model's catch-up, fitted to what the pair logged (no probe times it), at
-        # the ratio to T_d those same requests measured
-        catch_up_points, catch_up_t_draft = queries.catch_ups(s, pid, path=path)
+        # the draft model's catch-up, fitted to what the pair logged (else to what the probe
+        # timed), at the ratio to T_d those same requests (that probe) measured
+        catch_up_points, catch_up_t_draft, catch_up_from = queries.catch_up_source(
+            s, pid, path=path)
         if costs_from == "auto":  # as the report reads it and the controller starts from
             grid, draft_grid, grid_source = batch_grid(s, pid)
         elif costs_from == "live":
@@ -624,9 +625,11 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                   draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
                   path=path, grid_path=queries.BATCH_PATH, t_ngram=t_ngram,
                   has_draft=has_draft, catch_up=catch_up)
-    if has_draft:  # batch 1's (the batched loop times its catch-ups into T_d(B))
-        cost_source += (f"; draft catch-up: {len(catch_up_points)} logged" if catch_up
-                        else "; draft catch-up: none logged, not charged")
+    if has_draft:
+        cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
+                        else f"; draft catch-up: {len(catch_up_points)} logged"
+                        if catch_up_from == "logged"
+                        else f"; draft catch-up: the probe's ({len(catch_up_points)} sizes)")
     if costs.batched:
         cost_source += f"; batch > 1: {grid_source}"
     if "table" in families and not costs.batched:

@@ -540,6 +540,29 @@ def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent
     return points, (draft_s / forwards if forwards >= 16 else None)
 
 
+def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,
+                    recent: int = 500) -> tuple[list[tuple[int, float]], float | None, str]:
+    """(points, T_d they stand beside, source) of the draft model's catch-up cost: what the
+    pair's requests logged (``catch_ups``; source "logged"), else what the latest probe of
+    that path timed at batch 1 with its T_d (source "probe"), else ([], None, "none"). A
+    store that holds only a probe prices the first catch-up instead of taking it for free."""
+    points, t_draft = catch_ups(session, pair_id, path=path, recent=recent)
+    if points:
+        return points, t_draft, "logged"
+    probe = latest_probe(session, pair_id) if path is None else latest_probe(session, pair_id,
+                                                                             path)
+    raw = (probe.payload or {}).get("draft_catch_up") if probe is not None else None
+    try:
+        points = [(int(g), float(c)) for g, c in raw or ()
+                  if int(g) > 0 and 0 < float(c) < float("inf")]
+    except (TypeError, ValueError):
+        points = []  # a payload from elsewhere: not priced from it
+    if not points:
+        return [], None, "none"
+    d = probe.payload.get("draft_s")
+    return points, (float(d) if isinstance(d, (int, float)) and d > 0 else None), "probe"
+
+
 BATCH_PATH = "eager"  # the batched loop (batch > 1) runs eager forwards only
 
 

@@ -226,14 +226,21 @@ def test_tune_reads_the_fit_at_the_ratio_to_t_d_it_was_logged_at():
 def test_tune_charges_the_logged_catch_ups_in_its_replay(tmp_path):
     from test_tune import PAIR as TUNE_PAIR
     from test_tune import T_D as PROBE_T_D
-    from test_tune import make_store
+    from test_tune import CURVE, make_store
 
     from autospec.tune import tune
 
+    from autospec.store import add_probe
+
     scores = {}
-    for logged in (False, True):
+    for logged in (False, True, "probed"):
         store = make_store(tmp_path / f"{logged}.db", {"code": (0.85, 30)}, seed=2)
-        if logged:  # three requests that drafted: T_d 40 ms (twice the probe's), C(g) line
+        if logged == "probed":  # nothing logged, a probe that timed the catch-up: its line
+            with store.begin() as s:
+                add_probe(s, TUNE_PAIR, {"path": "eager", "draft_s": PROBE_T_D,
+                                         "target_s_by_n": {str(n): t for n, t in CURVE.items()},
+                                         "draft_catch_up": [[8, 0.03], [32, 0.06], [128, 0.18]]})
+        elif logged:  # three requests that drafted: T_d 40 ms (twice the probe's), C(g) line
             recs = [make_record(random.Random(i), category="other", pair=TUNE_PAIR)
                     for i in range(3)]
             for rec, g in zip(recs, (16, 40, 100), strict=True):
@@ -245,8 +252,11 @@ def test_tune_charges_the_logged_catch_ups_in_its_replay(tmp_path):
             (res,) = tune(store, category="code", trials=12, families=("fixed",), seed=0,
                           holdout=0)
         scores[logged] = res
-    charged, free = scores[True], scores[False]
-    assert "draft catch-up: none logged, not charged" in free.costs["source"]
+    charged, free, probed = scores[True], scores[False], scores["probed"]
+    assert "draft catch-up: none logged or probed, not charged" in free.costs["source"]
+    assert "draft catch-up: the probe's (3 sizes)" in probed.costs["source"]
+    assert probed.costs["catch_up_s"] == pytest.approx([0.02, 0.00125])  # 20 ms + 1.25 ms/tok
+    assert probed.train_tokens_per_s < free.train_tokens_per_s
     assert "catch_up_s" not in free.costs
     assert "draft catch-up: 3 logged" in charged.costs["source"]
     # the line at the probe's level: scaled by the probe's T_d over the 40 ms it was logged at

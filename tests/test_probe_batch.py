@@ -193,3 +193,41 @@ def test_probe_cli_times_the_grid_at_the_traffics_median_context(models, tmp_pat
                  "--db", empty]) == 0
     assert "context 200 tokens (no logged requests for this pair: the default)" in \
         capsys.readouterr().out
+
+
+def test_the_probe_times_the_drafts_catch_up_and_a_probe_only_store_prices_it(models, tmp_path):
+    """The draft model's forward over g tokens it has not seen (and its first proposal) at each
+    of CATCH_UP_SIZES; stored with the probe, it is the catch-up line a store with nothing
+    logged yet gives a new process, so the first resumption is priced, not taken for free."""
+    import autospec
+
+    res = probe(*models, context=16, max_n=4, repeats=2, cache_dir=str(tmp_path))
+    assert [g for g, _ in res.draft_catch_up] == list(probe_mod.CATCH_UP_SIZES)
+    assert all(c > 0 for _, c in res.draft_catch_up)
+    a, b = res.catch_up_line
+    assert a + b * 128 == pytest.approx(res.draft_catch_up[-1][1], rel=0.5)
+    assert probe(models[0], None, context=16, max_n=2, repeats=1).draft_catch_up == []
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    pair = RequestTelemetry(*models, measure_peak=False).pair
+    with open_store(url) as store:
+        with store.begin() as s:
+            add_probe(s, pair, res.to_dict())
+        with store.session() as s:
+            points, t_draft, source = queries.catch_up_source(s, queries.pair_id(s, pair))
+    assert source == "probe" and t_draft == res.draft_s
+    assert points == [tuple(p) for p in res.draft_catch_up]
+    spec = autospec.Controller(*models, store=url, policy="fixed:2")
+    live = spec.live_stats("any category")
+    spec.close()
+    from autospec.policies import LiveStats
+
+    expected = LiveStats()
+    expected.warm_catch_up(points)
+    assert live.catch_up == pytest.approx(expected.catch_up) and live.catch_up[0] > 0
+    assert live.catch_up_cost(100) is not None
+    # a payload the probe did not write (or a broken one) prices nothing
+    with open_store(url) as store:
+        with store.begin() as s:
+            add_probe(s, pair, {**res.to_dict(), "draft_catch_up": [["x", 1]]})
+        with store.session() as s:
+            assert queries.catch_up_source(s, queries.pair_id(s, pair)) == ([], None, "none")

@@ -88,7 +88,8 @@ def test_every_timed_step_processes_logits_and_verifies_as_the_loop_does(models,
     res = probe(*models, context=8, max_n=max_n, repeats=repeats, sampling=sampling)
     assert res.greedy is greedy
     target_steps = max_n * (repeats + 1)  # one untimed round, then the timed ones
-    draft_steps = repeats + 1
+    # one proposal, then one catch-up per size (each proposing from its last token)
+    draft_steps = (repeats + 1) * (1 + len(probe_mod.CATCH_UP_SIZES))
     assert calls["process"] == target_steps + draft_steps
     # drafts verified: n − 1 per step scoring n (the loop's k + 1 = n)
     assert sorted(calls["verify"]) == sorted(list(range(max_n)) * (repeats + 1))

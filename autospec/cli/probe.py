@@ -78,6 +78,11 @@ def run(args, parser) -> int:
     print(table(["n scored", "T_t(n) ms", "vs n=1", ""], rows))
     print(f"\nT_d (draft, 1 token): {fmt(_ms(res.draft_s), '.1f')} ms"
           f"   c = T_d / T_t(1) = {fmt(res.draft_ratio, '.2f')}")
+    line = res.catch_up_line
+    if line is not None:  # what resuming the draft model costs: its forward over g tokens
+        sizes = ", ".join(f"{g}: {c * 1e3:.0f}" for g, c in res.draft_catch_up)
+        print(f"draft catch-up over g unseen tokens: C(g) = {line[0] * 1e3:.1f} ms + "
+              f"{line[1] * 1e3:.2f} ms × g   (g: ms  {sizes})")
     print(f"bandwidth of the target's 1-token step: {human_bytes(res.achieved_bytes_per_s, True)}"
           f" of {human_bytes(res.peak_bytes_per_s, True)} peak"
           + (f" ({res.utilisation:.0%})" if res.utilisation else "")
