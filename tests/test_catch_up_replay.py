@@ -224,13 +224,12 @@ def test_tune_reads_the_fit_at_the_ratio_to_t_d_it_was_logged_at():
 
 
 def test_tune_charges_the_logged_catch_ups_in_its_replay(tmp_path):
+    from test_tune import CURVE, make_store
     from test_tune import PAIR as TUNE_PAIR
     from test_tune import T_D as PROBE_T_D
-    from test_tune import CURVE, make_store
-
-    from autospec.tune import tune
 
     from autospec.store import add_probe
+    from autospec.tune import tune
 
     scores = {}
     for logged in (False, True, "probed"):
