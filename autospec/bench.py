@@ -295,6 +295,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
         runner.restore()
     if not sample:
         _explain_divergences(records, encoded, runner)
+        _explain_batch_divergences(batch_records, encoded, runner)
     param = next(target.parameters())
     meta = {"target": _model_name(target), "draft": _model_name(draft),
             "device": str(param.device), "dtype": str(param.dtype).removeprefix("torch."),
@@ -567,6 +568,30 @@ def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:
             "plain_token": base.tokens[pos] if pos < len(base.tokens) else None,
             "token": r.tokens[pos] if pos < len(r.tokens) else None, "margin": margins[key],
         }
+
+
+def _explain_batch_divergences(records: list[BatchRecord], encoded, runner) -> None:
+    """For each greedy row of a batch that differs from plain batched decoding's row (same
+    batch, same repeat), the target's top-2 logit margin where they first part (one forward
+    of the prompt alone + plain's row up to there): near 0, a rounding near-tie."""
+    plain = {(r.batch, r.group, r.repeat): r for r in records if r.mode == "plain"}
+    memo: dict[tuple, float] = {}
+    for r in records:
+        base = plain.get((r.batch, r.group, r.repeat))
+        if base is None or r is base:
+            continue
+        for i, (row, ref) in enumerate(zip(r.rows, base.rows, strict=False)):
+            pos = first_divergence(ref, row)
+            if pos is None:
+                continue
+            if pos >= min(len(ref), len(row)):
+                r.margins[i] = None  # one stops earlier: no token to compare there
+                continue
+            prompt = r.prompt_indices[i]
+            key = (prompt, tuple(ref[:pos]))
+            if key not in memo:
+                memo[key] = runner.top2_margin(encoded[prompt], ref[:pos])
+            r.margins[i] = memo[key]
 
 
 def _model_name(model) -> str:

@@ -190,6 +190,9 @@ class BatchRecord:
     k_schedule: list[int] = field(default_factory=list, repr=False)
     peak_kv_bytes: int | None = None
     fallback: str | None = None  # autospec: why transformers' generate served the call
+    # greedy rows that differ from plain's row in the same batch and repeat: the target's
+    # top-2 logit margin where they first part (None: one row stops earlier), by row
+    margins: dict[int, float | None] = field(default_factory=dict, repr=False)
 
 
 def batch_records_of(records: Sequence[RunRecord]) -> list[BatchRecord]:
@@ -233,7 +236,8 @@ def summarize_batches(records: Sequence[BatchRecord], *, greedy: bool,
 def _empty_row(size: int, mode: str, status: str, reason: str | None) -> dict:
     return {"batch": size, "mode": mode, "k": None, "status": status, "reason": reason,
             "runs": 0, "groups": 0, "tokens_per_s": None, "speedup": None, "acceptance": None,
-            "k_counts": {}, "peak_kv_bytes": None, "identical_rows": None, "rows": None}
+            "k_counts": {}, "peak_kv_bytes": None, "identical_rows": None, "rows": None,
+            "diverged_margins": None}
 
 
 def _batch_row(size: int, mode: str, runs: list[BatchRecord], plain: dict, greedy: bool) -> dict:
@@ -244,6 +248,7 @@ def _batch_row(size: int, mode: str, runs: list[BatchRecord], plain: dict, greed
         if wall > 0:
             per_repeat.append(sum(r.new_tokens for r in done) / wall)
     ratios, same, total = [], 0, 0
+    margins: list[float | None] = []
     for r in runs:
         base = plain.get((r.group, r.repeat))
         if base is None:
@@ -252,6 +257,7 @@ def _batch_row(size: int, mode: str, runs: list[BatchRecord], plain: dict, greed
             ratios.append((r.new_tokens / r.wall_s) / (base.new_tokens / base.wall_s))
         total += len(r.rows)
         same += sum(a == b for a, b in zip(r.rows, base.rows, strict=False))
+        margins += r.margins.values()
     known = [r for r in runs if r.drafted is not None]
     drafted = sum(r.drafted for r in known)
     peaks = [r.peak_kv_bytes for r in runs if r.peak_kv_bytes]
@@ -266,5 +272,8 @@ def _batch_row(size: int, mode: str, runs: list[BatchRecord], plain: dict, greed
             k for r in runs for k in r.k_schedule).items())},
         peak_kv_bytes=max(peaks) if peaks else None,
         identical_rows=same if greedy and total else None, rows=total if greedy and total else None,
+        # the rows that differ, by the target's top-2 margin where they first part: below
+        # NEAR_TIE a low-precision rounding flip, else worth a report (None: not measured)
+        diverged_margins=sorted(m for m in margins if m is not None) or None,
     )
     return row

@@ -230,6 +230,42 @@ def test_summary_sums_tokens_over_a_repeat_and_pairs_speedups_per_batch():
     assert all(r["identical_rows"] is None for r in sampled)
 
 
+def test_rows_that_differ_from_plain_are_explained_by_the_targets_margin_there(pair):
+    """A batch row that parts from plain's: the target's top-2 logit margin where it first
+    parts (a forward of the prompt + plain's row up to there), per row, in the summary, and
+    one line per mode saying whether every difference is a rounding near-tie."""
+    from autospec.cli.bench import _divergence_notes
+
+    target = pair[0]
+
+    class Runner:  # bench._Runner's margin: the real target's forward
+        def top2_margin(self, ids, prefix):
+            return bench.top2_margin(target, ids, prefix)
+
+    encoded = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]]), torch.tensor([[11]])]
+    rows = [(20, 21, 22), (30, 31), (40, 41, 42)]
+    records = [brec("plain", 0, 0, 1.0, rows),
+               # row 1 parts at its second token, row 2 stops one token early
+               brec("auto", 0, 0, 1.0, [(20, 21, 22), (30, 99), (40, 41)])]
+    bench._explain_batch_divergences(records, encoded, Runner())
+    margin = bench.top2_margin(target, encoded[1], [30])
+    assert records[0].margins == {} and records[1].margins == {1: margin, 2: None}
+    auto = {r["mode"]: r for r in summarize_batches(records, greedy=True)}["auto"]
+    assert (auto["identical_rows"], auto["rows"]) == (1, 3)
+    assert auto["diverged_margins"] == [margin]
+    near = dict(auto, diverged_margins=[0.1, 0.3])
+    (line,) = _divergence_notes([near], "bfloat16")
+    assert "auto at batch 4: 2 rows differ" in line and "near-tie" in line and "0.300" in line
+    # one measured at a near-tie, one stops early
+    (line,) = _divergence_notes([dict(auto, diverged_margins=[0.2])], "bfloat16")
+    assert "1 stops at another length" in line
+    (line,) = _divergence_notes([dict(near, diverged_margins=[0.1, 2.5])], "bfloat16")
+    assert "1 first part" in line and "please report" in line
+    (line,) = _divergence_notes([near], "float32")  # fp32 has no near-tie excuse
+    assert "please report" in line
+    assert _divergence_notes([dict(near, identical_rows=3)], "bfloat16") == []
+
+
 def test_json_carries_every_batch_size_and_stays_compatible(tmp_path):
     records = [brec("plain", 0, 0, 1.0, [(1, 2)]), brec("auto", 0, 0, 0.5, [(1, 2)])]
     meta = {"target": "t", "draft": "d", "device": "cpu", "dtype": "float32", "threads": 1,

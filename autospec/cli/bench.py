@@ -179,7 +179,40 @@ def format_batch_table(result) -> str:
              "identical: rows equal to plain batched decoding's / rows"]
     notes = dict.fromkeys(f"{r['mode']} at batch {r['batch']}: {r['status']} ({r['reason']})"
                           for r in result.batches if r["status"] != "ok")
-    return "\n".join([*lines, *notes])
+    return "\n".join([*lines, *notes,
+                      *_divergence_notes(result.batches, result.meta.get("dtype"))])
+
+
+def _divergence_notes(batches, dtype: str | None) -> list[str]:
+    """Per batch size and mode whose rows differ from plain's: how many, and whether each first
+    parts at a rounding near-tie (the target's top-2 logit margin there below NEAR_TIE, in
+    bf16/fp16) or not (worth a report)."""
+    from autospec.bench import NEAR_TIE
+
+    low = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype or "")
+    out = []
+    for r in batches:
+        if r["rows"] is None or r["batch"] == 1 or r["identical_rows"] == r["rows"]:
+            continue
+        diff = r["rows"] - r["identical_rows"]
+        margins = r.get("diverged_margins") or []
+        ties = sum(m < NEAR_TIE for m in margins) if low else 0
+        head = (f"{r['mode']} at batch {r['batch']}: {diff} row"
+                f"{'s differ' if diff != 1 else ' differs'} from plain batched decoding's")
+        stops = diff - len(margins)
+        tail = f"; {stops} stop{'s' if stops == 1 else ''} at another length" if stops else ""
+        if not margins:
+            out.append(f"{head}: each stops at another length")
+        elif ties == len(margins):
+            out.append(f"{head}: where {'each' if len(margins) > 1 else 'it'} first parts, the "
+                       f"target's top two logits are at most {max(margins):.3f} apart, a "
+                       f"near-tie {low} rounding of the same sums taken in another order can "
+                       f"flip (--dtype fp32 is token-exact){tail}")
+        else:
+            out.append(f"{head}; {len(margins) - ties} first part where the target's top two "
+                       f"logits are {max(margins):.3f} apart, not a rounding near-tie: please "
+                       f"report it with these prompts (greedy output should equal plain's){tail}")
+    return out
 
 
 def format_table(result) -> str:
