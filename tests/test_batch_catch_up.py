@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from test_batch_policy import T_DRAFT, batch_context, grid_costs, t_draft, t_target, warm_stats
+from test_catch_up_replay import Recorder  # a fixed k schedule, recording each gap
 from test_draft_cost import Stretches
 
 import autospec
@@ -132,22 +133,6 @@ def test_the_batched_loop_tells_the_widest_gap_and_feeds_each_catch_up():
 
 
 # -- replay -------------------------------------------------------------------------------
-class Recorder:
-    name = "recorder"
-
-    def __init__(self, ks):
-        self.ks, self.i, self.gaps = list(ks), 0, []
-
-    def choose(self, ctx) -> int:
-        self.gaps.append(ctx.draft_gap)
-        k = self.ks[min(self.i, len(self.ks) - 1)]
-        self.i += 1
-        return k
-
-    def update(self, ctx, k, outcome) -> None:
-        pass
-
-
 T_D2 = 0.008
 LINE = (0.01, 0.001)  # C(g) = 10 ms + 1 ms per token
 
