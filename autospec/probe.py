@@ -298,10 +298,11 @@ def _curve(run, step: _Step, extra: torch.Tensor, context: int, ns, clock: Clock
 
 
 def _draft_step(run, step: _Step, extra: torch.Tensor, context: int, clock: Clock,
-                repeats: int) -> float:
-    """Median seconds of one proposal: the draft's one-token forward and its step."""
+                repeats: int, width: int = 1) -> float:
+    """Median seconds of one proposal: the draft's forward over ``width`` new tokens (1: a
+    proposal; more: a catch-up over tokens it has not seen) and its step from the last."""
     def propose():
-        step.propose(run.run(extra[:, :1], 1))
+        step.propose(run.run(extra[:, :width], 1))
 
     def back():
         run.crop(context)
@@ -309,25 +310,6 @@ def _draft_step(run, step: _Step, extra: torch.Tensor, context: int, clock: Cloc
     propose()  # warm-up
     back()
     return _median_time(propose, clock, repeats, back)
-
-
-def _catch_ups(run, step: _Step, tokens: torch.Tensor, context: int, clock: Clock,
-               repeats: int) -> list[tuple[int, float]]:
-    """Median seconds of the draft's catch-up over g tokens it has not seen (one forward over
-    them, then its first proposal from the last: the loop's catch-up), per g in
-    CATCH_UP_SIZES, on ``run``'s cache of ``context`` tokens."""
-    out = []
-    for g in CATCH_UP_SIZES:
-        def catch_up(g=g):
-            step.propose(run.run(tokens[:, :g], 1))
-
-        def back():
-            run.crop(context)
-
-        catch_up()  # warm-up (allocations at this size)
-        back()
-        out.append((g, _median_time(catch_up, clock, repeats, back)))
-    return out
 
 
 @torch.inference_mode()
@@ -398,7 +380,9 @@ def probe(target, draft=None, *, context: int = 200, max_n: int = 16, repeats: i
         if d_run is not None:
             draft_grid[1] = _draft_step(d_run, step, extra, context, clock, repeats)
             tick()
-            catch_ups = _catch_ups(d_run, step, unseen, context, clock, repeats)
+            # the loop's catch-up: one forward over g unseen tokens, its first proposal
+            catch_ups = [(g, _draft_step(d_run, step, unseen, context, clock, repeats, g))
+                         for g in CATCH_UP_SIZES]
             tick(len(CATCH_UP_SIZES))
         paths = {t_run.path, *([d_run.path] if d_run else [])}
         path = paths.pop() if len(paths) == 1 else f"{t_run.path}/{d_run.path}"
