@@ -451,8 +451,11 @@ class CostModelPolicy:
         batch = len(context.rows)
         share = 1.0
         if "ngram" in proposers:
-            shares = [_draft_share(live, context) if live is not None else 1.0 for live in rows]
-            share = sum(shares) / len(shares)
+            once: dict[int, float] = {}  # rows of one category share their statistics
+            for live in rows:
+                if id(live) not in once:
+                    once[id(live)] = _draft_share(live, context) if live is not None else 1.0
+            share = sum(once[id(live)] for live in rows) / len(rows)
         served = batch * max(1, getattr(context, "remaining", 1)) * share
         return catch_up_per_token(fit, gap, served, rows=batch, t_draft=t_draft)
 
