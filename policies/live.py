@@ -84,6 +84,9 @@ class LiveStats:
         self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
         self.reached = [0.0] * max_positions  # discounted blocks that reached position i
         self.t_draft: float | None = None  # seconds per proposed token
+        # the draft model's blocks ever counted here (stored history's included), undiscounted:
+        # whether it was ever tried on this traffic, which discounted evidence cannot say
+        self.draft_blocks = 0.0
         # the n-gram proposer (prompt lookup), counted apart from the draft model: its
         # acceptance by position, given a match proposed it, and its host time per token
         self.ngram_accepted = [0.0] * max_positions
@@ -113,6 +116,8 @@ class LiveStats:
     def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
         with self._lock:
             self._count(self.accepted, self.reached, k, accepted)
+            if k > 0:
+                self.draft_blocks += 1
             if k > 0 and draft_s == draft_s and draft_s > 0:  # not NaN
                 self.t_draft = self._avg(self.t_draft, draft_s / k)
             self._spend(draft_s if k else 0.0, target_s, accepted + 1)
@@ -301,6 +306,7 @@ class LiveStats:
         with self._lock:
             first = drafted_per_position[0] if drafted_per_position else 0
             reach = min(float(first), weight)
+            self.draft_blocks += reach
             for i, a in enumerate(conditional_from_cumulative(cum)):
                 if i >= len(self.reached) or a is None or reach <= 0:
                     break
@@ -389,6 +395,7 @@ class LiveStats:
             new.catch_up, new.match_points = list(self.catch_up), list(self.match_points)
             new.spent = list(self.spent)
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
+            new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
         return new
 

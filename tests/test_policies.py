@@ -142,12 +142,14 @@ def test_compute_bound_verification_drives_k_to_zero(make, floor):
 
 
 def test_costmodel_reprobes_while_off_at_its_stated_rate():
-    policy = CostModelPolicy(reprobe_every=32)
+    policy, live = CostModelPolicy(reprobe_every=32), {}
     costs = Costs(t_draft=0.3, t_target={1: 1.0, 16: 1.1})
-    simulate(traffic(0.0, 40), policy, costs, k_max=8)
-    late = simulate(traffic(0.0, 40, seed=1), policy, costs, k_max=8)
+    first = simulate(traffic(0.0, 40), policy, costs, k_max=8, live=live)
+    # a category the draft never ran on is tried cold_start blocks (at initial_k) before off
+    assert first.k_counts[3] == 8
+    late = simulate(traffic(0.0, 40, seed=1), policy, costs, k_max=8, live=live)
     probes = late.iterations - late.k_counts[0]
-    assert 0 < probes <= math.ceil(late.iterations / 32) + 1
+    assert 0 < probes <= math.ceil(late.iterations / 32) + 1 and set(late.k_counts) == {0, 1}
 
 
 def test_per_iteration_choice_is_cheap():
@@ -263,3 +265,65 @@ def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
     # z still moves every point by its own spread, within [0, 1]
     up, down = live.acceptance_curve(3, z=2.0), live.acceptance_curve(3, z=-2.0)
     assert all(d < m < u <= 1.0 for d, m, u in zip(down, live.acceptance_curve(3), up))
+
+
+def _cold(t_draft: float) -> LiveStats:
+    """A probe-only category: T_t flat at 0.16 s up to 17 tokens, T_d as given, no blocks."""
+    live = LiveStats()
+    live.warm_start([], [], t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
+    return live
+
+
+def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
+    """The cold holdout run: a probed T_d of 0.56 · T_t(1) against the flat prior α = 0.5
+    priced the draft model out before it ran once, so chat and translation never drafted."""
+    live = _cold(0.09)
+    assert best_k(live.acceptance_curve(8), 0.09, live.cost(optimistic=True), 8)[0] == 0
+    policy = CostModelPolicy(initial_k=3, cold_start=8)
+    ctx = Context(category="chat", k_max=8, live=live)
+    assert policy.choose(ctx) == 3  # tried, at initial_k
+    live.observe(3, 2, 0.27, 0.16)
+    # then its own evidence decides: 2 of 3 accepted pays at c = 0.56 and flat verification
+    assert policy.choose(ctx) == best_k(live.acceptance_curve(8), 0.09,
+                                        live.cost(optimistic=True), 8)[0] > 0
+    # where it fails it is switched off after the same cold_start blocks
+    bad, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8)
+    bctx = Context(category="chat", k_max=8, live=bad)
+    picks = []
+    for _ in range(20):
+        picks.append(policy.choose(bctx))
+        bad.observe(picks[-1], 0, 0.27 if picks[-1] else 0.0, 0.16)
+    assert picks == [3] * 8 + [0] * 12
+
+
+def test_a_draft_that_cannot_pay_or_has_a_forecast_or_history_is_not_tried_cold():
+    policy = CostModelPolicy(initial_k=3, cold_start=8)
+    # T_d = 1.25 · T_t(1): even perfect acceptance loses to plain decoding
+    assert policy.choose(Context(category="c", k_max=8, live=_cold(0.2))) == 0
+    # the categoriser's forecast stands in for the evidence (test above this one)
+    assert policy.choose(Context(category="c", k_max=8, live=_cold(0.09),
+                                 predicted_alpha=0.05)) == 0
+    # stored history of 8 blocks at α ≈ 0.1 counts as tried, though the prior still dominates
+    stored = _cold(0.09)
+    stored.warm_start([1, 0, 0], [8, 1, 0])
+    assert stored.draft_blocks == 8
+    assert policy.choose(Context(category="c", k_max=8, live=stored)) == 0
+    # and so does the policy's own copy, with its own discount
+    own = CostModelPolicy(initial_k=3, cold_start=8, discount=0.9)
+    assert own.choose(Context(category="c", k_max=8, live=stored)) == 0
+
+
+def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
+    """Chat, cold: failing one- and two-token n-gram blocks every few steps reset the k = 0
+    counter, and the draft model was never re-probed; they count as steps without it."""
+    live = _timed(200, 0.05)  # the draft tried and failing; the n-gram matching well
+    for _ in range(50):
+        live.observe_ngram(2, 2, 0.0, 0.1, match=3)
+    policy = CostModelPolicy(reprobe_every=8, probe_k=1)
+    matched = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"),
+                      ngram_match=3)
+    plain = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"))
+    for _ in range(10):
+        assert getattr(policy.choose(matched), "proposer", None) == "ngram"
+    assert policy.choose(plain) == 1  # the probe was due: it fires at the next step off
+    assert policy.choose(plain) == 0
