@@ -375,7 +375,10 @@ class Controller:
                 sm = sums[0]
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
                                 t_draft=t_draft, t_target=t_target,
-                                bandwidth_utilisation=sm.bandwidth_utilisation)
+                                bandwidth_utilisation=sm.bandwidth_utilisation,
+                                ngram_accepted_per_position=sm.ngram_accepted_per_position,
+                                ngram_drafted_per_position=sm.ngram_drafted_per_position,
+                                t_ngram=sm.ngram_lookup_s_per_token)
             elif t_target:
                 live.warm_start([], [], t_target=t_target, t_draft=t_draft)
         except Exception as e:

@@ -188,3 +188,29 @@ def test_batched_n_gram_blocks_replay_as_they_ran(tmp_path, policy):
         sum(st.ngram_drafted for st in live), sum(st.ngram_accepted for st in live))
     assert (res.drafted, res.accepted) == (sum(st.drafted for st in live),
                                            sum(st.accepted for st in live))
+
+
+def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):
+    """The n-gram proposer's counts are warmed from the store as the draft model's are: a
+    process that started from nothing re-learned, block by failing block, where prompt lookup
+    misses (on chat it kept proposing 5–7 token blocks that accepted nothing)."""
+    target = tiny("llama", layers=2, seed=5)
+    url = f"sqlite:///{tmp_path / 'warm.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="ngram:4")
+    for seed in range(3):
+        ids = _repetitive(seed)
+        spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                      do_sample=False, category="copy")
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        (sm,) = queries.category_summaries(s, category="copy")
+    assert sm.ngram_drafted_per_position and sm.ngram_drafted_per_position[0] > 0
+    fresh = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="auto")
+    live = fresh.live_stats("copy")
+    fresh.close()
+    first = sm.ngram_drafted_per_position[0]
+    assert live.ngram_reached[0] == pytest.approx(min(first, 200))
+    assert live.ngram_accepted[0] / live.ngram_reached[0] == pytest.approx(
+        sm.ngram_accepted_per_position[0] / first)
+    assert live.t_ngram == pytest.approx(sm.ngram_lookup_s_per_token)
+    assert live.draft_blocks == 0  # the draft model's own history is empty: still untried
