@@ -103,18 +103,28 @@ def _same_ngram_stats(got: LiveStats, want: LiveStats) -> None:
         assert got.ngram_by_match[n][1] == pytest.approx(reach)
 
 
-def test_a_draft_served_category_learns_the_n_gram_live_as_replay_does(tmp_path):
-    """Batch 1, the draft model alone (fixed k): the n-gram never drafts, yet its statistics
-    fill from its shadow, exactly as replaying the stored n-gram trace fills them."""
+def _serve_copies(url: str, policy: str):
+    """(closed controller, each request's stats): a tiny llama with a noisy copy as draft
+    served three repetitive greedy requests of category "copy" into the store at ``url``
+    under ``policy``."""
     target = tiny("llama", layers=2, seed=5)
-    url = f"sqlite:///{tmp_path / 'b1.db'}"
-    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:3")
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy=policy)
+    served = []
     for seed in range(3):
         ids = _repetitive(seed)
         spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                       do_sample=False, category="copy")
-        assert spec.last_stats.ngram_drafted == 0
+        served.append(spec.last_stats)
     spec.close()
+    return spec, served
+
+
+def test_a_draft_served_category_learns_the_n_gram_live_as_replay_does(tmp_path):
+    """Batch 1, the draft model alone (fixed k): the n-gram never drafts, yet its statistics
+    fill from its shadow, exactly as replaying the stored n-gram trace fills them."""
+    url = f"sqlite:///{tmp_path / 'b1.db'}"
+    spec, served = _serve_copies(url, "fixed:3")
+    assert [st.ngram_drafted for st in served] == [0, 0, 0]
     lives: dict = {}
     simulate(_stored(url), as_policy("fixed:3"), COSTS, live=lives, category="copy")
     got = spec.live["copy"]
@@ -194,14 +204,8 @@ def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):
     """The n-gram proposer's counts are warmed from the store as the draft model's are: a
     process that started from nothing re-learned, block by failing block, where prompt lookup
     misses (on chat it kept proposing 5–7 token blocks that accepted nothing)."""
-    target = tiny("llama", layers=2, seed=5)
     url = f"sqlite:///{tmp_path / 'warm.db'}"
-    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="ngram:4")
-    for seed in range(3):
-        ids = _repetitive(seed)
-        spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
-                      do_sample=False, category="copy")
-    spec.close()
+    target = _serve_copies(url, "ngram:4")[0].model
     with open_store(url) as store, store.session() as s:
         (sm,) = queries.category_summaries(s, category="copy")
     assert sm.ngram_drafted_per_position and sm.ngram_drafted_per_position[0] > 0
