@@ -553,21 +553,34 @@ def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:
     """For each greedy output that differs from plain's, find where, and how close the target's
     top two logits were there: a margin near 0 is a numerical near-tie, not a bug."""
     plain = {(r.prompt_index, r.repeat): r for r in records if r.mode == "plain"}
-    margins: dict[tuple, float | None] = {}
+    memo: dict[tuple, float] = {}
     for r in records:
         base = plain[(r.prompt_index, r.repeat)]
-        pos = first_divergence(base.tokens, r.tokens)
-        if r is base or pos is None:
+        if r is base:
             continue
-        key = (r.prompt_index, r.repeat, pos)
-        if key not in margins:  # one target forward over prompt + plain's first pos tokens
-            margins[key] = (runner.top2_margin(encoded[r.prompt_index], base.tokens[:pos])
-                            if pos < len(base.tokens) and pos < len(r.tokens) else None)
+        pos, margin = _parting_margin(runner, encoded, r.prompt_index, base.tokens, r.tokens,
+                                      memo)
+        if pos is None:
+            continue
         r.divergence = {
             "prompt_index": r.prompt_index, "repeat": r.repeat, "position": pos,
             "plain_token": base.tokens[pos] if pos < len(base.tokens) else None,
-            "token": r.tokens[pos] if pos < len(r.tokens) else None, "margin": margins[key],
+            "token": r.tokens[pos] if pos < len(r.tokens) else None, "margin": margin,
         }
+
+
+def _parting_margin(runner, encoded, prompt: int, ref, other, memo: dict
+                    ) -> tuple[int | None, float | None]:
+    """(where ``other`` first parts from plain's ``ref``, None if nowhere; the target's top-2
+    logit margin there, None where one stops earlier): one target forward over the prompt +
+    ``ref`` up to there, once per (prompt, prefix) in ``memo``."""
+    pos = first_divergence(ref, other)
+    if pos is None or pos >= min(len(ref), len(other)):
+        return pos, None
+    key = (prompt, tuple(ref[:pos]))
+    if key not in memo:
+        memo[key] = runner.top2_margin(encoded[prompt], ref[:pos])
+    return pos, memo[key]
 
 
 def _explain_batch_divergences(records: list[BatchRecord], encoded, runner) -> None:
@@ -581,17 +594,9 @@ def _explain_batch_divergences(records: list[BatchRecord], encoded, runner) -> N
         if base is None or r is base:
             continue
         for i, (row, ref) in enumerate(zip(r.rows, base.rows, strict=False)):
-            pos = first_divergence(ref, row)
-            if pos is None:
-                continue
-            if pos >= min(len(ref), len(row)):
-                r.margins[i] = None  # one stops earlier: no token to compare there
-                continue
-            prompt = r.prompt_indices[i]
-            key = (prompt, tuple(ref[:pos]))
-            if key not in memo:
-                memo[key] = runner.top2_margin(encoded[prompt], ref[:pos])
-            r.margins[i] = memo[key]
+            pos, margin = _parting_margin(runner, encoded, r.prompt_indices[i], ref, row, memo)
+            if pos is not None:
+                r.margins[i] = margin  # None: one stops earlier, no token to compare there
 
 
 def _model_name(model) -> str:
