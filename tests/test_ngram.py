@@ -63,24 +63,60 @@ def _back(hist, end, n):
     return length
 
 
-def test_the_index_equals_a_scan_after_every_token():
-    """Against the definition, by brute force, over a long random history with repeats."""
+def _scan(hist, cursor, max_n, min_n):
+    """``NgramIndex.match`` by its definition: the latest OCCURRENCES occurrences of the
+    longest suffix n-gram that occurred, the one agreeing furthest back; ties to the first at
+    or after the copy cursor, else the latest."""
+    for n in range(min(max_n, len(hist)), min_n - 1, -1):
+        suffix = hist[len(hist) - n :]
+        ends = [e for e in range(n, len(hist)) if hist[e - n : e] == suffix]
+        if ends:
+            end = max(ends[-OCCURRENCES:], key=lambda e, n=n: (
+                _back(hist, e, n), (1, -e) if cursor is not None and e >= cursor else (0, e)))
+            return _back(hist, end, n), end
+    return 0, -1
+
+
+@pytest.mark.parametrize("prompt", [0, 37])
+def test_the_index_equals_a_scan_after_every_token(prompt):
+    """Against the definition, by brute force, over a long random history with repeats: the
+    copy cursor moves past each generated token its match predicted (never over the tokens
+    the index was built from), and a truncated index is the one built again."""
     g = torch.Generator().manual_seed(0)
     toks = torch.randint(0, 6, (400,), generator=g).tolist()
-    ix = NgramIndex(max_n=4, min_n=2)
-    for i, t in enumerate(toks):
-        ix.extend([t])
-        hist = toks[: i + 1]
-        want = (0, -1)
-        for n in range(min(4, len(hist)), 1, -1):
-            suffix = hist[len(hist) - n :]
-            ends = [e for e in range(n, len(hist)) if hist[e - n : e] == suffix]
-            if ends:  # of the latest OCCURRENCES, the one agreeing furthest back, then latest
-                want = max((_back(hist, e, n), e) for e in ends[-OCCURRENCES:])
-                break
-        assert ix.match() == want, i
-    ix.truncate(50)
-    assert len(ix) == 50 and ix.match() == NgramIndex(toks[:50], max_n=4, min_n=2).match()
+    ix = NgramIndex(toks[:prompt], max_n=4, min_n=2)
+    cursor, moved = None, 0
+    for i in range(prompt, len(toks)):
+        before = _scan(toks[:i], cursor, 4, 2)
+        if before[0] and toks[before[1]] == toks[i]:
+            cursor, moved = before[1] + 1, moved + 1
+        ix.extend([toks[i]])
+        assert ix.match() == _scan(toks[: i + 1], cursor, 4, 2), i
+    assert moved > 50  # the cursor decided ties, not just existed
+    again = NgramIndex(toks[:prompt], max_n=4, min_n=2)
+    again.extend(toks[prompt:120])
+    ix.truncate(120)
+    assert len(ix) == 120 and ix.match() == again.match() and ix._cursor == again._cursor
+
+
+def test_at_a_tie_the_source_is_where_the_last_copy_left_off():
+    """A summary quotes its passage in order: after copying from the passage, a chance hit
+    of one token proposes what follows the next occurrence in the passage, not the latest
+    occurrence (here the model's own quotation)."""
+    passage = [1, 50, 51, 52, 9, 2, 60, 61, 62, 9, 3, 70, 71]
+    prompt = passage + [9, 80, 81, 9]  # the instruction repeats the common token 9
+    ix = NgramIndex(prompt, max_n=3, min_n=1)
+    assert ix.match() == (1, 14)  # built from a prompt: no cursor, the latest of three ties
+    ix.extend([50, 51, 52, 8])  # the model quotes the first sentence and closes the quote
+    assert ix._cursor == 4  # 51 and 52 were predicted from the passage; 8 was not
+    ix.extend([9])  # a chance hit among four occurrences of 9
+    assert ix.match() == (1, 5) and ix.propose(3) == ([2, 60, 61], 1)
+    ix.extend([2, 60])
+    assert ix._cursor == 7
+    # without the cursor (an index built over the same tokens) the latest 9 is the source:
+    # the model's own quotation again
+    assert NgramIndex(prompt + [50, 51, 52, 8, 9], max_n=3, min_n=1).propose(3) == (
+        [50, 51, 52], 1)
 
 
 def test_bad_sizes_are_refused():

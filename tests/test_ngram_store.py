@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 from sqlalchemy import MetaData, create_engine, inspect, select
-from test_ngram import _back, _repetitive, _repetitive_batch
+from test_ngram import _repetitive, _repetitive_batch, _scan
 from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
@@ -24,7 +24,6 @@ from autospec.ngram import (
     DEFAULT_MIN_N,
     NGRAM_NONE,
     NGRAM_TRACE_K,
-    OCCURRENCES,
     NgramIndex,
     decode_trace_value,
     encode_trace_value,
@@ -54,23 +53,21 @@ def models():
 
 # -- the trace against its definition ---------------------------------------------------------
 def _brute_trace(tokens, prompt_len, max_n, min_n, k):
-    """The definition, by scanning: at each generated position t, the longest suffix of
-    tokens[:t] (n from max_n down to min_n) that also ended earlier, of its latest
-    OCCURRENCES ends the one e whose preceding tokens agree furthest back with the suffix's
-    (then the latest), that agreement's length (``_back``), the proposal tokens[e:e+k]
-    continued with period t − e; how many of it match."""
-    out = []
+    """The definition, by scanning: at each generated position t, the match of tokens[:t]
+    (``test_ngram._scan``: the longest suffix that also ended earlier, of its latest
+    OCCURRENCES ends the one e agreeing furthest back, ties to the first at or after the copy
+    cursor, else the latest), the proposal tokens[e:e+k] continued with period t − e; how
+    many of it match. The cursor moves past each generated token the match before it
+    predicted."""
+    out, cursor = [], None
     for t in range(prompt_len, len(tokens)):
         hist = tokens[:t]
-        end = matched = None
-        for n in range(min(max_n, len(hist)), min_n - 1, -1):
-            ends = [e for e in range(n, len(hist)) if hist[e - n : e] == hist[len(hist) - n :]]
-            if ends:
-                matched, end = max((_back(hist, e, n), e) for e in ends[-OCCURRENCES:])
-                break
-        if end is None:
+        matched, end = _scan(hist, cursor, max_n, min_n)
+        if not matched:
             out.append(NGRAM_NONE)
             continue
+        if hist[end] == tokens[t]:
+            cursor = end + 1
         proposal = [hist[end + i] if end + i < t else None for i in range(k)]
         for i in range(k):
             if proposal[i] is None:
