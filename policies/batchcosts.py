@@ -67,8 +67,12 @@ class BatchCosts:
     warmed from the probe grid.
 
     Live points replace warm ones where they exist; elsewhere a warm value is *calibrated* by
-    the live evidence nearest to it: multiplied by live / warm at the nearest batch size that
-    has both at that n (at the nearest n with live evidence, where that n has none). The probe
+    the live evidence nearest to it. At a batch size with a live T_t(B, 1): that level times
+    the probe's T_t(B, n) / T_t(B, 1), times the ratio by which the loop's own
+    T_t(B', n) / T_t(B', 1) departs from the probe's at the largest B' that has both
+    (``_shapes``), so levels measured at other batch sizes, at other times, do not enter.
+    Elsewhere: multiplied by live / warm at the nearest batch size that has both at that n
+    (at the nearest n with live evidence, where that n has none). The probe
     gives the shape of the grid, live forwards its level: a probe on another context length,
     or without the padding masks the loop needs, can be off by 30–50 % (on the default pair at
     B = 16 it put T_t(16, 2)/T_t(16, 1) at 1.15 where the loop measured 1.52), and mixing its
@@ -179,11 +183,16 @@ class BatchCosts:
             return hit[1]
         points = dict(self._live_t.get(batch, {}))
         ns = {n for grid in (self._warm_t, self._live_t) for row in grid.values() for n in row}
-        factors = self._factors(ns)
+        level, warm_1 = points.get(1), _at(self._warm_t, batch, 1)
+        # with a live baseline at B: the probe's shape at B, corrected by the shape (not the
+        # level) the loop measured, at B's own live level; else the per-n level factors
+        shape = self._shapes(ns) if level is not None and warm_1 else None
+        factors = self._factors(ns) if shape is None else {}
         for n in ns - set(points):
             warm = _at(self._warm_t, batch, n)
             if warm is not None:
-                points[n] = warm * factors.get(n, 1.0)
+                points[n] = (level * warm / warm_1 * shape[n] if shape is not None
+                             else warm * factors.get(n, 1.0))
                 continue
             live = _at(self._live_t, batch, n)
             if live is not None:
@@ -207,6 +216,29 @@ class BatchCosts:
             return {}
         # one factor per n: the one measured at the largest batch size (the freshest regime
         # a shrinking batch has seen) — batch sizes in one bucket agree closely anyway
+        per_n = {n: max(v)[1] for n, v in direct.items()}
+        known = sorted(per_n)
+        return {n: per_n[n] if n in per_n else per_n[min(known, key=lambda m: (abs(m - n), m))]
+                for n in ns}
+
+    def _shapes(self, ns) -> dict[int, float]:
+        """n → how far the loop's T_t(B', n) / T_t(B', 1) departs from the probe's at the
+        largest batch size B' with live points at both (1 at n = 1; the nearest n's where n
+        has none). A ratio of two live points at one batch size carries no level: the
+        machine's speed drifts (on the 2-core CPU a plain step read 131 ms and 171 ms in
+        consecutive repeats), and a factor per n taken at another batch size, at another
+        time, set T_t(4, 2) / T_t(4, 1) at 1.34 against 1.15–1.20 measured both ways
+        (probe, and the loop's masked forward, interleaved), so auto ran plain at B = 4
+        where fixed k = 1 paid 1.10×."""
+        direct: dict[int, list[tuple[int, float]]] = {1: [(0, 1.0)]}
+        for b, row in self._live_t.items():
+            w1 = _at(self._warm_t, b, 1)
+            if 1 not in row or not w1:
+                continue
+            for n, t in row.items():
+                w = _at(self._warm_t, b, n)
+                if n != 1 and w:
+                    direct.setdefault(n, []).append((b, (t / row[1]) / (w / w1)))
         per_n = {n: max(v)[1] for n, v in direct.items()}
         known = sorted(per_n)
         return {n: per_n[n] if n in per_n else per_n[min(known, key=lambda m: (abs(m - n), m))]

@@ -399,6 +399,33 @@ def test_live_points_rescale_the_probe_where_the_loop_has_not_measured():
         (PROBE_DRAFT[8] + PROBE_DRAFT[16]) / 2 * LIVE_DRAFT_16 / PROBE_DRAFT[16])
 
 
+def test_a_batch_size_with_a_live_baseline_takes_the_shape_at_its_own_level():
+    """The machine ran 1.5× slow while B = 2 was measured (both n = 1 and n = 2), at its usual
+    speed while B = 4 ran plain. B = 4's T_t(4, 2) is B = 4's live level times the probe's
+    shape there, corrected by the shape B = 2 measured (none here: the same ratio), not the
+    probe's T_t(4, 2) times B = 2's slow level (which read T_t(4, 2) / T_t(4, 1) at 1.5 × the
+    probe's 1.15, and ran auto plain at B = 4 where k = 1 paid)."""
+    probe = {1: {1: 0.160, 2: 0.165}, 2: {1: 0.140, 2: 0.145},
+             4: {1: 0.141, 2: 0.163, 3: 0.179}, 8: {1: 0.171, 2: 0.191, 3: 0.220}}
+    costs = BatchCosts(live=True)
+    costs.warm(probe, {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.08})
+    for _ in range(costs.settle):
+        costs.observe(2, 1, 1.5 * 0.140)
+        costs.observe(2, 2, 1.5 * 0.145)
+        costs.observe(4, 1, 0.141)
+    pts = costs.target_points(4)
+    assert pts[1] == pytest.approx(0.141)
+    assert pts[2] / pts[1] == pytest.approx(0.163 / 0.141)
+    assert pts[3] / pts[1] == pytest.approx(0.179 / 0.141)  # n = 3: the nearest n's shape
+    # a shape the loop measured does carry over: at B = 2 n = 2 costs 1.3× the probe's ratio
+    for _ in range(60):  # the EMA settles on it
+        costs.observe(2, 2, 1.5 * 0.145 * 1.3)
+    pts = costs.target_points(4)
+    assert pts[2] / pts[1] == pytest.approx(0.163 / 0.141 * 1.3, rel=0.02)
+    # a batch size without a live baseline keeps the per-n factors (live / probe at that n)
+    assert costs.target_points(8)[2] == pytest.approx(0.191 * 1.5 * 1.3, rel=0.01)
+
+
 def test_live_costs_need_a_live_baseline_per_batch_bucket():
     costs = probe_costs(live=True)
     assert not costs.baseline_live(16) and not costs.baseline_live(12)
