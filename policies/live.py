@@ -370,28 +370,55 @@ class LiveStats:
                                match: int = 0) -> list[float]:
         """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match);
         with ``match`` > 0, of blocks from a match that long (its ``match_bucket``): position
-        0's prior is then centred on the pooled estimate there (same strength), so a length
-        seen rarely reads as the n-gram in general until its own evidence says otherwise."""
+        i's prior is centred (same strength) on position 0's estimate after a match of
+        ``match`` + i tokens — once i proposed tokens are accepted, the context agrees with
+        the source i tokens further, so the next one is a proposal from that longer match —
+        and position 0's of a length never seen on the pooled estimate. Checked on the
+        default pair's greedy outputs of the copy-heavy prompts (blocks of 10 at every
+        position): after a 1-token match positions 1, 2, 3 were accepted 0.64, 0.77, 0.82 of
+        the time they were reached, against 0.62, 0.75, 0.82 at position 0 after 2, 3, 4–5
+        tokens. Carrying the position before it on instead read a chance hit's tail at the
+        chance hit's own rate (0.3 where the copy it starts holds 0.8–0.95): blocks of 2–5
+        where verification is flat to 13 tokens, and more target forwards than prompt lookup
+        at a fixed 10 (summary-quote, cold: 22 / 34 / 32 against 16 / 29 / 27)."""
         with self._lock:
-            by = self.ngram_by_match.get(match_bucket(match)) if match > 0 else None
-            if by is None:
+            if match <= 0:
                 posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
             else:
-                first = self._posteriors(1, self.ngram_accepted, self.ngram_reached)[0][0]
-                posts = self._posteriors(k_max, by[0], by[1], first=first)
+                pooled = self._posteriors(1, self.ngram_accepted, self.ngram_reached)[0][0]
+                firsts: dict[int, float] = {}
+
+                def first(length: int) -> float:
+                    """Position 0's estimate after a match of ``length`` tokens."""
+                    b = match_bucket(length)
+                    if b not in firsts:
+                        by = self.ngram_by_match.get(b)
+                        firsts[b] = (pooled if by is None else
+                                     self._posteriors(1, by[0], by[1], first=pooled)[0][0])
+                    return firsts[b]
+
+                by = self.ngram_by_match.get(match_bucket(match))
+                acc, reach = by if by is not None else ((), ())
+                # position 0: the pooled prior (its own counts are then added, once)
+                posts = self._posteriors(k_max, acc, reach, centres=[pooled] + [
+                    first(match + i) for i in range(1, k_max)])
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
-                    first: float | None = None) -> list[tuple[float, float]]:
+                    first: float | None = None,
+                    centres: Sequence[float] | None = None) -> list[tuple[float, float]]:
         """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
         model's counts, or of ``accepted``/``reached``; position 0's prior is ``prior``, or
-        centred on ``first`` with its strength; under the lock."""
+        centred on ``first`` with its strength; with ``centres``, position i's prior is
+        centred on ``centres[i]`` instead of the position before it; under the lock."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
         out: list[tuple[float, float]] = []
         mean = self.prior[0] / strength if first is None else first
         for i in range(k_max):
+            if centres is not None:
+                mean = centres[i]
             acc, reach = (accepted[i], reached[i]) if i < len(reached) else (0, 0)
             a = mean * strength + acc
             b = (1 - mean) * strength + reach - acc

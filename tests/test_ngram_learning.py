@@ -89,6 +89,31 @@ def test_a_copy_run_gets_long_blocks_and_a_chance_hit_short_ones():
     assert int(policy.choose(Context(**ctx, ngram_match=3, request=request))) < int(chance)
 
 
+def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
+    """Once i tokens of a block from an m-token match are accepted, the context agrees with
+    the source m + i tokens back, so position i of that block is a proposal from an
+    (m + i)-token match: its prior is that length's first-position estimate. A cold
+    category has seen chance hits only at their first token (plain steps' shadows: one token
+    each) and copies at every position: the chance hit's tail reads the copies' rate, not
+    its own first token's, and with verification flat the policy proposes a long block."""
+    live = LiveStats(discount=1.0)
+    live.t_target = {n: 0.1 for n in range(1, 18)}  # verification flat to 17 tokens
+    live.t_draft, live.t_ngram = 0.05, 1e-6
+    for i in range(60):
+        live.observe_ngram_shadow(1, int(i % 3 == 0), 1)  # first token right 1/3 of the time
+        live.observe_ngram_shadow(2, int(i % 5 < 3), 1)
+        live.observe_ngram_shadow(14, 16 if i % 10 else 8, 16)  # copies hold
+    curve = live.ngram_acceptance_curve(16, match=1)
+    for i in range(16):  # no evidence of its own past position 0: the longer match's first
+        assert curve[i] == pytest.approx(
+            live.ngram_acceptance_curve(1, match=1 + i)[0] if i else curve[0])
+    assert curve[0] < 0.4 and 0.55 < curve[1] < 0.65 and curve[13] > 0.95
+    policy = CostModelPolicy(proposers="ngram")
+    choice = policy.choose(Context(category="c", k_max=16, generated=5, remaining=60,
+                                   live=live, proposers=("draft", "ngram"), ngram_match=1))
+    assert getattr(choice, "proposer", None) == "ngram" and int(choice) >= 12
+
+
 def _stored(url):
     with open_store(url) as store, store.session() as s:
         return list(queries.traces(s))
