@@ -104,9 +104,8 @@ def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
         live.observe_ngram_shadow(2, int(i % 5 < 3), 1)
         live.observe_ngram_shadow(14, 16 if i % 10 else 8, 16)  # copies hold
     curve = live.ngram_acceptance_curve(16, match=1)
-    for i in range(16):  # no evidence of its own past position 0: the longer match's first
-        assert curve[i] == pytest.approx(
-            live.ngram_acceptance_curve(1, match=1 + i)[0] if i else curve[0])
+    for i in range(1, 16):  # no evidence of its own past position 0: the longer match's first
+        assert curve[i] == pytest.approx(live.ngram_acceptance_curve(1, match=1 + i)[0])
     assert curve[0] < 0.4 and 0.55 < curve[1] < 0.65 and curve[13] > 0.95
     policy = CostModelPolicy(proposers="ngram")
     choice = policy.choose(Context(category="c", k_max=16, generated=5, remaining=60,
