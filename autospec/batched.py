@@ -239,6 +239,7 @@ class _BatchLoop:
         matches = tuple(r.ngram.match()[0] for r in rows)
         return Context(category=lead.category, k_max=self.k_max, batch_size=len(rows),
                        generated=min(gens), remaining=self.max_new - min(gens), live=lead.live,
+                       remaining_rows=tuple(r.limit - r.gen for r in rows),
                        categories=tuple(r.category for r in rows),
                        rows=tuple(r.live for r in rows), costs=self.costs,
                        proposers=self.proposers, ngram_match=max(matches),

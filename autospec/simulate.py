@@ -509,6 +509,7 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
         ctx = Context(category=cat, k_max=k_max, batch_size=b,
                       generated=min(r.g for r in running),
                       remaining=max(r.remaining for r in running), live=stats,
+                      remaining_rows=tuple(r.remaining for r in running),
                       categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs,
                       proposers=running[0].proposers, ngram_match=max(matches),
                       ngram_matches=matches, draft_gap=gap)

@@ -39,6 +39,9 @@ class Context:
     categories: tuple[str, ...] = ()
     rows: tuple = ()
     costs: Any = None
+    # at batch_size > 1: the tokens each running row may still generate (its own limit less
+    # what it has); empty: every row has ``remaining``
+    remaining_rows: tuple[int, ...] = ()
     # the proposers this request can use ("draft" needs a draft model; "ngram" is always
     # there at batch 1), and the length n of the n-gram proposer's match right now (0: none)
     proposers: tuple[str, ...] = ("draft",)

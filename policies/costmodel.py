@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from .base import Choice, batch_bucket
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
-           "catch_up_per_token", "valued_speedup", "request_ngram_curve",
+           "catch_up_per_token", "valued_speedup", "request_ngram_curve", "batch_finish_k",
            "conditional_from_cumulative", "CostModelPolicy"]
 
 
@@ -238,6 +238,64 @@ def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int,
     return best, best_s
 
 
+def batch_finish_k(curves: Sequence, remaining: Sequence[int],
+                   step_cost: Callable[[int, int], float], k_max: int,
+                   once: float = 0.0) -> tuple[int, float]:
+    """argmax_k over 0 … k_max of how much sooner a batch's last row finishes at k than by
+    plain batched decoding, and that ratio S (the smallest k among ties; S(0) = 1).
+
+    Row i accepts along ``curves[i]`` (as ``batch_best_k``'s) and has ``remaining[i]`` tokens
+    left, so at k it needs remaining[i] / E[N_i](k) more iterations (at least one). Rows
+    leave the batch as they finish, so the time is Σ over phases of (iterations in the
+    phase) × ``step_cost(b, k)`` with b the rows still running (``step_cost(b, 0)``:
+    T_t(b, 1)), plus ``once`` (seconds paid once at k > 0: the draft's catch-up).
+
+    A generate call returns when its last row does: its tokens are fixed, so its tokens per
+    second are those of the slowest row's finish. Σ E[N_i] per iteration (``batch_best_k``)
+    counts a fast row's tokens as gained even after that row is done while a slow one still
+    runs; on mixed batches at B = 4 it chose k = 4–6 for the code rows (α ≈ 0.94), which
+    finished in 9 iterations, and the translation row (α ≈ 0.6) then ran on alone: 0.73–0.87×
+    plain, where k = 1 ran 1.04–1.15×. For rows of one curve and one remaining length
+    this equals ``batch_best_k`` (with once = per_token × Σ remaining)."""
+    rows = len(curves)
+    if rows == 0:
+        return 0, 1.0
+    left = [max(1.0, float(r)) for r in remaining]
+    if len(left) != rows:
+        raise ValueError(f"{rows} curves but {len(left)} remaining counts")
+    # per distinct curve: (per-position rates, value past them, running product a_1 · … · a_k,
+    # E[N](k)); rows point at their curve's entry
+    groups: dict[int, list] = {}
+    for c in curves:
+        if id(c) not in groups:
+            rates = [float(c)] if isinstance(c, (int, float)) else list(c)
+            known = [a for a in rates if a is not None]
+            groups[id(c)] = [rates, float(known[-1]) if known else 0.0, 1.0, 1.0]
+    of_row = [groups[id(c)] for c in curves]
+
+    def finish(k: int) -> float:
+        need = sorted(max(1.0, r / g[3]) for r, g in zip(left, of_row))
+        total, done = 0.0, 0.0
+        for j, n in enumerate(need):
+            if n > done:
+                total += (n - done) * step_cost(rows - j, k)
+                done = n
+        return total
+
+    plain = finish(0)
+    best, best_s = 0, 1.0
+    for k in range(1, k_max + 1):
+        for g in groups.values():
+            rates, last = g[0], g[1]
+            a = rates[k - 1] if k - 1 < len(rates) else None
+            g[2] *= last if a is None else float(a)
+            g[3] += g[2]
+        s = plain / (finish(k) + once)
+        if s > best_s:
+            best, best_s = k, s
+    return best, best_s
+
+
 class CostModelPolicy:
     """argmax_k S(k) from the category's live acceptance posterior and measured costs.
 
@@ -267,9 +325,11 @@ class CostModelPolicy:
       draft model, and the n-gram proposer where it has a match now), "draft" or "ngram".
 
     At batch > 1 (``context.rows`` and ``context.costs`` given) it chooses one k for the batch:
-    argmax S_B(k) (``batch_best_k``) from each row's category statistics and the controller's
-    ``BatchCosts`` at that B, k = 0 unless some k beats plain batched decoding by
-    ``min_gain``. The same exploration, per batch size: T_t(B, 1) unknown → k = 0 (measures
+    the k that finishes the batch's rows soonest against plain batched decoding
+    (``batch_finish_k``, each row's tokens left from ``context.remaining_rows``), from each
+    row's category statistics and the controller's ``BatchCosts`` at B and at the smaller
+    sizes rows leave it at, k = 0 unless some k beats plain by ``min_gain``; the n-gram
+    proposer's blocks, which hold for one iteration, by ``batch_best_k``. The same exploration, per batch size: T_t(B, 1) unknown → k = 0 (measures
     plain decoding at B); T_d(B) or the rest of T_t(B, ·) unknown → ``initial_k``; off
     counters are kept per (set of categories, batch-size bucket), apart from batch 1's.
     """
@@ -460,7 +520,7 @@ class CostModelPolicy:
         """The draft model's catch-up at batch, per token of the batch it is expected to serve:
         one forward over B × the widest row's gap (``context.draft_gap``), priced by the
         catch-up fit of the rows' statistics (the controller's, fed by every catch-up; the
-        pair's cost), shared over B × the tokens left, times each row's share the draft
+        pair's cost), shared over the rows' tokens left, times each row's share the draft
         serves beside the n-gram proposer (as at batch 1, by category). Unpriced, a batch's
         first draft block took in every row's prompt for free, and so did every block after
         a stretch of k = 0."""
@@ -479,7 +539,7 @@ class CostModelPolicy:
                 if id(live) not in once:
                     once[id(live)] = _draft_share(live, context) if live is not None else 1.0
             share = sum(once[id(live)] for live in rows) / len(rows)
-        served = batch * max(1, getattr(context, "remaining", 1)) * share
+        served = sum(_rows_left(context)) * share
         return catch_up_per_token(fit, gap, served, rows=batch, t_draft=t_draft)
 
     def _allowed(self, context) -> tuple[str, ...]:
@@ -532,7 +592,10 @@ class CostModelPolicy:
                 by_stats[id(live)] = curve
             curves.append(curve)
         per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
-        k, s = batch_best_k(curves, t_draft, cost, top, per_token=per_token)
+        left = _rows_left(context)
+        k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
+                                                      self.optimistic),
+                              top, once=per_token * sum(left))
         if ngram[1] > s:
             return self._batch_decision(context, batch, *ngram, top, "ngram")
         return self._batch_decision(context, batch, k, s, top, "draft")
@@ -597,6 +660,49 @@ def _draft_share(live, context) -> float:
              / (REQUEST_PRIOR_POINTS + unmatched + matched))
     first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
     return share + (1 - share) * (1 - first)
+
+
+def _rows_left(context) -> tuple[int, ...]:
+    """Each running row's tokens left (``context.remaining_rows``; where not given, every row
+    has ``context.remaining``)."""
+    rows = len(context.rows)
+    left = tuple(getattr(context, "remaining_rows", ()) or ())
+    return left if len(left) == rows else (max(1, getattr(context, "remaining", 1)),) * rows
+
+
+def _step_costs(costs, batch: int, cost, t_draft: float,
+                optimistic: bool) -> Callable[[int, int], float]:
+    """step(b, k): one iteration with b rows at k, k · T_d(b) + T_t(b, k + 1) (k = 0:
+    T_t(b, 1)). Read from ``costs`` at ``batch`` and at the powers of two below it, linear in
+    b between them (as ``BatchCosts`` interpolates between its grid's batch sizes): a
+    decision reads at most six batch sizes, not every size rows leave the batch at. A size
+    ``costs`` has nothing for is priced at ``batch``'s (a row leaving then saves nothing)."""
+    anchors = sorted({batch, *(1 << i for i in range(batch.bit_length()) if 1 << i < batch)})
+    per_b: dict[int, tuple] = {batch: (cost, t_draft)}
+    memo: dict[tuple[int, int], float] = {}
+
+    def at(b: int, k: int) -> float:
+        got = per_b.get(b)
+        if got is None:
+            tc, td = costs.target_cost(b, optimistic=optimistic), costs.draft_cost(b)
+            got = per_b[b] = (tc or cost, td if td is not None else t_draft)
+        return got[0](k + 1) + k * got[1] if k else got[0](1)
+
+    def step(b: int, k: int) -> float:
+        key = (b, k)
+        value = memo.get(key)
+        if value is None:
+            if b in per_b or b in anchors:
+                value = at(b, k)
+            else:
+                i = bisect.bisect_left(anchors, b)
+                b0, b1 = anchors[i - 1], anchors[i]
+                v0, v1 = step(b0, k), step(b1, k)
+                value = v0 + (v1 - v0) * (b - b0) / (b1 - b0)
+            memo[key] = value
+        return value
+
+    return step
 
 
 def _batched(context) -> bool:

@@ -132,6 +132,40 @@ def test_the_batched_loop_tells_the_widest_gap_and_feeds_each_catch_up():
     spec.close()
 
 
+class RowsLeft(Stretches):
+    """k = 0 for 2 iterations, then 3 for 2, over and over; records each row's tokens left."""
+
+    def __init__(self):
+        super().__init__(k=3, off=2, on=2)
+        self.seen: list[tuple[int, ...]] = []
+
+    def choose(self, ctx):
+        assert len(ctx.remaining_rows) == ctx.batch_size and max(ctx.remaining_rows) == \
+            ctx.remaining
+        self.seen.append(ctx.remaining_rows)
+        return super().choose(ctx)
+
+
+def test_the_batched_loop_tells_each_rows_tokens_left():
+    """Rows accept different numbers of draft tokens: each row's count falls by what it
+    emitted (its accepted tokens and one more), and the policy sees every row's."""
+    target = tiny("llama", sharpen=30.0)
+    policy = RowsLeft()
+    spec = autospec.Controller(target, noisy_copy(target, 0.5), store=False, policy=policy)
+    ids, mask = batch([6, 9, 7], seed=4)
+    spec.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
+                  eos_token_id=None, category="c")
+    assert policy.seen[0] == (30, 30, 30)
+    ragged = 0
+    for before, after, (_prev, _k, outcome) in zip(policy.seen, policy.seen[1:], policy.log):
+        if len(after) != len(before):
+            break  # a row finished and left the batch
+        assert after == tuple(b - a - 1 for b, a in zip(before, outcome.accepted_rows))
+        ragged += len(set(after)) > 1
+    assert ragged > 0
+    spec.close()
+
+
 # -- replay -------------------------------------------------------------------------------
 T_D2 = 0.008
 LINE = (0.01, 0.001)  # C(g) = 10 ms + 1 ms per token

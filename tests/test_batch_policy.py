@@ -23,7 +23,7 @@ from autospec.policies import (
     batch_bucket,
     build_policy,
 )
-from autospec.policies.costmodel import batch_best_k, best_k, expected_tokens
+from autospec.policies.costmodel import batch_best_k, batch_finish_k, best_k, expected_tokens
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 T_DRAFT = 0.02
@@ -53,8 +53,10 @@ def warm_stats(alpha: float, blocks: int = 400) -> LiveStats:
     return stats
 
 
-def batch_context(stats, batch: int, costs, *, category: str = "c", k_max: int = 16):
-    return Context(category=category, k_max=k_max, batch_size=batch,
+def batch_context(stats, batch: int, costs, *, category: str = "c", k_max: int = 16,
+                  remaining: int = 48):
+    """A batch of one category's rows, each with ``remaining`` tokens still to generate."""
+    return Context(category=category, k_max=k_max, batch_size=batch, remaining=remaining,
                    categories=(category,) * batch, rows=(stats,) * batch, costs=costs)
 
 
@@ -95,6 +97,89 @@ def test_batch_best_k_sums_every_rows_expected_tokens():
     assert math.isclose(s, tokens * cost[1] / (4 * (k * T_DRAFT + cost[k + 1])))
     # a batch of only the bad rows does not pay
     assert batch_best_k([bad] * 4, T_DRAFT, cost, 4) == (0, 1.0)
+
+
+def _steps(batch_cost=t_target, draft=t_draft):
+    return lambda b, k: batch_cost(b, k + 1) + k * draft(b) if k else batch_cost(b, 1)
+
+
+def test_batch_finish_k_of_rows_alike_is_batch_best_k():
+    """One curve, one remaining length: every row finishes together, so how much sooner the
+    batch finishes is Σ E[N_i] per second against plain's — with the catch-up paid once."""
+    for batch in (2, 4, 16):
+        cost = lambda n, b=batch: t_target(b, n)  # noqa: E731
+        for alpha in (0.3, 0.6, 0.9):
+            for per_token in (0.0, 0.002):
+                curve = [alpha] * 8
+                k, s = batch_best_k([curve] * batch, t_draft(batch), cost, 8, per_token=per_token)
+                got = batch_finish_k([curve] * batch, [40] * batch, _steps(), 8,
+                                     once=per_token * 40 * batch)
+                assert got[0] == k and got[1] == pytest.approx(s), (batch, alpha, per_token)
+
+
+def test_a_slow_row_holds_the_batch_to_its_pace():
+    """A generate call returns with its last row. Three rows that accept almost everything
+    and one that accepts little, all with 48 tokens to go: a long k finishes the three early
+    and the slow row then runs on at its own pace, so the batch finishes sooner at the slow
+    row's k. Σ E[N_i] (``batch_best_k``) counts the fast rows' tokens as gained all the same.
+    Once the slow row is nearly done, the fast rows set the pace and the long k returns."""
+    costs = {n: 0.2 * (1 + 0.02 * (n - 1)) for n in range(1, 18)}  # flat-ish: CPU at B = 4
+
+    def step(b, k):
+        return costs[k + 1] + k * 0.065 if k else costs[1]
+
+    fast, slow = [0.94] * 16, [0.6] * 16
+    rows = [fast, fast, fast, slow]
+    k_sum, _ = batch_best_k(rows, 0.065, costs, 16)
+    k_fin, s_fin = batch_finish_k(rows, [48] * 4, step, 16)
+    assert k_fin < k_sum
+    k_slow, s_slow = batch_finish_k([slow] * 4, [48] * 4, step, 16)
+    assert (k_fin, s_fin) == (k_slow, pytest.approx(s_slow))  # the slow row's own pace
+    k_late, _ = batch_finish_k(rows, [48, 48, 48, 2], step, 16)
+    assert k_late == batch_finish_k([fast] * 3, [48] * 3, step, 16)[0] > k_fin
+    # and brute force: each k's finish is the phases' sum, plain's likewise
+    for k in range(0, 8):
+        need = sorted(max(1.0, 48 / expected_tokens(c, k)) for c in rows)
+        spent, done = 0.0, 0.0
+        for j, n in enumerate(need):
+            spent, done = spent + (n - done) * step(4 - j, k), n
+        if k == k_fin:
+            assert s_fin == pytest.approx(48 * costs[1] / spent)
+
+
+def test_a_row_leaving_the_batch_makes_the_rest_cheaper_where_steps_cost_by_rows():
+    """Where a step costs in proportion to the rows in it (compute-bound), rows that finish
+    early make every later step cheaper: fast rows beside a slow one are worth more than a
+    batch of slow rows. Where a step costs the same whatever the rows, they are not."""
+    fast, slow = [0.95] * 16, [0.5] * 16
+
+    def flat(b, k):
+        return 0.2 + 0.065 * k
+
+    def by_rows(b, k):
+        return flat(b, k) * b / 4
+
+    mixed, slows, left = [fast] * 3 + [slow], [slow] * 4, [48] * 4
+    assert batch_finish_k(mixed, left, by_rows, 16)[1] > batch_finish_k(slows, left, by_rows,
+                                                                           16)[1] + 0.05
+    assert batch_finish_k(mixed, left, flat, 16) == (
+        batch_finish_k(slows, left, flat, 16)[0],
+        pytest.approx(batch_finish_k(slows, left, flat, 16)[1]))
+
+
+def test_costmodel_speculates_by_each_rows_tokens_left():
+    stats_fast, stats_slow = warm_stats(0.95), warm_stats(0.55)
+    costs = BatchCosts()
+    costs.warm({b: {n: 0.2 * (1 + 0.02 * (n - 1)) for n in range(1, 17)} for b in (1, 2, 4)},
+               {b: 0.065 for b in (1, 2, 4)})
+    policy = CostModelPolicy()
+    ctx = Context(category="fast", batch_size=4, remaining=48, costs=costs,
+                  categories=("fast", "fast", "fast", "slow"),
+                  rows=(stats_fast, stats_fast, stats_fast, stats_slow))
+    together = policy.choose(replace(ctx, remaining_rows=(48, 48, 48, 48)))
+    slow_done = policy.choose(replace(ctx, remaining_rows=(48, 48, 48, 2)))
+    assert 0 < together < slow_done
+    assert policy.choose(ctx) == together  # no per-row counts: every row has ``remaining``
 
 
 def test_min_gain_is_measured_against_plain_batched_decoding():

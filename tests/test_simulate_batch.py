@@ -103,6 +103,30 @@ def test_finished_rows_leave_the_batch():
     assert spec.row_steps < 72 and spec.iterations < 40
 
 
+class RowsLeft(FixedK):
+    """Fixed k; records each batch decision's tokens left per row."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.seen: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def choose(self, ctx):
+        if ctx.batch_size > 1:
+            self.seen.append((ctx.batch_size, ctx.remaining, ctx.remaining_rows))
+        return super().choose(ctx)
+
+
+def test_replay_tells_the_policy_each_rows_tokens_left():
+    rng = random.Random(2)
+    rows = [row(iid(rng, 0.8, n), batch=4) for n in (4, 8, 20, 40)]
+    policy = RowsLeft(0)
+    simulate(rows, policy, COSTS)
+    # k = 0: one token per row per step, rows leaving at their lengths
+    assert policy.seen[0] == (4, 40, (4, 8, 20, 40))
+    assert policy.seen[4] == (3, 36, (4, 16, 36))
+    assert all(len(left) == b and max(left) == rem for b, rem, left in policy.seen)
+
+
 def test_batch_one_traces_replay_as_before_and_a_lone_row_as_batch_one():
     rng = random.Random(2)
     traces = [iid(rng, 0.7, 50) for _ in range(6)]
