@@ -106,13 +106,20 @@ class Gaps(Stretches):
         return super().choose(ctx)
 
 
-def test_the_batched_loop_tells_the_widest_gap_and_feeds_each_catch_up():
+def _three_rows(policy):
+    """Three left-padded prompts of 6, 9 and 7 tokens, 30 new tokens each, greedy, no EOS,
+    a draft that agrees with the target about half the time, under ``policy``."""
     target = tiny("llama", sharpen=30.0)
-    policy = Gaps()
     spec = autospec.Controller(target, noisy_copy(target, 0.5), store=False, policy=policy)
     ids, mask = batch([6, 9, 7], seed=4)
     spec.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
                   eos_token_id=None, category="c")
+    return spec
+
+
+def test_the_batched_loop_tells_the_widest_gap_and_feeds_each_catch_up():
+    policy = Gaps()
+    spec = _three_rows(policy)
     ks = [k for _prev, k, _o in policy.log]
     seen = policy.seen[: len(ks)]
     # the longest prompt, then one more per plain step, while all three rows run
@@ -149,12 +156,8 @@ class RowsLeft(Stretches):
 def test_the_batched_loop_tells_each_rows_tokens_left():
     """Rows accept different numbers of draft tokens: each row's count falls by what it
     emitted (its accepted tokens and one more), and the policy sees every row's."""
-    target = tiny("llama", sharpen=30.0)
     policy = RowsLeft()
-    spec = autospec.Controller(target, noisy_copy(target, 0.5), store=False, policy=policy)
-    ids, mask = batch([6, 9, 7], seed=4)
-    spec.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
-                  eos_token_id=None, category="c")
+    spec = _three_rows(policy)
     assert policy.seen[0] == (30, 30, 30)
     ragged = 0
     for before, after, (_prev, _k, outcome) in zip(policy.seen, policy.seen[1:], policy.log):
