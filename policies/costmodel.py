@@ -329,9 +329,10 @@ class CostModelPolicy:
     (``batch_finish_k``, each row's tokens left from ``context.remaining_rows``), from each
     row's category statistics and the controller's ``BatchCosts`` at B and at the smaller
     sizes rows leave it at, k = 0 unless some k beats plain by ``min_gain``; the n-gram
-    proposer's blocks, which hold for one iteration, by ``batch_best_k``. The same exploration, per batch size: T_t(B, 1) unknown → k = 0 (measures
-    plain decoding at B); T_d(B) or the rest of T_t(B, ·) unknown → ``initial_k``; off
-    counters are kept per (set of categories, batch-size bucket), apart from batch 1's.
+    proposer's blocks, which hold for one iteration, by ``batch_best_k``. The same
+    exploration, per batch size: T_t(B, 1) unknown → k = 0 (measures plain decoding at B);
+    T_d(B) or the rest of T_t(B, ·) unknown → ``initial_k``; off counters are kept per (set
+    of categories, batch-size bucket), apart from batch 1's.
     """
 
     def __init__(self, *, initial_k: int = 3, reprobe_every: int = 64, probe_k: int = 1,
@@ -675,7 +676,7 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
     """step(b, k): one iteration with b rows at k, k · T_d(b) + T_t(b, k + 1) (k = 0:
     T_t(b, 1)). Read from ``costs`` at ``batch`` and at the powers of two below it, linear in
     b between them (as ``BatchCosts`` interpolates between its grid's batch sizes): a
-    decision reads at most six batch sizes, not every size rows leave the batch at. A size
+    decision reads log2(B) + 1 batch sizes, not every size rows leave the batch at. A size
     ``costs`` has nothing for is priced at ``batch``'s (a row leaving then saves nothing)."""
     anchors = sorted({batch, *(1 << i for i in range(batch.bit_length()) if 1 << i < batch)})
     per_b: dict[int, tuple] = {batch: (cost, t_draft)}
