@@ -17,7 +17,6 @@ import bisect
 import itertools
 import threading
 import weakref
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from .base import Choice, batch_bucket
@@ -213,29 +212,33 @@ def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int,
     rows = len(curves)
     if rows == 0:
         return 0, 1.0
-    # (per-position rates, value past them, how many rows) per distinct curve
-    shared = Counter(id(c) for c in curves)
-    groups, seen = [], set()
-    for c in curves:
-        if id(c) in seen:
-            continue
-        seen.add(id(c))
-        rates = [float(c)] if isinstance(c, (int, float)) else list(c)
-        known = [a for a in rates if a is not None]
-        groups.append([rates, float(known[-1]) if known else 0.0, shared[id(c)], 1.0])
     t1 = cost(1)
     best, best_s = 0, 1.0
-    tokens = float(rows)  # Σ_i E[N_i](0): one token per row
-    for k in range(1, k_max + 1):
-        for g in groups:  # g[3]: the row's running product a_1 · … · a_k
-            rates, last, count = g[0], g[1], g[2]
-            a = rates[k - 1] if k - 1 < len(rates) else None
-            g[3] *= last if a is None else float(a)
-            tokens += count * g[3]
+    for k, expected in enumerate(_row_expected(curves, k_max), start=1):
+        tokens = sum(expected)
         s = tokens * t1 / (rows * (k * t_draft + cost(k + 1) + tokens * per_token))
         if s > best_s:
             best, best_s = k, s
     return best, best_s
+
+
+def _row_expected(curves: Sequence, k_max: int):
+    """For k = 1 … k_max: each row's E[N](k), the row accepting along its curve (a
+    per-position list, None past what is known meaning the last known rate, or a constant α).
+    Rows that share a curve object are computed once: one running product per curve."""
+    groups: dict[int, list] = {}  # id → [rates, rate past them, a_1 · … · a_k, E[N](k)]
+    for c in curves:
+        if id(c) not in groups:
+            rates = [float(c)] if isinstance(c, (int, float)) else list(c)
+            known = [a for a in rates if a is not None]
+            groups[id(c)] = [rates, float(known[-1]) if known else 0.0, 1.0, 1.0]
+    of_row = [groups[id(c)] for c in curves]
+    for k in range(1, k_max + 1):
+        for g in groups.values():
+            a = g[0][k - 1] if k - 1 < len(g[0]) else None
+            g[2] *= g[1] if a is None else float(a)
+            g[3] += g[2]
+        yield [g[3] for g in of_row]
 
 
 def batch_finish_k(curves: Sequence, remaining: Sequence[int],
@@ -263,18 +266,9 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
     left = [max(1.0, float(r)) for r in remaining]
     if len(left) != rows:
         raise ValueError(f"{rows} curves but {len(left)} remaining counts")
-    # per distinct curve: (per-position rates, value past them, running product a_1 · … · a_k,
-    # E[N](k)); rows point at their curve's entry
-    groups: dict[int, list] = {}
-    for c in curves:
-        if id(c) not in groups:
-            rates = [float(c)] if isinstance(c, (int, float)) else list(c)
-            known = [a for a in rates if a is not None]
-            groups[id(c)] = [rates, float(known[-1]) if known else 0.0, 1.0, 1.0]
-    of_row = [groups[id(c)] for c in curves]
 
-    def finish(k: int) -> float:
-        need = sorted(max(1.0, r / g[3]) for r, g in zip(left, of_row))
+    def finish(k: int, expected) -> float:
+        need = sorted(max(1.0, r / e) for r, e in zip(left, expected))
         total, done = 0.0, 0.0
         for j, n in enumerate(need):
             if n > done:
@@ -282,15 +276,10 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
                 done = n
         return total
 
-    plain = finish(0)
+    plain = finish(0, [1.0] * rows)
     best, best_s = 0, 1.0
-    for k in range(1, k_max + 1):
-        for g in groups.values():
-            rates, last = g[0], g[1]
-            a = rates[k - 1] if k - 1 < len(rates) else None
-            g[2] *= last if a is None else float(a)
-            g[3] += g[2]
-        s = plain / (finish(k) + once)
+    for k, expected in enumerate(_row_expected(curves, k_max), start=1):
+        s = plain / (finish(k, expected) + once)
         if s > best_s:
             best, best_s = k, s
     return best, best_s
@@ -679,6 +668,7 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
     decision reads log2(B) + 1 batch sizes, not every size rows leave the batch at. A size
     ``costs`` has nothing for is priced at ``batch``'s (a row leaving then saves nothing)."""
     anchors = sorted({batch, *(1 << i for i in range(batch.bit_length()) if 1 << i < batch)})
+    anchored = set(anchors)
     per_b: dict[int, tuple] = {batch: (cost, t_draft)}
     memo: dict[tuple[int, int], float] = {}
 
@@ -693,7 +683,7 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
         key = (b, k)
         value = memo.get(key)
         if value is None:
-            if b in per_b or b in anchors:
+            if b in anchored:
                 value = at(b, k)
             else:
                 i = bisect.bisect_left(anchors, b)

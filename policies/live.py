@@ -394,7 +394,7 @@ class LiveStats:
                     if b not in firsts:
                         by = self.ngram_by_match.get(b)
                         firsts[b] = (pooled if by is None else
-                                     self._posteriors(1, by[0], by[1], first=pooled)[0][0])
+                                     self._posteriors(1, by[0], by[1], centres=[pooled])[0][0])
                     return firsts[b]
 
                 by = self.ngram_by_match.get(match_bucket(match))
@@ -405,19 +405,18 @@ class LiveStats:
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
-                    first: float | None = None,
-                    centres: Sequence[float] | None = None) -> list[tuple[float, float]]:
+                    centres: Sequence[float] = ()) -> list[tuple[float, float]]:
         """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
-        model's counts, or of ``accepted``/``reached``; position 0's prior is ``prior``, or
-        centred on ``first`` with its strength; with ``centres``, position i's prior is
-        centred on ``centres[i]`` instead of the position before it; under the lock."""
+        model's counts, or of ``accepted``/``reached``. Position i's prior has ``prior``'s
+        strength, centred on ``centres[i]`` where given, else on the posterior mean of the
+        position before it (position 0: ``prior``'s mean); under the lock."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
         out: list[tuple[float, float]] = []
-        mean = self.prior[0] / strength if first is None else first
+        mean = self.prior[0] / strength
         for i in range(k_max):
-            if centres is not None:
+            if i < len(centres):
                 mean = centres[i]
             acc, reach = (accepted[i], reached[i]) if i < len(reached) else (0, 0)
             a = mean * strength + acc
