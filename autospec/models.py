@@ -475,6 +475,26 @@ def _finish(model: Any, tokenizer: Any) -> Any:
     return model
 
 
+_DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                "float16": torch.float16, "half": torch.float16, "fp32": torch.float32,
+                "float32": torch.float32, "float": torch.float32}
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype, or its name as the CLI and transformers spell it ("bf16", "bfloat16",
+    "fp16", "float16", "fp32", "float32"); anything else is a ValueError that lists them
+    (before a cache directory is named after it)."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype {dtype} is not a floating-point type; use one of "
+                             f"torch.bfloat16, torch.float16, torch.float32")
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.").lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.removeprefix("torch.").lower()]
+    raise ValueError(f"unknown dtype {dtype!r}; pass a torch.dtype or one of "
+                     f"{', '.join(repr(n) for n in _DTYPE_NAMES)}")
+
+
 def _load_spec(spec: ModelSpec, dtype: torch.dtype, cache: Path, progress: bool) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -545,13 +565,15 @@ def _save_from_gguf(
 def load_model(
     name_or_path: str,
     *,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     cache: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) for a model named in PAIRS, a local directory or .gguf, or a Hub id."""
+    """(model, tokenizer) for a model named in PAIRS, a local directory or .gguf, or a Hub id.
+    ``dtype``: a torch dtype or its name (``as_dtype``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = as_dtype(dtype)
     spec = _spec_by_name(name_or_path)
     if spec is not None:
         return _load_spec(spec, dtype, cache_dir(cache), progress)
@@ -574,14 +596,15 @@ def load_model(
 def load_pair(
     name: str = "qwen2.5-coder",
     *,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     cache: str | os.PathLike | None = None,
     progress: bool = True,
     draft: bool = True,
 ) -> LoadedPair:
     """Load a named pair from PAIRS, building it on first use (downloads about 1.5 GB).
     ``draft=False``: the target alone (``LoadedPair.draft`` is None), for the n-gram
-    proposer."""
+    proposer. ``dtype``: a torch dtype or its name (``as_dtype``)."""
+    dtype = as_dtype(dtype)
     if name not in PAIRS:
         raise KeyError(f"unknown pair {name!r}; known: {', '.join(sorted(PAIRS))}")
     pair = PAIRS[name]

@@ -575,3 +575,15 @@ def test_real_pair():
     ids = pair.tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
     out = pair.target.generate(ids, max_new_tokens=8, do_sample=False)
     assert "n" in pair.tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_a_dtype_may_be_named_and_a_wrong_name_is_refused_before_any_cache_dir(tmp_path):
+    assert models.as_dtype("bf16") is torch.bfloat16
+    assert models.as_dtype("torch.float16") is torch.float16
+    assert models.as_dtype("Float32") is torch.float32
+    assert models.as_dtype(torch.float32) is torch.float32
+    with pytest.raises(ValueError, match="unknown dtype 'bf17'.*'bf16'"):
+        load_pair("qwen2.5-coder", dtype="bf17", cache=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="not a floating-point type"):
+        load_model(str(tmp_path / "m.gguf"), dtype=torch.int8)
+    assert not any(tmp_path.iterdir())  # nothing named after the wrong dtype
