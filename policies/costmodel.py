@@ -69,28 +69,61 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
+COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
+
+
 def interpolate_cost(curve: Mapping[int, float], *,
                      optimistic: bool = False) -> Callable[[int], float]:
     """T_t(n) from measured points: linear between them, flat below the first, and extended
     beyond the last along the slope of the last two (verification cost only grows).
 
-    optimistic: the cheapest cost consistent with the points instead — the highest measured
-    cost at any n' ≤ n (scoring more tokens never costs less), flat beyond the last point. A
-    policy that decides by it tries each unmeasured n it might prefer, once, and learns its
-    real cost; linear interpolation would hide a step (e.g. flat to 3 tokens, then doubling)
-    it never measures. (Extrapolating linearly instead let one early rejection stop all
-    drafting in fp32 on the real pair: optimism keeps the evidence coming.)
+    optimistic: the cheapest cost the points make plausible instead, so that a policy
+    deciding by it tries an unmeasured n it might prefer, once, and learns its real cost
+    (linear interpolation hides a step it never measures, e.g. flat to 3 tokens, then
+    doubling; extrapolating the slope of two close, noisy points stopped all drafting in
+    fp32 on the real pair). Scoring more tokens never costs less, so at least the highest
+    cost measured at any n' <= n. A cost curve is flat while memory-bound, then grows,
+    and its slope only steepens (tile steps aside), so a rise the points show is real:
+
+    - between two measured points, at least the neighbouring segments extended into the
+      gap (a segment's slope holds at least until the next point), never above the chord;
+    - beyond the last point, its cost plus the average slope from the first point (the
+      least a curve whose slope only steepens can grow by);
+
+    each less ``COST_NOISE`` x the first point's cost, so a rise within a live timing's
+    noise reads as none: a flat curve (memory-bound, a GPU's and most CPUs' batch-1 regime)
+    keeps the plain optimism, flat beyond the last point. On a compute-bound one that
+    optimism was ruinous: on a CPU without AVX-512 (bf16 T_t(4) = 3.2 x T_t(1)) it assumed
+    T_t(16) = T_t(4), and each unmeasured n at the measured one below it, so a cold auto
+    tried k = 15, then 11 and 10, all at ~2 s a forward, 0.82x plain where it should have
+    switched off.
     """
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
         raise ValueError("no measured target costs")
     ns = [n for n, _ in pts]
-    ceiling = list(itertools.accumulate((t for _, t in pts), max))  # max cost at n' ≤ n_i
+    ts = [t for _, t in pts]
+    ceiling = list(itertools.accumulate(ts, max))  # max cost at n' ≤ n_i
+    slack = COST_NOISE * ts[0]
+    rise = (max(0.0, ceiling[-1] - ts[0] - slack) / (ns[-1] - ns[0]) if len(pts) > 1 else 0.0)
+
+    def slope(i: int) -> float:  # of the segment from point i to point i + 1
+        return max(0.0, (ts[i + 1] - ts[i]) / (ns[i + 1] - ns[i]))
 
     def cost(n: int) -> float:
-        if optimistic and n >= pts[0][0]:
-            return ceiling[bisect.bisect_right(ns, n) - 1]  # the cheapest cost consistent
-        return linear(n)
+        if not optimistic or n < ns[0]:
+            return linear(n)
+        i = bisect.bisect_right(ns, n) - 1
+        if i == len(pts) - 1:  # at or beyond the last point
+            return ceiling[i] + rise * (n - ns[i])
+        if n == ns[i]:
+            return ceiling[i]
+        bound = ceiling[i]
+        if i >= 1:  # the segment ending at point i, continued
+            bound = max(bound, ts[i] + slope(i - 1) * (n - ns[i]) - slack)
+        if i + 2 < len(pts):  # the segment starting at point i + 1, continued backwards
+            bound = max(bound, ts[i + 1] - slope(i + 1) * (ns[i + 1] - n) - slack)
+        return max(ceiling[i], min(bound, linear(n)))
 
     def linear(n: int) -> float:
         if n <= pts[0][0]:
@@ -442,9 +475,10 @@ class CostModelPolicy:
             self._off[context.category] = (0 if proposer == "draft" or not drafts
                                            else self._off.get(context.category, 0) + 1)
             return k if proposer == "draft" else Choice(k, "ngram")
-        if drafts and self._untried(live, context, top):
+        trial = self._untried(live, context, top) if drafts else 0
+        if trial:
             self._off[context.category] = 0
-            return min(self.initial_k, top)
+            return trial
         off = self._off.get(context.category, 0) + 1
         k = 0
         if off >= self.reprobe_every:
@@ -455,19 +489,22 @@ class CostModelPolicy:
         self._off[context.category] = off
         return k
 
-    def _untried(self, live, context, top: int) -> bool:
-        """Whether the draft model is still to be tried on this category instead of switched
-        off: fewer than ``cold_start`` of its blocks ever counted here (the stored history's
-        included), no acceptance forecast for the request, and it would pay at perfect
-        acceptance. A cold store's prior (α = 0.5) against a probed T_d can price the draft
-        out before it ran once; the n-gram proposer, free to try, then took every step it
-        could, and k = 0 the rest (cold, auto reached 0.83× fixed k = 2 on the holdout
-        prompts, never drafting on chat or translation, where k = 2 paid 1.38–1.44×)."""
+    def _untried(self, live, context, top: int) -> int:
+        """The k to try the draft model at on this category instead of switching it off, or
+        0: while fewer than ``cold_start`` of its blocks were ever counted here (the stored
+        history's included) and the request has no acceptance forecast, the draft is tried
+        if some k would pay at perfect acceptance, at ``initial_k`` or that k if smaller. A
+        cold store's prior (α = 0.5) against a probed T_d can price the draft out before it
+        ran once; the n-gram proposer, free to try, then took every step it could, and k = 0
+        the rest (cold, auto reached 0.83× fixed k = 2 on the holdout prompts, never
+        drafting on chat or translation, where k = 2 paid 1.38–1.44×). Where verification is
+        compute-bound only a short block can pay even then, and the trial at initial_k
+        measured nothing new, block after block, until cold_start ran out."""
         if live.draft_blocks >= self.cold_start or getattr(context, "predicted_alpha",
                                                            None) is not None:
-            return False
+            return 0
         k, s = best_k([1.0] * top, live.t_draft, self.derived(live, top)[1], top)
-        return k > 0 and s >= 1 + self.min_gain
+        return min(self.initial_k, k) if k > 0 and s >= 1 + self.min_gain else 0
 
     def _token_value(self, live, context, proposers) -> float | None:
         """With both proposers, a token beyond a block's first is worth the rate the request

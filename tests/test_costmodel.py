@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from autospec.policies.costmodel import best_k, expected_tokens, interpolate_cost, speedup
+from autospec.policies.costmodel import (
+    COST_NOISE,
+    best_k,
+    expected_tokens,
+    interpolate_cost,
+    speedup,
+)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
@@ -23,6 +29,55 @@ def test_interpolation_is_linear_inside_and_never_decreases_outside():
     cost = interpolate_cost({1: 1.0, 5: 2.0})
     assert cost(3) == 1.5 and cost(1) == 1.0 and cost(9) == 3.0
     assert interpolate_cost({2: 1.0})(8) == 1.0
+
+
+def test_optimism_stays_within_the_noise_and_reads_a_real_rise_as_real():
+    # flat within the noise (fp32 on a memory-bound CPU, one slow sample at n = 2): the
+    # cheapest consistent cost, flat beyond the last point, as before
+    flat = interpolate_cost({1: 1.0, 2: 1.2}, optimistic=True)
+    assert flat(2) == flat(16) == 1.2 and flat(1) == 1.0
+    step = interpolate_cost({1: 1.0, 8: 1.2}, optimistic=True)
+    assert step(4) == step(7) == 1.0  # a step within the noise is still explored
+    # compute-bound (bf16 on a CPU without AVX-512): the rise is real
+    bound = interpolate_cost({1: 0.25, 4: 0.85}, optimistic=True)
+    slope = (0.85 - 0.25 - COST_NOISE * 0.25) / 3
+    assert bound(16) == pytest.approx(0.85 + 12 * slope)
+    assert bound(1) == bound(2) == bound(3) == 0.25  # the rise may start anywhere up to 4
+    assert bound(4) == 0.85
+    # between measured points: a neighbouring segment continued, less the noise, never
+    # below the lower point nor above the chord
+    mid = interpolate_cost({1: 0.25, 4: 0.85, 16: 3.25}, optimistic=True)
+    assert mid(10) == pytest.approx(2.05 - COST_NOISE * 0.25) and mid(5) == pytest.approx(1.05 - COST_NOISE * 0.25)
+    # a step behind flat points stays hidden only until it is measured (fp32, old CPU)
+    assert interpolate_cost({1: 1.0, 2: 1.0, 4: 2.0}, optimistic=True)(3) == 1.0
+    assert interpolate_cost({1: 1.0, 2: 1.5, 4: 2.0}, optimistic=True)(3) == 1.75
+    linear = interpolate_cost({1: 0.25, 4: 0.85, 16: 3.25})
+    for n in range(1, 24):  # optimism is never dearer than the linear reading
+        assert mid(n) <= linear(n) + 1e-12 and mid(n) <= mid(n + 1)
+
+
+def test_a_cold_policy_on_compute_bound_verification_tries_each_short_block_once_then_stops():
+    """The cold run on a CPU without AVX-512 (bf16: T_t(4) = 3.2 T_t(1)): the optimistic
+    reading took T_t(16) for T_t(4) and each unmeasured n for the measured one below it, so
+    the draft model, accepted in full, was tried at k = 15, 11 and 10 before it stopped.
+    Here nothing pays even at perfect acceptance; the policy measures plain, its initial
+    k, each shorter block the points still allow, once, and stops."""
+    from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.live import LiveStats
+
+    def t_target(n):
+        return 0.05 + 0.2 * n
+
+    t_draft = 0.1
+    assert best_k(1.0, t_draft, {n: t_target(n) for n in range(1, 18)}, 16)[0] == 0
+    live, policy = LiveStats(), CostModelPolicy(initial_k=3)
+    ks = []
+    for _ in range(40):
+        k = policy.choose(Context(category="code", k_max=16, live=live, remaining=200))
+        ks.append(k)
+        live.observe(k, k, t_draft * k, t_target(k + 1))  # every draft accepted
+    assert [k for k in ks if k] == [3, 2, 1]
+    assert ks[0] == 0 and ks[-30:] == [0] * 30
 
 
 def test_memory_bound_pays_compute_bound_does_not():
