@@ -444,7 +444,7 @@ class CostModelPolicy:
                                                                    "ngram")
         if live is None:
             return explore
-        if 1 not in live.t_target:
+        if not live.settled(1):  # plain steps measure the baseline first
             return 0
         best = (0, 1.0, "draft")  # (k, S, proposer)
         value = self._token_value(live, context, proposers)

@@ -152,3 +152,30 @@ def test_a_policy_with_derived_curves_copies_and_pickles():
     k = pol.choose(Context(k_max=8, live=live, remaining=100))
     for twin in (copy.deepcopy(pol), pickle.loads(pickle.dumps(pol))):
         assert twin.z == 0.5 and twin.choose(Context(k_max=8, live=live, remaining=100)) == k
+
+
+def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
+    """The first decode step after prefill runs slow (0.285 s where the next 30 took 0.22 s
+    on the default pair); taken alone as T_t(1) it made k = 1 look paying for a request."""
+    from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.live import COST_SETTLE, LiveStats
+
+    live, policy = LiveStats(), CostModelPolicy()
+    ctx = Context(category="code", k_max=8, live=live, remaining=100)
+    ks = []
+    for t in (0.285, 0.22, 0.23):
+        assert not live.settled(1)
+        ks.append(policy.choose(ctx))
+        live.observe(0, 0, 0.0, t)
+    assert ks == [0] * COST_SETTLE and live.settled(1)
+    assert live.t_target[1] == 0.23  # the median of the first samples, the slow one out
+    live.observe(0, 0, 0.0, 0.2)  # then the moving average
+    assert live.t_target[1] == pytest.approx(0.8 * 0.23 + 0.2 * 0.2)
+    assert live.copy().settled(1)
+    # a cost warm-started from the store, a probe or a peer category is settled at once
+    warm = LiveStats()
+    warm.warm_start([], [], t_target={1: 0.2, 4: 0.3}, t_draft=0.05)
+    assert warm.settled(1) and warm.settled(4) and not warm.settled(2)
+    warm.observe(0, 0, 0.0, 0.3)
+    assert warm.t_target[1] == pytest.approx(0.8 * 0.2 + 0.2 * 0.3)
+    assert policy.choose(Context(category="c", k_max=8, live=warm, remaining=100)) > 0

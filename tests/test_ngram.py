@@ -144,7 +144,8 @@ def test_policy_specs_name_the_proposer_and_an_int_still_means_the_draft_model()
 
 def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():
     live = LiveStats(discount=1.0)
-    live.observe(0, 0, 0.0, 0.1)  # T_t(1)
+    for _ in range(3):
+        live.observe(0, 0, 0.0, 0.1)  # T_t(1), settled
     for _ in range(50):
         live.observe_ngram(4, 3, 1e-5, 0.1)
     pol = CostModelPolicy()

@@ -158,7 +158,8 @@ def test_per_iteration_choice_is_cheap():
     live = LiveStats()
     for _ in range(200):
         live.observe(4, 3, 0.4, 1.02)
-    live.observe(0, 0, 0.0, 1.0)
+    for _ in range(3):  # T_t(1) settled (LiveStats.settled)
+        live.observe(0, 0, 0.0, 1.0)
     policy, ctx = CostModelPolicy(), Context(k_max=16, live=live)
     t0 = time.perf_counter()
     for _ in range(1000):
