@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,7 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
+REPROBE_STEPS = 2.0  # what a re-probe may cost, in plain steps, per reprobe_every off
 COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
 
 
@@ -329,8 +331,10 @@ class CostModelPolicy:
     might be better gets run, and measured, once. Off is never forever: after
     ``reprobe_every`` consecutive iterations without the draft model (k = 0 or n-gram blocks)
     it runs, at the next would-be k = 0, one iteration at ``probe_k`` to refresh the
-    acceptance estimate (overhead ≤ probe_k · c / reprobe_every of plain decoding, c =
-    T_d/T_t(1)), and discounting in ``LiveStats`` lets old evidence fade.
+    acceptance estimate, and discounting in ``LiveStats`` lets old evidence fade. A probe
+    costing more than ``REPROBE_STEPS`` plain steps (its block and the draft model's
+    catch-up over what it has not seen) waits proportionally longer, so re-probing costs at
+    most REPROBE_STEPS / reprobe_every of plain decoding (``_reprobe_after``).
 
     The defaults are the untuned ``"auto"`` policy; ``autospec tune`` searches the rest:
     - ``k_cap``: the largest k it will choose (on top of the request's ``k_max``);
@@ -481,7 +485,8 @@ class CostModelPolicy:
             return trial
         off = self._off.get(context.category, 0) + 1
         k = 0
-        if off >= self.reprobe_every:
+        if off >= self._reprobe_after(live, context, live.t_target.get(1), live.t_draft,
+                                      self.derived(live, top)[1], top):
             off = 0
             k = min(self.probe_k, top)
             if not drafts:
@@ -654,13 +659,38 @@ class CostModelPolicy:
             return k if proposer == "draft" else Choice(k, proposer)
         off = self._off_batch.get(key, 0) + 1
         k = 0
-        if off >= self.reprobe_every:
+        costs = context.costs
+        fit = next((live for live in context.rows if live is not None
+                    and live.catch_up_cost(1) is not None), None)
+        if off >= self._reprobe_after(fit, context, costs.target_cost(batch)(1),
+                                      costs.draft_cost(batch), costs.target_cost(batch), top,
+                                      rows=batch):
             off = 0
             k = min(self.probe_k, top)
             if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
                 k = Choice(k, "ngram")
         self._off_batch[key] = off
         return k
+
+    def _reprobe_after(self, live, context, t_plain, t_draft, cost, top: int, *,
+                       rows: int = 1) -> int:
+        """Off iterations before a re-probe: ``reprobe_every``, stretched where the probe
+        costs more than ``REPROBE_STEPS`` plain steps — its k = ``probe_k`` block over a
+        plain step, plus the draft model's catch-up over every token it has not seen
+        (``catch_up_per_token``'s price, the whole of it) — so that re-probing costs at
+        most REPROBE_STEPS plain steps per ``reprobe_every`` off. Where the draft's forward
+        over the context is dear (compute-bound: 2.3 s, ten plain steps of the default pair,
+        bf16 on a CPU without AVX-512) a re-probe every 64 off steps cost 16 % of plain
+        decoding, not the c / 64 the cadence was chosen by."""
+        if not t_plain or t_draft is None or cost is None:
+            return self.reprobe_every
+        k = min(self.probe_k, top)
+        block = k * t_draft + max(0.0, cost(k + 1) - t_plain)
+        gap = getattr(context, "draft_gap", 0)
+        extra = catch_up_per_token(live, gap, 1.0, rows=rows, t_draft=t_draft)
+        steps = (block + extra) / t_plain
+        return max(self.reprobe_every,
+                   math.ceil(self.reprobe_every * steps / REPROBE_STEPS - 1e-9))
 
     def update(self, context, k: int, outcome) -> None:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
