@@ -335,14 +335,25 @@ class Controller:
         re-measured plain decoding and re-explored each n from a cold start (two plain
         iterations and up to one iteration per block length, per category). Acceptance is
         never shared; the category's own timings replace these by EMA as they come in.
+        The process's costs replace what the store gave the category where they are more
+        complete (one source either way, so their ratios hold): the store's pair-level live
+        medians need 16 forwards per n, so a store a few requests old gave T_t(1) alone, and
+        every new category then re-explored at ``initial_k`` what the process had measured
+        (on a compute-bound CPU, k = 3 blocks at 3.2 plain steps each, 0.87x plain).
         Under the lock."""
-        if live.t_target:
-            return
-        peers = [p for p in self.live.values() if p.t_target]
+        peers = [p for p in self.live.values() if p is not live and p.t_target]
         if not peers:
             return
         peer = max(peers, key=lambda p: (len(p.t_target), p.iterations))
         donor = peer.copy()  # a consistent snapshot under the peer's lock
+        if (len(live.t_target) >= len(donor.t_target)
+                and (live.t_draft is not None or donor.t_draft is None)):
+            return
+        # a new category's statistics, not yet seen by any other thread
+        live.t_target.clear()
+        live.t_samples.clear()
+        if donor.t_draft is not None:
+            live.t_draft = None
         live.warm_start([], [], t_target=donor.t_target, t_draft=donor.t_draft)
         if live.t_ngram is None:
             live.t_ngram = donor.t_ngram

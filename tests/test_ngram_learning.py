@@ -199,6 +199,36 @@ def test_a_new_category_starts_from_the_costs_the_process_measured():
     assert ks[0] > 0, ks
 
 
+def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
+    """A category an earlier process served plainly is stored with T_t(1) alone (the only n
+    with ≥ 16 forwards); warmed from that, it re-explored at initial_k what this process
+    had already measured on another category."""
+    target = tiny("llama", layers=2, seed=5)
+    draft = noisy_copy(target, 0.1)
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    ids = _repetitive(0)
+    plain = autospec.Controller(target, draft, store=url, policy="off")
+    plain.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                   do_sample=False, category="seen")
+    plain.close()
+    spec = autospec.Controller(target, draft, store=url, policy="auto")
+    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                  do_sample=False, category="first")
+    first = spec.live["first"]
+    assert len(first.t_target) > 1 and first.t_draft
+    seen = spec.live_stats("seen")
+    assert seen.t_target == first.t_target and seen.t_draft == first.t_draft
+    assert seen.settled(1) and seen.observed == 0
+    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                  do_sample=False, category="seen")
+    assert spec.last_stats.k_schedule[0] > 0  # drafts at once: nothing left to explore
+    spec.close()
+    # what the store alone gives that category: T_t(1), nothing to decide k by
+    alone = autospec.Controller(target, draft, store=url, policy="auto")
+    assert sorted(alone.live_stats("seen").t_target) == [1]
+    alone.close()
+
+
 @pytest.mark.parametrize("policy", ["ngram:3", "hybrid:3:2"])
 def test_batched_n_gram_blocks_replay_as_they_ran(tmp_path, policy):
     """At batch > 1 the store now keeps each row's n-gram trace, and replay runs the n-gram's
