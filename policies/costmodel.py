@@ -70,6 +70,7 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
+TRIAL_GAIN = 0.1  # the draft model's trial on a category needs this gain at perfect acceptance
 REPROBE_STEPS = 2.0  # what a re-probe may cost, in plain steps, per reprobe_every off
 COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
 
@@ -504,12 +505,16 @@ class CostModelPolicy:
         the rest (cold, auto reached 0.83× fixed k = 2 on the holdout prompts, never
         drafting on chat or translation, where k = 2 paid 1.38–1.44×). Where verification is
         compute-bound only a short block can pay even then, and the trial at initial_k
-        measured nothing new, block after block, until cold_start ran out."""
+        measured nothing new, block after block, until cold_start ran out. Where perfect
+        acceptance would gain less than ``TRIAL_GAIN`` the trial has nothing to find that
+        pays for it: near S = 1 the choice flipped with every timing (k = 3, 0, 3, 0, … on
+        a compute-bound CPU, at α ≈ 0.5)."""
         if live.draft_blocks >= self.cold_start or getattr(context, "predicted_alpha",
                                                            None) is not None:
             return 0
         k, s = best_k([1.0] * top, live.t_draft, self.derived(live, top)[1], top)
-        return min(self.initial_k, k) if k > 0 and s >= 1 + self.min_gain else 0
+        gain = max(self.min_gain, TRIAL_GAIN)
+        return min(self.initial_k, k) if k > 0 and s >= 1 + gain else 0
 
     def _token_value(self, live, context, proposers) -> float | None:
         """With both proposers, a token beyond a block's first is worth the rate the request

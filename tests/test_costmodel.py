@@ -76,7 +76,7 @@ def test_a_cold_policy_on_compute_bound_verification_tries_each_short_block_once
         k = policy.choose(Context(category="code", k_max=16, live=live, remaining=200))
         ks.append(k)
         live.observe(k, k, t_draft * k, t_target(k + 1))  # every draft accepted
-    assert [k for k in ks if k] == [3, 2, 1]
+    assert [k for k in ks if k] == [3, 2]
     assert ks[0] == 0 and ks[-30:] == [0] * 30
 
 
@@ -179,3 +179,21 @@ def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
     warm.observe(0, 0, 0.0, 0.3)
     assert warm.t_target[1] == pytest.approx(0.8 * 0.2 + 0.2 * 0.3)
     assert policy.choose(Context(category="c", k_max=8, live=warm, remaining=100)) > 0
+
+
+def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays_enough():
+    """Near S = 1 at perfect acceptance the trial flipped on and off with every timing
+    (k = 3, 0, 3, 0, … at α ≈ 0.5 on a compute-bound CPU): it needs TRIAL_GAIN."""
+    from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.costmodel import TRIAL_GAIN
+    from autospec.policies.live import LiveStats
+
+    costs = {1: 1.0, 2: 1.6, 3: 2.6, 4: 3.6, 5: 4.6}
+    for t_draft, tried in ((0.3, False), (0.1, True)):
+        live = LiveStats()
+        live.warm_start([], [], t_target=costs, t_draft=t_draft)
+        k, s = best_k(1.0, t_draft, live.cost(optimistic=True), 4)
+        assert k == 1 and (s >= 1 + TRIAL_GAIN) == tried and s > 1
+        policy = CostModelPolicy(initial_k=3)
+        ctx = Context(category="new", k_max=4, live=live, remaining=100)
+        assert policy.choose(ctx) == (1 if tried else 0)
