@@ -341,7 +341,7 @@ class Controller:
         every new category then re-explored at ``initial_k`` what the process had measured
         (on a compute-bound CPU, k = 3 blocks at 3.2 plain steps each, 0.87x plain).
         Under the lock."""
-        peers = [p for p in self.live.values() if p is not live and p.t_target]
+        peers = [p for p in self.live.values() if p.t_target]
         if not peers:
             return
         peer = max(peers, key=lambda p: (len(p.t_target), p.iterations))
@@ -349,12 +349,10 @@ class Controller:
         if (len(live.t_target) >= len(donor.t_target)
                 and (live.t_draft is not None or donor.t_draft is None)):
             return
-        # a new category's statistics, not yet seen by any other thread
-        live.t_target.clear()
-        live.t_samples.clear()
-        if donor.t_draft is not None:
-            live.t_draft = None
-        live.warm_start([], [], t_target=donor.t_target, t_draft=donor.t_draft)
+        # a new category's statistics, not yet seen by any other thread: one source
+        live.t_target, live.t_samples = {}, {}
+        live.warm_start([], [], t_target=donor.t_target)
+        live.t_draft = donor.t_draft if donor.t_draft is not None else live.t_draft
         if live.t_ngram is None:
             live.t_ngram = donor.t_ngram
         if not live.catch_up[0]:  # the draft model's catch-up cost is the pair's too

@@ -489,8 +489,9 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
             raise ValueError(f"dtype {dtype} is not a floating-point type; use one of "
                              f"torch.bfloat16, torch.float16, torch.float32")
         return dtype
-    if isinstance(dtype, str) and dtype.removeprefix("torch.").lower() in _DTYPE_NAMES:
-        return _DTYPE_NAMES[dtype.removeprefix("torch.").lower()]
+    name = dtype.removeprefix("torch.").lower() if isinstance(dtype, str) else None
+    if name in _DTYPE_NAMES:
+        return _DTYPE_NAMES[name]
     raise ValueError(f"unknown dtype {dtype!r}; pass a torch.dtype or one of "
                      f"{', '.join(repr(n) for n in _DTYPE_NAMES)}")
 

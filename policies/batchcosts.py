@@ -23,11 +23,10 @@ Thread-safe: one object serves every request of a controller.
 from __future__ import annotations
 
 import bisect
-import statistics
 import threading
 from collections.abc import Callable, Mapping
 
-from .costmodel import interpolate_cost
+from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
 
 __all__ = ["BatchCosts"]
 
@@ -84,7 +83,7 @@ class BatchCosts:
     (``simulate``) keeps the default, False: its grid is the truth it replays.
     """
 
-    def __init__(self, *, ema: float = 0.2, live: bool = False, settle: int = 3):
+    def __init__(self, *, ema: float = 0.2, live: bool = False, settle: int = COST_SETTLE):
         if not 0 < ema <= 1:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         if settle < 1:
@@ -123,15 +122,9 @@ class BatchCosts:
                 self.version += 1
 
     def _settled(self, key: tuple, old: float | None, new: float) -> float:
-        """The point after one more sample: the median of the first ``settle``, then EMA."""
-        n = self._count[key] = self._count.get(key, 0) + 1
-        if n <= self.settle:
-            first = self._first.setdefault(key, [])
-            first.append(new)
-            if n == self.settle:
-                del self._first[key]
-            return statistics.median(first)
-        return (1 - self.ema) * old + self.ema * new
+        """The point after one more sample (``costmodel.settle_sample``)."""
+        self._count[key] = self._count.get(key, 0) + 1
+        return settle_sample(self._first.setdefault(key, []), old, new, self.settle, self.ema)
 
     def warm(self, target: Mapping[int, Mapping[int, float]],
              draft: Mapping[int, float]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import statistics
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -70,9 +71,22 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
+COST_SETTLE = 3  # live samples of a cost point before it is decided by (``settle_sample``)
 TRIAL_GAIN = 0.1  # the draft model's trial on a category needs this gain at perfect acceptance
 REPROBE_STEPS = 2.0  # what a re-probe may cost, in plain steps, per reprobe_every off
 COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
+
+
+def settle_sample(first: list[float], old: float | None, new: float, settle: int,
+                  ema: float) -> float:
+    """A live cost point after one more sample: the median of its first ``settle`` samples
+    (``first`` collects them, kept by the caller), then an exponential moving average. A
+    process's first forwards at a size run slow (up to 1.6×), and one of them taken alone
+    as the point misprices every decision until the average has walked it back."""
+    if len(first) < settle:
+        first.append(new)
+        return statistics.median(first)
+    return (1 - ema) * old + ema * new
 
 
 def interpolate_cost(curve: Mapping[int, float], *,
@@ -665,11 +679,11 @@ class CostModelPolicy:
         off = self._off_batch.get(key, 0) + 1
         k = 0
         costs = context.costs
+        cost = costs.target_cost(batch)
         fit = next((live for live in context.rows if live is not None
                     and live.catch_up_cost(1) is not None), None)
-        if off >= self._reprobe_after(fit, context, costs.target_cost(batch)(1),
-                                      costs.draft_cost(batch), costs.target_cost(batch), top,
-                                      rows=batch):
+        if off >= self._reprobe_after(fit, context, cost(1), costs.draft_cost(batch), cost,
+                                      top, rows=batch):
             off = 0
             k = min(self.probe_k, top)
             if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):

@@ -9,11 +9,10 @@ not own it. Thread-safe: several requests of one category may run at once.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 from collections.abc import Mapping, Sequence
 
-from .costmodel import interpolate_cost
+from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
 
 # the n-gram trace's reach (autospec.store.records.NGRAM_TRACE_K; not imported: policies stay
 # free of the store): shadow evidence counts at most this many positions, so that replay
@@ -27,7 +26,6 @@ SHADOW_REACH = 16
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
 _CATCH_UP_DISCOUNT = 0.98
-COST_SETTLE = 3  # live samples of a T_t(n) before it is decided by (BatchCosts' settle)
 
 __all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums"]
 
@@ -179,15 +177,12 @@ class LiveStats:
         """The target's forward of k + 1 tokens (whoever proposed), and the iteration."""
         if target_s == target_s and target_s > 0:  # not NaN
             n = k + 1
-            first = self.t_samples.get(n)
-            if first is None and n in self.t_target:  # warm-started: the average follows it
+            if n in self.t_target and n not in self.t_samples:  # warm-started: the average
                 self.t_target[n] = self._avg(self.t_target[n], target_s)
-            elif first is None or len(first) < COST_SETTLE:
-                first = self.t_samples.setdefault(n, [])
-                first.append(target_s)
-                self.t_target[n] = statistics.median(first)
             else:
-                self.t_target[n] = self._avg(self.t_target[n], target_s)
+                self.t_target[n] = settle_sample(self.t_samples.setdefault(n, []),
+                                                 self.t_target.get(n), target_s, COST_SETTLE,
+                                                 self.ema)
         self.iterations += 1
         self.version += 1
 
