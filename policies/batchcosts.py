@@ -89,8 +89,8 @@ class BatchCosts:
         if settle < 1:
             raise ValueError(f"settle must be ≥ 1, got {settle}")
         self.ema, self.live, self.settle = ema, bool(live), int(settle)
-        self._first: dict[tuple, list[float]] = {}  # (B, n) or (B,) → first samples
-        self._count: dict[tuple, int] = {}  # (B, n) or (B,) → samples seen
+        # (B, n) or (B,) → its first ``settle`` samples (how many it has seen, up to settle)
+        self._first: dict[tuple, list[float]] = {}
         self.version = 0  # bumped on every change
         self._warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (probe)
         self._live_t: dict[int, dict[int, float]] = {}  # B → n → seconds (EMA of forwards)
@@ -123,7 +123,6 @@ class BatchCosts:
 
     def _settled(self, key: tuple, old: float | None, new: float) -> float:
         """The point after one more sample (``costmodel.settle_sample``)."""
-        self._count[key] = self._count.get(key, 0) + 1
         return settle_sample(self._first.setdefault(key, []), old, new, self.settle, self.ema)
 
     def warm(self, target: Mapping[int, Mapping[int, float]],
@@ -151,7 +150,7 @@ class BatchCosts:
 
         bucket = batch_bucket(int(batch))
         with self._lock:
-            seen = sum(c for key, c in self._count.items()
+            seen = sum(len(first) for key, first in self._first.items()
                        if len(key) == 2 and key[1] == 1 and batch_bucket(key[0]) == bucket)
             return seen >= self.settle
 
