@@ -192,11 +192,11 @@ def test_a_new_category_starts_from_the_costs_the_process_measured():
     second = spec.live_stats("second")
     assert second.t_target == measured and second.t_draft == first.t_draft
     assert second.observed == 0  # acceptance is never shared
-    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
-                  do_sample=False, category="second")
-    ks = spec.last_stats.k_schedule
-    # its first iteration already drafts: no plain iteration to measure T_t(1)
-    assert ks[0] > 0, ks
+    # settled: the policy's cold rule (plain steps until T_t(1) is settled) does not apply,
+    # so no plain iteration re-measures it. Whether the first block then drafts depends on
+    # the timings (under load the costs can price drafting out), so that is not asserted.
+    assert not autospec.Controller(target, None, store=False).live_stats("x").settled(1)
+    assert second.settled(1)
 
 
 def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
