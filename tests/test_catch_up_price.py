@@ -17,8 +17,10 @@ from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.costmodel import (
     REQUEST_PRIOR_BLOCKS,
     best_k,
+    block_saving,
     catch_up_per_token,
     expected_tokens,
+    induced_catch_up,
     request_ngram_curve,
     valued_speedup,
 )
@@ -81,6 +83,98 @@ def test_tokens_past_a_blocks_first_are_worth_the_rate_the_request_runs_at():
         assert (valued_speedup(curve, k, 0.02, cost, 0.0, own) > 1) == (s > 1)
     # a much cheaper continuation (prompt lookup): a long dear block loses to a plain step
     assert valued_speedup(curve, 8, 0.02, cost, 0.0, 0.01) < 1 < best_k(curve, 0.02, cost, 8)[1]
+
+
+def test_a_blocks_seconds_saved_agree_with_its_valued_speedup_on_whether_it_pays():
+    curve, cost = [0.7] * 8, {n: 0.1 + 0.005 * n for n in range(1, 10)}
+    for k in range(1, 9):
+        for value, per_token in ((0.1, 0.0), (0.04, 0.0), (0.06, 0.01)):
+            e = expected_tokens(curve, k)
+            want = (cost[1] + (e - 1) * value) - (k * 0.02 + cost[k + 1] + e * per_token)
+            saved = block_saving(curve, k, 0.02, cost, per_token, value)
+            assert saved == pytest.approx(want)
+            assert (saved > 0) == (valued_speedup(curve, k, 0.02, cost, per_token, value) > 1)
+
+
+def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
+    """Chat-like traffic on a memory-bound CPU (the default pair, session 28): the draft's
+    blocks hold 0.74 per position at T_d = 75 ms; the n-gram proposer's chance hits from a
+    1-token match hold 0.2, free to propose and as cheap to verify (flat T_t). Against a
+    plain step the lookup block reads the higher ratio (it costs less), but the draft's
+    block saves more seconds, so the request ends sooner with it: the policy drafts. Ranked
+    by the ratio, auto spent a third of chat's steps on lookup blocks accepted 0.035–0.09
+    of their tokens and lost to fixed k = 1 (1.08 against 1.23)."""
+    live = LiveStats(discount=1.0)
+    for i in range(80):
+        live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
+        live.observe_ngram_shadow(1, int(i % 5 == 0), 1)
+    live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
+    live.t_draft, live.t_ngram = 0.075, 1e-6
+    live.spent = [0.15 * 400, 400]  # the category runs at 0.15 s per token
+    policy = CostModelPolicy()
+    curve, cost = policy.derived(live, 8)
+    lookup = policy.derived_ngram(live, 8, 1)
+    kd, _ = best_k(curve, 0.075, cost, 8)
+    kn, _ = best_k(lookup, 1e-6, cost, 8)
+    assert kd > 0 and kn > 0
+    value = 0.15
+    # the premise: the ratio prefers the lookup, the seconds saved the draft
+    assert (valued_speedup(lookup, kn, 1e-6, cost, 0.0, value)
+            > valued_speedup(curve, kd, 0.075, cost, 0.0, value) > 1)
+    assert (block_saving(curve, kd, 0.075, cost, 0.0, value)
+            > block_saving(lookup, kn, 1e-6, cost, 0.0, value) > 0)
+    choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
+                                   live=live, proposers=("draft", "ngram"), ngram_match=1,
+                                   draft_gap=1))
+    assert int(choice) == kd and getattr(choice, "proposer", "draft") == "draft"
+    # where the lookup's block also saves more (a copy: its tokens hold), it takes the step
+    for _ in range(200):
+        live.observe_ngram_shadow(1, 8, 8)
+    choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
+                                   live=live, proposers=("draft", "ngram"), ngram_match=1,
+                                   draft_gap=1))
+    assert getattr(choice, "proposer", "draft") == "ngram"
+
+
+def _chat_like(first_every: int, catch_ups: bool) -> LiveStats:
+    """The draft's blocks hold 0.74 at T_d = 75 ms, the n-gram's from a 1-token match hold
+    1 in ``first_every``; verification flat; with ``catch_ups``, the draft's catch-ups
+    measured as on the default pair (3–4 tokens ~0.12 s, a 48-token prompt ~0.22 s)."""
+    live = LiveStats(discount=1.0)
+    for i in range(120):
+        live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
+        live.observe_ngram_shadow(1, int(i % first_every == 0), 1)
+    live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
+    live.t_draft, live.t_ngram = 0.075, 1e-6
+    live.spent = [0.15 * 400, 400]
+    if catch_ups:
+        for g, c in ((3, 0.12), (4, 0.125), (48, 0.22), (3, 0.115), (50, 0.23)):
+            live.observe_catch_up(g, c)
+    return live
+
+
+def test_an_n_gram_block_is_charged_the_catch_up_it_causes_the_draft():
+    live = _chat_like(3, catch_ups=True)
+    assert induced_catch_up(_chat_like(3, catch_ups=False), 1, 2.0) == 0.0  # unmeasured
+    # after a draft block (gap ≤ 2) the draft's next step becomes a catch-up over the block
+    assert induced_catch_up(live, 1, 2.0) == pytest.approx(live.catch_up_cost(3) - 0.075)
+    # already behind: only the tokens the block adds to the catch-up it owes anyway
+    assert induced_catch_up(live, 40, 2.0) == pytest.approx(
+        live.catch_up_cost(42) - live.catch_up_cost(40))
+    assert 0 < induced_catch_up(live, 40, 2.0) < induced_catch_up(live, 1, 2.0)
+
+    def choose(live):
+        return CostModelPolicy().choose(Context(
+            category="c", k_max=8, generated=10, remaining=40, live=live,
+            proposers=("draft", "ngram"), ngram_match=1, draft_gap=1))
+
+    # n-gram first tokens right 1 in 3: its block saves more than the draft's, less than
+    # that once the draft's catch-up after it is counted
+    assert getattr(choose(_chat_like(3, catch_ups=False)), "proposer", None) == "ngram"
+    chosen = choose(live)
+    assert int(chosen) > 0 and getattr(chosen, "proposer", "draft") == "draft"
+    # 1 in 2: the lookup pays for the catch-up too
+    assert getattr(choose(_chat_like(2, catch_ups=True)), "proposer", None) == "ngram"
 
 
 def test_the_request_rate_decides_where_the_category_rate_would_not():
