@@ -35,6 +35,7 @@ from autospec.benchstats import (
     aggregate,
     batch_records_of,
     first_divergence,
+    head_to_head,
     summarize_batches,
 )
 
@@ -199,6 +200,8 @@ class BenchResult:
     records: list[RunRecord]
     batches: list[dict] = field(default_factory=list)  # per (batch size, mode), every size
     batch_records: list[BatchRecord] = field(default_factory=list)  # batch > 1 calls
+    # batch 1: each policy against the best fixed k, request by request (head_to_head)
+    head_to_head: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         runs = [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records]
@@ -208,7 +211,8 @@ class BenchResult:
         batches = [{"batch": b, "rows": [r for r in self.batches if r["batch"] == b]}
                    for b in sizes]
         return _finite({"meta": self.meta, "rows": self.rows, "runs": runs,
-                        "batches": batches, "batch_runs": batch_runs})
+                        "batches": batches, "batch_runs": batch_runs,
+                        "head_to_head": self.head_to_head})
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -312,7 +316,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     summary = summarize_batches([*batch_records_of(records), *batch_records], greedy=not sample,
                                 unsupported=unsupported, modes=[m.name for m in mode_list])
     return BenchResult(meta=meta, rows=rows, records=records, batches=summary,
-                       batch_records=batch_records)
+                       batch_records=batch_records, head_to_head=head_to_head(records, rows))
 
 
 _ASSIST_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule",

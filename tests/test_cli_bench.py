@@ -176,6 +176,45 @@ def test_speedup_is_per_token_when_lengths_differ():
     assert rows[1]["identical"] is None  # sampling: outputs are not expected to match
 
 
+def test_each_policy_meets_the_best_fixed_k_request_by_request():
+    """Six requests: k = 2 is the best fixed k (median speedup 2 against k = 1's 1.5); the
+    policy runs them at 1 s/token against k = 2's 1.0, 0.9, 1.1, 1.2, 0.8, 1.3 s/token: the
+    paired ratios' median is 1.05, it was faster on 3 of 6, and the throughput ratio is
+    the summed tokens over summed seconds of each (6 s against 6.3 s for 24 tokens each)."""
+    walls = {"plain": [8.0] * 6, "autospec:1": [8 / 1.5] * 6,
+             "autospec:2": [4.0, 3.6, 4.4, 4.8, 3.2, 5.2], "policy:auto": [4.0] * 6}
+    def run(mode, i, wall):
+        if mode.startswith("policy:"):
+            return RunRecord(category="code", prompt_index=i, repeat=0, mode=mode, k=None,
+                             new_tokens=4, wall_s=wall, tokens=[1, 2, 3, 4])
+        return rec(mode, i, 0, wall)
+
+    records = [run(mode, i, w) for mode, ws in walls.items() for i, w in enumerate(ws)]
+    rows = bench.aggregate(records, greedy=True)
+    (h,) = bench.head_to_head(records, rows)
+    assert (h["mode"], h["against"], h["requests"]) == ("policy:auto", "autospec:2", 6)
+    ratios = sorted(w / 4.0 for w in walls["autospec:2"])
+    assert h["median_ratio"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert h["faster"] == 3
+    assert h["throughput_ratio"] == pytest.approx(sum(walls["autospec:2"]) / 24.0)
+    low, high = h["interval"]
+    assert ratios[0] <= low <= h["median_ratio"] <= high <= ratios[-1] and low < high
+    assert bench.head_to_head(records, rows) == [h]  # seeded: the same interval again
+    # a policy faster on every request is faster by the median and the whole interval
+    fast = [run("policy:fast", i, 2.0) for i in range(6)]
+    (_, h2) = bench.head_to_head(records + fast, bench.aggregate(records + fast, greedy=True))
+    assert h2["faster"] == 6 and h2["interval"][0] > 1
+    res = bench.BenchResult(meta={"target": "t", "draft": "d", "device": "cpu",
+                                  "dtype": "float32", "threads": 1, "prompts": 6,
+                                  "repeats": 1, "max_new_tokens": 4, "sample": False},
+                            rows=rows, records=records, head_to_head=[h])
+    assert ("policy:auto against autospec:2 (the best fixed k here)" in format_table(res))
+    assert res.to_json()["head_to_head"][0]["against"] == "autospec:2"
+    # no fixed k in the run: nothing to compare with
+    no_fixed = [r for r in records if not r.mode.startswith("autospec:")]
+    assert bench.head_to_head(no_fixed, bench.aggregate(no_fixed, greedy=True)) == []
+
+
 @pytest.mark.parametrize(("a", "b", "pos"), [((1, 2, 3), (1, 2, 3), None),
                                              ((1, 2, 3), (1, 5, 3), 1),
                                              ((1, 2), (1, 2, 3), 2)])

@@ -235,6 +235,7 @@ def format_table(result) -> str:
         "accepted / drafted of autospec's n-gram blocks (policy modes that draft by both: "
         "alpha is then the draft model's alone)",
     ]
+    lines += [_head_to_head_line(h) for h in getattr(result, "head_to_head", ())]
     skipped = {b["mode"]: b["reason"] for b in result.batches
                if b.get("batch") == 1 and b.get("status") == "unsupported"}
     if skipped:
@@ -252,6 +253,15 @@ def format_table(result) -> str:
                   + (f"; prompts sorted by length, left-padded: {sizes}" if sizes else ""),
                   format_batch_table(result)]
     return "\n".join(lines).lstrip("\n")  # no batch-1 rows: the settings come first
+
+
+def _head_to_head_line(h: dict) -> str:
+    """One policy against the run's best fixed k, as people read it."""
+    low, high = h["interval"]
+    return (f"{h['mode']} against {h['against']} (the best fixed k here), request by request: "
+            f"{h['median_ratio']:.2f}x by the median (95% bootstrap interval {low:.2f}-"
+            f"{high:.2f}), faster on {h['faster']} of {h['requests']}; "
+            f"{h['throughput_ratio']:.2f}x by throughput")
 
 
 def _repeats(meta: dict) -> str:
