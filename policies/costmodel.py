@@ -245,6 +245,17 @@ def induced_catch_up(live, gap: int, tokens: float) -> float:
     return max(0.0, after - before)
 
 
+def _priced(curve, k: int, t_propose: float, cost, per_token: float, value: float | None,
+            s: float) -> tuple[float, float]:
+    """(S, seconds saved) of a proposer's block of k at batch 1: S valued at the request's
+    rate where there is one (else best_k's ``s`` stands), and ``block_saving`` at that rate
+    (else T_t(1))."""
+    v = cost(1) if value is None else value
+    if value is not None:
+        s = valued_speedup(curve, k, t_propose, cost, per_token, value)
+    return s, block_saving(curve, k, t_propose, cost, per_token, v)
+
+
 def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list[float]:
     """The n-gram proposer's acceptance curve for this request: the category's (``curve``,
     for a match of ``match`` tokens; 0: any), per position pulled toward this request's own
@@ -514,10 +525,7 @@ class CostModelPolicy:
             k, s = best_k(curve, live.t_draft, cost, top, per_token=per_token)
             saved = 0.0
             if k:
-                v = cost(1) if value is None else value
-                saved = block_saving(curve, k, live.t_draft, cost, per_token, v)
-                if value is not None:
-                    s = valued_speedup(curve, k, live.t_draft, cost, per_token, value)
+                s, saved = _priced(curve, k, live.t_draft, cost, per_token, value, s)
             best = (k, s, "draft", saved)
         if match > 0:  # the n-gram proposer has a match now: what would it pay?
             cost = self.derived(live, top)[1]
@@ -525,14 +533,11 @@ class CostModelPolicy:
             t_ngram = live.t_ngram or 0.0
             k, s = best_k(curve, t_ngram, cost, top)
             if k:
-                v = cost(1) if value is None else value
-                saved = block_saving(curve, k, t_ngram, cost, 0.0, v)
+                s, saved = _priced(curve, k, t_ngram, cost, 0.0, value, s)
                 drafting = best[0] > 0 and best[1] >= 1 + self.min_gain
                 if drafting:  # against a draft block, it pays the draft's catch-up
                     saved -= induced_catch_up(live, getattr(context, "draft_gap", 0),
                                               expected_tokens(curve, k))
-                if value is not None:
-                    s = valued_speedup(curve, k, t_ngram, cost, 0.0, value)
                 # the proposers are ranked by the seconds their block saves, not by S
                 if saved > best[3] or not drafting:
                     best = (k, s, "ngram", saved)

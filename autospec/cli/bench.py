@@ -235,7 +235,7 @@ def format_table(result) -> str:
         "accepted / drafted of autospec's n-gram blocks (policy modes that draft by both: "
         "alpha is then the draft model's alone)",
     ]
-    lines += [_head_to_head_line(h) for h in getattr(result, "head_to_head", ())]
+    lines += [_head_to_head_line(h) for h in result.head_to_head]
     skipped = {b["mode"]: b["reason"] for b in result.batches
                if b.get("batch") == 1 and b.get("status") == "unsupported"}
     if skipped:
