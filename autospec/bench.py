@@ -200,7 +200,7 @@ class BenchResult:
     records: list[RunRecord]
     batches: list[dict] = field(default_factory=list)  # per (batch size, mode), every size
     batch_records: list[BatchRecord] = field(default_factory=list)  # batch > 1 calls
-    # batch 1: each policy against the best fixed k, request by request (head_to_head)
+    # batch 1: each policy against the best fixed k and prompt lookup, request by request
     head_to_head: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:

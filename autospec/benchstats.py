@@ -81,47 +81,58 @@ def aggregate(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
 
 def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
                  resamples: int = 2000, seed: int = 0) -> list[dict]:
-    """Each adaptive policy (``policy:`` modes) against the best fixed k of the same run (the
+    """Each adaptive policy (``policy:`` modes) against the modes a user would otherwise
+    switch on, request by request at batch 1: the best fixed k of the same run (the
     ``autospec:k`` mode, k > 0, with the highest overall median speedup over plain; the
-    smaller k among ties), request by request at batch 1: the paired ratio of time per token
-    (fixed / policy: above 1, the policy was faster on that request), its median with a 95 %
-    bootstrap interval (``resamples`` resamples of the requests, seeded: the same records
-    give the same interval), the requests where the policy was faster, and the ratio of
-    throughputs (tokens over seconds, summed over the requests both ran). A median over 16
-    requests moves by a few per cent between runs of the same code; the interval says how
-    far, so "auto ≥ the best fixed k" can be read as more or less than noise."""
+    smaller k among ties) and every prompt-lookup mode that ran (transformers'
+    ``hf-lookup``, autospec's ``ngram:k`` alone). Per pair (``against``, with ``baseline``:
+    "fixed-k" or "prompt-lookup"), over all requests and per category (``by_category``): the
+    paired ratio of time per token (baseline / policy: above 1, the policy was faster on
+    that request), its median with a 95 % bootstrap interval (``resamples`` resamples of the
+    requests, seeded: the same records give the same interval), the requests where the
+    policy was faster, and the ratio of throughputs (tokens over seconds, summed over the
+    requests both ran). A median over 16 requests moves by a few per cent between runs of
+    the same code; the interval says how far, so "auto ≥ the best fixed k" (or ≥ prompt
+    lookup on the traffic that copies) can be read as more or less than noise."""
     overall = {r["mode"]: r["speedup"] for r in rows
                if r["category"] == OVERALL and r.get("speedup") is not None}
     fixed = sorted(((-s, int(m.split(":")[1]), m) for m, s in overall.items()
                     if m.startswith("autospec:") and int(m.split(":")[1]) > 0))
-    if not fixed:
-        return []
-    best = fixed[0][2]
+    baselines = [(fixed[0][2], "fixed-k")] if fixed else []
+    baselines += [(m, "prompt-lookup") for m in dict.fromkeys(r.mode for r in records)
+                  if m.split(":")[0] in ("hf-lookup", "ngram")]
     by = {(r.mode, r.prompt_index, r.repeat): r for r in records if r.batch == 1}
     out = []
     for mode in dict.fromkeys(r.mode for r in records if r.mode.startswith("policy:")):
-        pairs = [(by[(best, i, rep)], r) for (m, i, rep), r in by.items()
-                 if m == mode and (best, i, rep) in by]
-        pairs = [(f, p) for f, p in pairs
-                 if min(f.wall_s, p.wall_s) > 0 and min(f.new_tokens, p.new_tokens) > 0]
-        if not pairs:
-            continue
-        ratios = [(f.wall_s / f.new_tokens) / (p.wall_s / p.new_tokens) for f, p in pairs]
-        rng = random.Random(seed)
-        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
-                         for _ in range(resamples))
-        out.append({
-            "mode": mode, "against": best, "requests": len(ratios),
-            "median_ratio": statistics.median(ratios),
+        for base, kind in baselines:
+            pairs = [(by[(base, i, rep)], r) for (m, i, rep), r in by.items()
+                     if m == mode and (base, i, rep) in by]
+            pairs = [(b, p) for b, p in pairs
+                     if min(b.wall_s, p.wall_s) > 0 and min(b.new_tokens, p.new_tokens) > 0]
+            if not pairs:
+                continue
+            cats = dict.fromkeys(p.category for _, p in pairs)
+            out.append({"mode": mode, "against": base, "baseline": kind,
+                        **_paired(pairs, resamples, seed),
+                        "by_category": {c: _paired([(b, p) for b, p in pairs if p.category == c],
+                                                   resamples, seed) for c in cats}})
+    return out
+
+
+def _paired(pairs: Sequence[tuple[RunRecord, RunRecord]], resamples: int, seed: int) -> dict:
+    """(baseline, policy) runs of the same requests → head_to_head's figures."""
+    ratios = [(b.wall_s / b.new_tokens) / (p.wall_s / p.new_tokens) for b, p in pairs]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(resamples))
+    return {"requests": len(ratios), "median_ratio": statistics.median(ratios),
             "interval": (medians[int(0.025 * resamples)],
                          medians[min(resamples - 1, int(0.975 * resamples))]),
             "faster": sum(x > 1 for x in ratios),
             "throughput_ratio": (sum(p.new_tokens for _, p in pairs)
                                  / sum(p.wall_s for _, p in pairs))
-                                / (sum(f.new_tokens for f, _ in pairs)
-                                   / sum(f.wall_s for f, _ in pairs)),
-        })
-    return out
+                                / (sum(b.new_tokens for b, _ in pairs)
+                                   / sum(b.wall_s for b, _ in pairs))}
 
 
 def oracle(records: Sequence[RunRecord], k_max: int = 16):

@@ -215,6 +215,47 @@ def test_each_policy_meets_the_best_fixed_k_request_by_request():
     assert bench.head_to_head(no_fixed, bench.aggregate(no_fixed, greedy=True)) == []
 
 
+def test_each_policy_meets_prompt_lookup_per_category():
+    """A policy is also set against every prompt-lookup mode of the run (transformers' and
+    autospec's n-gram alone), over all requests and per category: on "copy" (4 requests) it
+    runs 2 s per request where hf-lookup runs 2, 2.4, 1.8 and 2.2 s; on "chat" (2 requests)
+    1 s where hf-lookup runs 3 s. The best fixed k comes first, the lookup modes in run
+    order."""
+    walls = {"plain": [8.0] * 6, "autospec:2": [4.0] * 6,
+             "hf-lookup": [2.0, 2.4, 1.8, 2.2, 3.0, 3.0], "ngram:10": [1.0] * 6,
+             "policy:auto": [2.0, 2.0, 2.0, 2.0, 1.0, 1.0]}
+
+    def run(mode, i, wall):
+        cat = "copy" if i < 4 else "chat"
+        if not mode.startswith("autospec:") and mode != "plain":
+            return RunRecord(category=cat, prompt_index=i, repeat=0, mode=mode, k=None,
+                             new_tokens=4, wall_s=wall, tokens=[1, 2, 3, 4])
+        return rec(mode, i, 0, wall, category=cat)
+
+    records = [run(mode, i, w) for mode, ws in walls.items() for i, w in enumerate(ws)]
+    fixed, hf, ng = bench.head_to_head(records, bench.aggregate(records, greedy=True))
+    assert [(h["against"], h["baseline"]) for h in (fixed, hf, ng)] == [
+        ("autospec:2", "fixed-k"), ("hf-lookup", "prompt-lookup"), ("ngram:10", "prompt-lookup")]
+    copy, chat = hf["by_category"]["copy"], hf["by_category"]["chat"]
+    assert copy["requests"] == 4 and copy["median_ratio"] == pytest.approx((1.0 + 1.1) / 2)
+    assert copy["faster"] == 2  # 2.4 and 2.2 s against 2; 1.8 s was faster; 2.0 is a tie
+    assert copy["throughput_ratio"] == pytest.approx(8.4 / 8.0)
+    assert chat["median_ratio"] == pytest.approx(3.0) and chat["faster"] == 2
+    assert hf["requests"] == 6 and hf["median_ratio"] == pytest.approx((1.1 + 1.2) / 2)
+    assert ng["by_category"]["copy"]["median_ratio"] == pytest.approx(0.5)
+    assert ng["by_category"]["copy"]["faster"] == 0
+    res = bench.BenchResult(meta={"target": "t", "draft": "d", "device": "cpu",
+                                  "dtype": "float32", "threads": 1, "prompts": 6,
+                                  "repeats": 1, "max_new_tokens": 4, "sample": False},
+                            rows=bench.aggregate(records, greedy=True), records=records,
+                            head_to_head=[fixed, hf, ng])
+    text = format_table(res)
+    assert "policy:auto against hf-lookup (transformers' prompt lookup)" in text
+    assert "policy:auto against ngram:10 (autospec's prompt lookup alone)" in text
+    assert "copy 1.05x (" in text and "chat 3.00x (3.00-3.00, 2/2)" in text
+    assert res.to_json()["head_to_head"][1]["by_category"]["chat"]["faster"] == 2
+
+
 @pytest.mark.parametrize(("a", "b", "pos"), [((1, 2, 3), (1, 2, 3), None),
                                              ((1, 2, 3), (1, 5, 3), 1),
                                              ((1, 2), (1, 2, 3), 2)])
