@@ -489,14 +489,18 @@ class CostModelPolicy:
         return curve
 
     def _stats(self, context):
-        """The statistics to decide by: the controller's, or (with ``discount``) our own."""
+        """The statistics to decide by: the controller's, or (with ``discount``) the
+        controller's with our own discounted draft-model acceptance in place of its own."""
         live = context.live
         if self.discount is None or live is None:
             return live
         own = self._own.get(context.category)
         if own is None:
             own = self._own[context.category] = live.copy(discount=self.discount)
-        return own
+        # only the acceptance is ours: the n-gram's counts, catch-ups, costs and the rate
+        # are fed to the controller's statistics alone (a copy of those froze them at the
+        # first decision, and a replayed cold category never learned that lookup pays)
+        return live.copy(acceptance_from=own)
 
     def choose(self, context) -> int:
         top = context.k_max if self.k_cap is None else min(self.k_cap, context.k_max)
@@ -665,7 +669,7 @@ class CostModelPolicy:
             own = self._own.get(cat)
             if own is None and live is not None:
                 own = self._own[cat] = live.copy(discount=self.discount)
-            out.append(own)
+            out.append(None if live is None else live.copy(acceptance_from=own))
         return out
 
     def _choose_batch(self, context, top: int) -> int:
@@ -776,7 +780,8 @@ class CostModelPolicy:
         own = self._own.get(context.category) if self.discount is not None else None
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
-            own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+            if getattr(outcome, "proposer", "draft") != "ngram":  # the draft model's alone
+                own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 
 
 def _draft_share(live, context) -> float:

@@ -434,9 +434,12 @@ class LiveStats:
             out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))))
         return out
 
-    def copy(self, *, discount: float | None = None) -> LiveStats:
+    def copy(self, *, discount: float | None = None,
+             acceptance_from: LiveStats | None = None) -> LiveStats:
         """An independent copy (optionally with another discount): a policy that keeps its
-        own statistics starts from what the controller knows."""
+        own statistics starts from what the controller knows. ``acceptance_from``: the draft
+        model's acceptance counts (and blocks ever) taken from that one instead — a policy's
+        own discounted acceptance beside everything else the controller knows now."""
         with self._lock:
             new = LiveStats(discount=self.discount if discount is None else discount,
                             prior=self.prior, ema=self.ema, max_positions=len(self.reached))
@@ -452,6 +455,11 @@ class LiveStats:
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
             new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
+        if acceptance_from is not None:
+            with acceptance_from._lock:
+                new.accepted = list(acceptance_from.accepted)
+                new.reached = list(acceptance_from.reached)
+                new.draft_blocks = acceptance_from.draft_blocks
         return new
 
     def settled(self, n: int) -> bool:

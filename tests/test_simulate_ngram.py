@@ -67,3 +67,28 @@ def test_a_pair_without_a_draft_replays_the_ngram_whatever_the_policy_returns():
     assert res.drafted == 0 and res.ngram_drafted > 0
     auto = simulate([row([255] * 12, ng)], as_policy("auto"), COSTS, has_draft=False)
     assert auto.ngram_accepted > 0 and auto.speedup > 1.0
+
+
+def test_a_cost_model_with_its_own_discount_learns_the_ngram_as_auto_does():
+    """A cost-model policy that keeps its own discounted acceptance (every trial of `autospec
+    tune`'s costmodel family, trial 0 included) decides by the controller's n-gram counts,
+    catch-ups and costs as they grow, and counts only the draft model's blocks as the draft
+    model's acceptance. With its own statistics a full copy fed only the draft's
+    observations, a cold category never learned that lookup pays, and n-gram blocks were
+    counted as the draft model's: trial 0 ("auto") replayed copy-heavy traffic at half of
+    what `auto` itself replayed on the same traces."""
+    from autospec.policies.tuned import build_policy
+    from autospec.tune import default_params, params_of
+
+    # copy-heavy traffic: every position has a 3-token match agreeing 12 tokens on; the draft
+    # model's own proposals are accepted one time in four
+    rows = [row([1, 0, 0, 0] * 16, [encode_trace_value(3, 12)] * 64) for _ in range(6)]
+    # the default pair's probe on a 2-core CPU (bf16): T_d a third of T_t(1), flat to 16
+    costs = Costs(t_draft=0.073, t_target={1: .228, 2: .191, 3: .206, 4: .197, 5: .214,
+                                           6: .222, 7: .238, 8: .25, 10: .254, 16: .283})
+    auto = simulate(rows, as_policy("auto"), costs)
+    trial0 = simulate(rows, build_policy(*params_of(default_params())), costs)
+    assert auto.ngram_drafted > 0  # the traffic is one where lookup pays
+    assert (trial0.ngram_drafted, trial0.drafted, trial0.iterations) == (
+        auto.ngram_drafted, auto.drafted, auto.iterations)
+    assert trial0.speedup == pytest.approx(auto.speedup)
