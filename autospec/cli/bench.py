@@ -257,20 +257,18 @@ def format_table(result) -> str:
     return "\n".join(lines).lstrip("\n")  # no batch-1 rows: the settings come first
 
 
-_BASELINE_NAMES = {"fixed-k": "the best fixed k here", "prompt-lookup": "autospec's prompt lookup alone"}
-
-
 def _head_to_head_line(h: dict) -> str:
     """One policy against one baseline of the run, as people read it: over all requests,
     then per category where there are several."""
     low, high = h["interval"]
-    why = ("transformers' prompt lookup" if h["against"].startswith("hf-lookup")
-           else _BASELINE_NAMES.get(h.get("baseline", "fixed-k"), h.get("baseline")))
+    why = ("the best fixed k here" if h["baseline"] == "fixed-k"
+           else "transformers' prompt lookup" if h["against"].startswith("hf-lookup")
+           else "autospec's prompt lookup alone")
     line = (f"{h['mode']} against {h['against']} ({why}), request by request: "
             f"{h['median_ratio']:.2f}x by the median (95% bootstrap interval {low:.2f}-"
             f"{high:.2f}), faster on {h['faster']} of {h['requests']}; "
             f"{h['throughput_ratio']:.2f}x by throughput")
-    cats = h.get("by_category", {})
+    cats = h["by_category"]
     if len(cats) > 1:
         per = ", ".join(f"{c} {v['median_ratio']:.2f}x ({v['interval'][0]:.2f}-"
                         f"{v['interval'][1]:.2f}, {v['faster']}/{v['requests']})"
