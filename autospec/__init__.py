@@ -13,14 +13,14 @@ _EXPORTS = {
     "wrap": "autospec.controller",
     "unwrap": "autospec.controller",
     "Controller": "autospec.controller",
-    "rejection_sample": "autospec.verify",
-    "greedy_verify": "autospec.verify",
-    "SamplingConfig": "autospec.sampling",
-    "speculative_generate": "autospec.loop",
-    "LoopStats": "autospec.loop",
-    "load_pair": "autospec.models",
-    "load_model": "autospec.models",
-    "PairMismatchError": "autospec.checks",
+    "rejection_sample": "autospec.engine.verify",
+    "greedy_verify": "autospec.engine.verify",
+    "SamplingConfig": "autospec.engine.sampling",
+    "speculative_generate": "autospec.engine.loop",
+    "LoopStats": "autospec.engine.loop",
+    "load_pair": "autospec.pairs",
+    "load_model": "autospec.pairs",
+    "PairMismatchError": "autospec.engine.checks",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from autospec.loop import LoopStats, speculative_generate
-from autospec.plan import Plan, plan_request
+from autospec.engine.loop import LoopStats, speculative_generate
+from autospec.engine.plan import Plan, plan_request
 from autospec.policies.base import Policy, as_policy, early_stop_of, proposer_of
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
@@ -40,8 +40,8 @@ class Controller:
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
                  categorize=None, log_features: bool = True, static_cache: bool = False,
                  cuda_graphs="auto", metrics=False, ngram=None):
-        from autospec.checks import check_pair
-        from autospec.runners import path_name, resolve_graphs
+        from autospec.engine.checks import check_pair
+        from autospec.engine.runners import path_name, resolve_graphs
 
         k_max = _check_k_max(k_max)
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
@@ -50,7 +50,7 @@ class Controller:
         self.draft = draft  # None: the n-gram proposer drafts alone
         self.ngram = _ngram_factory(ngram)
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
-        # CUDA graphs where there is a GPU (autospec.runners); checked here, used per request
+        # CUDA graphs where there is a GPU (autospec.engine.runners); checked here, used per request
         if cuda_graphs is True and not static_cache:
             raise ValueError("cuda_graphs=True replays forwards on a static cache: pass "
                              "static_cache=True as well")
@@ -107,7 +107,7 @@ class Controller:
                 raise ValueError(f"categorize={categorize!r} loads a categoriser from the "
                                  "store, but the store is off (store=False)")
             return
-        from autospec.categorize import Categorizer
+        from autospec.categorize.categorizer import Categorizer
 
         name = categorize or "default"
         try:
@@ -136,8 +136,8 @@ class Controller:
                 self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
 
     def _setup_metrics(self, option, names) -> None:
-        """Prometheus metrics (autospec.metrics), updated once per finished request."""
-        from autospec.metrics import RequestHook, as_metrics
+        """Prometheus metrics (autospec.fleet.metrics), updated once per finished request."""
+        from autospec.fleet.metrics import RequestHook, as_metrics
 
         m = as_metrics(option)
         self.metrics = None if m is None else RequestHook(
@@ -162,7 +162,7 @@ class Controller:
         if self._owns_policy and hasattr(self.policy, "close"):
             self.policy.close()
         if self.static_cache:
-            from autospec.runners import release_runners
+            from autospec.engine.runners import release_runners
 
             release_runners(self.model)
             if self.draft is not None:
@@ -240,7 +240,7 @@ class Controller:
 
     def _generate_batch(self, plan: Plan, policy, category, generator, k):
         """B prompts through the batched loop; output laid out as generate lays it out."""
-        from autospec.batched import speculative_generate_batch
+        from autospec.engine.batched import speculative_generate_batch
 
         cats = category if isinstance(category, list) else [category] * plan.batch
         resolved = [self._categorise(c, ids) for c, (ids, _) in zip(cats, plan.rows)]
@@ -300,7 +300,7 @@ class Controller:
             if getattr(self, "_batch_costs", None) is None:
                 costs = BatchCosts(live=True)  # the store's grid, recalibrated live
                 if self.store is not None:
-                    from autospec.costgrid import batch_grid
+                    from autospec.costs.grid import batch_grid
                     from autospec.store import queries
 
                     try:
@@ -401,7 +401,7 @@ class Controller:
         want = self.categorizer is not None or (self.writer is not None and self.log_features)
         features = alpha = None
         if want:
-            from autospec.categorize import prompt_features
+            from autospec.categorize.categorizer import prompt_features
 
             features = prompt_features(input_ids[0].tolist())
         if category is not None:
@@ -543,7 +543,7 @@ def _check_categories(category, batch: int | None):
 def _store_dir(store):
     """Where machine-level figures (the measured CPU bandwidth) are cached: beside a SQLite
     file, else the cache directory."""
-    from autospec.store.engine import cache_dir
+    from autospec.store.database import cache_dir
 
     db = store.engine.url.database if store.engine.url.get_backend_name() == "sqlite" else None
     return str(cache_dir()) if not db or db == ":memory:" else os.path.dirname(os.path.abspath(db))
@@ -599,9 +599,9 @@ def _ngram_factory(ngram):
 
 
 def _check_category(category) -> str:
-    """The store's rule (``autospec.store.records.check_category``), checked before any work
+    """The store's rule (``autospec.store.record.check_category``), checked before any work
     so that a request whose record the store would refuse never runs."""
-    from autospec.store.records import check_category
+    from autospec.store.record import check_category
 
     return check_category(category)
 
@@ -624,7 +624,7 @@ def wrap(model, draft=None, **options) -> Controller:
     reused across requests), cuda_graphs ("auto": with static_cache on a CUDA device, replay
     the draft step and each verification size from CUDA graphs; True; False), metrics
     (True: count every request in Prometheus metrics named after vLLM's, served by
-    ``autospec.metrics.start_http_server(port)``; an ``autospec.metrics.Metrics``; default
+    ``autospec.fleet.metrics.start_http_server(port)``; an ``autospec.fleet.metrics.Metrics``; default
     False), ngram (the n-gram proposer's settings: ``dict(max_n=3, min_n=1)`` by default, or
     a callable ``tokens -> index`` with ``extend``/``propose``, see ``autospec.ngram``).
     """

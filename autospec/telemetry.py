@@ -28,7 +28,7 @@ from functools import partial
 import torch
 
 from autospec.ngram import ngram_trace
-from autospec.store.records import UNOBSERVED  # the one definition (torch-free)
+from autospec.store.record import UNOBSERVED  # the one definition (torch-free)
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ class RequestTelemetry:
 
     def __init__(self, target, draft, *, names: tuple[str, str] | None = None,
                  cache_dir=None, measure_peak: bool = True):
-        from autospec.store.records import PairInfo
+        from autospec.store.record import PairInfo
 
         device = next(target.parameters()).device
         self.device = device
@@ -400,7 +400,7 @@ class RequestTelemetry:
 
     def record(self, stats, *, category: str, policy: str, greedy: bool,
                prompt_text: str | None = None, output_text: str | None = None):
-        from autospec.store.records import RequestRecord
+        from autospec.store.record import RequestRecord
 
         achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
                                       stats.target_forwards)
@@ -446,7 +446,7 @@ class RequestTelemetry:
                             in getattr(stats, "target_s_by_bn", {}).items()} or None,
             draft_s_by_b={int(b): list(v) for b, v
                           in getattr(stats, "draft_s_by_b", {}).items()} or None,
-            # the runners' path (autospec.runners.path_name): costs are kept per path
+            # the runners' path (autospec.engine.runners.path_name): costs are kept per path
             path=getattr(stats, "path", "") or None,
             ngram=ngram, proposer_schedule=bytes(schedule) if any(schedule) else None,
             # batch 1's catch-up forwards (the batched loop times its draft per batch)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
 
-# the n-gram trace's reach (autospec.store.records.NGRAM_TRACE_K; not imported: policies stay
+# the n-gram trace's reach (autospec.store.record.NGRAM_TRACE_K; not imported: policies stay
 # free of the store): shadow evidence counts at most this many positions, so that replay
 # from the trace counts exactly what the live loop did
 SHADOW_REACH = 16

@@ -5,13 +5,13 @@
 
 Sections, each printed as a table (and all of it in --json):
 1. cost curve: the target's T_t(n) for n = 1…16 and the draft's T_d on the static cache with
-   CUDA graphs (and transformers' eager path for comparison, via autospec.probe); achieved
+   CUDA graphs (and transformers' eager path for comparison, via autospec.costs.probe); achieved
    memory bandwidth against the device's peak (NVML).
 2. end to end, per draft: plain decoding (autospec k = 0 on graphs, the fast baseline),
    transformers' plain and assisted generate (eager), autospec at each k and under "auto";
    tokens/s, speedup against both plains (paired, same prompt and repeat), α read from the
    acceptance traces, and S(k) that the cost model predicts from the measured α and costs.
-   Drafts: controlled pairs (autospec.controlled) at each α, whose acceptance is set while
+   Drafts: controlled pairs (autospec.testing.controlled) at each α, whose acceptance is set while
    every layer runs at full cost, and a plain random draft (α ≈ 0: "auto" should switch off).
 3. batch: the target's verification cost T_t(n)/T_t(1) at batch 1…64, where it stops being
    memory bound, and the k the cost model would choose there.
@@ -32,11 +32,11 @@ from functools import partial
 
 import torch
 
-from autospec.controlled import build_model, controlled_pair, qwen2_config
+from autospec.testing.controlled import build_model, controlled_pair, qwen2_config
 from autospec.controller import Controller
 from autospec.policies.costmodel import best_k, speedup
-from autospec.runners import StaticRunner, graph_report
-from autospec.store.records import UNOBSERVED
+from autospec.engine.runners import StaticRunner, graph_report
+from autospec.store.record import UNOBSERVED
 from autospec.telemetry import (
     NvmlSampler,
     hardware_name,
@@ -201,12 +201,12 @@ class Bench:
             "kv_bytes": runner.kv_bytes(), "capture_s": runner.capture_s}
         runner = d_runner = None  # free the caches and graphs
         if self.left() > 30 or not self.cuda:
-            from autospec.probe import probe
+            from autospec.costs.probe import probe
 
             res = probe(self.target, self.drafts["random"], context=ctx,
                         max_n=min(5, a.curve_n), repeats=3)
             self.eager_costs = (res.draft_s, res.target_s_by_n)
-            print(f"transformers' eager path (autospec.probe): T_t(1) "
+            print(f"transformers' eager path (autospec.costs.probe): T_t(1) "
                   f"{res.target_s_by_n[1] * 1e3:.2f} ms, T_d {res.draft_s * 1e3:.2f} ms, "
                   f"bandwidth {fmt(res.utilisation and res.utilisation * 100, '.0f')} % of peak")
             self.out["sections"]["curve"]["eager_probe"] = res.to_dict()

@@ -67,9 +67,9 @@ for mod in ("triton", "pytest", "pynvml", "sqlalchemy", "scipy"):
     except Exception as e:
         print(f"{mod}: absent ({type(e).__name__})")
 import os
-import autospec.controlled, autospec.policies, autospec.runners, autospec.store.records
+import autospec.testing.controlled, autospec.policies, autospec.engine.runners, autospec.store.record
 here = os.getcwd()  # the shim: every part of the package must come from it
-paths = [m.__file__ for m in (autospec, autospec.policies, autospec.runners, autospec.store)]
+paths = [m.__file__ for m in (autospec, autospec.policies, autospec.engine.runners, autospec.store)]
 print("autospec from", os.path.dirname(paths[0]))
 assert all(p.startswith(here) for p in paths), paths
 EOF

@@ -19,8 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=500)
     a = ap.parse_args(argv)
 
-    from autospec.loop import LoopStats
-    from autospec.metrics import Metrics
+    from autospec.engine.loop import LoopStats
+    from autospec.fleet.metrics import Metrics
 
     m = Metrics()
     st = LoopStats(drafts=200, drafted=800, accepted=500,

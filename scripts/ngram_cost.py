@@ -110,7 +110,7 @@ def main() -> None:
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40000)).eval()
         name = "tiny llama (4 layers, hidden 256)"
     else:
-        from autospec import models
+        from autospec import pairs as models
 
         pair = models.load_pair("qwen2.5-coder", draft=False)
         model, name = pair.target, "Qwen2.5-Coder-1.5B-Instruct (bf16)"

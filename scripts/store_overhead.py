@@ -27,7 +27,7 @@ def tiny_pair():
 
 
 def real_pair():
-    from autospec.models import load_pair
+    from autospec.pairs import load_pair
 
     p = load_pair("qwen2.5-coder")
     texts = ["def quicksort(xs):", "The capital of France is", "SELECT name FROM users WHERE",

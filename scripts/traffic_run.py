@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from autospec.bench import encode_prompt, load_prompts
+from autospec.bench.run import encode_prompt, load_prompts
 from autospec.controller import Controller
-from autospec.models import load_pair
+from autospec.pairs import load_pair
 
 PROMPTS = Path(__file__).resolve().parents[1] / "autospec" / "prompts" / "traffic.jsonl"
 

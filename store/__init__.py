@@ -8,7 +8,7 @@
             ...
     store.close()                                    # flushes writers
 
-No torch here, and exports are lazy: ``from autospec.store.records import …`` (the runtime,
+No torch here, and exports are lazy: ``from autospec.store.record import …`` (the runtime,
 the simulator) does not import SQLAlchemy; ``autospec stats`` and the policies stay light.
 """
 
@@ -17,26 +17,26 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "PairInfo": "records",
-    "RequestRecord": "records",
-    "TRACE_GREEDY": "records",
-    "TRACE_SAMPLED": "records",
-    "UNOBSERVED": "records",
-    "NGRAM_NONE": "records",
-    "Store": "engine",
-    "StoreError": "engine",
-    "default_url": "engine",
-    "open_store": "engine",
+    "PairInfo": "record",
+    "RequestRecord": "record",
+    "TRACE_GREEDY": "record",
+    "TRACE_SAMPLED": "record",
+    "UNOBSERVED": "record",
+    "NGRAM_NONE": "record",
+    "Store": "database",
+    "StoreError": "database",
+    "default_url": "database",
+    "open_store": "database",
     "StoreWriter": "writer",
     "WriterStats": "writer",
-    "add_probe": "rows",
-    "add_tuned_params": "rows",
-    "add_categorizer": "rows",
-    "trace_acceptance": "records",
-    "CATEGORY_SOURCES": "records",
-    "check_category": "records",
-    "get_or_create_pair": "rows",
-    "write_records": "rows",
+    "add_probe": "write",
+    "add_tuned_params": "write",
+    "add_categorizer": "write",
+    "trace_acceptance": "record",
+    "CATEGORY_SOURCES": "record",
+    "check_category": "record",
+    "get_or_create_pair": "write",
+    "write_records": "write",
 }
 
 __all__ = sorted([*_EXPORTS, "queries"])

@@ -27,9 +27,9 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from .models import Request
-from .records import UNOBSERVED, decode_trace_value
-from .rows import category_key
+from .tables import Request
+from .record import UNOBSERVED, decode_trace_value
+from .write import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",

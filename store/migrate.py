@@ -20,8 +20,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from .engine import _PG_LOCK_ID, StoreError, ensure_wal
-from .models import VERSION_TABLE
+from .database import _PG_LOCK_ID, StoreError, ensure_wal
+from .tables import VERSION_TABLE
 
 __all__ = ["upgrade", "check_readable", "current_revision", "head_revision"]
 

@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
-from .records import trace_acceptance
-from .rows import category_key, pair_key
+from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
+from .record import trace_acceptance
+from .write import category_key, pair_key
 
 __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",

@@ -49,9 +49,9 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from .engine import Store
-from .records import RequestRecord
-from .rows import validate_record, write_records
+from .database import Store
+from .record import RequestRecord
+from .write import validate_record, write_records
 
 __all__ = ["StoreWriter", "WriterStats"]
 

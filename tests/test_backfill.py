@@ -23,7 +23,7 @@ from test_fleet_metrics import scrape_cli
 
 import autospec
 from autospec.store import open_store
-from autospec.store.models import Request
+from autospec.store.tables import Request
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from autospec import bench
-from autospec.benchbatch import make_batches, parse_batch_sizes, run_batched, until_stop
-from autospec.benchstats import BatchRecord, summarize_batches
+from autospec.bench import run as bench
+from autospec.bench.batch import make_batches, parse_batch_sizes, run_batched, until_stop
+from autospec.bench.stats import BatchRecord, summarize_batches
 from autospec.cli import build_parser, main
 from autospec.cli.bench import format_table
 

@@ -339,7 +339,7 @@ def test_replay_keeps_each_requests_own_account_as_the_live_loop_does(tmp_path):
     from test_ngram_learning import COSTS, _stored
 
     from autospec.policies import as_policy
-    from autospec.simulate import simulate
+    from autospec.tune.replay import simulate
 
     target = tiny("llama", layers=2, seed=5)
     url = f"sqlite:///{tmp_path / 'r.db'}"

@@ -18,14 +18,14 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy
 import autospec
 from autospec.policies import LiveStats
 from autospec.policies.live import catch_up_line, catch_up_sums
-from autospec.simulate import Costs, simulate
+from autospec.tune.replay import Costs, simulate
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.models import Request
+from autospec.store.tables import Request
 from autospec.store.queries import TraceRow
-from autospec.store.records import TRACE_GREEDY
-from autospec.store.rows import validate_record
-from autospec.tune import catch_up_fit
+from autospec.store.record import TRACE_GREEDY
+from autospec.store.write import validate_record
+from autospec.tune.study import catch_up_fit
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, PAIRS, fresh_url, make_record
@@ -229,7 +229,7 @@ def test_tune_charges_the_logged_catch_ups_in_its_replay(tmp_path):
     from test_tune import T_D as PROBE_T_D
 
     from autospec.store import add_probe
-    from autospec.tune import tune
+    from autospec.tune.study import tune
 
     scores = {}
     for logged in (False, True, "probed"):

@@ -1,4 +1,4 @@
-"""The traffic categoriser (autospec.categorize) and `autospec categorize fit|show`.
+"""The traffic categoriser (autospec.categorize.categorizer) and `autospec categorize fit|show`.
 
 A labelled synthetic corpus stands in for logged traffic: four categories whose prompts draw
 token ids from overlapping Zipf distributions over a 5000-token vocabulary (60 % of tokens
@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from autospec.categorize import (
+from autospec.categorize.categorizer import (
     FEATURE_VERSION,
     HEAD_TOKENS,
     N_BUCKETS,
@@ -147,7 +147,7 @@ def test_features_are_deterministic_bounded_and_hash_free():
     # pinned: a change to the features must bump FEATURE_VERSION (stored models depend on it)
     assert hashlib.sha256(prompt_features(range(100))).hexdigest()[:16] == GOLDEN
     # not Python's salted hash(): another process with another hash seed agrees
-    code = ("import sys; from autospec.categorize import prompt_features; "
+    code = ("import sys; from autospec.categorize.categorizer import prompt_features; "
             "sys.stdout.write(prompt_features(range(100)).hex()); "
             "assert 'torch' not in sys.modules and 'sklearn' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from autospec.categorize import fit_from_store
+from autospec.categorize.categorizer import fit_from_store
 from autospec.controller import Controller
 from autospec.store import open_store, queries
 
@@ -97,7 +97,7 @@ def _fixed_categorizer(winner: str, other: str = "other"):
     """A real Categorizer with no feature columns: its intercept alone picks ``winner``."""
     import numpy as np
 
-    from autospec.categorize import Categorizer
+    from autospec.categorize.categorizer import Categorizer
 
     return Categorizer(name="fixed", version=None, kind="classifier", classes=[winner, other],
                        columns=np.zeros(0, dtype=np.uint32), coef=np.zeros((2, 0)),

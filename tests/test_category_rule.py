@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import autospec
-from autospec.categorize import Categorizer
+from autospec.categorize.categorizer import Categorizer
 from autospec.store import check_category
-from autospec.store.records import PairInfo, RequestRecord
-from autospec.store.rows import validate_record
+from autospec.store.record import PairInfo, RequestRecord
+from autospec.store.write import validate_record
 
 from conftest import noisy_copy, prompt, tiny
 

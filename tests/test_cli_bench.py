@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from autospec import bench
-from autospec.bench import Prompt, PromptFileError, RunRecord
+from autospec.bench import run as bench
+from autospec.bench.run import Prompt, PromptFileError, RunRecord
 from autospec.cli import main
 from autospec.cli.bench import format_table
 
@@ -418,7 +418,7 @@ def test_cli_bench_end_to_end_writes_json(saved_pair, tmp_path, capsys):
 
 
 def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
-    from autospec import models as model_loading
+    from autospec import pairs as model_loading
 
     def fake_load_pair(name, **kwargs):  # the real pair is a 1.5 GB download
         target, draft = (copy.deepcopy(m) for m in models)  # the demo wraps the target
@@ -477,7 +477,7 @@ def test_ngram_and_hf_lookup_modes_run_identical_and_count_their_own_drafts(mode
     assert rows["policy:hybrid:3:1"]["ngram_drafted"]  # the hybrid used the n-gram
     # the draft model's oracle is not fed the n-gram's acceptance
     only_ngram = [r for r in res.records if r.mode == "ngram:3"]
-    from autospec.benchstats import oracle
+    from autospec.bench.stats import oracle
 
     assert oracle(only_ngram) is None
 
@@ -525,7 +525,7 @@ def test_cli_generate_without_a_draft_model(saved_pair, capsys):
 
 def test_demo_line_counts_the_n_gram_apart_from_the_draft_model():
     from autospec.cli.demo import _drafting_summary
-    from autospec.loop import LoopStats
+    from autospec.engine.loop import LoopStats
 
     st = LoopStats(prompt_tokens=4, k_schedule=[2, 9, 2, 0], proposer_schedule=[0, 1, 0, 0],
                    drafts=2, drafted=4, accepted=3, ngram_drafts=1, ngram_drafted=9,

@@ -99,7 +99,7 @@ def test_stored_control_characters_never_reach_the_terminal(tmp_path, capsys):
 # -- a greedy divergence, explained ---------------------------------------------------------------
 
 def test_a_divergence_is_explained_with_the_targets_margin():
-    from autospec.bench import NEAR_TIE, explain_divergence, top2_margin
+    from autospec.bench.run import NEAR_TIE, explain_divergence, top2_margin
 
     model = tiny("llama", seed=3).to(torch.bfloat16)
     ids = prompt(8, seed=5)

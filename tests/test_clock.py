@@ -42,8 +42,8 @@ def test_recycled_marks_are_recorded_again():
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_request_makes_the_events_of_one_iteration(monkeypatch, batch):
-    import autospec.batched
-    import autospec.loop
+    import autospec.engine.batched
+    import autospec.engine.loop
 
     made = []
 
@@ -52,8 +52,8 @@ def test_a_request_makes_the_events_of_one_iteration(monkeypatch, batch):
         made.append(c)
         return c
 
-    monkeypatch.setattr(autospec.loop, "Clock", clock)
-    monkeypatch.setattr(autospec.batched, "Clock", clock)
+    monkeypatch.setattr(autospec.engine.loop, "Clock", clock)
+    monkeypatch.setattr(autospec.engine.batched, "Clock", clock)
     target = tiny("llama", sharpen=30.0)
     spec = autospec.Controller(target, noisy_copy(target, 0.4), store=False)
     ids = torch.cat([prompt(10, seed=s) for s in range(batch)])

@@ -1,4 +1,4 @@
-"""Controlled-acceptance pairs (autospec.controlled): the greedy acceptance read back from the
+"""Controlled-acceptance pairs (autospec.testing.controlled): the greedy acceptance read back from the
 loop's traces is the α asked for, output is still the target's own greedy output, and the
 construction keeps every layer in the computation."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autospec.controlled import controlled_pair, measure_acceptance, qwen2_config
+from autospec.testing.controlled import controlled_pair, measure_acceptance, qwen2_config
 
 TOLERANCE = 0.08  # |measured − constructed α| over ~250 positions (std ≈ 0.03 at α = 0.5)
 

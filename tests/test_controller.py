@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, TextIteratorStreamer, pipeline
 
 import autospec
-from autospec.checks import PairMismatchError
+from autospec.engine.checks import PairMismatchError
 
 from conftest import noisy_copy, prompt, tiny, tiny_tokenizer
 

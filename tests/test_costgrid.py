@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 import autospec
-from autospec.costgrid import batch_grid
+from autospec.costs.grid import batch_grid
 from autospec.store import add_probe, open_store, queries, write_records
-from autospec.store.records import RequestRecord
+from autospec.store.record import RequestRecord
 from autospec.telemetry import RequestTelemetry
 
 from conftest import noisy_copy, tiny

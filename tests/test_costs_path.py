@@ -15,7 +15,7 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_sta
 import autospec
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.models import CategoryCost, Request
+from autospec.store.tables import CategoryCost, Request
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, fresh_url
@@ -222,7 +222,7 @@ def test_tune_takes_the_costs_of_the_path_the_traffic_ran_on(tmp_path):
     from test_tune import PAIR as TPAIR
     from test_tune import record as tune_record
 
-    from autospec.tune import tune
+    from autospec.tune.study import tune
 
     rng = random.Random(0)
     recs = [tune_record(rng, 0.8, at=1.0e9 + i) for i in range(40)]
@@ -247,7 +247,7 @@ def test_tune_takes_the_costs_of_the_path_the_traffic_ran_on(tmp_path):
 def test_replay_never_interpolates_between_two_paths():
     """Batch 1 measured on the static path, the grid (batch 1 and 4) on the eager one: at
     batch 2 replay reads the grid alone, not a line from static batch 1 to eager batch 4."""
-    from autospec.simulate import Costs
+    from autospec.tune.replay import Costs
 
     grid = {1: {1: 0.010, 2: 0.011}, 4: {1: 0.020, 2: 0.030}}
     mixed = Costs(t_draft=0.05, t_target={1: 0.5, 2: 0.6}, target_grid=grid,

@@ -13,8 +13,8 @@ import time
 import pytest
 
 import autospec
-from autospec.batched import _BatchLoop
-from autospec.loop import _Loop
+from autospec.engine.batched import _BatchLoop
+from autospec.engine.loop import _Loop
 from autospec.policies.base import Outcome
 
 from conftest import noisy_copy, prompt, tiny

@@ -9,9 +9,9 @@ import torch
 import autospec
 from autospec.policies import FixedK
 from autospec.policies.base import EarlyStop
-from autospec.simulate import Costs, replay_greedy, simulate
+from autospec.tune.replay import Costs, replay_greedy, simulate
 from autospec.store import queries
-from autospec.store.records import UNOBSERVED
+from autospec.store.record import UNOBSERVED
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -17,7 +17,7 @@ from test_ngram import _repetitive
 from test_report_batch import BATCHES, expected_view, fill
 
 import autospec
-from autospec.metrics import Metrics, serve_store, start_http_server
+from autospec.fleet.metrics import Metrics, serve_store, start_http_server
 from autospec.store import open_store, queries
 
 from conftest import noisy_copy, prompt, tiny

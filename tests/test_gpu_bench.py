@@ -51,7 +51,7 @@ def test_gpu_path_needs_no_store_dependencies(tmp_path):
     code = textwrap.dedent(f"""
         import importlib.util, torch
         import autospec
-        from autospec.controlled import controlled_pair, qwen2_config
+        from autospec.testing.controlled import controlled_pair, qwen2_config
         spec = importlib.util.spec_from_file_location("b", {str(ROOT / "scripts" / "gpu_bench.py")!r})
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
         t, d, _ = controlled_pair(qwen2_config("tiny"), qwen2_config("tiny"), 0.8)

@@ -10,9 +10,9 @@ import pytest
 from test_report_batch import grid_payload
 
 from autospec.cli import main
-from autospec.metrics import Metrics, start_http_server
+from autospec.fleet.metrics import Metrics, start_http_server
 from autospec.store import add_probe, open_store, queries
-from autospec.store.records import PairInfo
+from autospec.store.record import PairInfo
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_spec_scrape.txt"
 MODEL = "Qwen/Qwen2.5-7B-Instruct"

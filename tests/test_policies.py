@@ -21,7 +21,7 @@ from autospec.policies import (
 )
 from autospec.policies.base import EarlyStop
 from autospec.policies.costmodel import best_k, speedup
-from autospec.simulate import Costs, simulate
+from autospec.tune.replay import Costs, simulate
 
 POLICIES = {
     "off": lambda: FixedK(0), "fixed:3": lambda: FixedK(3), "heuristic": Heuristic,

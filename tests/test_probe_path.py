@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autospec import probe as probe_mod
-from autospec.probe import probe
-from autospec.runners import graph_report
-from autospec.sampling import SamplingConfig
+from autospec.costs import probe as probe_mod
+from autospec.costs.probe import probe
+from autospec.engine.runners import graph_report
+from autospec.engine.sampling import SamplingConfig
 from autospec.store import add_probe, open_store, queries
 from autospec.telemetry import RequestTelemetry
 
@@ -37,7 +37,7 @@ def test_the_probe_runs_on_the_runner_the_loop_opens_and_names_its_path(models, 
     pooled = graph_report(models[0]) + graph_report(models[1])
     if options:  # the static runners open_runner pools, returned for the next request
         assert [r["path"] for r in pooled] == [path, path]
-        from autospec.runners import _RUNNERS
+        from autospec.engine.runners import _RUNNERS
 
         assert not any(r.busy for m in models for r in _RUNNERS.get(m, []))
     else:

@@ -259,7 +259,7 @@ def test_verdicts_on_constructed_workloads(store):
     recs = constructed()
     write(store, recs)
     with store.begin() as s:
-        from autospec.store.rows import get_or_create_pair
+        from autospec.store.write import get_or_create_pair
         slow = get_or_create_pair(s, SLOW)
         add_probe(s, slow, {"path": "eager", "target_s_by_n": {str(n): 0.1 * n for n in range(1, 9)},
                             "draft_s": 0.03, "achieved_bytes_per_s": 2e10,
@@ -502,7 +502,7 @@ def test_text_fits_a_terminal_and_names_the_pair_once(store):
             for i in range(60)]
     write(store, recs)
     with store.begin() as s:
-        from autospec.store.rows import get_or_create_pair
+        from autospec.store.write import get_or_create_pair
         pid = get_or_create_pair(s, HF)
         add_probe(s, pid, {"path": "eager",
                            "target_s_by_n": {str(n): 0.02 * (1 + 0.01 * n) for n in range(1, 17)},
@@ -569,7 +569,7 @@ def test_cost_curve_says_where_each_point_comes_from(store):
     rec = record(FLAT, "code", ks, [0] * 40 + [1] * 5, t_target=lambda n: next(it[n]))
     write(store, [rec])
     with store.begin() as s:
-        from autospec.store.rows import get_or_create_pair
+        from autospec.store.write import get_or_create_pair
         add_probe(s, get_or_create_pair(s, FLAT),
                   {"path": "eager", "target_s_by_n": {"1": 0.02, "2": 0.0204, "4": 0.021},
                    "draft_s": 0.004})
@@ -678,7 +678,7 @@ def test_stored_strings_reach_the_terminal_escaped(store, tmp_path, capsys):
                    created_at=T0 + i, policy="fixed\x1b[31m") for i in range(3)]
     write(store, recs)
     with store.begin() as s:
-        from autospec.store.rows import get_or_create_pair
+        from autospec.store.write import get_or_create_pair
         add_probe(s, get_or_create_pair(s, evil),
                   {"path": "eager", "target_s_by_n": {"1": 0.1, "2": 0.1}, "draft_s": 0.01,
                    "verdict": "ok\x1b[8m\u2066"})

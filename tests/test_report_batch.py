@@ -18,7 +18,7 @@ from test_report import FLAT, T0, accepted_run, check_formats, record
 
 from autospec.report import build_report, render_html, render_json
 from autospec.store import add_probe, add_tuned_params, open_store, write_records
-from autospec.store.rows import get_or_create_pair
+from autospec.store.write import get_or_create_pair
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 BASE, SLOPE, FREE = 0.05, 0.004, 16  # T_t(B, n) = BASE + SLOPE · max(0, B·n − FREE)
@@ -241,7 +241,7 @@ def test_live_forwards_set_the_level_of_the_probes_grid(store):
     assert pts[16].t_target_1_s == pytest.approx(0.05)
     assert pts[16].k == 0 and view.crossover is not None and view.crossover <= 16
     # `autospec tune` replays the same grid the report shows (it read the raw probe before)
-    from autospec.tune import tune
+    from autospec.tune.study import tune
 
     (res,) = tune(store, trials=2, families=("fixed",), write=False, seed=0)
     assert res.costs["source"].endswith(view.source)

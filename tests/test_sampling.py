@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from autospec.sampling import (
+from autospec.engine.sampling import (
     SamplingConfig,
     block_presence,
     logits_to_probs,
@@ -112,7 +112,7 @@ def _topk_topp_rows(seed: int, rows: int = 64, vocab: int = 4096):
 def test_top_p_over_the_top_k_values_is_transformers_top_k_then_top_p(seed):
     """Top-p computed over the top-k candidates (no vocabulary-wide sort) equals transformers'
     TopKLogitsWarper + TopPLogitsWarper and the full-sort path, ties included."""
-    from autospec.sampling import FAST_TOP_P_VOCAB, _top_k_top_p, _top_p_full_sort
+    from autospec.engine.sampling import FAST_TOP_P_VOCAB, _top_k_top_p, _top_p_full_sort
 
     x, k, top_p = _topk_topp_rows(seed)
     assert x.shape[-1] >= FAST_TOP_P_VOCAB  # process_logits takes the top-k path
@@ -131,7 +131,7 @@ def test_top_p_over_the_top_k_values_is_transformers_top_k_then_top_p(seed):
 def test_top_p_over_the_top_k_values_resolves_ties_as_a_stable_sort(seed):
     """Without the CPU's fallback (the path a GPU takes), a cut between equal scores keeps the
     tied tokens a stable ascending sort keeps: the highest ids."""
-    from autospec.sampling import _top_k_top_p
+    from autospec.engine.sampling import _top_k_top_p
 
     x, k, top_p = _topk_topp_rows(seed)
     kept = x.masked_fill(x < torch.topk(x, k, dim=-1).values[..., -1:], float("-inf"))

@@ -1,4 +1,4 @@
-"""Replaying the n-gram proposer from its trace (``autospec.simulate``): blocks accept
+"""Replaying the n-gram proposer from its trace (``autospec.tune.replay``): blocks accept
 min(agreeing tokens, k) where it had a match, are plain steps where it had none, and the
 hybrid proposer switches to the draft model's trace where the match is short. Traces built
 by hand; the live-vs-replay identity is in tests/test_ngram_store.py."""
@@ -11,8 +11,8 @@ import pytest
 
 from autospec.ngram import NGRAM_NONE, decode_trace_value, encode_trace_value
 from autospec.policies import as_policy
-from autospec.simulate import Costs, simulate
-from autospec.store.records import TRACE_GREEDY
+from autospec.tune.replay import Costs, simulate
+from autospec.store.record import TRACE_GREEDY
 
 COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}, t_ngram=0.0)
 
@@ -78,7 +78,7 @@ def test_a_cost_model_with_its_own_discount_learns_the_ngram_as_auto_does():
     counted as the draft model's: trial 0 ("auto") replayed copy-heavy traffic at half of
     what `auto` itself replayed on the same traces."""
     from autospec.policies.tuned import build_policy
-    from autospec.tune import default_params, params_of
+    from autospec.tune.study import default_params, params_of
 
     # copy-heavy traffic: every position has a 3-token match agreeing 12 tokens on; the draft
     # model's own proposals are accepted one time in four

@@ -1,4 +1,4 @@
-"""The static-cache path (autospec.runners) on the CPU: greedy output equals generate's in fp32,
+"""The static-cache path (autospec.engine.runners) on the CPU: greedy output equals generate's in fp32,
 sampled output equals the eager path's under the same generator, and the graph bookkeeping
 (lazy capture per size, static buffers, warm-up that must not disturb the cache, reuse across
 requests, growth) is exercised through its emulation. Real CUDA graphs: tests/test_gpu_path.py."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import autospec
-from autospec.loop import speculative_generate
+from autospec.engine.loop import speculative_generate
 from autospec.policies import FixedK
-from autospec.runners import StaticRunner, graph_report, open_runner
-from autospec.sampling import SamplingConfig
+from autospec.engine.runners import StaticRunner, graph_report, open_runner
+from autospec.engine.sampling import SamplingConfig
 
 from conftest import noisy_copy, prompt, tiny
 
@@ -128,7 +128,7 @@ def test_a_short_request_after_a_long_one_does_not_use_its_capacity(arch):
 
 
 def test_capacity_buckets():
-    from autospec.runners import capacity_bucket
+    from autospec.engine.runners import capacity_bucket
 
     assert [capacity_bucket(n) for n in (1, 256, 257, 600, 1024, 1025)] == \
         [256, 256, 512, 1024, 1024, 2048]
@@ -141,7 +141,7 @@ def test_static_runners_are_released_on_unwrap_and_close(pair, close):
     import gc
     import weakref
 
-    from autospec.runners import _RUNNERS
+    from autospec.engine.runners import _RUNNERS
 
     target, draft = pair
     spec = autospec.wrap(target, draft, store=False, static_cache=True, cuda_graphs="emulate")
@@ -175,7 +175,7 @@ def test_busy_runners_fall_back_to_eager_for_the_request(pair, caplog):
     try:
         spec = autospec.Controller(target, draft, store=False, static_cache=True)
         ids = prompt(10)
-        with caplog.at_level(logging.WARNING, logger="autospec.runners"):
+        with caplog.at_level(logging.WARNING, logger="autospec.engine.runners"):
             out = spec.generate(ids, max_new_tokens=20, do_sample=False, k=3)
         assert torch.equal(out, reference(target, ids, max_new_tokens=20))
         assert spec.last_stats.path == "eager/static"
@@ -195,11 +195,11 @@ def test_a_failing_capture_leaves_the_runner_exact_without_graphs(pair, monkeypa
     def refuse(*args, **kwargs):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr("autospec.runners._Graph", refuse)
+    monkeypatch.setattr("autospec.engine.runners._Graph", refuse)
     spec = autospec.Controller(target, draft, store=False, static_cache=True,
                                cuda_graphs="emulate")
     ids = prompt(10)
-    with caplog.at_level(logging.WARNING, logger="autospec.runners"):
+    with caplog.at_level(logging.WARNING, logger="autospec.engine.runners"):
         out = spec.generate(ids, max_new_tokens=30, do_sample=False, k=4)
     assert "failed" in caplog.text
     assert torch.equal(out, reference(target, ids, max_new_tokens=30))
@@ -248,7 +248,7 @@ def test_unsupported_attention_falls_back_to_eager(pair, monkeypatch, caplog):
     target, draft = pair
     monkeypatch.setattr(type(target.config), "_attn_implementation",
                         property(lambda self: "flex_attention"))
-    with caplog.at_level(logging.WARNING, logger="autospec.runners"):
+    with caplog.at_level(logging.WARNING, logger="autospec.engine.runners"):
         runner = open_runner(target, 64, static=True)
     assert runner.path == "eager" and "flex_attention" in caplog.text
 

@@ -27,7 +27,7 @@ from autospec.store import (
     queries,
 )
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.models import VERSION_TABLE, Base, CategoryStat, Request
+from autospec.store.tables import VERSION_TABLE, Base, CategoryStat, Request
 
 PG_URL = os.environ.get("AUTOSPEC_TEST_POSTGRES_URL")
 REQUIRE_PG = os.environ.get("AUTOSPEC_REQUIRE_POSTGRES") == "1"

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from autospec.store import PairInfo, add_probe, open_store, queries
 from autospec.store.migrate import _config, current_revision, head_revision
-from autospec.store.models import VERSION_TABLE, Request
-from autospec.store.rows import _request_row, get_or_create_pair
+from autospec.store.tables import VERSION_TABLE, Request
+from autospec.store.write import _request_row, get_or_create_pair
 
 from test_store import BACKENDS, PAIRS, fresh_url, make_record
 
@@ -229,8 +229,8 @@ def _legacy_stats(conn, table, pair_id: int, records) -> None:
     """The ``category_stats`` row this code folds ``records`` into, written into an older
     schema's ``table`` (reflected) through ``conn``, without the columns that schema lacks
     (the ORM models are the head's: their fold cannot run on an older table)."""
-    from autospec.store.models import Base, CategoryStat
-    from autospec.store.rows import _Delta, _fold_stats, category_key
+    from autospec.store.tables import Base, CategoryStat
+    from autospec.store.write import _Delta, _fold_stats, category_key
 
     scratch = create_engine("sqlite://")
     Base.metadata.create_all(scratch)

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from autospec.store import open_store, queries, write_records
-from autospec.store.models import CategoryStat, Request
+from autospec.store.tables import CategoryStat, Request
 
 from test_store import BACKENDS, CATEGORIES, LONG, assert_stats_match, fresh_url, make_record
 

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from autospec.store import StoreError, default_url, open_store
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.models import VERSION_TABLE
+from autospec.store.tables import VERSION_TABLE
 
 from test_store import assert_stats_match, make_record
 

@@ -17,10 +17,10 @@ import pytest
 from autospec.policies import Context, LiveStats, TunedPolicy, as_policy, build_policy
 from autospec.policies.base import early_stop_of
 from autospec.policies.costmodel import best_k
-from autospec.simulate import Costs
+from autospec.tune.replay import Costs
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
-from autospec.store.records import TRACE_GREEDY, TRACE_SAMPLED
-from autospec.tune import DEFAULT_PARAMS, TuneError, evaluate, load_window, params_of, tune
+from autospec.store.record import TRACE_GREEDY, TRACE_SAMPLED
+from autospec.tune.study import DEFAULT_PARAMS, TuneError, evaluate, load_window, params_of, tune
 
 from test_store import fresh_url
 
@@ -164,7 +164,7 @@ def test_thin_or_empty_traffic_is_refused_not_optimised(tmp_path):
 
 def _claim_enqueued(url, go, out):
     # a child process: claim enqueued trials through autospec's storage until none is left
-    from autospec.tune import _storage
+    from autospec.tune.study import _storage
 
     study = optuna.load_study(study_name="claims", storage=_storage(url))
     go.wait(60)
@@ -191,7 +191,7 @@ def test_processes_claim_each_enqueued_trial_once_on_sqlite(tmp_path):
     draining forty enqueued trials at once each claim distinct trials, all forty between them."""
     import multiprocessing
 
-    from autospec.tune import _storage
+    from autospec.tune.study import _storage
 
     url = f"sqlite:///{tmp_path / 'claims.db'}"
     study = optuna.create_study(study_name="claims", storage=_storage(url))
@@ -369,7 +369,7 @@ def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
     changes trial 0."""
     import optuna
 
-    from autospec import tune as tune_mod
+    from autospec.tune import study as tune_mod
     from autospec.policies import base
     from autospec.policies.costmodel import CostModelPolicy
 

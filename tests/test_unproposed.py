@@ -8,7 +8,7 @@ import random
 
 import autospec
 from autospec.policies import CallablePolicy, CostModelPolicy, LiveStats
-from autospec.simulate import Costs, simulate
+from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -71,7 +71,7 @@ def _table_mode(spec: str | None, parser) -> str:
     unsupported, with the reason), refused otherwise."""
     import re
 
-    from autospec.benchbatch import DEFAULT_TABLE
+    from autospec.bench.batch import DEFAULT_TABLE
     from autospec.policies import as_policy
 
     spec = DEFAULT_TABLE if spec is None else spec.strip().replace(" ", "")
@@ -86,7 +86,7 @@ def _table_mode(spec: str | None, parser) -> str:
 
 
 def run(args, parser) -> int:
-    from autospec import bench
+    from autospec.bench import run as bench
 
     # check everything a user typed before spending minutes on loading models
     try:
@@ -189,7 +189,7 @@ def _divergence_notes(batches, dtype: str | None) -> list[str]:
     """Per batch size and mode whose rows differ from plain's: how many, and whether each first
     parts at a rounding near-tie (the target's top-2 logit margin there below NEAR_TIE, in
     bf16/fp16) or not (worth a report)."""
-    from autospec.bench import NEAR_TIE
+    from autospec.bench.run import NEAR_TIE
 
     low = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype or "")
     out = []

@@ -68,7 +68,7 @@ def register(sub, parents) -> None:
 
 
 def run_fit(args, parser=None) -> int:
-    from autospec.categorize import fit_from_store
+    from autospec.categorize.categorizer import fit_from_store
 
     store = open_store_or_die(args.db)
     with store:
@@ -144,7 +144,7 @@ def _day(iso: str | None) -> str:
 
 
 def run_show(args, parser=None) -> int:
-    from autospec.categorize import FitReport
+    from autospec.categorize.categorizer import FitReport
     from autospec.store import queries
 
     store = open_store_or_die(args.db, read_only=True)

@@ -101,7 +101,7 @@ def ranged(low: float, high: float, *, low_open: bool = True):
 
 def batch_sizes(text: str) -> list[int]:
     """``1,4,16`` → [1, 4, 16] (sorted, unique, each ≥ 1)."""
-    from autospec.benchbatch import parse_batch_sizes  # torch-free
+    from autospec.bench.batch import parse_batch_sizes  # torch-free
 
     try:
         return parse_batch_sizes(text)
@@ -200,7 +200,7 @@ def load(args, parser, env, *, allow_no_draft: bool = False):
     """(target, draft, tokenizer, draft_tokenizer) on env's device; user errors exit cleanly.
     ``allow_no_draft``: ``--draft none`` gives draft None (commands that can serve with the
     n-gram proposer alone)."""
-    from autospec import models
+    from autospec import pairs as models
 
     target_path, draft_path = getattr(args, "target", None), getattr(args, "draft", None)
     no_draft = draft_path is not None and draft_path.strip().lower() == NO_DRAFT

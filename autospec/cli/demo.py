@@ -30,7 +30,7 @@ def run(args, parser) -> int:
     import torch
 
     import autospec
-    from autospec.bench import (
+    from autospec.bench.run import (
         default_prompts_path,
         encode_prompt,
         explain_divergence,

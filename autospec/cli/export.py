@@ -1,5 +1,5 @@
 """``autospec export``: the k (or batch size → k table) the cost model or the tuned policy
-would run for one workload, as a serving engine's own configuration (``autospec.export``)."""
+would run for one workload, as a serving engine's own configuration (``autospec.fleet.export``)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def register(sub, parents) -> None:
 
 def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
-    from autospec.export import ExportError, plan_for, render
+    from autospec.fleet.export import ExportError, plan_for, render
 
     store = open_store_or_die(args.db, read_only=True)
     with store:

@@ -33,7 +33,7 @@ def run(args, parser) -> int:
     from transformers import TextStreamer
 
     import autospec
-    from autospec.bench import Prompt, encode_prompt
+    from autospec.bench.run import Prompt, encode_prompt
 
     if not args.prompt:
         parser.error("--prompt is empty: give the text to continue")

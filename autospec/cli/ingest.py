@@ -1,5 +1,5 @@
 """``autospec ingest``: a vLLM metrics scrape's spec-decode counters into the store as one
-category's statistics (``autospec.ingest``), so ``report`` and ``export`` cover engine traffic."""
+category's statistics (``autospec.fleet.ingest``), so ``report`` and ``export`` cover engine traffic."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def register(sub, parents) -> None:
 
 def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
-    from autospec.ingest import IngestError, parse_scrape, read_scrape, to_record
+    from autospec.fleet.ingest import IngestError, parse_scrape, read_scrape, to_record
     from autospec.store import write_records
 
     labels = dict(args.label)

@@ -1,7 +1,7 @@
 """``autospec metrics``: serve the store's per-category aggregates for Prometheus to scrape
-(``autospec.metrics.StoreCollector``, read per scrape; the store is opened read-only), or
+(``autospec.fleet.metrics.StoreCollector``, read per scrape; the store is opened read-only), or
 with ``--backfill FILE`` write the store's history as timestamped OpenMetrics text
-(``autospec.metrics.backfill``) for ``promtool tsdb create-blocks-from openmetrics``."""
+(``autospec.fleet.metrics.backfill``) for ``promtool tsdb create-blocks-from openmetrics``."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def register(sub, parents) -> None:
 
 def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
-    from autospec.metrics import serve_store
+    from autospec.fleet.metrics import serve_store
 
     store = open_store_or_die(args.db, read_only=True)
     if args.backfill is not None:
@@ -80,7 +80,7 @@ def run(args, parser) -> int:
 def _backfill(args, store, die) -> int:
     import sys
 
-    from autospec.metrics import backfill
+    from autospec.fleet.metrics import backfill
 
     try:
         if args.backfill == "-":

@@ -67,7 +67,7 @@ def run(args, parser) -> int:
 
     from tqdm import tqdm
 
-    from autospec.tune import TuneError, tune
+    from autospec.tune.study import TuneError, tune
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -8,7 +8,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from autospec.costgrid import at_live_level, batch_grid  # noqa: F401 (re-exported)
+from autospec.costs.grid import at_live_level, batch_grid  # noqa: F401 (re-exported)
 from autospec.policies.batchcosts import BatchCosts
 from autospec.policies.costmodel import (
     batch_best_k,
@@ -351,7 +351,7 @@ def build_report(source, *, category: str | None = None, pair_id: int | None = N
 
 def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     from autospec.store import history, queries
-    from autospec.store.rows import category_key
+    from autospec.store.write import category_key
 
     report = Report(url, datetime.now(timezone.utc),
                     {"category": category, "pair_id": pair_id})
@@ -479,8 +479,8 @@ def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = N
     One grouped query (the requests index leads with category_key, pair_id)."""
     from sqlalchemy import func, select
 
-    from autospec.store.models import Request
-    from autospec.store.rows import category_key
+    from autospec.store.tables import Request
+    from autospec.store.write import category_key
 
     stmt = select(Request.category_key, Request.pair_id, Request.batch_size,
                   func.count()).group_by(Request.category_key, Request.pair_id,

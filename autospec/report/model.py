@@ -9,15 +9,15 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
 
-from autospec.costgrid import MIN_FORWARDS  # live points need this many forwards (one rule)
+from autospec.costs.grid import MIN_FORWARDS  # live points need this many forwards (one rule)
 
 K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
 MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
 MIN_POSITION_DRAFTED = 20  # a draft position drafted fewer times is thin evidence (marked)
 MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
 PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
-# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
-# not imported from there because autospec.probe imports torch)
+# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.costs.probe's threshold;
+# not imported from there because autospec.costs.probe imports torch)
 MEMORY_BOUND_RATIO = 1.25
 RECENT = 200  # the latest requests that say which policy (and k) is in force
 BATCH_K_REF = 3  # the k at which "memory-bound at batch B" is judged: T_t(B, 4) / T_t(B, 1)

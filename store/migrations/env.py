@@ -7,7 +7,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from autospec.store.models import VERSION_TABLE, Base
+from autospec.store.tables import VERSION_TABLE, Base
 
 config = context.config
 

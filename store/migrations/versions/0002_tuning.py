@@ -27,7 +27,7 @@ def upgrade() -> None:
         # "default": neither (the controller's default category)
         batch.add_column(sa.Column("category_source", sa.String(16), nullable=False,
                                    server_default="given"))
-        # hashed prompt-token n-grams (autospec.categorize): features, never text
+        # hashed prompt-token n-grams (autospec.categorize.categorizer): features, never text
         batch.add_column(sa.Column("features", sa.LargeBinary(), nullable=True))
         batch.add_column(sa.Column("predicted_alpha", sa.Float(), nullable=True))
     op.create_table(

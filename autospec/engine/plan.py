@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autospec.sampling import SamplingConfig
+from autospec.engine.sampling import SamplingConfig
 
 __all__ = ["Plan", "plan_request", "UNSUPPORTED", "FALLBACK_ARGS", "OWN_ARGS"]
 

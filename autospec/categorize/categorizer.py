@@ -187,7 +187,7 @@ class Categorizer:
         self.name = name
         self.version = version
         self.kind = kind
-        from autospec.store.records import check_category
+        from autospec.store.record import check_category
 
         self.classes = [check_category(str(c)) for c in classes]
         self.columns = np.ascontiguousarray(columns, dtype=np.uint32)

@@ -157,7 +157,7 @@ class Request(Base):
     # how the category was set: "given" by the caller, "auto" by the categoriser, "default"
     category_source: Mapped[str] = mapped_column(String(16), default="given",
                                                  server_default="given")
-    features: Mapped[bytes | None]  # hashed prompt-token n-grams (autospec.categorize)
+    features: Mapped[bytes | None]  # hashed prompt-token n-grams (autospec.categorize.categorizer)
     predicted_alpha: Mapped[float | None]  # the categoriser's acceptance forecast
     # the draft's top probability per generated position (see records; 0003)
     confidence: Mapped[bytes | None]

@@ -34,13 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autospec.costgrid import batch_grid
+from autospec.costs.grid import batch_grid
 from autospec.policies.base import batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.simulate import Costs, SimResult, batch_size_of, simulate
-from autospec.store.records import MATCH_REACH, UNOBSERVED
+from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
+from autospec.store.record import MATCH_REACH, UNOBSERVED
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
            "default_params",
@@ -279,7 +279,7 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
     together share one study, and a job that would score trials differently never joins it."""
     import hashlib
 
-    from autospec.store.rows import category_key
+    from autospec.store.write import category_key
 
     key = f"{sorted(families)}|{k_max}|{costs.t_draft!r}|{sorted(costs.t_target.items())!r}"
     if early_stop:

@@ -35,11 +35,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from autospec.loop import DraftInput, LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
+from autospec.engine.loop import DraftInput, LoopResult, LoopStats, _bump, _criteria_hit, _fit_vocab
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 from autospec.policies.base import Context, Outcome, Policy, proposer_of
-from autospec.runners import Forward, new_cache
-from autospec.sampling import (
+from autospec.engine.runners import Forward, new_cache
+from autospec.engine.sampling import (
     SamplingConfig,
     block_presence,
     invalid_probs,
@@ -49,7 +49,7 @@ from autospec.sampling import (
     sample,
     seen_tokens,
 )
-from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
+from autospec.store.record import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
 from autospec.telemetry import Clock, Trace, kv_bytes_per_token, quantize_beta
 
 log = logging.getLogger(__name__)
@@ -386,7 +386,7 @@ class _BatchLoop:
             nxt = tgt.gather(1, num_acc[:, None]).squeeze(1)
             block_trace = match
         else:
-            from autospec.verify import rejection_sample
+            from autospec.engine.verify import rejection_sample
 
             p = logits_to_probs(s_t, self.sampling)  # [B, k+1, V]
             num_acc, nxt = rejection_sample(p, q if q is not None else p[:, :0], d_toks,

@@ -38,7 +38,7 @@ from typing import Any
 from autospec.ngram import decode_trace_value
 from autospec.policies.base import early_stop_of, proposer_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
+from autospec.store.record import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
            "batch_size_of", "plain_batch_seconds"]
@@ -490,7 +490,7 @@ def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max
     """Rows that ran in one batch, replayed together: one k per iteration for the batch, each
     row's block from its own trace — the draft model's, or the n-gram's where the policy
     chose it and the row has a match — finished rows leaving the batch, as
-    ``autospec.batched`` runs them (at one running row its timings feed the statistics, as
+    ``autospec.engine.batched`` runs them (at one running row its timings feed the statistics, as
     the live loop's do)."""
     from autospec.policies import Context, Outcome
 

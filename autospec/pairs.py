@@ -127,7 +127,7 @@ PAIRS: dict[str, PairSpec] = {
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """Where models are built: override, $AUTOSPEC_CACHE, $XDG_CACHE_HOME/autospec, ~/.cache/autospec."""
-    from autospec.store.engine import cache_dir as default_cache_dir
+    from autospec.store.database import cache_dir as default_cache_dir
 
     return Path(override).expanduser() if override is not None else default_cache_dir()
 

@@ -29,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from .records import PairInfo
+from .record import PairInfo
 
 __all__ = ["Store", "StoreError", "open_store", "default_url", "cache_dir"]
 
@@ -46,7 +46,7 @@ class StoreError(ValueError):
 
 def cache_dir() -> Path:
     """autospec's cache directory: $AUTOSPEC_CACHE, else $XDG_CACHE_HOME/autospec, else
-    ~/.cache/autospec. The one definition (torch-free; autospec.models uses it too)."""
+    ~/.cache/autospec. The one definition (torch-free; autospec.pairs uses it too)."""
     if os.environ.get("AUTOSPEC_CACHE"):
         return Path(os.environ["AUTOSPEC_CACHE"]).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
@@ -238,7 +238,7 @@ class Store:
     def write(self, records: Any) -> int:
         """Write records now, in one transaction (ValueError for an invalid one, e.g. an
         empty category; SQLAlchemyError from the database). The runtime uses ``writer()``."""
-        from .rows import validate_record, write_records
+        from .write import validate_record, write_records
 
         records = [validate_record(r) for r in records]  # refuse before taking any lock
         with self.begin() as session:

@@ -71,11 +71,11 @@ from datetime import datetime, timezone
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "PROPOSERS", "Plan", "NgramPlan", "plan_for", "render",
+__all__ = ["ENGINES", "EXPORT_PROPOSERS", "ExportPlan", "NgramPlan", "plan_for", "render",
            "ExportError"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")
-PROPOSERS = ("auto", "draft", "ngram")
+EXPORT_PROPOSERS = ("auto", "draft", "ngram")
 
 
 class ExportError(ValueError):
@@ -102,7 +102,7 @@ class NgramPlan:
 
 
 @dataclass
-class Plan:
+class ExportPlan:
     """What the engine should run, and where it came from."""
 
     category: str
@@ -149,7 +149,7 @@ class Plan:
 def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              source: str = "auto", max_batch: int | None = None,
              engine_hardware: str | None = None, engine_model: str | None = None,
-             proposer: str = "auto") -> Plan:
+             proposer: str = "auto") -> ExportPlan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
     stored, else the cost model). ``proposer``: "draft" (the draft model), "ngram" (prompt
@@ -157,8 +157,8 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     report's section 5 finds that it pays, else the draft model)."""
     from autospec.report import build_report
 
-    if proposer not in PROPOSERS:
-        raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+    if proposer not in EXPORT_PROPOSERS:
+        raise ValueError(f"proposer must be one of {', '.join(EXPORT_PROPOSERS)}, got {proposer!r}")
     report = build_report(store, category=category, pair_id=pair_id)
     work = report.workloads
     if not work:
@@ -191,7 +191,7 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                 requests=w.traffic.requests, first_seen=w.traffic.first_seen,
                 last_seen=w.traffic.last_seen)
     if use_ngram:
-        plan = Plan(**base, source="cost model, n-gram proposer (report section 5)",
+        plan = ExportPlan(**base, source="cost model, n-gram proposer (report section 5)",
                     grid_source=None, proposer="ngram", ngram=ng)
         plan.table = [(1, int(ng.k), ng.speedup)]
         plan.notes.append("the n-gram proposer is priced at batch 1 (its acceptance from the "
@@ -231,7 +231,7 @@ _PAYS = {"draft": "the draft model", "ngram": "the n-gram proposer", "hybrid": "
          "plain": "neither (plain decoding)"}
 
 
-def _draft_plan(w, base: dict, source: str) -> Plan:
+def _draft_plan(w, base: dict, source: str) -> ExportPlan:
     """The draft model's k (or batch size → k table) for workload ``w``."""
     tuned = w.policy.tuned
     batch = w.batch
@@ -243,7 +243,7 @@ def _draft_plan(w, base: dict, source: str) -> Plan:
         if not isinstance(fixed, int):
             raise ExportError("no tuned table or fixed k for this workload: run `autospec "
                               "tune` first, or export --source costmodel")
-    plan = Plan(**base, source="cost model", grid_source=batch.source if points else None)
+    plan = ExportPlan(**base, source="cost model", grid_source=batch.source if points else None)
     if points and (use_tuned or any(p.k is not None for p in points)):
         for p in points:
             k = p.tuned_k if use_tuned and p.tuned_k is not None else p.k
@@ -300,8 +300,8 @@ def _ngram_settings(store, category: str, pair_id: int, limit: int = 50) -> tupl
     from sqlalchemy import select
 
     from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
-    from autospec.store.models import Request
-    from autospec.store.rows import category_key
+    from autospec.store.tables import Request
+    from autospec.store.write import category_key
 
     stmt = (select(Request.ngram)
             .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
@@ -320,7 +320,7 @@ def _short(name: str) -> str:
     return str(name).rstrip("/").rsplit("/", 1)[-1]
 
 
-def _header(plan: Plan, engine: str, prefix: str = "# ") -> list[str]:
+def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
     lines = [
         f"autospec export --engine {engine}: speculation settings for the traffic in the store",
         f"workload: category {plan.category!r}, {plan.requests} requests, "
@@ -381,20 +381,20 @@ def _ngram_lines(ng: NgramPlan) -> list[str]:
     return out
 
 
-def vllm_ngram_config(plan: Plan) -> dict:
+def vllm_ngram_config(plan: ExportPlan) -> dict:
     ng = plan.ngram
     return {"method": "ngram", "num_speculative_tokens": plan.k_at(1),
             "prompt_lookup_max": ng.max_n, "prompt_lookup_min": ng.min_n}
 
 
-def trtllm_ngram_config(plan: Plan) -> dict:
+def trtllm_ngram_config(plan: ExportPlan) -> dict:
     # per-request matches of the newest occurrence, as autospec's prompt lookup
     return {"decoding_type": "NGram", "max_draft_len": plan.k_at(1),
             "max_matching_ngram_size": plan.ngram.max_n, "is_keep_all": True,
             "is_use_oldest": False, "is_public_pool": False}
 
 
-def sglang_ngram_flags(plan: Plan, k: int) -> list[str]:
+def sglang_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
     ng = plan.ngram
     return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
             "--speculative-ngram-min-match-window-size", str(ng.min_n),
@@ -403,12 +403,12 @@ def sglang_ngram_flags(plan: Plan, k: int) -> list[str]:
             "1"]
 
 
-def llamacpp_ngram_flags(plan: Plan, k: int) -> list[str]:
+def llamacpp_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
     return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(plan.ngram.max_n),
             "--spec-ngram-simple-size-m", str(k)]
 
 
-def vllm_config(plan: Plan) -> dict | None:
+def vllm_config(plan: ExportPlan) -> dict | None:
     ranges = plan.ranges()
     k_max = max(k for *_, k in ranges)
     if k_max == 0:
@@ -419,7 +419,7 @@ def vllm_config(plan: Plan) -> dict | None:
     return cfg
 
 
-def trtllm_config(plan: Plan) -> dict | None:
+def trtllm_config(plan: ExportPlan) -> dict | None:
     ranges = [r for r in plan.ranges()]
     k_first = ranges[0][2]
     if k_first == 0:
@@ -450,7 +450,7 @@ def _yaml(value, indent: int = 0) -> list[str]:
     return out
 
 
-def render(plan: Plan, engine: str, *, batch: int = 1) -> str:
+def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
     """The engine's configuration text. ``batch``: for engines that take one k (SGLang,
     llama.cpp), the batch size whose k to use."""
     if engine not in ENGINES:

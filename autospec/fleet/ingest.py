@@ -11,7 +11,7 @@ slight over-count. The counters are cumulative since the engine started: ingesti
 engine twice counts its traffic twice (pass ``baseline``: an earlier scrape of the same engine,
 to ingest only the traffic between the two).
 
-autospec's own exporters (``autospec.metrics``) use the same names, so their scrapes ingest
+autospec's own exporters (``autospec.fleet.metrics``) use the same names, so their scrapes ingest
 the same way. SGLang exports no per-position counters and is not read.
 """
 
@@ -151,7 +151,7 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
               draft: str = "unknown", dtype: str = "unknown", hardware: str = "unknown",
               engine: str = "vllm", created_at: float | None = None):
     """One ``RequestRecord`` carrying the counters (no trace, no timings)."""
-    from autospec.store.records import TRACE_GREEDY, PairInfo, RequestRecord
+    from autospec.store.record import TRACE_GREEDY, PairInfo, RequestRecord
 
     if c.drafts <= 0:
         raise IngestError("the scrape counts no drafts for this model: nothing to ingest")

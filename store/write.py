@@ -20,7 +20,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .models import (
+from .tables import (
     Categorizer,
     CategoryCost,
     CategoryStat,
@@ -30,7 +30,7 @@ from .models import (
     TunedParams,
     utcnow,
 )
-from .records import (
+from .record import (
     CATEGORY_SOURCES,
     NGRAM_KEYS,
     TRACE_GREEDY,
@@ -71,7 +71,7 @@ def pair_key(pair: PairInfo) -> str:
 
 
 def check_path(path: object) -> str | None:
-    """An execution path as the store keeps it (``autospec.runners.path_name``: "eager",
+    """An execution path as the store keeps it (``autospec.engine.runners.path_name``: "eager",
     "static", "static+cuda-graphs", or "target/draft"), or None for unknown."""
     if path is None:
         return None

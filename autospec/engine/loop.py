@@ -16,7 +16,7 @@ One iteration (``_Loop.step``):
 5. Emit tokens, stopping exactly where ``generate`` would (max_new_tokens, EOS, criteria).
 6. Crop both caches to what was kept.
 
-Forwards and crops go through runners (``autospec.runners``): transformers' DynamicCache by
+Forwards and crops go through runners (``autospec.engine.runners``): transformers' DynamicCache by
 default, or, with ``static_cache=True``, a static KV cache whose forwards replay CUDA graphs.
 
 The draft scores its last proposal without a forward of its own: when all k are accepted, that
@@ -43,8 +43,8 @@ from autospec.policies.base import (
     stops_drafting,
 )
 from autospec.policies.live import LiveStats
-from autospec.runners import open_runner, resolve_graphs
-from autospec.sampling import (
+from autospec.engine.runners import open_runner, resolve_graphs
+from autospec.engine.sampling import (
     SamplingConfig,
     block_presence,
     invalid_probs,
@@ -54,9 +54,9 @@ from autospec.sampling import (
     sample,
     seen_tokens,
 )
-from autospec.store.records import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
+from autospec.store.record import TRACE_CATCH_UP_MAX, TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
 from autospec.telemetry import Clock, Trace, quantize_beta
-from autospec.verify import greedy_verify, rejection_sample
+from autospec.engine.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: Sa
     generator, category, k_max, target_context, draft_context, output_scores, output_logits,
     live (the category's LiveStats, fed every iteration and shown to the policy),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
-    reused across requests, see autospec.runners), cuda_graphs ("auto": with static_cache on
+    reused across requests, see autospec.engine.runners), cuda_graphs ("auto": with static_cache on
     a CUDA device, replay forwards from CUDA graphs; True, False, "emulate"),
     record_confidence (keep the draft's top probability per generated token in
     ``stats.confidence``, which only the store uses: off, no softmax runs for it),

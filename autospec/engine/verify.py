@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from autospec.sampling import sample
+from autospec.engine.sampling import sample
 
 __all__ = ["rejection_sample", "greedy_verify"]
 

@@ -297,7 +297,7 @@ def as_metrics(option) -> Metrics | None:
         return default_metrics()
     if isinstance(option, Metrics):
         return option
-    raise ValueError(f"metrics must be True, False or an autospec.metrics.Metrics, "
+    raise ValueError(f"metrics must be True, False or an autospec.fleet.metrics.Metrics, "
                      f"got {option!r}")
 
 
@@ -501,8 +501,8 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
 
     from autospec.report.model import RECENT
     from autospec.store import queries
-    from autospec.store.models import Request
-    from autospec.store.rows import category_key
+    from autospec.store.tables import Request
+    from autospec.store.write import category_key
 
     if not step > 0:
         raise ValueError(f"step must be positive, got {step!r}")

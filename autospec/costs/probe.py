@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from autospec.runners import (
+from autospec.engine.runners import (
     Forward,
     crop_cache,
     new_cache,
@@ -46,7 +46,7 @@ from autospec.runners import (
     path_name,
     resolve_graphs,
 )
-from autospec.sampling import (
+from autospec.engine.sampling import (
     SamplingConfig,
     block_presence,
     logits_to_probs,
@@ -62,7 +62,7 @@ from autospec.telemetry import (
     peak_bandwidth,
     raise_peak,
 )
-from autospec.verify import greedy_verify, rejection_sample
+from autospec.engine.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class _Step:
         return block_presence(self.seen.expand(batch, -1), drafts, npos)
 
     def verify(self, raw: torch.Tensor, drafts: torch.Tensor):
-        from autospec.loop import _fit_vocab
+        from autospec.engine.loop import _fit_vocab
 
         k = drafts.shape[1]
         s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
@@ -227,7 +227,7 @@ class _Step:
         return num, nxt, torch.minimum(p[:, :k], q).sum(-1)
 
     def propose(self, raw: torch.Tensor):
-        from autospec.loop import _fit_vocab
+        from autospec.engine.loop import _fit_vocab
 
         s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
                            seen=self._seen(raw.shape[0], None, 1))

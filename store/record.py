@@ -128,7 +128,7 @@ class RequestRecord:
     output_text: str | None = None
     created_at: float = field(default_factory=time.time)
     category_source: str = "given"  # "given" (by the caller), "auto" (categoriser), "default"
-    features: bytes | None = None  # hashed prompt-token n-grams (autospec.categorize)
+    features: bytes | None = None  # hashed prompt-token n-grams (autospec.categorize.categorizer)
     predicted_alpha: float | None = None  # the categoriser's acceptance forecast
     confidence: bytes | None = None  # per generated position, as the trace (see above)
     # Batched generate: one record per row. ``batch_size`` is the batch the row started in;
@@ -139,7 +139,7 @@ class RequestRecord:
     batch_size: int = 1
     target_s_by_bn: dict[tuple[int, int], list[float]] | None = None
     draft_s_by_b: dict[int, list[float]] | None = None
-    # How the forwards ran (``autospec.runners.path_name``): "eager", "static",
+    # How the forwards ran (``autospec.engine.runners.path_name``): "eager", "static",
     # "static+cuda-graphs", or "target/draft" where they differ. Timings from different paths
     # measure different things, so the store keeps costs per path (``category_costs``) and
     # cost queries read one path. None: unknown (every request logged before 0005); such a

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autospec.benchstats import BatchRecord
+from autospec.bench.stats import BatchRecord
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ the speedup against plain decoding of the same request and repeat (paired), acce
 and, for greedy decoding, whether every output equalled plain decoding's token for token.
 
 With ``batch_sizes`` beyond (1,), the same modes also run on batches of prompts (see
-``autospec.benchbatch``), and one row per (batch size, mode) reports the batch's tokens/s,
+``autospec.bench.batch``), and one row per (batch size, mode) reports the batch's tokens/s,
 the paired speedup against plain batched decoding at that batch size, acceptance, the k
 schedule, peak KV bytes and how many rows equalled plain's. Batch 1 runs as it always has.
 
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from autospec.benchbatch import DEFAULT_TABLE, batch_stats, make_batches, run_batched, until_stop
-from autospec.benchstats import (
+from autospec.bench.batch import DEFAULT_TABLE, batch_stats, make_batches, run_batched, until_stop
+from autospec.bench.stats import (
     OVERALL,
     BatchRecord,
     RunRecord,
@@ -533,7 +533,7 @@ def explain_divergence(target, ids, plain: list[int], other: list[int], dtype) -
     token-exact) or something to report. None when the outputs are equal."""
     import torch
 
-    from autospec.benchstats import first_divergence
+    from autospec.bench.stats import first_divergence
 
     pos = first_divergence(plain, other)
     if pos is None:

@@ -1,0 +1,1 @@
+"""Traffic categories and acceptance forecasts from prompt features."""

@@ -1,0 +1,1 @@
+"""What verification and drafting cost on this hardware: the probe and the cost grid."""

@@ -1,0 +1,1 @@
+"""The fleet path: export to serving engines, ingest their metrics, Prometheus exposition."""

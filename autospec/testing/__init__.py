@@ -1,0 +1,1 @@
+"""Test support: synthetic target/draft pairs with a chosen acceptance, at any size."""

@@ -1,0 +1,1 @@
+"""Tuning on logged traffic: trace replay and Optuna studies over policy parameters."""
