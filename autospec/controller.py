@@ -16,13 +16,14 @@ import numbers
 import os
 import threading
 import types
+import weakref
 from dataclasses import replace
 
 import torch
 
-from autospec.engine.loop import LoopStats, speculative_generate
 from autospec.engine.plan import Plan, plan_request
-from autospec.policies.base import Policy, as_policy, early_stop_of, proposer_of
+from autospec.engine.stats import LoopStats, merge_stats
+from autospec.policies.base import Policy, as_policy, proposer_of
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 
@@ -48,6 +49,10 @@ class Controller:
                    match_draft=match_draft)
         self.model = model
         self.draft = draft  # None: the n-gram proposer drafts alone
+        from autospec.engine.checks import attention_layout
+
+        self.layouts = [attention_layout(model)] + (
+            [] if draft is None else [attention_layout(draft, "draft")])
         self.ngram = _ngram_factory(ngram)
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
         # CUDA graphs where there is a GPU (autospec.engine.runners); checked here, used per request
@@ -155,6 +160,11 @@ class Controller:
         self.telemetry = RequestTelemetry(self.model, self.draft, names=names,
                                           cache_dir=_store_dir(self.store))
         self.store_failures = 0
+        # a controller dropped without close() still flushes its records and releases the
+        # writer's thread and the store's files when it is collected
+        self._release_store = weakref.finalize(
+            self, _release_store, self.writer, self.telemetry,
+            self.store if self._owns_store else None, 10.0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush and close the store writer (also done at interpreter exit and by unwrap), and
@@ -168,10 +178,9 @@ class Controller:
             if self.draft is not None:
                 release_runners(self.draft)
         if self.writer is not None:
-            self.writer.close(timeout=timeout)
-            self.telemetry.close()
-            if self._owns_store:
-                self.store.close()
+            self._release_store.detach()
+            _release_store(self.writer, self.telemetry,
+                           self.store if self._owns_store else None, timeout)
             self.writer = None
 
     @property
@@ -199,93 +208,80 @@ class Controller:
         self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
-        if plan.rows:
-            return self._generate_batch(plan, policy, category, generator, k)
-        if isinstance(category, list):
-            category = category[0]
-        category, source, features, alpha = self._categorise(category, plan.input_ids)
-        if alpha is not None and k is None:
-            policy = _WithForecast(policy, alpha)
-        res = speculative_generate(
-            self.model, self.draft, plan.input_ids, sampling=plan.sampling, policy=policy,
-            max_new_tokens=plan.max_new_tokens, min_new_tokens=plan.min_new_tokens,
-            eos_token_ids=plan.eos, stopping_criteria=plan.stopping_criteria,
-            streamer=kwargs.get("streamer"), generator=generator, category=category,
-            k_max=self.k_max, target_context=self.target_context,
-            draft_context=self.draft_context, output_scores=plan.output_scores,
-            output_logits=plan.output_logits, live=self.live_stats(category),
-            static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
-            record_confidence=self.writer is not None, ngram=self.ngram,
-        )
-        self._local.stats = res.stats
-        if self.writer is not None:
-            self._log(res, plan, policy, category, source, features, alpha)
-        if self.metrics is not None:
-            self.metrics.observe(res.stats, category)
-        sequences = torch.cat([plan.pad_prefix, res.sequences], dim=1)
-        if not plan.return_dict:
-            return sequences
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences,
-            scores=tuple(res.scores) if res.scores is not None else None,
-            logits=tuple(res.logits) if res.logits is not None else None,
-        )
+        return self._speculate(plan, policy, category, generator, k, kwargs.get("streamer"))
 
     @property
     def last_row_stats(self) -> list[LoopStats] | None:
-        """Per-row counters of this thread's last batched request (``last_stats`` sums them)."""
+        """Per-row counters of this thread's last request (``last_stats`` sums a batch's)."""
         return getattr(self._local, "row_stats", None)
 
-    def _generate_batch(self, plan: Plan, policy, category, generator, k):
-        """B prompts through the batched loop; output laid out as generate lays it out."""
-        from autospec.engine.batched import speculative_generate_batch
+    def _speculate(self, plan: Plan, policy, category, generator, k, streamer):
+        """A planned request through the engine (batch 1 is a batch of one); the output laid
+        out as generate lays it out."""
+        from autospec.engine.generate import run
 
-        cats = category if isinstance(category, list) else [category] * plan.batch
-        resolved = [self._categorise(c, ids) for c, (ids, _) in zip(cats, plan.rows)]
+        rows = plan.rows or ((plan.input_ids, plan.pad_prefix),)
+        cats = category if isinstance(category, list) else [category] * len(rows)
+        resolved = [self._categorise(c, ids) for c, (ids, _) in zip(cats, rows)]
         names = [r[0] for r in resolved]
-        res = speculative_generate_batch(
-            self.model, self.draft, [ids for ids, _ in plan.rows], sampling=plan.sampling,
+        res = run(
+            self.model, self.draft, [ids for ids, _ in rows], sampling=plan.sampling,
             policy=policy, max_new_tokens=plan.max_new_tokens, categories=names,
-            lives=[self.live_stats(c) for c in names], costs=self.batch_costs(),
+            lives=[self.live_stats(c) for c in names],
+            costs=self.batch_costs() if plan.rows else None,
+            forecasts=[None if k is not None else r[3] for r in resolved],
             min_new_tokens=plan.min_new_tokens, eos_token_ids=plan.eos,
-            stopping_criteria=plan.stopping_criteria, generator=generator, k_max=self.k_max,
-            target_context=self.target_context, draft_context=self.draft_context,
-            output_scores=plan.output_scores, output_logits=plan.output_logits,
-            row_prefix=[pad for _, pad in plan.rows], record_confidence=self.writer is not None,
-            ngram=self.ngram)
+            stopping_criteria=plan.stopping_criteria, streamer=streamer, generator=generator,
+            k_max=self.k_max, target_context=self.target_context,
+            draft_context=self.draft_context, output_scores=plan.output_scores,
+            output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
+            record_confidence=self.writer is not None, ngram=self.ngram,
+            static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            keep_cache=plan.return_dict)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
-        self._local.stats = merge_stats(row_stats)
+        self._local.stats = row_stats[0] if len(row_stats) == 1 else merge_stats(row_stats)
         if self.writer is not None:
-            for row, (ids, pad), (cat, source, features, alpha) in zip(res.rows, plan.rows,
-                                                                       resolved):
+            for row, (ids, pad), (cat, source, features, alpha) in zip(res.rows, rows, resolved):
                 self._log(row, replace(plan, input_ids=ids, pad_prefix=pad), policy, cat,
                           source, features, alpha)
         if self.metrics is not None:
             for row, (cat, *_) in zip(res.rows, resolved):
                 self.metrics.observe(row.stats, cat)
-        steps = max(r.stats.new_tokens for r in res.rows)
-        pad = plan.pad_token_id if plan.pad_token_id is not None else 0
-        L = plan.padded.shape[1]
-        seq = torch.full((plan.batch, L + steps), pad, dtype=torch.long,
-                         device=plan.padded.device)
-        seq[:, :L] = plan.padded
-        for b, row in enumerate(res.rows):
-            new = row.sequences[0, row.stats.prompt_tokens:]
-            seq[b, L : L + new.shape[0]] = new
+        if not plan.rows:
+            sequences = torch.cat([plan.pad_prefix, res.rows[0].sequences], dim=1)
+            scores = None if res.rows[0].scores is None else tuple(
+                t[None] for t in res.rows[0].scores)
+            logits = None if res.rows[0].logits is None else tuple(
+                t[None] for t in res.rows[0].logits)
+        else:
+            steps = max(r.stats.new_tokens for r in res.rows)
+            pad = plan.pad_token_id if plan.pad_token_id is not None else 0
+            L = plan.padded.shape[1]
+            sequences = torch.full((plan.batch, L + steps), pad, dtype=torch.long,
+                                   device=plan.padded.device)
+            sequences[:, :L] = plan.padded
+            for b, row in enumerate(res.rows):
+                new = row.sequences[0, row.stats.prompt_tokens:]
+                sequences[b, L : L + new.shape[0]] = new
+            scores = (_stack_steps([r.scores for r in res.rows], steps, pad)
+                      if plan.output_scores else None)
+            logits = (_stack_steps([r.logits for r in res.rows], steps, pad)
+                      if plan.output_logits else None)
         if not plan.return_dict:
-            return seq
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
+            return sequences
+        return _output(sequences, scores, logits, res.cache, self._note_cache(plan))
 
-        return GenerateDecoderOnlyOutput(
-            sequences=seq,
-            scores=_stack_steps([r.scores for r in res.rows], steps, pad)
-            if plan.output_scores else None,
-            logits=_stack_steps([r.logits for r in res.rows], steps, pad)
-            if plan.output_logits else None,
-        )
+    def _note_cache(self, plan: Plan) -> bool:
+        """Whether the output may carry the target's cache: at batch 1 on the eager path.
+        Where it cannot, say why once per controller."""
+        why = ("at batch > 1 finished rows leave the engine's cache early" if plan.rows else
+               "the static cache is reused by the next request" if self.static_cache else None)
+        if why is not None and not getattr(self, "_cache_note", False):
+            self._cache_note = True
+            log.info("autospec: the returned output carries no cache (cache=None): %s "
+                     "(docs/engine.md)", why)
+        return why is None
 
     def batch_costs(self):
         """The pair's T_t(B, n) and T_d(B), live, warmed once from the store's grid as every
@@ -446,8 +442,15 @@ class Controller:
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
         """Either a plan for the loop, or (None, why the original generate must serve it)."""
-        return plan_request(self.model, inputs, generation_config, args, kwargs,
-                            tokenizer=self.tokenizer, target_context=self.target_context)
+        plan, reason = plan_request(self.model, inputs, generation_config, args, kwargs,
+                                    tokenizer=self.tokenizer,
+                                    target_context=self.target_context)
+        if plan is not None:  # what the engine's caches can serve (checks.attention_layout)
+            for layout in self.layouts:
+                why = layout.problem or (layout.batch_problem() if plan.rows else None)
+                if why is not None:
+                    return None, why
+        return plan, reason
 
     def _fallback(self, reason, inputs, generation_config, args, kwargs):
         with self._lock:
@@ -460,54 +463,27 @@ class Controller:
         return self._original_generate(inputs, generation_config, *args, **kwargs)
 
 
-class _WithForecast:
-    """A policy seen through one request's acceptance forecast (``context.predicted_alpha``)."""
+def _output(sequences, scores, logits, cache, with_cache: bool):
+    """generate's return_dict output (its field for the cache is ``cache`` in transformers
+    5.x, ``past_key_values`` before)."""
+    from dataclasses import fields
 
-    def __init__(self, inner, alpha: float):
-        self.inner, self.alpha = inner, float(alpha)
-        self.name = getattr(inner, "name", str(inner))
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    def early_stop_for(self, category: str) -> float | None:
-        return early_stop_of(self.inner, category)
-
-    def choose(self, context) -> int:
-        return self.inner.choose(replace(context, predicted_alpha=self.alpha))
-
-    def update(self, context, k: int, outcome) -> None:
-        self.inner.update(replace(context, predicted_alpha=self.alpha), k, outcome)
+    out = dict(sequences=sequences, scores=scores, logits=logits)
+    names = {f.name for f in fields(GenerateDecoderOnlyOutput)}
+    if with_cache:
+        out["cache" if "cache" in names else "past_key_values"] = cache
+    return GenerateDecoderOnlyOutput(**out)
 
 
-def merge_stats(rows: list[LoopStats]) -> LoopStats:
-    """One batch's counters: sums over its rows; the schedule, timings and wall time of the
-    batch (every row shares its forwards)."""
-    out = LoopStats()
-    for st in rows:
-        for name in ("drafts", "drafted", "accepted", "new_tokens", "prompt_tokens",
-                     "draft_forwards", "ngram_drafts", "ngram_drafted", "ngram_accepted",
-                     "ngram_s"):
-            setattr(out, name, getattr(out, name) + getattr(st, name))
-        for name in ("accepted_per_position", "drafted_per_position",
-                     "ngram_accepted_per_position", "ngram_drafted_per_position"):
-            acc = getattr(out, name)
-            for i, v in enumerate(getattr(st, name)):
-                if i < len(acc):
-                    acc[i] += v
-                else:
-                    acc.append(v)
-    longest = max(rows, key=lambda st: st.iterations)
-    out.iterations, out.k_schedule = longest.iterations, list(longest.k_schedule)
-    out.target_s_by_bn = dict(longest.target_s_by_bn)
-    out.draft_s_by_b = dict(longest.draft_s_by_b)
-    out.draft_s = longest.draft_s
-    out.prefill_s = longest.prefill_s
-    out.wall_s = max(st.wall_s for st in rows)
-    out.started_at = min(st.started_at for st in rows)
-    out.batch_size = len(rows)
-    out.peak_kv_bytes = max(st.peak_kv_bytes for st in rows)
-    out.cache_repacks = longest.cache_repacks
-    out.trace_kind, out.path = longest.trace_kind, longest.path
-    out.stop_reason = ",".join(sorted({st.stop_reason for st in rows}))
-    return out
+def _release_store(writer, telemetry, store, timeout: float) -> None:
+    """Flush and stop the writer, close telemetry and, where the controller opened it, the
+    store: ``Controller.close``, or the controller's finalizer when it was dropped open."""
+    writer.close(timeout=timeout)
+    telemetry.close()
+    if store is not None:
+        store.close()
 
 
 def _stack_steps(per_row: list[list[torch.Tensor]], steps: int, pad: int):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autospec.store.record import (  # the one definition (torch-free)
+from autospec.traces import (  # the one definition (torch-free)
     MATCH_REACH,
     NGRAM_NONE,
     NGRAM_TRACE_K,

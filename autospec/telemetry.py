@@ -1,15 +1,6 @@
-"""Telemetry: forward timing, acceptance traces, memory-bandwidth figures, NVML sampling.
-
-Nothing here runs per token. The loop records clock marks and small device tensors; this
-module turns them into numbers once per iteration (CPU) or once per request (CUDA events are
-read after the request's last sync, never forcing one of their own).
-
-Acceptance traces (README, "Telemetry and the store"): one byte per generated position telling whether the draft,
-continuing from the target's own prefix, would have produced that token — greedy: 1/0 for its
-argmax matching; sampling: round(254 · β) with β = Σ min(p, q), the probability of acceptance.
-255 marks a position nobody observed (decoded with k = 0, or the request's final bonus token).
-For greedy decoding the trace does not depend on k, so replaying it under another k gives the
-accepted lengths that k would have seen, exactly.
+"""Telemetry: what a finished request's record holds beyond its counters (bandwidth figures,
+the device's peak, NVML samples), assembled once per request, off the per-token path.
+Acceptance traces are ``autospec.traces``; the engine's timing is ``autospec.engine.timing``.
 """
 
 from __future__ import annotations
@@ -28,84 +19,13 @@ from functools import partial
 import torch
 
 from autospec.ngram import ngram_trace
-from autospec.store.record import UNOBSERVED  # the one definition (torch-free)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clock", "Trace", "UNOBSERVED", "param_bytes", "kv_bytes_per_token",
+__all__ = ["param_bytes", "kv_bytes_per_token",
            "achieved_bandwidth", "peak_bandwidth", "hardware_name", "NvmlSampler",
            "nvml_device_ref", "nvml_handle"]
 
-
-
-class Clock:
-    """perf_counter on the CPU (ops there are synchronous); CUDA events on a GPU, whose
-    elapsed times are read only after the loop's own per-iteration sync has completed them.
-
-    Events are reused: ``recycle`` hands marks whose times have been read back to the clock,
-    and later marks record those events again instead of creating new ones (a request makes
-    as many events as one iteration uses, not a few per iteration). ``event``: the event
-    type (default ``torch.cuda.Event``; given, the clock uses events whatever the device)."""
-
-    def __init__(self, device: torch.device, event=None):
-        self.cuda = device.type == "cuda" or event is not None
-        self._event = event
-        self._free: list = []
-        self.created = 0  # events made over the clock's life
-
-    def mark(self):
-        if self.cuda:
-            if self._free:
-                event = self._free.pop()
-            else:
-                event = (self._event or torch.cuda.Event)(enable_timing=True)
-                self.created += 1
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def seconds(self, start, end) -> float:
-        if self.cuda:
-            return start.elapsed_time(end) / 1e3
-        return end - start
-
-    def recycle(self, *marks) -> None:
-        """Marks whose times were read (their events completed): record them again later."""
-        if self.cuda:
-            known = {id(e) for e in self._free}
-            for m in marks:
-                if m is not None and id(m) not in known:
-                    known.add(id(m))
-                    self._free.append(m)
-
-
-class Trace:
-    """The acceptance trace of one request, filled as positions get observed, and beside it
-    the draft's confidence at the same positions (``store.records``)."""
-
-    def __init__(self, greedy: bool, max_len: int):
-        self.greedy = greedy
-        self.values = bytearray([UNOBSERVED]) * max_len
-        self.confidence = bytearray([UNOBSERVED]) * max_len
-
-    def put(self, position: int, values, confidence=()) -> None:
-        """Set generated positions position, position+1, … (those past the end are dropped);
-        ``confidence``: quantized top probabilities for the same positions."""
-        for arr, vals in ((self.values, values), (self.confidence, confidence)):
-            for i, v in enumerate(vals):
-                if 0 <= position + i < len(arr):
-                    arr[position + i] = int(v)
-
-    def finish(self, new_tokens: int) -> bytes:
-        return bytes(self.values[:new_tokens])
-
-    def finish_confidence(self, new_tokens: int) -> bytes:
-        return bytes(self.confidence[:new_tokens])
-
-
-def quantize_beta(beta: torch.Tensor) -> torch.Tensor:
-    """β in [0, 1] → int in 0 … 254 (255 is reserved for unobserved, which NaN becomes)."""
-    return (beta.clamp(0, 1) * 254).round().nan_to_num(UNOBSERVED).to(torch.int64)
 
 
 NO_DRAFT = "none (n-gram)"  # the draft's name in the store when there is no draft model

@@ -54,6 +54,10 @@ class Context:
     # this request so far (batch 1): its own LiveStats, fed as its category's (undiscounted):
     # its rate (``spent``), n-gram match points, n-gram blocks and shadow
     request: Any = None
+    # at batch_size > 1: each running row's own request statistics and acceptance forecast
+    # (None where the categoriser gave none), as ``request`` and ``predicted_alpha`` at batch 1
+    requests: tuple = ()
+    predicted_alphas: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -686,10 +686,15 @@ class CostModelPolicy:
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):
             return min(self.initial_k, top)
-        predicted = getattr(context, "predicted_alpha", None)
+        stats = self._row_stats(context)
+        # each row's acceptance forecast (the categoriser's), where the engine gave them
+        forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
+        if len(forecasts) != len(stats):
+            forecasts = (getattr(context, "predicted_alpha", None),) * len(stats)
         curves, by_stats = [], {}
-        for live in self._row_stats(context):
-            curve = by_stats.get(id(live))
+        for live, predicted in zip(stats, forecasts):
+            key = (id(live), predicted)
+            curve = by_stats.get(key)
             if curve is None:
                 if live is None:
                     curve = [0.5 if predicted is None else float(predicted)] * top
@@ -697,7 +702,7 @@ class CostModelPolicy:
                     curve = [float(predicted)] * top
                 else:
                     curve = self.derived(live, top)[0]
-                by_stats[id(live)] = curve
+                by_stats[key] = curve
             curves.append(curve)
         per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
         left = _rows_left(context)

@@ -32,11 +32,9 @@ from functools import partial
 
 import torch
 
-from autospec.testing.controlled import build_model, controlled_pair, qwen2_config
 from autospec.controller import Controller
-from autospec.policies.costmodel import best_k, speedup
 from autospec.engine.runners import StaticRunner, graph_report
-from autospec.store.record import UNOBSERVED
+from autospec.policies.costmodel import best_k, speedup
 from autospec.telemetry import (
     NvmlSampler,
     hardware_name,
@@ -44,7 +42,9 @@ from autospec.telemetry import (
     param_bytes,
     peak_bandwidth,
 )
+from autospec.testing.controlled import build_model, controlled_pair, qwen2_config
 from autospec.textfmt import fmt, human_bytes, table
+from autospec.traces import UNOBSERVED
 
 log = logging.getLogger("gpu_bench")
 

@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=500)
     a = ap.parse_args(argv)
 
-    from autospec.engine.loop import LoopStats
+    from autospec.engine.stats import LoopStats
     from autospec.fleet.metrics import Metrics
 
     m = Metrics()

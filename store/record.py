@@ -15,42 +15,14 @@ __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSE
            "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "NGRAM_KEYS",
            "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
 
-# Acceptance traces: one byte per generated position, telling whether the draft, continuing
-# from the target's own prefix, would have produced that position's token.
-TRACE_GREEDY = "greedy"  # 1 the draft's argmax matched, 0 it did not, 255 not observed
-TRACE_SAMPLED = "sampled"  # round(254 · β) with β = Σ_x min(p(x), q(x)), 255 not observed
-UNOBSERVED = 255
-# positions one draft catch-up forward may fill in (the loop, and the simulator mirroring it)
-TRACE_CATCH_UP_MAX = 64
-# Confidence, beside the trace: round(254 · max_x q(x)), the draft's top probability at each
-# generated position where it ran on the target's own prefix (255 elsewhere). Draft-side early
-# stopping decides on exactly this number, so replay can apply any threshold to it.
-# N-gram traces (``autospec.ngram.ngram_trace``): one byte per generated position, the length
-# n of the prompt-lookup match there (how many trailing tokens of the context agree with the
-# tokens before the proposal's source, ``NgramIndex.match``) and how many leading tokens of its
-# proposal match the output (0 … 16), as (min(n, 14) − 1) · 17 + matching
-# (``encode_trace_value`` below), or:
-NGRAM_NONE = 255  # the index had no match there: no proposal
-NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
-MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured and recorded
-
-
-def encode_trace_value(matched: int, agree: int) -> int:
-    """One position of the n-gram trace: the match length the proposer had there (1…14,
-    longer ones recorded as 14) and how many of its first 16 proposed tokens equal the output
-    from there on (0…16); NGRAM_NONE without a match."""
-    if matched <= 0:
-        return NGRAM_NONE
-    return (min(matched, MATCH_REACH) - 1) * (NGRAM_TRACE_K + 1) + min(agree, NGRAM_TRACE_K)
-
-
-def decode_trace_value(value: int) -> tuple[int, int] | None:
-    """(match length, agreeing tokens) of one n-gram trace byte; None for NGRAM_NONE."""
-    if value == NGRAM_NONE:
-        return None
-    n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
-    return n + 1, agree
-
+from autospec.traces import (  # noqa: E402  (the one definition: torch-free)
+    MATCH_REACH,
+    NGRAM_NONE,
+    TRACE_CATCH_UP_MAX,
+    TRACE_GREEDY,
+    TRACE_SAMPLED,
+    UNOBSERVED,
+)
 
 # a request's n-gram counters (``RequestRecord.ngram``)
 NGRAM_KEYS = ("max_n", "min_n", "drafts", "drafted", "accepted", "accepted_per_position",

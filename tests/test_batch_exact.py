@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import autospec
-import autospec.engine.batched
+import autospec.engine.slots
 from autospec.policies import Context
 
 from conftest import EOS, noisy_copy, tiny, tiny_tokenizer
@@ -134,12 +134,12 @@ def test_repacking_the_cache_keeps_every_row_exact(arch, monkeypatch):
     ids, mask = batch([5, 13, 9], seed=5)
     ref = reference(target, ids, mask, max_new_tokens=30, eos_token_id=None)
     spec = autospec.Controller(target, draft, store=False)
-    monkeypatch.setattr(autospec.engine.batched, "SLACK", 10_000)
+    monkeypatch.setattr(autospec.engine.slots, "SLACK", 10_000)
     loose = spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
                           eos_token_id=None, k=5)
     loose_peak = spec.last_stats.peak_kv_bytes
     assert spec.last_stats.cache_repacks == 0
-    monkeypatch.setattr(autospec.engine.batched, "SLACK", 0)
+    monkeypatch.setattr(autospec.engine.slots, "SLACK", 0)
     tight = spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
                           eos_token_id=None, k=5)
     assert torch.equal(loose, ref) and torch.equal(tight, ref)

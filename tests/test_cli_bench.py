@@ -525,7 +525,7 @@ def test_cli_generate_without_a_draft_model(saved_pair, capsys):
 
 def test_demo_line_counts_the_n_gram_apart_from_the_draft_model():
     from autospec.cli.demo import _drafting_summary
-    from autospec.engine.loop import LoopStats
+    from autospec.engine.stats import LoopStats
 
     st = LoopStats(prompt_tokens=4, k_schedule=[2, 9, 2, 0], proposer_schedule=[0, 1, 0, 0],
                    drafts=2, drafted=4, accepted=3, ngram_drafts=1, ngram_drafted=9,

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from autospec.telemetry import Clock
+from autospec.engine.timing import Clock
 
 from conftest import noisy_copy, prompt, tiny
 
@@ -42,8 +42,7 @@ def test_recycled_marks_are_recorded_again():
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_request_makes_the_events_of_one_iteration(monkeypatch, batch):
-    import autospec.engine.batched
-    import autospec.engine.loop
+    import autospec.engine.batch
 
     made = []
 
@@ -52,8 +51,7 @@ def test_a_request_makes_the_events_of_one_iteration(monkeypatch, batch):
         made.append(c)
         return c
 
-    monkeypatch.setattr(autospec.engine.loop, "Clock", clock)
-    monkeypatch.setattr(autospec.engine.batched, "Clock", clock)
+    monkeypatch.setattr(autospec.engine.batch, "Clock", clock)
     target = tiny("llama", sharpen=30.0)
     spec = autospec.Controller(target, noisy_copy(target, 0.4), store=False)
     ids = torch.cat([prompt(10, seed=s) for s in range(batch)])

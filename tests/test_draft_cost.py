@@ -13,8 +13,7 @@ import time
 import pytest
 
 import autospec
-from autospec.engine.batched import _BatchLoop
-from autospec.engine.loop import _Loop
+from autospec.engine.proposers.draft_model import DraftModel
 from autospec.policies.base import Outcome
 
 from conftest import noisy_copy, prompt, tiny
@@ -47,14 +46,13 @@ class Stretches:
 
 @pytest.fixture
 def slow_catch_up(monkeypatch):
-    for cls in (_Loop, _BatchLoop):
-        orig = cls.trace_catch_up
+    orig = DraftModel._catch_up_trace
 
-        def slow(self, *a, _orig=orig, **kw):
-            time.sleep(SLOW)
-            return _orig(self, *a, **kw)
+    def slow(self, *a, **kw):
+        time.sleep(SLOW)
+        return orig(self, *a, **kw)
 
-        monkeypatch.setattr(cls, "trace_catch_up", slow)
+    monkeypatch.setattr(DraftModel, "_catch_up_trace", slow)
 
 
 def _resumed(log):

@@ -122,7 +122,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
     """Two processes count under PROMETHEUS_MULTIPROC_DIR; a third serves the sum."""
     worker = textwrap.dedent("""
         import sys
-        from autospec.engine.loop import LoopStats
+        from autospec.engine.stats import LoopStats
         from autospec.fleet.metrics import Metrics
         n = int(sys.argv[1])
         st = LoopStats(drafts=n, drafted=3 * n, accepted=2 * n, accepted_per_position=[n, n],

@@ -377,7 +377,7 @@ def test_on_a_device_the_prompt_comes_back_with_the_first_sync(pair, monkeypatch
     """Where the prompt is not in host memory (a GPU) the index is built from the first
     iteration's host sync, not from a read of its own: no extra read, same output, and the
     n-gram proposes from the second iteration on."""
-    import autospec.engine.loop as loop_mod
+    import autospec.engine.batch as loop_mod
 
     target, draft = pair
     monkeypatch.setattr(loop_mod, "host_tokens", lambda ids: None)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ngram import _repetitive, _repetitive_batch
+from test_ngram import _repetitive
 
 import autospec
-from autospec.policies import Context, CostModelPolicy, LiveStats, as_policy
-from autospec.tune.replay import Costs, simulate
+from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.store import open_store, queries
+from autospec.tune.replay import Costs
 
 from conftest import noisy_copy, tiny
 
@@ -118,15 +118,6 @@ def _stored(url):
         return list(queries.traces(s))
 
 
-def _same_ngram_stats(got: LiveStats, want: LiveStats) -> None:
-    assert sorted(got.ngram_by_match) == sorted(want.ngram_by_match) != []
-    assert got.ngram_reached == pytest.approx(want.ngram_reached)
-    assert got.ngram_accepted == pytest.approx(want.ngram_accepted)
-    for n, (acc, reach) in want.ngram_by_match.items():
-        assert got.ngram_by_match[n][0] == pytest.approx(acc)
-        assert got.ngram_by_match[n][1] == pytest.approx(reach)
-
-
 def _serve_copies(url: str, policy: str):
     """(closed controller, each request's stats): a tiny llama with a noisy copy as draft
     served three repetitive greedy requests of category "copy" into the store at ``url``
@@ -141,40 +132,6 @@ def _serve_copies(url: str, policy: str):
         served.append(spec.last_stats)
     spec.close()
     return spec, served
-
-
-def test_a_draft_served_category_learns_the_n_gram_live_as_replay_does(tmp_path):
-    """Batch 1, the draft model alone (fixed k): the n-gram never drafts, yet its statistics
-    fill from its shadow, exactly as replaying the stored n-gram trace fills them."""
-    url = f"sqlite:///{tmp_path / 'b1.db'}"
-    spec, served = _serve_copies(url, "fixed:3")
-    assert [st.ngram_drafted for st in served] == [0, 0, 0]
-    lives: dict = {}
-    simulate(_stored(url), as_policy("fixed:3"), COSTS, live=lives, category="copy")
-    got = spec.live["copy"]
-    assert got.ngram_reached[0] > 20
-    _same_ngram_stats(got, lives["copy"])
-
-
-def test_batched_rows_learn_the_n_gram_from_their_shadow_as_replay_does(tmp_path):
-    target = tiny("llama", layers=2, seed=5)
-    url = f"sqlite:///{tmp_path / 'b3.db'}"
-    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:2")
-    ids, mask = _repetitive_batch([6, 9, 4], seed=1)
-    spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
-                  pad_token_id=0, category="copy")
-    assert len(spec.last_row_stats) == 3
-    spec.close()
-    rows = _stored(url)
-    assert [r.batch_size for r in rows] == [3, 3, 3]
-    lives: dict = {}
-    grid = {b: {n: 0.1 + 0.01 * n for n in range(1, 18)} for b in (1, 2, 3)}
-    costs = Costs(t_draft=0.01, t_target=grid[1], target_grid=grid,
-                  draft_grid={b: 0.01 for b in grid})
-    simulate(rows, as_policy("fixed:2"), costs, live=lives, category="copy")
-    got = spec.live["copy"]
-    assert got.ngram_reached[0] > 10
-    _same_ngram_stats(got, lives["copy"])
 
 
 def test_a_new_category_starts_from_the_costs_the_process_measured():
@@ -227,31 +184,6 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
     alone = autospec.Controller(target, draft, store=url, policy="auto")
     assert sorted(alone.live_stats("seen").t_target) == [1]
     alone.close()
-
-
-@pytest.mark.parametrize("policy", ["ngram:3", "hybrid:3:2"])
-def test_batched_n_gram_blocks_replay_as_they_ran(tmp_path, policy):
-    """At batch > 1 the store now keeps each row's n-gram trace, and replay runs the n-gram's
-    blocks per row as the batched loop did: the same drafted and accepted counts."""
-    target = tiny("llama", layers=2, seed=5)
-    url = f"sqlite:///{tmp_path / 'ng.db'}"
-    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy=policy)
-    ids, mask = _repetitive_batch([6, 9, 4], seed=1)
-    spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
-                  pad_token_id=0, category="copy")
-    live = spec.last_row_stats
-    spec.close()
-    rows = _stored(url)
-    assert all(r.ngram_trace for r in rows)
-    grid = {b: {n: 0.1 + 0.01 * n for n in range(1, 18)} for b in (1, 2, 3)}
-    costs = Costs(t_draft=0.01, t_target=grid[1], target_grid=grid,
-                  draft_grid={b: 0.01 for b in grid})
-    res = simulate(rows, as_policy(policy), costs, category="copy")
-    assert res.ngram_drafted > 0
-    assert (res.ngram_drafted, res.ngram_accepted) == (
-        sum(st.ngram_drafted for st in live), sum(st.ngram_accepted for st in live))
-    assert (res.drafted, res.accepted) == (sum(st.drafted for st in live),
-                                           sum(st.accepted for st in live))
 
 
 def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):

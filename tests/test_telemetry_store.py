@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import autospec
-from autospec.tune.replay import replay_greedy
 from autospec.store import StoreError, open_store, queries
+from autospec.tune.replay import replay_greedy
 
 from conftest import noisy_copy, prompt, tiny, tiny_tokenizer
 
@@ -144,7 +144,7 @@ def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_pa
 
 
 def test_a_batched_row_records_its_batch_size_and_timings_by_batch(models, tmp_path):
-    from autospec.engine.loop import LoopStats
+    from autospec.engine.stats import LoopStats
     from autospec.telemetry import RequestTelemetry
 
     tel = RequestTelemetry(*models, measure_peak=False)

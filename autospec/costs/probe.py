@@ -54,15 +54,15 @@ from autospec.engine.sampling import (
     sample,
     seen_tokens,
 )
+from autospec.engine.timing import Clock
+from autospec.engine.verify import greedy_verify, rejection_sample
 from autospec.telemetry import (
-    Clock,
     hardware_name,
     kv_bytes_per_token,
     param_bytes,
     peak_bandwidth,
     raise_peak,
 )
-from autospec.engine.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class _Step:
         return block_presence(self.seen.expand(batch, -1), drafts, npos)
 
     def verify(self, raw: torch.Tensor, drafts: torch.Tensor):
-        from autospec.engine.loop import _fit_vocab
+        from autospec.engine.batch import fit_vocab as _fit_vocab
 
         k = drafts.shape[1]
         s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
@@ -227,7 +227,7 @@ class _Step:
         return num, nxt, torch.minimum(p[:, :k], q).sum(-1)
 
     def propose(self, raw: torch.Tensor):
-        from autospec.engine.loop import _fit_vocab
+        from autospec.engine.batch import fit_vocab as _fit_vocab
 
         s = process_logits(_fit_vocab(raw, self.vocab), self.sampling,
                            seen=self._seen(raw.shape[0], None, 1))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_pair", "PairMismatchError"]
+__all__ = ["check_pair", "PairMismatchError", "Layout", "attention_layout"]
 
 
 class PairMismatchError(ValueError):
@@ -90,3 +92,76 @@ def _compare_tokenizers(a, b) -> None:
             raise PairMismatchError(
                 f"tokenizers agree on tokens but differ in {attr} ({getattr(a, attr, None)} vs "
                 f"{getattr(b, attr, None)})")
+
+
+# -- attention layouts ----------------------------------------------------------------------
+SERVED_LAYERS = ("full_attention", "sliding_attention")
+MASKED_ATTENTION = ("sdpa", "eager")  # implementations that take the engine's own 4-D masks
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model's layers attend, as the engine's slot cache must honour it.
+
+    kinds: per layer "full_attention" or "sliding_attention"; window: the sliding layers'
+    window (tokens a query attends to, itself included); by_type: whether the model takes one
+    mask per layer type (``layer_types`` in its config) rather than one for every layer;
+    problem: why the engine cannot serve the model exactly (None: it can)."""
+
+    kinds: tuple[str, ...] = ()
+    window: int | None = None
+    by_type: bool = False
+    attention: str = "eager"
+    problem: str | None = None
+
+    @property
+    def sliding(self) -> bool:
+        return "sliding_attention" in self.kinds
+
+    def batch_problem(self) -> str | None:
+        """Why a batch (B > 1) cannot run: sliding windows over slots with holes need the
+        engine's own masks, which only sdpa and eager attention take."""
+        if self.problem is None and self.sliding and self.attention not in MASKED_ATTENTION:
+            return (f"sliding-window attention at batch > 1 with {self.attention!r} attention "
+                    f"(the engine's masks need one of {', '.join(MASKED_ATTENTION)})")
+        return None
+
+
+def attention_layout(model, role: str = "target") -> Layout:
+    """The rule for which attention layouts the engine serves, read from the model's config:
+
+    - full attention in every layer: served (the reference case);
+    - sliding windows (every layer, Mistral-style; or alternating with full layers,
+      Gemma-2/3- and Qwen2-style): served. The engine keeps every token in a full cache (a
+      sliding cache drops what a rejected block needs back), and windows are applied by the
+      attention masks: at batch 1 by the model's own, at B > 1 by the engine's, built from
+      each slot's position (holes left by rejected drafts must not count as tokens);
+    - anything else (recurrent or linear-attention layers, chunked attention, layers that share
+      another's cache): not served; such requests go to the original ``generate``, with this
+      reason logged.
+    """
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    attention = getattr(cfg, "_attn_implementation", None) or "eager"
+    params = inspect.signature(model.forward).parameters
+    if "past_key_values" not in params and "cache" not in params:
+        return Layout(attention=attention,
+                      problem=f"the {role} ({type(model).__name__}) takes no KV cache")
+    n = getattr(cfg, "num_hidden_layers", None) or 0
+    types = getattr(cfg, "layer_types", None)
+    by_type = types is not None
+    if types is None:
+        sliding = (getattr(cfg, "sliding_window", None) is not None
+                   and getattr(cfg, "use_sliding_window", True) is not False)
+        types = ["sliding_attention" if sliding else "full_attention"] * n
+        if getattr(cfg, "attention_chunk_size", None) is not None:
+            types = ["chunked_attention"] * n
+    other = sorted(set(types) - set(SERVED_LAYERS))
+    if other:
+        return Layout(kinds=tuple(types), attention=attention, by_type=by_type,
+                      problem=f"the {role}'s layers of type {', '.join(map(repr, other))} "
+                              "keep state the engine cannot roll back to an accepted prefix")
+    if getattr(cfg, "kv_sharing_modes", None) is not None:
+        return Layout(kinds=tuple(types), attention=attention, by_type=by_type,
+                      problem=f"the {role}'s layers share KV caches")
+    window = getattr(cfg, "sliding_window", None) if "sliding_attention" in types else None
+    return Layout(kinds=tuple(types), window=window, by_type=by_type, attention=attention)

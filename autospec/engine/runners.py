@@ -51,8 +51,16 @@ WARMUP = 2  # eager runs before a capture (cuBLAS workspaces, lazy kernels)
 
 # -- the eager reference ------------------------------------------------------------------
 def new_cache(model):
+    """A fresh DynamicCache for ``model`` whose every layer keeps every token, so that it can
+    be cropped back to an accepted prefix: transformers' sliding-window layers drop the
+    tokens a rejected block needs back, so a model with sliding layers gets full ones (its
+    windows are applied by the attention masks; ``checks.attention_layout``)."""
     from transformers import DynamicCache
 
+    from autospec.engine.checks import attention_layout
+
+    if attention_layout(model).sliding:
+        return DynamicCache()  # every layer a full DynamicLayer, made as it is first used
     return DynamicCache(config=model.config)
 
 
@@ -95,9 +103,12 @@ class EagerRunner:
 
     def __init__(self, model):
         self.fwd, self.cache = Forward(model), new_cache(model)
+        self.dtype = next(model.parameters()).dtype
 
-    def run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        return self.fwd(ids, self.cache, keep)
+    def run(self, ids: torch.Tensor, keep: int, *, attention_mask=None,
+            position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.fwd(ids, self.cache, keep, attention_mask=attention_mask,
+                        position_ids=position_ids)
 
     def crop(self, length: int) -> None:
         crop_cache(self.cache, length)
@@ -236,7 +247,11 @@ class StaticRunner:
             kwargs["logits_to_keep"] = keep
         return self.model(input_ids=ids, **kwargs).logits[:, -keep:]  # [B, keep, V]
 
-    def run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, keep: int, *, attention_mask=None,
+            position_ids=None) -> torch.Tensor:
+        if attention_mask is not None or position_ids is not None:
+            raise ValueError("a static runner serves one contiguous row: it builds its own "
+                             "mask and positions")
         n = ids.shape[1]
         if self.length + n > self.capacity:
             raise ValueError(f"static cache overflow: {self.length} + {n} > {self.capacity}")

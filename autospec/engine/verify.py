@@ -13,7 +13,7 @@ import torch
 
 from autospec.engine.sampling import sample
 
-__all__ = ["rejection_sample", "greedy_verify"]
+__all__ = ["rejection_sample", "greedy_verify", "quantize_beta"]
 
 
 def rejection_sample(
@@ -87,3 +87,8 @@ def greedy_verify(
     num_accepted = match.cumprod(dim=-1).sum(dim=-1)  # [B]
     next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     return num_accepted, next_token
+
+
+def quantize_beta(beta: torch.Tensor) -> torch.Tensor:
+    """β in [0, 1] → int in 0 … 254 (255 is reserved for unobserved, which NaN becomes)."""
+    return (beta.clamp(0, 1) * 254).round().nan_to_num(255).to(torch.int64)

@@ -158,10 +158,10 @@ def measure_acceptance(target, draft, *, prompts: int = 4, prompt_len: int = 16,
                        check_generate: bool = False, **loop_options) -> Acceptance:
     """Greedy acceptance of ``draft`` against ``target`` on random prompts, read from the
     acceptance traces (k-independent for greedy decoding)."""
-    from autospec.engine.loop import speculative_generate
-    from autospec.policies import FixedK
+    from autospec.engine.generate import speculative_generate
     from autospec.engine.sampling import SamplingConfig
-    from autospec.store.record import UNOBSERVED
+    from autospec.policies import FixedK
+    from autospec.traces import UNOBSERVED
 
     device = next(target.parameters()).device
     vocab = target.get_output_embeddings().weight.shape[0]

@@ -36,9 +36,9 @@ from functools import cached_property
 from typing import Any
 
 from autospec.ngram import decode_trace_value
-from autospec.policies.base import early_stop_of, proposer_of, stops_drafting
+from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.store.record import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
+from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
            "batch_size_of", "plain_batch_seconds"]
@@ -260,6 +260,8 @@ class SimResult:
     k_counts_by_batch: dict[int, Counter] = field(default_factory=dict)  # rows running → k
     # the draft model's catch-ups beyond their first proposal (in ``seconds``)
     catch_up_seconds: float = 0.0
+    # each replayed request's counters, in replay order, as the engine keeps them live
+    requests: list = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -330,7 +332,7 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
         stats = lives.setdefault(cat, LiveStats())
         b = batch_size_of(row) if batched else 1
         if b == 1:
-            _replay_one(_Row(row, has_draft), policy, costs, cat, stats, k_max, rng, res)
+            _replay([_Row(row, has_draft)], policy, costs, cat, stats, k_max, rng, res)
             continue
         if not costs.batched:
             raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
@@ -338,9 +340,9 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
         group = pending.setdefault((b, cat), [])
         group.append(_Row(row, has_draft))
         if len(group) == b:
-            _replay_batch(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
+            _replay(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
     for (_b, cat), group in pending.items():
-        _replay_batch(group, policy, costs, cat, lives[cat], k_max, rng, res)
+        _replay(group, policy, costs, cat, lives[cat], k_max, rng, res)
     return res
 
 
@@ -348,7 +350,7 @@ class _Row:
     """One request being replayed: its trace and where it stands."""
 
     __slots__ = ("kind", "trace", "conf", "ngram", "has_draft", "g", "covered", "prev_k",
-                 "gap")
+                 "gap", "request", "stats")
 
     def __init__(self, row, has_draft: bool = True):
         self.ngram, self.has_draft = None, has_draft
@@ -364,6 +366,11 @@ class _Row:
         # tokens the draft model has not taken in (the live loop's ``draft_gap``): the prompt
         # before its first block (0 where the trace does not say how long it was)
         self.gap = int(getattr(row, "prompt_tokens", 0) or 0)
+        from autospec.engine.stats import LoopStats
+        from autospec.policies import LiveStats
+
+        self.request = LiveStats(discount=1.0)  # the request's own, as the engine keeps it
+        self.stats = LoopStats()
 
     @property
     def remaining(self) -> int:
@@ -394,185 +401,118 @@ class _Row:
         self.gap += m + 1
         return k, m
 
-    def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool, tuple]:
-        """Replay one block of (at most) k: (drafted, accepted, unknown, unproposed)."""
+    def catch_up(self) -> tuple[float, ...]:
+        """The draft model runs this iteration: its first forward takes in what it has not
+        seen (the engine feeds every row's), predicting those positions from the target's
+        prefix. Where it had not drafted them (k = 0, prompt lookup) they are what it learns
+        (``unproposed``); either way they are covered and its gap is closed."""
         unproposed: tuple = ()
-        if k > 0 and self.prev_k == 0:  # drafting resumes: the catch-up predicts the gap
+        if self.prev_k == 0:
             unproposed = tuple(
                 (v if self.kind == TRACE_GREEDY else v / 254)
                 for v in self.trace[max(self.covered, self.g - TRACE_CATCH_UP_MAX) : self.g]
                 if v != UNOBSERVED)
+        self.covered = max(self.covered, self.g)
+        self.gap = 0
+        return unproposed
+
+    def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool]:
+        """Replay one block of (at most) k: (drafted, accepted, unknown). After a draft
+        block the caller sets the gap (``kept``), which depends on the batch's block."""
         k, m, unknown = replay_block(self.kind, self.trace, self.g, k, confidence=self.conf,
                                      early_stop=stop, rng=rng)
         if k > 0:
             self.covered = self.g + min(m + 1, k)
-            # it took in its own proposals but the last; the cache is then cropped to the
-            # accepted ones: the target's token is new to it, and its last proposal if all
-            # were accepted (``loop``: gap 1 or 2)
-            self.gap = 1 if m < k else 2
         else:
             self.gap += m + 1
         self.prev_k = k
         self.g += m + 1
-        return k, m, unknown, unproposed
+        return k, m, unknown
+
+    def kept(self, m: int, width: int) -> None:
+        """The draft model drafted ``width`` tokens for the batch and took in all but its
+        last; it keeps those this row accepted: the target's token is new to it, and its
+        last proposal if it accepted every one it was fed."""
+        self.gap = m + 1 - min(m, width - 1)
 
 
-def _replay_one(row: _Row, policy, costs: Costs, cat: str, stats, k_max: int, rng,
-                res: SimResult) -> None:
-    """A request served alone: the batch-1 loop."""
-    from autospec.policies import Context, LiveStats, Outcome
-
-    cost, t_draft = costs.at(1)
-    t1 = cost(1)
-    stop = early_stop_of(policy, cat)
-    total = len(row.trace)
-    # the request's own statistics, fed as the live loop feeds them
-    request = LiveStats(discount=1.0)
-    while row.g < total:
-        ctx = Context(category=cat, k_max=k_max, generated=row.g, remaining=row.remaining,
-                      live=stats, proposers=row.proposers, ngram_match=row.ngram_match()[0],
-                      request=request, draft_gap=row.gap if row.has_draft else 0)
-        choice = policy.choose(ctx)
-        if row.ngram is not None:  # as the live loop: whether the n-gram had a match here
-            for live in (stats, request):
-                live.observe_match(ctx.ngram_match > 0)
-        k = max(0, min(int(choice), k_max, row.remaining - 1))
-        proposer, min_match = proposer_of(choice)
-        if not row.has_draft:
-            proposer = "ngram"
-        ngram = k > 0 and row.ngram is not None and (
-            proposer == "ngram" or (proposer == "hybrid" and ctx.ngram_match >= min_match))
-        if ngram:
-            k, m = row.ngram_step(k)
-            d_s, t_s = k * costs.t_ngram, cost(k + 1)
-            for live in (stats, request):
-                if k:
-                    live.observe_ngram(k, m, d_s, t_s, match=ctx.ngram_match)
-                else:  # no match: a plain step, counted as the live loop counts one (k = 0)
-                    live.observe(0, 0, d_s, t_s)
-            outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
-                              proposer="ngram" if k else "draft")
-            res.ngram_drafted += k
-            res.ngram_accepted += m
-        else:
-            if proposer == "ngram":
-                k = 0  # the n-gram proposer alone, and no trace of it: plain
-            shadow, gap = row.ngram_match(), row.gap
-            k, m, unknown, unproposed = row.step(k, stop, rng)
-            res.unobserved_hits += unknown
-            d_s, t_s = k * t_draft, cost(k + 1)
-            # resuming after the prompt, k = 0 or n-gram blocks: the catch-up forward, beyond
-            # its first proposal (in d_s), as the live loop times it apart
-            catch_up = costs.catch_up_seconds(gap) if k else None
-            if catch_up is not None:
-                res.seconds += catch_up - t_draft
-                res.catch_up_seconds += catch_up - t_draft
-            stats.observe_unproposed(unproposed)
-            for live in (stats, request):
-                if catch_up is not None:
-                    live.observe_catch_up(gap, catch_up)
-                live.observe(k, m, d_s, t_s)
-                live.observe_ngram_shadow(shadow[0], shadow[1], m + 1)  # as the live loop
-            outcome = Outcome(drafted=k, accepted=m, draft_time_s=d_s, target_time_s=t_s,
-                              unproposed=unproposed)
-            res.drafted += k
-            res.accepted += m
-        policy.update(ctx, k, outcome)
-        res._count(1, k)
-        res.row_steps += 1
-        res.tokens += m + 1
-        res.seconds += d_s + t_s
-        res.plain_seconds += (m + 1) * t1
-
-
-def _replay_batch(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
-                  res: SimResult) -> None:
-    """Rows that ran in one batch, replayed together: one k per iteration for the batch, each
-    row's block from its own trace — the draft model's, or the n-gram's where the policy
-    chose it and the row has a match — finished rows leaving the batch, as
-    ``autospec.engine.batched`` runs them (at one running row its timings feed the statistics, as
-    the live loop's do)."""
-    from autospec.policies import Context, Outcome
+def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
+            res: SimResult) -> None:
+    """Requests that ran together (one, at batch 1), replayed as the engine ran them: the
+    same ``Context``, the same ``decide``, the same ``account`` as ``autospec.engine.step``,
+    with each row's block replayed from its traces and the iteration priced by the cost
+    model: k · T_d(B) + T_t(B, k + 1) at the B rows still running, plus lookup time and the
+    draft model's catch-up beyond its first proposal (C(B · gap) − T_d(B), where the widest
+    row's gap exceeds 2 tokens). The baseline is plain decoding of the same rows."""
+    from autospec.engine.accounting import RowStep, StepTimes, account
+    from autospec.engine.decide import RowView, decide, make_context
 
     stop = early_stop_of(policy, cat)
+    group = len(rows)
+    grid = costs.batch_costs if group > 1 else None
     res.plain_seconds += plain_batch_seconds([len(r.trace) for r in rows], costs)
-    nan = float("nan")
     while True:
         running = [r for r in rows if r.remaining > 0]
         if not running:
+            res.requests.extend(r.stats for r in rows)
             return
         b = len(running)
         cost, t_draft = costs.at(b)
+        has_draft = running[0].has_draft
         shadows = [r.ngram_match() for r in running]  # (match length, agreement) per row
-        matches = tuple(n for n, _agree in shadows)
-        gap = max(r.gap for r in running) if running[0].has_draft else 0
-        ctx = Context(category=cat, k_max=k_max, batch_size=b,
-                      generated=min(r.g for r in running),
-                      remaining=max(r.remaining for r in running), live=stats,
-                      remaining_rows=tuple(r.remaining for r in running),
-                      categories=(cat,) * b, rows=(stats,) * b, costs=costs.batch_costs,
-                      proposers=running[0].proposers, ngram_match=max(matches),
-                      ngram_matches=matches, draft_gap=gap)
-        choice = policy.choose(ctx)
-        k = max(0, min(int(choice), k_max, ctx.remaining - 1))
-        proposer, min_match = proposer_of(choice)
-        if not running[0].has_draft:
-            proposer = "ngram"
-        # the n-gram's blocks per row, as ``batched._Batch.step`` decides them: rows with a
-        # (long enough) match take theirs; a hybrid batch where every row has one, or the
-        # n-gram alone, runs no draft model; no match anywhere and no draft: a plain step
-        by_ngram = [k > 0 and proposer != "draft" and m > 0
-                    and (proposer != "hybrid" or m >= min_match) for m in matches]
-        if proposer == "hybrid" and all(by_ngram):
-            proposer = "ngram"
-        if k > 0 and proposer == "ngram" and not any(by_ngram):
-            k = 0
-        run_draft = k > 0 and proposer != "ngram"
-        # the draft model's catch-up over every row (``batched``: one forward, B × the widest
-        # gap), beyond the batch's first proposal
-        catch_up = None
-        if run_draft and gap > 2 and costs.catch_up is not None:
-            catch_up = max(costs.catch_up_seconds(b * gap), t_draft)
+        views = [RowView(category=cat, live=stats, request=r.request, generated=r.g,
+                         left=r.remaining, match=match, gap=r.gap)
+                 for r, (match, _agree) in zip(running, shadows)]
+        proposers = running[0].proposers
+        ctx = make_context(views, k_max=k_max, proposers=proposers, has_draft=has_draft,
+                           costs=grid)
+        lookup = "ngram" in proposers
+        d = decide(policy, ctx, longest=0, has_draft=has_draft,
+                   lookups={"ngram": [m for m, _ in shadows]} if lookup else None)
+        gap = max(r.gap for r in running) if has_draft else 0
         steps = []
-        for r, ng in zip(running, by_ngram):
-            if ng:
-                if run_draft:  # the draft took in this row's gap too, and none of its block
-                    r.gap = 0
-                kb, m = r.ngram_step(min(k, r.remaining - 1))
-                steps.append((kb, m, False, (), True))
+        for r, who, size in zip(running, d.rows, d.lengths):
+            seen = r.catch_up() if d.draft_runs else ()
+            if who == "ngram":
+                k, m = r.ngram_step(size)
+                steps.append((who if k else None, k, m, False, seen))
             else:
-                steps.append((*r.step(min(k, r.remaining - 1) if run_draft else 0, stop, rng),
-                              False))
-        k_run = max(d for d, *_ in steps)  # the batch scores k + 1 per row while any drafts
-        d_s = (k_run * t_draft if run_draft else 0.0) + costs.t_ngram * sum(
-            d for d, *_rest, ng in steps if ng)
-        if catch_up is not None:
-            res.seconds += catch_up - t_draft
-            res.catch_up_seconds += catch_up - t_draft
-            stats.observe_catch_up(b * gap, catch_up)
-        t_s = cost(k_run + 1)
-        for (d, m, unknown, unproposed, ng), (match, agree) in zip(steps, shadows):
+                k, m, unknown = r.step(size if who == "draft" else 0, stop, rng)
+                steps.append((who if k else None, k, m, unknown, seen))
+        width = max(k for _who, k, *_ in steps)
+        # the draft model drafts the policy's k for the batch (fewer only where early
+        # stopping stopped every row)
+        drafted_width = d.k if stop is None else max(
+            (k for who, k, *_ in steps if who == "draft"), default=0)
+        for r, (who, k, m, *_rest) in zip(running, steps):
+            if who == "draft":
+                r.kept(m, drafted_width)
+        lookup_s = costs.t_ngram * sum(k for who, k, *_ in steps if who == "ngram")
+        drafted = width if d.draft_runs else 0
+        catch_up = None
+        if d.draft_runs and gap > 2 and costs.catch_up is not None:
+            catch_up = (b * gap, max(costs.catch_up_seconds(b * gap), t_draft))
+            res.seconds += catch_up[1] - t_draft
+            res.catch_up_seconds += catch_up[1] - t_draft
+        times = StepTimes(batch=b, call_batch=group, target_s=cost(width + 1),
+                          draft_s=drafted * t_draft, draft_tokens=drafted, catch_up=catch_up,
+                          lookup_s=lookup_s)
+        row_steps = [RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
+                             lookup=r.ngram is not None, match=match, shadow=agree,
+                             unproposed=unproposed)
+                     for r, (who, k, m, _u, unproposed), (match, agree)
+                     in zip(running, steps, shadows)]
+        account(policy, ctx, width, row_steps, times, lives=[stats] * b,
+                requests=[r.request for r in running], stats=[r.stats for r in running])
+        for (who, k, m, unknown, _u) in steps:
             res.unobserved_hits += unknown
-            stats.observe_unproposed(unproposed)
-            # batch timings are not batch 1's cost curve: acceptance only, unless one row runs
-            timed = (d_s, t_s) if b == 1 else (nan, nan)
-            if ng:
-                stats.observe_ngram(d, m, *timed, match=match)
-                res.ngram_drafted += d
+            res.tokens += m + 1
+            if who == "ngram":
+                res.ngram_drafted += k
                 res.ngram_accepted += m
             else:
-                if run_draft or k == 0:
-                    stats.observe(d, m, *timed)
-                stats.observe_ngram_shadow(match, agree, m + 1)  # as the live loop
-                res.drafted += d
+                res.drafted += k
                 res.accepted += m
-            res.tokens += m + 1
-        accepted = tuple(m for _d, m, *_rest in steps)
-        policy.update(ctx, k_run, Outcome(
-            drafted=k_run, accepted=sum(accepted) // b, draft_time_s=d_s,
-            target_time_s=t_s, unproposed=tuple(v for s in steps for v in s[3]),
-            accepted_rows=accepted, batch_size=b))
-        res._count(b, k_run)
+        res._count(b, width)
         res.row_steps += b
-        res.seconds += d_s + t_s
-
+        res.seconds += times.draft_s + lookup_s + times.target_s

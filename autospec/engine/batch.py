@@ -1,0 +1,265 @@
+"""The state of one engine call: its rows on the host, their tokens and counts on the device.
+
+A call serves B prompts (B = 1 is a batch of one). Each row keeps, on the host, its tokens
+(prompt + emitted, read back by the iteration's one sync), its limits and its counters; on
+the device the batch keeps every row's sequence in ``tokens`` [B, cap] (row b's first
+``n[b]`` entries), the same counts in ``n_dev``, and the repetition penalty's seen-sets. The
+device copies advance on the device from what verification accepted, so no iteration sends
+Python data to the device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autospec.engine.checks import attention_layout
+from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs
+from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
+from autospec.engine.slots import SlotCache
+from autospec.engine.stats import LoopStats
+from autospec.engine.timing import Clock
+from autospec.policies.live import LiveStats
+from autospec.telemetry import kv_bytes_per_token
+from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
+
+__all__ = ["Row", "Batch", "LoopResult", "fit_vocab"]
+
+
+@dataclass
+class LoopResult:
+    sequences: torch.Tensor  # [1, L + new]
+    stats: LoopStats
+    scores: list[torch.Tensor] | None = None  # processed target scores, [V] per new token
+    logits: list[torch.Tensor] | None = None  # raw target logits, [V] per new token
+
+
+def host_tokens(ids: torch.Tensor) -> list[int] | None:
+    """``ids`` as ints when they are in host memory (no device read); None on a device."""
+    return ids.numpy().tolist() if ids.device.type == "cpu" else None
+
+
+def fit_vocab(raw: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Fit a model's logits to the target's vocabulary. Ids the model lacks get −inf
+    (probability 0); ids the target lacks are cut, so the draft never proposes a token the
+    target cannot embed. Either way q is still the distribution the draft samples from: the
+    rule stays exact."""
+    extra = vocab - raw.shape[-1]
+    if extra == 0:
+        return raw
+    if extra < 0:
+        return raw[..., :vocab]
+    return torch.nn.functional.pad(raw, (0, extra), value=float("-inf"))
+
+
+class Row:
+    """Host-side state of one prompt."""
+
+    def __init__(self, index: int, tokens: list[int] | None, *, length: int, greedy: bool,
+                 max_new: int, category: str, live, forecast, prefix, want_scores: bool,
+                 want_logits: bool):
+        self.index, self.category, self.live, self.forecast = index, category, live, forecast
+        self.request = LiveStats(discount=1.0)  # this request alone, fed as its category's
+        self.L = self.n = length
+        self.tokens = tokens  # None until the first sync brings a device prompt back
+        self.prefix = prefix  # what generate's row holds before the prompt (left padding)
+        self.stats = LoopStats(prompt_tokens=self.L, started_at=time.time(),
+                               trace_kind=TRACE_GREEDY if greedy else TRACE_SAMPLED)
+        self.scores = [] if want_scores else None
+        self.logits = [] if want_logits else None
+        self.finished = False
+        self.limit = max_new  # tokens the row may generate (``emit.settle`` may lower it)
+        self.stop_at: int | None = None  # without EOS: where a stopping criterion first hit
+        self.wall_end = 0.0
+
+    @property
+    def gen(self) -> int:
+        return self.n - self.L
+
+
+class Batch:
+    """Everything one call of the engine holds (see the module docstring)."""
+
+    def __init__(self, target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
+                 policy, max_new_tokens: int, categories, lives, costs=None, forecasts=None,
+                 min_new_tokens: int = 0, eos_token_ids: tuple[int, ...] = (),
+                 stopping_criteria=None, streamer=None, generator=None, k_max: int = 16,
+                 target_context: int | None = None, draft_context: int | None = None,
+                 output_scores: bool = False, output_logits: bool = False, row_prefix=None,
+                 record_confidence: bool = False, ngram=None, static_cache: bool = False,
+                 cuda_graphs="auto"):
+        self.t_start = time.perf_counter()
+        B = len(prompts)
+        self.device = device = prompts[0].device
+        self.target, self.draft = target, draft
+        self.sampling, self.policy, self.generator = sampling, policy, generator
+        self.greedy = not sampling.do_sample
+        self.max_new, self.min_new = max_new_tokens, min_new_tokens
+        self.criteria, self.streamer, self.costs = stopping_criteria, streamer, costs
+        self.k_max, self.record_conf, self.ngram_factory = k_max, record_confidence, ngram
+        self.target_context, self.draft_context = target_context, draft_context
+        self.vocab = target.get_output_embeddings().weight.shape[0]
+        self.eos_set = set(eos_token_ids)
+        self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+                    if eos_token_ids else None)
+        self.clock = Clock(device)
+        self.iteration = 0
+        self.call_batch = B
+        # the prompts' tokens on the host: read at once from host memory; from a device they
+        # come back with the first iteration's sync instead of costing a read of their own
+        lens = [p.shape[1] for p in prompts]
+        flat = host_tokens(torch.cat([p[0] for p in prompts]))
+        self.pending = None if flat is not None else torch.cat([p[0] for p in prompts])
+        starts = [sum(lens[:b]) for b in range(B)]
+        self.all_rows = [
+            Row(b, None if flat is None else flat[starts[b] : starts[b] + lens[b]],
+                length=lens[b], greedy=self.greedy,
+                max_new=max_new_tokens, category=categories[b], live=lives[b],
+                forecast=None if forecasts is None else forecasts[b],
+                prefix=None if row_prefix is None else row_prefix[b],
+                want_scores=output_scores, want_logits=output_logits)
+            for b in range(B)]
+        self.rows = list(self.all_rows)  # the rows still running, in batch order
+        cap = max(lens) + max_new_tokens + k_max + 2
+        self.tokens = torch.zeros(B, cap, dtype=torch.long, device=device)
+        for b, p in enumerate(prompts):
+            self.tokens[b, : lens[b]] = p[0]
+        self.n_dev = torch.tensor(lens, dtype=torch.long, device=device)  # once per call
+        self.L_dev = self.n_dev.clone()
+        self.limit_dev = torch.full_like(self.n_dev, max_new_tokens)  # each row's own limit
+        self.seen = None
+        if sampling.uses_presence:
+            self.seen = torch.cat([seen_tokens(p, self.vocab) for p in prompts])
+        if streamer is not None:
+            streamer.put(prompts[0].cpu())
+        self.graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
+        self.static = bool(static_cache) and B == 1  # static caches serve batch 1
+        self.peak_kv = 0
+        self.proposers: dict = {}
+        self.target_slots = self.open_slots(target, max(lens) + max_new_tokens + 1)
+
+    # -- set-up ------------------------------------------------------------------------------
+    def open_slots(self, model, need: int, map_ids=None) -> SlotCache:
+        """A slot cache for ``model`` over the call's rows: a static runner at batch 1 when
+        asked for (where the model allows one), else transformers' DynamicCache."""
+        runner = (open_runner(model, need, static=True, graphs=self.graphs) if self.static
+                  else EagerRunner(model))
+        return SlotCache(runner, len(self.rows), self.device, attention_layout(model),
+                         map_ids=map_ids, kv_per_token=kv_bytes_per_token(model))
+
+    def slot_caches(self) -> list[SlotCache]:
+        caches = [self.target_slots]
+        caches += [c for p in self.proposers.values() for c in getattr(p, "caches", ())]
+        return caches
+
+    @property
+    def path(self) -> str:
+        paths = {c.runner.path for c in self.slot_caches()}
+        return paths.pop() if len(paths) == 1 else "/".join(c.runner.path
+                                                             for c in self.slot_caches())
+
+    def track_memory(self) -> None:
+        self.peak_kv = max(self.peak_kv, sum(c.kv_bytes for c in self.slot_caches()))
+
+    def receive_prompts(self, values: list[int]) -> None:
+        """The prompts, read back with the first iteration's sync."""
+        at = 0
+        for r in self.all_rows:
+            r.tokens = values[at : at + r.L]
+            at += r.L
+        self.pending = None
+
+    # -- per iteration -----------------------------------------------------------------------
+    @property
+    def known(self) -> list[int]:
+        return [r.n for r in self.rows]
+
+    def gens(self) -> list[int]:
+        return [r.gen for r in self.rows]
+
+    def process(self, raw: torch.Tensor, offset: int, seen=None, block=None) -> torch.Tensor:
+        """raw [B, npos, V] → processed scores, as generate processes them at each position:
+        row b's position j comes after gen_b + offset + j generated tokens (EOS is banned
+        before min_new_tokens) and, for the repetition penalty, has seen ``seen`` [B, V] plus
+        ``block``'s tokens before it."""
+        raw = fit_vocab(raw, self.vocab)
+        npos = raw.shape[1]
+        banned = None
+        if self.eos is not None and min(self.gens()) + offset < self.min_new:
+            g = (self.n_dev - self.L_dev)[:, None] + offset + torch.arange(npos,
+                                                                            device=self.device)
+            banned = torch.zeros(raw.shape[0], npos, self.vocab, dtype=torch.bool,
+                                 device=self.device)
+            banned[:, :, self.eos] = (g < self.min_new)[:, :, None]
+        pos_seen = None if seen is None else block_presence(seen, block, npos)
+        return process_logits(raw, self.sampling, seen=pos_seen, banned=banned)
+
+    def room(self, k: int) -> torch.Tensor:
+        """[B] each row's block length at most k, never past what the row may generate."""
+        return (self.limit_dev - (self.n_dev - self.L_dev) - 1).clamp(0, k)
+
+    def write(self, block: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor) -> None:
+        """The block's accepted tokens and the next token into each row's sequence, on the
+        device (entries past a row's new end are overwritten later), and the counts moved."""
+        k = block.shape[1]
+        if k:
+            self.tokens.scatter_(1, self.n_dev[:, None] + torch.arange(k, device=self.device),
+                                 block)
+        self.tokens.scatter_(1, (self.n_dev + accepted)[:, None], nxt[:, None])
+        if self.seen is not None:
+            emitted = torch.cat([block, nxt[:, None]], dim=1)
+            kept = torch.cat([torch.arange(k, device=self.device) < accepted[:, None],
+                              torch.ones_like(nxt, dtype=torch.bool)[:, None]], dim=1)
+            hits = torch.zeros(self.seen.shape, dtype=torch.long, device=self.device)
+            hits.scatter_reduce_(1, emitted, kept.long(), reduce="amax")
+            self.seen |= hits.bool()
+        self.n_dev = self.n_dev + accepted + 1
+
+    def leave(self) -> list[Row]:
+        """Rows that finished leave the batch: dropped from every cache and device tensor."""
+        keep = [b for b, r in enumerate(self.rows) if not r.finished]
+        if len(keep) == len(self.rows):
+            return self.rows
+        self.rows = [self.rows[b] for b in keep]
+        if not keep:
+            return self.rows
+        index = torch.tensor(keep, device=self.device)  # once per row that leaves
+        for cache in self.slot_caches():
+            cache.select(keep, index)
+        for p in self.proposers.values():
+            p.select(keep, index)
+        self.tokens, self.n_dev, self.L_dev, self.limit_dev = (
+            t[index] for t in (self.tokens, self.n_dev, self.L_dev, self.limit_dev))
+        if self.seen is not None:
+            self.seen = self.seen[index]
+        return self.rows
+
+    # -- the end -----------------------------------------------------------------------------
+    def results(self) -> list[LoopResult]:
+        if self.streamer is not None:
+            self.streamer.end()
+        out = []
+        path = self.path
+        for r in self.all_rows:
+            st = r.stats
+            st.new_tokens = r.gen
+            st.batch_size = self.call_batch
+            st.peak_kv_bytes = self.peak_kv
+            st.cache_repacks = sum(c.repacks for c in self.slot_caches())
+            st.wall_s = (r.wall_end or time.perf_counter()) - self.t_start
+            st.path = path
+            # the draft model's trace (its proposer fills it); unobserved without one
+            st.trace = bytes([UNOBSERVED]) * st.new_tokens
+            if self.record_conf:
+                st.confidence = st.trace
+            for p in self.proposers.values():
+                p.finish(r, st)
+            seq = torch.tensor(r.tokens, dtype=torch.long)[None].to(self.device)
+            out.append(LoopResult(sequences=seq, stats=st, scores=r.scores, logits=r.logits))
+        return out
+
+    def release(self) -> None:
+        for cache in self.slot_caches():
+            cache.release()

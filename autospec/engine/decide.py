@@ -1,0 +1,139 @@
+"""What the policy sees and what its answer means for each row: the first step of an iteration.
+
+Torch-free, and shared by the live engine and trace replay (``autospec.tune.replay``), so
+that both build the same ``Context`` and turn the same ``choose`` answer into the same
+blocks. ``decide`` calls the policy once, checks its answer, clamps k to what the request
+can keep, and assigns each row its proposer:
+
+- "draft": the draft model drafts k tokens for every row it serves (its forwards run over the
+  whole batch);
+- "ngram": prompt lookup, for rows whose match is long enough ("ngram" needs any match,
+  "hybrid" at least ``min_match`` tokens); a row proposes at most what it can still keep;
+- a row nobody proposes for decodes plainly within the iteration (a block of 0).
+
+A row's block never runs past the tokens it may still generate.
+
+The block width the target scores is k when the draft model runs, else the longest
+lookup block; 0 is a plain step.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autospec.policies.base import Context, proposer_of
+
+__all__ = ["RowView", "Decision", "make_context", "decide", "check_choice"]
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One running row, as the policy may see it."""
+
+    category: str
+    live: Any  # the category's LiveStats (None: no statistics)
+    request: Any  # this request's own LiveStats
+    generated: int
+    left: int  # tokens the row may still generate, this iteration's included
+    match: int = 0  # prompt lookup's match length now (0: none, or no lookup)
+    gap: int = 0  # tokens the draft model has not taken in yet
+    forecast: float | None = None  # the categoriser's acceptance forecast for the request
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's k and proposer after the clamps, and per row who proposes how much."""
+
+    k: int
+    proposer: str  # as chosen: "draft", "ngram" or "hybrid"
+    rows: tuple[str | None, ...]  # per row: "draft", "ngram" or None (plain)
+    lengths: tuple[int, ...]  # per row: its block's length (0: plain)
+
+    @property
+    def draft_runs(self) -> bool:
+        return "draft" in self.rows
+
+    @property
+    def width(self) -> int:
+        """Tokens per row the target scores beyond the one it always scores."""
+        return max(self.lengths, default=0)
+
+    def served_by(self, proposer: str) -> list[int]:
+        return [b for b, p in enumerate(self.rows) if p == proposer]
+
+
+def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, ...],
+                 has_draft: bool, costs=None) -> Context:
+    """The ``Context`` of one iteration. Batch 1 is a batch of one: the per-row fields hold
+    every running row, and the scalar ones the batch's (the first row's category, the most
+    tokens left, the longest match, the widest draft gap); at one row they are that row's."""
+    r0 = rows[0]
+    return Context(category=r0.category, k_max=k_max, batch_size=len(rows),
+                   generated=min(r.generated for r in rows),
+                   remaining=max(r.left for r in rows), live=r0.live,
+                   remaining_rows=tuple(r.left for r in rows),
+                   categories=tuple(r.category for r in rows),
+                   rows=tuple(r.live for r in rows), costs=costs, proposers=proposers,
+                   ngram_match=max(r.match for r in rows),
+                   ngram_matches=tuple(r.match for r in rows),
+                   draft_gap=max(r.gap for r in rows) if has_draft else 0,
+                   request=r0.request, predicted_alpha=r0.forecast if len(rows) == 1 else None,
+                   requests=tuple(r.request for r in rows),
+                   predicted_alphas=tuple(r.forecast for r in rows))
+
+
+def check_choice(policy, choice, k_max: int) -> int:
+    """k from what ``policy.choose`` returned: an int (or a ``Choice``) ≥ 0. More than
+    ``k_max`` is clamped to it (as to the tokens a request can keep); anything else is a
+    bug in the policy, reported with its name and what it returned."""
+    name = getattr(policy, "name", type(policy).__name__)
+    if isinstance(choice, bool) or not isinstance(choice, numbers.Integral):
+        raise TypeError(f"policy {name!r} returned {choice!r} ({type(choice).__name__}) from "
+                        f"choose(): it must return an int k in 0..{k_max} (0: plain "
+                        "decoding), or an autospec.policies.Choice")
+    if choice < 0:
+        raise ValueError(f"policy {name!r} returned k = {int(choice)} from choose(): k must "
+                         f"be in 0..{k_max} (0: plain decoding)")
+    return min(int(choice), k_max)
+
+
+def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
+           target_context: int | None = None, draft_context: int | None = None,
+           lookups: Mapping[str, Sequence[int]] | None = None) -> Decision:
+    """Ask ``policy`` for this iteration and resolve its answer per row.
+
+    longest: the most tokens any row holds (prompt + generated), for the context limits;
+    lookups: per lookup proposer, each row's match length now (prompt lookup: "ngram")."""
+    choice = policy.choose(ctx)
+    k = check_choice(policy, choice, ctx.k_max)
+    proposer, min_match = proposer_of(choice)
+    if not has_draft:
+        proposer = "ngram"
+    # every iteration emits at least one token: never draft past what can be kept
+    k = min(k, ctx.remaining - 1)
+    if target_context is not None:
+        k = min(k, target_context - longest)
+    if draft_context is not None and proposer != "ngram":
+        k = min(k, draft_context - longest + 1)
+    k = max(k, 0)
+    left = ctx.remaining_rows or (ctx.remaining,)
+    matches = (lookups or {}).get("ngram") or (0,) * len(left)
+    rows: list[str | None] = []
+    lengths: list[int] = []
+    for row_left, match in zip(left, matches):
+        lookup = (k > 0 and proposer != "draft" and match > 0
+                  and (proposer != "hybrid" or match >= min_match))
+        size = min(k, row_left - 1)  # a row never proposes past what it can keep
+        if size > 0 and lookup:
+            rows.append("ngram")
+            lengths.append(size)
+        elif size > 0 and proposer != "ngram" and has_draft:
+            rows.append("draft")
+            lengths.append(size)
+        else:
+            rows.append(None)
+            lengths.append(0)
+    return Decision(k=k, proposer=proposer, rows=tuple(rows), lengths=tuple(lengths))

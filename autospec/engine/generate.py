@@ -1,0 +1,84 @@
+"""The engine's entry: generate B prompts exactly as ``target.generate`` would, speculating.
+
+``run`` sets up a ``Batch`` (the rows, the target's slot cache and a proposer per name the
+pair can use: the draft model where there is one, prompt lookup always), runs ``step`` until
+every row has finished, and returns each row's result. Batch 1 is a batch of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autospec.engine.batch import Batch, LoopResult
+from autospec.engine.proposers import PROPOSERS
+from autospec.engine.sampling import SamplingConfig
+from autospec.engine.step import step
+
+__all__ = ["run", "speculative_generate", "EngineResult"]
+
+
+@dataclass
+class EngineResult:
+    rows: list[LoopResult]  # one per prompt, in input order; sequences [1, L_i + new_i]
+    peak_kv_bytes: int  # the largest target + draft KV the call held at once
+    wall_s: float
+    cache: object = None  # batch 1, eager: the target's cache (its tokens but the last)
+
+
+def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig, policy,
+        max_new_tokens: int, categories: list[str] | None = None, lives: list | None = None,
+        keep_cache: bool = False, **options) -> EngineResult:
+    """Generate ``prompts`` (each [1, L_i], padding removed) with ``draft`` (None: prompt
+    lookup alone) exactly as ``target.generate`` would.
+
+    categories / lives: each row's traffic category and its ``LiveStats`` (fed every
+    iteration, shown to the policy); keep_cache: return the target's cache at batch 1 on
+    the eager path. Options (``Batch``): costs (the pair's ``BatchCosts``), forecasts (each
+    row's acceptance forecast), min_new_tokens, eos_token_ids, stopping_criteria (called
+    per row with its left padding, ``row_prefix``, then its tokens, as generate passes its
+    padded row), streamer (batch 1), generator, k_max, target_context, draft_context,
+    output_scores, output_logits, row_prefix, record_confidence (the draft's top
+    probability per token, for the store), ngram (prompt lookup's index factory,
+    ``tokens -> index``; default ``NgramIndex``), static_cache and cuda_graphs (batch 1:
+    a static KV cache reused across requests, its forwards replayed from CUDA graphs)."""
+    B = len(prompts)
+    batch = Batch(target, draft, prompts, sampling=sampling, policy=policy,
+                  max_new_tokens=max_new_tokens, categories=categories or ["default"] * B,
+                  lives=lives or [None] * B, **options)
+    try:
+        if draft is not None:
+            batch.proposers["draft"] = PROPOSERS["draft"](batch)
+        batch.proposers["ngram"] = PROPOSERS["ngram"](batch)
+        with torch.inference_mode():
+            while batch.rows:
+                step(batch)
+        rows = batch.results()
+        cache = None
+        if keep_cache and B == 1 and not batch.static:
+            cache = batch.target_slots.runner.cache
+            rows_n = rows[0].stats.prompt_tokens + rows[0].stats.new_tokens
+            if cache.get_seq_length() > rows_n - 1:
+                cache.crop(rows_n - 1)
+    finally:
+        for proposer in batch.proposers.values():
+            proposer.release()
+        batch.target_slots.release()
+    return EngineResult(rows=rows, peak_kv_bytes=batch.peak_kv, wall_s=_wall(batch),
+                        cache=cache)
+
+
+def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,
+                         policy, max_new_tokens: int, category: str = "default", live=None,
+                         **options) -> LoopResult:
+    """One prompt ([1, L]): ``run`` with a batch of one, its row's result."""
+    res = run(target, draft, [input_ids], sampling=sampling, policy=policy,
+              max_new_tokens=max_new_tokens, categories=[category], lives=[live], **options)
+    return res.rows[0]
+
+
+def _wall(batch) -> float:
+    import time
+
+    return time.perf_counter() - batch.t_start

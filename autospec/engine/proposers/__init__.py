@@ -1,0 +1,86 @@
+"""Proposers: who drafts the block the target verifies. One module per proposer, one interface.
+
+Call order, per call of the engine: the proposer is made by its ``open`` factory for the call's
+rows (``PROPOSERS[name](batch)``); then, every iteration,
+
+1. ``lookups()`` — a lookup proposer's evidence per row (its match lengths), which the policy
+   and ``decide`` read; None for a proposer that always has a block (a model);
+2. ``propose(it, rows, lengths)`` — only when ``decide`` assigned it rows: a ``Block`` for
+   every row of the batch (rows it does not serve get length 0), drawn on the device;
+3. ``sync_parts()`` / ``read(values)`` — device values it wants back ride on the
+   iteration's one host sync (a model's catch-up trace, say), in that order;
+4. ``accept(it, steps)`` — after the sync: what each row accepted and emitted, to update its
+   state (roll a cache back to the accepted prefix, extend an index) and to add what it
+   learned to each row's accounting (``RowExtras``);
+
+and ``select(keep, index)`` when rows leave, ``finish(stats)`` per row at the end,
+``release()`` always. A proposer whose proposals are a deterministic function of the context
+(a lookup) returns ``q = None``: the rejection rule then uses a one-hot q, which keeps the
+output the target's exactly. Adding a proposer is a module with its class and an entry in
+``PROPOSERS``; the step never names one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+__all__ = ["Block", "RowExtras", "Proposer", "PROPOSERS"]
+
+
+@dataclass
+class Block:
+    """A proposer's block for every row of the batch."""
+
+    tokens: torch.Tensor  # [B, k] proposed tokens (anything past a row's length)
+    q: torch.Tensor | None  # [B, k, V] the distribution each was drawn from; None: one-hot
+    lengths: torch.Tensor | None  # [B] each row's length (0: not served); None: k everywhere
+    covers_all: bool = False  # it served every row (a model); lookups overlay their rows on it
+    host_lengths: list[int] | None = None  # each row's length, as the host knows it
+
+
+@dataclass
+class RowExtras:
+    """What a proposer adds to one row's accounting of an iteration."""
+
+    unproposed: tuple[float, ...] = ()
+    shadow: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def lookups(self) -> list[int] | None: ...
+
+    def propose(self, it, rows: list[int], lengths: list[int]) -> Block: ...
+
+    def sync_parts(self) -> list[torch.Tensor]: ...
+
+    def read(self, values: list[int]) -> None: ...
+
+    def accept(self, it, steps) -> list[RowExtras]: ...
+
+    def select(self, keep: list[int], index: torch.Tensor) -> None: ...
+
+    def finish(self, row: int, stats) -> None: ...
+
+    def release(self) -> None: ...
+
+
+def _draft_model(batch):
+    from .draft_model import DraftModel
+
+    return DraftModel(batch)
+
+
+def _prompt_lookup(batch):
+    from .prompt_lookup import PromptLookup
+
+    return PromptLookup(batch)
+
+
+# name → factory(batch); the names are the ones policies choose by (``policies.Choice``)
+PROPOSERS = {"draft": _draft_model, "ngram": _prompt_lookup}

@@ -1,0 +1,247 @@
+"""The draft model as a proposer: k tokens per row, drawn autoregressively from its own cache.
+
+Its cache lags the target's: whatever it has not taken in (the prompt at first, the tokens
+emitted by k = 0 steps or by another proposer since) is fed at its next block's first forward,
+its *catch-up*. The catch-up's predictions of tokens already emitted are acceptance-trace
+material (``autospec.traces``): the draft predicted them from the target's own prefix.
+
+After verification it keeps, per row, the proposals it took in that were accepted (at most
+k − 1: its last proposal is never fed); the target's next token is new to it, and when all k
+were accepted so is its last proposal, so its next catch-up is 1 or 2 tokens (a 2-token
+forward costs about what a 1-token one does).
+
+Draft-side early stopping (``EarlyStop``): a row stops drafting once the draft's probability
+of its own last token falls below the threshold; its block is then shorter (exact: the choice
+depends only on the draft's distribution). Drafting stops when every row has stopped. It costs
+a host read per draft token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autospec.engine.sampling import logits_to_probs, sample
+from autospec.engine.verify import quantize_beta
+from autospec.policies.base import early_stop_of, stops_drafting
+from autospec.traces import TRACE_CATCH_UP_MAX, UNOBSERVED, Trace
+
+from . import Block, RowExtras
+
+__all__ = ["DraftModel", "DraftInput"]
+
+
+class DraftInput:
+    """Ids the draft can embed. A target with more embedding rows than the draft (padded
+    vocabularies: Qwen2.5-7B has 152064 rows, its 0.5B draft 151936) can emit, or be prompted
+    with, ids the draft has no row for. The draft reads each such id as ``placeholder`` (its
+    pad id, else 0): that changes only what the draft proposes, never the output, because the
+    draft's q is still the distribution its proposals are drawn from, which is all the
+    rejection rule needs. One device-side ``masked_fill``, only when the draft has fewer rows."""
+
+    def __init__(self, target, draft):
+        self.rows = _embedding_rows(draft)
+        self.active = self.rows < _embedding_rows(target)
+        pad = getattr(getattr(draft, "generation_config", None), "pad_token_id", None)
+        if pad is None:
+            pad = getattr(draft.config, "pad_token_id", None)
+        self.placeholder = pad if isinstance(pad, int) and 0 <= pad < self.rows else 0
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return ids
+        return ids.masked_fill(ids >= self.rows, self.placeholder)
+
+
+def _embedding_rows(model) -> int:
+    return model.get_input_embeddings().weight.shape[0]
+
+
+class DraftModel:
+    name = "draft"
+
+    def __init__(self, batch):
+        self.batch = batch
+        need = max(r.n for r in batch.rows) + batch.max_new + 1
+        self.slots = batch.open_slots(batch.draft, need,
+                                      map_ids=DraftInput(batch.target, batch.draft))
+        self.caches = (self.slots,)
+        self.early_stop = early_stop_of(batch.policy, batch.rows[0].category)
+        self.need_top = batch.record_conf or self.early_stop is not None
+        self.traces = {r.index: Trace(batch.greedy, batch.max_new) for r in batch.rows}
+        # sampling: p at each row's bonus position [B, V], and whether the row's last block
+        # (the draft model's) was accepted whole [B]: the catch-up's β at that position
+        self.p_bonus = self.bonus = None
+        self._known: list[int] = []
+        self._parts: list[torch.Tensor] = []
+        self._values: list[int] = []
+        self._k = 0
+
+    def evidence(self) -> dict[str, list[int]]:
+        """Tokens each row's draft cache has not taken in (the policy prices catching up)."""
+        return {"gap": [r.n - c for r, c in zip(self.batch.rows, self.slots.lens)]}
+
+    # -- proposing ---------------------------------------------------------------------------
+    def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
+        """k tokens for every row (rows another proposer serves are drafted too, and their
+        drafts dropped: the caches stay in step)."""
+        batch, clock, k = self.batch, self.batch.clock, it.decision.k
+        B, dev = len(batch.rows), batch.device
+        self._k, self._parts, self._known = k, [], []
+        self.slots.mark()
+        # catch-up rows whose predictions are generated tokens already known: trace material
+        # (with a repetition penalty their processing would need past seen-sets: skipped)
+        self._known = [0 if batch.sampling.uses_presence else
+                       min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
+                       for r, c in zip(batch.rows, self.slots.lens)]
+        width = max(r.n - c for r, c in zip(batch.rows, self.slots.lens))
+        known = max(self._known)
+        d_toks = torch.empty(B, k, dtype=torch.long, device=dev)
+        q_list, conf = [], []
+        d_seen = batch.seen.clone() if batch.seen is not None else None
+        stop_at = [k] * B
+        start = clock.mark()
+        raw = self.slots.feed(batch.tokens, batch.known, batch.n_dev, None, known + 1)
+        if known:
+            self._catch_up_trace(raw[:, :known], it)
+        raw = raw[:, -1:]
+        first = start
+        if width > 2:  # the prompt, or a stretch it did not draft: a cost of resuming, not T_d
+            first = clock.mark()
+            it.marks.append(("catch_up", B * width, start, first))
+        for i in range(k):
+            if i:
+                raw = self.slots.feed(batch.tokens, [n + i - 1 for n in batch.known],
+                                      batch.n_dev + (i - 1), d_toks[:, i - 1 : i], 1)
+            s = batch.process(raw, i, d_seen)
+            top = None
+            if batch.greedy:
+                tok = s[:, 0].argmax(dim=-1)  # [B]
+                if self.need_top:
+                    top = s[:, 0].softmax(dim=-1).max(dim=-1).values
+            else:
+                q = logits_to_probs(s, batch.sampling)  # [B, 1, V]
+                q_list.append(q)
+                tok = sample(q[:, 0], batch.generator)
+                if self.need_top:
+                    top = q[:, 0].max(dim=-1).values
+            if batch.record_conf:
+                conf.append(top)
+            d_toks[:, i] = tok
+            if d_seen is not None:
+                d_seen[torch.arange(B, device=dev), tok] = True
+            if self.early_stop is not None and i + 1 < k:
+                quant = quantize_beta(top).tolist()  # a host read per draft token
+                stop_at = [i + 1 if s_ == k and stops_drafting(c, self.early_stop) else s_
+                           for s_, c in zip(stop_at, quant)]
+                if all(s_ <= i + 1 for s_ in stop_at):
+                    k = i + 1
+                    d_toks = d_toks[:, :k]
+                    break
+        proposals = k - 1 if width > 2 else k  # the catch-up forward made the first
+        it.marks.append(("draft", proposals, first, clock.mark()))
+        self._k = k
+        if batch.record_conf:
+            self._parts.append(quantize_beta(torch.stack(conf, dim=1)).reshape(-1))
+        q = torch.cat(q_list, dim=1) if q_list else None
+        # each row's block: no longer than it can keep (``decide``), nor than early stopping
+        # let it draft
+        host = [min(s_, k, r.limit - r.gen - 1) for s_, r in zip(stop_at, batch.rows)]
+        lengths_dev = None
+        if any(n < k for n in host):
+            lengths_dev = batch.room(k)
+            if any(s_ < k for s_ in stop_at):  # early stopping reads to the host anyway
+                lengths_dev = torch.minimum(lengths_dev, torch.tensor(stop_at, device=dev))
+        return Block(tokens=d_toks, q=q, lengths=lengths_dev, covers_all=True,
+                     host_lengths=host)
+
+    def _catch_up_trace(self, raw: torch.Tensor, it) -> None:
+        """Trace values (and confidences) of the generated positions the catch-up predicted:
+        column j of ``raw`` [B, w, V] predicted the token at position n − w + j."""
+        batch = self.batch
+        B, w = raw.shape[:2]
+        s = batch.process(raw, -w)
+        probs = s.softmax(dim=-1) if batch.record_conf or not batch.greedy else None
+        if batch.greedy:
+            at = batch.n_dev[:, None] - w + torch.arange(w, device=batch.device)
+            truth = batch.tokens.gather(1, at.clamp_min(0))
+            vals = (s.argmax(dim=-1) == truth).long()
+        else:
+            vals = torch.full((B, w), UNOBSERVED, dtype=torch.long, device=batch.device)
+            if self.p_bonus is not None:  # β where the row's last block was accepted whole
+                beta = quantize_beta(torch.minimum(self.p_bonus, probs[:, -1]).sum(-1))
+                vals[:, -1] = torch.where(self.bonus, beta, UNOBSERVED)
+        self._parts.insert(0, vals.reshape(-1))
+        if batch.record_conf:
+            self._parts.insert(1, quantize_beta(probs.amax(dim=-1)).reshape(-1))
+        self._cu_width = w
+
+    def sync_parts(self) -> list[torch.Tensor]:
+        return self._parts
+
+    def read(self, values: list[int]) -> None:
+        self._values = values
+
+    # -- after the sync ----------------------------------------------------------------------
+    def accept(self, it, steps) -> list[RowExtras]:
+        """Traces, what the catch-up saw, and the cache rolled back to what was accepted."""
+        batch, k, vals = self.batch, self._k, self._values
+        B = len(batch.rows)
+        ran = it.ran(self.name)
+        extras = [RowExtras() for _ in range(B)]
+        off = 0
+        known = max(self._known, default=0) if ran else 0
+        if known:
+            w = self._cu_width
+            cu = [vals[off + b * w : off + (b + 1) * w] for b in range(B)]
+            off += B * w
+            cu_conf = [()] * B
+            if batch.record_conf:
+                cu_conf = [vals[off + b * w : off + (b + 1) * w] for b in range(B)]
+                off += B * w
+            for b, (r, step) in enumerate(zip(batch.rows, steps)):
+                kn = self._known[b]
+                if not kn:
+                    continue
+                v, c = cu[b][w - kn :], cu_conf[b][w - kn :]
+                self.traces[r.index].put(step.gen - kn, v, c)
+                st = r.stats  # the positions before were not the draft model's: it learns
+                if st.k_schedule and (st.k_schedule[-1] == 0 or st.proposer_schedule[-1]):
+                    extras[b].unproposed = tuple(x if batch.greedy else x / 254
+                                                 for x in v if x != UNOBSERVED)
+        block_conf = [()] * B
+        if ran and batch.record_conf:
+            block_conf = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
+        if not ran:
+            self.p_bonus = self.bonus = None  # the next catch-up does not start at a bonus
+            return extras
+        for b, (r, step) in enumerate(zip(batch.rows, steps)):
+            if step.proposer == self.name:  # past the first rejection: off the target's prefix
+                on_prefix = min(step.accepted + 1, step.proposed)
+                self.traces[r.index].put(step.gen, it.trace[b][:on_prefix],
+                                         block_conf[b][:on_prefix])
+        # keep the proposals it took in (all but its last) that its own rows accepted
+        mine = it.rows_of(self.name)
+        keep = [min(s.accepted, k - 1) if s.proposer == self.name else 0 for s in steps]
+        keep_dev = (torch.minimum(it.accepted, torch.full_like(it.accepted, k - 1))
+                    if mine is None else
+                    torch.where(mine, it.accepted.clamp(max=k - 1), 0))
+        self.slots.reject([k - 1 - x for x in keep], (k - 1) - keep_dev)
+        self.p_bonus = self.bonus = None
+        if not batch.greedy and any(s.proposer == self.name and s.accepted == k for s in steps):
+            whole = it.accepted == k
+            self.bonus = whole if mine is None else whole & mine
+            self.p_bonus = it.p[:, k]
+        return extras
+
+    def select(self, keep: list[int], index: torch.Tensor) -> None:
+        if self.p_bonus is not None:
+            self.p_bonus, self.bonus = self.p_bonus[index], self.bonus[index]
+
+    def finish(self, row, stats) -> None:
+        trace = self.traces[row.index]
+        stats.trace = trace.finish(stats.new_tokens)
+        if self.batch.record_conf:
+            stats.confidence = trace.finish_confidence(stats.new_tokens)
+
+    def release(self) -> None:
+        self.slots.release()

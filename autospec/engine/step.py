@@ -1,0 +1,261 @@
+"""One iteration of the exact draft → verify loop, for every batch size.
+
+1. Decide: the policy chooses k and a proposer; each row gets its block's proposer and length
+   (``decide.py``).
+2. Propose: every proposer ``decide`` assigned rows to drafts on the device; lookup blocks
+   overlay their rows on the draft model's (``proposers/``).
+3. Verify: the target scores each row's catch-up and block in one forward over its slot cache
+   (``slots.py``), and the rejection rule keeps, per row, a prefix of the block plus one
+   recovered or bonus token (``verify.py``; greedy is its one-hot limit).
+4. Write the accepted tokens into each row's sequence and advance the counts, on the device.
+5. The iteration's one host sync: accepted counts, next tokens, the block, trace values and
+   what proposers asked for come back in one ``tolist``. Device timings are read after it.
+6. Emit: each row takes its tokens, stopping exactly where ``generate`` would (``emit.py``).
+7. Account: proposers update (caches rolled back, indices extended); counters, statistics,
+   costs and ``policy.update`` follow from one function shared with replay
+   (``accounting.py``).
+8. Keep: the target's cache drops rejected slots, finished rows leave the batch, and masked
+   slots are repacked when they pile up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from autospec.engine.accounting import RowStep, StepTimes, account
+from autospec.engine.decide import Decision, RowView, decide, make_context
+from autospec.engine.emit import criteria_hits, emit, settle
+from autospec.engine.proposers import Block
+from autospec.engine.sampling import invalid_probs, logits_to_probs, raise_invalid_probs
+from autospec.engine.verify import greedy_verify, quantize_beta, rejection_sample
+
+__all__ = ["step", "Iteration"]
+
+
+@dataclass
+class Iteration:
+    """What the proposers and the step share within one iteration."""
+
+    decision: Decision
+    marks: list[tuple] = field(default_factory=list)  # (what, count, start, end) on the clock
+    lookup_s: float = 0.0  # host time of lookups
+    overlay: torch.Tensor | None = None  # [B] rows a lookup proposer served (bool)
+    accepted: torch.Tensor | None = None  # [B] on the device
+    p: torch.Tensor | None = None  # sampling: the target's probabilities [B, k+1, V]
+    trace: list[list[int]] = field(default_factory=list)  # per row: the block's trace values
+
+    def ran(self, proposer: str) -> bool:
+        return proposer in self.decision.rows
+
+    def rows_of(self, proposer: str) -> torch.Tensor | None:
+        """[B] bool: the rows ``proposer`` served, where a lookup overlaid others; None: it
+        served every row there is (a model proposer with no overlay)."""
+        return None if self.overlay is None else ~self.overlay
+
+
+@dataclass
+class Emitted:
+    """One row's iteration, as the host saw it after the sync."""
+
+    proposer: str | None
+    proposed: int
+    accepted: int
+    gen: int  # generated tokens before this iteration
+    new: list[int]  # accepted + the next token
+    emitted: int = 0
+
+
+def step(batch) -> None:
+    rows = batch.rows
+    B = len(rows)
+    # 1. Decide
+    evidence = {name: p.evidence() for name, p in batch.proposers.items()}
+    matches = evidence.get("ngram", {}).get("match", [0] * B)
+    gaps = evidence.get("draft", {}).get("gap", [0] * B)
+    views = [RowView(category=r.category, live=r.live, request=r.request, generated=r.gen,
+                     left=r.limit - r.gen, match=m, gap=g, forecast=r.forecast)
+             for r, m, g in zip(rows, matches, gaps)]
+    has_draft = "draft" in batch.proposers
+    ctx = make_context(views, k_max=batch.k_max, proposers=tuple(batch.proposers),
+                       has_draft=has_draft, costs=batch.costs)
+    decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=has_draft,
+                      target_context=batch.target_context, draft_context=batch.draft_context,
+                      lookups={"ngram": matches} if "ngram" in batch.proposers else None)
+    it = Iteration(decision)
+
+    # 2. Propose
+    block, lengths = _propose(batch, it)
+    k = block.tokens.shape[1]
+
+    # 3. Verify
+    clock = batch.clock
+    t0 = clock.mark()
+    cached = batch.target_slots.lens[0]
+    batch.target_slots.mark()
+    raw = batch.target_slots.feed(batch.tokens, batch.known, batch.n_dev, block.tokens, k + 1)
+    batch.track_memory()
+    s_t = batch.process(raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
+    live_cols = (None if block.lengths is None
+                 else torch.arange(k, device=batch.device) < block.lengths[:, None])
+    if batch.greedy:
+        tgt = s_t.argmax(dim=-1)  # [B, k+1]
+        if live_cols is None:
+            accepted, nxt = greedy_verify(tgt, block.tokens)
+        else:
+            match = (block.tokens == tgt[:, :k]) & live_cols
+            accepted = match.long().cumprod(dim=-1).sum(dim=-1)
+            nxt = tgt.gather(1, accepted[:, None]).squeeze(1)
+        trace = (block.tokens == tgt[:, :k]).long()
+    else:
+        p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
+        q = _q(block, live_cols, batch.vocab, it.overlay)
+        accepted, nxt = rejection_sample(p, q, block.tokens, generator=batch.generator,
+                                         lengths=block.lengths)
+        trace = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
+        it.p = p
+    t1 = clock.mark()
+    it.accepted = accepted
+
+    # 4. Write on the device
+    batch.write(block.tokens, accepted, nxt)
+
+    # 5. The one host sync (with multinomial's validity check, which ``sample`` leaves out)
+    extra = [t for p_ in batch.proposers.values() for t in p_.sync_parts()]
+    parts = [accepted, nxt, block.tokens.reshape(-1), trace.reshape(-1), *extra]
+    if batch.pending is not None:  # the first iteration: device prompts, for the host
+        parts.append(batch.pending)
+    if not batch.greedy:
+        parts.append(invalid_probs(p, block.q))
+    vals = torch.cat(parts).tolist()
+    if not batch.greedy and vals.pop():
+        raise_invalid_probs(p, block.q, min(batch.gens()))
+    if batch.pending is not None:
+        size = batch.pending.numel()
+        batch.receive_prompts(vals[len(vals) - size :])
+        del vals[len(vals) - size :]
+    m_all, nxt_all = vals[:B], vals[B : 2 * B]
+    props = [vals[2 * B + b * k : 2 * B + (b + 1) * k] for b in range(B)]
+    off = 2 * B + B * k
+    it.trace = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
+    off += B * k
+    for p_ in batch.proposers.values():
+        n_parts = sum(t.numel() for t in p_.sync_parts())
+        p_.read(vals[off : off + n_parts])
+        off += n_parts
+    times = _times(batch, it, t0, t1, cached)
+
+    # 6. Emit
+    steps = [Emitted(proposer=decision.rows[b] if lengths[b] else None, proposed=lengths[b],
+                     accepted=m_all[b], gen=r.gen, new=props[b][: m_all[b]] + [nxt_all[b]])
+             for b, r in enumerate(rows)]
+    hits = criteria_hits(batch.criteria, rows, [s.new for s in steps], batch.eos_set,
+                         batch.tokens, s_t)
+    for b, (r, s) in enumerate(zip(rows, steps)):
+        s.emitted = emit(r, s.new, hits[b], batch.eos_set, bool(batch.eos_set))
+        if r.scores is not None:
+            r.scores.extend(s_t[b, j].clone() for j in range(s.emitted))
+        if r.logits is not None:
+            r.logits.extend(raw[b, j].float().clone() for j in range(s.emitted))
+        if batch.streamer is not None:
+            batch.streamer.put(torch.tensor(s.new[: s.emitted]))
+
+    # 7. Account
+    extras = [p_.accept(it, steps) for p_ in batch.proposers.values()]
+    row_steps = []
+    for b, s in enumerate(steps):
+        mine = [e[b] for e in extras]
+        row_steps.append(RowStep(
+            proposer=s.proposer, proposed=s.proposed, accepted=s.accepted, emitted=s.emitted,
+            lookup="ngram" in batch.proposers, match=matches[b],
+            shadow=next((x.shadow for x in mine if x.shadow is not None), None),
+            unproposed=tuple(v for x in mine for v in x.unproposed)))
+    account(batch.policy, ctx, k, row_steps, times, lives=[r.live for r in rows],
+            requests=[r.request for r in rows], stats=[r.stats for r in rows],
+            costs=batch.costs)
+    batch.iteration += 1
+
+    # 8. Keep
+    batch.target_slots.reject([k - m for m in m_all], k - accepted)
+    if batch.criteria is not None and not batch.eos_set:
+        settle(batch.all_rows, rows, batch.limit_dev)
+    running = batch.leave()
+    if running:
+        for cache in batch.slot_caches():
+            cache.compact()
+
+
+def _propose(batch, it: Iteration) -> tuple[Block, list[int]]:
+    """Every assigned proposer's block, combined: lookups overlay their rows on the model's
+    block. Returns the block and each row's length as the host knows it."""
+    d = it.decision
+    B, dev = len(d.rows), batch.device
+    blocks = []
+    for name, proposer in batch.proposers.items():
+        rows = d.served_by(name)
+        if rows:
+            blocks.append(proposer.propose(it, rows, list(d.lengths)))
+    if not blocks:  # a plain step
+        empty = torch.empty(B, 0, dtype=torch.long, device=dev)
+        return Block(tokens=empty, q=None, lengths=None), [0] * B
+    blocks.sort(key=lambda b_: not b_.covers_all)  # a model's block first, lookups on top
+    base = blocks[0]
+    lengths = list(base.host_lengths or [base.tokens.shape[1]] * B)
+    width = max(b_.tokens.shape[1] for b_ in blocks)
+    tokens, q, lens_dev = _pad(base.tokens, width), base.q, base.lengths
+    for top in blocks[1:]:
+        served = top.lengths > 0  # [B]
+        it.overlay = served if it.overlay is None else it.overlay | served
+        tokens = torch.where(served[:, None], _pad(top.tokens, width), tokens)
+        base_len = (lens_dev if lens_dev is not None
+                    else torch.full((B,), width, dtype=torch.long, device=dev))
+        lens_dev = torch.where(served, top.lengths, base_len)
+        for b, n in enumerate(top.host_lengths):
+            if n:
+                lengths[b] = n
+    if lens_dev is not None and all(n == width for n in lengths):
+        lens_dev = None
+    return Block(tokens=tokens, q=q, lengths=lens_dev, covers_all=base.covers_all), lengths
+
+
+def _pad(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    extra = width - tokens.shape[1]
+    return tokens if extra <= 0 else torch.nn.functional.pad(tokens, (0, extra))
+
+
+def _q(block: Block, live_cols: torch.Tensor | None, vocab: int,
+       overlay: torch.Tensor | None) -> torch.Tensor:
+    """The distribution each proposal was drawn from, [B, k, V]: the model's q, one-hot at a
+    lookup's proposals; zero past a row's block (the next token then comes from p itself)."""
+    B, k = block.tokens.shape
+    one_hot = torch.zeros(B, k, vocab, device=block.tokens.device)
+    one_hot.scatter_(-1, block.tokens[..., None], 1.0)
+    if block.q is None:
+        q = one_hot
+    else:
+        q = block.q.float()
+        if q.shape[-1] != vocab:
+            q = q[..., :vocab]
+        if overlay is not None:  # rows a lookup served: its one-hot q
+            q = torch.where(overlay[:, None, None], one_hot, q)
+    if live_cols is not None:
+        q = q * live_cols[..., None]
+    return q
+
+
+def _times(batch, it: Iteration, t0, t1, cached: int) -> StepTimes:
+    """The iteration's timings, read after the sync (CUDA events have completed)."""
+    clock = batch.clock
+    draft_s, draft_tokens, catch_up = 0.0, 0, None
+    for what, count, a, b in it.marks:
+        sec = clock.seconds(a, b)
+        if what == "catch_up":
+            catch_up = (count, sec)
+        elif what == "draft" and count:
+            draft_s, draft_tokens = sec, count
+    target_s = clock.seconds(t0, t1)
+    clock.recycle(t0, t1, *(m for mark in it.marks for m in mark[2:4]))
+    return StepTimes(batch=len(batch.rows), call_batch=batch.call_batch, target_s=target_s,
+                     target_cached=cached, prefill=batch.iteration == 0, draft_s=draft_s,
+                     draft_tokens=draft_tokens, catch_up=catch_up, lookup_s=it.lookup_s)
