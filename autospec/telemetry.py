@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 
+from autospec.engine.slots import kv_bytes_per_token  # the slot cache's unit
 from autospec.ngram import ngram_trace
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,6 @@ def param_bytes(model) -> int:
     if model is None:
         return 0
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def kv_bytes_per_token(model) -> int:
-    """Bytes of K and V one cached token occupies across all layers."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    elem = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * heads * head_dim * elem
 
 
 def achieved_bandwidth(weights: int, kv_per_token: int, forwards: list[tuple[int, float]]):

@@ -123,6 +123,33 @@ def test_at_most_one_host_sync_per_iteration():
                                                      spec.last_stats.iterations)
 
 
+def test_one_host_sync_per_iteration_at_batch_8_for_every_proposer():
+    """The engine at B = 8 (eager), draft model, prompt lookup and both: the marginal count of
+    synchronising CUDA calls (torch's sync debug mode) between a 24- and a 56-token run of the
+    same request, per iteration, is the iteration's one read (rows leaving the batch, at most
+    8 per request, may add their index copies)."""
+    target, draft = _pair("llama")
+    ids = torch.cat([_ids(12, seed=s) for s in range(8)])
+    for policy in ("fixed:3", "ngram:3", "hybrid:3:1"):
+        for sampled in (False, True):
+            spec = autospec.Controller(target, draft, store=False, policy=policy)
+            counts = []
+            for new in (24, 56):
+                kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                          eos_token_id=None, do_sample=sampled)
+                if sampled:
+                    kw["generator"] = torch.Generator(device=CUDA).manual_seed(0)
+                spec.generate(ids, **kw)  # warm-up
+                if sampled:
+                    kw["generator"] = torch.Generator(device=CUDA).manual_seed(0)
+                syncs = _count_syncs(lambda spec=spec, kw=kw: spec.generate(ids, **kw))
+                rows = spec.last_row_stats
+                leaves = len({st.iterations for st in rows}) - 1
+                counts.append((syncs - leaves, spec.last_stats.iterations))
+            (s0, i0), (s1, i1) = counts
+            assert i1 > i0 and (s1 - s0) / (i1 - i0) <= 1.0, (policy, sampled, counts)
+
+
 def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's chi-square against probs (sparse cells pooled); no scipy needed."""
     n = counts.sum().item()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_ngram import _repetitive, _repetitive_batch
 
 import autospec
 from autospec.policies import Choice, LiveStats
@@ -20,7 +21,6 @@ from autospec.store import open_store, queries
 from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
-from test_ngram import _repetitive, _repetitive_batch
 
 GRID = {b: {n: 0.1 + 0.01 * n for n in range(1, 18)} for b in (1, 2, 3)}
 COSTS = Costs(t_draft=0.01, t_target=GRID[1], target_grid=GRID,

@@ -18,11 +18,10 @@ import torch
 from autospec.engine.checks import attention_layout
 from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs
 from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
-from autospec.engine.slots import SlotCache
+from autospec.engine.slots import SlotCache, kv_bytes_per_token
 from autospec.engine.stats import LoopStats
 from autospec.engine.timing import Clock
 from autospec.policies.live import LiveStats
-from autospec.telemetry import kv_bytes_per_token
 from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
 
 __all__ = ["Row", "Batch", "LoopResult", "fit_vocab"]

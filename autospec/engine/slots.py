@@ -29,7 +29,7 @@ import torch
 
 from autospec.engine.checks import Layout
 
-__all__ = ["SlotCache", "SLACK", "MASKS_4D"]
+__all__ = ["SlotCache", "SLACK", "MASKS_4D", "kv_bytes_per_token"]
 
 # attention implementations that take the engine's own 4-D masks (built without a host read;
 # transformers' own mask code reads the padding mask on the host to decide whether it may
@@ -37,6 +37,15 @@ __all__ = ["SlotCache", "SLACK", "MASKS_4D"]
 MASKS_4D = ("sdpa", "eager")
 
 SLACK = 32  # masked slots tolerated per row before the cache is repacked
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V one cached token occupies across all layers."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    elem = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * heads * head_dim * elem
 
 
 class SlotCache:

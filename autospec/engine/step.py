@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,15 +37,28 @@ __all__ = ["step", "Iteration"]
 
 @dataclass
 class Iteration:
-    """What the proposers and the step share within one iteration."""
+    """What the phases of one iteration share."""
 
+    ctx: Any  # the policy's Context
     decision: Decision
+    matches: list[int]  # prompt lookup's match length per row, at the start
     marks: list[tuple] = field(default_factory=list)  # (what, count, start, end) on the clock
     lookup_s: float = 0.0  # host time of lookups
     overlay: torch.Tensor | None = None  # [B] rows a lookup proposer served (bool)
+    block: Block | None = None  # the combined block
+    lengths: list[int] = field(default_factory=list)  # each row's block length (host)
+    raw: torch.Tensor | None = None  # the target's logits [B, k+1, V]
+    scores: torch.Tensor | None = None  # processed [B, k+1, V]
     accepted: torch.Tensor | None = None  # [B] on the device
+    nxt: torch.Tensor | None = None  # [B] the recovered or bonus token
     p: torch.Tensor | None = None  # sampling: the target's probabilities [B, k+1, V]
-    trace: list[list[int]] = field(default_factory=list)  # per row: the block's trace values
+    trace_dev: torch.Tensor | None = None  # [B, k] the block's acceptance-trace values
+    timing: tuple = ()  # the target forward's clock marks and cached tokens
+    trace: list[list[int]] = field(default_factory=list)  # per row: the trace values (host)
+
+    @property
+    def k(self) -> int:
+        return self.block.tokens.shape[1]
 
     def ran(self, proposer: str) -> bool:
         return proposer in self.decision.rows
@@ -68,9 +82,20 @@ class Emitted:
 
 
 def step(batch) -> None:
+    it = _decide(batch)  # 1.
+    it.block, it.lengths = _propose(batch, it)  # 2.
+    _verify(batch, it)  # 3.
+    batch.write(it.block.tokens, it.accepted, it.nxt)  # 4.
+    steps, times = _sync(batch, it)  # 5.
+    _emit(batch, it, steps)  # 6.
+    _account(batch, it, steps, times)  # 7.
+    _keep(batch, it, steps)  # 8.
+
+
+def _decide(batch) -> Iteration:
+    """The policy's choice for this iteration, resolved per row."""
     rows = batch.rows
     B = len(rows)
-    # 1. Decide
     evidence = {name: p.evidence() for name, p in batch.proposers.items()}
     matches = evidence.get("ngram", {}).get("match", [0] * B)
     gaps = evidence.get("draft", {}).get("gap", [0] * B)
@@ -83,105 +108,112 @@ def step(batch) -> None:
     decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=has_draft,
                       target_context=batch.target_context, draft_context=batch.draft_context,
                       lookups={"ngram": matches} if "ngram" in batch.proposers else None)
-    it = Iteration(decision)
+    return Iteration(ctx, decision, matches)
 
-    # 2. Propose
-    block, lengths = _propose(batch, it)
-    k = block.tokens.shape[1]
 
-    # 3. Verify
-    clock = batch.clock
+def _verify(batch, it: Iteration) -> None:
+    """One target forward over every row's catch-up and block, then the rejection rule."""
+    block, k, clock = it.block, it.k, batch.clock
     t0 = clock.mark()
     cached = batch.target_slots.lens[0]
     batch.target_slots.mark()
-    raw = batch.target_slots.feed(batch.tokens, batch.known, batch.n_dev, block.tokens, k + 1)
+    it.raw = batch.target_slots.feed(batch.tokens, batch.known, batch.n_dev, block.tokens,
+                                     k + 1)
     batch.track_memory()
-    s_t = batch.process(raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
+    it.scores = s_t = batch.process(it.raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
     live_cols = (None if block.lengths is None
                  else torch.arange(k, device=batch.device) < block.lengths[:, None])
     if batch.greedy:
         tgt = s_t.argmax(dim=-1)  # [B, k+1]
         if live_cols is None:
-            accepted, nxt = greedy_verify(tgt, block.tokens)
-        else:
+            it.accepted, it.nxt = greedy_verify(tgt, block.tokens)
+        else:  # a short block ends: nothing past it is accepted
             match = (block.tokens == tgt[:, :k]) & live_cols
-            accepted = match.long().cumprod(dim=-1).sum(dim=-1)
-            nxt = tgt.gather(1, accepted[:, None]).squeeze(1)
-        trace = (block.tokens == tgt[:, :k]).long()
+            it.accepted = match.long().cumprod(dim=-1).sum(dim=-1)
+            it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
+        it.trace_dev = (block.tokens == tgt[:, :k]).long()
     else:
-        p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
+        it.p = p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
         q = _q(block, live_cols, batch.vocab, it.overlay)
-        accepted, nxt = rejection_sample(p, q, block.tokens, generator=batch.generator,
-                                         lengths=block.lengths)
-        trace = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
-        it.p = p
-    t1 = clock.mark()
-    it.accepted = accepted
+        it.accepted, it.nxt = rejection_sample(p, q, block.tokens, generator=batch.generator,
+                                               lengths=block.lengths)
+        it.trace_dev = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
+    it.timing = (t0, clock.mark(), cached)
 
-    # 4. Write on the device
-    batch.write(block.tokens, accepted, nxt)
 
-    # 5. The one host sync (with multinomial's validity check, which ``sample`` leaves out)
+def _sync(batch, it: Iteration) -> tuple[list[Emitted], StepTimes]:
+    """The iteration's one read to the host (with multinomial's validity check, which
+    ``sample`` leaves out, and a device prompt on the first iteration)."""
+    B, k, block = len(batch.rows), it.k, it.block
     extra = [t for p_ in batch.proposers.values() for t in p_.sync_parts()]
-    parts = [accepted, nxt, block.tokens.reshape(-1), trace.reshape(-1), *extra]
-    if batch.pending is not None:  # the first iteration: device prompts, for the host
+    parts = [it.accepted, it.nxt, block.tokens.reshape(-1), it.trace_dev.reshape(-1), *extra]
+    if batch.pending is not None:
         parts.append(batch.pending)
     if not batch.greedy:
-        parts.append(invalid_probs(p, block.q))
+        parts.append(invalid_probs(it.p, block.q))
     vals = torch.cat(parts).tolist()
     if not batch.greedy and vals.pop():
-        raise_invalid_probs(p, block.q, min(batch.gens()))
+        raise_invalid_probs(it.p, block.q, min(batch.gens()))
     if batch.pending is not None:
         size = batch.pending.numel()
         batch.receive_prompts(vals[len(vals) - size :])
         del vals[len(vals) - size :]
-    m_all, nxt_all = vals[:B], vals[B : 2 * B]
+    accepted, nxt = vals[:B], vals[B : 2 * B]
     props = [vals[2 * B + b * k : 2 * B + (b + 1) * k] for b in range(B)]
     off = 2 * B + B * k
     it.trace = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
     off += B * k
     for p_ in batch.proposers.values():
-        n_parts = sum(t.numel() for t in p_.sync_parts())
-        p_.read(vals[off : off + n_parts])
-        off += n_parts
-    times = _times(batch, it, t0, t1, cached)
+        size = sum(t.numel() for t in p_.sync_parts())
+        p_.read(vals[off : off + size])
+        off += size
+    steps = [Emitted(proposer=it.decision.rows[b] if it.lengths[b] else None,
+                     proposed=it.lengths[b], accepted=accepted[b], gen=r.gen,
+                     new=props[b][: accepted[b]] + [nxt[b]])
+             for b, r in enumerate(batch.rows)]
+    return steps, _times(batch, it)
 
-    # 6. Emit
-    steps = [Emitted(proposer=decision.rows[b] if lengths[b] else None, proposed=lengths[b],
-                     accepted=m_all[b], gen=r.gen, new=props[b][: m_all[b]] + [nxt_all[b]])
-             for b, r in enumerate(rows)]
+
+def _emit(batch, it: Iteration, steps: list[Emitted]) -> None:
+    """Each row takes its tokens, stopping where generate would."""
+    rows = batch.rows
     hits = criteria_hits(batch.criteria, rows, [s.new for s in steps], batch.eos_set,
-                         batch.tokens, s_t)
+                         batch.tokens, it.scores)
     for b, (r, s) in enumerate(zip(rows, steps)):
         s.emitted = emit(r, s.new, hits[b], batch.eos_set, bool(batch.eos_set))
         if r.scores is not None:
-            r.scores.extend(s_t[b, j].clone() for j in range(s.emitted))
+            r.scores.extend(it.scores[b, j].clone() for j in range(s.emitted))
         if r.logits is not None:
-            r.logits.extend(raw[b, j].float().clone() for j in range(s.emitted))
+            r.logits.extend(it.raw[b, j].float().clone() for j in range(s.emitted))
         if batch.streamer is not None:
             batch.streamer.put(torch.tensor(s.new[: s.emitted]))
 
-    # 7. Account
+
+def _account(batch, it: Iteration, steps: list[Emitted], times: StepTimes) -> None:
+    """Proposers learn what was emitted; then the shared accounting."""
+    rows = batch.rows
     extras = [p_.accept(it, steps) for p_ in batch.proposers.values()]
     row_steps = []
     for b, s in enumerate(steps):
         mine = [e[b] for e in extras]
         row_steps.append(RowStep(
             proposer=s.proposer, proposed=s.proposed, accepted=s.accepted, emitted=s.emitted,
-            lookup="ngram" in batch.proposers, match=matches[b],
+            lookup="ngram" in batch.proposers, match=it.matches[b],
             shadow=next((x.shadow for x in mine if x.shadow is not None), None),
             unproposed=tuple(v for x in mine for v in x.unproposed)))
-    account(batch.policy, ctx, k, row_steps, times, lives=[r.live for r in rows],
+    account(batch.policy, it.ctx, it.k, row_steps, times, lives=[r.live for r in rows],
             requests=[r.request for r in rows], stats=[r.stats for r in rows],
             costs=batch.costs)
     batch.iteration += 1
 
-    # 8. Keep
-    batch.target_slots.reject([k - m for m in m_all], k - accepted)
+
+def _keep(batch, it: Iteration, steps: list[Emitted]) -> None:
+    """The target's cache drops rejected slots; finished rows leave; holes are repacked."""
+    k = it.k
+    batch.target_slots.reject([k - s.accepted for s in steps], k - it.accepted)
     if batch.criteria is not None and not batch.eos_set:
-        settle(batch.all_rows, rows, batch.limit_dev)
-    running = batch.leave()
-    if running:
+        settle(batch.all_rows, batch.rows, batch.limit_dev)
+    if batch.leave():
         for cache in batch.slot_caches():
             cache.compact()
 
@@ -244,9 +276,10 @@ def _q(block: Block, live_cols: torch.Tensor | None, vocab: int,
     return q
 
 
-def _times(batch, it: Iteration, t0, t1, cached: int) -> StepTimes:
+def _times(batch, it: Iteration) -> StepTimes:
     """The iteration's timings, read after the sync (CUDA events have completed)."""
     clock = batch.clock
+    t0, t1, cached = it.timing
     draft_s, draft_tokens, catch_up = 0.0, 0, None
     for what, count, a, b in it.marks:
         sec = clock.seconds(a, b)

@@ -484,7 +484,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
         # stopping stopped every row)
         drafted_width = d.k if stop is None else max(
             (k for who, k, *_ in steps if who == "draft"), default=0)
-        for r, (who, k, m, *_rest) in zip(running, steps):
+        for r, (who, _k, m, *_rest) in zip(running, steps):
             if who == "draft":
                 r.kept(m, drafted_width)
         lookup_s = costs.t_ngram * sum(k for who, k, *_ in steps if who == "ngram")
