@@ -32,10 +32,9 @@ from functools import partial
 
 import torch
 
-from autospec.testing.controlled import build_model, controlled_pair, qwen2_config
 from autospec.controller import Controller
-from autospec.policies.costmodel import best_k, speedup
 from autospec.engine.runners import StaticRunner, graph_report
+from autospec.policies.costmodel import best_k, speedup
 from autospec.store.record import UNOBSERVED
 from autospec.telemetry import (
     NvmlSampler,
@@ -44,6 +43,7 @@ from autospec.telemetry import (
     param_bytes,
     peak_bandwidth,
 )
+from autospec.testing.controlled import build_model, controlled_pair, qwen2_config
 from autospec.textfmt import fmt, human_bytes, table
 
 log = logging.getLogger("gpu_bench")

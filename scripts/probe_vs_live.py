@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import autospec
     from autospec.bench.run import default_prompts_path, encode_prompt, load_prompts
-    from autospec.pairs import load_pair
     from autospec.costs.probe import probe
+    from autospec.pairs import load_pair
 
     pair = load_pair(args.pair, progress=False)
     target, draft, tok = pair.target, pair.draft, pair.tokenizer

@@ -27,8 +27,8 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from .tables import Request
 from .record import UNOBSERVED, decode_trace_value
+from .tables import Request
 from .write import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",

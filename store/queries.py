@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
 from .record import trace_acceptance
+from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
 from .write import category_key, pair_key
 
 __all__ = [

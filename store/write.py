@@ -20,6 +20,15 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from .record import (
+    CATEGORY_SOURCES,
+    NGRAM_KEYS,
+    TRACE_GREEDY,
+    TRACE_SAMPLED,
+    PairInfo,
+    RequestRecord,
+    check_category,
+)
 from .tables import (
     Categorizer,
     CategoryCost,
@@ -29,15 +38,6 @@ from .tables import (
     Request,
     TunedParams,
     utcnow,
-)
-from .record import (
-    CATEGORY_SOURCES,
-    NGRAM_KEYS,
-    TRACE_GREEDY,
-    TRACE_SAMPLED,
-    PairInfo,
-    RequestRecord,
-    check_category,
 )
 
 __all__ = [

@@ -18,9 +18,9 @@ import autospec
 from autospec.ngram import NGRAM_NONE, encode_trace_value
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.costmodel import batch_best_k, catch_up_per_token, expected_tokens
-from autospec.tune.replay import Costs, simulate
 from autospec.store.queries import TraceRow
 from autospec.store.record import TRACE_GREEDY
+from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
 from test_batch_exact import batch

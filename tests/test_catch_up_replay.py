@@ -18,13 +18,13 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy
 import autospec
 from autospec.policies import LiveStats
 from autospec.policies.live import catch_up_line, catch_up_sums
-from autospec.tune.replay import Costs, simulate
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.tables import Request
 from autospec.store.queries import TraceRow
 from autospec.store.record import TRACE_GREEDY
+from autospec.store.tables import Request
 from autospec.store.write import validate_record
+from autospec.tune.replay import Costs, simulate
 from autospec.tune.study import catch_up_fit
 
 from conftest import noisy_copy, prompt, tiny

@@ -9,9 +9,9 @@ import torch
 import autospec
 from autospec.policies import FixedK
 from autospec.policies.base import EarlyStop
-from autospec.tune.replay import Costs, replay_greedy, simulate
 from autospec.store import queries
 from autospec.store.record import UNOBSERVED
+from autospec.tune.replay import Costs, replay_greedy, simulate
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -15,9 +15,9 @@ import warnings
 import torch
 
 import autospec
-from autospec.testing.controlled import controlled_pair, measure_acceptance, qwen2_config
 from autospec.engine.runners import graph_report
 from autospec.engine.sampling import SamplingConfig, logits_to_probs, process_logits
+from autospec.testing.controlled import controlled_pair, measure_acceptance, qwen2_config
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -12,8 +12,8 @@ from test_ngram import _repetitive, _repetitive_batch
 
 import autospec
 from autospec.policies import Context, CostModelPolicy, LiveStats, as_policy
-from autospec.tune.replay import Costs, simulate
 from autospec.store import open_store, queries
+from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
 

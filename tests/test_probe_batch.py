@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from autospec.costs import probe as probe_mod
 from autospec.cli import main
+from autospec.costs import probe as probe_mod
 from autospec.costs.probe import SPARSE_N, ProbeResult, probe
 from autospec.engine.runners import Forward, new_cache
 from autospec.store import add_probe, open_store, queries

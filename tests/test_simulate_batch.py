@@ -13,10 +13,10 @@ from test_tune import PAIR, make_store, record
 
 from autospec.policies import Context, FixedK, as_policy, build_policy
 from autospec.policies.table import TablePolicy
-from autospec.tune.replay import Costs, SimResult, plain_batch_seconds, simulate
 from autospec.store import add_probe, open_store, queries
 from autospec.store.queries import TraceRow
 from autospec.store.record import TRACE_GREEDY
+from autospec.tune.replay import Costs, SimResult, plain_batch_seconds, simulate
 from autospec.tune.study import evaluate, tune
 
 # batch 1 and batch 4: verification flat in n (memory-bound); batch 16: linear in n

@@ -11,8 +11,8 @@ import pytest
 
 from autospec.ngram import NGRAM_NONE, decode_trace_value, encode_trace_value
 from autospec.policies import as_policy
-from autospec.tune.replay import Costs, simulate
 from autospec.store.record import TRACE_GREEDY
+from autospec.tune.replay import Costs, simulate
 
 COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}, t_ngram=0.0)
 

@@ -13,9 +13,9 @@ import torch
 
 import autospec
 from autospec.engine.loop import speculative_generate
-from autospec.policies import FixedK
 from autospec.engine.runners import StaticRunner, graph_report, open_runner
 from autospec.engine.sampling import SamplingConfig
+from autospec.policies import FixedK
 
 from conftest import noisy_copy, prompt, tiny
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import autospec
-from autospec.tune.replay import replay_greedy
 from autospec.store import StoreError, open_store, queries
+from autospec.tune.replay import replay_greedy
 
 from conftest import noisy_copy, prompt, tiny, tiny_tokenizer
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import autospec
-from autospec.tune.replay import replay_greedy
 from autospec.store.record import UNOBSERVED
+from autospec.tune.replay import replay_greedy
 
 from conftest import noisy_copy, prompt, tiny
 

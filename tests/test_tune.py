@@ -17,9 +17,9 @@ import pytest
 from autospec.policies import Context, LiveStats, TunedPolicy, as_policy, build_policy
 from autospec.policies.base import early_stop_of
 from autospec.policies.costmodel import best_k
-from autospec.tune.replay import Costs
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
 from autospec.store.record import TRACE_GREEDY, TRACE_SAMPLED
+from autospec.tune.replay import Costs
 from autospec.tune.study import DEFAULT_PARAMS, TuneError, evaluate, load_window, params_of, tune
 
 from test_store import fresh_url
@@ -369,9 +369,9 @@ def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
     changes trial 0."""
     import optuna
 
-    from autospec.tune import study as tune_mod
     from autospec.policies import base
     from autospec.policies.costmodel import CostModelPolicy
+    from autospec.tune import study as tune_mod
 
     trial = optuna.trial.FixedTrial(tune_mod.default_params())
     assert tune_mod.suggest(trial, k_max=16, families=["costmodel"]) is not None

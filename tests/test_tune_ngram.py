@@ -15,9 +15,9 @@ from test_ngram import _repetitive
 import autospec
 from autospec.ngram import encode_trace_value
 from autospec.policies import as_policy
-from autospec.tune.replay import Costs, simulate
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
 from autospec.store.record import NGRAM_NONE, TRACE_GREEDY
+from autospec.tune.replay import Costs, simulate
 from autospec.tune.study import tune
 
 from conftest import noisy_copy, tiny

@@ -54,6 +54,7 @@ from autospec.engine.sampling import (
     sample,
     seen_tokens,
 )
+from autospec.engine.verify import greedy_verify, rejection_sample
 from autospec.telemetry import (
     Clock,
     hardware_name,
@@ -62,7 +63,6 @@ from autospec.telemetry import (
     peak_bandwidth,
     raise_peak,
 )
-from autospec.engine.verify import greedy_verify, rejection_sample
 
 log = logging.getLogger(__name__)
 

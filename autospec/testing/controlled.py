@@ -159,8 +159,8 @@ def measure_acceptance(target, draft, *, prompts: int = 4, prompt_len: int = 16,
     """Greedy acceptance of ``draft`` against ``target`` on random prompts, read from the
     acceptance traces (k-independent for greedy decoding)."""
     from autospec.engine.loop import speculative_generate
-    from autospec.policies import FixedK
     from autospec.engine.sampling import SamplingConfig
+    from autospec.policies import FixedK
     from autospec.store.record import UNOBSERVED
 
     device = next(target.parameters()).device

@@ -39,8 +39,8 @@ from autospec.policies.base import K_LIMIT, batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
 from autospec.store.record import MATCH_REACH, UNOBSERVED
+from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
            "default_params",
