@@ -283,7 +283,7 @@ def stops_drafting(confidence: int, early_stop: float) -> bool:
 
 
 def auto_policy() -> Policy:
-    """The default: the cost-model policy (see the README for the benchmark behind the choice)."""
+    """The default: the cost-model policy (docs/policy.md; measurements: docs/benchmarks.md)."""
     from .costmodel import CostModelPolicy
 
     return CostModelPolicy(name="auto")

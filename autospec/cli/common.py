@@ -212,7 +212,7 @@ def setup(args) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     elif device.type == "cpu":
-        torch.set_num_threads(2)  # the README's figures; more threads help little on CPU
+        torch.set_num_threads(2)  # the benchmark log's setting; more threads help little on CPU
     return {"device": device, "dtype": getattr(torch, DTYPES[args.dtype]),
             "threads": torch.get_num_threads()}
 
