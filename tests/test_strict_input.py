@@ -18,7 +18,7 @@ def _refused(argv, capsys, tmp_path) -> str:
     """The one error line of a refused command line (status 2, no traceback). Commands that
     load models get an empty local directory as both models: were the input taken, they
     would fail there, and never fetch the default pair."""
-    if argv[0] in ("bench", "generate"):
+    if argv[0] in ("bench", "generate", "probe"):
         argv = [*argv, "--target", str(tmp_path), "--draft", str(tmp_path)]
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -44,6 +44,12 @@ def test_tune_timeout_must_be_a_positive_finite_number_of_seconds(value, tmp_pat
                    tmp_path)
     assert "--timeout" in err and "seconds" in err
     assert not (tmp_path / "t.db").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf"])
+def test_probe_time_budget_must_be_a_positive_finite_number_of_seconds(value, tmp_path, capsys):
+    err = _refused(["probe", f"--max-seconds={value}", "--no-store"], capsys, tmp_path)
+    assert "--max-seconds" in err and "seconds" in err
 
 
 def test_tune_accepts_a_timeout_and_k_max_inside_the_limits():
