@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Controller", "wrap", "unwrap", "K_LIMIT"]
 
-K_LIMIT = 64  # a lookahead beyond this is a mistake, not a setting
+from autospec.policies.base import K_LIMIT  # noqa: E402, I001 -- the one limit on k
 
 class Controller:
     """Speculative ``generate`` for one target/draft pair."""

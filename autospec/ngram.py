@@ -107,14 +107,11 @@ class NgramIndex:
 
         The length is how far they agree, counted back from their ends: at least n, extended
         past max_n up to ``MATCH_REACH`` tokens. It tells a copy in progress from a chance hit,
-        which n alone (≤ max_n) cannot: on the default pair's copy-heavy prompts (greedy, 128
-        tokens) the proposal's first token was the target's 30 % of the time after a 1-token
-        match and 93–97 % after 14 or more, with acceptance flat along the block there, where
-        after short matches it climbs from 0.3–0.7 over the first positions. The statistics
-        and the cost model condition on it (``LiveStats`` by match length), so a copy run gets
-        long blocks and a chance hit short ones. Choosing the occurrence by it, not the
-        latest, lengthened the proposals that held on code edits by 11 % (7.4 → 8.2 of 16
-        tokens on average; quotations 2–3 %): a line like ``return x`` occurs often, the
+        which n alone (≤ max_n) cannot: after a long match the proposal is accepted far more
+        often, and evenly along the block, than after a 1-token one (measurements:
+        docs/benchmarks.md). The statistics and the cost model condition on it (``LiveStats``
+        by match length), so a copy run gets long blocks and a chance hit short ones. The
+        occurrence is chosen by it, not by recency: a line like ``return x`` occurs often, the
         line being copied once. At most OCCURRENCES × MATCH_REACH comparisons, once per
         history: the loop asks for the match, then proposes from it.
 
@@ -124,10 +121,7 @@ class NgramIndex:
         quotes a passage in its order, an edit walks down the function. So at a tie, most
         often a chance hit of 1–3 tokens at a quotation's start, the occurrence next after
         where the last copy left off is the likelier source; the latest is often the
-        model's own earlier output. On the default pair's greedy outputs of the packaged
-        copy-heavy prompts (64 tokens, blocks of 10) this took 6 % fewer target forwards on
-        summary-quote (317 → 298), 2.4 % on qa-quote and 1.4 % on code-edit than the latest
-        occurrence did; the earliest one gained on two and lost 3 % on qa-quote."""
+        model's own earlier output."""
         if self._matched is None:
             self._matched = self._match()
         return self._matched

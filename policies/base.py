@@ -14,13 +14,34 @@ a bug and lets it propagate, so generation stops loudly rather than silently cha
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting"]
+           "stops_drafting", "K_LIMIT", "check_k"]
+
+# The one limit on the lookahead k, everywhere: a policy's fixed k, a controller's k_max, the
+# command line's --k / --k-max, bench's modes, tune's search. A lookahead beyond it is a
+# mistake, not a setting (acceptance of a 64th draft token in a row is vanishingly small).
+K_LIMIT = 64
+
+
+def check_k(k, what: str = "k") -> int:
+    """``k`` as an int in 0 … K_LIMIT (0 is plain decoding); ValueError naming ``what``
+    otherwise (a bool, a float or anything else that is not a whole number included)."""
+    try:
+        if isinstance(k, bool):
+            raise TypeError
+        k = operator.index(k)  # an int, or an integer type such as numpy's
+    except TypeError:
+        raise ValueError(f"{what} must be a whole number of draft tokens in 0..{K_LIMIT} "
+                         f"(0 = plain decoding), got {k!r}") from None
+    if not 0 <= k <= K_LIMIT:
+        raise ValueError(f"{what} must be in 0..{K_LIMIT} (0 = plain decoding), got {k}")
+    return int(k)
 
 
 @dataclass(frozen=True)
@@ -154,7 +175,8 @@ def as_policy(spec) -> Policy:
     """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"hybrid:K[:M]"`` (n-gram
     where it matches ≥ M tokens, else the draft model), ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
     ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live),
-    ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object."""
+    ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object.
+    Every k given here is in 0 … ``K_LIMIT`` (ValueError otherwise)."""
     from .bandit import ThompsonBandit
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
@@ -163,7 +185,7 @@ def as_policy(spec) -> Policy:
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
     if isinstance(spec, int):
-        return FixedK(spec)
+        return _fixed(spec, spec)
     if isinstance(spec, str) and "+stop=" in spec:
         base, _, threshold = spec.partition("+stop=")
         try:
@@ -180,16 +202,18 @@ def as_policy(spec) -> Policy:
             try:
                 if kind == "ngram" and match_text:
                     raise ValueError
-                return FixedK(int(k_text), kind, int(match_text) if match_text else 2)
+                k, min_match = int(k_text), int(match_text) if match_text else 2
             except ValueError:
                 raise ValueError(
                     f"bad policy {spec!r}: expected 'ngram:K' or 'hybrid:K[:M]' (K draft "
                     "tokens, M the shortest n-gram match used before the draft model)") from None
+            return _fixed(spec, k, kind, min_match)
         if name.startswith("fixed:"):
             try:
-                return FixedK(int(name.split(":", 1)[1]))
+                k = int(name.split(":", 1)[1])
             except ValueError:
                 raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
+            return _fixed(spec, k)
         if name == "heuristic":
             return Heuristic()
         if name == "costmodel":
@@ -216,6 +240,15 @@ def as_policy(spec) -> Policy:
     if callable(spec):
         return CallablePolicy(spec)
     raise TypeError(f"cannot use {type(spec).__name__} as a policy")
+
+
+def _fixed(spec: str, k: int, proposer: str = "draft", min_match: int = 2) -> Policy:
+    from .fixed import FixedK
+
+    try:
+        return FixedK(k, proposer, min_match)
+    except ValueError as e:
+        raise ValueError(f"bad policy {spec!r}: {e}") from None
 
 
 class EarlyStop:
@@ -254,7 +287,7 @@ def stops_drafting(confidence: int, early_stop: float) -> bool:
 
 
 def auto_policy() -> Policy:
-    """The default: the cost-model policy (see the README for the benchmark behind the choice)."""
+    """The default: the cost-model policy (docs/policy.md; measurements: docs/benchmarks.md)."""
     from .costmodel import CostModelPolicy
 
     return CostModelPolicy(name="auto")

@@ -5,10 +5,9 @@ pair on one machine (no torch here).
 Points come from two sources: ``warm`` (the probe's grid, or the store's live medians) and
 ``observe`` (this process's forwards). A live point replaces the warm value at its (B, n) on
 first sight: the median of its first ``settle`` samples, then an exponential moving average
-from there (the first forwards at a new batch size run on fresh allocations and read up to
-1.6× slow: on the default pair one T_t(16, 1) of 466 ms against ~290 ms settled, taken as
-the baseline, made k = 1 look paying at B = 16 for the rest of the batch). Readers get, at
-any B:
+from there (the first forwards at a new batch size run on fresh allocations and read slow;
+one of them taken as the baseline would make speculation look paying for the rest of the
+batch). Readers get, at any B:
 
 - the points measured at B itself;
 - for the n that B lacks, the value interpolated linearly in B between the nearest batch sizes
@@ -73,9 +72,8 @@ class BatchCosts:
     Elsewhere: multiplied by live / warm at the nearest batch size that has both at that n
     (at the nearest n with live evidence, where that n has none). The probe
     gives the shape of the grid, live forwards its level: a probe on another context length,
-    or without the padding masks the loop needs, can be off by 30–50 % (on the default pair at
-    B = 16 it put T_t(16, 2)/T_t(16, 1) at 1.15 where the loop measured 1.52), and mixing its
-    raw values with live ones in one S(k) invented gains that did not exist.
+    or without the padding masks the loop needs, can be far off the loop's level, and mixing
+    its raw values with live ones in one S(k) would invent gains that do not exist.
 
     live: the costs serve a live loop, so a batch size whose bucket (``base.batch_bucket``) has
     fewer than ``settle`` live samples of T_t(B', 1) is not trusted for the baseline
@@ -212,11 +210,8 @@ class BatchCosts:
         """n → how far the loop's T_t(B', n) / T_t(B', 1) departs from the probe's at the
         largest batch size B' with live points at both (1 at n = 1; the nearest n's where n
         has none). A ratio of two live points at one batch size carries no level: the
-        machine's speed drifts (on the 2-core CPU a plain step read 131 ms and 171 ms in
-        consecutive repeats), and a factor per n taken at another batch size, at another
-        time, set T_t(4, 2) / T_t(4, 1) at 1.34 against 1.15–1.20 measured both ways
-        (probe, and the loop's masked forward, interleaved); auto ran k = 0 on 44 % of its
-        B = 4 iterations there."""
+        machine's speed drifts between repeats, so a factor per n taken at another batch
+        size, at another time, would bring that drift into the shape."""
         direct: dict[int, list[tuple[int, float]]] = {1: [(0, 1.0)]}
         for b, row in self._live_t.items():
             w1 = _at(self._warm_t, b, 1)

@@ -1,4 +1,4 @@
-"""The cost model (README, "Choosing k"), in plain Python (no torch).
+"""The cost model (docs/policy.md), in plain Python (no torch).
 
 Expected tokens per iteration with per-position acceptance a_i:
     E[N](k) = 1 + Σ_{i ≤ k} a_1 · … · a_i          (constant α: (1 − α^{k+1}) / (1 − α))
@@ -82,8 +82,8 @@ def settle_sample(first: list[float], old: float | None, new: float, settle: int
                   ema: float) -> float:
     """A live cost point after one more sample: the median of its first ``settle`` samples
     (``first`` collects them, kept by the caller), then an exponential moving average. A
-    process's first forwards at a size run slow (up to 1.6×), and one of them taken alone
-    as the point misprices every decision until the average has walked it back."""
+    process's first forwards at a size run slow (fresh allocations), and one of them taken
+    alone as the point would misprice every decision until the average had walked it back."""
     if len(first) < settle:
         first.append(new)
         return statistics.median(first)
@@ -98,8 +98,8 @@ def interpolate_cost(curve: Mapping[int, float], *,
     optimistic: the cheapest cost the points make plausible instead, so that a policy
     deciding by it tries an unmeasured n it might prefer, once, and learns its real cost
     (linear interpolation hides a step it never measures, e.g. flat to 3 tokens, then
-    doubling; extrapolating the slope of two close, noisy points stopped all drafting in
-    fp32 on the real pair). Scoring more tokens never costs less, so at least the highest
+    doubling; extrapolating the slope of two close, noisy points can stop all drafting).
+    Scoring more tokens never costs less, so at least the highest
     cost measured at any n' <= n. A cost curve is flat while memory-bound, then grows,
     and its slope only steepens (tile steps aside), so a rise the points show is real:
 
@@ -110,11 +110,9 @@ def interpolate_cost(curve: Mapping[int, float], *,
 
     each less ``COST_NOISE`` x the first point's cost, so a rise within a live timing's
     noise reads as none: a flat curve (memory-bound, a GPU's and most CPUs' batch-1 regime)
-    keeps the plain optimism, flat beyond the last point. On a compute-bound one that
-    optimism was ruinous: on a CPU without AVX-512 (bf16 T_t(4) = 3.2 x T_t(1)) it assumed
-    T_t(16) = T_t(4), and each unmeasured n at the measured one below it, so a cold auto
-    tried k = 15, then 11 and 10, all at ~2 s a forward, 0.82x plain where it should have
-    switched off.
+    keeps the plain optimism, flat beyond the last point; on a compute-bound curve a flat
+    extension would read T_t(16) = T_t(4) and send a cold policy to try the longest blocks,
+    each at the cost of many plain steps, where it should switch off.
     """
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
@@ -218,11 +216,9 @@ def block_saving(acceptance, k: int, t_draft: float, cost, per_token: float,
     both say whether a block beats a plain step, but only this difference ranks two
     blocks: with the rest of the request running at ``value`` seconds per token, the one
     that saves more seconds ends it sooner (the renewal-reward rule: argmax E[N] · v − C).
-    The ratio ranks a cheap block above a dear one that saves as much or more: on chat,
-    a prompt-lookup block of 5 from a 1-token match (first token accepted ~0.15) against
-    the draft model's k = 2 (α ≈ 0.65) read 1.14 against 1.07 where each saved ~30 ms,
-    and auto spent a third of chat's steps on lookup blocks that were accepted 18 times in
-    227 proposed tokens."""
+    The ratio ranks a cheap block above a dear one that saves as much or more: a
+    prompt-lookup block from a 1-token chance match can out-rank the draft model's block by
+    the ratio while saving no more seconds."""
     cost = cost if callable(cost) else interpolate_cost(cost)
     tokens = expected_tokens(acceptance, k)
     return (cost(1) + (tokens - 1) * value) - (k * t_draft + cost(k + 1) + tokens * per_token)
@@ -233,9 +229,8 @@ def induced_catch_up(live, gap: int, tokens: float) -> float:
     a draft block was the alternative: the draft must then take those tokens in before it
     proposes, C(gap + tokens) against what that step would have cost (one proposal, T_d,
     after a draft block; C(gap) when it was behind already). 0 while no catch-up was
-    measured. Uncharged, auto on chat (n-gram first tokens right ~1 in 5) ran lookup blocks
-    on a third of its steps, each followed by a catch-up over 3–4 tokens of 0.10–0.16 s
-    where a draft step took ~0.075 s, and lost to fixed k = 1 (1.08× against 1.23×)."""
+    measured. Uncharged, lookup blocks on chance matches look free while each makes the
+    draft's next step a catch-up dearer than a proposal."""
     if live is None:
         return 0.0
     after = live.catch_up_cost(max(1, round(gap + tokens)))
@@ -353,10 +348,9 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
     A generate call returns when its last row does: its tokens are fixed, so its tokens per
     second are those of the slowest row's finish. Σ E[N_i] per iteration (``batch_best_k``)
     counts a fast row's tokens as gained even after that row is done while a slow one still
-    runs; on mixed batches at B = 4 it chose k = 4–6 for the code rows (α ≈ 0.94), which
-    finished in 9 iterations, and the translation row (α ≈ 0.6) then ran on alone: 0.73–0.87×
-    plain, where k = 1 ran 1.04–1.15×. For rows of one curve and one remaining length
-    this equals ``batch_best_k`` (with once = per_token × Σ remaining)."""
+    runs, so on a mixed batch it picks the long blocks the fast rows like and leaves the slow
+    row to run on alone at them. For rows of one curve and one remaining length this equals
+    ``batch_best_k`` (with once = per_token × Σ remaining)."""
     rows = len(curves)
     if rows == 0:
         return 0, 1.0
@@ -498,8 +492,8 @@ class CostModelPolicy:
         if own is None:
             own = self._own[context.category] = live.copy(discount=self.discount)
         # only the acceptance is ours: the n-gram's counts, catch-ups, costs and the rate
-        # are fed to the controller's statistics alone (a copy of those froze them at the
-        # first decision, and a replayed cold category never learned that lookup pays)
+        # are fed to the controller's statistics alone (a copy of those would freeze them at
+        # the first decision: a replayed cold category would never learn that lookup pays)
         return live.copy(acceptance_from=own)
 
     def choose(self, context) -> int:
@@ -572,14 +566,11 @@ class CostModelPolicy:
         history's included) and the request has no acceptance forecast, the draft is tried
         if some k would pay at perfect acceptance, at ``initial_k`` or that k if smaller. A
         cold store's prior (α = 0.5) against a probed T_d can price the draft out before it
-        ran once; the n-gram proposer, free to try, then took every step it could, and k = 0
-        the rest (cold, auto reached 0.83× fixed k = 2 on the holdout prompts, never
-        drafting on chat or translation, where k = 2 paid 1.38–1.44×). Where verification is
-        compute-bound only a short block can pay even then, and the trial at initial_k
-        measured nothing new, block after block, until cold_start ran out. Where perfect
-        acceptance would gain less than ``TRIAL_GAIN`` the trial has nothing to find that
-        pays for it: near S = 1 the choice flipped with every timing (k = 3, 0, 3, 0, … on
-        a compute-bound CPU, at α ≈ 0.5)."""
+        ran once; the n-gram proposer, free to try, would then take every step it could, and
+        k = 0 the rest, on categories where the draft model pays. Where verification is
+        compute-bound only a short block can pay even then, so the trial runs at that k.
+        Where perfect acceptance would gain less than ``TRIAL_GAIN`` the trial has nothing
+        to find that pays for it: near S = 1 the choice would flip with every timing."""
         if live.draft_blocks >= self.cold_start or getattr(context, "predicted_alpha",
                                                            None) is not None:
             return 0
@@ -591,8 +582,8 @@ class CostModelPolicy:
         """With both proposers, a token beyond a block's first is worth the rate the request
         runs at (seconds per token, realized), when that beats plain decoding: on copy-heavy
         traffic prompt lookup covers most tokens almost free, and a draft-model block that
-        beats a plain step by S can still lose to the lookup the next step would do (auto
-        drafted k = 9–16 there, where prompt lookup alone ran faster). The request's own rate
+        beats a plain step by S can still lose to the lookup the next step would do. The
+        request's own rate
         so far, pulled toward the category's by ``REQUEST_PRIOR`` tokens of it: one prompt
         of a copy-heavy category can have nothing to copy. None (T_t(1)) with one proposer,
         or before the category's rate is known."""
@@ -614,8 +605,7 @@ class CostModelPolicy:
         share of the category's decision points without an n-gram match (measured on the
         traffic, whatever was chosen: pricing by the draft's own recent share would keep a
         draft that was priced out, out). On copy-heavy prompts its first use costs a forward
-        over the whole prompt, which a few unmatched steps cannot pay back (unpriced, it ran
-        auto at 2.20× where prompt lookup alone ran 3.05×)."""
+        over the whole prompt, which a few unmatched steps cannot pay back."""
         gap = getattr(context, "draft_gap", 0)
         if gap <= 2:
             return 0.0
@@ -760,9 +750,9 @@ class CostModelPolicy:
         plain step, plus the draft model's catch-up over every token it has not seen
         (``catch_up_per_token``'s price, the whole of it) — so that re-probing costs at
         most REPROBE_STEPS plain steps per ``reprobe_every`` off. Where the draft's forward
-        over the context is dear (compute-bound: 2.3 s, ten plain steps of the default pair,
-        bf16 on a CPU without AVX-512) a re-probe every 64 off steps cost 16 % of plain
-        decoding, not the c / 64 the cadence was chosen by."""
+        over the context is dear (compute-bound verification: many plain steps), a re-probe
+        at the plain cadence would cost far more than the c / ``reprobe_every`` the cadence
+        was chosen by."""
         if not t_plain or t_draft is None or cost is None:
             return self.reprobe_every
         k = min(self.probe_k, top)

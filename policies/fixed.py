@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PROPOSERS, Choice, Context, Outcome
+from .base import PROPOSERS, Choice, Context, Outcome, check_k
 
 
 @dataclass(frozen=True)
 class FixedK:
-    """k from ``proposer`` every iteration: "draft" (the draft model; a plain int, as every
+    """k (0 … ``K_LIMIT``; ValueError otherwise) from ``proposer`` every iteration: "draft" (the draft model; a plain int, as every
     policy returned before proposers existed), "ngram" (prompt lookup) or "hybrid" (n-gram
     where it matches at least ``min_match`` tokens, else the draft model)."""
 
@@ -18,8 +18,7 @@ class FixedK:
     min_match: int = 2
 
     def __post_init__(self) -> None:
-        if self.k < 0:
-            raise ValueError(f"k must be >= 0, got {self.k}")
+        object.__setattr__(self, "k", check_k(self.k))  # 0 … K_LIMIT, one limit everywhere
         if self.proposer not in PROPOSERS:
             raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, "
                              f"got {self.proposer!r}")

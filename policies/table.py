@@ -13,7 +13,7 @@ import bisect
 import operator
 from collections.abc import Mapping
 
-from .base import Context, Outcome
+from .base import K_LIMIT, Context, Outcome
 
 __all__ = ["TablePolicy"]
 
@@ -39,8 +39,9 @@ class TablePolicy:
             if hi is not None and hi < lo:
                 raise ValueError(f"table policy: range {lo}-{hi} is empty (its end is below "
                                  "its start)")
-            if k < 0:
-                raise ValueError(f"table policy: k must be ≥ 0, got {k} for {_fmt(lo, hi)}")
+            if not 0 <= k <= K_LIMIT:
+                raise ValueError(f"table policy: k must be in 0..{K_LIMIT}, got {k} for "
+                                 f"{_fmt(lo, hi)}")
             rows.append((lo, hi, k))
         if not rows:
             raise ValueError("table policy: no ranges (e.g. 'table:1-4:3,5-:0')")

@@ -25,6 +25,7 @@ _EXPORTS = {
     "NGRAM_NONE": "record",
     "Store": "database",
     "StoreError": "database",
+    "StoreDamaged": "database",
     "default_url": "database",
     "open_store": "database",
     "StoreWriter": "writer",

@@ -9,6 +9,11 @@ last commits), a busy timeout, foreign keys on, and write transactions that star
 ``BEGIN IMMEDIATE`` (pysqlite's own transaction handling is switched off), so writers queue on
 the lock instead of failing to upgrade a read lock with SQLITE_BUSY. Readers use a deferred
 ``BEGIN`` and never wait on writers.
+
+A damaged SQLite file (a page overwritten on disk: "database disk image is malformed", "file
+is not a database", text that is not the UTF-8 written there) is ``StoreDamaged``, a
+``StoreError`` naming the file and what to do, whether it shows when the store opens or in a
+later session: retrying or migrating cannot mend it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import importlib.util
 import logging
 import os
 import re
+import shlex
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +38,7 @@ from sqlalchemy.pool import StaticPool
 
 from .record import PairInfo
 
-__all__ = ["Store", "StoreError", "open_store", "default_url", "cache_dir"]
+__all__ = ["Store", "StoreError", "StoreDamaged", "open_store", "default_url", "cache_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,45 @@ _PG_LOCK_ID = 0x6175746F73706563 & 0x7FFFFFFFFFFFFFFF  # "autospec": serialises 
 
 class StoreError(ValueError):
     """The store cannot be opened or used as asked; the message says why and what to do."""
+
+
+class StoreDamaged(StoreError):
+    """The store's SQLite file is damaged on disk; the message names it and how to recover."""
+
+
+# what SQLite says of a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB), and what pysqlite says
+# when a damaged page holds bytes that are not the UTF-8 text autospec wrote there
+_DAMAGE = ("database disk image is malformed", "file is not a database",
+           "could not decode to utf-8")
+
+
+def _sqlite_file(u: URL) -> str:
+    """The file path of a SQLite URL, also when it was opened as a ``file:…?mode=ro`` URI."""
+    from urllib.parse import unquote
+
+    db = u.database or ""
+    if db.startswith("file:"):
+        db = unquote(db[len("file:"):].partition("?")[0])
+    return db
+
+
+def damage_of(exc: BaseException, u: URL) -> StoreDamaged | None:
+    """``exc`` as a StoreDamaged for the SQLite store at ``u`` when it says the file is
+    damaged; None for any other error (and for any other database)."""
+    if u.get_backend_name() != "sqlite" or _sqlite_memory(u):
+        return None
+    orig = getattr(exc, "orig", None) or exc
+    if not isinstance(orig, sqlite3.Error):
+        return None
+    detail = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if not any(d in detail.lower() for d in _DAMAGE):
+        return None
+    detail = detail.partition(" with text ")[0]  # not the damaged bytes themselves
+    path = _sqlite_file(u)
+    return StoreDamaged(
+        f"the store {path} is damaged ({detail}): restore it from a backup, or save what "
+        f"is still readable with `sqlite3 {shlex.quote(path)} .recover | sqlite3 recovered.db` "
+        "(sqlite3 3.29 or later) and use recovered.db as the store")
 
 
 def cache_dir() -> Path:
@@ -226,13 +272,24 @@ class Store:
                 yield
 
     @contextlib.contextmanager
+    def _damage_named(self) -> Iterator[None]:
+        """A damaged file's error as StoreDamaged (see ``damage_of``); others as they are."""
+        try:
+            yield
+        except (SQLAlchemyError, sqlite3.Error) as exc:
+            damaged = damage_of(exc, self.engine.url)
+            if damaged is None:
+                raise
+            raise damaged from exc
+
+    @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
-        with self._serialised(), self._read() as session:
+        with self._serialised(), self._damage_named(), self._read() as session:
             yield session
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[Session]:
-        with self._serialised(), self._write.begin() as session:
+        with self._serialised(), self._damage_named(), self._write.begin() as session:
             yield session
 
     def write(self, records: Any) -> int:
@@ -281,7 +338,7 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
     file path. ``busy_timeout_s`` bounds how long a SQLite write waits for the file's lock
     (and a PostgreSQL connection attempt). Raises StoreError for a malformed URL, an unknown
     dialect or missing driver, an unreachable server or unusable file, and a database written
-    by a newer autospec.
+    by a newer autospec; StoreDamaged (a StoreError) for a damaged SQLite file.
     """
     from .migrate import check_readable, upgrade
 
@@ -296,8 +353,11 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
     except StoreError:
         engine.dispose()
         raise
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, sqlite3.Error) as exc:
         engine.dispose()
+        damaged = damage_of(exc, engine.url)
+        if damaged is not None:
+            raise damaged from exc
         orig = getattr(exc, "orig", None) or exc
         detail = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
         if engine.dialect.name == "sqlite":

@@ -78,10 +78,9 @@ def plain_vs_speculative(session: Session, category: str | None = None,
     credit speculation with the path's speed, so the report compares within a path.
 
     A request is plain when it drafted nothing with either proposer: ``drafted`` (the draft
-    model's, Σ k over its blocks) and its n-gram record's ``drafted`` are both 0. Counting only
-    the draft model's, a request served by prompt lookup read as plain decoding, and the
-    report's measured speedup put the lookup's speed on the plain side (0.20× on copy-heavy
-    traffic that ran 2.9× faster than plain). ``batch_size``: only requests
+    model's, Σ k over its blocks) and its n-gram record's ``drafted`` are both 0 (counting only
+    the draft model's would put a prompt-lookup request's speed on the plain side).
+    ``batch_size``: only requests
     that ran at that batch size (default 1; None: all). A row of a batched call shares its
     forwards and its wall time with the other rows, so its tokens/s is not comparable with a
     batch-1 request's: mixing them would credit or blame speculation for the batch size."""

@@ -482,15 +482,12 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
     static-cache step and an eager one measure different things. Mixing sources would
     compare a quiet probe's T_t(1) with a busy server's T_t(k+1).
 
-    Why the probe first: it now times the loop's own step through the loop's runner, and on
-    the default pair (CPU, bf16, 2 threads, a shared machine; scripts/probe_vs_live.py, two
-    interleaved runs) its medians matched the live ones within the machine's noise: T_t(1)
-    live/probe 0.98 and 1.31, T_d 1.11 and 1.25, c = T_d / T_t(1) 0.50 vs 0.56 and 0.44 vs
-    0.42, T_t(2…8) 0.38–1.52, while single timings of one step ranged 0.6–9.5 s. S(k)
-    depends only on ratios; the probe measures every n back to back, whereas live T_t(n) for
-    different n come from different iterations (T_t(1) only from k = 0 ones) at different
-    machine load, so their ratios carry the load's drift. A live/probe mix per n would do the same. Live
-    timings still take over at run time (``LiveStats`` moves each warm point by EMA)."""
+    Why the probe first: it times the loop's own step through the loop's runner
+    (``scripts/probe_vs_live.py`` compares the two), and S(k) depends only on ratios; the
+    probe measures every n back to back, whereas live T_t(n) for different n come from
+    different iterations (T_t(1) only from k = 0 ones) at different machine load, so their
+    ratios carry the load's drift. A live/probe mix per n would do the same. Live timings
+    still take over at run time (``LiveStats`` moves each warm point by EMA)."""
     if source not in ("auto", "probe", "live"):
         raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
     if path is None:
@@ -618,8 +615,7 @@ def traffic_context(session: Session, pair_id: int, *, recent: int = 500) -> int
     requests (any batch size, any path), the prompt plus half the new tokens — a request's
     cache grows from its prompt to prompt + new tokens, and a step's cost at batch > 1 grows
     with it (attention). None without requests. ``autospec probe`` times its grid at this
-    length, so that the grid's level is the traffic's: probed at 200 tokens of context, the
-    default pair's T_t(16, 1) read 401 ms where its ~80-token traffic measured ~290 ms."""
+    length, so that the grid's level is the traffic's, not that of an arbitrary context."""
     stmt = (select(Request.prompt_tokens, Request.new_tokens)
             .where(Request.pair_id == pair_id).order_by(Request.id.desc()).limit(recent))
     lengths = [p + n / 2 for p, n in session.execute(stmt)]

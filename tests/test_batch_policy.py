@@ -376,7 +376,8 @@ def test_table_policy_name_is_canonical_and_rebuilds_it():
     ("table:1-2,3-:0", "not 'LO-HI:K'"),
     ("table:", "no ranges"),
     ("table:4-2:1,1-:0", "empty"),
-    ("table:1-:-1", "k must be ≥ 0"),
+    ("table:1-:-1", "k must be in 0..64"),
+    ("table:1-:65", "k must be in 0..64"),
     ("table:0-:1", "start at 1"),
 ])
 def test_bad_table_specs_say_what_is_wrong(spec, message):

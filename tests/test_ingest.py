@@ -135,3 +135,104 @@ def test_a_file_that_is_not_a_scrape_is_refused(tmp_path, capsys):
               "--category", "c"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("autospec: error:")
+
+
+# -- hostile scrapes: refused with one line, nothing written ------------------------------------
+def _scrape(drafts="2", draft_tokens="10", accepted="3", per_pos=(("0", "2"), ("1", "1"))):
+    """A one-engine scrape of model "m", its values as the exposition writes them."""
+    lab = 'engine="0",model_name="m"'
+    lines = [f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts}",
+             f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {draft_tokens}",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted}"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {v}'
+              for p, v in per_pos]
+    return "\n".join(lines) + "\n"
+
+
+def _refused(tmp_path, capsys, text=None, source=None) -> str:
+    """Ingest ``text`` (or read ``source``): status 2, one error line, no store written."""
+    if source is None:
+        source = tmp_path / "scrape.txt"
+        source.write_text(text)
+    db = tmp_path / "refused.db"
+    with pytest.raises(SystemExit) as e:
+        main(["ingest", "--db", str(db), "--prometheus", str(source), "--category", "c"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("autospec: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert not db.exists()  # refused before the store was opened
+    return err
+
+
+@pytest.mark.parametrize("position", ["100000000", "2000000", "64", "-1"])
+def test_a_position_past_the_stated_maximum_is_refused(tmp_path, capsys, position):
+    text = _scrape(draft_tokens="10000000000", per_pos=(("0", "2"), (position, "1")))
+    err = _refused(tmp_path, capsys, text)
+    assert f"position {position} is outside 0..63" in err and 'position="' in err
+
+
+def test_a_position_the_scrapes_draft_counters_cannot_reach_is_refused(tmp_path, capsys):
+    # 2 drafts, 10 draft tokens: the longest draft had at most 9 tokens (positions 0..8)
+    err = _refused(tmp_path, capsys, _scrape(per_pos=(("0", "2"), ("9", "0"))))
+    assert "position 9" in err and "10 draft tokens in 2 drafts" in err and "0..8" in err
+
+
+def test_the_widest_scrape_the_counters_allow_is_ingested(tmp_path):
+    per_pos = [(str(p), "1") for p in range(64)]  # 64 positions, each drafted 10 times
+    path = tmp_path / "wide.txt"
+    path.write_text(_scrape(drafts="10", draft_tokens="640", accepted="64", per_pos=per_pos))
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["ingest", "--db", url, "--prometheus", str(path), "--category", "c"]) == 0
+    assert list(summary(url, "c").accepted_per_position) == [1] * 64
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-3", "1e300"])
+@pytest.mark.parametrize("counter", ["drafts", "draft_tokens", "accepted", "per_pos"])
+def test_a_counter_that_is_not_a_count_is_refused_by_name(tmp_path, capsys, counter, value):
+    kwargs = {"per_pos": (("0", value), ("1", "1"))} if counter == "per_pos" else {counter: value}
+    err = _refused(tmp_path, capsys, _scrape(**kwargs))
+    name = {"drafts": "num_drafts_total", "draft_tokens": "num_draft_tokens_total",
+            "accepted": "num_accepted_tokens_total",
+            "per_pos": 'per_pos_total{engine="0",model_name="m",position="0"}'}[counter]
+    assert name in err and "a counter is a finite number" in err
+
+
+def test_an_endless_file_is_refused_past_the_size_limit(tmp_path, capsys):
+    from autospec.fleet.ingest import MAX_SCRAPE_BYTES
+
+    err = _refused(tmp_path, capsys, source="/dev/zero")
+    assert f"larger than {MAX_SCRAPE_BYTES / 2**20:g} MiB" in err
+
+
+def test_an_endless_http_body_is_read_no_further_than_the_limit():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from autospec.fleet.ingest import IngestError, read_scrape
+
+    sent = []
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            chunk = b"# more\n" * 4096
+            try:
+                while len(sent) < 10_000:  # ~280 MB if nobody stopped reading
+                    self.wfile.write(chunk)
+                    sent.append(len(chunk))
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(IngestError, match="larger than 1 MiB"):
+            read_scrape(f"http://127.0.0.1:{server.server_port}/metrics", limit=2**20)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sum(sent) < 100 * 2**20  # the reader stopped; the server did not send it all

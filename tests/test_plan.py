@@ -73,7 +73,7 @@ FALLBACKS = [
     ({"input_ids": IDS[0]}, "2-D"),
     ({"attention_mask": torch.tensor([[0, 1, 1]])}, "attention_mask of another shape"),
     ({"attention_mask": RIGHT}, "right padding or holes"),
-    ({"attention_mask": torch.zeros_like(IDS)}, "or holes"),
+    ({"attention_mask": torch.zeros_like(IDS)}, "attention_mask is all zeros (an empty prompt"),
     ({"max_length": 10}, "nothing to generate"),
     ({"stop_strings": ["w5"]}, "stop_strings without a tokenizer"),
     ({"foo": 1}, "model arguments ['foo']"),
@@ -131,3 +131,11 @@ def test_the_model_is_not_run_nor_changed(model):
         _plan(model, case)
     assert model.generation_config.to_dict() == gc_before
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_batch_row_whose_mask_is_all_zeros_falls_back_as_an_empty_prompt(model):
+    ids = torch.cat([IDS, prompt(10, seed=3)])  # [2, 10]
+    mask = torch.stack([LEFT[0], torch.zeros(10, dtype=torch.long)])  # row 1: nothing to attend
+    plan, why = plan_request(model, ids, None, (), {"attention_mask": mask}, target_context=256)
+    assert plan is None
+    assert "all zeros" in why and "row 1" in why and "right padding" not in why, why

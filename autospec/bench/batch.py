@@ -19,20 +19,33 @@ from autospec.bench.stats import BatchRecord
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "parse_batch_sizes", "make_batches", "run_batched", "until_stop",
+__all__ = ["Batch", "parse_int_list", "parse_batch_sizes", "make_batches", "run_batched", "until_stop",
            "batch_stats", "DEFAULT_TABLE"]
 
 DEFAULT_TABLE = "table:1-2:4,3-8:2,9-:0"  # the engines' hand-written batch size → k table
 
 
-def parse_batch_sizes(text: str, limit: int = 4096) -> list[int]:
-    """``"1,4,16"`` → [1, 4, 16] (sorted, each once); ValueError with a message fit for a user."""
+def parse_int_list(text: str, what: str, example: str) -> list[int]:
+    """``"1,4,16"`` → [1, 4, 16] as typed; ValueError naming ``what`` (one item, e.g. "batch
+    size") and ``example`` for anything else: a word, an empty list, or an empty item
+    (``"1,,4"``, ``"1,4,"``) — a typo is refused, not read as the list without it."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise ValueError(f"expected at least one {what}, like {example}")
+    if not all(parts):
+        raise ValueError(f"an empty item in {text!r}: expected comma-separated {what}s like "
+                         f"{example}")
     try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
+        return [int(part) for part in parts]
     except ValueError:
-        raise ValueError(f"expected comma-separated batch sizes like 1,4,16, got {text!r}") from None
-    if not sizes:
-        raise ValueError("expected at least one batch size, like 1,4,16")
+        raise ValueError(f"expected comma-separated {what}s like {example}, got {text!r}"
+                         ) from None
+
+
+def parse_batch_sizes(text: str, limit: int = 4096) -> list[int]:
+    """``"1,4,16"`` → [1, 4, 16] (sorted, each once); ValueError with a message fit for a user
+    (an empty item, as in ``"1,,4"`` or ``"1,4,"``, is refused: it is a typo, not a size)."""
+    sizes = parse_int_list(text, "batch size", "1,4,16")
     bad = [b for b in sizes if not 1 <= b <= limit]
     if bad:
         raise ValueError(f"every batch size must be in 1..{limit}, got {bad}")

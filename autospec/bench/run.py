@@ -27,7 +27,14 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from autospec.bench.batch import DEFAULT_TABLE, batch_stats, make_batches, run_batched, until_stop
+from autospec.bench.batch import (
+    DEFAULT_TABLE,
+    batch_stats,
+    make_batches,
+    parse_int_list,
+    run_batched,
+    until_stop,
+)
 from autospec.bench.stats import (
     OVERALL,
     BatchRecord,
@@ -38,6 +45,7 @@ from autospec.bench.stats import (
     head_to_head,
     summarize_batches,
 )
+from autospec.policies.base import K_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +140,12 @@ def parse_policies(text: str) -> list[str]:
 
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        m = re.fullmatch(r"fixed:(\d+)\.\.(\d+)", part)
+        m = re.fullmatch(r"fixed:(\d+)(?:\.\.(\d+))?", part)
         if m:
-            out += [f"autospec:{k}" for k in range(int(m[1]), int(m[2]) + 1)]
-        elif re.fullmatch(r"fixed:\d+", part):
-            out.append(f"autospec:{part.split(':')[1]}")
+            lo, hi = int(m[1]), int(m[2] or m[1])
+            if not 0 <= lo <= hi <= K_LIMIT:
+                raise ValueError(f"{part!r}: k must be in 0..{K_LIMIT}, from low to high")
+            out += [f"autospec:{k}" for k in range(lo, hi + 1)]
         elif part == "off":
             out.append("autospec:0")
         else:
@@ -145,14 +154,10 @@ def parse_policies(text: str) -> list[str]:
     return out
 
 
-def parse_ks(text: str, k_limit: int = 64) -> list[int]:
-    """``"1,2,4"`` → [1, 2, 4]; ValueError with a message fit for a user otherwise."""
-    try:
-        ks = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers like 1,2,4, got {text!r}") from None
-    if not ks:
-        raise ValueError("expected at least one k")
+def parse_ks(text: str, k_limit: int = K_LIMIT) -> list[int]:
+    """``"1,2,4"`` → [1, 2, 4]; ValueError with a message fit for a user otherwise (an empty
+    item, as in ``"1,,4"``, included)."""
+    ks = parse_int_list(text, "integer", "1,2,4")
     bad = [k for k in ks if not 1 <= k <= k_limit]
     if bad:
         raise ValueError(f"every k must be in 1..{k_limit}, got {bad}")
@@ -185,6 +190,8 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
         elif k == "k":
             new = [Mode(kind, x) for x in ks]
         elif k.isdigit() and (int(k) >= 1 or kind == "autospec"):  # autospec:0 = its loop, no draft
+            if int(k) > K_LIMIT:
+                raise ValueError(f"bad mode {spec!r}: k must be at most {K_LIMIT}")
             new = [Mode(kind, int(k))]
         else:
             raise ValueError(f"bad mode {spec!r}: expected {kind}:k or {kind}:N")

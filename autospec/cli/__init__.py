@@ -44,5 +44,20 @@ def main(argv=None) -> int:
     sys.stdout = VisibleStream(stdout)  # control characters in any output are shown, inert
     try:
         return args.run(args, args.parser)  # the subcommand's parser, for its error messages
+    except Exception as e:
+        _store_error_or_raise(e)
+        raise
     finally:
         sys.stdout = stdout
+
+
+def _store_error_or_raise(e: Exception) -> None:
+    """A StoreError that reached the top (a store damaged on disk, found mid-command) is one
+    ``autospec: error:`` line and status 2, like every refusal; anything else is a bug and
+    keeps its traceback. A StoreError can only come from an imported ``autospec.store``, so
+    nothing is imported here (``--help`` stays light)."""
+    database = sys.modules.get("autospec.store.database")
+    if database is not None and isinstance(e, database.StoreError):
+        from autospec.cli.common import die
+
+        die(str(e))

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NoReturn
 
-__all__ = ["die", "parse_when", "positive_int", "fraction", "k_value", "ranged", "batch_sizes",
+from autospec.policies.base import K_LIMIT  # the one limit on k (torch-free)
+
+__all__ = ["die", "parse_when", "positive_int", "fraction", "k_value", "k_max_value",
+           "seconds", "ranged", "batch_sizes",
            "OneLineParser", "Parents", "parents", "setup", "load", "gen_kwargs", "env_line", "open_store_or_die",
            "DEFAULT_PAIR", "K_LIMIT"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_PAIR = "qwen2.5-coder"
-K_LIMIT = 64  # autospec.controller.K_LIMIT, repeated so that --help needs no torch
 
 
 def die(message: str) -> NoReturn:
@@ -83,6 +85,28 @@ def k_value(text: str) -> int:
     if not 0 <= k <= K_LIMIT:
         raise argparse.ArgumentTypeError(f"must be in 0..{K_LIMIT} (0 = plain decoding)")
     return k
+
+
+def k_max_value(text: str) -> int:
+    """The largest k a command may use: an integer in 1..K_LIMIT."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= k <= K_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in 1..{K_LIMIT}, got {k}")
+    return k
+
+
+def seconds(text: str) -> float:
+    """A duration: a finite number of seconds > 0 (not 0, not negative, not nan or inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def ranged(low: float, high: float, *, low_open: bool = True):
@@ -188,7 +212,7 @@ def setup(args) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     elif device.type == "cpu":
-        torch.set_num_threads(2)  # the README's figures; more threads help little on CPU
+        torch.set_num_threads(2)  # the benchmark log's setting; more threads help little on CPU
     return {"device": device, "dtype": getattr(torch, DTYPES[args.dtype]),
             "threads": torch.get_num_threads()}
 

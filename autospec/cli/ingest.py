@@ -14,6 +14,8 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def register(sub, parents) -> None:
+    from autospec.fleet.ingest import MAX_POSITIONS, MAX_SCRAPE_BYTES  # torch-free, light
+
     p = sub.add_parser(
         "ingest", help="record a vLLM metrics scrape's acceptance counters in the store",
         description="Reads a vLLM /metrics scrape (a file or an http(s) URL, Prometheus text "
@@ -21,7 +23,10 @@ def register(sub, parents) -> None:
                     "accepted tokens, accepted tokens per position — as one record of the "
                     "category's statistics (no traces). Counters are cumulative: ingest an "
                     "engine once, or pass --baseline (an earlier scrape) to add only the "
-                    "traffic since.")
+                    "traffic since. Refused, with nothing written: a scrape over "
+                    f"{MAX_SCRAPE_BYTES / 2**20:g} MiB, a counter that is NaN, infinite or "
+                    "negative, and a per-position sample beyond position "
+                    f"{MAX_POSITIONS - 1} or beyond what the scrape's draft counters allow.")
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                "autospec.db in the cache directory)")
     p.add_argument("--prometheus", required=True, metavar="FILE|URL", help="the scrape")

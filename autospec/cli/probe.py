@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from autospec.cli.common import batch_sizes, load, open_store_or_die, positive_int, setup
+from autospec.cli.common import (
+    batch_sizes,
+    load,
+    open_store_or_die,
+    positive_int,
+    seconds,
+    setup,
+)
 from autospec.textfmt import fmt, human_bytes, table
 
 DEFAULT_CONTEXT = 200  # cached tokens per row when neither a number nor logged traffic says
@@ -32,7 +39,7 @@ def register(sub, parents) -> None:
     probe.add_argument("--batch", type=batch_sizes, default=(1,), metavar="B,B,...",
                        help="batch sizes to measure, e.g. 1,2,4,8,16,32 (default 1); larger "
                             "ones are skipped once one runs out of memory")
-    probe.add_argument("--max-seconds", type=float, default=None, metavar="S",
+    probe.add_argument("--max-seconds", type=seconds, default=None, metavar="S",
                        help="time budget: no further batch size is started once it would "
                             "overrun this (default: none)")
     probe.add_argument("--db", metavar="URL", help="store to record the probe in")

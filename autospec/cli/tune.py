@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from autospec.cli.common import die, open_store_or_die, parse_when
+from autospec.cli.common import K_LIMIT, die, k_max_value, open_store_or_die, parse_when, seconds
 from autospec.cli.common import fraction as _fraction
 from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
@@ -32,7 +32,7 @@ def register(sub, parents) -> None:
     p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats`)")
     p.add_argument("--trials", type=_positive_int, default=100, help="trials per study, all workers "
                                                            "together (default 100)")
-    p.add_argument("--timeout", type=float, help="seconds per study and worker")
+    p.add_argument("--timeout", type=seconds, help="seconds per study and worker (> 0)")
     p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
     p.add_argument("--study", help="join or create this study (needs --category); a "
                                    "joining process replays the study's pinned window")
@@ -54,7 +54,8 @@ def register(sub, parents) -> None:
                    help="T_d and T_t(n) (and T_t(B, n), T_d(B) at batch > 1) from the latest "
                         "`autospec probe` or from live traffic (default auto: the probe if one "
                         "is stored)")
-    p.add_argument("--k-max", type=_positive_int, default=16, help="largest k searched (default 16)")
+    p.add_argument("--k-max", type=k_max_value, default=16,
+                   help=f"largest k searched, 1..{K_LIMIT} (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="do not write the results")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -4,10 +4,8 @@ stats``. One function, so that what the report predicts, what tune replays and w
 process starts from are the same numbers.
 
 The grid is the latest probe's shape at the level the loop's own forwards measured
-(``at_live_level``): a probe times cached contexts of one length in every row, and on the
-default pair its T_t(16, 1) read 401 ms where the loop measured ~290 ms on shorter rows. Before
-this module the report and stats read it at the live level while the controller and tune read
-the raw probe, so a fresh process started from costs the report had already corrected.
+(``at_live_level``): a probe times cached contexts of one length in every row, which can sit
+well above or below what the traffic's rows cost.
 """
 
 from __future__ import annotations
@@ -25,10 +23,8 @@ def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], 
     """A probe's grid read as the live cost model reads it: the probe gives the shape, the
     loop's own forwards (the store's live medians) the level — live points replace the probe's
     at their (B, n), the rest is scaled by live/probe at the nearest batch size measured
-    (``BatchCosts``). On the default pair the probe (context 200, every row) put T_t(16, 1)
-    at 401 ms where the loop measured ~290 ms, and the report said k = 1 pays at B = 16
-    (1.24×) where it ran at 0.73–0.88×. Other sources, and a probe without live points,
-    come back as they are."""
+    (``BatchCosts``). Other sources, and a probe without live points, come back as they
+    are."""
     live_t = {b: ns for b, ns in live_target.items() if b > 1}  # batch 1 stays the probe's:
     live_d = {b: t for b, t in live_draft.items() if b > 1}  # its curve is batch-1 requests'
     if source != "probe" or not (live_t or live_d):

@@ -130,6 +130,9 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         if mask is not None:
             keep = mask[b].bool()
             if not bool(keep.all()):
+                if not bool(keep.any()):
+                    return None, (f"a row whose attention_mask is all zeros (an empty "
+                                  f"prompt: row {b})")
                 first = int(keep.to(torch.int64).argmax())
                 if not bool(keep[first:].all()):
                     return None, ("attention_mask with right padding or holes (only left "

@@ -13,18 +13,38 @@ to ingest only the traffic between the two).
 
 autospec's own exporters (``autospec.fleet.metrics``) use the same names, so their scrapes ingest
 the same way. SGLang exports no per-position counters and is not read.
+
+What is refused, with one line naming the sample (``IngestError``): a scrape larger than
+``MAX_SCRAPE_BYTES`` (read no further than that); a counter value that is not a finite number
+≥ 0 (NaN, ±Inf, a negative count, one beyond 2^53); a per-position sample whose ``position`` label is negative,
+at or beyond ``MAX_POSITIONS`` (autospec's k limit: no engine setting autospec exports drafts
+further), or beyond what the scrape's own counters allow — every draft proposes at least one
+token, so the longest draft has at most ``draft tokens − drafts + 1`` tokens and a position
+past that was never drafted.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from autospec.policies.base import K_LIMIT
+
 log = logging.getLogger(__name__)
 
-__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "IngestError"]
+__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "IngestError",
+           "MAX_SCRAPE_BYTES", "MAX_POSITIONS"]
+
+# a vLLM /metrics page is tens of kB (a few MB with many models and histograms); past this it
+# is not a scrape (or not one to read whole): refused, not read on
+MAX_SCRAPE_BYTES = 32 * 1024 * 1024
+# the largest count a float holds exactly (a counter's value beyond it is not a count)
+MAX_COUNT = 2.0 ** 53
+# draft positions a scrape may count (0 … MAX_POSITIONS − 1): autospec's one limit on k
+MAX_POSITIONS = K_LIMIT
 
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -114,6 +134,9 @@ def parse_scrape(text: str, model: str | None = None,
     for s in samples:
         if s.labels.get("model_name", "") != model:
             continue
+        if not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNT):
+            raise IngestError(f"{_named(s)} has the value {s.value}: a counter is a finite "
+                              "number ≥ 0 (the scrape is refused, nothing was written)")
         base = _base(s.name)
         if base == DRAFTS:
             out.drafts += int(round(s.value))
@@ -127,24 +150,49 @@ def parse_scrape(text: str, model: str | None = None,
             except (KeyError, ValueError):
                 raise IngestError(f"{PER_POS} sample without an integer position label: "
                                   f"{s.labels}") from None
+            if not 0 <= pos < MAX_POSITIONS:
+                raise IngestError(f"{_named(s)}: position {pos} is outside 0..{MAX_POSITIONS - 1}"
+                                  f" (autospec reads at most {MAX_POSITIONS} draft positions)")
             per_pos[pos] = per_pos.get(pos, 0) + s.value
         elif base == GENERATION:
             gen = (gen or 0) + int(round(s.value))
         elif base == PROMPT:
             prompt = (prompt or 0) + int(round(s.value))
     width = max(per_pos) + 1 if per_pos else 0
+    longest = out.draft_tokens - out.drafts + 1  # every draft proposes at least one token
+    if out.drafts > 0 and width > longest:
+        raise IngestError(
+            f"{PER_POS} has position {width - 1}, but the scrape's {out.draft_tokens} draft "
+            f"tokens in {out.drafts} drafts allow positions 0..{longest - 1} at most: the "
+            "counters disagree (nothing was written)")
     out.accepted_per_position = [int(round(per_pos.get(i, 0))) for i in range(width)]
     out.generation_tokens, out.prompt_tokens = gen, prompt
     return out
 
 
-def read_scrape(source: str, timeout: float = 10.0) -> str:
-    """A scrape's text from a file or an http(s) URL."""
+def _named(sample) -> str:
+    """A sample as the scrape writes it: ``name{label="value",…}``."""
+    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+    return f"{sample.name}{{{labels}}}"
+
+
+def read_scrape(source: str, timeout: float = 10.0, limit: int = MAX_SCRAPE_BYTES) -> str:
+    """A scrape's text from a file or an http(s) URL, read up to ``limit`` bytes: a longer
+    one (``/dev/zero``, a log file given by mistake) is refused with IngestError, having read
+    ``limit`` + 1 bytes. A file must be UTF-8 (UnicodeDecodeError otherwise); an HTTP body's
+    undecodable bytes are replaced."""
     if source.startswith(("http://", "https://")):
         with urllib.request.urlopen(source, timeout=timeout) as r:
-            return r.read().decode("utf-8", "replace")
-    with open(source, encoding="utf-8") as f:
-        return f.read()
+            data = r.read(limit + 1)
+        errors = "replace"
+    else:
+        with open(source, "rb") as f:
+            data = f.read(limit + 1)
+        errors = "strict"
+    if len(data) > limit:
+        raise IngestError(f"{source} is larger than {limit / 2**20:g} MiB, the most a scrape "
+                          "may hold: not a metrics page (vLLM's is a few hundred kB)")
+    return data.decode("utf-8", errors)
 
 
 def to_record(c: SpecCounters, *, category: str, target: str | None = None,

@@ -432,8 +432,7 @@ def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float 
     # the n-gram's acceptance at the points where blocks start: its live blocks where there
     # are enough (as the draft model's estimate reads its live counters), else its traces.
     # The traces count every generated position, so long copy runs weigh in by their length
-    # and the estimate runs high (5.95× on code edits whose live blocks gave 3.0 tokens per
-    # forward, ~2.9× measured).
+    # and an estimate from them runs high where live blocks exist to read instead.
     live_enough = live_drafted >= MIN_DRAFTED and any(a is not None for a in live_by_pos)
     traced = profile.conditional(k_max) if profile is not None else []
     ng_alphas = live_by_pos if live_enough else traced

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autospec.costs.grid import batch_grid
-from autospec.policies.base import batch_bucket
+from autospec.policies.base import K_LIMIT, batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
@@ -501,9 +501,12 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
 
     from autospec.store import add_tuned_params, queries
 
-    if trials < 1 or workers < 1 or not 0 <= holdout < 1 or min_traces < 1 or k_max < 1:
+    if trials < 1 or workers < 1 or not 0 <= holdout < 1 or min_traces < 1 \
+            or not 1 <= k_max <= K_LIMIT:
         raise TuneError("need trials ≥ 1, workers ≥ 1, 0 ≤ holdout < 1, min_traces ≥ 1, "
-                        "k_max ≥ 1")
+                        f"1 ≤ k_max ≤ {K_LIMIT}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise TuneError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     bad = [f for f in families if f not in FAMILIES]
     if bad or not families:
         raise TuneError(f"unknown policy families {bad}: choose from {list(FAMILIES)}")
