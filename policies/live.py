@@ -19,10 +19,9 @@ from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
 # from the trace counts exactly what the live loop did
 SHADOW_REACH = 16
 # n-gram statistics are kept per match length (``NgramIndex.match``: how far the context agrees
-# with the proposal's source, up to 14) in these buckets, each the shortest length it holds: the
-# first token of a proposal after a 1-token match is the target's 30 % of the time and after
-# 14 or more 93–97 % (default pair, copy-heavy prompts), so a copy run and a chance hit get
-# their own curves, with evidence enough in each
+# with the proposal's source, up to 14) in these buckets, each the shortest length it holds: a
+# long match's proposal is accepted far more often than a chance hit's, so a copy run and a
+# chance hit get their own curves, with evidence enough in each
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
 _CATCH_UP_DISCOUNT = 0.98
@@ -330,10 +329,9 @@ class LiveStats:
         """Seed from stored history (vLLM-style cumulative counts: accepted[i] / drafted[i] is
         the rate at which the i-th draft token is accepted), scaled to at most ``weight`` blocks:
         enough to start from a good k, little enough to follow new traffic. The n-gram
-        proposer's counts (``ngram_*``, pooled over match lengths) seed its own the same way:
-        without them every process learned again, block by failing block, that prompt lookup
-        misses on chat (auto proposed 5–7 token n-gram blocks that accepted nothing beside a
-        draft model that paid, 0.91× the best fixed k on a warm store)."""
+        proposer's counts (``ngram_*``, pooled over match lengths) seed its own the same way,
+        so that a new process does not learn again, block by failing block, where prompt
+        lookup misses."""
         with self._lock:
             self.draft_blocks += _seed(self.accepted, self.reached, accepted_per_position,
                                        drafted_per_position, weight)
@@ -364,11 +362,9 @@ class LiveStats:
         centred on the position before it, with the same strength (sum of ``prior``): a
         position seen a few times is pulled toward its neighbour, not toward the flat prior's
         0.5, and one never reached is its neighbour's estimate (the last observed value
-        carries on). With a 0.5 pull, positions a cautious k rarely reaches looked worse than
-        they are. On the default pair conditional acceptance is flat or rising along the block
-        (holdout prompts at k = 3: summary 0.87, 0.91, 0.92; code 0.91, 0.92, 0.86), and
-        from a cold store auto ran k = 1–2 on code where fixed k = 3 measured 1.69× against
-        its 1.46×."""
+        carries on). With a 0.5 pull, positions a cautious k rarely reaches would look worse
+        than they are, where conditional acceptance is typically flat or rising along the
+        block."""
         with self._lock:
             posts = self._posteriors(k_max)
         if not z:

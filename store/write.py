@@ -436,8 +436,7 @@ def _locked_row(session: Session, table, **key) -> tuple[Mapping[str, Any], dict
     """One row of ``table`` by its primary key, read under a row lock (FOR UPDATE; SQLite's
     write transaction already serialises writers), as a mapping, and an empty dict of
     changes. Core statements, not the ORM's unit of work: its UPDATEs are cached per mapper
-    and per database connection's dialect, so every store a process opened stayed in memory
-    (a wrap → generate → unwrap cycle grew the process by about 0.1 MB)."""
+    and per connection's dialect, so every store a process opened would stay in memory."""
     t = table.__table__
     stmt = select(t).where(*(t.c[name] == value for name, value in key.items()))
     return session.execute(stmt.with_for_update()).mappings().one(), {}

@@ -76,31 +76,10 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
     stop_strings when the call passes none; target_context: the target's context length.
     Raises ValueError for a request no path can serve (a prompt longer than the context)."""
     kwargs = {} if kwargs is None else kwargs
-    if args:
-        return None, "positional arguments beyond generation_config"
-    for name in FALLBACK_ARGS:
-        if kwargs.get(name) is not None:
-            return None, f"`{name}` given"
-    if kwargs.get("synced_gpus"):
-        return None, "synced_gpus"
-    kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
-                                                      "stopping_criteria", "tokenizer")}
-    input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
-    kw.pop("input_ids", None)
-    mask = kw.pop("attention_mask", None)
-    if inputs is not None and kwargs.get("input_ids") is not None:
-        return None, "both inputs and input_ids (generate refuses them)"
-    if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        return None, "no 2-D input_ids tensor"
-    if input_ids.dtype not in (torch.long, torch.int32):
-        return None, f"input_ids of dtype {input_ids.dtype} (generate refuses non-integer ids)"
-    if mask is not None and (not isinstance(mask, torch.Tensor)
-                             or tuple(mask.shape) != tuple(input_ids.shape)):
-        return None, "attention_mask of another shape than input_ids"
-    if input_ids.shape[0] == 0:
-        return None, "empty batch"
-    if input_ids.shape[0] > 1 and kwargs.get("streamer") is not None:
-        return None, "a streamer at batch > 1"
+    got, reason = _inputs(inputs, args, kwargs)
+    if got is None:
+        return None, reason
+    input_ids, mask, kw = got
     gc, model_kwargs = _merge_config(model, generation_config, kw)
     model_kwargs = {k: v for k, v in model_kwargs.items() if v is not None
                     and k not in ("use_cache",)}
@@ -110,42 +89,12 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         val = getattr(gc, field, off)
         if val is not None and val != off and not (field == "guidance_scale" and val == 1):
             return None, f"generation option {field}={val!r}"
-    if gc.max_time is not None or gc.stop_strings is not None:
-        crit = _extra_criteria(gc, kwargs.get("tokenizer") or tokenizer)
-        if crit is None:
-            return None, "stop_strings without a tokenizer"
-    else:
-        crit = None
-    user_crit = kwargs.get("stopping_criteria")
-    if user_crit:
-        crit = list(crit or []) + list(user_crit)
-    if crit:
-        from transformers import StoppingCriteriaList
-
-        crit = StoppingCriteriaList(crit)
-
-    rows = []
-    for b in range(input_ids.shape[0]):
-        ids, pad_prefix = input_ids[b : b + 1], input_ids[b : b + 1, :0]
-        if mask is not None:
-            keep = mask[b].bool()
-            if not bool(keep.all()):
-                if not bool(keep.any()):
-                    return None, (f"a row whose attention_mask is all zeros (an empty "
-                                  f"prompt: row {b})")
-                first = int(keep.to(torch.int64).argmax())
-                if not bool(keep[first:].all()):
-                    return None, ("attention_mask with right padding or holes (only left "
-                                  "padding is supported, as generate expects)")
-                ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
-        L = ids.shape[1]
-        if L == 0:
-            return None, "empty prompt"
-        if target_context is not None and L >= target_context:
-            raise ValueError(
-                f"prompt of {L} tokens does not fit the target's context of "
-                f"{target_context} tokens: shorten it (leave room for new tokens)")
-        rows.append((ids.to(model.device), pad_prefix.to(model.device)))
+    crit, reason = _criteria(gc, kwargs, tokenizer)
+    if reason:
+        return None, reason
+    rows, reason = _rows(model, input_ids, mask, target_context)
+    if rows is None:
+        return None, reason
     width = input_ids.shape[1]  # generate's input length: the padded width
     default_max = (kwargs.get("max_length") is None
                    and getattr(generation_config, "max_length", None) is None
@@ -185,6 +134,82 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
     ), ""
+
+
+def _inputs(inputs, args, kwargs):
+    """((input_ids, attention_mask, the other generate arguments), "") or (None, why not)."""
+    if args:
+        return None, "positional arguments beyond generation_config"
+    for name in FALLBACK_ARGS:
+        if kwargs.get(name) is not None:
+            return None, f"`{name}` given"
+    if kwargs.get("synced_gpus"):
+        return None, "synced_gpus"
+    kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
+                                                      "stopping_criteria", "tokenizer")}
+    input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
+    kw.pop("input_ids", None)
+    mask = kw.pop("attention_mask", None)
+    if inputs is not None and kwargs.get("input_ids") is not None:
+        return None, "both inputs and input_ids (generate refuses them)"
+    if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return None, "no 2-D input_ids tensor"
+    if input_ids.dtype not in (torch.long, torch.int32):
+        return None, f"input_ids of dtype {input_ids.dtype} (generate refuses non-integer ids)"
+    if mask is not None and (not isinstance(mask, torch.Tensor)
+                             or tuple(mask.shape) != tuple(input_ids.shape)):
+        return None, "attention_mask of another shape than input_ids"
+    if input_ids.shape[0] == 0:
+        return None, "empty batch"
+    if input_ids.shape[0] > 1 and kwargs.get("streamer") is not None:
+        return None, "a streamer at batch > 1"
+    return (input_ids, mask, kw), ""
+
+
+def _criteria(gc, kwargs, tokenizer):
+    """(the stopping criteria generate would build and the caller's, "") or (None, why)."""
+    crit = None
+    if gc.max_time is not None or gc.stop_strings is not None:
+        crit = _extra_criteria(gc, kwargs.get("tokenizer") or tokenizer)
+        if crit is None:
+            return None, "stop_strings without a tokenizer"
+    user_crit = kwargs.get("stopping_criteria")
+    if user_crit:
+        crit = list(crit or []) + list(user_crit)
+    if crit:
+        from transformers import StoppingCriteriaList
+
+        crit = StoppingCriteriaList(crit)
+    return crit or None, ""
+
+
+def _rows(model, input_ids: torch.Tensor, mask, target_context: int | None):
+    """(each row's prompt [1, L_i] and left padding [1, P_i], on the model's device, "") or
+    (None, why the padding cannot be served). Raises ValueError for a prompt longer than the
+    context (no path can serve it)."""
+    rows = []
+    for b in range(input_ids.shape[0]):
+        ids, pad_prefix = input_ids[b : b + 1], input_ids[b : b + 1, :0]
+        if mask is not None:
+            keep = mask[b].bool()
+            if not bool(keep.all()):
+                if not bool(keep.any()):
+                    return None, (f"a row whose attention_mask is all zeros (an empty "
+                                  f"prompt: row {b})")
+                first = int(keep.to(torch.int64).argmax())
+                if not bool(keep[first:].all()):
+                    return None, ("attention_mask with right padding or holes (only left "
+                                  "padding is supported, as generate expects)")
+                ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
+        L = ids.shape[1]
+        if L == 0:
+            return None, "empty prompt"
+        if target_context is not None and L >= target_context:
+            raise ValueError(
+                f"prompt of {L} tokens does not fit the target's context of "
+                f"{target_context} tokens: shorten it (leave room for new tokens)")
+        rows.append((ids.to(model.device), pad_prefix.to(model.device)))
+    return rows, ""
 
 
 def _new_tokens(gc, width: int, default_max: bool, max_positions: int | None) -> int:
