@@ -26,14 +26,15 @@ __all__ = ["RowStep", "StepTimes", "account"]
 NAN = float("nan")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowStep:
-    """One row's part of an iteration."""
+    """One row's part of an iteration (the engine fills it after the sync, its proposers
+    add what they learned; replay fills it from the traces)."""
 
     proposer: str | None  # who proposed its block ("draft", "ngram"); None: no block
     proposed: int  # the block's length
     accepted: int
-    emitted: int  # tokens it emitted: accepted + 1, fewer where it stopped
+    emitted: int = 0  # tokens it emitted: accepted + 1, fewer where it stopped
     lookup: bool = False  # whether prompt lookup serves this row (its match is a fact then)
     match: int = 0  # prompt lookup's match length at the iteration's start (0: none)
     # where prompt lookup had a match but did not propose: how many of the tokens it would
@@ -41,9 +42,11 @@ class RowStep:
     shadow: int | None = None
     # positions decoded without the draft model that its catch-up predicted when it resumed
     unproposed: tuple[float, ...] = ()
+    gen: int = 0  # the engine: generated tokens before this iteration
+    new: list[int] | None = None  # the engine: the accepted tokens and the next one
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepTimes:
     """An iteration's costs, shared by every row of the batch."""
 
@@ -70,8 +73,8 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     entries are skipped); ``stats``: each row's ``LoopStats`` (None: not kept). Returns the
     ``Outcome`` the policy was given."""
     B = len(rows)
-    drafted = any(r.proposer == "draft" for r in rows)
-    looked_up = any(r.proposer == "ngram" for r in rows)
+    who = {r.proposer for r in rows}
+    drafted, looked_up = "draft" in who, "ngram" in who
     per_token = times.draft_per_token
     if width == 0:
         proposing_s = 0.0
@@ -84,9 +87,8 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     if stats is not None:
         for row, st in zip(rows, stats):
             _count(st, row, width, times, per_token)
-    distinct = {id(x): x for x in (*lives, *requests) if x is not None}
     if times.catch_up is not None:
-        for live in distinct.values():
+        for live in {id(x): x for x in (*lives, *requests) if x is not None}.values():
             live.observe_catch_up(*times.catch_up)
     for b, row in enumerate(rows):
         live, request = lives[b], requests[b]
@@ -107,10 +109,10 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     if costs is not None and not times.prefill:
         costs.observe(B, width + 1, times.target_s, per_token)
     accepted = tuple(r.accepted for r in rows)
+    unproposed = rows[0].unproposed if B == 1 else tuple(v for r in rows for v in r.unproposed)
     outcome = Outcome(
         drafted=width, accepted=sum(accepted) // B, draft_time_s=proposing_s,
-        target_time_s=NAN if times.prefill else times.target_s,
-        unproposed=tuple(v for r in rows for v in r.unproposed),
+        target_time_s=NAN if times.prefill else times.target_s, unproposed=unproposed,
         accepted_rows=accepted if B > 1 else (), batch_size=B,
         proposer="ngram" if looked_up else "draft")
     policy.update(ctx, width, outcome)

@@ -3,7 +3,7 @@
 A call serves B prompts (B = 1 is a batch of one). Each row keeps, on the host, its tokens
 (prompt + emitted, read back by the iteration's one sync), its limits and its counters; on
 the device the batch keeps every row's sequence in ``tokens`` [B, cap] (row b's first
-``n[b]`` entries), the same counts in ``n_dev``, and the repetition penalty's seen-sets. The
+``n[b]`` entries), the same counts in ``counts``, and the repetition penalty's seen-sets. The
 device copies advance on the device from what verification accepted, so no iteration sends
 Python data to the device.
 """
@@ -125,9 +125,13 @@ class Batch:
         self.tokens = torch.zeros(B, cap, dtype=torch.long, device=device)
         for b, p in enumerate(prompts):
             self.tokens[b, : lens[b]] = p[0]
-        self.n_dev = torch.tensor(lens, dtype=torch.long, device=device)  # once per call
-        self.L_dev = self.n_dev.clone()
-        self.limit_dev = torch.full_like(self.n_dev, max_new_tokens)  # each row's own limit
+        # each row's token count on the device, advanced there from what was accepted (a call
+        # of one row keeps it on the host alone: ``n_dev`` builds it where it is read)
+        self.counts = (torch.tensor(lens, dtype=torch.long, device=device) if B > 1
+                       else None)  # once per call
+        self.L_dev = torch.tensor(lens, dtype=torch.long, device=device)
+        self.limit_dev = torch.full_like(self.L_dev, max_new_tokens)  # each row's own limit
+        self.cols = torch.arange(k_max + 1, device=device)  # column offsets, made once
         self.seen = None
         if sampling.uses_presence:
             self.seen = torch.cat([seen_tokens(p, self.vocab) for p in prompts])
@@ -137,6 +141,7 @@ class Batch:
         self.static = bool(static_cache) and B == 1  # static caches serve batch 1
         self.peak_kv = 0
         self.proposers: dict = {}
+        self.known = lens  # each running row's tokens as the iteration starts (``refresh``)
         self.target_slots = self.open_slots(target, max(lens) + max_new_tokens + 1)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -160,7 +165,10 @@ class Batch:
                                                              for c in self.slot_caches())
 
     def track_memory(self) -> None:
-        self.peak_kv = max(self.peak_kv, sum(c.kv_bytes for c in self.slot_caches()))
+        """The KV bytes the call holds now, into its peak (a call of one row reads its
+        caches' high-water marks at the end instead)."""
+        if self.counts is not None:
+            self.peak_kv = max(self.peak_kv, sum(c.kv_bytes for c in self.slot_caches()))
 
     def receive_prompts(self, values: list[int]) -> None:
         """The prompts, read back with the first iteration's sync."""
@@ -171,9 +179,9 @@ class Batch:
         self.pending = None
 
     # -- per iteration -----------------------------------------------------------------------
-    @property
-    def known(self) -> list[int]:
-        return [r.n for r in self.rows]
+    def refresh(self) -> None:
+        """Each running row's token count, as the iteration starts (``known``)."""
+        self.known = [r.n for r in self.rows]
 
     def gens(self) -> list[int]:
         return [r.gen for r in self.rows]
@@ -195,26 +203,40 @@ class Batch:
         pos_seen = None if seen is None else block_presence(seen, block, npos)
         return process_logits(raw, self.sampling, seen=pos_seen, banned=banned)
 
+    @property
+    def n_dev(self) -> torch.Tensor:
+        """[B] each row's token count on the device."""
+        if self.counts is not None:
+            return self.counts
+        return torch.full((1,), self.rows[0].n, dtype=torch.long, device=self.device)
+
     def room(self, k: int) -> torch.Tensor:
         """[B] each row's block length at most k, never past what the row may generate."""
         return (self.limit_dev - (self.n_dev - self.L_dev) - 1).clamp(0, k)
 
-    def write(self, block: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor) -> None:
+    def write(self, block: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor,
+              host: list[int]) -> None:
         """The block's accepted tokens and the next token into each row's sequence, on the
-        device (entries past a row's new end are overwritten later), and the counts moved."""
+        device (entries past a row's new end are overwritten later), and the counts moved.
+        ``host``: each row's accepted count, read back (a call of one row writes by slices)."""
         k = block.shape[1]
-        if k:
-            self.tokens.scatter_(1, self.n_dev[:, None] + torch.arange(k, device=self.device),
-                                 block)
-        self.tokens.scatter_(1, (self.n_dev + accepted)[:, None], nxt[:, None])
+        if self.counts is None:
+            n, m = self.rows[0].n, host[0]
+            self.tokens[:, n : n + m] = block[:, :m]
+            self.tokens[:, n + m] = nxt
+        else:
+            if k:
+                self.tokens.scatter_(1, self.counts[:, None] + self.cols[:k], block)
+            end = self.counts + accepted  # [B] where the next token goes
+            self.tokens.scatter_(1, end[:, None], nxt[:, None])
+            self.counts = end + 1
         if self.seen is not None:
             emitted = torch.cat([block, nxt[:, None]], dim=1)
-            kept = torch.cat([torch.arange(k, device=self.device) < accepted[:, None],
-                              torch.ones_like(nxt, dtype=torch.bool)[:, None]], dim=1)
+            kept = torch.ones(emitted.shape, dtype=torch.bool, device=self.device)
+            kept[:, :k] = self.cols[:k] < accepted[:, None]  # the accepted drafts, then nxt
             hits = torch.zeros(self.seen.shape, dtype=torch.long, device=self.device)
             hits.scatter_reduce_(1, emitted, kept.long(), reduce="amax")
             self.seen |= hits.bool()
-        self.n_dev = self.n_dev + accepted + 1
 
     def leave(self) -> list[Row]:
         """Rows that finished leave the batch: dropped from every cache and device tensor."""
@@ -229,8 +251,8 @@ class Batch:
             cache.select(keep, index)
         for p in self.proposers.values():
             p.select(keep, index)
-        self.tokens, self.n_dev, self.L_dev, self.limit_dev = (
-            t[index] for t in (self.tokens, self.n_dev, self.L_dev, self.limit_dev))
+        self.tokens, self.counts, self.L_dev, self.limit_dev = (
+            t[index] for t in (self.tokens, self.counts, self.L_dev, self.limit_dev))
         if self.seen is not None:
             self.seen = self.seen[index]
         return self.rows
@@ -239,6 +261,8 @@ class Batch:
     def results(self) -> list[LoopResult]:
         if self.streamer is not None:
             self.streamer.end()
+        if self.counts is None:
+            self.peak_kv = sum(c.peak * c.kv_per_token for c in self.slot_caches())
         out = []
         path = self.path
         for r in self.all_rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,21 @@ def attention_layout(model, role: str = "target") -> Layout:
     - anything else (recurrent or linear-attention layers, chunked attention, layers that share
       another's cache): not served; such requests go to the original ``generate``, with this
       reason logged.
-    """
+
+    Remembered per model and attention implementation (every request asks)."""
+    key = (role, getattr(model.config, "_attn_implementation", None))
+    known = _LAYOUTS.setdefault(model, {})
+    layout = known.get(key)
+    if layout is None:
+        layout = known[key] = _layout(model, role)
+    return layout
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _layout(model, role: str) -> Layout:
+    """The layout of ``model`` read from its config (see ``attention_layout``)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     attention = getattr(cfg, "_attn_implementation", None) or "eager"
     params = inspect.signature(model.forward).parameters

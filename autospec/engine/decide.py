@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autospec.policies.base import Context, proposer_of
+from autospec.policies.base import Choice, Context, proposer_of
 
 __all__ = ["RowView", "Decision", "make_context", "decide", "check_choice"]
 
@@ -71,6 +71,14 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
     every running row, and the scalar ones the batch's (the first row's category, the most
     tokens left, the longest match, the widest draft gap); at one row they are that row's."""
     r0 = rows[0]
+    if len(rows) == 1:
+        return Context(category=r0.category, k_max=k_max, generated=r0.generated,
+                       remaining=r0.left, live=r0.live, remaining_rows=(r0.left,),
+                       categories=(r0.category,), rows=(r0.live,), costs=costs,
+                       proposers=proposers, ngram_match=r0.match, ngram_matches=(r0.match,),
+                       draft_gap=r0.gap if has_draft else 0, request=r0.request,
+                       predicted_alpha=r0.forecast, requests=(r0.request,),
+                       predicted_alphas=(r0.forecast,))
     return Context(category=r0.category, k_max=k_max, batch_size=len(rows),
                    generated=min(r.generated for r in rows),
                    remaining=max(r.left for r in rows), live=r0.live,
@@ -80,7 +88,7 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
                    ngram_match=max(r.match for r in rows),
                    ngram_matches=tuple(r.match for r in rows),
                    draft_gap=max(r.gap for r in rows) if has_draft else 0,
-                   request=r0.request, predicted_alpha=r0.forecast if len(rows) == 1 else None,
+                   request=r0.request, predicted_alpha=None,
                    requests=tuple(r.request for r in rows),
                    predicted_alphas=tuple(r.forecast for r in rows))
 
@@ -89,6 +97,9 @@ def check_choice(policy, choice, k_max: int) -> int:
     """k from what ``policy.choose`` returned: an int (or a ``Choice``) ≥ 0. More than
     ``k_max`` is clamped to it (as to the tokens a request can keep); anything else is a
     bug in the policy, reported with its name and what it returned."""
+    if type(choice) is int or type(choice) is Choice:  # the usual answers, checked fast
+        if choice >= 0:
+            return choice if choice <= k_max else k_max
     name = getattr(policy, "name", type(policy).__name__)
     if isinstance(choice, bool) or not isinstance(choice, numbers.Integral):
         raise TypeError(f"policy {name!r} returned {choice!r} ({type(choice).__name__}) from "

@@ -65,6 +65,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         for proposer in batch.proposers.values():
             proposer.release()
         batch.target_slots.release()
+        batch.proposers = {}  # they refer to the batch: no cycle left for the collector
     return EngineResult(rows=rows, peak_kv_bytes=batch.peak_kv, wall_s=_wall(batch),
                         cache=cache)
 

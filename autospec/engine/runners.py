@@ -30,6 +30,7 @@ fp32 output equals ``generate``'s (tests/test_static_cache.py, tests/test_gpu_pa
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -69,9 +70,7 @@ class Forward:
 
     def __init__(self, model):
         self.model = model
-        params = inspect.signature(model.forward).parameters
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.has_keep = "logits_to_keep" in params
+        self.cache_kw, self.has_keep = _forward_args(type(model))
 
     def __call__(self, ids: torch.Tensor, cache, keep: int, *,
                  attention_mask: torch.Tensor | None = None,
@@ -88,6 +87,14 @@ class Forward:
             kwargs["position_ids"] = position_ids
         logits = self.model(input_ids=ids, **kwargs).logits
         return logits[:, -keep:]  # [B, keep, V]
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_args(cls) -> tuple[str, bool]:
+    """(the name its forward takes the cache by, whether it takes ``logits_to_keep``), per
+    model class: every request opens runners, and reading a signature is slow."""
+    params = inspect.signature(cls.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
 
 
 def crop_cache(cache, keep: int) -> None:

@@ -58,15 +58,19 @@ class SlotCache:
     def __init__(self, runner, rows: int, device: torch.device, layout: Layout,
                  map_ids=None, kv_per_token: int = 0):
         self.runner, self.device, self.layout = runner, device, layout
-        self.map_ids = map_ids or (lambda ids: ids)
+        self.map_ids = map_ids  # None: ids as they are
         self.lens = [0] * rows
         self.ends = [0] * rows
-        self.lens_dev = torch.zeros(rows, dtype=torch.long, device=device)
+        # the device copy of ``lens``, which only rows that can have holes need (a cache of
+        # one row is cropped, never masked: batch 1 keeps its counts on the host alone)
+        self.lens_dev = (torch.zeros(rows, dtype=torch.long, device=device) if rows > 1
+                         else None)
         self.slots = 0
         self.valid: torch.Tensor | None = None  # [B, S] long; None: every row contiguous
         self.pos: torch.Tensor | None = None  # [B, S] each slot's position (with ``valid``)
         self.kv_per_token = kv_per_token
         self.repacks = 0
+        self.peak = 0  # the most slots it held (a row's: batch 1 tracks memory by it)
         self._mark = 0  # slots before the current iteration's appends
 
     @property
@@ -87,22 +91,29 @@ class SlotCache:
 
     # -- forwards ----------------------------------------------------------------------------
     def feed(self, tokens: torch.Tensor, known: list[int], known_dev: torch.Tensor,
-             extra: torch.Tensor | None, keep: int) -> torch.Tensor:
+             extra: torch.Tensor | None, keep: int, offset: int = 0) -> torch.Tensor:
         """Append, per row, the tokens of its sequence it has not cached yet (``tokens``
-        [B, cap] holds each row's sequence; the row has ``known[b]`` of them), then the
-        columns of ``extra`` [B, e] at the positions after them. Returns the logits of the
-        last ``keep`` slots, [B, keep, V]."""
+        [B, cap] holds each row's sequence; the row has ``known[b] + offset`` of them, and
+        ``known_dev`` [B] is ``known`` on the device), then the columns of ``extra`` [B, e]
+        at the positions after them. Returns the logits of the last ``keep`` slots,
+        [B, keep, V]."""
         e = 0 if extra is None else extra.shape[1]
-        width = max(n - c for n, c in zip(known, self.lens))
-        if self.valid is None and self.rows == 1:  # the contiguous path: host slices
-            ids = tokens[:, self.lens[0] : known[0]]
-            if e:
-                ids = torch.cat([ids, extra], dim=1)
-            out = self.runner.run(self.map_ids(ids), keep)
-        else:
-            out = self._feed_slots(tokens, known_dev, width, extra, keep)
-        self.lens = [n + e for n in known]
-        self.lens_dev = known_dev + e if e else known_dev.clone()
+        if self.lens_dev is None:  # one contiguous row: host slices, no mask or positions
+            start, end = self.lens[0], known[0] + offset
+            if extra is None:
+                ids = tokens[:, start:end]
+            else:
+                ids = extra if start == end else torch.cat([tokens[:, start:end], extra], dim=1)
+            self.lens[0] = end + e
+            self.slots += end - start + e
+            self.ends[0] = self.slots
+            self.peak = max(self.peak, self.slots)
+            return self.runner.run(ids if self.map_ids is None else self.map_ids(ids), keep)
+        width = max(n + offset - c for n, c in zip(known, self.lens))
+        upto = known_dev + offset if offset else known_dev
+        out = self._feed_slots(tokens, upto, width, extra, keep)
+        self.lens_dev = upto + e if e else upto
+        self.lens = [n + offset + e for n in known]
         self.slots += width + e
         self.ends = [self.slots] * self.rows
         return out
@@ -128,7 +139,9 @@ class SlotCache:
         self.pos = torch.cat([self.pos, pos], dim=1)
         mask = (self._masks(pos, ok) if self.layout.attention in MASKS_4D
                 else self.valid)  # other kernels take the padding mask (no sliding windows)
-        return self.runner.run(self.map_ids(ids), keep, attention_mask=mask, position_ids=pos)
+        if self.map_ids is not None:
+            ids = self.map_ids(ids)
+        return self.runner.run(ids, keep, attention_mask=mask, position_ids=pos)
 
     def _materialise(self) -> None:
         """Every slot so far valid, at its own index's position (a contiguous past)."""
@@ -161,11 +174,13 @@ class SlotCache:
         return masks["sliding_attention" if self.layout.window is not None else "full_attention"]
 
     # -- after verification ------------------------------------------------------------------
-    def reject(self, drop: list[int], drop_dev: torch.Tensor) -> None:
+    def reject(self, drop: list[int], drop_dev) -> None:
         """Row b's last ``drop[b]`` slots appended since ``mark`` were rejected: the tail
-        every row rejected is cropped, the rest masked (``drop_dev``: the same on the
-        device)."""
+        every row rejected is cropped, the rest masked (``drop_dev()``: the same on the
+        device, asked for only where rows can have holes)."""
         common = min(drop)
+        if self.lens_dev is not None:
+            drop_dev = drop_dev()
         if common:
             self.runner.crop(self.slots - common)
             self.slots -= common
@@ -178,7 +193,8 @@ class SlotCache:
             cols = torch.arange(rest, device=self.device)
             self.valid[:, self.slots - rest :] *= (cols < rest - (drop_dev - common)[:, None])
         self.lens = [n - d for n, d in zip(self.lens, drop)]
-        self.lens_dev = self.lens_dev - drop_dev
+        if self.lens_dev is not None:
+            self.lens_dev = self.lens_dev - drop_dev
         self.ends = [self.slots - (d - common) for d in drop]
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:

@@ -16,8 +16,12 @@ __all__ = ["LoopStats", "ProposerCounts", "PROPOSER_CODES", "merge_stats", "bump
 # iteration's block: 0 the draft model (or nobody, at k = 0), 1 prompt lookup
 PROPOSER_CODES = {"draft": 0, "ngram": 1}
 # the LoopStats fields each proposer's counts live in (the draft model's keep their
-# historical unprefixed names: ``drafted`` counts the draft model's proposals only)
+# historical unprefixed names: ``drafted`` counts the draft model's proposals only):
+# blocks, tokens proposed, accepted, proposed per position, accepted per position
 _PREFIX = {"draft": "", "ngram": "ngram_"}
+_FIELDS = {name: ("drafts" if not p else f"{p}drafts", f"{p}drafted", f"{p}accepted",
+                  f"{p}drafted_per_position", f"{p}accepted_per_position")
+           for name, p in _PREFIX.items()}
 
 
 @dataclass(frozen=True)
@@ -93,12 +97,12 @@ class LoopStats:
     # -- per proposer, and totals ---------------------------------------------------------
     def proposer(self, name: str) -> ProposerCounts:
         """One proposer's counts ("draft": the draft model, "ngram": prompt lookup)."""
-        p = _PREFIX[name]
+        blocks, proposed, accepted, proposed_pp, accepted_pp = _FIELDS[name]
         return ProposerCounts(
-            blocks=getattr(self, f"{p}drafts" if p else "drafts"),
-            proposed=getattr(self, f"{p}drafted"), accepted=getattr(self, f"{p}accepted"),
-            proposed_per_position=tuple(getattr(self, f"{p}drafted_per_position")),
-            accepted_per_position=tuple(getattr(self, f"{p}accepted_per_position")))
+            blocks=getattr(self, blocks), proposed=getattr(self, proposed),
+            accepted=getattr(self, accepted),
+            proposed_per_position=tuple(getattr(self, proposed_pp)),
+            accepted_per_position=tuple(getattr(self, accepted_pp)))
 
     @property
     def by_proposer(self) -> dict[str, ProposerCounts]:
@@ -117,13 +121,19 @@ class LoopStats:
 
     def count_block(self, proposer: str, k: int, m: int) -> None:
         """A block of k proposed by ``proposer`` with m accepted."""
-        p = _PREFIX[proposer]
-        blocks = f"{p}drafts" if p else "drafts"
+        if proposer == "draft":  # the usual case, without the name lookups
+            self.drafts += 1
+            self.drafted += k
+            self.accepted += m
+            bump(self.drafted_per_position, k)
+            bump(self.accepted_per_position, m)
+            return
+        blocks, proposed, accepted, proposed_pp, accepted_pp = _FIELDS[proposer]
         setattr(self, blocks, getattr(self, blocks) + 1)
-        setattr(self, f"{p}drafted", getattr(self, f"{p}drafted") + k)
-        setattr(self, f"{p}accepted", getattr(self, f"{p}accepted") + m)
-        bump(getattr(self, f"{p}drafted_per_position"), k)
-        bump(getattr(self, f"{p}accepted_per_position"), m)
+        setattr(self, proposed, getattr(self, proposed) + k)
+        setattr(self, accepted, getattr(self, accepted) + m)
+        bump(getattr(self, proposed_pp), k)
+        bump(getattr(self, accepted_pp), m)
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -164,11 +174,10 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
     for st in rows:
         for name in ("new_tokens", "prompt_tokens", "draft_forwards", "ngram_s"):
             setattr(out, name, getattr(out, name) + getattr(st, name))
-        for prefix in _PREFIX.values():
-            for name in ("drafts" if not prefix else f"{prefix}drafts", f"{prefix}drafted",
-                         f"{prefix}accepted"):
+        for blocks, proposed, accepted, proposed_pp, accepted_pp in _FIELDS.values():
+            for name in (blocks, proposed, accepted):
                 setattr(out, name, getattr(out, name) + getattr(st, name))
-            for name in (f"{prefix}accepted_per_position", f"{prefix}drafted_per_position"):
+            for name in (proposed_pp, accepted_pp):
                 acc = getattr(out, name)
                 for i, v in enumerate(getattr(st, name)):
                     if i < len(acc):

@@ -7,9 +7,10 @@
 3. Verify: the target scores each row's catch-up and block in one forward over its slot cache
    (``slots.py``), and the rejection rule keeps, per row, a prefix of the block plus one
    recovered or bonus token (``verify.py``; greedy is its one-hot limit).
-4. Write the accepted tokens into each row's sequence and advance the counts, on the device.
-5. The iteration's one host sync: accepted counts, next tokens, the block, trace values and
+4. The iteration's one host sync: accepted counts, next tokens, the block, trace values and
    what proposers asked for come back in one ``tolist``. Device timings are read after it.
+5. Write the accepted tokens into each row's sequence and advance the counts, on the device
+   (a call of one row writes by slices, from the counts just read).
 6. Emit: each row takes its tokens, stopping exactly where ``generate`` would (``emit.py``).
 7. Account: proposers update (caches rolled back, indices extended); counters, statistics,
    costs and ``policy.update`` follow from one function shared with replay
@@ -30,12 +31,12 @@ from autospec.engine.decide import Decision, RowView, decide, make_context
 from autospec.engine.emit import criteria_hits, emit, settle
 from autospec.engine.proposers import Block
 from autospec.engine.sampling import invalid_probs, logits_to_probs, raise_invalid_probs
-from autospec.engine.verify import greedy_verify, quantize_beta, rejection_sample
+from autospec.engine.verify import quantize_beta, rejection_sample
 
 __all__ = ["step", "Iteration"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Iteration:
     """What the phases of one iteration share."""
 
@@ -69,24 +70,12 @@ class Iteration:
         return None if self.overlay is None else ~self.overlay
 
 
-@dataclass
-class Emitted:
-    """One row's iteration, as the host saw it after the sync."""
-
-    proposer: str | None
-    proposed: int
-    accepted: int
-    gen: int  # generated tokens before this iteration
-    new: list[int]  # accepted + the next token
-    emitted: int = 0
-
-
 def step(batch) -> None:
     it = _decide(batch)  # 1.
     it.block, it.lengths = _propose(batch, it)  # 2.
     _verify(batch, it)  # 3.
-    batch.write(it.block.tokens, it.accepted, it.nxt)  # 4.
-    steps, times = _sync(batch, it)  # 5.
+    steps, times = _sync(batch, it)  # 4.
+    batch.write(it.block.tokens, it.accepted, it.nxt, [s.accepted for s in steps])  # 5.
     _emit(batch, it, steps)  # 6.
     _account(batch, it, steps, times)  # 7.
     _keep(batch, it, steps)  # 8.
@@ -94,6 +83,7 @@ def step(batch) -> None:
 
 def _decide(batch) -> Iteration:
     """The policy's choice for this iteration, resolved per row."""
+    batch.refresh()
     rows = batch.rows
     B = len(rows)
     evidence = {name: p.evidence() for name, p in batch.proposers.items()}
@@ -117,21 +107,18 @@ def _verify(batch, it: Iteration) -> None:
     t0 = clock.mark()
     cached = batch.target_slots.lens[0]
     batch.target_slots.mark()
-    it.raw = batch.target_slots.feed(batch.tokens, batch.known, batch.n_dev, block.tokens,
+    it.raw = batch.target_slots.feed(batch.tokens, batch.known, batch.counts, block.tokens,
                                      k + 1)
     batch.track_memory()
     it.scores = s_t = batch.process(it.raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
     live_cols = (None if block.lengths is None
                  else torch.arange(k, device=batch.device) < block.lengths[:, None])
-    if batch.greedy:
+    if batch.greedy:  # the rule with one-hot p and q (``verify.greedy_verify``)
         tgt = s_t.argmax(dim=-1)  # [B, k+1]
-        if live_cols is None:
-            it.accepted, it.nxt = greedy_verify(tgt, block.tokens)
-        else:  # a short block ends: nothing past it is accepted
-            match = (block.tokens == tgt[:, :k]) & live_cols
-            it.accepted = match.long().cumprod(dim=-1).sum(dim=-1)
-            it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
-        it.trace_dev = (block.tokens == tgt[:, :k]).long()
+        it.trace_dev = (block.tokens == tgt[:, :k]).long()  # [B, k]
+        match = it.trace_dev if live_cols is None else it.trace_dev * live_cols
+        it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it too
+        it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
     else:
         it.p = p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
         q = _q(block, live_cols, batch.vocab, it.overlay)
@@ -141,12 +128,14 @@ def _verify(batch, it: Iteration) -> None:
     it.timing = (t0, clock.mark(), cached)
 
 
-def _sync(batch, it: Iteration) -> tuple[list[Emitted], StepTimes]:
+def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
     """The iteration's one read to the host (with multinomial's validity check, which
     ``sample`` leaves out, and a device prompt on the first iteration)."""
     B, k, block = len(batch.rows), it.k, it.block
-    extra = [t for p_ in batch.proposers.values() for t in p_.sync_parts()]
-    parts = [it.accepted, it.nxt, block.tokens.reshape(-1), it.trace_dev.reshape(-1), *extra]
+    asked = [(p_, p_.sync_parts()) for p_ in batch.proposers.values()]
+    parts = [it.accepted, it.nxt, block.tokens.reshape(-1), it.trace_dev.reshape(-1)]
+    for _p, theirs in asked:
+        parts += theirs
     if batch.pending is not None:
         parts.append(batch.pending)
     if not batch.greedy:
@@ -163,18 +152,20 @@ def _sync(batch, it: Iteration) -> tuple[list[Emitted], StepTimes]:
     off = 2 * B + B * k
     it.trace = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
     off += B * k
-    for p_ in batch.proposers.values():
-        size = sum(t.numel() for t in p_.sync_parts())
-        p_.read(vals[off : off + size])
-        off += size
-    steps = [Emitted(proposer=it.decision.rows[b] if it.lengths[b] else None,
-                     proposed=it.lengths[b], accepted=accepted[b], gen=r.gen,
-                     new=props[b][: accepted[b]] + [nxt[b]])
+    for p_, theirs in asked:
+        if theirs:
+            size = sum(t.numel() for t in theirs)
+            p_.read(vals[off : off + size])
+            off += size
+    lookup = "ngram" in batch.proposers
+    steps = [RowStep(proposer=it.decision.rows[b] if it.lengths[b] else None,
+                     proposed=it.lengths[b], accepted=accepted[b], lookup=lookup,
+                     match=it.matches[b], gen=r.gen, new=props[b][: accepted[b]] + [nxt[b]])
              for b, r in enumerate(batch.rows)]
     return steps, _times(batch, it)
 
 
-def _emit(batch, it: Iteration, steps: list[Emitted]) -> None:
+def _emit(batch, it: Iteration, steps: list[RowStep]) -> None:
     """Each row takes its tokens, stopping where generate would."""
     rows = batch.rows
     hits = criteria_hits(batch.criteria, rows, [s.new for s in steps], batch.eos_set,
@@ -189,28 +180,22 @@ def _emit(batch, it: Iteration, steps: list[Emitted]) -> None:
             batch.streamer.put(torch.tensor(s.new[: s.emitted]))
 
 
-def _account(batch, it: Iteration, steps: list[Emitted], times: StepTimes) -> None:
-    """Proposers learn what was emitted; then the shared accounting."""
+def _account(batch, it: Iteration, steps: list[RowStep], times: StepTimes) -> None:
+    """Proposers learn what was emitted (and add to the rows' accounting); then the shared
+    accounting."""
     rows = batch.rows
-    extras = [p_.accept(it, steps) for p_ in batch.proposers.values()]
-    row_steps = []
-    for b, s in enumerate(steps):
-        mine = [e[b] for e in extras]
-        row_steps.append(RowStep(
-            proposer=s.proposer, proposed=s.proposed, accepted=s.accepted, emitted=s.emitted,
-            lookup="ngram" in batch.proposers, match=it.matches[b],
-            shadow=next((x.shadow for x in mine if x.shadow is not None), None),
-            unproposed=tuple(v for x in mine for v in x.unproposed)))
-    account(batch.policy, it.ctx, it.k, row_steps, times, lives=[r.live for r in rows],
+    for proposer in batch.proposers.values():
+        proposer.accept(it, steps)
+    account(batch.policy, it.ctx, it.k, steps, times, lives=[r.live for r in rows],
             requests=[r.request for r in rows], stats=[r.stats for r in rows],
             costs=batch.costs)
     batch.iteration += 1
 
 
-def _keep(batch, it: Iteration, steps: list[Emitted]) -> None:
+def _keep(batch, it: Iteration, steps: list[RowStep]) -> None:
     """The target's cache drops rejected slots; finished rows leave; holes are repacked."""
     k = it.k
-    batch.target_slots.reject([k - s.accepted for s in steps], k - it.accepted)
+    batch.target_slots.reject([k - s.accepted for s in steps], lambda: k - it.accepted)
     if batch.criteria is not None and not batch.eos_set:
         settle(batch.all_rows, batch.rows, batch.limit_dev)
     if batch.leave():
@@ -260,17 +245,12 @@ def _q(block: Block, live_cols: torch.Tensor | None, vocab: int,
        overlay: torch.Tensor | None) -> torch.Tensor:
     """The distribution each proposal was drawn from, [B, k, V]: the model's q, one-hot at a
     lookup's proposals; zero past a row's block (the next token then comes from p itself)."""
-    B, k = block.tokens.shape
-    one_hot = torch.zeros(B, k, vocab, device=block.tokens.device)
-    one_hot.scatter_(-1, block.tokens[..., None], 1.0)
-    if block.q is None:
-        q = one_hot
-    else:
-        q = block.q.float()
-        if q.shape[-1] != vocab:
-            q = q[..., :vocab]
-        if overlay is not None:  # rows a lookup served: its one-hot q
-            q = torch.where(overlay[:, None, None], one_hot, q)
+    q = block.q
+    if q is None or overlay is not None:
+        B, k = block.tokens.shape
+        one_hot = torch.zeros(B, k, vocab, device=block.tokens.device)
+        one_hot.scatter_(-1, block.tokens[..., None], 1.0)
+        q = one_hot if q is None else torch.where(overlay[:, None, None], one_hot, q)
     if live_cols is not None:
         q = q * live_cols[..., None]
     return q

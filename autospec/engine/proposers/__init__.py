@@ -9,9 +9,10 @@ rows (``PROPOSERS[name](batch)``); then, every iteration,
    every row of the batch (rows it does not serve get length 0), drawn on the device;
 3. ``sync_parts()`` / ``read(values)`` — device values it wants back ride on the
    iteration's one host sync (a model's catch-up trace, say), in that order;
-4. ``accept(it, steps)`` — after the sync: what each row accepted and emitted, to update its
-   state (roll a cache back to the accepted prefix, extend an index) and to add what it
-   learned to each row's accounting (``RowExtras``);
+4. ``accept(it, steps)`` — after the sync: what each row accepted and emitted
+   (``accounting.RowStep``), to update its state (roll a cache back to the accepted prefix,
+   extend an index) and to add to each row's step what it learned (``unproposed``,
+   ``shadow``);
 
 and ``select(keep, index)`` when rows leave, ``finish(stats)`` per row at the end,
 ``release()`` always. A proposer whose proposals are a deterministic function of the context
@@ -22,12 +23,12 @@ output the target's exactly. Adding a proposer is a module with its class and an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-__all__ = ["Block", "RowExtras", "Proposer", "PROPOSERS"]
+__all__ = ["Block", "Proposer", "PROPOSERS"]
 
 
 @dataclass
@@ -41,15 +42,6 @@ class Block:
     host_lengths: list[int] | None = None  # each row's length, as the host knows it
 
 
-@dataclass
-class RowExtras:
-    """What a proposer adds to one row's accounting of an iteration."""
-
-    unproposed: tuple[float, ...] = ()
-    shadow: int | None = None
-    extra: dict = field(default_factory=dict)
-
-
 class Proposer(Protocol):
     name: str
 
@@ -61,7 +53,7 @@ class Proposer(Protocol):
 
     def read(self, values: list[int]) -> None: ...
 
-    def accept(self, it, steps) -> list[RowExtras]: ...
+    def accept(self, it, steps) -> None: ...
 
     def select(self, keep: list[int], index: torch.Tensor) -> None: ...
 

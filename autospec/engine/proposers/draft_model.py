@@ -25,7 +25,7 @@ from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.traces import TRACE_CATCH_UP_MAX, UNOBSERVED, Trace
 
-from . import Block, RowExtras
+from . import Block
 
 __all__ = ["DraftModel", "DraftInput"]
 
@@ -52,6 +52,12 @@ class DraftInput:
         return ids.masked_fill(ids >= self.rows, self.placeholder)
 
 
+def _draft_input(target, draft):
+    """``DraftInput`` where the draft has fewer embedding rows, else None (ids as they are)."""
+    mapping = DraftInput(target, draft)
+    return mapping if mapping.active else None
+
+
 def _embedding_rows(model) -> int:
     return model.get_input_embeddings().weight.shape[0]
 
@@ -63,7 +69,7 @@ class DraftModel:
         self.batch = batch
         need = max(r.n for r in batch.rows) + batch.max_new + 1
         self.slots = batch.open_slots(batch.draft, need,
-                                      map_ids=DraftInput(batch.target, batch.draft))
+                                      map_ids=_draft_input(batch.target, batch.draft))
         self.caches = (self.slots,)
         self.early_stop = early_stop_of(batch.policy, batch.rows[0].category)
         self.need_top = batch.record_conf or self.early_stop is not None
@@ -84,65 +90,17 @@ class DraftModel:
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
         """k tokens for every row (rows another proposer serves are drafted too, and their
         drafts dropped: the caches stay in step)."""
-        batch, clock, k = self.batch, self.batch.clock, it.decision.k
-        B, dev = len(batch.rows), batch.device
-        self._k, self._parts, self._known = k, [], []
+        batch, k = self.batch, it.decision.k
+        self._parts, self._values = [], []
         self.slots.mark()
-        # catch-up rows whose predictions are generated tokens already known: trace material
-        # (with a repetition penalty their processing would need past seen-sets: skipped)
-        self._known = [0 if batch.sampling.uses_presence else
-                       min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
-                       for r, c in zip(batch.rows, self.slots.lens)]
-        width = max(r.n - c for r, c in zip(batch.rows, self.slots.lens))
-        known = max(self._known)
-        d_toks = torch.empty(B, k, dtype=torch.long, device=dev)
-        q_list, conf = [], []
-        d_seen = batch.seen.clone() if batch.seen is not None else None
-        stop_at = [k] * B
-        start = clock.mark()
-        raw = self.slots.feed(batch.tokens, batch.known, batch.n_dev, None, known + 1)
-        if known:
-            self._catch_up_trace(raw[:, :known], it)
-        raw = raw[:, -1:]
-        first = start
-        if width > 2:  # the prompt, or a stretch it did not draft: a cost of resuming, not T_d
-            first = clock.mark()
-            it.marks.append(("catch_up", B * width, start, first))
-        for i in range(k):
-            if i:
-                raw = self.slots.feed(batch.tokens, [n + i - 1 for n in batch.known],
-                                      batch.n_dev + (i - 1), d_toks[:, i - 1 : i], 1)
-            s = batch.process(raw, i, d_seen)
-            top = None
-            if batch.greedy:
-                tok = s[:, 0].argmax(dim=-1)  # [B]
-                if self.need_top:
-                    top = s[:, 0].softmax(dim=-1).max(dim=-1).values
-            else:
-                q = logits_to_probs(s, batch.sampling)  # [B, 1, V]
-                q_list.append(q)
-                tok = sample(q[:, 0], batch.generator)
-                if self.need_top:
-                    top = q[:, 0].max(dim=-1).values
-            if batch.record_conf:
-                conf.append(top)
-            d_toks[:, i] = tok
-            if d_seen is not None:
-                d_seen[torch.arange(B, device=dev), tok] = True
-            if self.early_stop is not None and i + 1 < k:
-                quant = quantize_beta(top).tolist()  # a host read per draft token
-                stop_at = [i + 1 if s_ == k and stops_drafting(c, self.early_stop) else s_
-                           for s_, c in zip(stop_at, quant)]
-                if all(s_ <= i + 1 for s_ in stop_at):
-                    k = i + 1
-                    d_toks = d_toks[:, :k]
-                    break
+        raw, first, width = self._catch_up(it)
+        toks, q, conf, stop_at = self._draft(raw, k)
+        k = len(toks)
         proposals = k - 1 if width > 2 else k  # the catch-up forward made the first
-        it.marks.append(("draft", proposals, first, clock.mark()))
+        it.marks.append(("draft", proposals, first, batch.clock.mark()))
         self._k = k
         if batch.record_conf:
             self._parts.append(quantize_beta(torch.stack(conf, dim=1)).reshape(-1))
-        q = torch.cat(q_list, dim=1) if q_list else None
         # each row's block: no longer than it can keep (``decide``), nor than early stopping
         # let it draft
         host = [min(s_, k, r.limit - r.gen - 1) for s_, r in zip(stop_at, batch.rows)]
@@ -150,9 +108,71 @@ class DraftModel:
         if any(n < k for n in host):
             lengths_dev = batch.room(k)
             if any(s_ < k for s_ in stop_at):  # early stopping reads to the host anyway
-                lengths_dev = torch.minimum(lengths_dev, torch.tensor(stop_at, device=dev))
-        return Block(tokens=d_toks, q=q, lengths=lengths_dev, covers_all=True,
-                     host_lengths=host)
+                lengths_dev = torch.minimum(lengths_dev,
+                                            torch.tensor(stop_at, device=batch.device))
+        return Block(tokens=torch.stack(toks, dim=1), q=q, lengths=lengths_dev,
+                     covers_all=True, host_lengths=host)
+
+    def _catch_up(self, it):
+        """The block's first forward: what the draft has not taken in, then its first
+        proposal's logits. Returns (those logits [B, 1, V], the clock mark the proposals'
+        time starts from, the widest catch-up)."""
+        batch, clock = self.batch, self.batch.clock
+        lens = self.slots.lens
+        # catch-up rows whose predictions are generated tokens already known: trace material
+        # (with a repetition penalty their processing would need past seen-sets: skipped)
+        self._known = [0 if batch.sampling.uses_presence else
+                       min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
+                       for r, c in zip(batch.rows, lens)]
+        width = max(r.n - c for r, c in zip(batch.rows, lens))
+        known = max(self._known)
+        start = clock.mark()
+        raw = self.slots.feed(batch.tokens, batch.known, batch.counts, None, known + 1)
+        if known:
+            self._catch_up_trace(raw[:, :known], it)
+        if width <= 2:
+            return raw[:, -1:], start, width
+        # the prompt, or a stretch it did not draft: a cost of resuming, not T_d
+        first = clock.mark()
+        it.marks.append(("catch_up", len(lens) * width, start, first))
+        return raw[:, -1:], first, width
+
+    def _draft(self, raw, k: int):
+        """Proposals 1 … k from the first one's logits: (the tokens, each [B]; q [B, k, V]
+        when sampling; the draft's top probabilities when kept; where each row stopped)."""
+        batch = self.batch
+        B, n = raw.shape[0], batch.known
+        toks, q_list, conf, stop_at = [], [], [], [k] * B
+        seen = batch.seen.clone() if batch.seen is not None else None
+        for i in range(k):
+            if i:
+                raw = self.slots.feed(batch.tokens, n, batch.counts, toks[-1][:, None], 1,
+                                      offset=i - 1)
+            s = batch.process(raw, i, seen)[:, 0]  # [B, V]
+            top = None
+            if batch.greedy:
+                tok = s.argmax(dim=-1)  # [B]
+                if self.need_top:
+                    top = s.softmax(dim=-1).max(dim=-1).values
+            else:
+                q = logits_to_probs(s, batch.sampling)  # [B, V]
+                q_list.append(q)
+                tok = sample(q, batch.generator)
+                if self.need_top:
+                    top = q.max(dim=-1).values
+            if batch.record_conf:
+                conf.append(top)
+            toks.append(tok)
+            if seen is not None:
+                seen.scatter_(1, tok[:, None], True)
+            if self.early_stop is not None and i + 1 < k:
+                quant = quantize_beta(top).tolist()  # a host read per draft token
+                stop_at = [i + 1 if s_ == k and stops_drafting(c, self.early_stop) else s_
+                           for s_, c in zip(stop_at, quant)]
+                if all(s_ <= i + 1 for s_ in stop_at):
+                    break
+        q = torch.stack(q_list, dim=1) if q_list else None
+        return toks, q, conf, [min(s_, len(toks)) for s_ in stop_at]
 
     def _catch_up_trace(self, raw: torch.Tensor, it) -> None:
         """Trace values (and confidences) of the generated positions the catch-up predicted:
@@ -182,12 +202,11 @@ class DraftModel:
         self._values = values
 
     # -- after the sync ----------------------------------------------------------------------
-    def accept(self, it, steps) -> list[RowExtras]:
+    def accept(self, it, steps) -> None:
         """Traces, what the catch-up saw, and the cache rolled back to what was accepted."""
         batch, k, vals = self.batch, self._k, self._values
         B = len(batch.rows)
         ran = it.ran(self.name)
-        extras = [RowExtras() for _ in range(B)]
         off = 0
         known = max(self._known, default=0) if ran else 0
         if known:
@@ -206,14 +225,14 @@ class DraftModel:
                 self.traces[r.index].put(step.gen - kn, v, c)
                 st = r.stats  # the positions before were not the draft model's: it learns
                 if st.k_schedule and (st.k_schedule[-1] == 0 or st.proposer_schedule[-1]):
-                    extras[b].unproposed = tuple(x if batch.greedy else x / 254
-                                                 for x in v if x != UNOBSERVED)
+                    step.unproposed = tuple(x if batch.greedy else x / 254
+                                            for x in v if x != UNOBSERVED)
         block_conf = [()] * B
         if ran and batch.record_conf:
             block_conf = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
         if not ran:
             self.p_bonus = self.bonus = None  # the next catch-up does not start at a bonus
-            return extras
+            return
         for b, (r, step) in enumerate(zip(batch.rows, steps)):
             if step.proposer == self.name:  # past the first rejection: off the target's prefix
                 on_prefix = min(step.accepted + 1, step.proposed)
@@ -222,16 +241,17 @@ class DraftModel:
         # keep the proposals it took in (all but its last) that its own rows accepted
         mine = it.rows_of(self.name)
         keep = [min(s.accepted, k - 1) if s.proposer == self.name else 0 for s in steps]
-        keep_dev = (torch.minimum(it.accepted, torch.full_like(it.accepted, k - 1))
-                    if mine is None else
-                    torch.where(mine, it.accepted.clamp(max=k - 1), 0))
-        self.slots.reject([k - 1 - x for x in keep], (k - 1) - keep_dev)
+
+        def keep_dev():
+            kept = it.accepted.clamp(max=k - 1)
+            return (k - 1) - (kept if mine is None else torch.where(mine, kept, 0))
+
+        self.slots.reject([k - 1 - x for x in keep], keep_dev)
         self.p_bonus = self.bonus = None
         if not batch.greedy and any(s.proposer == self.name and s.accepted == k for s in steps):
             whole = it.accepted == k
             self.bonus = whole if mine is None else whole & mine
             self.p_bonus = it.p[:, k]
-        return extras
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:
         if self.p_bonus is not None:

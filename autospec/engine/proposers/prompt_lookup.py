@@ -21,7 +21,7 @@ import torch
 
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 
-from . import Block, RowExtras
+from . import Block
 
 __all__ = ["PromptLookup"]
 
@@ -70,17 +70,14 @@ class PromptLookup:
     def read(self, values: list[int]) -> None:
         pass
 
-    def accept(self, it, steps) -> list[RowExtras]:
+    def accept(self, it, steps) -> None:
         """Each row's index learns what was emitted; rows it did not draft get its shadow."""
         self._build()  # a device prompt: the index starts once the first sync brought it
-        extras = []
         for b, (idx, step) in enumerate(zip(self.indices, steps)):
-            shadow = None
             if step.proposer != self.name and self._matches and self._matches[b]:
-                shadow = agreement(idx.propose(len(step.new))[0], step.new[: step.emitted])
+                step.shadow = agreement(idx.propose(len(step.new))[0],
+                                        step.new[: step.emitted])
             idx.extend(step.new[: step.emitted])
-            extras.append(RowExtras(shadow=shadow))
-        return extras
 
     def _build(self) -> None:
         if self.indices is None and self.batch.rows[0].tokens is not None:
