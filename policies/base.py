@@ -165,7 +165,7 @@ class CallablePolicy:
     name: str = "callable"
 
     def choose(self, context: Context) -> int:
-        return int(self.fn(context))
+        return self.fn(context)  # checked where it is used (``engine.decide.check_choice``)
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
         return None

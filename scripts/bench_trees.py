@@ -133,9 +133,23 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--report", metavar="JSON", help="print the table of a saved (even partial) run")
     args = ap.parse_args()
     if args.worker:
         return worker(args.threads)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        rows, run = saved["rows"], argparse.Namespace(**saved["args"])
+        labels = list(dict.fromkeys(x["label"] for x in rows))
+        sizes = sorted({x["batch"] for x in rows})
+        modes = list(dict.fromkeys(["plain", *run.modes.split(",")]))
+        done = {(x["rep"], x["request"], x["batch"], x["mode"]) for x in rows}
+        # an interrupted run: only the repeats and requests every mode reached in both checkouts
+        rows = [x for x in rows if all((x["rep"], x["request"], x["batch"], m) in done
+                                       for m in modes)
+                and sum(y["rep"] == x["rep"] and y["request"] == x["request"]
+                        and y["batch"] == x["batch"] for y in rows) == 2 * len(modes)]
+        return report(rows, labels, sizes, modes, run)
     if not args.compare:
         ap.error("--compare LABEL=PYTHON LABEL=PYTHON")
     here = Path(__file__).resolve().parent.parent / "autospec" / "prompts"
@@ -165,14 +179,14 @@ def main() -> None:
                     rows.append({"label": w.label, "rep": rep, "request": r, "batch": b,
                                  "mode": mode, **res})
                 done += 1
+                if args.json:  # after every unit, so that an interrupted run keeps what it measured
+                    Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}))
                 left = (time.perf_counter() - t_start) / done * (total - done)
                 print(f"\r{done}/{total} ({left / 60:.0f} min left)", end="", file=sys.stderr)
     print(file=sys.stderr)
     for w in workers:
         w.close()
     report(rows, labels, sizes, modes, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}))
 
 
 def report(rows, labels, sizes, modes, args) -> None:
