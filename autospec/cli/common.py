@@ -77,25 +77,24 @@ def fraction(text: str) -> float:
     return value
 
 
-def k_value(text: str) -> int:
+def integer_in(text: str, lo: int, hi: int, note: str = "") -> int:
+    """An integer in lo..hi, or an argparse error saying so (``note`` follows the range)."""
     try:
-        k = int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= k <= K_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be in 0..{K_LIMIT} (0 = plain decoding)")
-    return k
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}{note}, got {value}")
+    return value
+
+
+def k_value(text: str) -> int:
+    return integer_in(text, 0, K_LIMIT, " (0 = plain decoding)")
 
 
 def k_max_value(text: str) -> int:
     """The largest k a command may use: an integer in 1..K_LIMIT."""
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= k <= K_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be in 1..{K_LIMIT}, got {k}")
-    return k
+    return integer_in(text, 1, K_LIMIT)
 
 
 def seconds(text: str) -> float:

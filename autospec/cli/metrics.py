@@ -10,13 +10,9 @@ import time
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535 (0: a free port), got {value}")
-    return value
+    from autospec.cli.common import integer_in
+
+    return integer_in(text, 0, 65535, " (0: a free port)")
 
 
 def _step(text: str) -> float:
