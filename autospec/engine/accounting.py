@@ -60,10 +60,6 @@ class StepTimes:
     catch_up: tuple[int, float] | None = None  # the draft's catch-up: (tokens, seconds)
     lookup_s: float = 0.0  # host time of the lookups
 
-    @property
-    def draft_per_token(self) -> float | None:
-        return self.draft_s / self.draft_tokens if self.draft_tokens else None
-
 
 def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, *,
             lives: Sequence, requests: Sequence, stats: Sequence[LoopStats] | None = None,
@@ -73,9 +69,13 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     entries are skipped); ``stats``: each row's ``LoopStats`` (None: not kept). Returns the
     ``Outcome`` the policy was given."""
     B = len(rows)
-    who = {r.proposer for r in rows}
-    drafted, looked_up = "draft" in who, "ngram" in who
-    per_token = times.draft_per_token
+    drafted = looked_up = False
+    for r in rows:
+        if r.proposer == "draft":
+            drafted = True
+        elif r.proposer == "ngram":
+            looked_up = True
+    per_token = times.draft_s / times.draft_tokens if times.draft_tokens else None
     if width == 0:
         proposing_s = 0.0
     elif drafted:
@@ -90,9 +90,8 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     if times.catch_up is not None:
         for live in {id(x): x for x in (*lives, *requests) if x is not None}.values():
             live.observe_catch_up(*times.catch_up)
-    for b, row in enumerate(rows):
-        live, request = lives[b], requests[b]
-        if live is not None:
+    for row, live, request in zip(rows, lives, requests):
+        if live is not None and row.unproposed:
             live.observe_unproposed(row.unproposed)
         for x in (live, request):
             if x is None:
@@ -108,13 +107,15 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
                 x.observe_ngram_shadow(row.match, row.shadow, row.emitted)
     if costs is not None and not times.prefill:
         costs.observe(B, width + 1, times.target_s, per_token)
-    accepted = tuple(r.accepted for r in rows)
-    unproposed = rows[0].unproposed if B == 1 else tuple(v for r in rows for v in r.unproposed)
+    if B == 1:
+        accepted, per_row, unproposed = rows[0].accepted, (), rows[0].unproposed
+    else:
+        per_row = tuple(r.accepted for r in rows)
+        accepted, unproposed = sum(per_row) // B, tuple(v for r in rows for v in r.unproposed)
     outcome = Outcome(
-        drafted=width, accepted=sum(accepted) // B, draft_time_s=proposing_s,
+        drafted=width, accepted=accepted, draft_time_s=proposing_s,
         target_time_s=NAN if times.prefill else times.target_s, unproposed=unproposed,
-        accepted_rows=accepted if B > 1 else (), batch_size=B,
-        proposer="ngram" if looked_up else "draft")
+        accepted_rows=per_row, batch_size=B, proposer="ngram" if looked_up else "draft")
     policy.update(ctx, width, outcome)
     return outcome
 

@@ -103,6 +103,9 @@ class Batch:
         self.eos_set = set(eos_token_ids)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
+        # greedy with no repetition penalty and no EOS ban: processing is only the cast
+        self.plain_scores = (self.greedy and not sampling.uses_presence
+                             and not (min_new_tokens and self.eos is not None))
         self.clock = Clock(device)
         self.iteration = 0
         self.call_batch = B
@@ -121,6 +124,7 @@ class Batch:
                 want_scores=output_scores, want_logits=output_logits)
             for b in range(B)]
         self.rows = list(self.all_rows)  # the rows still running, in batch order
+        self._running()
         cap = max(lens) + max_new_tokens + k_max + 2
         self.tokens = torch.zeros(B, cap, dtype=torch.long, device=device)
         for b, p in enumerate(prompts):
@@ -140,7 +144,8 @@ class Batch:
         self.graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
         self.static = bool(static_cache) and B == 1  # static caches serve batch 1
         self.peak_kv = 0
-        self.proposers: dict = {}
+        self.proposers: dict = {}  # name → proposer (``engine.generate`` opens them)
+        self.proposer_names: tuple[str, ...] = ()
         self.known = lens  # each running row's tokens as the iteration starts (``refresh``)
         self.target_slots = self.open_slots(target, max(lens) + max_new_tokens + 1)
 
@@ -178,6 +183,12 @@ class Batch:
             at += r.L
         self.pending = None
 
+    def _running(self) -> None:
+        """What accounting reads of the running rows, kept as they change (rows leave)."""
+        self.lives = [r.live for r in self.rows]
+        self.requests = [r.request for r in self.rows]
+        self.row_stats = [r.stats for r in self.rows]
+
     # -- per iteration -----------------------------------------------------------------------
     def refresh(self) -> None:
         """Each running row's token count, as the iteration starts (``known``)."""
@@ -191,10 +202,13 @@ class Batch:
         row b's position j comes after gen_b + offset + j generated tokens (EOS is banned
         before min_new_tokens) and, for the repetition penalty, has seen ``seen`` [B, V] plus
         ``block``'s tokens before it."""
-        raw = fit_vocab(raw, self.vocab)
+        if raw.shape[-1] != self.vocab:
+            raw = fit_vocab(raw, self.vocab)
+        if self.plain_scores:  # greedy, nothing to ban or penalise: the scores are the logits
+            return raw.float()
         npos = raw.shape[1]
         banned = None
-        if self.eos is not None and min(self.gens()) + offset < self.min_new:
+        if self.min_new and self.eos is not None and min(self.gens()) + offset < self.min_new:
             g = (self.n_dev - self.L_dev)[:, None] + offset + torch.arange(npos,
                                                                             device=self.device)
             banned = torch.zeros(raw.shape[0], npos, self.vocab, dtype=torch.bool,
@@ -244,6 +258,7 @@ class Batch:
         if len(keep) == len(self.rows):
             return self.rows
         self.rows = [self.rows[b] for b in keep]
+        self._running()
         if not keep:
             return self.rows
         index = torch.tensor(keep, device=self.device)  # once per row that leaves

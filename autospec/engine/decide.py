@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from autospec.policies.base import Choice, Context, proposer_of
 
 __all__ = ["RowView", "Decision", "make_context", "decide", "check_choice"]
 
 
-@dataclass(frozen=True)
-class RowView:
-    """One running row, as the policy may see it."""
+class RowView(NamedTuple):
+    """One running row, as the policy may see it (a tuple: built every iteration)."""
 
     category: str
     live: Any  # the category's LiveStats (None: no statistics)
@@ -43,14 +41,14 @@ class RowView:
     forecast: float | None = None  # the categoriser's acceptance forecast for the request
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """The policy's k and proposer after the clamps, and per row who proposes how much."""
 
     k: int
     proposer: str  # as chosen: "draft", "ngram" or "hybrid"
     rows: tuple[str | None, ...]  # per row: "draft", "ngram" or None (plain)
     lengths: tuple[int, ...]  # per row: its block's length (0: plain)
+    served: dict[str, list[int]]  # proposer → the rows it serves (empty: a plain step)
 
     @property
     def draft_runs(self) -> bool:
@@ -60,9 +58,6 @@ class Decision:
     def width(self) -> int:
         """Tokens per row the target scores beyond the one it always scores."""
         return max(self.lengths, default=0)
-
-    def served_by(self, proposer: str) -> list[int]:
-        return [b for b, p in enumerate(self.rows) if p == proposer]
 
 
 def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, ...],
@@ -134,17 +129,16 @@ def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
     matches = (lookups or {}).get("ngram") or (0,) * len(left)
     rows: list[str | None] = []
     lengths: list[int] = []
-    for row_left, match in zip(left, matches):
+    served: dict[str, list[int]] = {}
+    for b, (row_left, match) in enumerate(zip(left, matches)):
         lookup = (k > 0 and proposer != "draft" and match > 0
                   and (proposer != "hybrid" or match >= min_match))
         size = min(k, row_left - 1)  # a row never proposes past what it can keep
-        if size > 0 and lookup:
-            rows.append("ngram")
-            lengths.append(size)
-        elif size > 0 and proposer != "ngram" and has_draft:
-            rows.append("draft")
-            lengths.append(size)
-        else:
-            rows.append(None)
-            lengths.append(0)
-    return Decision(k=k, proposer=proposer, rows=tuple(rows), lengths=tuple(lengths))
+        who = ("ngram" if lookup else "draft" if proposer != "ngram" and has_draft
+               else None) if size > 0 else None
+        rows.append(who)
+        lengths.append(size if who else 0)
+        if who:
+            served.setdefault(who, []).append(b)
+    return Decision(k=k, proposer=proposer, rows=tuple(rows), lengths=tuple(lengths),
+                    served=served)

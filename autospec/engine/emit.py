@@ -52,19 +52,19 @@ def emit(row, new: list[int], hits: list[bool], eos: set[int], has_eos: bool) ->
     """Take ``new`` into the row up to where it stops; returns how many tokens were emitted.
     Sets ``row.finished`` and ``row.stats.stop_reason``; ``row.stop_at`` where a criterion
     hit without an EOS id (the row runs on until ``settle``)."""
-    emitted = 0
+    emitted, gen = 0, row.n - row.L
     for j, tok in enumerate(new):
         emitted += 1
         if tok in eos:
             row.finished, row.stats.stop_reason = True, "eos"
             break
-        if j < len(hits) and hits[j] and row.stop_at is None:
+        if hits and j < len(hits) and hits[j] and row.stop_at is None:
             row.stats.stop_reason = "stopping_criteria"
             if has_eos:
                 row.finished = True
                 break
-            row.stop_at = row.gen + emitted
-        if row.gen + emitted >= row.limit:
+            row.stop_at = gen + emitted
+        if gen + emitted >= row.limit:
             row.finished = True
             row.stats.stop_reason = row.stats.stop_reason or "max_new_tokens"
             break

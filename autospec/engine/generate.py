@@ -51,6 +51,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         if draft is not None:
             batch.proposers["draft"] = PROPOSERS["draft"](batch)
         batch.proposers["ngram"] = PROPOSERS["ngram"](batch)
+        batch.proposer_names = tuple(batch.proposers)
         with torch.inference_mode():
             while batch.rows:
                 step(batch)

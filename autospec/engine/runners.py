@@ -86,7 +86,7 @@ class Forward:
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
         logits = self.model(input_ids=ids, **kwargs).logits
-        return logits[:, -keep:]  # [B, keep, V]
+        return logits if self.has_keep else logits[:, -keep:]  # [B, keep, V]
 
 
 @functools.lru_cache(maxsize=64)

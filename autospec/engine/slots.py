@@ -107,7 +107,8 @@ class SlotCache:
             self.lens[0] = end + e
             self.slots += end - start + e
             self.ends[0] = self.slots
-            self.peak = max(self.peak, self.slots)
+            if self.slots > self.peak:
+                self.peak = self.slots
             return self.runner.run(ids if self.map_ids is None else self.map_ids(ids), keep)
         width = max(n + offset - c for n, c in zip(known, self.lens))
         upto = known_dev + offset if offset else known_dev
@@ -178,6 +179,13 @@ class SlotCache:
         """Row b's last ``drop[b]`` slots appended since ``mark`` were rejected: the tail
         every row rejected is cropped, the rest masked (``drop_dev()``: the same on the
         device, asked for only where rows can have holes)."""
+        if self.lens_dev is None:  # one contiguous row: a crop
+            if drop[0]:
+                self.slots -= drop[0]
+                self.runner.crop(self.slots)
+                self.lens[0] -= drop[0]
+                self.ends[0] = self.slots
+            return
         common = min(drop)
         if self.lens_dev is not None:
             drop_dev = drop_dev()

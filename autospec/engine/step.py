@@ -47,6 +47,7 @@ class Iteration:
     lookup_s: float = 0.0  # host time of lookups
     overlay: torch.Tensor | None = None  # [B] rows a lookup proposer served (bool)
     block: Block | None = None  # the combined block
+    k: int = 0  # its width: the tokens per row the target scores beyond the one it always does
     lengths: list[int] = field(default_factory=list)  # each row's block length (host)
     raw: torch.Tensor | None = None  # the target's logits [B, k+1, V]
     scores: torch.Tensor | None = None  # processed [B, k+1, V]
@@ -56,13 +57,7 @@ class Iteration:
     trace_dev: torch.Tensor | None = None  # [B, k] the block's acceptance-trace values
     timing: tuple = ()  # the target forward's clock marks and cached tokens
     trace: list[list[int]] = field(default_factory=list)  # per row: the trace values (host)
-
-    @property
-    def k(self) -> int:
-        return self.block.tokens.shape[1]
-
-    def ran(self, proposer: str) -> bool:
-        return proposer in self.decision.rows
+    ended: bool = False  # a row finished
 
     def rows_of(self, proposer: str) -> torch.Tensor | None:
         """[B] bool: the rows ``proposer`` served, where a lookup overlaid others; None: it
@@ -73,6 +68,7 @@ class Iteration:
 def step(batch) -> None:
     it = _decide(batch)  # 1.
     it.block, it.lengths = _propose(batch, it)  # 2.
+    it.k = it.block.tokens.shape[1]
     _verify(batch, it)  # 3.
     steps, times = _sync(batch, it)  # 4.
     batch.write(it.block.tokens, it.accepted, it.nxt, [s.accepted for s in steps])  # 5.
@@ -85,19 +81,17 @@ def _decide(batch) -> Iteration:
     """The policy's choice for this iteration, resolved per row."""
     batch.refresh()
     rows = batch.rows
-    B = len(rows)
-    evidence = {name: p.evidence() for name, p in batch.proposers.items()}
-    matches = evidence.get("ngram", {}).get("match", [0] * B)
-    gaps = evidence.get("draft", {}).get("gap", [0] * B)
-    views = [RowView(category=r.category, live=r.live, request=r.request, generated=r.gen,
-                     left=r.limit - r.gen, match=m, gap=g, forecast=r.forecast)
-             for r, m, g in zip(rows, matches, gaps)]
-    has_draft = "draft" in batch.proposers
-    ctx = make_context(views, k_max=batch.k_max, proposers=tuple(batch.proposers),
-                       has_draft=has_draft, costs=batch.costs)
-    decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=has_draft,
+    proposers = batch.proposers
+    lookup, draft = proposers.get("ngram"), proposers.get("draft")
+    matches = lookup.matches() if lookup is not None else [0] * len(rows)
+    gaps = draft.gaps() if draft is not None else [0] * len(rows)
+    views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
+                     r.forecast) for r, m, g in zip(rows, matches, gaps)]
+    ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names,
+                       has_draft=draft is not None, costs=batch.costs)
+    decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=draft is not None,
                       target_context=batch.target_context, draft_context=batch.draft_context,
-                      lookups={"ngram": matches} if "ngram" in batch.proposers else None)
+                      lookups=None if lookup is None else {"ngram": matches})
     return Iteration(ctx, decision, matches)
 
 
@@ -147,31 +141,37 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
         size = batch.pending.numel()
         batch.receive_prompts(vals[len(vals) - size :])
         del vals[len(vals) - size :]
-    accepted, nxt = vals[:B], vals[B : 2 * B]
-    props = [vals[2 * B + b * k : 2 * B + (b + 1) * k] for b in range(B)]
-    off = 2 * B + B * k
-    it.trace = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
-    off += B * k
+    off = 2 * B + 2 * B * k
     for p_, theirs in asked:
         if theirs:
             size = sum(t.numel() for t in theirs)
             p_.read(vals[off : off + size])
             off += size
     lookup = "ngram" in batch.proposers
-    steps = [RowStep(proposer=it.decision.rows[b] if it.lengths[b] else None,
-                     proposed=it.lengths[b], accepted=accepted[b], lookup=lookup,
-                     match=it.matches[b], gen=r.gen, new=props[b][: accepted[b]] + [nxt[b]])
-             for b, r in enumerate(batch.rows)]
+    who, lengths, matches = it.decision.rows, it.lengths, it.matches
+    steps, it.trace = [], []
+    props, trace = 2 * B, 2 * B + B * k
+    for b, r in enumerate(batch.rows):
+        a = vals[b]
+        it.trace.append(vals[trace : trace + k])
+        steps.append(RowStep(proposer=who[b] if lengths[b] else None, proposed=lengths[b],
+                             accepted=a, lookup=lookup, match=matches[b], gen=r.gen,
+                             new=vals[props : props + a] + [vals[B + b]]))
+        props += k
+        trace += k
     return steps, _times(batch, it)
 
 
 def _emit(batch, it: Iteration, steps: list[RowStep]) -> None:
     """Each row takes its tokens, stopping where generate would."""
-    rows = batch.rows
-    hits = criteria_hits(batch.criteria, rows, [s.new for s in steps], batch.eos_set,
-                         batch.tokens, it.scores)
+    rows, eos = batch.rows, batch.eos_set
+    hits = (None if batch.criteria is None else
+            criteria_hits(batch.criteria, rows, [s.new for s in steps], eos, batch.tokens,
+                          it.scores))
     for b, (r, s) in enumerate(zip(rows, steps)):
-        s.emitted = emit(r, s.new, hits[b], batch.eos_set, bool(batch.eos_set))
+        s.emitted = emit(r, s.new, hits[b] if hits else (), eos, bool(eos))
+        if r.finished:
+            it.ended = True
         if r.scores is not None:
             r.scores.extend(it.scores[b, j].clone() for j in range(s.emitted))
         if r.logits is not None:
@@ -186,9 +186,8 @@ def _account(batch, it: Iteration, steps: list[RowStep], times: StepTimes) -> No
     rows = batch.rows
     for proposer in batch.proposers.values():
         proposer.accept(it, steps)
-    account(batch.policy, it.ctx, it.k, steps, times, lives=[r.live for r in rows],
-            requests=[r.request for r in rows], stats=[r.stats for r in rows],
-            costs=batch.costs)
+    account(batch.policy, it.ctx, it.k, steps, times, lives=batch.lives,
+            requests=batch.requests, stats=batch.row_stats, costs=batch.costs)
     batch.iteration += 1
 
 
@@ -198,7 +197,10 @@ def _keep(batch, it: Iteration, steps: list[RowStep]) -> None:
     batch.target_slots.reject([k - s.accepted for s in steps], lambda: k - it.accepted)
     if batch.criteria is not None and not batch.eos_set:
         settle(batch.all_rows, batch.rows, batch.limit_dev)
-    if batch.leave():
+        it.ended = True  # settling may finish rows
+    if it.ended:
+        batch.leave()
+    if batch.counts is not None and batch.rows:  # one row's caches are cropped, never holed
         for cache in batch.slot_caches():
             cache.compact()
 
@@ -209,13 +211,18 @@ def _propose(batch, it: Iteration) -> tuple[Block, list[int]]:
     d = it.decision
     B, dev = len(d.rows), batch.device
     blocks = []
-    for name, proposer in batch.proposers.items():
-        rows = d.served_by(name)
-        if rows:
-            blocks.append(proposer.propose(it, rows, list(d.lengths)))
+    for name, rows in d.served.items():
+        blocks.append(batch.proposers[name].propose(it, rows, list(d.lengths)))
     if not blocks:  # a plain step
         empty = torch.empty(B, 0, dtype=torch.long, device=dev)
         return Block(tokens=empty, q=None, lengths=None), [0] * B
+    if len(blocks) == 1:  # one proposer served every row it was given
+        block = blocks[0]
+        width = block.tokens.shape[1]
+        lengths = block.host_lengths or [width] * B
+        if block.lengths is not None and lengths.count(width) == B:
+            block.lengths = None
+        return block, lengths
     blocks.sort(key=lambda b_: not b_.covers_all)  # a model's block first, lookups on top
     base = blocks[0]
     lengths = list(base.host_lengths or [base.tokens.shape[1]] * B)
@@ -268,7 +275,8 @@ def _times(batch, it: Iteration) -> StepTimes:
         elif what == "draft" and count:
             draft_s, draft_tokens = sec, count
     target_s = clock.seconds(t0, t1)
-    clock.recycle(t0, t1, *(m for mark in it.marks for m in mark[2:4]))
+    if clock.cuda:
+        clock.recycle(t0, t1, *(m for mark in it.marks for m in mark[2:4]))
     return StepTimes(batch=len(batch.rows), call_batch=batch.call_batch, target_s=target_s,
                      target_cached=cached, prefill=batch.iteration == 0, draft_s=draft_s,
                      draft_tokens=draft_tokens, catch_up=catch_up, lookup_s=it.lookup_s)

@@ -3,8 +3,9 @@
 Call order, per call of the engine: the proposer is made by its ``open`` factory for the call's
 rows (``PROPOSERS[name](batch)``); then, every iteration,
 
-1. ``lookups()`` — a lookup proposer's evidence per row (its match lengths), which the policy
-   and ``decide`` read; None for a proposer that always has a block (a model);
+1. what the policy and ``decide`` read of it: a lookup proposer's ``matches()`` (each row's
+   match length now), a model proposer's ``gaps()`` (tokens each row's cache has not taken
+   in: its next block starts by catching up on them);
 2. ``propose(it, rows, lengths)`` — only when ``decide`` assigned it rows: a ``Block`` for
    every row of the batch (rows it does not serve get length 0), drawn on the device;
 3. ``sync_parts()`` / ``read(values)`` — device values it wants back ride on the
@@ -45,7 +46,9 @@ class Block:
 class Proposer(Protocol):
     name: str
 
-    def lookups(self) -> list[int] | None: ...
+    def matches(self) -> list[int]: ...  # a lookup proposer
+
+    def gaps(self) -> list[int]: ...  # a model proposer
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block: ...
 

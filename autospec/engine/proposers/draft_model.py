@@ -82,9 +82,9 @@ class DraftModel:
         self._values: list[int] = []
         self._k = 0
 
-    def evidence(self) -> dict[str, list[int]]:
+    def gaps(self) -> list[int]:
         """Tokens each row's draft cache has not taken in (the policy prices catching up)."""
-        return {"gap": [r.n - c for r, c in zip(self.batch.rows, self.slots.lens)]}
+        return [r.n - c for r, c in zip(self.batch.rows, self.slots.lens)]
 
     # -- proposing ---------------------------------------------------------------------------
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
@@ -103,11 +103,11 @@ class DraftModel:
             self._parts.append(quantize_beta(torch.stack(conf, dim=1)).reshape(-1))
         # each row's block: no longer than it can keep (``decide``), nor than early stopping
         # let it draft
-        host = [min(s_, k, r.limit - r.gen - 1) for s_, r in zip(stop_at, batch.rows)]
+        host = [min(s_, k, r.limit - r.n + r.L - 1) for s_, r in zip(stop_at, batch.rows)]
         lengths_dev = None
-        if any(n < k for n in host):
+        if min(host) < k:
             lengths_dev = batch.room(k)
-            if any(s_ < k for s_ in stop_at):  # early stopping reads to the host anyway
+            if min(stop_at) < k:  # early stopping reads to the host anyway
                 lengths_dev = torch.minimum(lengths_dev,
                                             torch.tensor(stop_at, device=batch.device))
         return Block(tokens=torch.stack(toks, dim=1), q=q, lengths=lengths_dev,
@@ -121,11 +121,12 @@ class DraftModel:
         lens = self.slots.lens
         # catch-up rows whose predictions are generated tokens already known: trace material
         # (with a repetition penalty their processing would need past seen-sets: skipped)
-        self._known = [0 if batch.sampling.uses_presence else
-                       min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
-                       for r, c in zip(batch.rows, lens)]
-        width = max(r.n - c for r, c in zip(batch.rows, lens))
-        known = max(self._known)
+        self._known, width, known = [], 0, 0
+        presence = batch.sampling.uses_presence
+        for r, c in zip(batch.rows, lens):
+            kn = 0 if presence else min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
+            self._known.append(kn)
+            known, width = max(known, kn), max(width, r.n - c)
         start = clock.mark()
         raw = self.slots.feed(batch.tokens, batch.known, batch.counts, None, known + 1)
         if known:
@@ -172,7 +173,9 @@ class DraftModel:
                 if all(s_ <= i + 1 for s_ in stop_at):
                     break
         q = torch.stack(q_list, dim=1) if q_list else None
-        return toks, q, conf, [min(s_, len(toks)) for s_ in stop_at]
+        if len(toks) < k:  # every row stopped early
+            stop_at = [min(s_, len(toks)) for s_ in stop_at]
+        return toks, q, conf, stop_at
 
     def _catch_up_trace(self, raw: torch.Tensor, it) -> None:
         """Trace values (and confidences) of the generated positions the catch-up predicted:
@@ -206,7 +209,7 @@ class DraftModel:
         """Traces, what the catch-up saw, and the cache rolled back to what was accepted."""
         batch, k, vals = self.batch, self._k, self._values
         B = len(batch.rows)
-        ran = it.ran(self.name)
+        ran = self.name in it.decision.served
         off = 0
         known = max(self._known, default=0) if ran else 0
         if known:
@@ -238,15 +241,15 @@ class DraftModel:
                 on_prefix = min(step.accepted + 1, step.proposed)
                 self.traces[r.index].put(step.gen, it.trace[b][:on_prefix],
                                          block_conf[b][:on_prefix])
-        # keep the proposals it took in (all but its last) that its own rows accepted
         mine = it.rows_of(self.name)
-        keep = [min(s.accepted, k - 1) if s.proposer == self.name else 0 for s in steps]
 
-        def keep_dev():
+        def drop_dev():
             kept = it.accepted.clamp(max=k - 1)
             return (k - 1) - (kept if mine is None else torch.where(mine, kept, 0))
 
-        self.slots.reject([k - 1 - x for x in keep], keep_dev)
+        # it keeps the proposals it took in (all but its last) that its own rows accepted
+        self.slots.reject([k - 1 - min(s.accepted, k - 1) if s.proposer == self.name else k - 1
+                           for s in steps], drop_dev)
         self.p_bonus = self.bonus = None
         if not batch.greedy and any(s.proposer == self.name and s.accepted == k for s in steps):
             whole = it.accepted == k

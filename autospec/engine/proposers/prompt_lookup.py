@@ -40,12 +40,13 @@ class PromptLookup:
         self.stage, self._host = stage, stage.numpy()  # numpy: writes with no torch op
         self._matches: list[int] = []
 
-    def evidence(self) -> dict[str, list[int]]:
+    def matches(self) -> list[int]:
         """Each row's match length now (0: none, or no index yet)."""
-        self._build()
+        if self.indices is None:
+            self._build()
         self._matches = ([idx.match()[0] for idx in self.indices] if self.indices is not None
                          else [0] * len(self.batch.rows))
-        return {"match": self._matches}
+        return self._matches
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
         B, k = len(self.indices), max(lengths[b] for b in rows)
@@ -72,7 +73,8 @@ class PromptLookup:
 
     def accept(self, it, steps) -> None:
         """Each row's index learns what was emitted; rows it did not draft get its shadow."""
-        self._build()  # a device prompt: the index starts once the first sync brought it
+        if self.indices is None:
+            self._build()  # a device prompt: the index starts once the first sync brought it
         for b, (idx, step) in enumerate(zip(self.indices, steps)):
             if step.proposer != self.name and self._matches and self._matches[b]:
                 step.shadow = agreement(idx.propose(len(step.new))[0],
