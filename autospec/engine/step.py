@@ -183,7 +183,6 @@ def _emit(batch, it: Iteration, steps: list[RowStep]) -> None:
 def _account(batch, it: Iteration, steps: list[RowStep], times: StepTimes) -> None:
     """Proposers learn what was emitted (and add to the rows' accounting); then the shared
     accounting."""
-    rows = batch.rows
     for proposer in batch.proposers.values():
         proposer.accept(it, steps)
     account(batch.policy, it.ctx, it.k, steps, times, lives=batch.lives,
