@@ -40,7 +40,7 @@ class Controller:
                  draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
                  categorize=None, log_features: bool = True, static_cache: bool = False,
-                 cuda_graphs="auto", metrics=False, ngram=None):
+                 cuda_graphs="auto", metrics=False, ngram=None, suffix=None):
         from autospec.engine.checks import check_pair
         from autospec.engine.runners import path_name, resolve_graphs
 
@@ -54,6 +54,12 @@ class Controller:
         self.layouts = [attention_layout(model)] + (
             [] if draft is None else [attention_layout(draft, "draft")])
         self.ngram = _ngram_factory(ngram)
+        # suffix decoding's memory of earlier outputs, per category (this process only)
+        self.suffix_memory = None
+        if suffix:
+            from autospec.suffix import SuffixMemory, SuffixSettings
+
+            self.suffix_memory = SuffixMemory(SuffixSettings.of(suffix))
         # forwards: transformers' DynamicCache (default), or a static KV cache replayed from
         # CUDA graphs where there is a GPU (autospec.engine.runners); checked here, used per request
         if cuda_graphs is True and not static_cache:
@@ -68,6 +74,10 @@ class Controller:
         # a category named here counts as given; None: the categoriser's, else "default"
         self.category = None if category is None else _check_category(category)
         self.policy: Policy = as_policy(policy)
+        if suffix is None and getattr(self.policy, "proposer", None) == "suffix":
+            from autospec.suffix import SuffixMemory
+
+            self.suffix_memory = SuffixMemory()  # "suffix:K" asks for it
         self._owns_policy = isinstance(policy, str)
         self._local = threading.local()  # last_stats is per thread: concurrent calls don't mix
         self.fallbacks: dict[str, int] = {}  # reason → how many requests took it
@@ -203,12 +213,22 @@ class Controller:
         category = _check_categories(category, rows)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
                                                       *proposer_of(k))
+        if self.suffix_memory is None and getattr(policy, "proposer", None) == "suffix":
+            self._open_suffix()
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
         self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
         return self._speculate(plan, policy, category, generator, k, kwargs.get("streamer"))
+
+    def _open_suffix(self) -> None:
+        """The suffix proposer's memory with its default settings (a policy asked for it)."""
+        from autospec.suffix import SuffixMemory
+
+        with self._lock:
+            if self.suffix_memory is None:
+                self.suffix_memory = SuffixMemory()
 
     @property
     def last_row_stats(self) -> list[LoopStats] | None:
@@ -236,7 +256,7 @@ class Controller:
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
             record_confidence=self.writer is not None, ngram=self.ngram,
-            static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            suffix_memory=self.suffix_memory, static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
             keep_cache=plan.return_dict)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
@@ -602,7 +622,11 @@ def wrap(model, draft=None, **options) -> Controller:
     (True: count every request in Prometheus metrics named after vLLM's, served by
     ``autospec.fleet.metrics.start_http_server(port)``; an ``autospec.fleet.metrics.Metrics``; default
     False), ngram (the n-gram proposer's settings: ``dict(max_n=3, min_n=1)`` by default, or
-    a callable ``tokens -> index`` with ``extend``/``propose``, see ``autospec.ngram``).
+    a callable ``tokens -> index`` with ``extend``/``propose``, see ``autospec.ngram``),
+    suffix (the suffix proposer, ``autospec.suffix``: True for its defaults, a dict of
+    ``SuffixSettings`` fields, or settings; it remembers the outputs of this process's
+    earlier requests per category, never in the store; a ``"suffix:K"`` policy turns it on
+    with its defaults; default None: off).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")

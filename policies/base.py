@@ -96,10 +96,10 @@ class Outcome:
     # and ``drafted`` is the batch's k); times are the whole batch's
     accepted_rows: tuple[int, ...] = ()
     batch_size: int = 1
-    proposer: str = "draft"  # who drafted: "draft" (the draft model) or "ngram"
+    proposer: str = "draft"  # who drafted: "draft" (the draft model), "ngram" or "suffix"
 
 
-PROPOSERS = ("draft", "ngram", "hybrid")
+PROPOSERS = ("draft", "ngram", "hybrid", "suffix")
 
 
 class Choice(int):
@@ -111,8 +111,10 @@ class Choice(int):
     latest earlier occurrence of the context's last n tokens; no match → a plain step), or
     "hybrid" (n-gram where its match has at least ``min_match`` tokens, else the draft model;
     a match's length is how far the context agrees with the proposal's source, up to 14:
-    ``autospec.ngram.NgramIndex.match``).
-    Without a draft model every proposer is the n-gram one."""
+    ``autospec.ngram.NgramIndex.match``), or "suffix" (suffix decoding: the most frequent
+    continuation of the context's longest suffix in this request and the category's earlier
+    outputs, ``autospec.suffix``; no match → a plain step; needs ``wrap(..., suffix=...)``).
+    Without a draft model "draft" and "hybrid" are the n-gram proposer."""
 
     proposer: str
     min_match: int
@@ -172,7 +174,8 @@ class CallablePolicy:
 
 
 def as_policy(spec) -> Policy:
-    """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"hybrid:K[:M]"`` (n-gram
+    """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"suffix:K"`` (suffix
+    decoding), ``"hybrid:K[:M]"`` (n-gram
     where it matches ≥ M tokens, else the draft model), ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
     ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live),
     ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object.
@@ -196,17 +199,18 @@ def as_policy(spec) -> Policy:
         name = spec.strip().lower()
         if name == "off":
             return FixedK(0)
-        if name.startswith(("ngram:", "hybrid:")):
+        if name.startswith(("ngram:", "hybrid:", "suffix:")):
             kind, _, rest = name.partition(":")
             k_text, _, match_text = rest.partition(":")
             try:
-                if kind == "ngram" and match_text:
+                if kind != "hybrid" and match_text:
                     raise ValueError
                 k, min_match = int(k_text), int(match_text) if match_text else 2
             except ValueError:
                 raise ValueError(
-                    f"bad policy {spec!r}: expected 'ngram:K' or 'hybrid:K[:M]' (K draft "
-                    "tokens, M the shortest n-gram match used before the draft model)") from None
+                    f"bad policy {spec!r}: expected 'ngram:K', 'suffix:K' or 'hybrid:K[:M]' (K "
+                    "draft tokens, M the shortest n-gram match used before the draft "
+                    "model)") from None
             return _fixed(spec, k, kind, min_match)
         if name.startswith("fixed:"):
             try:
@@ -231,7 +235,7 @@ def as_policy(spec) -> Policy:
 
             return TablePolicy.parse(name)
         raise ValueError(
-            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'hybrid:K[:M]', "
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', 'hybrid:K[:M]', "
             "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'tuned', 'table:1-2:4,3-:0', a callable "
             "context -> k, or an object with choose()/update()"
         )

@@ -10,8 +10,9 @@ from .base import PROPOSERS, Choice, Context, Outcome, check_k
 @dataclass(frozen=True)
 class FixedK:
     """k (0 … ``K_LIMIT``; ValueError otherwise) from ``proposer`` every iteration: "draft" (the draft model; a plain int, as every
-    policy returned before proposers existed), "ngram" (prompt lookup) or "hybrid" (n-gram
-    where it matches at least ``min_match`` tokens, else the draft model)."""
+    policy returned before proposers existed), "ngram" (prompt lookup), "suffix" (suffix
+    decoding) or "hybrid" (n-gram where it matches at least ``min_match`` tokens, else the
+    draft model)."""
 
     k: int
     proposer: str = "draft"
@@ -32,7 +33,7 @@ class FixedK:
             return f"fixed:{self.k}"
         if self.proposer == "hybrid":
             return f"hybrid:{self.k}:{self.min_match}"
-        return f"ngram:{self.k}"
+        return f"{self.proposer}:{self.k}"
 
     def choose(self, context: Context) -> int:
         k = min(self.k, context.k_max)

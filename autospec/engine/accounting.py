@@ -69,12 +69,12 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     entries are skipped); ``stats``: each row's ``LoopStats`` (None: not kept). Returns the
     ``Outcome`` the policy was given."""
     B = len(rows)
-    drafted = looked_up = False
+    drafted, looked_up = False, None  # looked_up: the lookup proposer that served rows
     for r in rows:
         if r.proposer == "draft":
             drafted = True
-        elif r.proposer == "ngram":
-            looked_up = True
+        elif r.proposer is not None:
+            looked_up = r.proposer
     per_token = times.draft_s / times.draft_tokens if times.draft_tokens else None
     if width == 0:
         proposing_s = 0.0
@@ -115,7 +115,7 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     outcome = Outcome(
         drafted=width, accepted=accepted, draft_time_s=proposing_s,
         target_time_s=NAN if times.prefill else times.target_s, unproposed=unproposed,
-        accepted_rows=per_row, batch_size=B, proposer="ngram" if looked_up else "draft")
+        accepted_rows=per_row, batch_size=B, proposer=looked_up or "draft")
     policy.update(ctx, width, outcome)
     return outcome
 

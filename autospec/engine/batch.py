@@ -87,7 +87,8 @@ class Batch:
                  stopping_criteria=None, streamer=None, generator=None, k_max: int = 16,
                  target_context: int | None = None, draft_context: int | None = None,
                  output_scores: bool = False, output_logits: bool = False, row_prefix=None,
-                 record_confidence: bool = False, ngram=None, static_cache: bool = False,
+                 record_confidence: bool = False, ngram=None, suffix_memory=None,
+                 static_cache: bool = False,
                  cuda_graphs="auto"):
         self.t_start = time.perf_counter()
         B = len(prompts)
@@ -98,6 +99,7 @@ class Batch:
         self.max_new, self.min_new = max_new_tokens, min_new_tokens
         self.criteria, self.streamer, self.costs = stopping_criteria, streamer, costs
         self.k_max, self.record_conf, self.ngram_factory = k_max, record_confidence, ngram
+        self.suffix_memory = suffix_memory  # None: no suffix proposer in this call
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.eos_set = set(eos_token_ids)

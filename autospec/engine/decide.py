@@ -9,6 +9,7 @@ can keep, and assigns each row its proposer:
   whole batch);
 - "ngram": prompt lookup, for rows whose match is long enough ("ngram" needs any match,
   "hybrid" at least ``min_match`` tokens); a row proposes at most what it can still keep;
+- "suffix": suffix decoding (the category's earlier outputs too), for rows with a match;
 - a row nobody proposes for decodes plainly within the iteration (a block of 0).
 
 A row's block never runs past the tokens it may still generate.
@@ -25,7 +26,11 @@ from typing import Any, NamedTuple
 
 from autospec.policies.base import Choice, Context, proposer_of
 
-__all__ = ["RowView", "Decision", "make_context", "decide", "check_choice"]
+__all__ = ["RowView", "Decision", "make_context", "decide", "check_choice", "LOOKUPS"]
+
+# the proposers that look their blocks up in host memory, each with a match per row: prompt
+# lookup ("ngram") and suffix decoding ("suffix"); the draft model is the other kind
+LOOKUPS = ("ngram", "suffix")
 
 
 class RowView(NamedTuple):
@@ -112,21 +117,22 @@ def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
     """Ask ``policy`` for this iteration and resolve its answer per row.
 
     longest: the most tokens any row holds (prompt + generated), for the context limits;
-    lookups: per lookup proposer, each row's match length now (prompt lookup: "ngram")."""
+    lookups: per lookup proposer, each row's match length now ("ngram", "suffix")."""
     choice = policy.choose(ctx)
     k = check_choice(policy, choice, ctx.k_max)
     proposer, min_match = proposer_of(choice)
-    if not has_draft:
+    if not has_draft and proposer not in LOOKUPS:
         proposer = "ngram"
     # every iteration emits at least one token: never draft past what can be kept
     k = min(k, ctx.remaining - 1)
     if target_context is not None:
         k = min(k, target_context - longest)
-    if draft_context is not None and proposer != "ngram":
+    if draft_context is not None and proposer not in LOOKUPS:
         k = min(k, draft_context - longest + 1)
     k = max(k, 0)
     left = ctx.remaining_rows or (ctx.remaining,)
-    matches = (lookups or {}).get("ngram") or (0,) * len(left)
+    source = "suffix" if proposer == "suffix" else "ngram"  # the lookup it asks
+    matches = (lookups or {}).get(source) or (0,) * len(left)
     rows: list[str | None] = []
     lengths: list[int] = []
     served: dict[str, list[int]] = {}
@@ -134,7 +140,7 @@ def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
         lookup = (k > 0 and proposer != "draft" and match > 0
                   and (proposer != "hybrid" or match >= min_match))
         size = min(k, row_left - 1)  # a row never proposes past what it can keep
-        who = ("ngram" if lookup else "draft" if proposer != "ngram" and has_draft
+        who = (source if lookup else "draft" if proposer not in LOOKUPS and has_draft
                else None) if size > 0 else None
         rows.append(who)
         lengths.append(size if who else 0)

@@ -41,7 +41,8 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
     padded row), streamer (batch 1), generator, k_max, target_context, draft_context,
     output_scores, output_logits, row_prefix, record_confidence (the draft's top
     probability per token, for the store), ngram (prompt lookup's index factory,
-    ``tokens -> index``; default ``NgramIndex``), static_cache and cuda_graphs (batch 1:
+    ``tokens -> index``; default ``NgramIndex``), suffix_memory (``autospec.suffix.
+    SuffixMemory``: the suffix proposer, over the category's earlier outputs), static_cache and cuda_graphs (batch 1:
     a static KV cache reused across requests, its forwards replayed from CUDA graphs)."""
     B = len(prompts)
     batch = Batch(target, draft, prompts, sampling=sampling, policy=policy,
@@ -51,6 +52,8 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         if draft is not None:
             batch.proposers["draft"] = PROPOSERS["draft"](batch)
         batch.proposers["ngram"] = PROPOSERS["ngram"](batch)
+        if batch.suffix_memory is not None:
+            batch.proposers["suffix"] = PROPOSERS["suffix"](batch)
         batch.proposer_names = tuple(batch.proposers)
         with torch.inference_mode():
             while batch.rows:

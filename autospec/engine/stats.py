@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 __all__ = ["LoopStats", "ProposerCounts", "PROPOSER_CODES", "merge_stats", "bump"]
 
 # how ``LoopStats.proposer_schedule`` (and the store's byte of it) names who proposed an
-# iteration's block: 0 the draft model (or nobody, at k = 0), 1 prompt lookup
-PROPOSER_CODES = {"draft": 0, "ngram": 1}
+# iteration's block: 0 the draft model (or nobody, at k = 0), 1 prompt lookup, 2 suffix decoding
+PROPOSER_CODES = {"draft": 0, "ngram": 1, "suffix": 2}
 # the LoopStats fields each proposer's counts live in (the draft model's keep their
 # historical unprefixed names: ``drafted`` counts the draft model's proposals only):
 # blocks, tokens proposed, accepted, proposed per position, accepted per position
-_PREFIX = {"draft": "", "ngram": "ngram_"}
+_PREFIX = {"draft": "", "ngram": "ngram_", "suffix": "suffix_"}
 _FIELDS = {name: ("drafts" if not p else f"{p}drafts", f"{p}drafted", f"{p}accepted",
                   f"{p}drafted_per_position", f"{p}accepted_per_position")
            for name, p in _PREFIX.items()}
@@ -59,6 +59,12 @@ class LoopStats:
     ngram_accepted: int = 0
     ngram_accepted_per_position: list[int] = field(default_factory=list)
     ngram_drafted_per_position: list[int] = field(default_factory=list)
+    # suffix decoding's blocks (``autospec.suffix``), counted apart the same way
+    suffix_drafts: int = 0
+    suffix_drafted: int = 0
+    suffix_accepted: int = 0
+    suffix_accepted_per_position: list[int] = field(default_factory=list)
+    suffix_drafted_per_position: list[int] = field(default_factory=list)
     # per iteration: this row's block length, its accepted count, who proposed it
     # (``PROPOSER_CODES``)
     k_schedule: list[int] = field(default_factory=list)
@@ -96,7 +102,8 @@ class LoopStats:
 
     # -- per proposer, and totals ---------------------------------------------------------
     def proposer(self, name: str) -> ProposerCounts:
-        """One proposer's counts ("draft": the draft model, "ngram": prompt lookup)."""
+        """One proposer's counts ("draft": the draft model, "ngram": prompt lookup,
+        "suffix": suffix decoding)."""
         blocks, proposed, accepted, proposed_pp, accepted_pp = _FIELDS[name]
         return ProposerCounts(
             blocks=getattr(self, blocks), proposed=getattr(self, proposed),

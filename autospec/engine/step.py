@@ -82,8 +82,11 @@ def _decide(batch) -> Iteration:
     batch.refresh()
     rows = batch.rows
     proposers = batch.proposers
-    lookup, draft = proposers.get("ngram"), proposers.get("draft")
+    lookup, draft, suffix = proposers.get("ngram"), proposers.get("draft"), proposers.get("suffix")
     matches = lookup.matches() if lookup is not None else [0] * len(rows)
+    lookups = None if lookup is None else {"ngram": matches}
+    if suffix is not None:
+        lookups = {**(lookups or {}), "suffix": suffix.matches()}
     gaps = draft.gaps() if draft is not None else [0] * len(rows)
     views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
                      r.forecast) for r, m, g in zip(rows, matches, gaps)]
@@ -91,7 +94,7 @@ def _decide(batch) -> Iteration:
                        has_draft=draft is not None, costs=batch.costs)
     decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=draft is not None,
                       target_context=batch.target_context, draft_context=batch.draft_context,
-                      lookups=None if lookup is None else {"ngram": matches})
+                      lookups=lookups)
     return Iteration(ctx, decision, matches)
 
 

@@ -77,5 +77,11 @@ def _prompt_lookup(batch):
     return PromptLookup(batch)
 
 
+def _suffix(batch):
+    from .suffix import SuffixLookup
+
+    return SuffixLookup(batch)
+
+
 # name → factory(batch); the names are the ones policies choose by (``policies.Choice``)
-PROPOSERS = {"draft": _draft_model, "ngram": _prompt_lookup}
+PROPOSERS = {"draft": _draft_model, "ngram": _prompt_lookup, "suffix": _suffix}

@@ -1,0 +1,111 @@
+"""Suffix decoding as a proposer: each row proposes the most frequent continuation of its
+context's longest suffix, found in its own prompt and output or in the outputs of earlier
+requests of its category (``autospec.suffix``), in host memory.
+
+Its proposals are a function of the context and of what earlier requests emitted, so its q is
+one-hot, as prompt lookup's: the rejection rule keeps the target's law exactly. Its blocks
+reach the device as prompt lookup's do: one non-blocking copy from a reused staging buffer.
+A row's match (the suffix length found) is what the policy sees, as prompt lookup's match.
+
+When a row finishes, its output (after the last ``max_depth`` prompt tokens) joins its
+category's memory (``SuffixMemory``), for the requests that come after it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from autospec.suffix import SuffixIndex, SuffixMemory, best_of
+
+from . import Block
+
+__all__ = ["SuffixLookup"]
+
+
+class SuffixLookup:
+    name = "suffix"
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.memory: SuffixMemory = batch.suffix_memory
+        self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
+        self.by_row: dict[int, SuffixIndex] = {}
+        B = len(batch.rows)
+        stage = torch.zeros(B, batch.k_max + 1, dtype=torch.long)
+        if batch.device.type == "cuda":
+            stage = stage.pin_memory()
+        self.stage, self._host = stage, stage.numpy()
+        self._proposals: list[list[int]] = []  # per row, the block it would propose now
+        self._matches: list[int] = []
+
+    def matches(self) -> list[int]:
+        """Each row's suffix match now (0: none), and the block behind it, kept for
+        ``propose``: the walk is greedy, so a shorter block is a prefix of it."""
+        if self.indices is None:
+            self._build()
+        if self.indices is None:  # a device prompt: nothing on the host until the first sync
+            self._matches = [0] * len(self.batch.rows)
+            self._proposals = [[] for _ in self.batch.rows]
+            return self._matches
+        self._proposals, self._matches = [], []
+        t0 = time.perf_counter()
+        for r, idx in zip(self.batch.rows, self.indices):
+            toks, m = best_of(idx, self.memory, r.category, r.tokens, self.batch.k_max)
+            self._proposals.append(toks)
+            self._matches.append(m if toks else 0)
+        self._lookup_s = time.perf_counter() - t0
+        return self._matches
+
+    def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
+        B, k = len(self.batch.rows), max(lengths[b] for b in rows)
+        host = self._host
+        host[:B, : k + 1] = 0
+        sizes = [0] * B
+        for b in rows:
+            toks = self._proposals[b][: lengths[b]]
+            sizes[b] = len(toks)
+            host[b, 0] = len(toks)
+            host[b, 1 : 1 + len(toks)] = toks
+        it.lookup_s += self._lookup_s
+        block = self.stage[:B, : k + 1]
+        block = (block.to(self.batch.device, non_blocking=True)
+                 if self.batch.device.type != "cpu" else block.clone())
+        return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
+
+    def sync_parts(self) -> list[torch.Tensor]:
+        return []
+
+    def read(self, values: list[int]) -> None:
+        pass
+
+    def accept(self, it, steps) -> None:
+        """Each row's own index learns what it emitted."""
+        if self.indices is None:
+            self._build()
+        for idx, step in zip(self.indices, steps):
+            idx.extend(0, step.new[: step.emitted])
+
+    def _build(self) -> None:
+        if self.batch.rows[0].tokens is not None:
+            self.indices = []
+            for r in self.batch.rows:
+                idx = SuffixIndex(self.memory.settings)
+                idx.add(r.tokens[: r.L])
+                self.indices.append(idx)
+                self.by_row[r.index] = idx
+            self._lookup_s = 0.0
+
+    def select(self, keep: list[int], index: torch.Tensor) -> None:
+        if self.indices is not None:
+            self.indices = [self.indices[b] for b in keep]
+            self._proposals = [self._proposals[b] for b in keep] if self._proposals else []
+
+    def finish(self, row, stats) -> None:
+        """The row's output joins its category's memory."""
+        if row.tokens is not None:
+            self.memory.remember(row.category, row.tokens[: row.L], row.tokens[row.L : row.n])
+
+    def release(self) -> None:
+        pass

@@ -1,0 +1,267 @@
+"""Suffix decoding: propose the most frequent continuation of the context's longest suffix
+found in earlier text — the request's own prompt and output, and the outputs of earlier
+requests of its category (Snowflake's Arctic Inference; vLLM's ``method: "suffix"``).
+
+Where prompt lookup (``autospec.ngram``) copies what followed the *latest* occurrence of the
+last few tokens of one request, a suffix index counts *every* occurrence it keeps, across
+requests, and walks the continuation they agree on most: the longest suffix of the context
+that occurs in the index is matched (up to ``max_depth`` tokens), then, among the places it
+occurs, the most frequent next token is proposed, the places that continue with it are kept,
+and so on — a path down a suffix tree. The walk stops where the path's empirical probability
+(the share of the matched places that follow it) falls below ``min_token_prob``, and a block
+is at most ``max_spec_factor`` × the match length (a long match earns a long block, as in
+Arctic), and at most the k asked for.
+
+The proposal is a deterministic function of the context and the index, so its q is one-hot:
+the rejection rule keeps the output the target's exactly, whatever is proposed.
+
+Structure and cost. An index holds sequences of token ids (a request's own history, or one
+earlier output with the tail of its prompt before it) and, per ``seed`` n-gram (its last
+``SEED`` tokens), the latest ``OCCURRENCES`` places it was followed by a token. A lookup is one
+dictionary probe, a backward comparison of at most ``max_depth`` tokens per place, and a walk
+of at most k steps over the places kept: bounded whatever the history's length
+(``scripts/ngram_cost.py --suffix`` measures it against a target forward).
+
+Memory. ``SuffixMemory`` keeps one index per category, each bounded by ``max_requests`` outputs
+and ``max_tokens`` tokens (the oldest output is evicted first). It lives in the process
+that generated the text: cross-request memory holds other requests' text, so it is never
+written to the store.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "SEED", "OCCURRENCES"]
+
+SEED = 2  # tokens of the n-gram a lookup starts from (1 where the context is shorter)
+OCCURRENCES = 64  # places per seed the index keeps (the latest): a lookup's work is bounded
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    """How the suffix proposer matches and how far it proposes. The defaults are Arctic
+    Inference's (and vLLM's ``suffix_decoding_*`` fields); ``max_requests`` and ``max_tokens``
+    bound the memory of each category.
+
+    max_depth: the longest suffix matched (vLLM: ``suffix_decoding_max_tree_depth``);
+    max_spec_factor: a block is at most this × the match length
+    (``suffix_decoding_max_spec_factor``); min_token_prob: the walk stops where the share of
+    matched places that continue along it drops below this
+    (``suffix_decoding_min_token_prob``); min_match: shorter matches propose nothing;
+    max_requests / max_tokens: earlier outputs kept per category
+    (``suffix_decoding_max_cached_requests``) and their tokens in all."""
+
+    max_depth: int = 24
+    max_spec_factor: float = 1.0
+    min_token_prob: float = 0.1
+    min_match: int = 1
+    max_requests: int = 1000
+    max_tokens: int = 1 << 20
+
+    def __post_init__(self):
+        for name in ("max_depth", "min_match", "max_requests", "max_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"suffix {name} must be an int >= 1, got {v!r}")
+        if not self.min_match <= self.max_depth:
+            raise ValueError(f"suffix min_match ({self.min_match}) must be at most max_depth "
+                             f"({self.max_depth})")
+        if not (isinstance(self.max_spec_factor, (int, float)) and self.max_spec_factor > 0
+                and math.isfinite(self.max_spec_factor)):
+            raise ValueError(f"suffix max_spec_factor must be a number > 0, got "
+                             f"{self.max_spec_factor!r}")
+        if not (isinstance(self.min_token_prob, (int, float))
+                and 0.0 <= self.min_token_prob <= 1.0):
+            raise ValueError(f"suffix min_token_prob must be in [0, 1], got "
+                             f"{self.min_token_prob!r}")
+
+    @classmethod
+    def of(cls, spec) -> SuffixSettings:
+        """From wrap's ``suffix=``: True (the defaults), a dict of fields, or settings."""
+        if spec is True:
+            return cls()
+        if isinstance(spec, cls):
+            return spec
+        if isinstance(spec, dict):
+            unknown = set(spec) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"suffix= takes {', '.join(sorted(cls.__dataclass_fields__))};"
+                                 f" got {', '.join(sorted(unknown))}")
+            return cls(**spec)
+        raise TypeError(f"suffix= takes True, a dict of settings or SuffixSettings, got "
+                        f"{type(spec).__name__}")
+
+
+class SuffixIndex:
+    """Sequences of token ids and where each seed n-gram was followed by a token in them.
+
+    ``add`` starts a sequence, ``extend`` grows the last one, ``drop_oldest`` forgets the
+    first; ``propose(context, k)`` walks the continuation of ``context``'s longest suffix."""
+
+    def __init__(self, settings: SuffixSettings | None = None):
+        self.settings = settings or SuffixSettings()
+        self._seqs: dict[int, list[int]] = {}  # sequence id → its tokens
+        self._next_id = 0
+        # seed (a tuple of SEED tokens, or of 1) → [(sequence id, position), …], oldest
+        # first: seq[position - len(seed) : position] is the seed and seq[position] follows it
+        self._places: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.tokens = 0  # tokens held, every sequence together
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def add(self, tokens: Sequence[int]) -> int:
+        """A new sequence; returns its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self._seqs[sid] = []
+        self.extend(sid, tokens)
+        return sid
+
+    def extend(self, sid: int, new: Sequence[int]) -> None:
+        """Tokens appended to sequence ``sid``: each is the continuation of the seeds that
+        end just before it."""
+        seq = self._seqs[sid]
+        places = self._places
+        for tok in new:
+            i = len(seq)
+            for n in (1, SEED):
+                if i >= n:
+                    key = tuple(seq[i - n : i])
+                    at = places.get(key)
+                    if at is None:
+                        places[key] = [(sid, i)]
+                    else:
+                        at.append((sid, i))
+                        if len(at) > OCCURRENCES:
+                            del at[0]
+            seq.append(int(tok))
+        self.tokens += len(new)
+
+    def drop_oldest(self) -> None:
+        """Forget the oldest sequence (its places too)."""
+        sid = next(iter(self._seqs))
+        seq = self._seqs.pop(sid)
+        self.tokens -= len(seq)
+        for i in range(1, len(seq)):
+            for n in (1, SEED):
+                if i >= n:
+                    key = tuple(seq[i - n : i])
+                    at = self._places.get(key)
+                    if at is not None:
+                        kept = [p for p in at if p[0] != sid]
+                        if kept:
+                            self._places[key] = kept
+                        else:
+                            del self._places[key]
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(up to k tokens continuing ``context``, the length of the suffix matched). No match
+        of at least ``min_match`` tokens: ([], 0)."""
+        s = self.settings
+        n = len(context)
+        if n == 0 or k <= 0:
+            return [], 0
+        seed = tuple(context[-SEED:]) if n >= SEED else tuple(context[-1:])
+        at = self._places.get(seed)
+        if at is None and len(seed) > 1:
+            seed = seed[-1:]
+            at = self._places.get(seed)
+        if not at:
+            return [], 0
+        # each place's match: how far back the context agrees with the text before it
+        seqs, depth = self._seqs, min(s.max_depth, n)
+        best, found = 0, []
+        for sid, pos in at:
+            seq = seqs[sid]
+            m = len(seed)
+            top = min(depth, pos)
+            while m < top and seq[pos - m - 1] == context[n - m - 1]:
+                m += 1
+            if m > best:
+                best, found = m, [(seq, pos)]
+            elif m == best:
+                found.append((seq, pos))
+        if best < s.min_match:
+            return [], 0
+        # walk the continuation the matched places agree on most
+        limit = min(k, max(1, int(s.max_spec_factor * best)))
+        out: list[int] = []
+        total, prob = len(found), 1.0
+        while len(out) < limit and found:
+            counts: dict[int, int] = {}
+            for seq, pos in found:
+                if pos < len(seq):
+                    tok = seq[pos]
+                    counts[tok] = counts.get(tok, 0) + 1
+            if not counts:
+                break
+            tok, c = max(counts.items(), key=lambda kv: kv[1])
+            prob *= c / total
+            if prob < s.min_token_prob:
+                break
+            out.append(tok)
+            found = [(seq, pos + 1) for seq, pos in found if pos < len(seq) and seq[pos] == tok]
+            total = len(found)
+        return out, best
+
+
+class SuffixMemory:
+    """The outputs of earlier requests, one ``SuffixIndex`` per category, bounded by
+    ``settings.max_requests`` and ``settings.max_tokens`` per category (oldest evicted).
+    Thread-safe: requests of one controller may finish on several threads."""
+
+    def __init__(self, settings: SuffixSettings | None = None):
+        self.settings = settings or SuffixSettings()
+        self._by_category: dict[str, SuffixIndex] = {}
+        self._lock = threading.Lock()
+        self.evicted = 0
+
+    def index(self, category: str) -> SuffixIndex:
+        with self._lock:
+            idx = self._by_category.get(category)
+            if idx is None:
+                idx = self._by_category[category] = SuffixIndex(self.settings)
+            return idx
+
+    def remember(self, category: str, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """One finished request's output, with the last ``max_depth`` prompt tokens before it
+        (what its first tokens followed), into its category's index."""
+        if not output:
+            return
+        s = self.settings
+        tokens = list(prompt[-s.max_depth:]) + list(output)
+        if len(tokens) > s.max_tokens:
+            tokens = tokens[-s.max_tokens:]
+        idx = self.index(category)
+        with self._lock:
+            idx.add(tokens)
+            while len(idx) > s.max_requests or idx.tokens > s.max_tokens:
+                idx.drop_oldest()
+                self.evicted += 1
+
+    def propose(self, category: str, context: Sequence[int], k: int) -> tuple[list[int], int]:
+        """``SuffixIndex.propose`` on the category's earlier outputs (([], 0): none yet)."""
+        with self._lock:
+            idx = self._by_category.get(category)
+            return idx.propose(context, k) if idx is not None and len(idx) else ([], 0)
+
+    def categories(self) -> dict[str, tuple[int, int]]:
+        """category → (outputs held, tokens held)."""
+        with self._lock:
+            return {c: (len(i), i.tokens) for c, i in self._by_category.items()}
+
+
+def best_of(local: SuffixIndex, memory: SuffixMemory | None, category: str,
+            context: Sequence[int], k: int) -> tuple[list[int], int]:
+    """The request's own history and its category's earlier outputs, each asked: the longer
+    match proposes (the longer block where the matches tie)."""
+    a = local.propose(context, k)
+    if memory is None:
+        return a
+    b = memory.propose(category, context, k)
+    return b if (b[1], len(b[0])) > (a[1], len(a[0])) else a
