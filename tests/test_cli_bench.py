@@ -536,3 +536,34 @@ def test_demo_line_counts_the_n_gram_apart_from_the_draft_model():
     st.ngram_drafts = st.ngram_drafted = st.ngram_accepted = 0
     st.proposer_schedule = [0, 0, 0, 0]
     assert "n-gram" not in _drafting_summary(st) and "9×1" in _drafting_summary(st)
+
+
+# -- the suffix proposer's modes ------------------------------------------------------------
+def test_suffix_mode_runs_identical_and_each_pass_starts_with_an_empty_memory(models, tok):
+    """Two identical requests in one pass: the second finds the first's output in the
+    category's memory. A new pass starts empty, so its first request finds nothing."""
+    target, draft = models
+    same = [Prompt("tools", "call the api with", False)] * 2
+    res = bench.run_bench(target, draft, tok, same, ks=[4], modes=["suffix:k", "ngram:k"],
+                          max_new_tokens=16, repeats=2, warmup=True, progress=False)
+    rows = {r["mode"]: r for r in res.rows if r["category"] == "overall"}
+    assert rows["suffix:4"]["identical"] is True
+    runs = {(r.repeat, r.prompt_index): r for r in res.records if r.mode == "suffix:4"}
+    for rep in (0, 1):
+        first, second = runs[(rep, 0)], runs[(rep, 1)]
+        assert second.accepted == second.drafted >= 12  # its own earlier output, proposed
+        assert first.target_forwards > 2 * second.target_forwards
+    from autospec.bench.run import parse_modes
+
+    assert [m.name for m in parse_modes(["suffix:k"], [2, 3])] == ["plain", "suffix:2",
+                                                                    "suffix:3"]
+
+
+def test_the_repetitive_prompt_sets_ship_with_the_package():
+    from importlib import resources
+
+    for name, per_category in (("repeat.jsonl", 12), ("repeat_holdout.jsonl", 4)):
+        prompts = bench.load_prompts(resources.files("autospec") / "prompts" / name)
+        cats = [p.category for p in prompts]
+        assert {c: cats.count(c) for c in set(cats)} == {
+            "sql": per_category, "tool-call": per_category, "support-reply": per_category}

@@ -122,7 +122,7 @@ def encode_prompt(tokenizer, prompt: Prompt):
 # -- modes --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mode:
-    kind: str  # "plain" | "hf-assisted" | "hf-lookup" | "autospec" | "ngram" | "policy"
+    kind: str  # "plain" | "hf-assisted" | "hf-lookup" | "autospec" | "ngram" | "suffix" | "policy"
     k: int | None = None  # None: plain, or transformers' own default (schedule, or lookup k)
     policy: str | None = None  # kind "policy": a policy name for autospec.wrap(policy=...)
 
@@ -164,7 +164,8 @@ def parse_ks(text: str, k_limit: int = K_LIMIT) -> list[int]:
     return sorted(set(ks))
 
 
-MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec", "ngram")
+MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec", "ngram", "suffix")
+LOOKUP_KINDS = ("ngram", "suffix")  # autospec's lookup proposers at a fixed k
 HF_LOOKUP_K = 10  # hf-lookup without :k: prompt_lookup_num_tokens as transformers' docs use it
 NEEDS_DRAFT = ("hf-assisted", "autospec")  # modes that cannot run without a draft model
 
@@ -183,7 +184,7 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
             continue
         if kind not in MODE_KINDS:
             raise ValueError(f"unknown mode {spec!r}: use plain, hf-assisted, hf-assisted:k, "
-                             "hf-lookup, hf-lookup:k, autospec:k, ngram:k, policy:NAME, or a "
+                             "hf-lookup, hf-lookup:k, autospec:k, ngram:k, suffix:k, policy:NAME, or a "
                              "number in place of k")
         if kind == "plain" or (kind in ("hf-assisted", "hf-lookup") and not k):
             new = [Mode(kind)]
@@ -286,6 +287,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
                                   for b in sizes)
         with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
             for rep in range(single if 1 in sizes else 0):
+                runner.new_pass()  # suffix modes start each pass with an empty memory
                 for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
                     shift = (rep + i) % len(usable)
                     for mode in usable[shift:] + usable[:shift]:
@@ -357,6 +359,10 @@ class _Runner:
                     raise
                 # a policy this autospec does not know yet: report it, run the others
                 self.unsupported[m] = str(e)
+        # suffix modes: one controller each, whose memory holds the outputs of its own earlier
+        # requests of this pass only (``new_pass``): requests in order, earlier ones help later
+        self.suffix_ctrls = {m: Controller(target, draft, suffix=True, **opts)
+                             for m in modes if m.kind == "suffix"}
         self._category_lists = True  # until the controller refuses a list of categories
         # transformers' generate even if the caller wrapped the target (an instance attribute)
         self.generate = type(target).generate.__get__(target)
@@ -378,6 +384,14 @@ class _Runner:
         self._assist = {m: dict(self._saved) if m.k is None else {"num_assistant_tokens": m.k, **fixed}
                         for m in modes if m.kind == "hf-assisted"}
 
+    def new_pass(self) -> None:
+        """A new pass over the prompts: the suffix modes forget what earlier passes emitted
+        (a repeat of a prompt would otherwise find its own output)."""
+        from autospec.suffix import SuffixMemory
+
+        for ctrl in self.suffix_ctrls.values():
+            ctrl.suffix_memory = SuffixMemory(ctrl.suffix_memory.settings)
+
     def run(self, mode: Mode, ids, max_new_tokens: int, seed: int,
             category: str | list[str] = "default", attention_mask=None) -> dict:
         """One request: ids [1, L], or a left-padded batch [B, L] (B >= 1) with its
@@ -392,7 +406,7 @@ class _Runner:
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(self.device)
         kw = dict(self.kwargs, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
         counts, hooks = [0, 0], []
-        ctrl = self.policy_ctrls.get(mode, self.ctrl)
+        ctrl = self.policy_ctrls.get(mode) or self.suffix_ctrls.get(mode) or self.ctrl
         fallbacks = dict(ctrl.fallbacks)
         if mode.kind in ("autospec", "policy"):
             gen = torch.Generator(self.device).manual_seed(seed) if self.sample else None
@@ -414,12 +428,12 @@ class _Runner:
                 lambda *_: counts.__setitem__(0, counts[0] + 1))]
             look = HF_LOOKUP_K if mode.k is None else mode.k
             call = lambda: self.generate(prompt_lookup_num_tokens=look, **kw)  # noqa: E731
-        elif mode.kind == "ngram":  # autospec's n-gram proposer at a fixed k
+        elif mode.kind in LOOKUP_KINDS:  # autospec's n-gram or suffix proposer at a fixed k
             from autospec.policies import Choice
 
             def call():
                 cat = category if self._category_lists or not batched else None
-                return ctrl.generate(k=Choice(mode.k, "ngram"), category=cat, **kw)
+                return ctrl.generate(k=Choice(mode.k, mode.kind), category=cat, **kw)
         else:
             call = lambda: self.generate(**kw)  # noqa: E731
         try:
@@ -444,7 +458,7 @@ class _Runner:
             eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
             rows = [until_stop(row, eos) for row in out[:, ids.shape[1]:].tolist()]
             rec = {"new_tokens": sum(map(len, rows)), "wall_s": wall, "rows": rows}
-            if mode.kind in ("autospec", "policy", "ngram"):
+            if mode.kind in ("autospec", "policy", *LOOKUP_KINDS):
                 rec.update(batch_stats(ctrl.last_stats))
                 if ctrl.last_stats is None:
                     rec["fallback"] = next((why for why, n in ctrl.fallbacks.items()
@@ -458,17 +472,19 @@ class _Runner:
                        accepted=max(0, min(counts[1], len(tokens) - counts[0])))
         elif mode.kind == "hf-lookup":  # proposals are not forwards: tokens per forward only
             rec.update(target_forwards=counts[0])
-        elif mode.kind == "ngram":
+        elif mode.kind in LOOKUP_KINDS:
             s = ctrl.last_stats
-            if s is not None:  # the n-gram proposer's own counters in the acceptance columns
-                rec.update(target_forwards=s.iterations, drafts=s.ngram_drafts,
-                           drafted=s.ngram_drafted, accepted=s.ngram_accepted,
+            if s is not None:  # the lookup proposer's own counters in the acceptance columns
+                c = s.proposer(mode.kind)
+                rec.update(target_forwards=s.iterations, drafts=c.blocks,
+                           drafted=c.proposed, accepted=c.accepted,
                            t_target_1=s.target_time(1),
-                           t_draft=s.ngram_s / s.ngram_drafted if s.ngram_drafted else None,
+                           t_draft=(s.ngram_s / s.ngram_drafted
+                                    if mode.kind == "ngram" and s.ngram_drafted else None),
                            t_target_k1=s.target_time(mode.k + 1),
                            k_schedule=list(s.k_schedule),
-                           accepted_per_position=list(s.ngram_accepted_per_position),
-                           drafted_per_position=list(s.ngram_drafted_per_position))
+                           accepted_per_position=list(c.accepted_per_position),
+                           drafted_per_position=list(c.proposed_per_position))
         elif mode.kind in ("autospec", "policy"):
             s = ctrl.last_stats
             if s is None:

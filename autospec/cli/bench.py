@@ -40,7 +40,9 @@ def register(sub, parents) -> None:
     bench.add_argument("--modes", nargs="+", default=None,
                        help="plain, hf-assisted (its defaults), hf-assisted:k, hf-lookup "
                             "(transformers' prompt lookup, 10 tokens), hf-lookup:k, autospec:k "
-                            "(the draft model), ngram:k (autospec's prompt lookup), "
+                            "(the draft model), ngram:k (autospec's prompt lookup), suffix:k "
+                            "(autospec's suffix decoding; each pass over the prompts starts "
+                            "with an empty memory), "
                             "policy:NAME (e.g. policy:auto, policy:hybrid:4); :N for one k "
                             "(default: plain, hf-assisted, hf-assisted:k, autospec:k, or plain "
                             "and hf-assisted when --policies is given). With --draft none the "
