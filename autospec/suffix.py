@@ -60,7 +60,7 @@ class SuffixSettings:
     min_token_prob: float = 0.1
     min_match: int = 1
     max_requests: int = 1000
-    max_tokens: int = 1 << 20
+    max_tokens: int = 1 << 18
 
     def __post_init__(self):
         for name in ("max_depth", "min_match", "max_requests", "max_tokens"):
@@ -106,13 +106,19 @@ class SuffixIndex:
         self.settings = settings or SuffixSettings()
         self._seqs: dict[int, list[int]] = {}  # sequence id → its tokens
         self._next_id = 0
-        # seed (a tuple of SEED tokens, or of 1) → [(sequence id, position), …], oldest
-        # first: seq[position - len(seed) : position] is the seed and seq[position] follows it
-        self._places: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        # per seed length n (1 and SEED), the seed's key → its places, oldest first; a place
+        # is ``sid << 32 | position`` (one int: a tuple per place would triple the memory):
+        # seq[position - n : position] is the seed and seq[position] follows it
+        self._places: dict[int, dict[int, list[int]]] = {1: {}, SEED: {}}
         self.tokens = 0  # tokens held, every sequence together
 
     def __len__(self) -> int:
         return len(self._seqs)
+
+    @staticmethod
+    def _key(seq: Sequence[int], end: int, n: int) -> int:
+        """The seed of n tokens ending before ``end``, as one int (token ids < 2^32)."""
+        return seq[end - 1] if n == 1 else (seq[end - 2] << 32) | seq[end - 1]
 
     def add(self, tokens: Sequence[int]) -> int:
         """A new sequence; returns its id."""
@@ -126,19 +132,14 @@ class SuffixIndex:
         """Tokens appended to sequence ``sid``: each is the continuation of the seeds that
         end just before it."""
         seq = self._seqs[sid]
-        places = self._places
+        one, two = self._places[1], self._places[SEED]
+        base = sid << 32
         for tok in new:
             i = len(seq)
-            for n in (1, SEED):
-                if i >= n:
-                    key = tuple(seq[i - n : i])
-                    at = places.get(key)
-                    if at is None:
-                        places[key] = [(sid, i)]
-                    else:
-                        at.append((sid, i))
-                        if len(at) > OCCURRENCES:
-                            del at[0]
+            if i:
+                _place(one, seq[i - 1], base | i)
+                if i >= 2:
+                    _place(two, (seq[i - 2] << 32) | seq[i - 1], base | i)
             seq.append(int(tok))
         self.tokens += len(new)
 
@@ -147,17 +148,16 @@ class SuffixIndex:
         sid = next(iter(self._seqs))
         seq = self._seqs.pop(sid)
         self.tokens -= len(seq)
-        for i in range(1, len(seq)):
-            for n in (1, SEED):
-                if i >= n:
-                    key = tuple(seq[i - n : i])
-                    at = self._places.get(key)
-                    if at is not None:
-                        kept = [p for p in at if p[0] != sid]
-                        if kept:
-                            self._places[key] = kept
-                        else:
-                            del self._places[key]
+        for n, places in self._places.items():
+            for i in range(n, len(seq)):
+                key = self._key(seq, i, n)
+                at = places.get(key)
+                if at is not None:
+                    kept = [p for p in at if p >> 32 != sid]
+                    if kept:
+                        places[key] = kept
+                    else:
+                        del places[key]
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
         """(up to k tokens continuing ``context``, the length of the suffix matched). No match
@@ -166,19 +166,19 @@ class SuffixIndex:
         n = len(context)
         if n == 0 or k <= 0:
             return [], 0
-        seed = tuple(context[-SEED:]) if n >= SEED else tuple(context[-1:])
-        at = self._places.get(seed)
-        if at is None and len(seed) > 1:
-            seed = seed[-1:]
-            at = self._places.get(seed)
+        seed = min(SEED, n)
+        at = self._places[seed].get(self._key(context, n, seed))
+        if not at and seed > 1:
+            seed = 1
+            at = self._places[1].get(context[-1])
         if not at:
             return [], 0
         # each place's match: how far back the context agrees with the text before it
         seqs, depth = self._seqs, min(s.max_depth, n)
         best, found = 0, []
-        for sid, pos in at:
-            seq = seqs[sid]
-            m = len(seed)
+        for place in at:
+            seq, pos = seqs[place >> 32], place & 0xFFFFFFFF
+            m = seed
             top = min(depth, pos)
             while m < top and seq[pos - m - 1] == context[n - m - 1]:
                 m += 1
@@ -208,6 +208,16 @@ class SuffixIndex:
             found = [(seq, pos + 1) for seq, pos in found if pos < len(seq) and seq[pos] == tok]
             total = len(found)
         return out, best
+
+
+def _place(places: dict[int, list[int]], key: int, place: int) -> None:
+    at = places.get(key)
+    if at is None:
+        places[key] = [place]
+    else:
+        at.append(place)
+        if len(at) > OCCURRENCES:
+            del at[0]
 
 
 class SuffixMemory:

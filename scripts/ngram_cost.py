@@ -11,8 +11,14 @@ For each context length (default 8k and 32k tokens): a token history with realis
 Every figure is a median of --repeats timings. The issue's bar: the lookup below 1 % of a
 target forward at 8k and 32k of context.
 
+``--suffix`` measures the suffix proposer (``autospec.suffix``) the same way — its index over
+that many tokens of history (the category's earlier outputs and the request's own text
+together), a lookup (``propose(k)``, the walk included), extending by one token — and the
+index's memory per token held (``tracemalloc``), which is what ``max_tokens`` bounds.
+
   .venv/bin/python scripts/ngram_cost.py --threads 2               # the default pair's target
   .venv/bin/python scripts/ngram_cost.py --tiny --contexts 1024,8192  # a tiny random model
+  .venv/bin/python scripts/ngram_cost.py --tiny --suffix           # the suffix proposer
 """
 
 from __future__ import annotations
@@ -97,6 +103,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="a tiny random model, no download")
+    ap.add_argument("--suffix", action="store_true",
+                    help="the suffix proposer's index instead of prompt lookup's")
     args = ap.parse_args()
 
     import torch
@@ -115,6 +123,8 @@ def main() -> None:
         pair = models.load_pair("qwen2.5-coder", draft=False)
         model, name = pair.target, "Qwen2.5-Coder-1.5B-Instruct (bf16)"
     vocab = model.config.get_text_config().vocab_size
+    if args.suffix:
+        return suffix_costs(model, name, vocab, args)
     print(f"target {name}, {args.threads} threads, k = {args.k}, n-gram sizes "
           f"{DEFAULT_MIN_N}..{DEFAULT_MAX_N}, medians of {args.repeats}")
     print(f"{'context':>8} {'index build ms':>15} {'lookup us':>10} {'extend us':>10} "
@@ -137,6 +147,39 @@ def main() -> None:
         fwd = target_forward(model, context, args.k, args.repeats)
         print(f"{context:>8} {build * 1e3:>15.1f} {look * 1e6:>10.2f} {extend * 1e6:>10.2f} "
               f"{sc * 1e6:>10.0f} {fwd * 1e3:>11.1f} {look / fwd:>11.2e} {sc / fwd:>9.2%}")
+
+
+def suffix_costs(model, name: str, vocab: int, args) -> None:
+    import tracemalloc
+
+    from autospec.suffix import SuffixIndex, SuffixSettings
+
+    s = SuffixSettings()
+    print(f"target {name}, {args.threads} threads, k = {args.k}, suffix max_depth "
+          f"{s.max_depth}, medians of {args.repeats}")
+    print(f"{'context':>8} {'index build ms':>15} {'lookup us':>10} {'extend us':>10} "
+          f"{'bytes/token':>12} {'forward ms':>11} {'lookup/fwd':>11}")
+    for context in (int(c) for c in args.contexts.split(",")):
+        toks = history(context, vocab)
+        build = timed(lambda t=toks: SuffixIndex().add(t), max(1, args.repeats // 2))
+        tracemalloc.start()
+        ix = SuffixIndex()
+        ix.add(toks)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        # the context ends in a copy of an earlier span: the lookup matches and walks
+        ctx = toks + toks[context // 2 : context // 2 + 16]
+        assert ix.propose(ctx, args.k)[1] >= 16
+        look = timed(lambda ix=ix, ctx=ctx: ix.propose(ctx, args.k), args.repeats * 200)
+        grow = SuffixIndex()
+        sid = grow.add(toks[:-2000])
+        t0 = time.perf_counter()
+        for t in toks[-2000:]:
+            grow.extend(sid, [t])
+        extend = (time.perf_counter() - t0) / 2000
+        fwd = target_forward(model, context, args.k, args.repeats)
+        print(f"{context:>8} {build * 1e3:>15.1f} {look * 1e6:>10.2f} {extend * 1e6:>10.2f} "
+              f"{held / context:>12.0f} {fwd * 1e3:>11.1f} {look / fwd:>11.2e}")
 
 
 if __name__ == "__main__":
