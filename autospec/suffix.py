@@ -4,13 +4,15 @@ requests of its category (Snowflake's Arctic Inference; vLLM's ``method: "suffix
 
 Where prompt lookup (``autospec.ngram``) copies what followed the *latest* occurrence of the
 last few tokens of one request, a suffix index counts *every* occurrence it keeps, across
-requests, and walks the continuation they agree on most: the longest suffix of the context
-that occurs in the index is matched (up to ``max_depth`` tokens), then, among the places it
-occurs, the most frequent next token is proposed, the places that continue with it are kept,
-and so on — a path down a suffix tree. The walk stops where the path's empirical probability
-(the share of the matched places that follow it) falls below ``min_token_prob``, and a block
-is at most ``max_spec_factor`` × the match length (a long match earns a long block, as in
-Arctic), and at most the k asked for.
+requests, and walks the continuation they agree on most — a walk down a suffix tree: for each
+length of the context's suffix found (up to ``max_depth`` tokens), the places it occurs are
+the node; the next token most of them share is proposed, the places that continue with it
+are kept, and so on, while the path's probability (the share of the node's places that
+follow it; a finished text that ends there counts as a place that did not go on) stays at
+least ``min_token_prob``, for at most ``max_spec_factor`` × the match length tokens (a long
+match earns a long block, as in Arctic) and the k asked for. The draft of the highest score
+(the sum of its tokens' path probabilities) is proposed, as Arctic chooses among match
+lengths and between its per-request and global trees.
 
 The proposal is a deterministic function of the context and the index, so its q is one-hot:
 the rejection rule keeps the output the target's exactly, whatever is proposed.
@@ -120,12 +122,21 @@ class SuffixIndex:
         """The seed of n tokens ending before ``end``, as one int (token ids < 2^32)."""
         return seq[end - 1] if n == 1 else (seq[end - 2] << 32) | seq[end - 1]
 
-    def add(self, tokens: Sequence[int]) -> int:
-        """A new sequence; returns its id."""
+    def add(self, tokens: Sequence[int], *, finished: bool = False) -> int:
+        """A new sequence; returns its id. ``finished``: a whole text (an earlier output): its
+        end is a place too, where nothing followed — a suffix that ended texts as often as it
+        went on proposes with that much less confidence (as in Arctic's tree, where a node's
+        count includes the texts that end there)."""
         sid = self._next_id
         self._next_id += 1
         self._seqs[sid] = []
         self.extend(sid, tokens)
+        if finished:
+            seq, end = self._seqs[sid], sid << 32 | len(tokens)
+            if seq:
+                _place(self._places[1], seq[-1], end)
+            if len(seq) >= 2:
+                _place(self._places[SEED], (seq[-2] << 32) | seq[-1], end)
         return sid
 
     def extend(self, sid: int, new: Sequence[int]) -> None:
@@ -149,7 +160,7 @@ class SuffixIndex:
         seq = self._seqs.pop(sid)
         self.tokens -= len(seq)
         for n, places in self._places.items():
-            for i in range(n, len(seq)):
+            for i in range(n, len(seq) + 1):  # a finished sequence's end is a place too
                 key = self._key(seq, i, n)
                 at = places.get(key)
                 if at is not None:
@@ -162,52 +173,73 @@ class SuffixIndex:
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
         """(up to k tokens continuing ``context``, the length of the suffix matched). No match
         of at least ``min_match`` tokens: ([], 0)."""
+        toks, m, _ = self.draft(context, k)
+        return toks, m
+
+    def draft(self, context: Sequence[int], k: int) -> tuple[list[int], int, float]:
+        """``propose``, with the draft's score: the sum of its tokens' path probabilities
+        (what Arctic compares drafts by)."""
         s = self.settings
         n = len(context)
         if n == 0 or k <= 0:
-            return [], 0
-        seed = min(SEED, n)
-        at = self._places[seed].get(self._key(context, n, seed))
-        if not at and seed > 1:
-            seed = 1
-            at = self._places[1].get(context[-1])
+            return [], 0, 0.0
+        # the places after the last token, and after the last two: every place of the
+        # second is one of the first, but each list keeps only its latest OCCURRENCES, so
+        # the two together reach further back for the longer matches
+        at = self._places[1].get(context[-1], ())
+        if n >= SEED:
+            two = self._places[SEED].get(self._key(context, n, SEED))
+            if two:
+                at = sorted(set(at).union(two))  # oldest first: ties go to the earliest
         if not at:
-            return [], 0
+            return [], 0, 0.0
         # each place's match: how far back the context agrees with the text before it
         seqs, depth = self._seqs, min(s.max_depth, n)
-        best, found = 0, []
+        matched: list[tuple[int, list[int], int]] = []
         for place in at:
             seq, pos = seqs[place >> 32], place & 0xFFFFFFFF
-            m = seed
+            m = 1
             top = min(depth, pos)
             while m < top and seq[pos - m - 1] == context[n - m - 1]:
                 m += 1
-            if m > best:
-                best, found = m, [(seq, pos)]
-            elif m == best:
-                found.append((seq, pos))
-        if best < s.min_match:
-            return [], 0
-        # walk the continuation the matched places agree on most
-        limit = min(k, max(1, int(s.max_spec_factor * best)))
-        out: list[int] = []
-        total, prob = len(found), 1.0
-        while len(out) < limit and found:
-            counts: dict[int, int] = {}
-            for seq, pos in found:
-                if pos < len(seq):
-                    tok = seq[pos]
-                    counts[tok] = counts.get(tok, 0) + 1
-            if not counts:
-                break
-            tok, c = max(counts.items(), key=lambda kv: kv[1])
-            prob *= c / total
-            if prob < s.min_token_prob:
-                break
-            out.append(tok)
-            found = [(seq, pos + 1) for seq, pos in found if pos < len(seq) and seq[pos] == tok]
-            total = len(found)
-        return out, best
+            if m >= s.min_match:
+                matched.append((m, seq, pos))
+        # every match length found is a node of the suffix tree (the places matching at
+        # least that far); each proposes its walk, and the one of highest score wins
+        best: tuple[float, int, list[int]] = (0.0, 0, [])
+        for length in sorted({m for m, _, _ in matched}, reverse=True):
+            found = [(seq, pos) for m, seq, pos in matched if m >= length]
+            limit = min(k, int(s.max_spec_factor * length + 1e-6))
+            toks, score = _walk(found, limit, s.min_token_prob)
+            if score > best[0]:
+                best = (score, length, toks)
+        return best[2], best[1] if best[2] else 0, best[0]
+
+
+def _walk(found: list[tuple[list[int], int]], limit: int,
+          min_prob: float) -> tuple[list[int], float]:
+    """Down the tree from the places ``found``: each step the next token most of them share,
+    while the path's probability (the share of the node's places that follow it) stays at
+    least ``min_prob``. Returns the tokens and the score, the sum of their probabilities."""
+    out: list[int] = []
+    total, prob, score = len(found), 1.0, 0.0
+    while len(out) < limit and found:
+        counts: dict[int, int] = {}
+        for seq, pos in found:
+            if pos < len(seq):
+                tok = seq[pos]
+                counts[tok] = counts.get(tok, 0) + 1
+        if not counts:
+            break
+        tok, c = max(counts.items(), key=lambda kv: kv[1])
+        prob *= c / total
+        if prob < min_prob:
+            break
+        out.append(tok)
+        score += prob
+        found = [(seq, pos + 1) for seq, pos in found if pos < len(seq) and seq[pos] == tok]
+        total = len(found)
+    return out, score
 
 
 def _place(places: dict[int, list[int]], key: int, place: int) -> None:
@@ -249,16 +281,21 @@ class SuffixMemory:
             tokens = tokens[-s.max_tokens:]
         idx = self.index(category)
         with self._lock:
-            idx.add(tokens)
+            idx.add(tokens, finished=True)
             while len(idx) > s.max_requests or idx.tokens > s.max_tokens:
                 idx.drop_oldest()
                 self.evicted += 1
 
     def propose(self, category: str, context: Sequence[int], k: int) -> tuple[list[int], int]:
         """``SuffixIndex.propose`` on the category's earlier outputs (([], 0): none yet)."""
+        return self.draft(category, context, k)[:2]
+
+    def draft(self, category: str, context: Sequence[int],
+              k: int) -> tuple[list[int], int, float]:
+        """``SuffixIndex.draft`` on the category's earlier outputs."""
         with self._lock:
             idx = self._by_category.get(category)
-            return idx.propose(context, k) if idx is not None and len(idx) else ([], 0)
+            return idx.draft(context, k) if idx is not None and len(idx) else ([], 0, 0.0)
 
     def categories(self) -> dict[str, tuple[int, int]]:
         """category → (outputs held, tokens held)."""
@@ -268,10 +305,11 @@ class SuffixMemory:
 
 def best_of(local: SuffixIndex, memory: SuffixMemory | None, category: str,
             context: Sequence[int], k: int) -> tuple[list[int], int]:
-    """The request's own history and its category's earlier outputs, each asked: the longer
-    match proposes (the longer block where the matches tie)."""
-    a = local.propose(context, k)
+    """The request's own history and its category's earlier outputs, each asked: the draft of
+    higher score proposes (the request's own at a tie), as Arctic chooses between its
+    per-request and global trees."""
+    a = local.draft(context, k)
     if memory is None:
-        return a
-    b = memory.propose(category, context, k)
-    return b if (b[1], len(b[0])) > (a[1], len(a[0])) else a
+        return a[:2]
+    b = memory.draft(category, context, k)
+    return b[:2] if b[2] > a[2] else a[:2]

@@ -41,7 +41,7 @@ def test_a_block_is_at_most_the_spec_factor_times_the_match_and_stops_at_low_pro
     picky, lax = (SuffixIndex(SuffixSettings(min_token_prob=p)) for p in (0.3, 0.2))
     picky.add(spread)
     lax.add(spread)
-    assert picky.propose([1, 2], 4) == ([], 2)
+    assert picky.propose([1, 2], 4) == ([], 0)  # a match, but no token likely enough
     assert lax.propose([1, 2], 1)[0] in ([10], [11], [12], [13])
 
 
@@ -141,7 +141,7 @@ def test_greedy_requests_in_order_are_generates_token_for_token(target, policy, 
 
 def test_a_repeated_request_is_proposed_from_the_earlier_output(target):
     """The second time a prompt comes, its whole output is in the category's memory: every
-    block is accepted whole, and far fewer iterations run."""
+    block is 8 tokens accepted whole, 9 tokens per iteration."""
     spec = autospec.Controller(target, None, store=False, policy="suffix:8")
     ids = _requests(1, seed=3)[0]
     first = spec.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None,
@@ -152,7 +152,7 @@ def test_a_repeated_request_is_proposed_from_the_earlier_output(target):
     warm = spec.last_stats
     assert torch.equal(first, second)
     assert warm.suffix_accepted == warm.suffix_drafted >= 30
-    assert warm.iterations < cold.iterations / 3
+    assert warm.iterations == -(-40 // 9) < cold.iterations
     # another category has not seen it
     spec.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None, category="chat")
     assert spec.last_stats.iterations > warm.iterations
