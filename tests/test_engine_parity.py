@@ -89,7 +89,9 @@ def test_last_stats_counts_every_proposer_by_name(models):
     assert lookup.proposed > 0 and model.proposed == 0
     assert st.proposed == lookup.proposed == st.ngram_drafted
     assert st.proposed_accepted == lookup.accepted
-    assert st.by_proposer == {"draft": model, "ngram": lookup}
+    suffix = st.proposer("suffix")  # not asked for: none of its blocks
+    assert suffix.blocks == suffix.proposed == 0
+    assert st.by_proposer == {"draft": model, "ngram": lookup, "suffix": suffix}
     assert sum(lookup.proposed_per_position) >= lookup.proposed // 4
 
 

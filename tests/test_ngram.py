@@ -139,7 +139,7 @@ def test_policy_specs_name_the_proposer_and_an_int_still_means_the_draft_model()
         with pytest.raises(ValueError, match="bad policy|min_match"):
             as_policy(bad)
     with pytest.raises(ValueError, match="proposer"):
-        Choice(2, "suffix")
+        Choice(2, "medusa")
 
 
 def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():

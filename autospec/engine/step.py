@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from autospec.engine.accounting import RowStep, StepTimes, account
-from autospec.engine.decide import Decision, RowView, decide, make_context
+from autospec.engine.decide import LOOKUPS, Decision, RowView, decide, make_context
 from autospec.engine.emit import criteria_hits, emit, settle
 from autospec.engine.proposers import Block
 from autospec.engine.sampling import invalid_probs, logits_to_probs, raise_invalid_probs
@@ -82,11 +82,10 @@ def _decide(batch) -> Iteration:
     batch.refresh()
     rows = batch.rows
     proposers = batch.proposers
-    lookup, draft, suffix = proposers.get("ngram"), proposers.get("draft"), proposers.get("suffix")
-    matches = lookup.matches() if lookup is not None else [0] * len(rows)
-    lookups = None if lookup is None else {"ngram": matches}
-    if suffix is not None:
-        lookups = {**(lookups or {}), "suffix": suffix.matches()}
+    draft = proposers.get("draft")
+    # each lookup proposer's match per row; the policy's Context shows prompt lookup's
+    lookups = {name: p.matches() for name, p in proposers.items() if name in LOOKUPS}
+    matches = lookups.get("ngram") or [0] * len(rows)
     gaps = draft.gaps() if draft is not None else [0] * len(rows)
     views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
                      r.forecast) for r, m, g in zip(rows, matches, gaps)]
