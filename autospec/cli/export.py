@@ -116,7 +116,8 @@ def build_checker(engine: str) -> int:
 
     if engine in CANNOT:
         die(f"cannot check {engine} here: {CANNOT[engine]}")
-    print(f"building the {engine} checking environment (a few minutes) …", file=sys.stderr)
+    print(f"building the {engine} checking environment where missing (about 2 minutes the "
+          f"first time) …", file=sys.stderr)
     try:
         path, took = build_checker_env(engine)
     except EngineEnvError as e:
