@@ -195,3 +195,26 @@ def test_sglang_parser_accepts_the_draft_export_and_judges_the_ngram_one(synthet
     assert [r.ok for r in results] == [True, True, False], [r.message for r in results]
     assert "STANDALONE" in results[0].message and "NGRAM" in results[1].message
     assert "unrecognized arguments: --speculative-num-stepz" in results[2].message
+
+
+def test_the_loops_small_pair_loads_back_with_its_word_tokenizer(tmp_path):
+    """scripts/engine_loop.sh's small pair: saved, loaded as autospec loads any directory, its
+    prompts tokenized word by word (a Qwen2 checkpoint would come back with a byte-level
+    tokenizer that reads none of them), the draft close to the target but not equal."""
+    import torch
+
+    import autospec
+    from autospec.testing.small_pair import save_small_pair, small_prompts
+
+    t_dir, d_dir = save_small_pair(tmp_path)
+    assert save_small_pair(tmp_path) == (t_dir, d_dir)  # written once
+    target, tok = autospec.load_model(t_dir, dtype=torch.float32, progress=False)
+    draft, _ = autospec.load_model(d_dir, dtype=torch.float32, progress=False)
+    agree = []
+    for p in small_prompts(4):
+        ids = tok(p, add_special_tokens=False, return_tensors="pt").input_ids
+        assert ids.shape[1] == len(p.split()) and tok.decode(ids[0]) == p
+        with torch.no_grad():
+            agree.append((target(ids).logits.argmax(-1) == draft(ids).logits.argmax(-1))
+                         .float().mean().item())
+    assert 0.1 < sum(agree) / len(agree) < 0.9  # neither a copy nor unrelated
