@@ -13,6 +13,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 # tiny models gain nothing from intra-op threads, and on a busy 2-core machine spinning
 # OpenMP workers make every small op wait: one thread keeps the suite fast and steady
 torch.set_num_threads(1)
+# the user's cache directory, before the tests replace it: where the engines' checking
+# environments are built (autospec export --build-checker), which the export checks use
+from autospec.store.database import cache_dir as _cache_dir  # noqa: E402
+
+USER_CACHE = _cache_dir()
 # controllers log to the default store (autospec.db in the cache directory): keep that, and
 # every other cached file, away from the user's real cache
 os.environ["AUTOSPEC_CACHE"] = tempfile.mkdtemp(prefix="autospec-tests-")

@@ -236,3 +236,111 @@ def test_an_endless_http_body_is_read_no_further_than_the_limit():
         server.shutdown()
         server.server_close()
     assert sum(sent) < 100 * 2**20  # the reader stopped; the server did not send it all
+
+
+# -- SGLang: counters of verification calls and tokens, no per-position counts -----------------
+SGL_FIXTURE = Path(__file__).parent / "fixtures" / "sglang_spec_scrape.txt"
+
+
+def sglang_sums() -> dict[str, float]:
+    """The SGLang fixture's samples summed by name, read with a regex (not the parser)."""
+    out: dict[str, float] = {}
+    for line in SGL_FIXTURE.read_text().splitlines():
+        m = re.match(r"^(sglang:\w+)\{[^}]*\} (\S+)$", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
+    return out
+
+
+def test_an_sglang_scrape_round_trips_with_per_position_unknown(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert main(["ingest", "--db", url, "--prometheus", str(SGL_FIXTURE), "--category", "chat",
+                 "--hardware", "cuda: NVIDIA H200"]) == 0
+    out = capsys.readouterr().out
+    assert "(sglang)" in out and "per position unknown" in out
+    f = sglang_sums()
+    verify, gen = f["sglang:spec_verify_calls_total"], f["sglang:generation_tokens_total"]
+    reqs, k = f["sglang:num_requests_total"], f["sglang:spec_num_draft_tokens"] - 1
+    sm = summary(url, "chat")
+    assert sm.drafts == verify and sm.drafted == verify * k == 180000
+    assert sm.accepted == gen - verify - reqs == 84000
+    assert sm.new_tokens == gen and sm.prompt_tokens == f["sglang:prompt_tokens_total"]
+    # unknown per position, not spread over positions by assumption
+    assert sm.accepted_per_position == () and sm.drafted_per_position == ()
+    assert sm.acceptance_by_position == ()
+    # SGLang's own accept length (tokens per verification) less the prefill's first tokens
+    assert sm.mean_accepted_length == pytest.approx((gen - reqs) / verify)
+    with open_store(url) as st, st.begin() as s:  # costs for the pair: the report says why no k
+        add_probe(s, PairInfo(MODEL, "unknown", "unknown", "cuda: NVIDIA H200"), grid_payload())
+    assert main(["report", "--db", url, "--category", "chat"]) == 0
+    report = capsys.readouterr().out
+    assert "alpha = 0.467" in report and "acceptance by position unknown" in report
+    with pytest.raises(SystemExit):  # no k without acceptance by position: said, not guessed
+        main(["export", "--db", url, "--engine", "vllm", "--category", "chat"])
+    # a category with both engines: per position is vLLM's alone, the totals are both
+    assert main(["ingest", "--db", url, "--prometheus", str(FIXTURE), "--category", "both"]) == 0
+    assert main(["ingest", "--db", url, "--prometheus", str(SGL_FIXTURE), "--category",
+                 "both"]) == 0
+    both, v = summary(url, "both"), fixture_sums()
+    assert both.drafts == v["vllm:spec_decode_num_drafts_total"] + verify
+    assert list(both.drafted_per_position) == [v["vllm:spec_decode_num_drafts_total"]] * 3
+    assert list(both.accepted_per_position) == [
+        v[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for i in range(3)]
+
+
+def test_an_sglang_baseline_adds_only_the_difference(tmp_path):
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    later = tmp_path / "later.txt"
+    bump = {"spec_verify_calls_total": 1000, "generation_tokens_total": 1250,  # per sample
+            "num_requests_total": 50}
+    later.write_text(re.sub(
+        r"^(sglang:(\w+)\{[^}]*\}) (\S+)$",
+        lambda m: f"{m.group(1)} {float(m.group(3)) + bump.get(m.group(2), 0)}",
+        SGL_FIXTURE.read_text(), flags=re.M))
+    assert main(["ingest", "--db", url, "--prometheus", str(later), "--baseline",
+                 str(SGL_FIXTURE), "--category", "c"]) == 0
+    sm = summary(url, "c")
+    # 1000 verifications; 2 × 1250 tokens (two is_streaming samples) − 1000 − 2 × 50 requests
+    assert (sm.drafts, sm.drafted, sm.accepted) == (1000, 3000, 1400)
+
+
+def _sglang(gauge="4.0", verify="600.0", gen="1452.0", requests="12.0", extra=""):
+    lab = 'model_name="m",engine_type="unified"'
+    lines = [f"sglang:spec_verify_calls_total{{{lab}}} {verify}",
+             f'sglang:generation_tokens_total{{{lab},is_streaming="false"}} {gen}',
+             f'sglang:num_requests_total{{{lab},is_streaming="false"}} {requests}']
+    if gauge is not None:
+        lines.append(f'sglang:spec_num_draft_tokens{{{lab},tp_rank="0"}} {gauge}')
+    return "\n".join(lines) + "\n" + extra
+
+
+@pytest.mark.parametrize("text, message", [
+    (_sglang(gauge=None), "no sglang:spec_num_draft_tokens gauge"),
+    (_sglang(gauge="0.0"), "--k"),
+    (_sglang(extra='sglang:spec_num_draft_tokens{model_name="m",tp_rank="1"} 6.0\n'),
+     "differs between the scrape's samples"),
+    (_sglang(gen="5000.0"), "the counters disagree"),  # more accepted than drafted
+    (_sglang(gen="100.0"), "the counters disagree"),  # fewer tokens than verifications
+    (_sglang(verify="NaN"), "a counter is a finite number"),
+    (_sglang(requests="-1"), "a counter is a finite number"),
+    ('sglang:spec_verify_calls_total{model_name="m"} 600.0\n'
+     'sglang:spec_num_draft_tokens{model_name="m"} 4.0\n', "no sglang:generation_tokens_total"),
+    ('sglang:generation_tokens_total{model_name="m"} 600.0\n', "no vllm:spec_decode_num_drafts"),
+    ("sglang:spec_verify_calls_total{model_name=m} 1\n", "not a Prometheus text exposition"),
+])
+def test_a_malformed_sglang_scrape_is_refused(tmp_path, capsys, text, message):
+    err = _refused(tmp_path, capsys, text)
+    assert message in err, err
+
+
+def test_sglang_k_from_the_command_line_where_the_scrape_lacks_it(tmp_path, capsys):
+    path = tmp_path / "old.txt"
+    path.write_text(_sglang(gauge=None))
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    assert main(["ingest", "--db", url, "--prometheus", str(path), "--category", "c",
+                 "--k", "3"]) == 0
+    assert (summary(url, "c").drafted, summary(url, "c").accepted) == (1800, 840)
+    path.write_text(_sglang())  # the gauge says k = 3: a --k that disagrees is refused
+    with pytest.raises(SystemExit):
+        main(["ingest", "--db", url, "--prometheus", str(path), "--category", "c", "--k", "5"])
+    assert "--k 5 disagrees" in capsys.readouterr().err

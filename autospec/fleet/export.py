@@ -48,12 +48,15 @@ the report prices it at batch 1.
   ``tensorrt_llm/llmapi/llm_args.py``, ``NGramDecodingConfig``; nvidia.github.io/TensorRT-LLM
   llm-api/reference/NGramDecodingConfig).
 - SGLang — ``--speculative-algorithm NGRAM``, ``--speculative-num-draft-tokens`` = k + 1 (as
-  for STANDALONE, the count includes the verified root token),
-  ``--speculative-ngram-min-match-window-size`` / ``--speculative-ngram-max-match-window-size``
-  (min_n / max_n) and ``--speculative-ngram-min-bfs-breadth 1`` /
-  ``--speculative-ngram-max-bfs-breadth 1`` (a chain, as autospec drafts; SGLang sets its
-  top-k from the latter) (sgl-project/sglang ``python/sglang/srt/server_args.py``,
-  ``_handle_speculative_decoding`` and ``add_cli_args``). SGLang runs NGRAM on CUDA only.
+  for STANDALONE, the count includes the verified root token) and
+  ``--speculative-ngram-min-bfs-breadth 1`` / ``--speculative-ngram-max-bfs-breadth 1`` (a
+  chain, as autospec drafts; SGLang sets its top-k from the latter). SGLang 0.5.23 has no
+  suffix-length bounds: it matches the last ``--speculative-ngram-max-trie-depth`` tokens
+  (default 18) in a trie of n-grams, and its parser refuses the older
+  ``--speculative-ngram-min/max-match-window-size`` (checked with SGLang's own
+  ``prepare_server_args``, ``autospec export --check``; sglang 0.5.23
+  ``sglang/srt/arg_groups/fields/spec.py`` and ``sglang/srt/speculative/ngram_worker.py``), so
+  max_n / min_n are not exported to it and the header says so. SGLang runs NGRAM on CUDA only.
 - llama.cpp — ``--spec-type ngram-simple`` (the last n-gram's latest earlier occurrence and
   the tokens after it: prompt lookup) with ``--spec-ngram-simple-size-n`` (= max_n; one length,
   no fallback to shorter ones, which the header says) and ``--spec-ngram-simple-size-m`` (= k,
@@ -395,10 +398,7 @@ def trtllm_ngram_config(plan: ExportPlan) -> dict:
 
 
 def sglang_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
-    ng = plan.ngram
     return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
-            "--speculative-ngram-min-match-window-size", str(ng.min_n),
-            "--speculative-ngram-max-match-window-size", str(ng.max_n),
             "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth",
             "1"]
 
@@ -482,6 +482,10 @@ def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
             cmd += sglang_ngram_flags(plan, k)
             head.append("# a chain of k tokens (BFS breadth 1), as autospec drafts; "
                         "--speculative-num-draft-tokens counts the verified token too (k + 1)")
+            head.append(f"# SGLang matches suffixes in a trie of n-grams (up to "
+                        f"--speculative-ngram-max-trie-depth tokens), not autospec's "
+                        f"{plan.ngram.max_n}-to-{plan.ngram.min_n}-token suffixes: it takes no "
+                        f"suffix bounds, so expect other matches than measured")
         elif k > 0:
             cmd += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
                     plan.draft, "--speculative-num-steps", str(k), "--speculative-eagle-topk",

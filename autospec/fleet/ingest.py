@@ -1,5 +1,5 @@
-"""Engine telemetry into the store: a vLLM metrics scrape (Prometheus text exposition format)
-becomes one request-less record of a category's statistics — its spec-decode counters (drafts,
+"""Engine telemetry into the store: a vLLM or SGLang metrics scrape (Prometheus text exposition
+format) becomes one request-less record of a category's statistics — its spec-decode counters (drafts,
 draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
 ``export`` work for traffic an engine served. No traces: replay and tuning need autospec's own
 requests.
@@ -12,7 +12,26 @@ engine twice counts its traffic twice (pass ``baseline``: an earlier scrape of t
 to ingest only the traffic between the two).
 
 autospec's own exporters (``autospec.fleet.metrics``) use the same names, so their scrapes ingest
-the same way. SGLang exports no per-position counters and is not read.
+the same way.
+
+SGLang (``sglang:`` metrics, sglang 0.5.23 ``sglang/srt/observability/metrics_collector.py``)
+counts less: its acceptance metrics (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``)
+are gauges over the last logging interval, not counters, so they cannot be summed or
+differenced and are not read. What it counts cumulatively is ``sglang:spec_verify_calls_total``
+(verification forwards, summed per finished request), ``sglang:generation_tokens_total``,
+``sglang:num_requests_total`` and ``sglang:prompt_tokens_total``; the gauge
+``sglang:spec_num_draft_tokens`` gives the draft length in force (k + 1, the verified token
+included; ``k`` where a scrape lacks it). From those:
+
+- drafts = verification calls; draft tokens = drafts × k (SGLang drafts a fixed k; adaptive
+  speculation that changed k between scrapes is refused where the gauge shows it);
+- accepted = generation tokens − verification calls − requests: each request's first token
+  comes from the prefill and each verification emits its accepted tokens plus one
+  (SGLang's own per-request ``spec_accept_length`` is completion tokens / verification calls).
+  Tokens cut at a stop string or the length limit make it a slight under-count;
+- per-position acceptance is unknown: SGLang does not count it, so the record carries none
+  (the report's per-position view and the cost model's k then rest on other records of the
+  category, or say they have none) — nothing is spread over positions by assumption.
 
 What is refused, with one line naming the sample (``IngestError``): a scrape larger than
 ``MAX_SCRAPE_BYTES`` (read no further than that); a counter value that is not a finite number
@@ -36,7 +55,7 @@ from autospec.policies.base import K_LIMIT
 log = logging.getLogger(__name__)
 
 __all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "IngestError",
-           "MAX_SCRAPE_BYTES", "MAX_POSITIONS"]
+           "MAX_SCRAPE_BYTES", "MAX_POSITIONS", "ENGINES"]
 
 # a vLLM /metrics page is tens of kB (a few MB with many models and histograms); past this it
 # is not a scrape (or not one to read whole): refused, not read on
@@ -53,6 +72,14 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION = "vllm:generation_tokens"
 PROMPT = "vllm:prompt_tokens"
 
+SGL_VERIFY = "sglang:spec_verify_calls"
+SGL_GENERATION = "sglang:generation_tokens"
+SGL_PROMPT = "sglang:prompt_tokens"
+SGL_REQUESTS = "sglang:num_requests"
+SGL_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"  # a gauge: k + 1 in force
+
+ENGINES = ("auto", "vllm", "sglang")
+
 
 class IngestError(ValueError):
     """The scrape has no spec-decode counters for the model asked for (or is not a scrape)."""
@@ -64,13 +91,23 @@ class SpecCounters:
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
+    # empty where the engine does not count per position (SGLang): unknown, not zero
     accepted_per_position: list[int] = field(default_factory=list)
     generation_tokens: int | None = None
     prompt_tokens: int | None = None
+    engine: str = "vllm"
+    k: int | None = None  # the fixed draft length (SGLang's), where the scrape states it
+    requests: int | None = None  # finished requests (SGLang's)
 
     def minus(self, earlier: SpecCounters) -> SpecCounters:
         """The traffic between ``earlier`` and this scrape (an engine restart resets the
         counters: then this scrape's counts are all new)."""
+        if earlier.engine != self.engine:
+            raise IngestError(f"the baseline is a {earlier.engine} scrape and this one a "
+                              f"{self.engine} scrape: not the same engine")
+        if self.k is not None and earlier.k is not None and self.k != earlier.k:
+            raise IngestError(f"the draft length changed between the scrapes (k = {earlier.k}, "
+                              f"then {self.k}): the draft tokens between them are unknown")
         if self.drafts < earlier.drafts or self.accepted < earlier.accepted:
             log.warning("autospec: the counters went down since the baseline scrape (the "
                         "engine restarted?): ingesting this scrape's counts whole")
@@ -84,7 +121,8 @@ class SpecCounters:
                             self.draft_tokens - earlier.draft_tokens,
                             self.accepted - earlier.accepted, pos,
                             sub(self.generation_tokens, earlier.generation_tokens),
-                            sub(self.prompt_tokens, earlier.prompt_tokens))
+                            sub(self.prompt_tokens, earlier.prompt_tokens), self.engine,
+                            self.k, sub(self.requests, earlier.requests))
 
 
 def _base(name: str) -> str:
@@ -95,17 +133,23 @@ def _base(name: str) -> str:
 
 
 def parse_scrape(text: str, model: str | None = None,
-                 labels: dict[str, str] | None = None) -> SpecCounters:
+                 labels: dict[str, str] | None = None, *, engine: str = "auto",
+                 k: int | None = None) -> SpecCounters:
     """The spec-decode counters of one model in a scrape, summed over engines (and over any
     other labels, restricted to ``labels`` where given). ``model``: the ``model_name`` label;
-    None — the scrape's only one."""
+    None — the scrape's only one. ``engine``: "vllm", "sglang" or "auto" (vLLM's counters
+    where present, else SGLang's). ``k``: SGLang's draft length where the scrape has no
+    ``sglang:spec_num_draft_tokens`` gauge."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # the parser raises ValueError and others on malformed input
         raise IngestError(f"not a Prometheus text exposition: {e}") from None
-    wanted = {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS, GENERATION, PROMPT}
+    wanted = {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS, GENERATION, PROMPT, SGL_VERIFY,
+              SGL_GENERATION, SGL_PROMPT, SGL_REQUESTS, SGL_DRAFT_TOKENS}
     samples = []
     for fam in families:
         for s in fam.samples:
@@ -114,12 +158,16 @@ def parse_scrape(text: str, model: str | None = None,
             if labels and any(s.labels.get(k) != v for k, v in labels.items()):
                 continue
             samples.append(s)
-    models = sorted({s.labels.get("model_name", "") for s in samples
-                     if _base(s.name) == DRAFTS})
+    if engine == "auto":
+        engine = "sglang" if (not any(_base(s.name) == DRAFTS for s in samples)
+                              and any(_base(s.name) == SGL_VERIFY for s in samples)) else "vllm"
+    head = DRAFTS if engine == "vllm" else SGL_VERIFY
+    models = sorted({s.labels.get("model_name", "") for s in samples if _base(s.name) == head})
     if not models:
-        raise IngestError("no vllm:spec_decode_num_drafts counter in the scrape (was "
-                          "speculative decoding on?)" + (f" with labels {labels}" if labels
-                                                         else ""))
+        what = (f"no {DRAFTS} counter" if engine == "vllm" else f"no {SGL_VERIFY}_total counter")
+        raise IngestError(f"{what} in the scrape (was speculative decoding on?"
+                          + (" SGLang needs --enable-metrics" if engine == "sglang" else "")
+                          + ")" + (f" with labels {labels}" if labels else ""))
     if model is None:
         if len(models) > 1:
             raise IngestError(f"the scrape has {len(models)} models: choose one with --model "
@@ -128,15 +176,21 @@ def parse_scrape(text: str, model: str | None = None,
     elif model not in models:
         raise IngestError(f"no spec-decode counters for model {model!r} in the scrape (it has "
                           f"{', '.join(models)})")
+    mine = [s for s in samples if s.labels.get("model_name", "") == model]
+    for s in mine:
+        if not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNT):
+            raise IngestError(f"{_named(s)} has the value {s.value}: a counter is a finite "
+                              "number ≥ 0 (the scrape is refused, nothing was written)")
+    if engine == "sglang":
+        return _sglang(mine, model, k)
+    return _vllm(mine, model)
+
+
+def _vllm(samples, model: str) -> SpecCounters:
     out = SpecCounters(model)
     per_pos: dict[int, float] = {}
     gen = prompt = None
     for s in samples:
-        if s.labels.get("model_name", "") != model:
-            continue
-        if not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNT):
-            raise IngestError(f"{_named(s)} has the value {s.value}: a counter is a finite "
-                              "number ≥ 0 (the scrape is refused, nothing was written)")
         base = _base(s.name)
         if base == DRAFTS:
             out.drafts += int(round(s.value))
@@ -170,6 +224,48 @@ def parse_scrape(text: str, model: str | None = None,
     return out
 
 
+def _sglang(samples, model: str, k: int | None) -> SpecCounters:
+    """SGLang's counters (see the module's docstring for what they allow)."""
+    sums: dict[str, int] = {}
+    gauge = set()
+    for s in samples:
+        base = _base(s.name)
+        if base == SGL_DRAFT_TOKENS:
+            gauge.add(int(round(s.value)))
+        else:
+            sums[base] = sums.get(base, 0) + int(round(s.value))
+    gauge.discard(0)  # 0 until the scheduler's first decode log with speculation
+    if len(gauge) > 1:
+        raise IngestError(f"{SGL_DRAFT_TOKENS} differs between the scrape's samples "
+                          f"({', '.join(map(str, sorted(gauge)))}): adaptive speculation or "
+                          f"several configurations, the draft tokens are unknown")
+    if gauge:
+        stated = gauge.pop() - 1
+        if k is not None and k != stated:
+            raise IngestError(f"--k {k} disagrees with the scrape's {SGL_DRAFT_TOKENS} "
+                              f"({stated + 1}, i.e. k = {stated})")
+        k = stated
+    if k is None or k < 1:
+        raise IngestError(f"the scrape has no {SGL_DRAFT_TOKENS} gauge (an older SGLang, or "
+                          "no decode logged yet): give the draft length with --k "
+                          "(--speculative-num-steps of a chain)")
+    if k >= MAX_POSITIONS:
+        raise IngestError(f"a draft length of {k} is beyond autospec's {MAX_POSITIONS - 1}")
+    missing = [n for n in (SGL_GENERATION, SGL_REQUESTS) if n not in sums]
+    if missing:
+        raise IngestError(f"the scrape has {SGL_VERIFY}_total but no "
+                          f"{' or '.join(m + '_total' for m in missing)}: the accepted tokens "
+                          "cannot be counted")
+    drafts, gen, req = sums.get(SGL_VERIFY, 0), sums[SGL_GENERATION], sums[SGL_REQUESTS]
+    accepted = gen - drafts - req
+    if accepted < 0 or accepted > drafts * k:
+        raise IngestError(f"the counters disagree: {gen} generation tokens, {drafts} "
+                          f"verification calls and {req} requests leave {accepted} accepted "
+                          f"tokens, outside 0..{drafts * k} for k = {k} (nothing was written)")
+    return SpecCounters(model, drafts, drafts * k, accepted, [], gen, sums.get(SGL_PROMPT),
+                        engine="sglang", k=k, requests=req)
+
+
 def _named(sample) -> str:
     """A sample as the scrape writes it: ``name{label="value",…}``."""
     labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
@@ -197,7 +293,7 @@ def read_scrape(source: str, timeout: float = 10.0, limit: int = MAX_SCRAPE_BYTE
 
 def to_record(c: SpecCounters, *, category: str, target: str | None = None,
               draft: str = "unknown", dtype: str = "unknown", hardware: str = "unknown",
-              engine: str = "vllm", created_at: float | None = None):
+              engine: str | None = None, created_at: float | None = None):
     """One ``RequestRecord`` carrying the counters (no trace, no timings)."""
     from autospec.store.record import TRACE_GREEDY, PairInfo, RequestRecord
 
@@ -206,7 +302,7 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
     width = len(c.accepted_per_position)
     return RequestRecord(
         pair=PairInfo(target=target or c.model, draft=draft, dtype=dtype, hardware=hardware),
-        category=category, policy=f"{engine} (ingested)", greedy=True,
+        category=category, policy=f"{engine or c.engine} (ingested)", greedy=True,
         prompt_tokens=c.prompt_tokens or 0,
         new_tokens=c.generation_tokens if c.generation_tokens is not None
         else c.drafts + c.accepted,

@@ -217,13 +217,15 @@ def _tuned_table(tuned: Tuning | None):
 
 def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
                draft: dict[int, float], source: str, *, k_max: int = K_MAX,
-               tuned: Tuning | None = None, requests_by_batch: dict[int, int] | None = None
-               ) -> Batch:
+               tuned: Tuning | None = None, requests_by_batch: dict[int, int] | None = None,
+               drafted: int = 0) -> Batch:
     """The batch dimension of one workload from the pair's cost grid (``queries.batch_costs``):
     at each grid batch size B, the cost model's k for a batch whose every row has this
     workload's acceptance ``alphas`` (``batch_best_k``: Σ E[N_i](k) / (k·T_d(B) + T_t(B, k+1))
     against B / T_t(B, 1)), its predicted speedup, the speedup at fixed k, and where
-    verification stops being memory-bound and speculation is switched off."""
+    verification stops being memory-bound and speculation is switched off. ``drafted``: the
+    workload's drafted tokens, which tell "nothing measured" from "measured, but not per
+    position" (an ingested SGLang scrape)."""
     counts = dict(sorted((requests_by_batch or {}).items()))
     table_ = _tuned_table(tuned)
     tuned_spec = table_.name if table_ is not None else None
@@ -263,7 +265,10 @@ def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
                 break
             crossover = p.batch
     note = None
-    if not known:
+    if not known and drafted > 0:
+        note = ("acceptance by position unknown (the traffic was ingested from an engine that "
+                "does not count it per position, e.g. SGLang): k per batch size unknown")
+    elif not known:
         note = "no acceptance measured for this workload yet: k per batch size unknown"
     elif all(p.t_draft_s is None for p in points):
         note = f"no draft timing T_d(B) in the grid: run `{PROBE_BATCH_HINT}`"
@@ -404,7 +409,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                 for name in ("id", "target", "draft", "dtype", "hardware")}
         g_target, g_draft, g_source = grids[pid]
         batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
-                           requests_by_batch=by_batch.get((category_key(sm.category), pid)))
+                           requests_by_batch=by_batch.get((category_key(sm.category), pid)),
+                           drafted=sm.drafted)
         props = proposers_view(sm, history.ngram_profile(s, sm.category, pid, limit=recent),
                                alphas, curve, t_draft, k_max=k_max)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
