@@ -367,7 +367,8 @@ class Controller:
             return
         # a new category's statistics, not yet seen by any other thread: one source
         live.t_target, live.t_samples = {}, {}
-        live.warm_start([], [], t_target=donor.t_target)
+        # the donor's points passed the live guard (or are a probe's): taken as they are
+        live.warm_start([], [], t_target=donor.t_target, probe=True)
         live.t_draft = donor.t_draft if donor.t_draft is not None else live.t_draft
         if live.t_ngram is None:
             live.t_ngram = donor.t_ngram
@@ -390,8 +391,11 @@ class Controller:
                 # costs from one path (the one this controller runs) and one source (the
                 # probe if any, else well-measured live points), so their ratios hold; live
                 # timings then replace them as they come in
-                t_draft, t_target, _ = queries.measured_costs(s, pid, category,
-                                                              path=self.path)
+                t_draft, t_target, source = queries.measured_costs(s, pid, category,
+                                                                   path=self.path)
+                # a probe's curve is exempt from the shape guard (every n timed back to
+                # back); a live one passes it again here, whoever stored it
+                probe = source.startswith("probe")
                 # the draft's catch-up cost is the pair's: priced from the first resumption
                 # (logged catch-ups, else the probe's)
                 catch_ups, _, _ = queries.catch_up_source(s, pid, path=self.path)
@@ -403,9 +407,9 @@ class Controller:
                                 bandwidth_utilisation=sm.bandwidth_utilisation,
                                 ngram_accepted_per_position=sm.ngram_accepted_per_position,
                                 ngram_drafted_per_position=sm.ngram_drafted_per_position,
-                                t_ngram=sm.ngram_lookup_s_per_token)
+                                t_ngram=sm.ngram_lookup_s_per_token, probe=probe)
             elif t_target:
-                live.warm_start([], [], t_target=t_target, t_draft=t_draft)
+                live.warm_start([], [], t_target=t_target, t_draft=t_draft, probe=probe)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 

@@ -26,7 +26,7 @@ from .base import Choice, batch_bucket
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "valued_speedup", "block_saving", "induced_catch_up",
            "request_ngram_curve", "batch_finish_k", "conditional_from_cumulative",
-           "CostModelPolicy"]
+           "acceptance_cap", "CostModelPolicy"]
 
 
 # a request's own rate and n-gram match share count against the category's as if the
@@ -76,6 +76,30 @@ COST_SETTLE = 3  # live samples of a cost point before it is decided by (``settl
 TRIAL_GAIN = 0.1  # the draft model's trial on a category needs this gain at perfect acceptance
 REPROBE_STEPS = 2.0  # what a re-probe may cost, in plain steps, per reprobe_every off
 COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
+# while the machine is busy (``LiveStats.busy``), a block's last token must be accepted with at
+# least this probability: k is bounded by what the acceptance alone can justify
+MARGINAL = 0.1
+
+
+def acceptance_cap(acceptance, k_max: int, marginal: float = MARGINAL) -> int:
+    """The largest k ≤ ``k_max`` (at least 1) whose last token is accepted with probability
+    a_1 · … · a_k ≥ ``marginal``. With acceptance α a block's expected tokens saturate at
+    1 / (1 − α): past this k, a position adds less than ``marginal`` tokens for a draft step
+    and a longer verification each, so only a cost curve that is (nearly) free to extend can
+    make it pay — which is what timings taken at different loads can fake. At α = 0.13 the
+    cap is 1, at 0.5 it is 3, at 0.8 it is 10."""
+    if isinstance(acceptance, (int, float)):
+        acceptance = [float(acceptance)]
+    known = [a for a in acceptance if a is not None]
+    last = float(known[-1]) if known else 0.0
+    run, cap = 1.0, 1
+    for k in range(1, k_max + 1):
+        a = acceptance[k - 1] if k - 1 < len(acceptance) else None
+        run *= last if a is None else float(a)
+        if run < marginal:
+            break
+        cap = k
+    return max(1, min(cap, k_max))
 
 
 def settle_sample(first: list[float], old: float | None, new: float, settle: int,
@@ -434,6 +458,7 @@ class CostModelPolicy:
         self.proposers = proposers
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
         self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
+        self._moves: dict[str, int] = {}  # category → the LiveStats.level_moves seen last
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
         # per LiveStats: (version, top, acceptance curve, cost function), rebuilt only when the
         # statistics changed (their ``version``) or another curve length is asked for
@@ -512,6 +537,7 @@ class CostModelPolicy:
             return 0
         best = (0, 1.0, "draft", 0.0)  # (k, S, proposer, seconds saved: block_saving)
         value = self._token_value(live, context, proposers)
+        busy = live.busy() if hasattr(live, "busy") else False
         if drafts:
             if live.t_draft is None or len(live.t_target) < 2:
                 return min(self.initial_k, top)
@@ -520,7 +546,9 @@ class CostModelPolicy:
             if predicted is not None and live.observed < self.cold_start:
                 curve = [float(predicted)] * top
             per_token = self._catch_up(live, context, proposers)
-            k, s = best_k(curve, live.t_draft, cost, top, per_token=per_token)
+            # a busy machine's costs are not decided by: k within what acceptance justifies
+            k, s = best_k(curve, live.t_draft, cost, min(top, acceptance_cap(curve, top))
+                          if busy else top, per_token=per_token)
             saved = 0.0
             if k:
                 s, saved = _priced(curve, k, live.t_draft, cost, per_token, value, s)
@@ -529,7 +557,8 @@ class CostModelPolicy:
             cost = self.derived(live, top)[1]
             curve = request_ngram_curve(self.derived_ngram(live, top, match), context, match)
             t_ngram = live.t_ngram or 0.0
-            k, s = best_k(curve, t_ngram, cost, top)
+            k, s = best_k(curve, t_ngram, cost,
+                          min(top, acceptance_cap(curve, top)) if busy else top)
             if k:
                 s, saved = _priced(curve, k, t_ngram, cost, 0.0, value, s)
                 drafting = best[0] > 0 and best[1] >= 1 + self.min_gain
@@ -551,8 +580,13 @@ class CostModelPolicy:
             return trial
         off = self._off.get(context.category, 0) + 1
         k = 0
-        if off >= self._reprobe_after(live, context, live.t_target.get(1), live.t_draft,
-                                      self.derived(live, top)[1], top):
+        # the level moved since the last decision (a burst began or ended): the costs that
+        # switched the draft model off were measured at another load, so re-probe now
+        moves = getattr(live, "level_moves", 0)
+        moved = moves != self._moves.get(context.category, 0)
+        self._moves[context.category] = moves
+        if moved or off >= self._reprobe_after(live, context, live.t_target.get(1),
+                                               live.t_draft, self.derived(live, top)[1], top):
             off = 0
             k = min(self.probe_k, top)
             if not drafts:

@@ -8,8 +8,11 @@ not own it. Thread-safe: several requests of one category may run at once.
 
 from __future__ import annotations
 
+import logging
 import math
+import statistics
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
@@ -26,7 +29,64 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
 _CATCH_UP_DISCOUNT = 0.98
 
-__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums"]
+log = logging.getLogger("autospec.policies.live")
+
+# -- costs a busy machine cannot fool (docs/policy.md, "When the machine is busy") ----------
+# A busy machine moves the level of every timing (all n alike), rarely the shape of the
+# verification curve T_t(n) / T_t(1). Live points of different n come from different moments
+# (T_t(1) from k = 0 steps only), so a ratio across them can carry the load's change instead of
+# the curve's shape: T_t(1) timed in a burst at 1.33 s against T_t(14) timed quiet at 0.34 s.
+#
+# SHAPE_FLOOR: the least T_t(n) / T_t(1) (n > 1) trusted from live timings. Scoring n tokens
+# reads the same weights as scoring one and computes more, so a curve point far below the plain
+# step is not physical; kernel choice makes some slightly cheaper (bf16 on this CPU kind:
+# T_t(2) ≈ 0.82 · T_t(1)), and a settled live point carries a few percent of noise on top:
+# 0.7 leaves that margin and rejects a level change of 30 % or more taken for shape. A probe
+# measures every n back to back, so its curve is exempt.
+SHAPE_FLOOR = 0.7
+# LEVEL_MOVE: the factor by which the median of the last LEVEL_RUN plain steps must differ from
+# the level the other points were measured at for the level to count as moved (quiet timings
+# of one n scatter a few percent; a neighbour's burst on a shared core moves them by 2-5x)
+LEVEL_MOVE = 1.3
+LEVEL_RUN = 3
+# SCATTER: recent timings of one n whose interquartile range exceeds this share of their
+# median (at least 3 within SCATTER_WINDOW iterations) say the machine is busy; so do a level
+# move and a held-out shape, for BUSY_HOLD iterations after them
+SCATTER = 0.2
+SCATTER_WINDOW = 32
+BUSY_HOLD = 32
+# a held-out shape asks plain steps to re-measure the level at most once per this many
+# iterations; between two, a point below the floor is clamped to it (a curve that really is
+# that cheap on some hardware then costs one re-measure per REMEASURE_EVERY, not every step)
+REMEASURE_EVERY = 32
+_RECENT = 8  # raw samples kept per n for the scatter
+
+__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
+           "shape_guard", "spread", "SHAPE_FLOOR", "LEVEL_MOVE", "SCATTER"]
+
+
+def shape_guard(curve: Mapping[int, float], floor: float = SHAPE_FLOOR) -> dict[int, float]:
+    """``curve`` (n → T_t(n)) without the points n > 1 below ``floor`` · T_t(1): a shape no
+    machine shows, read from timings taken at different load (one timed in a burst, another
+    in a quiet moment). Held out, not clamped: an unmeasured point reads at least T_t(1)
+    (``interpolate_cost``), and the live loop measures it again beside a fresh level. Without
+    T_t(1) there is nothing to check against and the curve is returned as it is. A probe's
+    curve (every n timed back to back) is not passed through this."""
+    pts = {int(n): float(t) for n, t in curve.items() if t is not None}
+    t1 = pts.get(1)
+    if not t1 or t1 <= 0:
+        return pts
+    return {n: t for n, t in pts.items() if n == 1 or t >= floor * t1}
+
+
+def spread(samples: Sequence[float]) -> float:
+    """Relative spread of timings: interquartile range over the median (0 below 3 samples).
+    One outlier among several moves it little; a burst that slows a third of them moves it
+    far."""
+    if len(samples) < 3:
+        return 0.0
+    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return (q3 - q1) / q2 if q2 > 0 else 0.0
 
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
@@ -129,6 +189,22 @@ class LiveStats:
         self.spent = [0.0, 0.0]  # [seconds, tokens]
         self.bandwidth_utilisation: float | None = None
         self.iterations = 0
+        # the busy-machine guard (module constants above): raw recent timings per n
+        # ((iteration, seconds), the last _RECENT), the level T_t(1) the other points were
+        # last measured against, the points a level move left to be replaced by their next
+        # sample (n; 0 is T_d), how often the level moved, until which iteration the machine
+        # counts as busy, when plain steps were last asked to re-measure the level, and how
+        # many shape samples were held out
+        self._recent: dict[int, deque] = {}
+        self._level_ref: float | None = None
+        self._stale: set[int] = set()
+        self.level_moves = 0
+        self._busy_until = 0
+        self._remeasure_at: int | None = None
+        self.held_out = 0
+        # n → the least T_t(n) / T_t(1) trusted where a probe measured a point below
+        # SHAPE_FLOOR (a probe times every n back to back: its shape is exempt)
+        self._floor: dict[int, float] = {}
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change: lets policies cache their decisions
 
@@ -138,10 +214,16 @@ class LiveStats:
             self._count(self.accepted, self.reached, k, accepted)
             if k > 0:
                 self.draft_blocks += 1
-            if k > 0 and draft_s == draft_s and draft_s > 0:  # not NaN
-                self.t_draft = self._avg(self.t_draft, draft_s / k)
+            # an iteration whose target timing is held out (a shape no machine shows: the
+            # level it is read against is out of date) holds out its draft timing too
+            kept = self._timed(k, target_s)
+            if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
+                if 0 in self._stale:  # the level moved: this sample replaces the carried one
+                    self._stale.discard(0)
+                    self.t_draft = draft_s / k
+                else:
+                    self.t_draft = self._avg(self.t_draft, draft_s / k)
             self._spend(draft_s if k else 0.0, target_s, accepted + 1)
-            self._timed(k, target_s)
 
     def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
         """An iteration's time and tokens into the realized rate (prefill, with no steady
@@ -172,18 +254,96 @@ class LiveStats:
             if i < m:
                 accepted[i] += 1
 
-    def _timed(self, k: int, target_s: float) -> None:
-        """The target's forward of k + 1 tokens (whoever proposed), and the iteration."""
+    def _timed(self, k: int, target_s: float) -> bool:
+        """The target's forward of k + 1 tokens (whoever proposed), and the iteration; under
+        the lock. False where the timing was held out (the shape guard, below).
+
+        The shape guard: a point n > 1 timed below ``SHAPE_FLOOR`` · T_t(1) says the level
+        T_t(1) was measured at another load (a burst) than this forward: it is held out, the
+        machine counts as busy, and T_t(1) is re-measured by plain steps (``settled(1)`` is
+        False until ``COST_SETTLE`` fresh samples settle it); within ``REMEASURE_EVERY``
+        iterations of the last re-measure such a point is clamped to the floor instead."""
+        kept = True
         if target_s == target_s and target_s > 0:  # not NaN
-            n = k + 1
-            if n in self.t_target and n not in self.t_samples:  # warm-started: the average
-                self.t_target[n] = self._avg(self.t_target[n], target_s)
-            else:
-                self.t_target[n] = settle_sample(self.t_samples.setdefault(n, []),
-                                                 self.t_target.get(n), target_s, COST_SETTLE,
-                                                 self.ema)
+            n, it = k + 1, self.iterations
+            self._recent.setdefault(n, deque(maxlen=_RECENT)).append((it, float(target_s)))
+            level = self.t_target.get(1)
+            floor = self._floor.get(n, SHAPE_FLOOR)
+            if n > 1 and level and target_s < floor * level:
+                self._busy_until = it + BUSY_HOLD
+                self.held_out += 1
+                if self._remeasure_at is None or it - self._remeasure_at >= REMEASURE_EVERY:
+                    self._remeasure_at = it
+                    self.t_samples[1] = []  # plain steps re-measure the level
+                    log.debug("autospec: T_t(%d) = %.3f s below %.2f x T_t(1) = %.3f s: held "
+                              "out, the level is re-measured", n, target_s, SHAPE_FLOOR, level)
+                    kept = False
+                else:
+                    target_s = floor * level
+            if kept:
+                if n > 1:
+                    self._level_ref = level  # the level this point is measured against
+                if n in self._stale:  # the level moved: this sample replaces the carried one
+                    self._stale.discard(n)
+                    self.t_samples[n] = []
+                if n in self.t_target and n not in self.t_samples:  # warm-started: average
+                    self.t_target[n] = self._avg(self.t_target[n], target_s)
+                else:
+                    self.t_target[n] = settle_sample(self.t_samples.setdefault(n, []),
+                                                     self.t_target.get(n), target_s,
+                                                     COST_SETTLE, self.ema)
+                if n == 1:
+                    self._check_level()
         self.iterations += 1
         self.version += 1
+        return kept
+
+    def _check_level(self) -> None:
+        """After a plain step: where the median of the last ``LEVEL_RUN`` plain steps differs
+        from the level the other costs were measured against by ``LEVEL_MOVE`` or more, the
+        level moved (a burst began or ended). T_t(1) becomes that median, every other point
+        and T_d are carried to the new level (the shape holds) and each is replaced by its
+        next sample, the machine counts as busy, and ``level_moves`` counts it (the cost
+        model then re-probes at once instead of after its off stretch). Not while a
+        re-measure of the level is still settling; under the lock."""
+        first = self.t_samples.get(1)
+        recent = self._recent.get(1) or ()
+        ref = self._level_ref
+        if (ref is None or ref <= 0 or len(recent) < LEVEL_RUN
+                or (first is not None and len(first) < COST_SETTLE)):
+            return
+        new = statistics.median(t for _, t in list(recent)[-LEVEL_RUN:])
+        factor = new / ref
+        if max(factor, 1 / factor) < LEVEL_MOVE:
+            return
+        self.t_target[1] = new
+        for n in self.t_target:
+            if n != 1:
+                self.t_target[n] *= factor
+                self._stale.add(n)
+        if self.t_draft is not None:
+            self.t_draft *= factor
+            self._stale.add(0)
+        self._level_ref = new
+        self.level_moves += 1
+        self._busy_until = self.iterations + BUSY_HOLD
+        log.debug("autospec: the timing level moved x%.2f (T_t(1) %.3f s -> %.3f s): costs "
+                  "carried over and re-measured", factor, ref, new)
+
+    def busy(self) -> bool:
+        """Whether the timings say the machine is busy: recent timings of one n scatter
+        (``spread`` above ``SCATTER`` over at least 3 within the last ``SCATTER_WINDOW``
+        iterations), or the level moved or a shape was held out within ``BUSY_HOLD``. The cost
+        model then bounds k by what the acceptance alone can justify."""
+        with self._lock:
+            it = self.iterations
+            if it < self._busy_until:
+                return True
+            for samples in self._recent.values():
+                xs = [t for i, t in samples if i >= it - SCATTER_WINDOW]
+                if len(xs) >= 3 and spread(xs) > SCATTER:
+                    return True
+        return False
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
@@ -325,13 +485,30 @@ class LiveStats:
                    bandwidth_utilisation: float | None = None,
                    ngram_accepted_per_position: Sequence[float] = (),
                    ngram_drafted_per_position: Sequence[float] = (),
-                   t_ngram: float | None = None) -> None:
+                   t_ngram: float | None = None, probe: bool = False) -> None:
         """Seed from stored history (vLLM-style cumulative counts: accepted[i] / drafted[i] is
         the rate at which the i-th draft token is accepted), scaled to at most ``weight`` blocks:
         enough to start from a good k, little enough to follow new traffic. The n-gram
         proposer's counts (``ngram_*``, pooled over match lengths) seed its own the same way,
         so that a new process does not learn again, block by failing block, where prompt
-        lookup misses."""
+        lookup misses.
+
+        ``t_target`` passes ``shape_guard`` unless ``probe`` (a probe's curve, every n timed
+        back to back): a stored live curve whose points came from different loads (T_t(1)
+        from a burst, T_t(14) from a quiet moment) is not trusted by the next process; the
+        points held out are measured again live."""
+        if t_target and not probe:
+            guarded = shape_guard(t_target)
+            if len(guarded) < len(t_target):
+                log.info("autospec: stored T_t(n) for n = %s below %.2f x T_t(1): held out, "
+                         "measured again", sorted(set(map(int, t_target)) - set(guarded)),
+                         SHAPE_FLOOR)
+            t_target = guarded
+        elif t_target and probe:
+            t1 = t_target.get(1)
+            for n, t in t_target.items() if t1 else ():
+                if int(n) > 1 and t < SHAPE_FLOOR * t1:
+                    self._floor[int(n)] = float(t) / t1
         with self._lock:
             self.draft_blocks += _seed(self.accepted, self.reached, accepted_per_position,
                                        drafted_per_position, weight)
@@ -343,6 +520,8 @@ class LiveStats:
                 self.t_ngram = float(t_ngram)
             for n, t in (t_target or {}).items():
                 self.t_target.setdefault(int(n), float(t))
+            if self._level_ref is None and self.t_target.get(1):
+                self._level_ref = self.t_target[1]
             if bandwidth_utilisation is not None:
                 self.bandwidth_utilisation = bandwidth_utilisation
             self.version += 1
@@ -451,6 +630,11 @@ class LiveStats:
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
             new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
+            new._recent = {n: deque(v, maxlen=_RECENT) for n, v in self._recent.items()}
+            new._level_ref, new._stale = self._level_ref, set(self._stale)
+            new.level_moves, new._busy_until = self.level_moves, self._busy_until
+            new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
+            new._floor = dict(self._floor)
         if acceptance_from is not None:
             with acceptance_from._lock:
                 new.accepted = list(acceptance_from.accepted)
@@ -469,8 +653,18 @@ class LiveStats:
             return n in self.t_target and (first is None or len(first) >= COST_SETTLE)
 
     def cost(self, optimistic: bool = False):
-        """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured."""
-        return interpolate_cost(self.t_target, optimistic=optimistic) if self.t_target else None
+        """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured.
+        No point n > 1 reads below ``SHAPE_FLOOR`` · T_t(1) (live points are guarded as they
+        come in; this holds for points set by hand and for a level that rose since)."""
+        with self._lock:
+            curve, floors = dict(self.t_target), self._floor
+        if not curve:
+            return None
+        t1 = curve.get(1)
+        if t1:
+            curve = {n: (t if n == 1 else max(t, floors.get(n, SHAPE_FLOOR) * t1))
+                     for n, t in curve.items()}
+        return interpolate_cost(curve, optimistic=optimistic)
 
     @property
     def observed(self) -> float:

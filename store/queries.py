@@ -511,8 +511,16 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
             seconds[n] = seconds.get(n, 0.0) + s
             count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
     curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
+    # live means of different n come from different moments: a shape no machine shows
+    # (T_t(n) < SHAPE_FLOOR · T_t(1), the burst's T_t(1) against a quiet T_t(14)) is held out
+    from autospec.policies.live import shape_guard
+
+    guarded = shape_guard(curve)
+    held = sorted(set(curve) - set(guarded))
     t_draft = draft_s / draft_n if draft_n >= min_forwards else None
-    return t_draft, curve, f"live traffic ({path})"
+    return t_draft, guarded, (f"live traffic ({path})" if not held else
+                              f"live traffic ({path}; n = {held} held out: below the shape "
+                              "floor)")
 
 
 def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent: int = 500

@@ -430,7 +430,34 @@ def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
     assert code == 0
     for heading in ("=== code", "=== chat", "=== translation"):
         assert heading in out
-    assert out.count("speedup") == 3 and "identical to plain: yes" in out and "1 threads" in out
+    assert "2 rounds per prompt" in out and out.count("(median of 2)") == 6
+    # per prompt a speedup over the rounds' pairs, or the note that plain runs scattered
+    verdicts = [ln.split("->")[1] for ln in out.splitlines() if ln.startswith("--- plain:")]
+    assert len(verdicts) == 3 and all(v.strip().startswith(("speedup ", "no speedup stated"))
+                                      for v in verdicts)
+    if "no speedup stated" in out:  # plain runs that scatter are named in the closing note
+        assert "Note: the machine was busy" in out
+    assert out.count("identical to plain: yes") == 3 and "1 threads" in out
+    assert out.rstrip().splitlines()[-1].startswith("For a real measurement: autospec bench")
+    with pytest.raises(SystemExit) as refused:  # one pair is no median
+        main(["demo", "--rounds", "1"])
+    assert refused.value.code == 2 and "must be in 2..100" in capsys.readouterr().err
+
+
+def test_demo_says_when_the_machine_was_busy():
+    """The demo's judgement, from what it measured: medians of paired speedups, plain runs'
+    scatter across rounds, the load beyond its own threads, the cost model's own timings."""
+    from autospec.cli.demo import busy_note, paired_speedups, plain_scatter
+
+    steady = [([0] * 64, 16.0), ([0] * 64, 16.4)]
+    assert plain_scatter(steady) < 0.15
+    assert plain_scatter([([0] * 64, 16.0), ([0] * 64, 30.0)]) > 0.5
+    spec = [([0] * 64, 12.0), ([0] * 64, 12.0)]
+    assert paired_speedups(steady, spec) == pytest.approx([16 / 12, 16.4 / 12])
+    assert busy_note(0.3, 2.1, 2, 2, [], []) is None  # the demo's own two threads
+    assert "load average 3.5 on 2 cores" in busy_note(0.4, 3.5, 2, 2, [], [])
+    assert "plain runs scattered across rounds (chat)" in busy_note(None, None, 2, 2, ["chat"], [])
+    assert "cost model's timings scattered (code)" in busy_note(0.1, 0.1, 2, 2, [], ["code"])
 
 
 def test_divergence_reports_position_and_the_targets_margin(models, tok):
