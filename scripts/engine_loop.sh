@@ -18,8 +18,9 @@
 #   (autospec.testing.small_pair), which loads in seconds but whose draft costs as much as its
 #   target on a CPU, so the export usually says speculation does not pay and the loop stops
 #   there.
-# Needs: .venv (scripts/bootstrap.sh) and the vLLM environment (`autospec export --engine vllm
-# --build-checker`). A vLLM CPU server takes 2.5–3.5 minutes to start and uses every core.
+# Builds what it needs where it is missing: .venv (scripts/bootstrap.sh) and the vLLM
+# environment (`autospec export --engine vllm --build-checker`). A vLLM CPU server takes
+# 2.5–3.5 minutes to start and uses every core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -35,10 +36,16 @@ TOKENS=${AUTOSPEC_LOOP_TOKENS:-48}
 START_LIMIT=${AUTOSPEC_LOOP_START_S:-420}    # the server must answer /health within this
 SERVE_LIMIT=${AUTOSPEC_LOOP_SERVE_S:-1200}   # and is killed after this, whatever happens
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-VLLM_PY=${AUTOSPEC_VLLM_PYTHON:-$("$PY" -c 'from autospec.fleet.engines import vllm_python; print(vllm_python() or "")')}
-if [ -z "$VLLM_PY" ]; then
-  echo "no vLLM environment: build it with .venv/bin/autospec export --engine vllm --build-checker" >&2
-  exit 1
+[ -x "$PY" ] || bash scripts/bootstrap.sh  # a fresh machine: autospec's own venv first
+find_vllm() {
+  "$PY" -c 'from autospec.fleet.engines import vllm_python; print(vllm_python() or "")'
+}
+VLLM_PY=${AUTOSPEC_VLLM_PYTHON:-$(find_vllm)}
+if [ -z "$VLLM_PY" ]; then  # and vLLM's (about 2 minutes and 3.5 GB, once)
+  echo "no vLLM environment yet: building it (autospec export --engine vllm --build-checker)"
+  "$AS" export --engine vllm --build-checker
+  VLLM_PY=$(find_vllm)
+  [ -n "$VLLM_PY" ] || { echo "the vLLM environment could not be built" >&2; exit 1; }
 fi
 SERVER_PID=
 stop_server() {
