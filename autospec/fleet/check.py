@@ -98,6 +98,27 @@ def vllm_job(text: str, *, targets: dict[str, str] | None = None,
     return {"target": target, "speculative_config": spec, "max_model_len": 2048}
 
 
+def run_checker(py, script: Path, payload, *, env: dict, timeout: float, engine: str,
+                build: str) -> list:
+    """Run an engine's checking script with ``py`` on ``payload`` (JSON in a file, results
+    back in another); what it returns, or a ``CheckError`` that says how to rebuild."""
+    with tempfile.TemporaryDirectory(prefix="autospec-check-") as tmp:
+        src, dst = Path(tmp, "jobs.json"), Path(tmp, "results.json")
+        src.write_text(json.dumps(payload), encoding="utf-8")
+        try:
+            r = subprocess.run([str(py), str(script), str(src), str(dst)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CheckError(f"the {engine} check did not finish within {timeout:g} s") from None
+        if r.returncode != 0 or not dst.exists():
+            tail = [ln for ln in (r.stdout or "").strip().splitlines() if ln.strip()][-1:]
+            raise CheckError(f"the {engine} check failed to run with {py} (exit {r.returncode})"
+                             + (f": {tail[0]}" if tail else "")
+                             + f"; rebuild it with `{build}`")
+        return json.loads(dst.read_text(encoding="utf-8"))
+
+
 def check_vllm(jobs: list[dict], *, python: str | os.PathLike | None = None,
                timeout: float = 900.0) -> list[CheckResult]:
     """Run vLLM's own validation on each job (one subprocess for all of them)."""
@@ -113,22 +134,9 @@ def check_vllm(jobs: list[dict], *, python: str | os.PathLike | None = None,
     if os.environ.get(ENV_PYTHON) is None:
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the environment autospec built
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="autospec-check-") as tmp:
-        src, dst = Path(tmp, "jobs.json"), Path(tmp, "results.json")
-        src.write_text(json.dumps(jobs), encoding="utf-8")
-        log.info("checking %d vLLM export(s) with %s", len(jobs), py)
-        try:
-            r = subprocess.run([str(py), str(script), str(src), str(dst)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise CheckError(f"the vLLM check did not finish within {timeout:g} s") from None
-        if r.returncode != 0 or not dst.exists():
-            tail = [ln for ln in (r.stdout or "").strip().splitlines() if ln.strip()][-1:]
-            raise CheckError(f"the vLLM check failed to run with {py} (exit {r.returncode})"
-                             + (f": {tail[0]}" if tail else "")
-                             + f"; rebuild it with `{BUILD_COMMAND}`")
-        raw = json.loads(dst.read_text(encoding="utf-8"))
+    log.info("checking %d vLLM export(s) with %s", len(jobs), py)
+    raw = run_checker(py, script, jobs, env=env, timeout=timeout, engine="vLLM",
+                      build=BUILD_COMMAND)
     took = time.perf_counter() - start
     out = []
     for job, res in zip(jobs, raw):

@@ -12,12 +12,10 @@ parser runs: SGLang's launch-time checks that need a GPU do not.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -73,7 +71,7 @@ def build_sglang_checker(cache: str | os.PathLike | None = None) -> tuple[Path, 
 def check_sglang(jobs: list[list[str]], *, cache: str | os.PathLike | None = None,
                  timeout: float = 600.0):
     """SGLang's parser on each exported command line (``python -m sglang.launch_server …``)."""
-    from autospec.fleet.check import CheckError, CheckResult
+    from autospec.fleet.check import CheckError, CheckResult, run_checker
     from autospec.fleet.engines import vllm_python
 
     root = sglang_checker_dir(cache)
@@ -91,21 +89,8 @@ def check_sglang(jobs: list[list[str]], *, cache: str | os.PathLike | None = Non
            "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root / "deps")])}
     script = Path(__file__).with_name("_sglang_check.py")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="autospec-check-") as tmp:
-        src, dst = Path(tmp, "jobs.json"), Path(tmp, "results.json")
-        src.write_text(json.dumps(args), encoding="utf-8")
-        try:
-            r = subprocess.run([str(py), str(script), str(src), str(dst)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise CheckError(f"the SGLang check did not finish within {timeout:g} s") from None
-        if r.returncode != 0 or not dst.exists():
-            tail = [ln for ln in (r.stdout or "").strip().splitlines() if ln.strip()][-1:]
-            raise CheckError(f"the SGLang check failed to run (exit {r.returncode})"
-                             + (f": {tail[0]}" if tail else "")
-                             + f"; rebuild it with `{BUILD_COMMAND}`")
-        raw = json.loads(dst.read_text(encoding="utf-8"))
+    raw = run_checker(py, script, args, env=env, timeout=timeout, engine="SGLang",
+                      build=BUILD_COMMAND)
     took = time.perf_counter() - start
     out = []
     for res in raw:

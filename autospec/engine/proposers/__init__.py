@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Block", "Proposer", "PROPOSERS"]
+__all__ = ["Block", "Proposer", "PROPOSERS", "HostBlocks"]
 
 
 @dataclass
@@ -41,6 +41,36 @@ class Block:
     lengths: torch.Tensor | None  # [B] each row's length (0: not served); None: k everywhere
     covers_all: bool = False  # it served every row (a model); lookups overlay their rows on it
     host_lengths: list[int] | None = None  # each row's length, as the host knows it
+
+
+class HostBlocks:
+    """Blocks a lookup proposer builds in host memory, on their way to the device: one
+    non-blocking copy per iteration it proposes in, from a staging buffer reused by every
+    iteration (pinned on a GPU; the iteration's sync has completed the previous copy before
+    the buffer is rewritten), never a blocking copy of a Python list. Row b's column 0 holds
+    its length, then its tokens."""
+
+    def __init__(self, batch):
+        stage = torch.zeros(len(batch.rows), batch.k_max + 1, dtype=torch.long)
+        if batch.device.type == "cuda":
+            stage = stage.pin_memory()
+        self.device = batch.device
+        self.stage, self.host = stage, stage.numpy()  # numpy: writes with no torch op
+
+    def block(self, rows: int, k: int, blocks: dict[int, list[int]]) -> Block:
+        """The block, k wide, of ``rows`` rows where row b proposes ``blocks[b]`` (at most k
+        tokens; the other rows nothing)."""
+        host = self.host
+        host[:rows, : k + 1] = 0
+        sizes = [0] * rows
+        for b, toks in blocks.items():
+            sizes[b] = n = len(toks)
+            host[b, 0] = n
+            host[b, 1 : 1 + n] = toks
+        block = self.stage[:rows, : k + 1]
+        block = (block.to(self.device, non_blocking=True) if self.device.type != "cpu"
+                 else block.clone())
+        return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
 
 
 class Proposer(Protocol):

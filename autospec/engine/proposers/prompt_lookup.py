@@ -21,7 +21,7 @@ import torch
 
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 
-from . import Block
+from . import Block, HostBlocks
 
 __all__ = ["PromptLookup"]
 
@@ -33,11 +33,7 @@ class PromptLookup:
         self.batch = batch
         self.factory = batch.ngram_factory or NgramIndex
         self.indices = self.by_row = None  # built once the prompts are on the host
-        B = len(batch.rows)
-        stage = torch.zeros(B, batch.k_max + 1, dtype=torch.long)
-        if batch.device.type == "cuda":
-            stage = stage.pin_memory()
-        self.stage, self._host = stage, stage.numpy()  # numpy: writes with no torch op
+        self.staging = HostBlocks(batch)
         self._matches: list[int] = []
 
     def matches(self) -> list[int]:
@@ -49,21 +45,10 @@ class PromptLookup:
         return self._matches
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
-        B, k = len(self.indices), max(lengths[b] for b in rows)
-        host = self._host
-        host[:B, : k + 1] = 0
-        sizes = [0] * B
         t0 = time.perf_counter()
-        for b in rows:
-            toks = self.indices[b].propose(lengths[b])[0]
-            sizes[b] = len(toks)
-            host[b, 0] = len(toks)
-            host[b, 1 : 1 + len(toks)] = toks
+        blocks = {b: self.indices[b].propose(lengths[b])[0] for b in rows}
         it.lookup_s += time.perf_counter() - t0
-        block = self.stage[:B, : k + 1]
-        block = (block.to(self.batch.device, non_blocking=True)
-                 if self.batch.device.type != "cpu" else block.clone())
-        return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
+        return self.staging.block(len(self.indices), max(lengths[b] for b in rows), blocks)
 
     def sync_parts(self) -> list[torch.Tensor]:
         return []

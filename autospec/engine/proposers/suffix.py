@@ -19,7 +19,7 @@ import torch
 
 from autospec.suffix import SuffixIndex, SuffixMemory, best_of
 
-from . import Block
+from . import Block, HostBlocks
 
 __all__ = ["SuffixLookup"]
 
@@ -32,11 +32,8 @@ class SuffixLookup:
         self.memory: SuffixMemory = batch.suffix_memory
         self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
         self.by_row: dict[int, SuffixIndex] = {}
-        B = len(batch.rows)
-        stage = torch.zeros(B, batch.k_max + 1, dtype=torch.long)
-        if batch.device.type == "cuda":
-            stage = stage.pin_memory()
-        self.stage, self._host = stage, stage.numpy()
+        self.staging = HostBlocks(batch)
+        self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
         self._matches: list[int] = []
 
@@ -59,20 +56,9 @@ class SuffixLookup:
         return self._matches
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
-        B, k = len(self.batch.rows), max(lengths[b] for b in rows)
-        host = self._host
-        host[:B, : k + 1] = 0
-        sizes = [0] * B
-        for b in rows:
-            toks = self._proposals[b][: lengths[b]]
-            sizes[b] = len(toks)
-            host[b, 0] = len(toks)
-            host[b, 1 : 1 + len(toks)] = toks
         it.lookup_s += self._lookup_s
-        block = self.stage[:B, : k + 1]
-        block = (block.to(self.batch.device, non_blocking=True)
-                 if self.batch.device.type != "cpu" else block.clone())
-        return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
+        return self.staging.block(len(self.batch.rows), max(lengths[b] for b in rows),
+                                  {b: self._proposals[b][: lengths[b]] for b in rows})
 
     def sync_parts(self) -> list[torch.Tensor]:
         return []
