@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Block", "Proposer", "PROPOSERS", "HostBlocks"]
+__all__ = ["Block", "Proposer", "PROPOSERS", "HostBlocks", "HostLookup"]
 
 
 @dataclass
@@ -71,6 +71,24 @@ class HostBlocks:
         block = (block.to(self.device, non_blocking=True) if self.device.type != "cpu"
                  else block.clone())
         return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
+
+
+class HostLookup:
+    """What a lookup proposer in host memory has by default: nothing to read back with the
+    sync, nothing on the device to release, and its blocks staged by ``HostBlocks``."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.staging = HostBlocks(batch)
+
+    def sync_parts(self) -> list[torch.Tensor]:
+        return []
+
+    def read(self, values: list[int]) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
 
 
 class Proposer(Protocol):

@@ -21,19 +21,18 @@ import torch
 
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
 
-from . import Block, HostBlocks
+from . import Block, HostLookup
 
 __all__ = ["PromptLookup"]
 
 
-class PromptLookup:
+class PromptLookup(HostLookup):
     name = "ngram"
 
     def __init__(self, batch):
-        self.batch = batch
+        super().__init__(batch)
         self.factory = batch.ngram_factory or NgramIndex
         self.indices = self.by_row = None  # built once the prompts are on the host
-        self.staging = HostBlocks(batch)
         self._matches: list[int] = []
 
     def matches(self) -> list[int]:
@@ -49,12 +48,6 @@ class PromptLookup:
         blocks = {b: self.indices[b].propose(lengths[b])[0] for b in rows}
         it.lookup_s += time.perf_counter() - t0
         return self.staging.block(len(self.indices), max(lengths[b] for b in rows), blocks)
-
-    def sync_parts(self) -> list[torch.Tensor]:
-        return []
-
-    def read(self, values: list[int]) -> None:
-        pass
 
     def accept(self, it, steps) -> None:
         """Each row's index learns what was emitted; rows it did not draft get its shadow."""
@@ -83,6 +76,3 @@ class PromptLookup:
         stats.tokens = tokens if isinstance(tokens, list) and len(tokens) == row.n else None
         stats.ngram_settings = {"max_n": int(getattr(idx, "max_n", DEFAULT_MAX_N)),
                                 "min_n": int(getattr(idx, "min_n", DEFAULT_MIN_N))}
-
-    def release(self) -> None:
-        pass

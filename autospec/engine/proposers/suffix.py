@@ -19,20 +19,19 @@ import torch
 
 from autospec.suffix import SuffixIndex, SuffixMemory, best_of
 
-from . import Block, HostBlocks
+from . import Block, HostLookup
 
 __all__ = ["SuffixLookup"]
 
 
-class SuffixLookup:
+class SuffixLookup(HostLookup):
     name = "suffix"
 
     def __init__(self, batch):
-        self.batch = batch
+        super().__init__(batch)
         self.memory: SuffixMemory = batch.suffix_memory
         self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
         self.by_row: dict[int, SuffixIndex] = {}
-        self.staging = HostBlocks(batch)
         self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
         self._matches: list[int] = []
@@ -60,12 +59,6 @@ class SuffixLookup:
         return self.staging.block(len(self.batch.rows), max(lengths[b] for b in rows),
                                   {b: self._proposals[b][: lengths[b]] for b in rows})
 
-    def sync_parts(self) -> list[torch.Tensor]:
-        return []
-
-    def read(self, values: list[int]) -> None:
-        pass
-
     def accept(self, it, steps) -> None:
         """Each row's own index learns what it emitted."""
         if self.indices is None:
@@ -92,6 +85,3 @@ class SuffixLookup:
         """The row's output joins its category's memory."""
         if row.tokens is not None:
             self.memory.remember(row.category, row.tokens[: row.L], row.tokens[row.L : row.n])
-
-    def release(self) -> None:
-        pass
