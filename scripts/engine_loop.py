@@ -157,7 +157,10 @@ def _complete(port: str, model: str, prompt: str, tokens: int,
 def peer_send(work: str, port: str, model: str, tokens: int, rounds: int, label: str) -> None:
     with open(f"{work}/peer_prompts.json") as f:
         prompts = json.load(f)
-    _complete(port, model, prompts[0]["text"], 8)  # untimed: the first call's lazy setup
+    # untimed: every prompt once first. vLLM's CPU build is several times slower on its first
+    # requests after start (measured: 2.7–3.0 tok/s on the first two, 6.5 after)
+    for p in prompts:
+        _complete(port, model, p["text"], tokens)
     with open(f"{work}/peer.jsonl", "a") as out:
         for rnd in range(rounds):
             for i, p in enumerate(prompts):
@@ -282,6 +285,19 @@ def peer_table(work: str, bench: str | None = None) -> None:
             print(f"| {mode} | {cat} | {len(sel)} | {tps:.2f} | "
                   + (f"{med:.2f}× | {sum(x > 1 for x in ratios)}/{len(ratios)} |"
                      if med is not None else "1 (baseline) | - |"))
+    if {"vllm-exported", "vllm-default"} <= set(modes):  # the question: exported ≥ default?
+        print("\n| category | N | vllm-exported over vllm-default: median of per-request "
+              "ratios | exported faster |")
+        print("|---|---|---|---|")
+        dflt = {(r["prompt"], r["round"]): r for r in recs if r["mode"] == "vllm-default"}
+        for cat in cats:
+            sel = [r for r in recs if r["mode"] == "vllm-exported"
+                   and (cat == "overall" or r["category"] == cat)]
+            ratios = _paired(sel, dflt)
+            if ratios:
+                print(f"| {cat} | {len(ratios)} | {statistics.median(ratios):.2f}× | "
+                      f"{sum(x > 1 for x in ratios)}/{len(ratios)} |")
+        print()
     for label in modes:
         paths = [f"{work}/{label}_{w}.txt" for w in ("before", "after")]
         if all(os.path.exists(p) for p in paths):
