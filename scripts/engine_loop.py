@@ -256,7 +256,7 @@ def peer_table(work: str, bench: str | None = None) -> None:
     if bench:
         with open(bench) as f:
             data = json.load(f)
-        for r in data["records"]:
+        for r in data["runs"]:
             if r.get("batch", 1) != 1:
                 continue
             mode = "autospec-plain" if r["mode"] == "plain" else f"autospec-{r['mode']}"
