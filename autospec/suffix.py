@@ -101,8 +101,9 @@ class SuffixSettings:
 class SuffixIndex:
     """Sequences of token ids and where each seed n-gram was followed by a token in them.
 
-    ``add`` starts a sequence, ``extend`` grows the last one, ``drop_oldest`` forgets the
-    first; ``propose(context, k)`` walks the continuation of ``context``'s longest suffix."""
+    ``add`` starts a sequence, ``extend`` grows one, ``drop_oldest`` forgets the oldest;
+    ``propose(context, k)`` (``draft``: with its score) walks the continuation of
+    ``context``'s suffixes found and returns the draft of highest score."""
 
     def __init__(self, settings: SuffixSettings | None = None):
         self.settings = settings or SuffixSettings()

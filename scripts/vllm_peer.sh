@@ -40,8 +40,6 @@ SERVE_LIMIT=${AUTOSPEC_PEER_SERVE_S:-900}
 SCHEDULE=${AUTOSPEC_PEER_SCHEDULE:-'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, "prompt_lookup_min": 1, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 8, 2], [9, 256, 0]]}'}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 [ -x "$PY" ] || bash scripts/bootstrap.sh
-VLLM_PY=${AUTOSPEC_VLLM_PYTHON:-$("$PY" -c 'from autospec.fleet.engines import vllm_python; print(vllm_python() or "")')}
-[ -n "$VLLM_PY" ] || { echo "no vLLM environment: autospec export --engine vllm --build-checker" >&2; exit 1; }
 read -r TARGET DRAFT < <("$PY" -c '
 from autospec.pairs import PAIRS, cache_dir
 p = PAIRS["qwen2.5-coder"]
@@ -52,44 +50,11 @@ t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 [ -f "$WORK/peer_prompts.json" ] || "$PY" scripts/engine_loop.py peer-prompts "$WORK" "$TARGET"
 
-SERVER_PID=
-PORT=
-stop_server() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    stamp "stopping vLLM (process group $SERVER_PID)"
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-  fi
-  SERVER_PID=
-}
+# shellcheck source=scripts/vllm_server.sh
+source scripts/vllm_server.sh
+vllm_env
 trap stop_server EXIT
 trap 'exit 130' INT TERM
-start_server() {  # LABEL [SPEC]: one server, 127.0.0.1, the engine_loop.sh flags
-  local label=$1 spec=${2:-} cores
-  cores=$(nproc)
-  PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  local args=(--model "$TARGET" --host 127.0.0.1 --port "$PORT" --dtype bfloat16 --max-model-len 2048)
-  [ -z "$spec" ] || args+=(--speculative-config "$spec")
-  stamp "$label: vLLM on 127.0.0.1:$PORT ${spec:+--speculative-config $spec}"
-  printf '%q ' "$VLLM_PY" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$WORK/$label.cmd"
-  setsid env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 \
-    VLLM_CPU_OMP_THREADS_BIND="0-$((cores - 1))" \
-    timeout --signal=TERM "$SERVE_LIMIT" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
-    "${args[@]}" >"$WORK/$label.log" 2>&1 &
-  SERVER_PID=$!
-  local start=$SECONDS
-  until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      echo "vLLM exited while starting; the end of its log:" >&2; tail -n 30 "$WORK/$label.log" >&2; return 1
-    fi
-    if [ $((SECONDS - start)) -ge "$START_LIMIT" ]; then
-      echo "vLLM did not answer within $START_LIMIT s" >&2; tail -n 30 "$WORK/$label.log" >&2; return 1
-    fi
-    sleep 3
-  done
-  stamp "$label: vLLM up after $((SECONDS - start)) s"
-}
 serve_prompts() {  # LABEL [SPEC]: every prompt, one at a time, counters before and after
   start_server "$@"
   curl -sf "http://127.0.0.1:$PORT/metrics" >"$WORK/vllm-$1_before.txt"

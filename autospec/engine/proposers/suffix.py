@@ -31,14 +31,14 @@ class SuffixLookup(HostLookup):
         super().__init__(batch)
         self.memory: SuffixMemory = batch.suffix_memory
         self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
-        self.by_row: dict[int, SuffixIndex] = {}
         self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
         self._matches: list[int] = []
 
     def matches(self) -> list[int]:
-        """Each row's suffix match now (0: none), and the block behind it, kept for
-        ``propose``: the walk is greedy, so a shorter block is a prefix of it."""
+        """Each row's suffix match now (0: none), and the draft behind it, walked for
+        ``k_max`` tokens and kept for ``propose``, which takes its first tokens: a function
+        of the context alone, as the rejection rule needs."""
         if self.indices is None:
             self._build()
         if self.indices is None:  # a device prompt: nothing on the host until the first sync
@@ -50,7 +50,7 @@ class SuffixLookup(HostLookup):
         for r, idx in zip(self.batch.rows, self.indices):
             toks, m = best_of(idx, self.memory, r.category, r.tokens, self.batch.k_max)
             self._proposals.append(toks)
-            self._matches.append(m if toks else 0)
+            self._matches.append(m)  # 0 where it has no draft
         self._lookup_s = time.perf_counter() - t0
         return self._matches
 
@@ -73,8 +73,6 @@ class SuffixLookup(HostLookup):
                 idx = SuffixIndex(self.memory.settings)
                 idx.add(r.tokens[: r.L])
                 self.indices.append(idx)
-                self.by_row[r.index] = idx
-            self._lookup_s = 0.0
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:
         if self.indices is not None:
