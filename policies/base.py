@@ -68,6 +68,14 @@ class Context:
     proposers: tuple[str, ...] = ("draft",)
     ngram_match: int = 0
     ngram_matches: tuple[int, ...] = ()  # at batch > 1: each row's match length
+    # suffix decoding (where the call has it, ``"suffix" in proposers``): the length of the
+    # context's suffix it found right now (0: none) and how many tokens its draft holds (its
+    # own length rule: at most ``max_spec_factor`` × the match, while the path's probability
+    # holds); per row at batch > 1, as the n-gram's
+    suffix_match: int = 0
+    suffix_matches: tuple[int, ...] = ()
+    suffix_length: int = 0
+    suffix_lengths: tuple[int, ...] = ()
     # tokens the draft model has not seen: its next block begins with a forward over them —
     # the prompt at its first use, what k = 0 or the n-gram emitted since (at batch > 1 the
     # widest row's: the catch-up forward pads every row to it)

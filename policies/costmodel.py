@@ -21,7 +21,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
-from .base import Choice, batch_bucket
+from .base import K_LIMIT, Choice, batch_bucket
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "valued_speedup", "block_saving", "induced_catch_up",
@@ -275,7 +275,8 @@ def _priced(curve, k: int, t_propose: float, cost, per_token: float, value: floa
     return s, block_saving(curve, k, t_propose, cost, per_token, v)
 
 
-def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list[float]:
+def request_ngram_curve(curve: Sequence[float], context, match: int = 0, *,
+                        proposer: str = "ngram") -> list[float]:
     """The n-gram proposer's acceptance curve for this request: the category's (``curve``,
     for a match of ``match`` tokens; 0: any), per position pulled toward this request's own
     blocks and shadow so far from a match that long (``context.request``), which count
@@ -283,16 +284,43 @@ def request_ngram_curve(curve: Sequence[float], context, match: int = 0) -> list
     category that has nothing to copy (its matches fail at once) stops proposing long n-gram
     blocks after a few; one that copies well proposes longer ones than its category's
     average. Only the same match length's blocks pull: a request's failed chance hits say
-    nothing about its copy runs (pooled, they shortened its blocks inside quotations)."""
+    nothing about its copy runs (pooled, they shortened its blocks inside quotations).
+    ``proposer``: the lookup proposer ("ngram" or "suffix"), by the same rule."""
     req = getattr(context, "request", None)
     if req is None:
         return list(curve)
-    accepted, reached = req.ngram_counts(match)
+    accepted, reached = req.ngram_counts(match, proposer=proposer)
     if reached[0] <= 0:
         return list(curve)
     w = REQUEST_PRIOR_BLOCKS
     return [(c * w + accepted[i]) / (w + reached[i]) if i < len(reached) else c
             for i, c in enumerate(curve)]
+
+
+LOOKUP_PROPOSERS = ("ngram", "suffix")  # the proposers whose blocks are host lookups
+
+
+def lookup_now(context, proposer: str, row: int | None = None) -> tuple[int, int]:
+    """(match length, tokens its block may hold) of a lookup proposer now: prompt lookup's
+    block is as long as the policy asks; suffix decoding's at most what its draft holds
+    (``context.suffix_length``). ``row``: that row's, at batch > 1."""
+    if proposer == "suffix":
+        if row is None:
+            return getattr(context, "suffix_match", 0), getattr(context, "suffix_length", 0)
+        matches = getattr(context, "suffix_matches", ()) or ()
+        sizes = getattr(context, "suffix_lengths", ()) or ()
+        return ((matches[row], sizes[row]) if row < len(matches) and row < len(sizes)
+                else (0, 0))
+    if row is None:
+        return getattr(context, "ngram_match", 0), K_LIMIT
+    matches = getattr(context, "ngram_matches", ()) or ()
+    return (matches[row] if row < len(matches) else 0), K_LIMIT
+
+
+def held(curve: Sequence[float], size: int) -> list[float]:
+    """``curve`` for a block that holds at most ``size`` tokens: nothing is accepted past
+    them (a longer k would score more tokens for no more kept)."""
+    return list(curve[:size]) + [0.0] * max(0, len(curve) - size)
 
 
 def catch_up_per_token(live, gap: int, served: float, *, rows: int = 1,
@@ -427,8 +455,12 @@ class CostModelPolicy:
     - ``cold_start``: below this many (discounted) drafting blocks of evidence, a request's
       predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead;
       without a forecast, below this many blocks ever, the draft model is tried, not off;
-    - ``proposers``: which proposers it may choose among those the request has: "both" (the
-      draft model, and the n-gram proposer where it has a match now), "draft" or "ngram".
+    - ``proposers``: which proposers it may choose among those the request has: "both"
+      (every one: the draft model, and each lookup proposer — prompt lookup, suffix
+      decoding — where it has a match now), one of "draft", "ngram", "suffix", or several
+      joined by "+" ("draft+suffix"). Each lookup is weighed with its own acceptance
+      statistics (per match length) and host time, against the draft model and each other
+      by the seconds its block saves.
 
     At batch > 1 (``context.rows`` and ``context.costs`` given) it chooses one k for the batch:
     the k that finishes the batch's rows soonest against plain batched decoding
@@ -445,8 +477,12 @@ class CostModelPolicy:
                  name: str = "costmodel", k_cap: int | None = None, z: float = 0.0,
                  min_gain: float = 0.0, optimistic: bool = True, discount: float | None = None,
                  cold_start: float = 8.0, proposers: str = "both"):
-        if proposers not in ("both", "draft", "ngram"):
-            raise ValueError(f"proposers must be 'both', 'draft' or 'ngram', got {proposers!r}")
+        names = proposers.split("+") if isinstance(proposers, str) else []
+        if proposers != "both" and (not names or any(n not in ("draft", "ngram", "suffix")
+                                                     for n in names)):
+            raise ValueError(f"proposers must be 'both' (every one the request has), a "
+                             f"proposer ('draft', 'ngram', 'suffix') or several joined by "
+                             f"'+' ('draft+suffix'), got {proposers!r}")
         if discount is not None and not 0 < discount <= 1:
             raise ValueError(f"discount must be in (0, 1], got {discount}")
         if reprobe_every < 1:
@@ -491,20 +527,23 @@ class CostModelPolicy:
             self._derived[live] = (version, top, curve, cost)
         return curve, cost
 
-    def derived_ngram(self, live, top: int, match: int = 0) -> list[float]:
-        """The n-gram proposer's acceptance curve from ``live`` for a match of ``match``
-        tokens (0: any), rebuilt only when ``live.version`` changes (as ``derived``)."""
+    def derived_ngram(self, live, top: int, match: int = 0,
+                      proposer: str = "ngram") -> list[float]:
+        """A lookup proposer's acceptance curve from ``live`` ("ngram" or "suffix") for a
+        match of ``match`` tokens (0: any), rebuilt only when ``live.version`` changes (as
+        ``derived``)."""
         version = live.version
-        with self._derived_lock:  # (version, {(match, top): curve}): one version at a time
+        key = (proposer, match, top)
+        with self._derived_lock:  # (version, {key: curve}): one version at a time
             entry = self._derived_ngram.get(live)
-        if entry is not None and entry[0] == version and (match, top) in entry[1]:
-            return entry[1][(match, top)]
-        curve = live.ngram_acceptance_curve(top, z=self.z, match=match)
+        if entry is not None and entry[0] == version and key in entry[1]:
+            return entry[1][key]
+        curve = live.ngram_acceptance_curve(top, z=self.z, match=match, proposer=proposer)
         with self._derived_lock:
             entry = self._derived_ngram.get(live)
             if entry is None or entry[0] != version:
                 entry = self._derived_ngram[live] = (version, {})
-            entry[1][(match, top)] = curve
+            entry[1][key] = curve
         return curve
 
     def _stats(self, context):
@@ -528,9 +567,9 @@ class CostModelPolicy:
         live = self._stats(context)
         proposers = self._allowed(context)
         drafts = "draft" in proposers
-        match = getattr(context, "ngram_match", 0) if "ngram" in proposers else 0
+        lookup = next((p for p in proposers if p in LOOKUP_PROPOSERS), "ngram")
         explore = min(self.initial_k, top) if drafts else Choice(min(self.initial_k, top),
-                                                                   "ngram")
+                                                                   lookup)
         if live is None:
             return explore
         if not live.settled(1):  # plain steps measure the baseline first
@@ -553,27 +592,31 @@ class CostModelPolicy:
             if k:
                 s, saved = _priced(curve, k, live.t_draft, cost, per_token, value, s)
             best = (k, s, "draft", saved)
-        if match > 0:  # the n-gram proposer has a match now: what would it pay?
+        for name in proposers:  # each lookup with a match now: what would it pay?
+            match, size = lookup_now(context, name) if name in LOOKUP_PROPOSERS else (0, 0)
+            if match <= 0 or size <= 0:
+                continue
             cost = self.derived(live, top)[1]
-            curve = request_ngram_curve(self.derived_ngram(live, top, match), context, match)
-            t_ngram = live.t_ngram or 0.0
-            k, s = best_k(curve, t_ngram, cost,
+            curve = held(request_ngram_curve(self.derived_ngram(live, top, match, name),
+                                             context, match, proposer=name), size)
+            t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
+            k, s = best_k(curve, t_lookup, cost,
                           min(top, acceptance_cap(curve, top)) if busy else top)
             if k:
-                s, saved = _priced(curve, k, t_ngram, cost, 0.0, value, s)
-                drafting = best[0] > 0 and best[1] >= 1 + self.min_gain
-                if drafting:  # against a draft block, it pays the draft's catch-up
+                s, saved = _priced(curve, k, t_lookup, cost, 0.0, value, s)
+                paying = best[0] > 0 and best[1] >= 1 + self.min_gain
+                if paying and best[2] == "draft":  # it pays the draft's catch-up
                     saved -= induced_catch_up(live, getattr(context, "draft_gap", 0),
                                               expected_tokens(curve, k))
                 # the proposers are ranked by the seconds their block saves, not by S
-                if saved > best[3] or not drafting:
-                    best = (k, s, "ngram", saved)
+                if saved > best[3] or not paying:
+                    best = (k, s, name, saved)
         k, s, proposer, _ = best
         if k > 0 and s >= 1 + self.min_gain:
-            # an n-gram block measures nothing of the draft model: its re-probe stays due
+            # a lookup's block measures nothing of the draft model: its re-probe stays due
             self._off[context.category] = (0 if proposer == "draft" or not drafts
                                            else self._off.get(context.category, 0) + 1)
-            return k if proposer == "draft" else Choice(k, "ngram")
+            return k if proposer == "draft" else Choice(k, proposer)
         trial = self._untried(live, context, top) if drafts else 0
         if trial:
             self._off[context.category] = 0
@@ -590,7 +633,7 @@ class CostModelPolicy:
             off = 0
             k = min(self.probe_k, top)
             if not drafts:
-                k = Choice(k, "ngram")
+                k = Choice(k, lookup)
         self._off[context.category] = off
         return k
 
@@ -676,11 +719,12 @@ class CostModelPolicy:
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;
-        a request without a draft model keeps its n-gram proposer whatever is set."""
+        a request without any of them keeps what it has."""
         have = tuple(getattr(context, "proposers", ("draft",)))
         if self.proposers == "both" or len(have) == 1:
             return have
-        return tuple(p for p in have if p == self.proposers) or have
+        allowed = self.proposers.split("+")
+        return tuple(p for p in have if p in allowed) or have
 
     def _row_stats(self, context) -> list:
         """Each row's statistics to decide by (our own per category, with ``discount``)."""
@@ -704,9 +748,14 @@ class CostModelPolicy:
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0  # plain batched decoding at this B: measures the baseline
         proposers = self._allowed(context)
-        ngram = self._batch_ngram(context, cost, top) if "ngram" in proposers else (0, 1.0)
+        lookup = (0, 1.0, "ngram")  # the best lookup's (k, S_B(k), proposer)
+        for name in proposers:
+            if name in LOOKUP_PROPOSERS:
+                k, s = self._batch_lookup(context, cost, top, name)
+                if s > lookup[1]:
+                    lookup = (k, s, name)
         if "draft" not in proposers:
-            return self._batch_decision(context, batch, *ngram, top, "ngram")
+            return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):
             return min(self.initial_k, top)
@@ -733,26 +782,28 @@ class CostModelPolicy:
         k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
                                                       self.optimistic),
                               top, once=per_token * sum(left))
-        if ngram[1] > s:
-            return self._batch_decision(context, batch, *ngram, top, "ngram")
+        if lookup[1] > s:
+            return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
         return self._batch_decision(context, batch, k, s, top, "draft")
 
-    def _batch_ngram(self, context, cost, top: int) -> tuple[int, float]:
-        """(k, S_B(k)) of the n-gram proposer for this batch: rows with a match now draft by
-        their category's n-gram acceptance, rows without one propose nothing (E[N] = 1 but
-        still scored at k + 1), lookups cost what they measured (≈ nothing)."""
-        matches = tuple(getattr(context, "ngram_matches", ()) or ())
+    def _batch_lookup(self, context, cost, top: int, proposer: str) -> tuple[int, float]:
+        """(k, S_B(k)) of a lookup proposer ("ngram", "suffix") for this batch: rows with a
+        match now draft by their category's acceptance of it (a suffix draft no longer than
+        it holds), rows without one propose nothing (E[N] = 1 but still scored at k + 1),
+        lookups cost what they measured (≈ nothing)."""
         rows = self._row_stats(context)
-        if len(matches) != len(rows) or not any(matches):
+        now = [lookup_now(context, proposer, b) for b in range(len(rows))]
+        if not any(m and n for m, n in now):
             return 0, 1.0
-        curves, t_ngram = [], 0.0
-        for live, matched in zip(rows, matches):
-            if live is None or not matched:
+        curves, t_lookup = [], 0.0
+        for live, (matched, size) in zip(rows, now):
+            if live is None or not matched or not size:
                 curves.append([0.0] * top)
                 continue
-            curves.append(self.derived_ngram(live, top, matched))
-            t_ngram = max(t_ngram, live.t_ngram or 0.0)
-        return batch_best_k(curves, t_ngram, cost, top)
+            curves.append(held(self.derived_ngram(live, top, matched, proposer), size))
+            t = live.t_suffix if proposer == "suffix" else live.t_ngram
+            t_lookup = max(t_lookup, t or 0.0)
+        return batch_best_k(curves, t_lookup, cost, top)
 
     def _batch_decision(self, context, batch: int, k: int, s: float, top: int,
                         proposer: str) -> int:
@@ -773,7 +824,7 @@ class CostModelPolicy:
             off = 0
             k = min(self.probe_k, top)
             if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
-                k = Choice(k, "ngram")
+                k = Choice(k, proposer)
         self._off_batch[key] = off
         return k
 
@@ -809,7 +860,7 @@ class CostModelPolicy:
         own = self._own.get(context.category) if self.discount is not None else None
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
-            if getattr(outcome, "proposer", "draft") != "ngram":  # the draft model's alone
+            if getattr(outcome, "proposer", "draft") == "draft":  # the draft model's alone
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 
 

@@ -173,6 +173,12 @@ class LiveStats:
         # than one token does, and the policy knows the length before it chooses
         self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.t_ngram: float | None = None
+        # suffix decoding (``autospec.suffix``), the other lookup proposer, counted the same
+        # way apart from both: its match is the length of the context's suffix it found
+        self.suffix_accepted = [0.0] * max_positions
+        self.suffix_reached = [0.0] * max_positions
+        self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
+        self.t_suffix: float | None = None
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
         # the first live samples of each T_t(n) not warm-started (≤ COST_SETTLE): their
         # median stands for it until there are COST_SETTLE, then the moving average follows
@@ -395,72 +401,90 @@ class LiveStats:
             without, with_ = self.match_points
         return (without + prior) / (without + with_ + prior)
 
+    def _lookup(self, proposer: str) -> tuple[list[float], list[float], dict]:
+        """(accepted, reached, by match length) of a lookup proposer: "ngram" (prompt
+        lookup) or "suffix" (suffix decoding)."""
+        if proposer == "suffix":
+            return self.suffix_accepted, self.suffix_reached, self.suffix_by_match
+        if proposer != "ngram":
+            raise ValueError(f"not a lookup proposer: {proposer!r} (\"ngram\" or \"suffix\")")
+        return self.ngram_accepted, self.ngram_reached, self.ngram_by_match
+
     def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
-                      match: int = 0) -> None:
-        """One iteration drafted by the n-gram proposer: its own acceptance counts (not the
-        draft model's), also under the length of its match (``match``, 0: unknown), and the
-        target's timing, which is the same whoever proposed."""
+                      match: int = 0, proposer: str = "ngram") -> None:
+        """One iteration drafted by a lookup proposer (``proposer``: "ngram", prompt lookup,
+        or "suffix"): its own acceptance counts (not the draft model's), also under the
+        length of its match (``match``, 0: unknown), its host time per token (``t_ngram``,
+        ``t_suffix``), and the target's timing, which is the same whoever proposed."""
         with self._lock:
-            self._count_ngram(k, accepted, match)
+            self._count_ngram(k, accepted, match, proposer)
             if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
-                self.t_ngram = self._avg(self.t_ngram, lookup_s / k)
+                name = "t_suffix" if proposer == "suffix" else "t_ngram"
+                setattr(self, name, self._avg(getattr(self, name), lookup_s / k))
             self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
             self._timed(k, target_s)
 
-    def observe_ngram_shadow(self, match: int, agree: int, seen: int) -> None:
-        """What the n-gram proposer would have done in an iteration it did not draft (the
-        draft model's, or k = 0), learned for free: its match then was ``match`` tokens long
-        and the first ``agree`` of its proposed tokens equal the ``seen`` tokens the
-        iteration emitted. Counted as the block that tells exactly that — agree + 1
-        positions reached and agree accepted where it disagreed, else ``seen`` positions all
-        accepted (what lay beyond is unknown), over at most ``SHADOW_REACH`` positions (the
-        stored trace's reach, so that replay counts what the live loop counted).
+    def observe_ngram_shadow(self, match: int, agree: int, seen: int, *,
+                             proposer: str = "ngram") -> None:
+        """What a lookup proposer (``proposer``: "ngram" or "suffix") would have done in an
+        iteration it did not draft (the draft model's, the other lookup's, or k = 0),
+        learned for free: its match then was ``match`` tokens long and the first ``agree``
+        of its proposed tokens equal the ``seen`` tokens the iteration emitted. Counted as
+        the block that tells exactly that — agree + 1 positions reached and agree accepted
+        where it disagreed, else ``seen`` positions all accepted (what lay beyond is
+        unknown), over at most ``SHADOW_REACH`` positions (the stored trace's reach, so that
+        replay counts what the live loop counted).
 
         Exact for greedy traffic (the output is the target's argmax chain whoever proposed).
-        Sampled: the n-gram's q is one-hot, so the rule accepts x with probability p(x), the
+        Sampled: a lookup's q is one-hot, so the rule accepts x with probability p(x), the
         probability that the sampled output token equals x; the agreement has the
         acceptance's distribution. No iteration passes and no timing (as
         ``observe_unproposed``): this is what lets a category served by the draft model
-        learn, from its first request, where the n-gram would pay."""
+        learn, from its first request, where a lookup would pay."""
         if match <= 0 or seen <= 0:
             return
         seen = min(int(seen), SHADOW_REACH)
         agree = max(0, min(int(agree), seen))
         k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
         with self._lock:
-            self._count_ngram(k, m, match)
+            self._count_ngram(k, m, match, proposer)
             self.version += 1
 
-    def _count_ngram(self, k: int, m: int, match: int) -> None:
-        """An n-gram block into the pooled counts and its match length's; under the lock."""
-        self._count(self.ngram_accepted, self.ngram_reached, k, m)
+    def _count_ngram(self, k: int, m: int, match: int, proposer: str = "ngram") -> None:
+        """A lookup block into the pooled counts and its match length's; under the lock."""
+        accepted, reached, by_match = self._lookup(proposer)
+        self._count(accepted, reached, k, m)
         match = match_bucket(match)
         if match > 0:
-            by = self.ngram_by_match.get(match)
+            by = by_match.get(match)
             if by is None:
-                size = len(self.ngram_reached)
-                by = self.ngram_by_match[match] = ([0.0] * size, [0.0] * size)
+                size = len(reached)
+                by = by_match[match] = ([0.0] * size, [0.0] * size)
             self._count(by[0], by[1], k, m)
 
-    def ngram_counts(self, match: int = 0) -> tuple[list[float], list[float]]:
-        """(accepted, reached) per position of the n-gram proposer's blocks: all of them, or
-        (``match`` > 0) those from a match of that length's bucket (zeros where none)."""
+    def ngram_counts(self, match: int = 0, *,
+                     proposer: str = "ngram") -> tuple[list[float], list[float]]:
+        """(accepted, reached) per position of a lookup proposer's blocks (prompt lookup's
+        by default): all of them, or (``match`` > 0) those from a match of that length's
+        bucket (zeros where none)."""
         with self._lock:
+            accepted, reached, by_match = self._lookup(proposer)
             if match > 0:
-                by = self.ngram_by_match.get(match_bucket(match))
+                by = by_match.get(match_bucket(match))
                 if by is None:
-                    size = len(self.ngram_reached)
+                    size = len(reached)
                     return [0.0] * size, [0.0] * size
                 return list(by[0]), list(by[1])
-            return list(self.ngram_accepted), list(self.ngram_reached)
+            return list(accepted), list(reached)
 
-    def ngram_acceptance(self) -> float | None:
-        """The n-gram proposer's acceptance at its first position, given it proposed (None
-        before it has)."""
+    def ngram_acceptance(self, proposer: str = "ngram") -> float | None:
+        """A lookup proposer's acceptance at its first position (prompt lookup's by
+        default), given it proposed (None before it has)."""
         with self._lock:
-            if self.ngram_reached[0] <= 0:
+            accepted, reached, _ = self._lookup(proposer)
+            if reached[0] <= 0:
                 return None
-            return self.ngram_accepted[0] / self.ngram_reached[0]
+            return accepted[0] / reached[0]
 
     def observe_unproposed(self, matches: Sequence[float]) -> None:
         """Positions decoded without drafting (k = 0) that the draft predicted afterwards,
@@ -551,8 +575,9 @@ class LiveStats:
         return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
 
     def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
-                               match: int = 0) -> list[float]:
-        """``acceptance_curve`` of the n-gram proposer's own counts (given it found a match);
+                               match: int = 0, proposer: str = "ngram") -> list[float]:
+        """``acceptance_curve`` of a lookup proposer's own counts (given it found a match;
+        ``proposer``: "ngram", prompt lookup, the default, or "suffix", the same rule);
         with ``match`` > 0, of blocks from a match that long (its ``match_bucket``): position
         i's prior is centred (same strength) on position 0's estimate after a match of
         ``match`` + i tokens — once i proposed tokens are accepted, the context agrees with
@@ -566,22 +591,23 @@ class LiveStats:
         where verification is flat to 13 tokens, and more target forwards than prompt lookup
         at a fixed 10 (summary-quote, cold: 22 / 34 / 32 against 16 / 29 / 27)."""
         with self._lock:
+            accepted, reached, by_match = self._lookup(proposer)
             if match <= 0:
-                posts = self._posteriors(k_max, self.ngram_accepted, self.ngram_reached)
+                posts = self._posteriors(k_max, accepted, reached)
             else:
-                pooled = self._posteriors(1, self.ngram_accepted, self.ngram_reached)[0][0]
+                pooled = self._posteriors(1, accepted, reached)[0][0]
                 firsts: dict[int, float] = {}
 
                 def first(length: int) -> float:
                     """Position 0's estimate after a match of ``length`` tokens."""
                     b = match_bucket(length)
                     if b not in firsts:
-                        by = self.ngram_by_match.get(b)
+                        by = by_match.get(b)
                         firsts[b] = (pooled if by is None else
                                      self._posteriors(1, by[0], by[1], centres=[pooled])[0][0])
                     return firsts[b]
 
-                by = self.ngram_by_match.get(match_bucket(match))
+                by = by_match.get(match_bucket(match))
                 acc, reach = by if by is not None else ((), ())
                 # position 0: the pooled prior (its own counts are then added, once)
                 posts = self._posteriors(k_max, acc, reach, centres=[pooled] + [
@@ -624,6 +650,11 @@ class LiveStats:
             new.ngram_by_match = {n: (list(a), list(r))
                                   for n, (a, r) in self.ngram_by_match.items()}
             new.t_ngram = self.t_ngram
+            new.suffix_accepted, new.suffix_reached = (list(self.suffix_accepted),
+                                                       list(self.suffix_reached))
+            new.suffix_by_match = {n: (list(a), list(r))
+                                   for n, (a, r) in self.suffix_by_match.items()}
+            new.t_suffix = self.t_suffix
             new.catch_up, new.match_points = list(self.catch_up), list(self.match_points)
             new.spent = list(self.spent)
             new.t_draft, new.t_target = self.t_draft, dict(self.t_target)

@@ -149,7 +149,7 @@ def parse_policies(text: str) -> list[str]:
         elif part == "off":
             out.append("autospec:0")
         else:
-            as_policy(part)  # a clear error for an unknown name, before any model loads
+            as_policy(part.removesuffix(SUFFIX_TAG))  # a clear error before any model loads
             out.append(f"policy:{part}")
     return out
 
@@ -166,6 +166,9 @@ def parse_ks(text: str, k_limit: int = K_LIMIT) -> list[int]:
 
 MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec", "ngram", "suffix")
 LOOKUP_KINDS = ("ngram", "suffix")  # autospec's lookup proposers at a fixed k
+# policy:NAME+suffix: the policy in a controller that has the suffix proposer too (its memory
+# starting empty each pass, as the suffix:k modes')
+SUFFIX_TAG = "+suffix"
 HF_LOOKUP_K = 10  # hf-lookup without :k: prompt_lookup_num_tokens as transformers' docs use it
 NEEDS_DRAFT = ("hf-assisted", "autospec")  # modes that cannot run without a draft model
 
@@ -177,8 +180,9 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
     for spec in specs:
         kind, _, k = spec.strip().partition(":")
         if kind == "policy":
-            if not k:
-                raise ValueError("expected policy:NAME")
+            if not k or k == SUFFIX_TAG:
+                raise ValueError(f"expected policy:NAME (or policy:NAME{SUFFIX_TAG}: the policy "
+                                 "with the suffix proposer beside the others)")
             if Mode("policy", policy=k) not in modes:
                 modes.append(Mode("policy", policy=k))
             continue
@@ -352,8 +356,11 @@ class _Runner:
                 if m.kind in NEEDS_DRAFT:
                     self.unsupported[m] = "no draft model (--draft none)"
         for m in (m for m in modes if m.kind == "policy"):
+            name, tagged = m.policy.removesuffix(SUFFIX_TAG), m.policy.endswith(SUFFIX_TAG)
             try:
-                self.policy_ctrls[m] = Controller(target, draft, policy=m.policy, **policy_opts)
+                self.policy_ctrls[m] = Controller(target, draft, policy=name,
+                                                  suffix=True if tagged else None,
+                                                  **policy_opts)
             except ValueError as e:
                 if not m.policy.startswith("table"):
                     raise
@@ -389,8 +396,9 @@ class _Runner:
         (a repeat of a prompt would otherwise find its own output)."""
         from autospec.suffix import SuffixMemory
 
-        for ctrl in self.suffix_ctrls.values():
-            ctrl.suffix_memory = SuffixMemory(ctrl.suffix_memory.settings)
+        for ctrl in (*self.suffix_ctrls.values(), *self.policy_ctrls.values()):
+            if ctrl.suffix_memory is not None:
+                ctrl.suffix_memory = SuffixMemory(ctrl.suffix_memory.settings)
 
     def run(self, mode: Mode, ids, max_new_tokens: int, seed: int,
             category: str | list[str] = "default", attention_mask=None) -> dict:

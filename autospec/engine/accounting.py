@@ -31,7 +31,7 @@ class RowStep:
     """One row's part of an iteration (the engine fills it after the sync, its proposers
     add what they learned; replay fills it from the traces)."""
 
-    proposer: str | None  # who proposed its block ("draft", "ngram"); None: no block
+    proposer: str | None  # who proposed its block ("draft", "ngram", "suffix"); None: none
     proposed: int  # the block's length
     accepted: int
     emitted: int = 0  # tokens it emitted: accepted + 1, fewer where it stopped
@@ -40,6 +40,11 @@ class RowStep:
     # where prompt lookup had a match but did not propose: how many of the tokens it would
     # have proposed equal the ones emitted (its shadow block); None: no shadow
     shadow: int | None = None
+    # suffix decoding's match at the iteration's start (0: none, or no suffix proposer) and,
+    # where it had a draft but did not propose, (leading tokens equal to the ones emitted,
+    # tokens compared: at most its draft's length)
+    suffix_match: int = 0
+    suffix_shadow: tuple[int, int] | None = None
     # positions decoded without the draft model that its catch-up predicted when it resumed
     unproposed: tuple[float, ...] = ()
     gen: int = 0  # the engine: generated tokens before this iteration
@@ -101,10 +106,17 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
             if row.proposer == "ngram":
                 x.observe_ngram(row.proposed, row.accepted, proposing_s if timed else NAN,
                                 target_s, match=row.match)
+            elif row.proposer == "suffix":
+                x.observe_ngram(row.proposed, row.accepted, proposing_s if timed else NAN,
+                                target_s, match=row.suffix_match, proposer="suffix")
             elif row.proposer == "draft" or width == 0:
                 x.observe(row.proposed, row.accepted, proposing_s if timed else NAN, target_s)
             if row.shadow is not None and row.proposer != "ngram" and row.match > 0:
                 x.observe_ngram_shadow(row.match, row.shadow, row.emitted)
+            if row.suffix_shadow is not None and row.proposer != "suffix":
+                agree, held = row.suffix_shadow
+                x.observe_ngram_shadow(row.suffix_match, agree, min(held, row.emitted),
+                                       proposer="suffix")
     if costs is not None and not times.prefill:
         costs.observe(B, width + 1, times.target_s, per_token)
     if B == 1:

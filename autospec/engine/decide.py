@@ -44,14 +44,16 @@ class RowView(NamedTuple):
     match: int = 0  # prompt lookup's match length now (0: none, or no lookup)
     gap: int = 0  # tokens the draft model has not taken in yet
     forecast: float | None = None  # the categoriser's acceptance forecast for the request
+    suffix: int = 0  # suffix decoding's match now (0: none, or no suffix proposer)
+    suffix_length: int = 0  # the tokens its draft holds
 
 
 class Decision(NamedTuple):
     """The policy's k and proposer after the clamps, and per row who proposes how much."""
 
     k: int
-    proposer: str  # as chosen: "draft", "ngram" or "hybrid"
-    rows: tuple[str | None, ...]  # per row: "draft", "ngram" or None (plain)
+    proposer: str  # as chosen: "draft", "ngram", "hybrid" or "suffix"
+    rows: tuple[str | None, ...]  # per row: "draft", "ngram", "suffix" or None (plain)
     lengths: tuple[int, ...]  # per row: its block's length (0: plain)
     served: dict[str, list[int]]  # proposer → the rows it serves (empty: a plain step)
 
@@ -78,7 +80,9 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
                        proposers=proposers, ngram_match=r0.match, ngram_matches=(r0.match,),
                        draft_gap=r0.gap if has_draft else 0, request=r0.request,
                        predicted_alpha=r0.forecast, requests=(r0.request,),
-                       predicted_alphas=(r0.forecast,))
+                       predicted_alphas=(r0.forecast,), suffix_match=r0.suffix,
+                       suffix_matches=(r0.suffix,), suffix_length=r0.suffix_length,
+                       suffix_lengths=(r0.suffix_length,))
     return Context(category=r0.category, k_max=k_max, batch_size=len(rows),
                    generated=min(r.generated for r in rows),
                    remaining=max(r.left for r in rows), live=r0.live,
@@ -90,7 +94,11 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
                    draft_gap=max(r.gap for r in rows) if has_draft else 0,
                    request=r0.request, predicted_alpha=None,
                    requests=tuple(r.request for r in rows),
-                   predicted_alphas=tuple(r.forecast for r in rows))
+                   predicted_alphas=tuple(r.forecast for r in rows),
+                   suffix_match=max(r.suffix for r in rows),
+                   suffix_matches=tuple(r.suffix for r in rows),
+                   suffix_length=max(r.suffix_length for r in rows),
+                   suffix_lengths=tuple(r.suffix_length for r in rows))
 
 
 def check_choice(policy, choice, k_max: int) -> int:

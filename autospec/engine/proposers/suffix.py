@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from autospec.ngram import agreement
 from autospec.suffix import SuffixIndex, SuffixMemory, best_of
 
 from . import Block, HostLookup
@@ -54,17 +55,32 @@ class SuffixLookup(HostLookup):
         self._lookup_s = time.perf_counter() - t0
         return self._matches
 
+    def sizes(self) -> list[int]:
+        """The tokens each row's draft holds now (``matches`` walked them): its own length
+        rule, which a block never exceeds."""
+        return [len(toks) for toks in self._proposals]
+
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
         it.lookup_s += self._lookup_s
         return self.staging.block(len(self.batch.rows), max(lengths[b] for b in rows),
                                   {b: self._proposals[b][: lengths[b]] for b in rows})
 
     def accept(self, it, steps) -> None:
-        """Each row's own index learns what it emitted."""
+        """Each row's own index learns what it emitted; each row's step gets the match the
+        iteration started from and, where the suffix proposer had a draft but did not
+        propose, its *shadow* (how many of its leading tokens equal the ones emitted, of how
+        many it held): free evidence of where it pays, as prompt lookup's."""
         if self.indices is None:
             self._build()
-        for idx, step in zip(self.indices, steps):
-            idx.extend(0, step.new[: step.emitted])
+        matches, proposals = self._matches, self._proposals
+        for b, (idx, step) in enumerate(zip(self.indices, steps)):
+            new = step.new[: step.emitted]
+            if matches and matches[b]:
+                step.suffix_match = matches[b]
+                if step.proposer != self.name:
+                    toks = proposals[b]
+                    step.suffix_shadow = (agreement(toks, new), min(len(toks), len(new)))
+            idx.extend(0, new)
 
     def _build(self) -> None:
         if self.batch.rows[0].tokens is not None:

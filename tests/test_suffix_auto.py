@@ -1,0 +1,132 @@
+"""The cost model weighs suffix decoding beside the draft model and prompt lookup, per row and
+iteration, by its own acceptance statistics (per match length) — at batch 1 and B > 1 — and
+the engine feeds them: blocks it proposed, and its shadow where another proposer drafted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autospec
+from autospec.policies import Choice, Context, CostModelPolicy
+from autospec.policies.live import LiveStats
+
+from conftest import noisy_copy, tiny
+from test_batch_policy import grid_costs
+from test_suffix import _requests
+
+
+def _stats(suffix_agree: int, ngram_agree: int) -> LiveStats:
+    """A category where suffix blocks from a 4-token match hold ``suffix_agree`` of 16 tokens
+    and prompt lookup's from a 3-token match ``ngram_agree`` (both learned from shadows)."""
+    live = LiveStats(discount=1.0)
+    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
+    live.t_draft, live.t_ngram, live.t_suffix = 0.05, 1e-6, 1e-6
+    for _ in range(40):
+        live.observe_ngram_shadow(4, suffix_agree, 16, proposer="suffix")
+        live.observe_ngram_shadow(3, ngram_agree, 16)
+    return live
+
+
+CTX = dict(category="c", k_max=16, generated=5, remaining=60,
+           proposers=("draft", "ngram", "suffix"))
+
+
+def test_the_suffix_proposer_is_counted_apart_by_the_length_of_its_match():
+    live = _stats(16, 0)
+    assert live.ngram_acceptance(proposer="suffix") == 1.0
+    assert live.ngram_acceptance() == 0.0  # prompt lookup's own counts are untouched
+    assert sorted(live.suffix_by_match) == [4] and sorted(live.ngram_by_match) == [3]
+    assert live.ngram_acceptance_curve(4, match=4, proposer="suffix")[0] > 0.95
+    copy = live.copy()
+    assert copy.suffix_reached == live.suffix_reached and copy.suffix_by_match == \
+        live.suffix_by_match
+    with pytest.raises(ValueError, match="not a lookup proposer"):
+        live.ngram_counts(proposer="draft")
+
+
+def test_auto_drafts_with_the_suffix_where_it_holds_and_no_longer_than_its_draft():
+    live, policy = _stats(16, 1), CostModelPolicy()
+    choice = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
+                                   suffix_length=16))
+    assert choice.proposer == "suffix" and int(choice) == 16
+    # its draft holds 5 tokens: a longer block would score more tokens for none more kept
+    short = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
+                                  suffix_length=5))
+    assert short.proposer == "suffix" and int(short) == 5
+    # where prompt lookup holds and the suffix does not, prompt lookup drafts
+    live = _stats(0, 16)
+    choice = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
+                                   suffix_length=16))
+    assert choice.proposer == "ngram" and int(choice) == 16
+    # no suffix match now, or a proposer set without it: never the suffix
+    live = _stats(16, 1)
+    for policy_, ctx in ((policy, dict(suffix_match=0, suffix_length=0)),
+                         (CostModelPolicy(proposers="draft+ngram"),
+                          dict(suffix_match=4, suffix_length=16))):
+        choice = policy_.choose(Context(**CTX, live=live, ngram_match=3, **ctx))
+        assert getattr(choice, "proposer", "draft") != "suffix"
+
+
+def test_a_proposer_set_that_names_no_known_proposer_is_refused():
+    assert CostModelPolicy(proposers="draft+suffix").proposers == "draft+suffix"
+    with pytest.raises(ValueError, match="'draft\\+suffix'"):
+        CostModelPolicy(proposers="draft+lookup")
+
+
+def test_at_batch_the_suffix_drafts_for_the_rows_it_matches():
+    live, costs = _stats(16, 0), grid_costs()
+    policy = CostModelPolicy()
+    ctx = Context(category="c", k_max=16, batch_size=4, remaining=48, costs=costs,
+                  categories=("c",) * 4, rows=(live,) * 4,
+                  proposers=("draft", "ngram", "suffix"), ngram_matches=(3, 3, 0, 0),
+                  suffix_matches=(4, 4, 4, 0), suffix_lengths=(16, 12, 8, 0))
+    choice = policy.choose(ctx)
+    assert choice.proposer == "suffix" and int(choice) >= 3  # B·(k + 1) ≤ 16 is flat here
+    no_suffix = policy.choose(Context(**{**ctx.__dict__, "suffix_matches": (0,) * 4,
+                                         "suffix_lengths": (0,) * 4}))
+    assert getattr(no_suffix, "proposer", "draft") != "suffix"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny("llama", layers=2, seed=5)
+
+
+@pytest.mark.parametrize("with_draft", [False, True], ids=["alone", "with-draft"])
+def test_auto_with_the_suffix_is_generates_and_serves_a_repeated_request_from_memory(
+        target, with_draft):
+    draft = noisy_copy(target, 0.1) if with_draft else None
+    spec = autospec.Controller(target, draft, store=False, suffix=True)
+    ids = _requests(1, seed=3)[0]
+    ref = target.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    served = []
+    for _ in range(3):
+        out = spec.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                            category="tools")
+        assert torch.equal(out, ref)
+        st = spec.last_stats
+        served.append((st.suffix_drafted, st.suffix_accepted, st.iterations))
+    # the first request taught the suffix's statistics (its blocks or its shadow) ...
+    assert spec.live["tools"].suffix_reached[0] > 0
+    # ... and the repeats are drafted from the first one's output, almost all of it kept
+    for drafted, accepted, _ in served[1:]:
+        assert accepted >= 20 and accepted >= 0.9 * drafted
+    assert served[2][2] <= 5 < 40
+
+
+def test_auto_with_the_suffix_at_batch_is_generates(target):
+    spec = autospec.Controller(target, None, store=False, suffix=True)
+    reqs = _requests(6, seed=1)
+    for ids in reqs[:3]:  # earlier requests of the category, one of them repeated below
+        spec.generate(ids, max_new_tokens=24, do_sample=False, category="sql")
+    ids = torch.cat([reqs[0], reqs[4], reqs[5]])
+    mask = torch.ones_like(ids)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                          eos_token_id=[3, 41], pad_token_id=0)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                        eos_token_id=[3, 41], pad_token_id=0, category="sql")
+    assert torch.equal(out, ref)
+    assert not spec.fallbacks
+    rows = spec.last_row_stats
+    assert rows[0].suffix_accepted > 0  # the repeated row, from the memory
