@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_batch_policy import grid_costs
+from test_suffix import _requests
 
 import autospec
-from autospec.policies import Choice, Context, CostModelPolicy
+from autospec.policies import Context, CostModelPolicy
 from autospec.policies.live import LiveStats
 
 from conftest import noisy_copy, tiny
-from test_batch_policy import grid_costs
-from test_suffix import _requests
 
 
 def _stats(suffix_agree: int, ngram_agree: int) -> LiveStats:
