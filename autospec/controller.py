@@ -74,10 +74,10 @@ class Controller:
         # a category named here counts as given; None: the categoriser's, else "default"
         self.category = None if category is None else _check_category(category)
         self.policy: Policy = as_policy(policy)
-        if suffix is None and getattr(self.policy, "proposer", None) == "suffix":
+        if suffix is None and _wants_suffix(self.policy):
             from autospec.suffix import SuffixMemory
 
-            self.suffix_memory = SuffixMemory()  # "suffix:K" asks for it
+            self.suffix_memory = SuffixMemory()  # "suffix:K" or "auto:…+suffix" asks for it
         self._owns_policy = isinstance(policy, str)
         self._local = threading.local()  # last_stats is per thread: concurrent calls don't mix
         self.fallbacks: dict[str, int] = {}  # reason → how many requests took it
@@ -213,7 +213,7 @@ class Controller:
         category = _check_categories(category, rows)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
                                                       *proposer_of(k))
-        if self.suffix_memory is None and getattr(policy, "proposer", None) == "suffix":
+        if self.suffix_memory is None and _wants_suffix(policy):
             self._open_suffix()
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
@@ -684,3 +684,12 @@ def unwrap(model):
     model._autospec_controller = None
     ctrl.close()
     return model
+
+
+def _wants_suffix(policy) -> bool:
+    """Whether a policy asks for the suffix proposer: ``"suffix:K"`` (its ``proposer``) or a
+    cost model whose proposer set names it (``"auto:draft+suffix"``)."""
+    if getattr(policy, "proposer", None) == "suffix":
+        return True
+    proposers = getattr(policy, "proposers", None)
+    return isinstance(proposers, str) and "suffix" in proposers.split("+")

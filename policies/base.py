@@ -185,7 +185,9 @@ def as_policy(spec) -> Policy:
     """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"suffix:K"`` (suffix
     decoding), ``"hybrid:K[:M]"`` (n-gram
     where it matches ≥ M tokens, else the draft model), ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
-    ``"auto"``, ``"tuned"`` (the store's tuned parameters, reloaded live),
+    ``"auto"``, ``"auto:SET"`` (auto among a set of proposers: ``"auto:draft"``,
+    ``"auto:ngram"``, ``"auto:draft+suffix"``…), ``"tuned"`` (the store's tuned parameters,
+    reloaded live),
     ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object.
     Every k given here is in 0 … ``K_LIMIT`` (ValueError otherwise)."""
     from .bandit import ThompsonBandit
@@ -234,6 +236,14 @@ def as_policy(spec) -> Policy:
             return ThompsonBandit()
         if name == "auto":
             return auto_policy()
+        if name.startswith("auto:"):
+            from .costmodel import CostModelPolicy
+
+            try:
+                return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
+            except ValueError as e:
+                raise ValueError(f"bad policy {spec!r}: 'auto:SET' chooses among a set of "
+                                 f"proposers — {e}") from None
         if name == "tuned":
             from .tuned import TunedPolicy
 
@@ -244,7 +254,8 @@ def as_policy(spec) -> Policy:
             return TablePolicy.parse(name)
         raise ValueError(
             f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', 'hybrid:K[:M]', "
-            "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'tuned', 'table:1-2:4,3-:0', a callable "
+            "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'auto:draft+suffix', 'tuned', "
+            "'table:1-2:4,3-:0', a callable "
             "context -> k, or an object with choose()/update()"
         )
     if hasattr(spec, "choose") and hasattr(spec, "update"):

@@ -130,3 +130,21 @@ def test_auto_with_the_suffix_at_batch_is_generates(target):
     assert not spec.fallbacks
     rows = spec.last_row_stats
     assert rows[0].suffix_accepted > 0  # the repeated row, from the memory
+
+
+def test_auto_over_a_proposer_set_is_a_policy_name_and_opens_the_suffix_memory(target):
+    from autospec.policies import as_policy
+
+    assert as_policy("auto:draft+suffix").proposers == "draft+suffix"
+    assert as_policy("auto:ngram").name == "auto:ngram"
+    with pytest.raises(ValueError, match="auto:SET"):
+        as_policy("auto:lookup")
+    assert autospec.Controller(target, None, store=False, policy="auto:ngram+suffix"
+                               ).suffix_memory is not None
+    assert autospec.Controller(target, None, store=False, policy="auto:ngram"
+                               ).suffix_memory is None
+    spec = autospec.Controller(target, None, store=False, policy="auto:ngram")
+    ids = _requests(1, seed=3)[0]
+    for _ in range(2):
+        spec.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+        assert spec.last_stats.suffix_drafted == 0
