@@ -12,8 +12,13 @@ the accepted lengths that k would have seen, exactly.
 
 from __future__ import annotations
 
-__all__ = ["TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX", "NGRAM_NONE",
+__all__ = ["PROPOSER_CODES", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX", "NGRAM_NONE",
            "NGRAM_TRACE_K", "MATCH_REACH", "encode_trace_value", "decode_trace_value", "Trace"]
+
+# who proposed an iteration's block, as ``LoopStats.proposer_schedule`` and the store's
+# ``proposer_schedule`` byte name it: 0 the draft model (or nobody, at k = 0), 1 prompt lookup,
+# 2 suffix decoding
+PROPOSER_CODES = {"draft": 0, "ngram": 1, "suffix": 2}
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
 # from the target's own prefix, would have produced that position's token.

@@ -124,8 +124,9 @@ class RequestRecord:
     # "drafted_per_position" (its iterations, counted as the draft model's are), "lookup_s"
     # (host seconds of its lookups)}; None: unknown (batch > 1, or logged before 0006).
     # ``proposer_schedule``: one byte per iteration, beside k_schedule: 1 the n-gram proposer
-    # drafted it, 0 the draft model (or nobody, k = 0); None when no iteration was the
-    # n-gram's. ``ngram_trace``: one byte per generated position, as the trace (see NGRAM_NONE;
+    # drafted it, 2 suffix decoding, 0 the draft model (or nobody, k = 0)
+    # (``autospec.traces.PROPOSER_CODES``); None when no iteration was a lookup's.
+    # ``ngram_trace``: one byte per generated position, as the trace (see NGRAM_NONE;
     # ``autospec.ngram.ngram_trace``); None: not computed.
     ngram: dict[str, Any] | None = None
     proposer_schedule: bytes | None = None

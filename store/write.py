@@ -20,6 +20,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from autospec.traces import PROPOSER_CODES
+
 from .record import (
     CATEGORY_SOURCES,
     NGRAM_KEYS,
@@ -202,9 +204,11 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     proposers = (None if rec.proposer_schedule is None
                  else _blob("proposer_schedule", rec.proposer_schedule))
     if proposers is not None and (len(proposers) != len(rec.k_schedule)
-                                  or not set(proposers) <= {0, 1}):
-        raise ValueError(f"proposer_schedule must hold one 0 or 1 per iteration "
-                         f"({len(rec.k_schedule)}), got {len(proposers)} bytes")
+                                  or not set(proposers) <= set(PROPOSER_CODES.values())):
+        raise ValueError(f"proposer_schedule must hold one byte per iteration "
+                         f"({len(rec.k_schedule)}), each "
+                         f"{', '.join(f'{c} ({n})' for n, c in PROPOSER_CODES.items())}; got "
+                         f"{len(proposers)} bytes, values {sorted(set(proposers))}")
     ngram_trace = None if rec.ngram_trace is None else _blob("ngram_trace", rec.ngram_trace)
     if ngram_trace is not None and len(ngram_trace) != len(rec.trace):
         raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "

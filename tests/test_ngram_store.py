@@ -362,8 +362,8 @@ def test_a_failing_trace_never_reaches_generate(models, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("proposer_schedule", b"\x01", "one 0 or 1 per iteration"),
-    ("proposer_schedule", bytes([1, 2, 0]), "one 0 or 1 per iteration"),
+    ("proposer_schedule", b"\x01", "one byte per iteration"),
+    ("proposer_schedule", bytes([1, 3, 0]), r"2 \(suffix\).*values \[0, 1, 3\]"),
     ("proposer_schedule", "x", "must be bytes"),
     ("ngram_trace", b"\x00", "ngram_trace has 1 bytes"),
     ("ngram", {"max_n": 3, "size": 2}, "unknown keys"),

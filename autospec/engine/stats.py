@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autospec.traces import PROPOSER_CODES  # who proposed: the store's byte too
+
 __all__ = ["LoopStats", "ProposerCounts", "PROPOSER_CODES", "merge_stats", "bump"]
 
-# how ``LoopStats.proposer_schedule`` (and the store's byte of it) names who proposed an
-# iteration's block: 0 the draft model (or nobody, at k = 0), 1 prompt lookup, 2 suffix decoding
-PROPOSER_CODES = {"draft": 0, "ngram": 1, "suffix": 2}
 # the LoopStats fields each proposer's counts live in (the draft model's keep their
 # historical unprefixed names: ``drafted`` counts the draft model's proposals only):
 # blocks, tokens proposed, accepted, proposed per position, accepted per position
