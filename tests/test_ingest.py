@@ -65,6 +65,11 @@ def test_a_vllm_scrape_round_trips_into_the_category(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", "--db", url, "--category", "chat"]) == 0
     assert "chat" in capsys.readouterr().out
+    from autospec.report import build_report
+    with open_store(url, read_only=True) as st:  # engine traffic only: one source, no own row
+        (w,) = build_report(st, category="chat").workloads
+    assert [(src.source, src.drafts) for src in w.acceptance.by_source] == [
+        ("vllm (ingested)", 19500)]
     assert main(["export", "--db", url, "--engine", "vllm", "--category", "chat"]) == 0
     assert "num_speculative_tokens" in capsys.readouterr().out
 

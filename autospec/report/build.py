@@ -423,8 +423,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
 
 def by_source(sm, ingested) -> list[SourceAcceptance]:
     """The workload's draft-model acceptance split by source: autospec's own requests (the
-    summary less the ingested records) first, then each engine whose scrapes were ingested;
-    [] where nothing was ingested."""
+    summary less the ingested records; left out where there are none) first, then each engine
+    whose scrapes were ingested; [] where nothing was ingested."""
     if not ingested:
         return []
 
@@ -452,8 +452,9 @@ def by_source(sm, ingested) -> list[SourceAcceptance]:
                  sm.drafts - sum(e.drafts for e in ingested),
                  sm.drafted - sum(e.drafted for e in ingested),
                  sm.accepted - sum(e.accepted for e in ingested), acc_pos, dr_pos)
-    return [own, *(source(e.source, e.records, e.drafts, e.drafted, e.accepted,
-                          e.accepted_per_position, e.drafted_per_position) for e in ingested)]
+    engines = [source(e.source, e.records, e.drafts, e.drafted, e.accepted,
+                      e.accepted_per_position, e.drafted_per_position) for e in ingested]
+    return [own, *engines] if own.records > 0 else engines  # no own requests: no own row
 
 
 def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float | None, *,
