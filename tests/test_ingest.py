@@ -163,6 +163,10 @@ def test_the_report_sets_the_engines_acceptance_beside_autospecs_own(tmp_path, c
     assert "by source (autospec's own requests" in text
     row = [ln for ln in text.splitlines() if ln.startswith("vllm (ingested)")]
     assert len(row) == 1 and f"{engine.alpha:.3f}" in row[0]
+    from autospec.report.html import render_html
+    with open_store(url, read_only=True) as st:
+        html = render_html(build_report(st, category="code"))
+    assert "Acceptance by source" in html and "<td>vllm (ingested)</td>" in html
 
 
 @pytest.mark.parametrize("argv, message", [
