@@ -1,7 +1,28 @@
 """The Python steps of scripts/engine_loop.sh (run by .venv's interpreter):
 
-    engine_loop.py traffic WORK DB CATEGORY N TOKENS   autospec serves N prompts, probes the pair
-    engine_loop.py send WORK PORT MODEL TOKENS         the same prompts to vLLM's completions API
+    engine_loop.py mix WORK DB SET CATEGORIES N TOKENS
+                                   autospec serves the first N prompts of each category of a
+                                   packaged prompt set (SET: its name, e.g. default, or a file;
+                                   CATEGORIES: comma-separated, or "all"), each labelled with
+                                   its category, and probes the pair (WORK/loop.json)
+    engine_loop.py groups WORK CATEGORY...
+                                   the categories' exports (WORK/vllm-CATEGORY.sh) grouped by
+                                   their --speculative-config: one line per distinct setting,
+                                   "SPEC<TAB>CATEGORY ...", one server each
+    engine_loop.py scrape PORT FILE
+                                   vLLM's /metrics into FILE once its spec-decode counters
+                                   stop moving (the last step's counts can land after the
+                                   response)
+    engine_loop.py send-category WORK PORT MODEL TOKENS CATEGORY
+                                   the category's prompts to vLLM's completions API, one at
+                                   a time
+    engine_loop.py verify DB CATEGORY BEFORE AFTER
+                                   the scrapes' difference (read here by its own pattern) next
+                                   to the record `autospec ingest` wrote for the category; exit
+                                   status 1 where they differ
+    engine_loop.py traffic WORK DB CATEGORY N TOKENS   the first N default prompts, all under
+                                   one CATEGORY (scripts/vllm_peer.sh)
+    engine_loop.py send WORK PORT MODEL TOKENS         all of loop.json's prompts to vLLM
     engine_loop.py pair DB CATEGORY                    the category's pair, tab-separated
     engine_loop.py spec FILE                           the --speculative-config of an export
 
@@ -31,62 +52,120 @@ import time
 import urllib.request
 
 
-def traffic(work: str, db: str, category: str, n: int, tokens: int) -> None:
-    import torch
-
+def _pair(work: str):
+    """(target, draft, tokenizer, names, small): the loop's pair, loaded (AUTOSPEC_LOOP_*)."""
     import autospec
-    from autospec.costs.probe import probe
-    from autospec.store import add_probe, open_store
-    from autospec.telemetry import RequestTelemetry
 
-    torch.set_num_threads(2)
     target_dir = os.environ.get("AUTOSPEC_LOOP_TARGET")
     draft_dir = os.environ.get("AUTOSPEC_LOOP_DRAFT")
     small = os.environ.get("AUTOSPEC_LOOP_PAIR", "default") == "small"
-    if not target_dir and not small:  # the default pair, built into the cache where missing
+    if small and not target_dir:
+        from autospec.testing.small_pair import save_small_pair
+
+        target_dir, draft_dir = save_small_pair(work)
+    elif not target_dir:  # the default pair, built into the cache where missing
         from autospec.pairs import PAIRS, cache_dir, load_pair
 
         load_pair("qwen2.5-coder", progress=False)
         spec_ = PAIRS["qwen2.5-coder"]
         target_dir, draft_dir = (str(cache_dir() / "hf" / f"{m.name}-bfloat16")
                                  for m in (spec_.target, spec_.draft))
-    if target_dir:
-        target, tok = autospec.load_model(target_dir, progress=False)
-        draft, _ = autospec.load_model(draft_dir, progress=False)
-        from autospec.bench.run import default_prompts_path, load_prompts
+    target, tok = autospec.load_model(target_dir, progress=False)
+    draft, _ = autospec.load_model(draft_dir, progress=False)
+    return target, draft, tok, (target_dir, draft_dir), small
 
-        prompts = []
-        for p in load_prompts(default_prompts_path())[:n]:  # as text, template applied
-            prompts.append(tok.apply_chat_template([{"role": "user", "content": p.prompt}],
-                                                   tokenize=False, add_generation_prompt=True)
-                           if p.chat else p.prompt)
-    else:
-        from autospec.testing.small_pair import save_small_pair, small_prompts
 
-        target_dir, draft_dir = save_small_pair(work)
-        target, tok = autospec.load_model(target_dir, progress=False)
-        draft, _ = autospec.load_model(draft_dir, progress=False)
-        prompts = small_prompts(n)
-    names = (target_dir, draft_dir)
+def _as_text(p, tok, small: bool) -> str:
+    """A packaged prompt as the completions API gets it: the chat template applied here where
+    it asks for one (as autospec's bench encodes it); the small pair's words for the small
+    pair."""
+    if small:
+        from autospec.testing.small_pair import small_prompt_of
+
+        return small_prompt_of(p.prompt)
+    if p.chat:
+        return tok.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+    return p.prompt
+
+
+def _prompt_set(name: str) -> str:
+    from importlib import resources
+
+    if os.path.exists(name):
+        return name
+    path = str(resources.files("autospec") / "prompts" / f"{name}.jsonl")
+    if not os.path.exists(path):
+        names = sorted(f[:-6] for f in os.listdir(os.path.dirname(path)) if f.endswith(".jsonl"))
+        sys.exit(f"no prompt set {name!r}: a file, or one of {', '.join(names)}")
+    return path
+
+
+def _serve(work: str, db: str, groups: dict[str, list[str]], tokens: int, target, draft, tok,
+           names) -> None:
+    """autospec serves each category's prompts under its label (greedy, k = 3), then probes
+    the pair; WORK/loop.json keeps the pair and the prompts per category."""
+    import autospec
+    from autospec.costs.probe import probe
+    from autospec.store import add_probe, open_store
+    from autospec.telemetry import RequestTelemetry
+
     spec = autospec.Controller(target, draft, store=db, names=names)
-    start = time.perf_counter()
-    made = 0
-    for p in prompts:
-        ids = tok(p, return_tensors="pt", add_special_tokens=False)
-        out = spec.generate(**ids, max_new_tokens=tokens, do_sample=False, k=3,
-                            category=category, eos_token_id=None)
-        made += out.shape[1] - ids["input_ids"].shape[1]
+    for category, prompts in groups.items():
+        start, made = time.perf_counter(), 0
+        for p in prompts:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False)
+            out = spec.generate(**ids, max_new_tokens=tokens, do_sample=False, k=3,
+                                category=category, eos_token_id=None)
+            made += out.shape[1] - ids["input_ids"].shape[1]
+        dt = time.perf_counter() - start
+        print(f"autospec: category {category!r}: {len(prompts)} requests, {made} tokens in "
+              f"{dt:.1f} s ({made / dt:.1f} tok/s)")
     spec.close()
-    dt = time.perf_counter() - start
-    print(f"autospec: {len(prompts)} requests, {made} tokens in {dt:.1f} s "
-          f"({made / dt:.1f} tok/s)")
     res = probe(target, draft, context=64, max_n=6, repeats=2, cache_dir=work)
     with open_store(db) as st, st.begin() as s:
         add_probe(s, RequestTelemetry(target, draft, names=names, measure_peak=False).pair,
                   res.to_dict())
     with open(f"{work}/loop.json", "w") as f:
-        json.dump({"target": target_dir, "draft": draft_dir, "prompts": prompts}, f)
-    print(f"probe stored; target {target_dir}, draft {draft_dir}")
+        json.dump({"target": names[0], "draft": names[1], "categories": groups,
+                   "prompts": [p for ps in groups.values() for p in ps]}, f)
+    print(f"probe stored; target {names[0]}, draft {names[1]}")
+
+
+def mix(work: str, db: str, prompt_set: str, categories: str, n: int, tokens: int) -> None:
+    import torch
+
+    from autospec.bench.run import load_prompts
+
+    torch.set_num_threads(2)
+    target, draft, tok, names, small = _pair(work)
+    groups: dict[str, list[str]] = {}
+    for p in load_prompts(_prompt_set(prompt_set)):
+        if categories == "all" or p.category in categories.split(","):
+            if len(groups.setdefault(p.category, [])) < n:
+                groups[p.category].append(_as_text(p, tok, small))
+    missing = [c for c in categories.split(",") if c not in groups] if categories != "all" else []
+    if missing or not groups:
+        sys.exit(f"prompt set {prompt_set!r} has no category {', '.join(missing) or '(none)'}")
+    print(f"labelled mix from prompt set {prompt_set!r}: "
+          + ", ".join(f"{c} ({len(ps)})" for c, ps in groups.items()))
+    _serve(work, db, groups, tokens, target, draft, tok, names)
+
+
+def traffic(work: str, db: str, category: str, n: int, tokens: int) -> None:
+    import torch
+
+    from autospec.bench.run import default_prompts_path, load_prompts
+
+    torch.set_num_threads(2)
+    target, draft, tok, names, small = _pair(work)
+    if small:
+        from autospec.testing.small_pair import small_prompts
+
+        prompts = small_prompts(n)
+    else:
+        prompts = [_as_text(p, tok, small) for p in load_prompts(default_prompts_path())[:n]]
+    _serve(work, db, {category: prompts}, tokens, target, draft, tok, names)
 
 
 def send(work: str, port: str, model: str, tokens: int) -> None:
@@ -105,6 +184,112 @@ def send(work: str, port: str, model: str, tokens: int) -> None:
           f"({made / dt:.1f} tok/s, one at a time)")
 
 
+def send_category(work: str, port: str, model: str, tokens: int, category: str) -> None:
+    with open(f"{work}/loop.json") as f:
+        prompts = json.load(f)["categories"][category]
+    start, made = time.perf_counter(), 0
+    for p in prompts:
+        m, _ = _complete(port, model, p, tokens, ignore_eos=True)
+        made += m
+    dt = time.perf_counter() - start
+    print(f"vLLM served category {category!r}: {len(prompts)} requests, {made} tokens in "
+          f"{dt:.1f} s ({made / dt:.1f} tok/s, one at a time)")
+
+
+def groups(work: str, *categories: str) -> None:
+    """One line per distinct exported --speculative-config: the setting and its categories
+    (in order); categories whose export serves without speculation are named on stderr."""
+    by_spec: dict[str, list[str]] = {}
+    for c in categories:
+        spec_ = _spec_of(f"{work}/vllm-{c}.sh")
+        if spec_ is None:
+            print(f"category {c!r}: the export serves without speculation: not sent to vLLM "
+                  f"(nothing to compare)", file=sys.stderr)
+        else:
+            by_spec.setdefault(spec_, []).append(c)
+    for spec_, cats in by_spec.items():
+        print(f"{spec_}\t{' '.join(cats)}")
+
+
+def scrape(port: str, path: str, settle_s: float = 1.0, limit_s: float = 30.0) -> None:
+    """/metrics into ``path`` once two reads ``settle_s`` apart give the same spec-decode
+    counters: vLLM's API process records an engine step's stats after handing out its outputs,
+    so a scrape right after a response can miss the last step's counts."""
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    while time.perf_counter() - t0 < limit_s:
+        time.sleep(settle_s)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            again = r.read().decode()
+        same = _full_counters(again) == _full_counters(text)
+        text = again
+        if same:
+            break
+    else:
+        sys.exit(f"vLLM's spec-decode counters still moved after {limit_s:.0f} s")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+_PER_POS = re.compile(r"^vllm:spec_decode_num_accepted_tokens_per_pos_total\{([^}]*)\} (\S+)$",
+                      re.M)
+
+
+def _full_counters(text: str) -> dict:
+    """The three spec-decode counters and accepted tokens per position, summed over the
+    scrape's label sets (engine, model_name): read by this script's own patterns, not by
+    autospec.fleet.ingest's parser, so the check below is a check."""
+    out: dict = dict(_counters_of(text))
+    per: dict[int, float] = {}
+    for m in _PER_POS.finditer(text):
+        pos = re.search(r'position="(\d+)"', m.group(1))
+        if pos:
+            per[int(pos.group(1))] = per.get(int(pos.group(1)), 0.0) + float(m.group(2))
+    out["accepted_per_position"] = [per.get(i, 0.0) for i in range(max(per, default=-1) + 1)]
+    return out
+
+
+def _trim(xs: list) -> list[int]:
+    xs = [int(x) for x in xs]
+    while xs and xs[-1] == 0:
+        xs.pop()
+    return xs
+
+
+def verify(db: str, category: str, before: str, after: str) -> None:
+    from sqlalchemy import select
+
+    from autospec.store import open_store
+    from autospec.store.tables import Request
+    from autospec.store.write import category_key
+
+    b, a = (_full_counters(open(p).read()) for p in (before, after))
+    diff = {k: a[k] - b[k] for k in _COUNTERS}
+    width = max(len(a["accepted_per_position"]), len(b["accepted_per_position"]))
+    pad = lambda xs: list(xs) + [0.0] * (width - len(xs))  # noqa: E731
+    diff_pos = [x - y for x, y in zip(pad(a["accepted_per_position"]),
+                                      pad(b["accepted_per_position"]))]
+    with open_store(db, read_only=True) as st, st.session() as s:
+        row = s.execute(select(Request.drafts, Request.drafted, Request.accepted,
+                               Request.accepted_per_position)
+                        .where(Request.category_key == category_key(category),
+                               Request.stop_reason == "ingested")
+                        .order_by(Request.id.desc()).limit(1)).first()
+    if row is None:
+        sys.exit(f"category {category!r}: no ingested record in the store")
+    scraped = (int(diff["num_drafts"]), int(diff["num_draft_tokens"]),
+               int(diff["num_accepted_tokens"]), _trim(diff_pos))
+    stored = (row.drafts, row.drafted, row.accepted, _trim(row.accepted_per_position))
+    fmt_ = "drafts {}, draft tokens {}, accepted {}, accepted per position {}"
+    print(f"category {category!r}: scrape after − before: {fmt_.format(*scraped)}")
+    print(f"category {category!r}: ingested record:       {fmt_.format(*stored)}")
+    if scraped != stored:
+        sys.exit(f"MISMATCH in category {category!r}: the ingested counters differ from the "
+                 f"scrapes' difference")
+    print(f"category {category!r}: equal")
+
+
 def pair(db: str, category: str) -> None:
     from autospec.store import open_store, queries
 
@@ -114,12 +299,19 @@ def pair(db: str, category: str) -> None:
     print("\t".join((p.target, p.draft, p.dtype, p.hardware)))
 
 
-def spec(path: str) -> None:
+def _spec_of(path: str) -> str | None:
     with open(path) as f:
         line = [ln for ln in f if ln.strip() and not ln.startswith("#")][0]
     argv = shlex.split(line)
     if "--speculative-config" in argv:
-        print(argv[argv.index("--speculative-config") + 1])
+        return argv[argv.index("--speculative-config") + 1]
+    return None
+
+
+def spec(path: str) -> None:
+    found = _spec_of(path)
+    if found is not None:
+        print(found)
 
 
 def peer_prompts(work: str, target: str) -> None:
@@ -314,7 +506,17 @@ def peer_table(work: str, bench: str | None = None) -> None:
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    if cmd == "traffic":
+    if cmd == "mix":
+        mix(rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5]))
+    elif cmd == "groups":
+        groups(*rest)
+    elif cmd == "scrape":
+        scrape(*rest)
+    elif cmd == "send-category":
+        send_category(rest[0], rest[1], rest[2], int(rest[3]), rest[4])
+    elif cmd == "verify":
+        verify(*rest)
+    elif cmd == "traffic":
         traffic(rest[0], rest[1], rest[2], int(rest[3]), int(rest[4]))
     elif cmd == "send":
         send(rest[0], rest[1], rest[2], int(rest[3]))

@@ -15,6 +15,10 @@ of Unix seconds, written per dialect).
 - ``ngram_profile``: what the n-gram proposer would have done on the latest greedy requests,
   from their n-gram traces (at most ``limit`` rows): how often it had a match, and how far
   its proposals agreed with the output there.
+- ``ingested_acceptance``: the acceptance counters of the records ``autospec ingest`` wrote
+  (an engine's scrapes), per engine, so the report can set an engine's acceptance by position
+  beside autospec's own for the same category. It reads those records only (one per ingested
+  scrape), streaming.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ from .write import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
-           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile"]
+           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile",
+           "IngestedAcceptance", "ingested_acceptance", "INGESTED"]
+
+INGESTED = "ingested"  # the stop_reason of a record ``autospec ingest`` wrote (no request)
 
 # bucket sizes ``bucket_seconds`` chooses from: 1 min … 30 days
 BUCKET_SIZES = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
@@ -273,3 +280,44 @@ def ngram_profile(session: Session, category: str | None = None, pair_id: int | 
                 matched += 1
                 agree[got[1]] += 1
     return NgramProfile(n, positions, matched, agree, observed, right) if n else None
+
+
+@dataclass(frozen=True)
+class IngestedAcceptance:
+    """One engine's ingested scrapes for a category and pair, summed."""
+
+    source: str  # the record's policy: "<engine> (ingested)"
+    records: int  # ingested scrapes
+    new_tokens: int
+    drafts: int
+    drafted: int
+    accepted: int
+    accepted_per_position: tuple[int, ...]
+    drafted_per_position: tuple[int, ...]
+
+
+def ingested_acceptance(session: Session, category: str | None = None,
+                        pair_id: int | None = None) -> list[IngestedAcceptance]:
+    """Per source (the records' policy, e.g. "vllm (ingested)"), the counters of the records
+    that ``autospec ingest`` wrote, in order of first ingest; [] where there are none."""
+    stmt = _filtered(select(Request.policy, Request.new_tokens, Request.drafts,
+                            Request.drafted, Request.accepted, Request.accepted_per_position,
+                            Request.drafted_per_position), category, pair_id)
+    stmt = stmt.where(Request.stop_reason == INGESTED).order_by(Request.id)
+    sums: dict[str, list] = {}
+    for policy, new, drafts, drafted, accepted, acc_pos, dr_pos in session.execute(stmt):
+        row = sums.setdefault(policy, [0, 0, 0, 0, 0, Counter(), Counter()])
+        row[0] += 1
+        row[1] += new or 0
+        row[2] += drafts or 0
+        row[3] += drafted or 0
+        row[4] += accepted or 0
+        row[5].update(dict(enumerate(acc_pos or [])))
+        row[6].update(dict(enumerate(dr_pos or [])))
+    out = []
+    for policy, (n, new, drafts, drafted, accepted, acc_pos, dr_pos) in sums.items():
+        width = max([*acc_pos, *dr_pos], default=-1) + 1
+        out.append(IngestedAcceptance(policy, n, new, drafts, drafted, accepted,
+                                      tuple(acc_pos[i] for i in range(width)),
+                                      tuple(dr_pos[i] for i in range(width))))
+    return out

@@ -398,3 +398,35 @@ def test_ngram_export_from_a_tiny_model_run(tmp_path):
     # auto: what the report's section 5 says pays
     auto = export(url, "vllm", tmp_path)
     assert ('"method": "ngram"' in auto) == (pr.pays == "ngram")
+
+
+def test_k_exports_the_k_asked_for_with_the_measured_choice_in_the_header(
+        synthetic, proposer_store, tmp_path, capsys):
+    url, recs = synthetic
+    ks, _, off = expected_view(recs)
+    measured = ", ".join(f"B={b}: k={ks[b][0]}" for b in BATCHES)
+    text = export(url, "vllm", tmp_path, "--source", "costmodel", "--k", "2")
+    cfg = check_vllm(text)  # one k at every batch size: no table
+    assert cfg["num_speculative_tokens"] == 2
+    assert "num_speculative_tokens_per_batch_size" not in cfg
+    assert f"k from: --k 2, as asked (the measured choice: {measured}; from cost model)" in text
+    assert "B=1: k=2" in text and f"(--k: k=2 at every batch size, up to B={BATCHES[-1]})" in text
+    # one-k engines: the k asked for, also at a batch size where the measured k is 0
+    ll = check_flags("llamacpp", export(url, "llamacpp", tmp_path, "--source", "costmodel",
+                                        "--k", "2", "--batch", str(off)))
+    assert ll["--spec-draft-n-max"] == "2"
+    trt = check_trtllm(export(url, "trtllm", tmp_path, "--k", "2", "--max-batch", "64"))
+    assert trt["max_draft_len"] == 2 and trt_k(trt, 64) == 2 and trt_k(trt, 65) == 0
+    # k = 0: served without speculation
+    plain = export(url, "vllm", tmp_path, "--k", "0")
+    assert "--speculative-config" not in command(plain) and "serve without it" in plain
+    # the n-gram proposer where it never matched: refused without --k, exported with it
+    text = export(proposer_store, "vllm", tmp_path, "--category", "free", "--proposer",
+                  "ngram", "--k", "3")
+    assert check_vllm_ngram(text)["num_speculative_tokens"] == 3
+    assert "never found a match" in text and "--k 3, as asked" in text
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["export", "--db", url, "--engine", "vllm", "--k", "65"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "must be in 0..64" in err[0]

@@ -65,6 +65,11 @@ def test_a_vllm_scrape_round_trips_into_the_category(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", "--db", url, "--category", "chat"]) == 0
     assert "chat" in capsys.readouterr().out
+    from autospec.report import build_report
+    with open_store(url, read_only=True) as st:  # engine traffic only: one source, no own row
+        (w,) = build_report(st, category="chat").workloads
+    assert [(src.source, src.drafts) for src in w.acceptance.by_source] == [
+        ("vllm (ingested)", 19500)]
     assert main(["export", "--db", url, "--engine", "vllm", "--category", "chat"]) == 0
     assert "num_speculative_tokens" in capsys.readouterr().out
 
@@ -110,6 +115,58 @@ def test_autospecs_own_live_scrape_ingests_to_the_same_counts(tmp_path):
     assert (a.drafts, a.drafted, a.accepted) == (b.drafts, b.drafted, b.accepted)
     assert list(a.accepted_per_position) == list(b.accepted_per_position)
     assert b.pair.target == "t"  # the exporter's model_name: the short name
+
+
+def test_the_report_sets_the_engines_acceptance_beside_autospecs_own(tmp_path, capsys):
+    """autospec's own requests and a vLLM scrape ingested into the same category and pair:
+    the report's acceptance by source gives each one's counters, autospec's as its requests
+    summed them, the engine's as the scrape has them."""
+    import autospec
+    from autospec.report import build_report
+
+    from conftest import noisy_copy, prompt, tiny
+
+    url = f"sqlite:///{tmp_path / 'both.db'}"
+    target = tiny("llama", sharpen=30.0)
+    spec = autospec.Controller(target, noisy_copy(target, 0.15), store=url,
+                               names=("org/t", "org/d"))
+    for seed in range(2):
+        spec.generate(prompt(10, seed=seed), max_new_tokens=16, do_sample=False, k=3,
+                      category="code", eos_token_id=None)
+    spec.close()
+    own = summary(url, "code")
+    p = own.pair
+    with open_store(url, read_only=True) as st:  # nothing ingested yet: no split by source
+        (w,) = build_report(st, category="code").workloads
+    assert w.acceptance.by_source == []
+    assert main(["ingest", "--db", url, "--prometheus", str(FIXTURE), "--category", "code",
+                 "--target", p.target, "--draft", p.draft, "--dtype", p.dtype,
+                 "--hardware", p.hardware]) == 0
+    with open_store(url, read_only=True) as st:
+        (w,) = build_report(st, category="code").workloads
+    mine, engine = w.acceptance.by_source
+    assert (mine.source, mine.records, mine.drafts, mine.drafted, mine.accepted) == (
+        "autospec", 2, own.drafts, own.drafted, own.accepted)
+    assert mine.accepted_by_position == list(own.accepted_per_position)
+    assert mine.drafted_by_position == list(own.drafted_per_position)
+    f = fixture_sums()
+    assert (engine.source, engine.records, engine.drafts, engine.drafted, engine.accepted) == (
+        "vllm (ingested)", 1, f["vllm:spec_decode_num_drafts_total"],
+        f["vllm:spec_decode_num_draft_tokens_total"],
+        f["vllm:spec_decode_num_accepted_tokens_total"])
+    assert engine.accepted_by_position == [
+        f[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for i in range(3)]
+    assert engine.by_position[0] == engine.accepted_by_position[0] / engine.drafts
+    capsys.readouterr()
+    assert main(["report", "--db", url, "--category", "code"]) == 0
+    text = capsys.readouterr().out
+    assert "by source (autospec's own requests" in text
+    row = [ln for ln in text.splitlines() if ln.startswith("vllm (ingested)")]
+    assert len(row) == 1 and f"{engine.alpha:.3f}" in row[0]
+    from autospec.report.html import render_html
+    with open_store(url, read_only=True) as st:
+        html = render_html(build_report(st, category="code"))
+    assert "Acceptance by source" in html and "<td>vllm (ingested)</td>" in html
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autospec.cli.common import positive_int
+from autospec.cli.common import k_value, positive_int
 
 
 def register(sub, parents) -> None:
@@ -31,6 +31,11 @@ def register(sub, parents) -> None:
                    help="what drafts: the draft model, the n-gram proposer (prompt lookup, "
                         "no draft model), or auto: the n-gram proposer where the report "
                         "(section 5) finds that it pays, else the draft model")
+    p.add_argument("--k", type=k_value, metavar="K",
+                   help="export this k at every batch size instead of the measured choice "
+                        "(0: no speculation); the header keeps the measured choice and the "
+                        "cost model's estimate at this k. For a test, or an engine whose "
+                        "costs differ from the store's")
     p.add_argument("--max-batch", type=positive_int, metavar="B",
                    help="the largest batch size the engine runs (default: the largest "
                         "measured one): the last measured k holds up to it")
@@ -74,7 +79,8 @@ def run(args, parser) -> int:
             plan = plan_for(store, category=args.category, pair_id=args.pair_id,
                             source=args.source, max_batch=args.max_batch,
                             engine_hardware=args.engine_hardware,
-                            engine_model=args.engine_model, proposer=args.proposer)
+                            engine_model=args.engine_model, proposer=args.proposer,
+                            k=args.k)
         except ExportError as e:
             die(str(e))
     text = render(plan, args.engine, batch=args.batch)

@@ -128,6 +128,7 @@ class ExportPlan:
     warnings: list[str] = field(default_factory=list)
     proposer: str = "draft"  # "draft" (the draft model) or "ngram" (prompt lookup)
     ngram: NgramPlan | None = None  # what the store knows of the n-gram proposer, if anything
+    forced_k: int | None = None  # the k asked for (--k) instead of the measured choice
 
     def k_at(self, batch: int) -> int:
         k = self.table[0][1]
@@ -154,16 +155,21 @@ class ExportPlan:
 def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              source: str = "auto", max_batch: int | None = None,
              engine_hardware: str | None = None, engine_model: str | None = None,
-             proposer: str = "auto") -> ExportPlan:
+             proposer: str = "auto", k: int | None = None) -> ExportPlan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
     stored, else the cost model). ``proposer``: "draft" (the draft model), "ngram" (prompt
     lookup; an error if the store cannot price it) or "auto" (the n-gram proposer where the
-    report's section 5 finds that it pays, else the draft model)."""
+    report's section 5 finds that it pays, else the draft model). ``k``: this k at every
+    batch size instead of the measured choice (0: no speculation); the header keeps the
+    measured choice and the cost model's estimate at this k, where it has them."""
+    from autospec.policies.base import K_LIMIT
     from autospec.report import build_report
 
     if proposer not in EXPORT_PROPOSERS:
         raise ValueError(f"proposer must be one of {', '.join(EXPORT_PROPOSERS)}, got {proposer!r}")
+    if k is not None and not 0 <= k <= K_LIMIT:
+        raise ValueError(f"k must be in 0..{K_LIMIT}, got {k!r}")
     report = build_report(store, category=category, pair_id=pair_id)
     work = report.workloads
     if not work:
@@ -181,11 +187,11 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
             raise ExportError("the store has nothing on the n-gram proposer for this workload "
                               "(no n-gram traces, no n-gram blocks): serve greedy traffic with "
                               "this version of autospec first, or export --proposer draft")
-        if ng.k is None and ng.match_rate == 0 and not ng.live_drafted:
+        if k is None and ng.k is None and ng.match_rate == 0 and not ng.live_drafted:
             raise ExportError(f"the n-gram proposer never found a match in this workload's "
                               f"{ng.trace_requests} traced requests: nothing to draft from; "
                               f"export --proposer draft")
-        if ng.k is None:
+        if k is None and ng.k is None:
             raise ExportError("the cost model cannot price the n-gram proposer for this "
                               "workload yet: measure T_t(n) first (`autospec probe`), or "
                               "export --proposer draft")
@@ -198,19 +204,28 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     if use_ngram:
         plan = ExportPlan(**base, source="cost model, n-gram proposer (report section 5)",
                     grid_source=None, proposer="ngram", ngram=ng)
-        plan.table = [(1, int(ng.k), ng.speedup)]
-        plan.notes.append("the n-gram proposer is priced at batch 1 (its acceptance from the "
-                          "requests' n-gram traces): one k")
+        if ng.k is not None:
+            plan.table = [(1, int(ng.k), ng.speedup)]
+            plan.notes.append("the n-gram proposer is priced at batch 1 (its acceptance from "
+                              "the requests' n-gram traces): one k")
         if proposer == "ngram" and ng.pays != "ngram":
             plan.notes.append(f"exported as asked (--proposer ngram), but the report finds "
                               f"that {_PAYS[ng.pays]} pays for this workload")
     else:
-        plan = _draft_plan(w, base, source)
+        try:
+            plan = _draft_plan(w, base, source)
+        except ExportError as e:
+            if k is None:
+                raise
+            plan = ExportPlan(**base, source="", grid_source=None)  # k as asked, below
+            plan.notes.append(f"no measured k to compare with: {e}")
         plan.ngram = ng
         if proposer == "auto" and ng is not None and ng.pays == "hybrid":
             plan.notes.append("the hybrid (n-gram where it matches, else the draft model) pays "
                               "most, which no engine runs: the draft model's settings")
-    plan.max_batch = max(max_batch or 0, plan.table[-1][0])
+    plan.max_batch = max(max_batch or 0, plan.table[-1][0] if plan.table else 1)
+    if k is not None:
+        _force_k(plan, w, k)
     tuned = w.policy.tuned
     if tuned is not None and plan.proposer == "draft":
         es = tuned.params.get("early_stop")
@@ -230,6 +245,28 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     for msg in plan.warnings:
         log.info("autospec export: %s", msg)  # the caller shows plan.warnings
     return plan
+
+
+def _force_k(plan: ExportPlan, w, k: int) -> None:
+    """``plan`` with ``k`` at every batch size (``--k``), the measured choice kept in its
+    source line, and the cost model's speedup at ``k`` (batch 1) where it has one."""
+    if plan.proposer == "ngram":
+        ng = plan.ngram
+        s = ng.speedup if ng.k == k else None
+        if ng.match_rate == 0 and not ng.live_drafted:
+            plan.notes.append(f"the n-gram proposer never found a match in this workload's "
+                              f"{ng.trace_requests} traced requests")
+    else:
+        s = 1.0 if k == 0 else w.speedup.curve.get(k)
+    measured = (", ".join(f"B={b}: k={kb}" for b, kb, _ in plan.table)
+                if plan.table else "none")
+    plan.source = f"--k {k}, as asked (the measured choice: {measured}; from {plan.source or '-'})"
+    plan.grid_source = None
+    plan.table = [(1, k, s)]
+    plan.forced_k = k
+    if s is not None and s < 1:
+        plan.notes.append(f"the cost model estimates that k={k} is slower than plain decoding "
+                          f"here (S≈{s:.2f}× at batch 1)")
 
 
 _PAYS = {"draft": "the draft model", "ngram": "the n-gram proposer", "hybrid": "the hybrid",
@@ -348,7 +385,9 @@ def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
     ]
     for b, k, s in plan.table:
         lines.append(f"  B={b}: k={k}" + (f", S≈{s:.2f}×" if s is not None else ""))
-    if len(plan.table) > 1 or plan.max_batch > plan.table[-1][0]:
+    if plan.forced_k is not None:
+        lines.append(f"(--k: k={plan.forced_k} at every batch size, up to B={plan.max_batch})")
+    elif len(plan.table) > 1 or plan.max_batch > plan.table[-1][0]:
         lines.append(f"(each k holds up to the next measured batch size; the last up to "
                      f"B={plan.max_batch})")
     if plan.early_stop is not None:

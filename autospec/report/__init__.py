@@ -48,6 +48,7 @@ from autospec.report.model import (
     BatchPoint,
     PolicyInForce,
     Report,
+    SourceAcceptance,
     Speedup,
     Traffic,
     Tuning,
@@ -59,7 +60,7 @@ from autospec.report.model import (
 from autospec.report.text import render_text
 
 __all__ = [
-    "Report", "Workload", "Traffic", "Acceptance", "Verification", "PolicyInForce", "Tuning",
+    "Report", "Workload", "Traffic", "Acceptance", "SourceAcceptance", "Verification", "PolicyInForce", "Tuning",
     "Speedup", "Verdict", "Batch", "BatchPoint", "K_MAX", "MIN_DRAFTED", "MIN_FORWARDS",
     "MIN_POSITION_DRAFTED", "PROBE_BATCH_HINT",
     "build_report", "batch_view", "batch_grid", "batch_summary", "at_live_level", "cost_inputs",

@@ -37,6 +37,7 @@ from autospec.report.model import (
     Proposers,
     Rate,
     Report,
+    SourceAcceptance,
     Speedup,
     Traffic,
     Tuning,
@@ -388,7 +389,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                          list(sm.acceptance_by_position), list(sm.drafted_per_position),
                          alphas, sm.mean_accepted_length, list(sm.accepted_per_position),
                          [queries.wilson_interval(a, d) for a, d in
-                          zip(sm.accepted_per_position, sm.drafted_per_position)])
+                          zip(sm.accepted_per_position, sm.drafted_per_position)],
+                         by_source(sm, history.ingested_acceptance(s, sm.category, pid)))
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
                       modes.get((category_key(sm.category), pid, sm.path)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
@@ -417,6 +419,42 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
                                          bucket_s, hist, verdict, batch, props))
     return report
+
+
+def by_source(sm, ingested) -> list[SourceAcceptance]:
+    """The workload's draft-model acceptance split by source: autospec's own requests (the
+    summary less the ingested records; left out where there are none) first, then each engine
+    whose scrapes were ingested; [] where nothing was ingested."""
+    if not ingested:
+        return []
+
+    def source(name, records, drafts, drafted, accepted, acc_pos, dr_pos) -> SourceAcceptance:
+        return SourceAcceptance(
+            name, records, drafts, drafted, accepted, accepted / drafted if drafted else None,
+            1 + accepted / drafts if drafts else None,
+            [a / d if d else None for a, d in zip(acc_pos, dr_pos)], list(acc_pos),
+            list(dr_pos))
+
+    def minus(total, parts) -> list[int]:
+        out = list(total)
+        for part in parts:
+            for i, v in enumerate(part):
+                if i < len(out):
+                    out[i] -= v
+        while out and out[-1] <= 0:  # positions only the engines drafted
+            out.pop()
+        return out
+
+    dr_pos = minus(sm.drafted_per_position, [e.drafted_per_position for e in ingested])
+    acc_pos = minus(sm.accepted_per_position, [e.accepted_per_position for e in ingested])
+    acc_pos = (acc_pos + [0] * len(dr_pos))[:len(dr_pos)]
+    own = source("autospec", sm.requests - sum(e.records for e in ingested),
+                 sm.drafts - sum(e.drafts for e in ingested),
+                 sm.drafted - sum(e.drafted for e in ingested),
+                 sm.accepted - sum(e.accepted for e in ingested), acc_pos, dr_pos)
+    engines = [source(e.source, e.records, e.drafts, e.drafted, e.accepted,
+                      e.accepted_per_position, e.drafted_per_position) for e in ingested]
+    return [own, *engines] if own.records > 0 else engines  # no own requests: no own row
 
 
 def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float | None, *,

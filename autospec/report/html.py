@@ -37,6 +37,7 @@ from autospec.report.text import (
     cost_points,
     proposer_rows,
     proposers_headline,
+    source_rows,
 )
 from autospec.textfmt import fmt, human_bytes, visible
 
@@ -323,6 +324,13 @@ def render_html(report: Report) -> str:
                 + f" over {a.drafted} drafted tokens; mean accepted length "
                 f"{_h(fmt(a.mean_accepted_length, '.2f'))}.</p>",
                 "<div class=\"plots\">", *_plots(w), "</div>"]
+        if a.by_source:
+            out.append("<p class=\"small\">Acceptance by source: autospec's own requests "
+                       "and each engine's counters as <code>autospec ingest</code> recorded "
+                       "them (records: requests or scrapes; pos i: accepted / drafted at draft "
+                       "position i):</p>")
+            header, rows = source_rows(a)
+            out.append(_html_table(header, [[visible(r[0]), *r[1:]] for r in rows]))
         out.append("<p><b>Verification</b>: "
                    + _h(("memory-bound" if v.memory_bound else "compute-bound"
                          if v.memory_bound is False else "unknown")

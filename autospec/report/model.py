@@ -38,6 +38,23 @@ class Traffic:
 
 
 @dataclass
+class SourceAcceptance:
+    """The draft model's acceptance from one source within a workload: autospec's own
+    requests, or an engine's scrapes that ``autospec ingest`` recorded ("vllm (ingested)")."""
+
+    source: str
+    records: int  # requests (autospec) or ingested scrapes (an engine)
+    drafts: int
+    drafted: int
+    accepted: int
+    alpha: float | None
+    mean_accepted_length: float | None  # 1 + accepted / drafts (bonus included)
+    by_position: list[float | None]  # accepted / drafted at draft position i = 1, 2, …
+    accepted_by_position: list[int]
+    drafted_by_position: list[int]
+
+
+@dataclass
 class Acceptance:
     drafted: int
     accepted: int
@@ -49,6 +66,9 @@ class Acceptance:
     mean_accepted_length: float | None  # tokens per drafting iteration, bonus included
     accepted_by_position: list[int] = field(default_factory=list)  # counts, i = 1, 2, …
     by_position_ci95: list[tuple[float, float] | None] = field(default_factory=list)  # Wilson
+    # per source where engine scrapes were ingested into the workload (autospec's own first);
+    # [] where autospec's requests are the only source
+    by_source: list[SourceAcceptance] = field(default_factory=list)
 
 
 @dataclass

@@ -216,6 +216,25 @@ def _position_rows(a: Acceptance) -> list[list[str]]:
     return rows
 
 
+SOURCE_POSITIONS = 6  # draft positions shown per source (text report)
+
+
+def source_rows(a: Acceptance) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows): the draft model's acceptance per source — autospec's own requests and
+    each engine's ingested scrapes — with the rate at each draft position."""
+    width = min(SOURCE_POSITIONS, max((len(src.by_position) for src in a.by_source), default=0))
+    header = ["source", "records", "drafts", "drafted", "accepted", "alpha", "len",
+              *[f"pos {i + 1}" for i in range(width)]]
+    rows = []
+    for src in a.by_source:
+        rates = [fmt(r, ".3f") for r in src.by_position[:width]]
+        rows.append([src.source, str(src.records), str(src.drafts), str(src.drafted),
+                     str(src.accepted), fmt(src.alpha, ".3f"),
+                     fmt(src.mean_accepted_length, ".2f"),
+                     *(rates + ["-"] * (width - len(rates)))])
+    return header, rows
+
+
 def cost_points(v: Verification) -> list[dict]:
     """The cost curve's points as the text and the plot show them, one per n: the probe's
     median (if a probe gave the curve), the requests' mean with its forwards and interval,
@@ -363,6 +382,11 @@ def render_text(report: Report) -> str:
                          "interval):")
             lines.append(table(["position", "accepted", "rate", "95 % interval",
                                 "conditional", "evidence"], _position_rows(a)))
+        if a.by_source:
+            lines.append("by source (autospec's own requests; an engine's counters as `autospec "
+                         "ingest` recorded them; records = requests or scrapes; pos i = "
+                         "accepted / drafted at draft position i):")
+            lines.append(table(*source_rows(a)))
         if w.history:
             lines.append(f"alpha over time ({_bucket_name(w.history_bucket_s)} buckets, UTC):")
             lines.append(table(["from", "requests", "drafted", "alpha"],

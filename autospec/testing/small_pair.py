@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import random
+import zlib
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["save_small_pair", "small_prompts"]
+__all__ = ["save_small_pair", "small_prompts", "small_prompt_of"]
 
 VOCAB = 512
 
@@ -75,3 +76,12 @@ def small_prompts(n: int, *, seed: int = 0, length: int = 24) -> list[str]:
         words = [f"w{rng.randrange(4, VOCAB)}" for _ in range(length // 2)]
         out.append(" ".join(words + words[: length - len(words)]))
     return out
+
+
+def small_prompt_of(text: str, max_words: int = 256) -> str:
+    """A text prompt (a packaged prompt set's) in the small pair's vocabulary: each
+    whitespace-separated word mapped to one of its words by a stable hash, so a prompt that
+    repeats itself still does (what prompt lookup finds) and each category keeps its own
+    words; at most ``max_words`` words."""
+    return " ".join(f"w{4 + zlib.crc32(word.encode()) % (VOCAB - 4)}"
+                    for word in text.split()[:max_words])
