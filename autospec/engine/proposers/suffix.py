@@ -61,9 +61,12 @@ class SuffixLookup(HostLookup):
         return [len(toks) for toks in self._proposals]
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
+        """Each served row's draft, cut to its length; the block is as wide as the longest
+        of them, not as the policy asked: a draft shorter than k (its own length rule) leaves
+        no padding for the target to score."""
         it.lookup_s += self._lookup_s
-        return self.staging.block(len(self.batch.rows), max(lengths[b] for b in rows),
-                                  {b: self._proposals[b][: lengths[b]] for b in rows})
+        blocks = {b: self._proposals[b][: lengths[b]] for b in rows}
+        return self.staging.block(len(self.batch.rows), max(map(len, blocks.values())), blocks)
 
     def accept(self, it, steps) -> None:
         """Each row's own index learns what it emitted; each row's step gets the match the
