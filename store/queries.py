@@ -30,7 +30,7 @@ __all__ = [
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
-    "catch_ups",
+    "catch_ups", "suffix_lookup_s_per_token",
 ]
 
 Z95 = 1.959963984540054
@@ -550,6 +550,23 @@ def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent
         draft_s += d_s or 0.0
         forwards += d_n or 0
     return points, (draft_s / forwards if forwards >= 16 else None)
+
+
+def suffix_lookup_s_per_token(session: Session, pair_id: int, category: str, *,
+                              recent: int = 1000) -> float | None:
+    """Suffix decoding's host seconds per token it proposed, over the latest ``recent``
+    requests of (category, pair) that had it (its ``suffix`` counters, 0008): what replay
+    prices its lookups at. None before it proposed a token."""
+    stmt = (select(Request.suffix)
+            .where(Request.pair_id == pair_id,
+                   Request.category_key == category_key(category),
+                   Request.suffix.is_not(None))
+            .order_by(Request.id.desc()).limit(recent))
+    seconds, drafted = 0.0, 0
+    for (counters,) in session.execute(stmt):
+        seconds += float((counters or {}).get("lookup_s") or 0.0)
+        drafted += int((counters or {}).get("drafted") or 0)
+    return seconds / drafted if drafted else None
 
 
 def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,
