@@ -126,6 +126,11 @@ def test_a_live_request_stores_its_trace_and_its_blocks_accepted_what_it_says(ta
     spec.close()
     with open_store(url) as store, store.session() as s:
         rows = queries.recent_requests(s)[::-1]
+        # replay prices its lookups at the seconds per token they took
+        t_suffix = queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "sql")
+        assert queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "chat") is None
+    assert t_suffix == pytest.approx(sum(st.suffix_s for *_, st in served)
+                                     / sum(st.suffix_drafted for *_, st in served))
     checked = 0
     for row, (toks, L, before, st) in zip(rows, served, strict=True):
         assert row.suffix_trace == st.suffix_trace == suffix_trace(toks, L, before, "sql")
