@@ -39,7 +39,7 @@ from autospec.policies.base import K_LIMIT, batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.traces import MATCH_REACH, UNOBSERVED
+from autospec.traces import MATCH_REACH, SUFFIX_TRACE_WIDTH, UNOBSERVED
 from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
@@ -255,10 +255,13 @@ def load_window(session, category: str, pair_id: int, *, since=None, until=None,
 
 
 def observed_positions(traces: Sequence) -> int:
-    """Positions some proposer's trace observed: the draft model's, or the n-gram's (every
-    position: it records whether the proposer had a match there too)."""
+    """Positions some proposer's trace observed: the draft model's, or a lookup's (every
+    position: the n-gram's and suffix decoding's traces record whether it had a match there
+    too)."""
     return sum(max(sum(1 for v in t.trace if v != UNOBSERVED),
-                   len(getattr(t, "ngram_trace", None) or b"")) for t in traces)
+                   len(getattr(t, "ngram_trace", None) or b""),
+                   len(getattr(t, "suffix_trace", None) or b"") // SUFFIX_TRACE_WIDTH)
+               for t in traces)
 
 
 def confidence_share(traces: Sequence) -> float:
