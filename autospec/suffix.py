@@ -28,6 +28,11 @@ Memory. ``SuffixMemory`` keeps one index per category, each bounded by ``max_req
 and ``max_tokens`` tokens (the oldest output is evicted first). It lives in the process
 that generated the text: cross-request memory holds other requests' text, so it is never
 written to the store.
+
+Trace. What the proposer would have drafted at every generated position of a request
+(``suffix_trace``: match lengths, agreement counts and draft lengths, no tokens) is what the
+store keeps for replay. It depends on the category's memory as the request saw it, so it is
+computed when the request finishes, before its output joins the memory.
 """
 
 from __future__ import annotations
@@ -37,7 +42,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "SEED", "OCCURRENCES"]
+from autospec.ngram import agreement
+from autospec.traces import (
+    NGRAM_NONE,
+    NGRAM_TRACE_K,
+    SUFFIX_TRACE_WIDTH,
+    encode_trace_value,
+)
+
+__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "suffix_trace", "SEED",
+           "OCCURRENCES"]
 
 SEED = 2  # tokens of the n-gram a lookup starts from (1 where the context is shorter)
 OCCURRENCES = 64  # places per seed the index keeps (the latest): a lookup's work is bounded
@@ -314,3 +328,42 @@ def best_of(local: SuffixIndex, memory: SuffixMemory | None, category: str,
         return a[:2]
     b = memory.draft(category, context, k)
     return b[:2] if b[2] > a[2] else a[:2]
+
+
+def suffix_trace(tokens: Sequence[int], prompt_len: int, memory: SuffixMemory | None,
+                 category: str, *, settings: SuffixSettings | None = None,
+                 k: int = NGRAM_TRACE_K) -> bytes:
+    """Suffix decoding's trace of one request (``autospec.traces``: SUFFIX_TRACE_WIDTH bytes
+    per generated position t, ``prompt_len`` ≤ t < len(tokens)): the draft ``best_of`` makes
+    there from the request's own index over ``tokens[:t]`` and ``memory``'s index of
+    ``category``, walked for ``k`` tokens, as (``encode_trace_value`` of its match and of how
+    many of its leading tokens equal ``tokens[t : t + k]``, its length), or (NGRAM_NONE, 0)
+    without a draft. The live loop walks the same draft for ``k_max`` tokens: the two are the
+    same draft where k_max = ``k`` (the default 16).
+
+    Under greedy verification a suffix block of k' tokens started at t holds min(k', length)
+    tokens and accepts min(agreement, k') of them, so replay prices the suffix proposer at
+    every position. ``memory`` is read as it stands: call this before the request's output
+    joins it. ``settings``: the indices' (default: the memory's). One request index extended
+    a token at a time, one ``best_of`` per position: O(len(tokens) − prompt_len) lookups."""
+    if not 0 < k <= NGRAM_TRACE_K:
+        raise ValueError(f"k must be in 1 … {NGRAM_TRACE_K}, got {k}")
+    if settings is None:
+        settings = memory.settings if memory is not None else SuffixSettings()
+    toks = [int(t) for t in tokens]
+    prompt_len = max(0, min(int(prompt_len), len(toks)))
+    context = toks[:prompt_len]
+    local = SuffixIndex(settings)
+    sid = local.add(context)
+    out = bytearray(SUFFIX_TRACE_WIDTH * (len(toks) - prompt_len))
+    for i, t in enumerate(range(prompt_len, len(toks))):
+        draft, matched = best_of(local, memory, category, context, k)
+        at = SUFFIX_TRACE_WIDTH * i
+        if matched:
+            out[at] = encode_trace_value(matched, agreement(draft, toks[t : t + len(draft)]))
+            out[at + 1] = len(draft)
+        else:
+            out[at] = NGRAM_NONE
+        local.extend(sid, (toks[t],))
+        context.append(toks[t])
+    return bytes(out)

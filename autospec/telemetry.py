@@ -326,6 +326,14 @@ class RequestTelemetry:
             "accepted_per_position": list(stats.ngram_accepted_per_position),
             "drafted_per_position": list(stats.ngram_drafted_per_position),
             "lookup_s": stats.ngram_s}
+        # suffix decoding's counters and trace (None: a call without it, or not recorded)
+        strace = getattr(stats, "suffix_trace", None)
+        suffix = None if strace is None else {
+            "drafts": stats.suffix_drafts, "drafted": stats.suffix_drafted,
+            "accepted": stats.suffix_accepted,
+            "accepted_per_position": list(stats.suffix_accepted_per_position),
+            "drafted_per_position": list(stats.suffix_drafted_per_position),
+            "lookup_s": stats.suffix_s}
         schedule = getattr(stats, "proposer_schedule", None) or ()
         tokens = getattr(stats, "tokens", None)
         # its trace is O(tokens × (max_n + 16)) of Python: the store's writer thread computes
@@ -361,6 +369,7 @@ class RequestTelemetry:
             # the runners' path (autospec.engine.runners.path_name): costs are kept per path
             path=getattr(stats, "path", "") or None,
             ngram=ngram, proposer_schedule=bytes(schedule) if any(schedule) else None,
+            suffix=suffix, suffix_trace=strace,
             # batch 1's catch-up forwards (the batched loop times its draft per batch)
             draft_catch_ups=(list(getattr(stats, "draft_catch_ups", ()))
                              if getattr(stats, "batch_size", 1) == 1

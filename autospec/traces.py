@@ -12,8 +12,12 @@ the accepted lengths that k would have seen, exactly.
 
 from __future__ import annotations
 
-__all__ = ["PROPOSER_CODES", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX", "NGRAM_NONE",
-           "NGRAM_TRACE_K", "MATCH_REACH", "encode_trace_value", "decode_trace_value", "Trace"]
+from collections.abc import Sequence
+
+__all__ = ["PROPOSER_CODES", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
+           "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
+           "encode_trace_value", "decode_trace_value", "decode_suffix_value",
+           "suffix_trace_error", "Trace"]
 
 # who proposed an iteration's block, as ``LoopStats.proposer_schedule`` and the store's
 # ``proposer_schedule`` byte name it: 0 the draft model (or nobody, at k = 0), 1 prompt lookup,
@@ -40,6 +44,16 @@ NGRAM_TRACE_K = 16  # the longest block an n-gram trace value covers
 MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured and recorded
 
 
+# Suffix traces (``autospec.suffix.suffix_trace``): SUFFIX_TRACE_WIDTH bytes per generated
+# position — the n-gram trace's byte for suffix decoding's draft there (``encode_trace_value``:
+# the length of the context's suffix it matched, recorded up to MATCH_REACH, and how many of
+# the draft's leading tokens equal the output from there on; NGRAM_NONE: no draft), then how
+# many tokens the draft holds (0 … NGRAM_TRACE_K). Unlike prompt lookup's, a suffix draft has
+# its own length (``max_spec_factor`` × the match, while its path's probability holds): a
+# block never holds more, and the cost model prices it by that length, so replay needs it.
+SUFFIX_TRACE_WIDTH = 2
+
+
 def encode_trace_value(matched: int, agree: int) -> int:
     """One position of the n-gram trace: the match length the proposer had there (1…14,
     longer ones recorded as 14) and how many of its first 16 proposed tokens equal the output
@@ -56,6 +70,36 @@ def decode_trace_value(value: int) -> tuple[int, int] | None:
     n, agree = divmod(int(value), NGRAM_TRACE_K + 1)
     return n + 1, agree
 
+
+
+def decode_suffix_value(trace: bytes | Sequence[int], position: int
+                        ) -> tuple[int, int, int] | None:
+    """(match length, agreeing tokens, draft length) of a suffix trace at generated position
+    ``position``; None where suffix decoding had no draft."""
+    i = SUFFIX_TRACE_WIDTH * position
+    got = decode_trace_value(trace[i])
+    return None if got is None else (got[0], got[1], int(trace[i + 1]))
+
+
+def suffix_trace_error(trace: bytes | Sequence[int], positions: int) -> str | None:
+    """What is wrong with a suffix trace for ``positions`` generated positions (None: it is
+    well formed): its length, or the first position whose bytes no trace holds (a match
+    value past MATCH_REACH's, a draft longer than NGRAM_TRACE_K or than its agreement allows,
+    a length without a draft)."""
+    if len(trace) != SUFFIX_TRACE_WIDTH * positions:
+        return (f"{len(trace)} bytes for {positions} generated positions: "
+                f"{SUFFIX_TRACE_WIDTH} per position")
+    top = (MATCH_REACH - 1) * (NGRAM_TRACE_K + 1) + NGRAM_TRACE_K
+    for p in range(positions):
+        value, size = trace[SUFFIX_TRACE_WIDTH * p], trace[SUFFIX_TRACE_WIDTH * p + 1]
+        if value == NGRAM_NONE:
+            ok = size == 0
+        else:
+            ok = value <= top and value % (NGRAM_TRACE_K + 1) <= size <= NGRAM_TRACE_K
+        if not ok:
+            return (f"position {p} holds ({value}, {size}): not (NGRAM_NONE, 0) nor a match "
+                    f"value ≤ {top} with its agreement ≤ a draft length ≤ {NGRAM_TRACE_K}")
+    return None
 
 
 class Trace:

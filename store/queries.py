@@ -30,7 +30,7 @@ __all__ = [
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
-    "catch_ups",
+    "catch_ups", "suffix_lookup_s_per_token",
 ]
 
 Z95 = 1.959963984540054
@@ -309,6 +309,9 @@ class RequestRow:
     ngram_trace: bytes | None = None
     # the draft model's catch-up forwards (0007; None: not recorded): (tokens, seconds)
     draft_catch_ups: list[tuple[int, float]] | None = None
+    # suffix decoding (0008; None: not recorded): its counters and its trace
+    suffix: dict[str, Any] | None = None
+    suffix_trace: bytes | None = None
 
     @classmethod
     def of(cls, r: Request) -> RequestRow:
@@ -320,7 +323,7 @@ class RequestRow:
         if r.draft_catch_ups is not None:
             values["draft_catch_ups"] = [(int(g), float(c)) for g, c in r.draft_catch_ups]
         for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence",
-                     "proposer_schedule", "ngram_trace"):
+                     "proposer_schedule", "ngram_trace", "suffix_trace"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
         return cls(**values)
@@ -354,6 +357,10 @@ class TraceRow(NamedTuple):
     ngram_trace: bytes | None = None
     proposer_schedule: bytes | None = None
     prompt_tokens: int = 0  # the draft model's first catch-up takes these in (replay)
+    # suffix decoding (0008): what it would have drafted at every generated position (match
+    # length, agreeing tokens, draft length; ``autospec.suffix.suffix_trace``); None: not
+    # recorded
+    suffix_trace: bytes | None = None
 
 
 def _when(t: datetime | float) -> datetime:
@@ -371,7 +378,7 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
                   Request.accepted_schedule, Request.id, Request.created_at, Request.category,
                   Request.confidence, Request.batch_size, Request.ngram_trace,
-                  Request.proposer_schedule, Request.prompt_tokens)
+                  Request.proposer_schedule, Request.prompt_tokens, Request.suffix_trace)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -392,11 +399,11 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
     for (kind, trace, ks, acc, rid, created, cat, conf, batch, ng, props,
-         prompt) in session.execute(stmt.execution_options(yield_per=500)):
+         prompt, sfx) in session.execute(stmt.execution_options(yield_per=500)):
         yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
                        None if conf is None else bytes(conf), batch or 1,
                        None if ng is None else bytes(ng), None if props is None else bytes(props),
-                       prompt or 0)
+                       prompt or 0, None if sfx is None else bytes(sfx))
 
 
 @dataclass(frozen=True)
@@ -543,6 +550,23 @@ def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent
         draft_s += d_s or 0.0
         forwards += d_n or 0
     return points, (draft_s / forwards if forwards >= 16 else None)
+
+
+def suffix_lookup_s_per_token(session: Session, pair_id: int, category: str, *,
+                              recent: int = 1000) -> float | None:
+    """Suffix decoding's host seconds per token it proposed, over the latest ``recent``
+    requests of (category, pair) that had it (its ``suffix`` counters, 0008): what replay
+    prices its lookups at. None before it proposed a token."""
+    stmt = (select(Request.suffix)
+            .where(Request.pair_id == pair_id,
+                   Request.category_key == category_key(category),
+                   Request.suffix.is_not(None))
+            .order_by(Request.id.desc()).limit(recent))
+    seconds, drafted = 0.0, 0
+    for (counters,) in session.execute(stmt):
+        seconds += float((counters or {}).get("lookup_s") or 0.0)
+        drafted += int((counters or {}).get("drafted") or 0)
+    return seconds / drafted if drafted else None
 
 
 def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,

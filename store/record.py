@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
-           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "NGRAM_KEYS",
+           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "NGRAM_KEYS", "SUFFIX_KEYS",
            "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
 
 from autospec.traces import (  # noqa: E402  (the one definition: torch-free)
@@ -27,6 +27,8 @@ from autospec.traces import (  # noqa: E402  (the one definition: torch-free)
 # a request's n-gram counters (``RequestRecord.ngram``)
 NGRAM_KEYS = ("max_n", "min_n", "drafts", "drafted", "accepted", "accepted_per_position",
               "drafted_per_position", "lookup_s")
+# a request's suffix-decoding counters (``RequestRecord.suffix``)
+SUFFIX_KEYS = NGRAM_KEYS[2:]
 CATEGORY_SOURCES = ("given", "auto", "default")
 
 CATEGORY_RULE = ("a category is a non-blank string of any Unicode text except NUL (U+0000) and "
@@ -137,6 +139,16 @@ class RequestRecord:
     # prices resuming the draft with and replay charges (``queries.catch_ups``). None: not
     # recorded (batch > 1, or logged before 0007); [] none happened.
     draft_catch_ups: list[tuple[int, float]] | None = None
+    # Suffix decoding (0008), where the call had the suffix proposer. ``suffix``: its
+    # counters, as ``ngram``'s without the settings ({"drafts", "drafted", "accepted",
+    # "accepted_per_position", "drafted_per_position", "lookup_s": host seconds of its
+    # lookups in the iterations it drafted}); its blocks are not in the draft model's counters.
+    # ``suffix_trace``: SUFFIX_TRACE_WIDTH bytes per generated position, what it would have
+    # drafted there from the category's memory as the request saw it (match length, agreeing
+    # tokens, draft length; ``autospec.suffix.suffix_trace``) — numbers only, no tokens.
+    # None: not recorded (no suffix proposer, or logged before 0008).
+    suffix: dict[str, Any] | None = None
+    suffix_trace: bytes | None = None
     # Deferred work: a callable taking the record and returning the finished record (or None:
     # finished in place), run once by the store before validating it, on the writer thread
     # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``. Work too slow

@@ -24,6 +24,10 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   (``ngram``), which iterations it drafted (``proposer_schedule``) and its trace
   (``ngram_trace``: what it would have matched at every generated position); category_stats
   its running sums (``ngram_*``). Its iterations are not in the draft model's counters.
+- suffix decoding (0008): requests carry its counters (``suffix``) and its trace
+  (``suffix_trace``: what it would have drafted at every generated position, from the
+  category's memory as the request saw it). No running sums: ``category_stats`` does not
+  count its blocks.
 
 Categories are free text of any length, so the tables are keyed and indexed on
 ``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
@@ -176,6 +180,11 @@ class Request(Base):
     ngram_trace: Mapped[bytes | None]
     # the draft model's catch-up forwards (0007): [[tokens, seconds], ...]; NULL: not recorded
     draft_catch_ups: Mapped[list[list[float]] | None] = mapped_column(JSON)
+    # suffix decoding (0008; NULL: no suffix proposer in the call, or logged before 0008): its
+    # counters (records.RequestRecord.suffix) and per generated position what it would have
+    # drafted (match length, agreeing tokens, draft length: autospec.suffix.suffix_trace)
+    suffix: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    suffix_trace: Mapped[bytes | None]
 
 
 class CategoryStat(Base):

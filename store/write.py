@@ -20,11 +20,12 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from autospec.traces import PROPOSER_CODES
+from autospec.traces import PROPOSER_CODES, suffix_trace_error
 
 from .record import (
     CATEGORY_SOURCES,
     NGRAM_KEYS,
+    SUFFIX_KEYS,
     TRACE_GREEDY,
     TRACE_SAMPLED,
     PairInfo,
@@ -135,30 +136,32 @@ def _finished(rec: RequestRecord) -> RequestRecord:
     return rec if done is None else done
 
 
-def _ngram(value: object) -> dict[str, Any] | None:
-    """A record's ``ngram`` counters, normalised: every key of ``NGRAM_KEYS`` (missing
-    counters 0, missing settings None)."""
+def _lookup_counters(field: str, value: object, keys: Sequence[str]) -> dict[str, Any] | None:
+    """A record's counters of a lookup proposer (``ngram``: ``NGRAM_KEYS``; ``suffix``:
+    ``SUFFIX_KEYS``), normalised: every key (missing counters 0, missing settings None)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ValueError(f"ngram must be a dict of {', '.join(NGRAM_KEYS)}, got "
+        raise ValueError(f"{field} must be a dict of {', '.join(keys)}, got "
                          f"{type(value).__name__}")
-    unknown = set(value) - set(NGRAM_KEYS)
+    unknown = set(value) - set(keys)
     if unknown:
-        raise ValueError(f"ngram has unknown keys {sorted(map(str, unknown))}; it takes "
-                         f"{', '.join(NGRAM_KEYS)}")
+        raise ValueError(f"{field} has unknown keys {sorted(map(str, unknown))}; it takes "
+                         f"{', '.join(keys)}")
     out: dict[str, Any] = {}
     for name in ("max_n", "min_n"):
+        if name not in keys:
+            continue
         v = value.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"ngram[{name!r}] must be a positive int or None, got {v!r}")
+            raise ValueError(f"{field}[{name!r}] must be a positive int or None, got {v!r}")
         out[name] = v
     for name in ("drafts", "drafted", "accepted"):
-        out[name] = _count(f"ngram[{name!r}]", value.get(name, 0))
+        out[name] = _count(f"{field}[{name!r}]", value.get(name, 0))
     for name in ("accepted_per_position", "drafted_per_position"):
-        out[name] = [_count(f"ngram[{name!r}][{i}]", v)
+        out[name] = [_count(f"{field}[{name!r}][{i}]", v)
                      for i, v in enumerate(value.get(name) or ())]
-    out["lookup_s"] = _seconds("ngram['lookup_s']", value.get("lookup_s", 0.0))
+    out["lookup_s"] = _seconds(f"{field}['lookup_s']", value.get("lookup_s", 0.0))
     return out
 
 
@@ -200,7 +203,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
     path = check_path(rec.path)
-    ngram = _ngram(rec.ngram)
+    ngram = _lookup_counters("ngram", rec.ngram, NGRAM_KEYS)
     proposers = (None if rec.proposer_schedule is None
                  else _blob("proposer_schedule", rec.proposer_schedule))
     if proposers is not None and (len(proposers) != len(rec.k_schedule)
@@ -213,6 +216,13 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     if ngram_trace is not None and len(ngram_trace) != len(rec.trace):
         raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
+    suffix = _lookup_counters("suffix", rec.suffix, SUFFIX_KEYS)
+    suffix_trace = (None if rec.suffix_trace is None
+                    else _blob("suffix_trace", rec.suffix_trace))
+    if suffix_trace is not None:
+        wrong = suffix_trace_error(suffix_trace, len(rec.trace))
+        if wrong is not None:
+            raise ValueError(f"suffix_trace is not a suffix trace of this request: {wrong}")
     catch_ups = _catch_ups(rec.draft_catch_ups)
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -231,7 +241,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
         draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence,
         ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace,
-        draft_catch_ups=catch_ups, finish=None)
+        draft_catch_ups=catch_ups, suffix=suffix, suffix_trace=suffix_trace, finish=None)
 
 
 def _catch_ups(value) -> list[tuple[int, float]] | None:
@@ -313,7 +323,7 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
         "category_source", "features", "confidence", "path", "ngram", "proposer_schedule",
-        "ngram_trace")}
+        "ngram_trace", "suffix", "suffix_trace")}
     row["draft_catch_ups"] = (None if rec.draft_catch_ups is None
                               else [[g, c] for g, c in rec.draft_catch_ups])
     row.update(pair_id=pair_id, category_key=category_key(rec.category),

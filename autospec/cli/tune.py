@@ -120,7 +120,9 @@ def run(args, parser) -> int:
         notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
                      + (f"\n  proposer: {r.proposer} (searched: "
                         f"{', '.join(r.proposers_searched)}; n-gram share of drafted tokens "
-                        f"in the replay {fmt(r.ngram_share, '.0%')})"
+                        f"in the replay {fmt(r.ngram_share, '.0%')}"
+                        + (f", suffix share {fmt(r.suffix_share, '.0%')}"
+                           if "suffix" in r.proposers_searched else "") + ")"
                         if len(r.proposers_searched) > 1 or r.proposer != "draft" else "")
                      + (f"\n  k by batch size: {_k_by_batch(r.k_by_batch)}"
                         if r.k_by_batch and max(r.k_by_batch) > 1 else "")

@@ -144,6 +144,8 @@ def _count(st: LoopStats, row: RowStep, width: int, times: StepTimes,
         st.count_block(row.proposer, row.proposed, row.accepted)
     if row.proposer == "ngram":
         st.ngram_s += times.lookup_s / times.batch
+    elif row.proposer == "suffix":
+        st.suffix_s += times.lookup_s / times.batch
     t = times.target_s
     if times.prefill:
         st.prefill_s = t

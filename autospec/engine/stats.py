@@ -84,6 +84,7 @@ class LoopStats:
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
     ngram_s: float = 0.0  # host time of prompt lookup
+    suffix_s: float = 0.0  # host time of suffix decoding's lookups, where it proposed
     trace: bytes = b""  # the draft model's acceptance trace (``autospec.traces``)
     trace_kind: str = ""
     confidence: bytes = b""  # the draft's top probability per generated token (store only)
@@ -98,6 +99,9 @@ class LoopStats:
     # {"max_n", "min_n"}: what the store's writer computes the n-gram trace from
     tokens: list[int] | None = None
     ngram_settings: dict[str, int] | None = None
+    # suffix decoding's trace (``autospec.suffix.suffix_trace``), where the call had the
+    # suffix proposer and recorded for a store; None otherwise
+    suffix_trace: bytes | None = None
 
     # -- per proposer, and totals ---------------------------------------------------------
     def proposer(self, name: str) -> ProposerCounts:
@@ -178,7 +182,7 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
     batch (every row shares its forwards)."""
     out = LoopStats()
     for st in rows:
-        for name in ("new_tokens", "prompt_tokens", "draft_forwards", "ngram_s"):
+        for name in ("new_tokens", "prompt_tokens", "draft_forwards", "ngram_s", "suffix_s"):
             setattr(out, name, getattr(out, name) + getattr(st, name))
         for blocks, proposed, accepted, proposed_pp, accepted_pp in _FIELDS.values():
             for name in (blocks, proposed, accepted):

@@ -16,6 +16,16 @@ match the iteration is a plain step; the hybrid proposer takes the n-gram's bloc
 match has ≥ min_match tokens, else the draft model's. Requests logged without an n-gram trace
 replay the draft model only (their policy sees no n-gram proposer).
 
+Suffix decoding replays from the request's suffix trace (``suffix_trace``, see
+``autospec.suffix.suffix_trace``): per generated position, the match of the draft it had there
+(from the category's memory as the request saw it), how many of its tokens equal the output,
+and how many it held. A block of k it starts at position g holds min(k, that length) and
+accepts min(agreement, block) — exact for greedy traffic where the live loop walked its drafts
+for k_max = 16 (the trace's reach; another k_max may have drafted otherwise); the policy sees
+the match (recorded up to 14 tokens, ``MATCH_REACH``: the cost model's longest bucket) and the
+draft's length, as live. Its lookups cost ``Costs.t_suffix`` per proposed token. Requests
+logged without a suffix trace offer no suffix proposer.
+
 The draft model pays to resume: its first block takes in the prompt, and a block after k = 0
 steps or n-gram blocks takes in what they emitted, in one catch-up forward. At batch 1 replay
 tracks that gap as the live loop does, hands it to the policy (``Context.draft_gap``), and
@@ -38,7 +48,7 @@ from typing import Any
 from autospec.ngram import decode_trace_value
 from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED
+from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, decode_suffix_value
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
            "batch_size_of", "plain_batch_seconds"]
@@ -130,6 +140,7 @@ class Costs:
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
     t_ngram: float = 0.0  # seconds per token the n-gram proposer proposes (host lookup time)
+    t_suffix: float = 0.0  # the same for suffix decoding
     has_draft: bool = True  # False: the pair has no draft model (n-gram proposer alone)
     # the execution paths the batch-1 fields and the grid were measured on (None: unknown,
     # taken as the same). Where they differ the grid is read alone, with its own batch 1 if
@@ -217,6 +228,8 @@ class Costs:
             out["path"], out["grid_path"] = self.path, self.grid_path
         if self.t_ngram:
             out["t_ngram_s"] = self.t_ngram
+        if self.t_suffix:
+            out["t_suffix_s"] = self.t_suffix
         if not self.has_draft:
             out["has_draft"] = False
         if self.catch_up is not None:
@@ -234,6 +247,7 @@ class Costs:
                                for b, s in (d.get("t_draft_s_by_b") or {}).items()},
                    path=d.get("path"), grid_path=d.get("grid_path"),
                    t_ngram=float(d.get("t_ngram_s", 0.0)),
+                   t_suffix=float(d.get("t_suffix_s", 0.0)),
                    has_draft=bool(d.get("has_draft", True)),
                    catch_up=(None if d.get("catch_up_s") is None
                              else (float(d["catch_up_s"][0]), float(d["catch_up_s"][1]))))
@@ -252,6 +266,8 @@ class SimResult:
     accepted: int = 0
     ngram_drafted: int = 0  # the n-gram proposer's share of drafted / accepted
     ngram_accepted: int = 0
+    suffix_drafted: int = 0  # suffix decoding's share
+    suffix_accepted: int = 0
     k_counts: Counter = field(default_factory=Counter)
     unobserved_hits: int = 0  # blocks that ran into an unobserved position (counted rejected)
     # the same batches decoded plainly: one token per running row per step, Σ_t T_t(B_t, 1)
@@ -349,17 +365,19 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
 class _Row:
     """One request being replayed: its trace and where it stands."""
 
-    __slots__ = ("kind", "trace", "conf", "ngram", "has_draft", "g", "covered", "prev_k",
-                 "gap", "request", "stats")
+    __slots__ = ("kind", "trace", "conf", "ngram", "suffix", "has_draft", "g", "covered",
+                 "prev_k", "gap", "request", "stats")
 
     def __init__(self, row, has_draft: bool = True):
-        self.ngram, self.has_draft = None, has_draft
+        self.ngram = self.suffix = None
+        self.has_draft = has_draft
         if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
             self.kind, self.trace, self.conf = (*row, None)[:3]
         else:
             self.kind, self.trace = row.trace_kind, row.trace
             self.conf = getattr(row, "confidence", None)
             self.ngram = getattr(row, "ngram_trace", None) or None
+            self.suffix = getattr(row, "suffix_trace", None) or None
         self.g = 0  # generated so far
         self.covered = 0  # first position the draft has not predicted
         self.prev_k: int | None = None
@@ -378,9 +396,14 @@ class _Row:
 
     @property
     def proposers(self) -> tuple[str, ...]:
+        """The proposers the live loop had, in its order, as far as the traces tell: the
+        draft model (where the pair has one), prompt lookup, and suffix decoding where the
+        request carries its trace."""
         if not self.has_draft:
-            return ("ngram",)
-        return ("draft", "ngram") if self.ngram is not None else ("draft",)
+            names: tuple[str, ...] = ("ngram",)
+        else:
+            names = ("draft", "ngram") if self.ngram is not None else ("draft",)
+        return names + ("suffix",) if self.suffix is not None else names
 
     def ngram_match(self) -> tuple[int, int]:
         """(match length, tokens of its block that equal the output) at the current position;
@@ -395,6 +418,26 @@ class _Row:
         starts with a catch-up over them, as after k = 0."""
         matched, agree = self.ngram_match()
         k = k if matched else 0
+        m = min(agree, k)
+        self.prev_k = 0
+        self.g += m + 1
+        self.gap += m + 1
+        return k, m
+
+    def suffix_now(self) -> tuple[int, int, int]:
+        """(match length, tokens of its draft that equal the output, tokens the draft holds)
+        of suffix decoding at the current position; (0, 0, 0) without a draft (or without a
+        suffix trace)."""
+        if self.suffix is None or self.g >= len(self.trace):
+            return 0, 0, 0
+        return decode_suffix_value(self.suffix, self.g) or (0, 0, 0)
+
+    def suffix_step(self, k: int) -> tuple[int, int]:
+        """Replay one suffix block of (at most) k: (proposed, accepted) — it holds no more
+        than its draft; (0, 0) without one (a plain step). The draft model did not see these
+        positions, as after an n-gram block."""
+        matched, agree, size = self.suffix_now()
+        k = min(k, size) if matched else 0
         m = min(agree, k)
         self.prev_k = 0
         self.g += m + 1
@@ -460,21 +503,29 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
         cost, t_draft = costs.at(b)
         has_draft = running[0].has_draft
         shadows = [r.ngram_match() for r in running]  # (match length, agreement) per row
+        # suffix decoding's (match length, agreement, draft length) per row
+        suffixes = [r.suffix_now() for r in running]
         views = [RowView(category=cat, live=stats, request=r.request, generated=r.g,
-                         left=r.remaining, match=match, gap=r.gap)
-                 for r, (match, _agree) in zip(running, shadows)]
+                         left=r.remaining, match=match, gap=r.gap, suffix=sfx[0],
+                         suffix_length=sfx[2])
+                 for r, (match, _agree), sfx in zip(running, shadows, suffixes)]
         proposers = running[0].proposers
         ctx = make_context(views, k_max=k_max, proposers=proposers, has_draft=has_draft,
                            costs=grid)
         lookup = "ngram" in proposers
-        d = decide(policy, ctx, longest=0, has_draft=has_draft,
-                   lookups={"ngram": [m for m, _ in shadows]} if lookup else None)
+        lookups = {"ngram": [m for m, _ in shadows]} if lookup else {}
+        if "suffix" in proposers:
+            lookups["suffix"] = [sfx[0] for sfx in suffixes]
+        d = decide(policy, ctx, longest=0, has_draft=has_draft, lookups=lookups or None)
         gap = max(r.gap for r in running) if has_draft else 0
         steps = []
         for r, who, size in zip(running, d.rows, d.lengths):
             seen = r.catch_up() if d.draft_runs else ()
             if who == "ngram":
                 k, m = r.ngram_step(size)
+                steps.append((who if k else None, k, m, False, seen))
+            elif who == "suffix":
+                k, m = r.suffix_step(size)
                 steps.append((who if k else None, k, m, False, seen))
             else:
                 k, m, unknown = r.step(size if who == "draft" else 0, stop, rng)
@@ -487,7 +538,8 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
         for r, (who, _k, m, *_rest) in zip(running, steps):
             if who == "draft":
                 r.kept(m, drafted_width)
-        lookup_s = costs.t_ngram * sum(k for who, k, *_ in steps if who == "ngram")
+        lookup_s = (costs.t_ngram * sum(k for who, k, *_ in steps if who == "ngram")
+                    + costs.t_suffix * sum(k for who, k, *_ in steps if who == "suffix"))
         drafted = width if d.draft_runs else 0
         catch_up = None
         if d.draft_runs and gap > 2 and costs.catch_up is not None:
@@ -499,9 +551,10 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
                           lookup_s=lookup_s)
         row_steps = [RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
                              lookup=r.ngram is not None, match=match, shadow=agree,
-                             unproposed=unproposed)
-                     for r, (who, k, m, _u, unproposed), (match, agree)
-                     in zip(running, steps, shadows)]
+                             unproposed=unproposed, suffix_match=sfx[0],
+                             suffix_shadow=_suffix_shadow(sfx, who, m + 1))
+                     for r, (who, k, m, _u, unproposed), (match, agree), sfx
+                     in zip(running, steps, shadows, suffixes)]
         account(policy, ctx, width, row_steps, times, lives=[stats] * b,
                 requests=[r.request for r in running], stats=[r.stats for r in running])
         for (who, k, m, unknown, _u) in steps:
@@ -510,9 +563,24 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
             if who == "ngram":
                 res.ngram_drafted += k
                 res.ngram_accepted += m
+            elif who == "suffix":
+                res.suffix_drafted += k
+                res.suffix_accepted += m
             else:
                 res.drafted += k
                 res.accepted += m
         res._count(b, width)
         res.row_steps += b
         res.seconds += times.draft_s + lookup_s + times.target_s
+
+
+def _suffix_shadow(now: tuple[int, int, int], who: str | None,
+                   emitted: int) -> tuple[int, int] | None:
+    """What the live suffix proposer reports where it had a draft and another proposer (or
+    nobody) drafted: (its leading tokens equal to the ``emitted`` ones, the tokens compared —
+    its draft's length or the emitted count, the shorter); None where it drafted, or had no
+    draft."""
+    matched, agree, size = now
+    if not matched or who == "suffix":
+        return None
+    return min(agree, emitted), min(size, emitted)

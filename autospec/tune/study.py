@@ -39,11 +39,11 @@ from autospec.policies.base import K_LIMIT, batch_bucket
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.traces import MATCH_REACH, UNOBSERVED
+from autospec.traces import MATCH_REACH, SUFFIX_TRACE_WIDTH, UNOBSERVED
 from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
-           "default_params",
+           "default_params", "proposer_space", "proposer_sets",
            "load_window", "study_name", "table_spec", "TABLE_BUCKETS"]
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,9 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
     ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence.
     ``table_buckets``: the batch-size buckets a ``table`` trial chooses a k for.
     ``proposers``: the proposers the traces can replay (``proposer_space``): with the n-gram's
-    trace a fixed trial also chooses its proposer (draft model, n-gram, hybrid with a minimum
-    match) and a cost-model trial which proposers it weighs."""
+    (or suffix decoding's) trace a fixed trial also chooses its proposer (draft model, n-gram,
+    hybrid with a minimum match, suffix) and a cost-model trial which set of proposers it
+    weighs (``proposer_sets``)."""
     family = trial.suggest_categorical("family", list(families))
     p: dict[str, Any] = {}
     if family == "fixed":
@@ -134,9 +135,9 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
         p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
         p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
-        if len(proposers) > 1:
-            p["proposers"] = trial.suggest_categorical("costmodel.proposers",
-                                                       ["both", "draft", "ngram"])
+        sets = proposer_sets(proposers)
+        if sets:
+            p["proposers"] = trial.suggest_categorical("costmodel.proposers", sets)
     if early_stop:
         p["early_stop"] = trial.suggest_categorical(f"{family}.early_stop", list(STOP_GRID))
     return family, p
@@ -254,10 +255,13 @@ def load_window(session, category: str, pair_id: int, *, since=None, until=None,
 
 
 def observed_positions(traces: Sequence) -> int:
-    """Positions some proposer's trace observed: the draft model's, or the n-gram's (every
-    position: it records whether the proposer had a match there too)."""
+    """Positions some proposer's trace observed: the draft model's, or a lookup's (every
+    position: the n-gram's and suffix decoding's traces record whether it had a match there
+    too)."""
     return sum(max(sum(1 for v in t.trace if v != UNOBSERVED),
-                   len(getattr(t, "ngram_trace", None) or b"")) for t in traces)
+                   len(getattr(t, "ngram_trace", None) or b""),
+                   len(getattr(t, "suffix_trace", None) or b"") // SUFFIX_TRACE_WIDTH)
+               for t in traces)
 
 
 def confidence_share(traces: Sequence) -> float:
@@ -294,6 +298,8 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
     proposers = proposer_space(window, costs)
     if proposers != ("draft",):
         key += f"|proposers{proposers!r}|{costs.t_ngram!r}"
+    if "suffix" in proposers:
+        key += f"|{costs.t_suffix!r}"
     space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
@@ -331,10 +337,14 @@ class CategoryResult:
     # replay of the tuning part: its batch-size → k table, whatever its family
     k_by_batch: dict[int, int] | None = None
     # the proposers searched (``proposer_space``) and, in the replay of the tuning part, the
-    # share of drafted tokens the best policy took from the n-gram proposer
+    # share of drafted tokens the best policy took from the n-gram proposer and from suffix
+    # decoding
     proposers_searched: tuple[str, ...] = ("draft",)
-    proposer: str | None = None  # the best policy's proposer: "draft", "ngram", "hybrid", "both"
+    # the best policy's proposer: "draft", "ngram", "hybrid", "suffix", or a cost model's set
+    # ("both", "draft+suffix", ...)
+    proposer: str | None = None
     ngram_share: float | None = None
+    suffix_share: float | None = None
     note: str = ""
     provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
@@ -402,8 +412,10 @@ def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
 
 def proposer_of_params(family: str, params: dict, space: Sequence[str]) -> str:
     """The proposer a tuned policy drafts with: a fixed policy's own, a cost model's
-    ``proposers`` ("both" weighs the two per iteration), else the draft model's."""
-    if tuple(space) == ("ngram",):
+    ``proposers`` ("both": every one the request has, weighed per iteration; or a set such
+    as "draft+suffix"), else the draft model's (the n-gram's for a pair without one)."""
+    if tuple(space) == ("ngram",) or (family not in ("fixed", "costmodel")
+                                      and "draft" not in space):
         return "ngram"
     if family == "fixed":
         return params.get("proposer", "draft")
@@ -415,12 +427,31 @@ def proposer_of_params(family: str, params: dict, space: Sequence[str]) -> str:
 def proposer_space(window: Window, costs: Costs) -> tuple[str, ...]:
     """The proposers a study can replay on this window: the n-gram alone for a pair without a
     draft model; draft model, n-gram and hybrid where the traces carry the n-gram's trace
-    (logged since schema 0006); else the draft model."""
+    (logged since schema 0006); else the draft model — and suffix decoding besides where they
+    carry its trace (logged since schema 0008, by calls that had the suffix proposer)."""
+    suffix = ("suffix",) if any(getattr(r, "suffix_trace", None) for r in window.train) else ()
     if not costs.has_draft:
-        return ("ngram",)
+        return ("ngram", *suffix)
     if any(getattr(r, "ngram_trace", None) for r in window.train):
-        return ("draft", "ngram", "hybrid")
-    return ("draft",)
+        return ("draft", "ngram", "hybrid", *suffix)
+    return ("draft", *suffix)
+
+
+def proposer_sets(space: Sequence[str]) -> list[str]:
+    """The sets of proposers a cost-model trial chooses among (its ``proposers``) for a
+    proposer space: "both" (every one the request has), each proposer alone, and each pair of
+    three — every non-empty set, since the cost model already weighs the proposers of its set
+    per iteration and a smaller set only pays where its estimates of one of them mislead,
+    which replay tells and the model cannot. Empty with a single proposer (nothing to
+    choose). Without suffix decoding: "both", "draft", "ngram", as before it existed."""
+    names = [p for p in ("draft", "ngram", "suffix") if p in space]
+    if len(names) < 2:
+        return []
+    from itertools import combinations
+
+    subsets = ["+".join(c) for size in range(1, len(names))
+               for c in combinations(names, size)]
+    return ["both", *subsets]
 
 
 def _table_buckets(window: Window, costs: Costs) -> tuple[int, ...]:
@@ -589,6 +620,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         t_ngram = next((getattr(sm, "ngram_lookup_s_per_token", None) or 0.0
                         for sm in queries.category_summaries(s, category=cat, pair_id=pid)),
                        0.0)
+        t_suffix = queries.suffix_lookup_s_per_token(s, pid, cat) or 0.0  # the same, suffix
         # the draft model's catch-up, fitted to what the pair logged (else to what the probe
         # timed), at the ratio to T_d those same requests (that probe) measured
         catch_up_points, catch_up_t_draft, catch_up_from = queries.catch_up_source(
@@ -627,7 +659,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                   target_grid={b: c for b, c in grid.items() if b > 1 or not same},
                   draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
                   path=path, grid_path=queries.BATCH_PATH, t_ngram=t_ngram,
-                  has_draft=has_draft, catch_up=catch_up)
+                  t_suffix=t_suffix, has_draft=has_draft, catch_up=catch_up)
     if has_draft:
         cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
                         else f"; draft catch-up: {len(catch_up_points)} logged"
@@ -738,8 +770,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     res.k_by_batch = bucketed_k(best_replay)
     res.proposers_searched = proposer_space(window, costs)
     res.proposer = proposer_of_params(family, params, res.proposers_searched)
-    drafted = best_replay.drafted + best_replay.ngram_drafted
+    drafted = best_replay.drafted + best_replay.ngram_drafted + best_replay.suffix_drafted
     res.ngram_share = best_replay.ngram_drafted / drafted if drafted else None
+    if "suffix" in res.proposers_searched:
+        res.suffix_share = best_replay.suffix_drafted / drafted if drafted else None
     holdout_figures = None
     if window.holdout:
         # both start from the statistics the tuning part left, as a live controller would

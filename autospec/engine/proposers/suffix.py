@@ -8,7 +8,12 @@ reach the device as prompt lookup's do: one non-blocking copy from a reused stag
 A row's match (the suffix length found) is what the policy sees, as prompt lookup's match.
 
 When a row finishes, its output (after the last ``max_depth`` prompt tokens) joins its
-category's memory (``SuffixMemory``), for the requests that come after it.
+category's memory (``SuffixMemory``), for the requests that come after it. Where the call
+records for a store, each row's trace (``autospec.suffix.suffix_trace``: what the proposer
+would have drafted at every position it generated) is computed first, every row's before any
+row's output joins the memory: the memory the trace reads is the one the call started from,
+plus what calls on other threads added while it ran (at batch 1 in one thread, exactly what
+the loop saw).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 import torch
 
 from autospec.ngram import agreement
-from autospec.suffix import SuffixIndex, SuffixMemory, best_of
+from autospec.suffix import SuffixIndex, SuffixMemory, best_of, suffix_trace
 
 from . import Block, HostLookup
 
@@ -35,6 +40,7 @@ class SuffixLookup(HostLookup):
         self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
         self._matches: list[int] = []
+        self._traces: dict[int, bytes | None] | None = None  # row index → its trace (finish)
 
     def matches(self) -> list[int]:
         """Each row's suffix match now (0: none), and the draft behind it, walked for
@@ -61,9 +67,12 @@ class SuffixLookup(HostLookup):
         return [len(toks) for toks in self._proposals]
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
+        """Each served row's draft, cut to its length; the block is as wide as the longest
+        of them, not as the policy asked: a draft shorter than k (its own length rule) leaves
+        no padding for the target to score."""
         it.lookup_s += self._lookup_s
-        return self.staging.block(len(self.batch.rows), max(lengths[b] for b in rows),
-                                  {b: self._proposals[b][: lengths[b]] for b in rows})
+        blocks = {b: self._proposals[b][: lengths[b]] for b in rows}
+        return self.staging.block(len(self.batch.rows), max(map(len, blocks.values())), blocks)
 
     def accept(self, it, steps) -> None:
         """Each row's own index learns what it emitted; each row's step gets the match the
@@ -96,6 +105,14 @@ class SuffixLookup(HostLookup):
             self._proposals = [self._proposals[b] for b in keep] if self._proposals else []
 
     def finish(self, row, stats) -> None:
-        """The row's output joins its category's memory."""
+        """The row's output joins its category's memory; where the call records for a store
+        (``batch.record_conf``), its trace goes to ``stats.suffix_trace`` — at the first
+        row's finish every row's trace is computed, so that none reads another's output."""
+        if self.batch.record_conf and self._traces is None:
+            self._traces = {r.index: None if r.tokens is None else suffix_trace(
+                r.tokens[: r.n], r.L, self.memory, r.category, settings=self.memory.settings)
+                for r in self.batch.all_rows}
+        if self._traces is not None:
+            stats.suffix_trace = self._traces.pop(row.index, None)
         if row.tokens is not None:
             self.memory.remember(row.category, row.tokens[: row.L], row.tokens[row.L : row.n])
