@@ -31,14 +31,14 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from autospec.traces import UNOBSERVED, decode_trace_value
+from autospec.traces import UNOBSERVED, decode_suffix_value, decode_trace_value
 
 from .tables import Request
 from .write import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
-           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile",
+           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile", "SuffixProfile", "suffix_profile",
            "IngestedAcceptance", "ingested_acceptance", "INGESTED"]
 
 INGESTED = "ingested"  # the stop_reason of a record ``autospec ingest`` wrote (no request)
@@ -280,6 +280,61 @@ def ngram_profile(session: Session, category: str | None = None, pair_id: int | 
                 matched += 1
                 agree[got[1]] += 1
     return NgramProfile(n, positions, matched, agree, observed, right) if n else None
+
+
+@dataclass(frozen=True)
+class SuffixProfile:
+    """Suffix decoding over the latest greedy requests' suffix traces (schema 0008): at each
+    generated position where it had a draft, how many tokens the draft held and how many of
+    them the output agreed with."""
+
+    requests: int
+    positions: int  # generated positions their traces cover
+    cells: Counter  # (agreeing tokens, draft length) → positions where it had a draft
+
+    @property
+    def matched(self) -> int:
+        return sum(self.cells.values())
+
+    @property
+    def match_rate(self) -> float | None:
+        return self.matched / self.positions if self.positions else None
+
+    def block(self, k: int, cost) -> tuple[float, float]:
+        """(E[tokens], E[seconds of the target]) of a suffix block of at most k tokens where
+        it has a draft: it holds min(k, length) tokens and, under greedy verification,
+        accepts min(agreement, k) of them plus the token the target adds; the target scores
+        the block and that token (``cost(n)``: T_t(n))."""
+        n = self.matched
+        if not n:
+            return 1.0, cost(1)
+        tokens = seconds = 0.0
+        for (agree, length), c in self.cells.items():
+            width = min(k, length)
+            tokens += (min(agree, width) + 1) * c
+            seconds += cost(width + 1) * c
+        return tokens / n, seconds / n
+
+
+def suffix_profile(session: Session, category: str | None = None, pair_id: int | None = None,
+                   limit: int = 200) -> SuffixProfile | None:
+    """The suffix traces of the latest ``limit`` greedy batch-1 requests; None when none of
+    them carries one (no suffix proposer, or logged before 0008). Sampled requests are left
+    out, as for ``ngram_profile``."""
+    stmt = _filtered(select(Request.suffix_trace), category, pair_id, 1)
+    stmt = (stmt.where(Request.greedy.is_(True), Request.suffix_trace.is_not(None))
+            .order_by(Request.id.desc()).limit(limit))
+    n = positions = 0
+    cells: Counter = Counter()
+    for (trace,) in session.execute(stmt):
+        n += 1
+        trace = bytes(trace)
+        for p in range(len(trace) // 2):
+            positions += 1
+            got = decode_suffix_value(trace, p)
+            if got is not None:
+                cells[(got[1], got[2])] += 1
+    return SuffixProfile(n, positions, cells) if n else None
 
 
 @dataclass(frozen=True)

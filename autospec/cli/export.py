@@ -27,10 +27,11 @@ def register(sub, parents) -> None:
     p.add_argument("--source", choices=("auto", "costmodel", "tuned"), default="auto",
                    help="whose k: the tuned policy's table where stored, else the cost "
                         "model's (auto); or either one")
-    p.add_argument("--proposer", choices=("auto", "draft", "ngram"), default="auto",
+    p.add_argument("--proposer", choices=("auto", "draft", "ngram", "suffix"), default="auto",
                    help="what drafts: the draft model, the n-gram proposer (prompt lookup, "
-                        "no draft model), or auto: the n-gram proposer where the report "
-                        "(section 5) finds that it pays, else the draft model")
+                        "no draft model), suffix decoding (vLLM's method suffix), or auto: "
+                        "the lookup proposer the report (section 5) finds pays, else the "
+                        "draft model")
     p.add_argument("--k", type=k_value, metavar="K",
                    help="export this k at every batch size instead of the measured choice "
                         "(0: no speculation); the header keeps the measured choice and the "
@@ -83,7 +84,10 @@ def run(args, parser) -> int:
                             k=args.k)
         except ExportError as e:
             die(str(e))
-    text = render(plan, args.engine, batch=args.batch)
+    try:
+        text = render(plan, args.engine, batch=args.batch)
+    except ExportError as e:
+        die(str(e))
     for w in plan.warnings:
         print(f"autospec: warning: {w}", file=sys.stderr)
     if args.out is None:

@@ -32,6 +32,14 @@ the output to):
   tuned); current llama.cpp replaced ``--draft-max``/``--draft-min`` with these (its
   ``llama-server --help``; ``--draft-p-min`` remains an alias). One k.
 
+Suffix decoding (``autospec.suffix``), exported where the report's section 5 finds that it
+pays (priced on the requests' suffix traces) or when asked (``--proposer suffix``): vLLM's
+``{"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth",
+"…_max_cached_requests", "…_max_spec_factor", "…_min_token_prob"}`` with autospec's suffix
+settings (vllm-project/vllm ``vllm/config/speculative.py``; vLLM needs Arctic Inference for it,
+``autospec.fleet.engines``). The other engines have no cross-request suffix cache: the export
+refuses with a line naming the engine and its nearest option, prompt lookup.
+
 The n-gram (prompt-lookup) proposer, exported where the report's section 5 finds that it pays
 for the workload (``autospec.report.build.proposers_view``: its k and estimated speedup, from
 the requests' n-gram traces and the T_t(n) curve; ``--proposer auto``) or when asked
@@ -74,13 +82,18 @@ import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from autospec.fleet.engines import ARCTIC_PACKAGE
+from autospec.suffix import SuffixSettings
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ENGINES", "EXPORT_PROPOSERS", "ExportPlan", "NgramPlan", "plan_for", "render",
            "ExportError"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")
-EXPORT_PROPOSERS = ("auto", "draft", "ngram")
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM",
+                "llamacpp": "llama.cpp"}
+EXPORT_PROPOSERS = ("auto", "draft", "ngram", "suffix")
 
 
 class ExportError(ValueError):
@@ -126,7 +139,7 @@ class ExportPlan:
     early_stop: float | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    proposer: str = "draft"  # "draft" (the draft model) or "ngram" (prompt lookup)
+    proposer: str = "draft"  # "draft" (the draft model), "ngram" (prompt lookup), "suffix"
     ngram: NgramPlan | None = None  # what the store knows of the n-gram proposer, if anything
     forced_k: int | None = None  # the k asked for (--k) instead of the measured choice
 
@@ -159,8 +172,9 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
     stored, else the cost model). ``proposer``: "draft" (the draft model), "ngram" (prompt
-    lookup; an error if the store cannot price it) or "auto" (the n-gram proposer where the
-    report's section 5 finds that it pays, else the draft model). ``k``: this k at every
+    lookup; an error if the store cannot price it), "suffix" (suffix decoding, priced on the
+    requests' suffix traces; vLLM only) or "auto" (the lookup proposer the report's section 5
+    finds pays, else the draft model). ``k``: this k at every
     batch size instead of the measured choice (0: no speculation); the header keeps the
     measured choice and the cost model's estimate at this k, where it has them."""
     from autospec.policies.base import K_LIMIT
@@ -182,6 +196,12 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                           f"(and --pair-id): {names}")
     w = work[0]
     ng = _ngram_plan(store, w)
+    sx = w.proposers.suffix if w.proposers is not None else None
+    if proposer == "suffix" and sx is None and k is None:
+        raise ExportError("the store has no suffix traces for this workload to price suffix "
+                          "decoding with: serve it with the suffix proposer on "
+                          "(`wrap(..., suffix=True)`) and this store, greedy, or export "
+                          "--proposer ngram / draft")
     if proposer == "ngram":
         if ng is None:
             raise ExportError("the store has nothing on the n-gram proposer for this workload "
@@ -197,11 +217,26 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                               "export --proposer draft")
     use_ngram = proposer == "ngram" or (proposer == "auto" and ng is not None
                                         and ng.pays == "ngram" and ng.k is not None)
+    use_suffix = proposer == "suffix" or (proposer == "auto" and sx is not None
+                                          and w.proposers.pays == "suffix")
     base = dict(category=w.category, target=w.pair["target"], draft=w.pair["draft"],
                 hardware=w.pair["hardware"], dtype=w.pair["dtype"],
                 requests=w.traffic.requests, first_seen=w.traffic.first_seen,
                 last_seen=w.traffic.last_seen)
-    if use_ngram:
+    if use_suffix:
+        plan = ExportPlan(**base, source="cost model, suffix decoding on the requests' suffix "
+                          "traces (report section 5)", grid_source=None, proposer="suffix",
+                          ngram=ng)
+        if sx is not None:
+            plan.table = [(1, int(sx[0]), sx[1])]
+            plan.notes.append(f"suffix decoding is priced at batch 1 (from "
+                              f"{w.proposers.suffix_requests} requests' suffix traces, a draft "
+                              f"at {w.proposers.suffix_match_rate:.0%} of positions): one k, "
+                              f"the most a draft may hold")
+        if proposer == "suffix" and w.proposers is not None and w.proposers.pays != "suffix":
+            plan.notes.append(f"exported as asked (--proposer suffix), but the report finds "
+                              f"that {_PAYS[w.proposers.pays]} pays for this workload")
+    elif use_ngram:
         plan = ExportPlan(**base, source="cost model, n-gram proposer (report section 5)",
                     grid_source=None, proposer="ngram", ngram=ng)
         if ng.k is not None:
@@ -250,7 +285,10 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
 def _force_k(plan: ExportPlan, w, k: int) -> None:
     """``plan`` with ``k`` at every batch size (``--k``), the measured choice kept in its
     source line, and the cost model's speedup at ``k`` (batch 1) where it has one."""
-    if plan.proposer == "ngram":
+    if plan.proposer == "suffix":
+        sx = w.proposers.suffix if w.proposers is not None else None
+        s = sx[1] if sx is not None and sx[0] == k else None
+    elif plan.proposer == "ngram":
         ng = plan.ngram
         s = ng.speedup if ng.k == k else None
         if ng.match_rate == 0 and not ng.live_drafted:
@@ -270,6 +308,7 @@ def _force_k(plan: ExportPlan, w, k: int) -> None:
 
 
 _PAYS = {"draft": "the draft model", "ngram": "the n-gram proposer", "hybrid": "the hybrid",
+         "suffix": "suffix decoding",
          "plain": "neither (plain decoding)"}
 
 
@@ -371,7 +410,14 @@ def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
         f"({plan.dtype})",
     ]
     ng = plan.ngram
-    if plan.proposer == "ngram":
+    if plan.proposer == "suffix":
+        d = SuffixSettings()
+        lines.append(f"proposer: suffix decoding (no draft model), autospec's suffix settings "
+                     f"(its defaults, Arctic's: tree depth {d.max_depth}, spec factor "
+                     f"{d.max_spec_factor:g}, min token probability {d.min_token_prob:g}; "
+                     f"{d.max_requests} cached requests per category); vLLM needs "
+                     f"{ARCTIC_PACKAGE} beside it")
+    elif plan.proposer == "ngram":
         lines.append(f"proposer: the n-gram proposer (prompt lookup, no draft model), suffixes "
                      f"of {ng.max_n} down to {ng.min_n} tokens (the requests' logged settings)")
     else:
@@ -423,6 +469,21 @@ def _ngram_lines(ng: NgramPlan) -> list[str]:
     if measured:
         out.append("n-gram measured: " + "; ".join(measured))
     return out
+
+
+def vllm_suffix_config(plan: ExportPlan) -> dict | None:
+    """vLLM's ``method: "suffix"`` (Arctic Inference's suffix tree): k is the most a draft may
+    hold (vLLM's num_speculative_tokens; its drafts are as long as their match earns, as
+    autospec's), the tree and cache bounds autospec's."""
+    k = plan.k_at(1)
+    if k == 0:
+        return None
+    d = SuffixSettings()
+    return {"method": "suffix", "num_speculative_tokens": k,
+            "suffix_decoding_max_tree_depth": d.max_depth,
+            "suffix_decoding_max_cached_requests": d.max_requests,
+            "suffix_decoding_max_spec_factor": float(d.max_spec_factor),
+            "suffix_decoding_min_token_prob": float(d.min_token_prob)}
 
 
 def vllm_ngram_config(plan: ExportPlan) -> dict:
@@ -510,9 +571,14 @@ def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
     llama.cpp), the batch size whose k to use."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if plan.proposer == "suffix" and engine != "vllm":
+        raise ExportError(f"suffix decoding is not supported by {ENGINE_NAMES[engine]}: its "
+                          f"nearest option is prompt lookup (export --proposer ngram), which "
+                          f"copies from the request itself, not from earlier requests")
     head = _header(plan, engine)
     if engine == "vllm":
-        cfg = vllm_ngram_config(plan) if plan.proposer == "ngram" else vllm_config(plan)
+        cfg = {"ngram": vllm_ngram_config, "suffix": vllm_suffix_config}.get(
+            plan.proposer, vllm_config)(plan)
         cmd = ["vllm", "serve", plan.target]
         if cfg is None:
             head.append("# speculation does not pay at any batch size: serve without it")

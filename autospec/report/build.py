@@ -324,10 +324,16 @@ def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
     says so. The draft model's own verdict (section 3) stays in the text after it: judged
     alone, the draft of a workload served by prompt lookup has drafted little ("not enough
     traffic yet") although speculation pays there."""
-    if (props is None or props.pays not in ("ngram", "hybrid")
-            or props.ngram_live_drafted < MIN_DRAFTED):
+    if props is None or props.pays not in ("ngram", "hybrid", "suffix"):
         return verdict
-    if props.pays == "ngram":
+    if props.pays == "suffix":
+        if props.suffix_requests < 2:  # one request's trace is not traffic yet
+            return verdict
+        k, s = props.suffix
+        how = f"suffix decoding at k ≤ {k}"
+    elif props.ngram_live_drafted < MIN_DRAFTED:
+        return verdict
+    elif props.pays == "ngram":
         k, s = props.ngram
         how = f"prompt lookup (n-gram) at k = {k}"
     else:
@@ -337,7 +343,7 @@ def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
         return verdict
     return Verdict("pays", f"speculation pays here: {how}, {s:.2f}× (estimated, section 5); "
                    f"the draft model alone: {verdict.text}",
-                   figure=(s, "n-gram" if props.pays == "ngram" else "hybrid"))
+                   figure=(s, {"ngram": "n-gram"}.get(props.pays, props.pays)))
 
 
 def build_report(source, *, category: str | None = None, pair_id: int | None = None,
@@ -413,8 +419,12 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
                            requests_by_batch=by_batch.get((category_key(sm.category), pid)),
                            drafted=sm.drafted)
+        suffix = history.suffix_profile(s, sm.category, pid, limit=recent)
+        t_suffix = (queries.suffix_lookup_s_per_token(s, pid, sm.category)
+                    if suffix is not None else None)
         props = proposers_view(sm, history.ngram_profile(s, sm.category, pid, limit=recent),
-                               alphas, curve, t_draft, k_max=k_max)
+                               alphas, curve, t_draft, k_max=k_max, suffix=suffix,
+                               t_suffix=t_suffix)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
                                          bucket_s, hist, verdict, batch, props))
@@ -458,17 +468,21 @@ def by_source(sm, ingested) -> list[SourceAcceptance]:
 
 
 def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float | None, *,
-                   k_max: int = K_MAX) -> Proposers | None:
+                   k_max: int = K_MAX, suffix=None, t_suffix: float | None = None
+                   ) -> Proposers | None:
     """Which proposer pays for this workload (``Proposers``), or None when nothing is known of
-    the n-gram proposer (no n-gram trace, no live n-gram block). Per iteration the n-gram has a
-    match with probability r (its traces' match rate); S of a policy is E[tokens per
-    iteration] · T_t(1) / E[seconds per iteration]:
+    the lookup proposers (no n-gram or suffix trace, no live n-gram block). Per iteration the
+    n-gram has a match with probability r (its traces' match rate); S of a policy is
+    E[tokens per iteration] · T_t(1) / E[seconds per iteration]:
     - n-gram alone (k): (r·E_ng[N](k) + 1 − r) · T_t(1) / (r·(k·t_ng + T_t(k+1)) + (1 − r)·T_t(1));
+    - suffix decoding alone (k), from its traces (``suffix``: ``history.SuffixProfile``) the
+      same way, each drafting position's block min(k, its draft's length) tokens long and
+      accepting min(agreement, that) (greedy: exact), its lookups at ``t_suffix`` a token;
     - hybrid (k1, k2): the n-gram's block of k1 where it matches, the draft model's of k2 where
       it does not (k2 = 0: plain there);
     - draft model alone: ``best_k`` as everywhere else."""
     live_drafted = int(getattr(sm, "ngram_drafted", 0) or 0)
-    if profile is None and not live_drafted:
+    if profile is None and not live_drafted and suffix is None:
         return None
     live_alpha = (sm.ngram_accepted / live_drafted) if live_drafted else None
     live_by_pos = conditional_from_cumulative(
@@ -500,9 +514,22 @@ def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float 
                                         for k in range(1, k_max + 1)]
                 hybrid = max(((k1, k2, (r * e1 + (1 - r) * e2) * t1 / (r * c1 + (1 - r) * c2))
                               for k1, e1, c1 in ng for k2, e2, c2 in dr), key=lambda x: x[2])
+    suffix_k = None
+    if suffix is not None and suffix.matched and 1 in curve and len(curve) >= 2:
+        cost = interpolate_cost(curve)
+        t1, rs, ts = cost(1), suffix.match_rate, float(t_suffix or 0.0)
+        best = None
+        for k in range(1, k_max + 1):
+            e, c = suffix.block(k, cost)
+            s = (rs * e + 1 - rs) * t1 / (rs * (c + k * ts) + (1 - rs) * t1)
+            if best is None or s > best[1]:
+                best = (k, s)
+        suffix_k = best
     options = {"plain": 1.0}
     if draft is not None:
         options["draft"] = draft[1]
+    if suffix_k is not None:
+        options["suffix"] = suffix_k[1]
     if ngram is not None:
         options["ngram"] = ngram[1]
     if hybrid is not None and hybrid[1] > 0:  # k2 = 0 is the n-gram alone: not a third way
@@ -513,7 +540,9 @@ def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float 
     return Proposers(profile.requests if profile is not None else 0, r, traced[:8],
                      live_drafted, live_alpha, live_by_pos[:8], draft, ngram, hybrid, pays,
                      margin, profile.draft_alpha if profile is not None else None,
-                     "live blocks" if live_enough else "traces")
+                     "live blocks" if live_enough else "traces", suffix_k,
+                     suffix.match_rate if suffix is not None else None,
+                     suffix.requests if suffix is not None else 0)
 
 
 def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = None

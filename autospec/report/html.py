@@ -269,10 +269,16 @@ def _proposers_html(pr, a) -> list[str]:
     if pr.match_rate is not None:
         out.append(f" The n-gram proposer had a match at {pr.match_rate:.0%} of generated "
                    f"positions ({pr.trace_requests} greedy requests' n-gram traces).")
+    if pr.suffix_match_rate is not None:
+        out.append(f" Suffix decoding had a draft at {pr.suffix_match_rate:.0%} of generated "
+                   f"positions ({pr.suffix_requests} greedy requests' suffix traces).")
     out.append("</p>")
     est = []
     if pr.draft is not None:
         est.append(["draft model", f"k = {pr.draft[0]}", _x(pr.draft[1])])
+    if pr.suffix is not None:
+        est.append(["suffix decoding (plain where no draft; acceptance from its traces)",
+                    f"k ≤ {pr.suffix[0]}", _x(pr.suffix[1])])
     if pr.ngram is not None:
         est.append([f"n-gram (plain where no match; acceptance from its {pr.ngram_source})",
                     f"k = {pr.ngram[0]}", _x(pr.ngram[1])])

@@ -209,11 +209,17 @@ class Proposers:
     draft: tuple[int, float] | None  # (k, S): the draft model alone
     ngram: tuple[int, float] | None  # (k, S): the n-gram alone
     hybrid: tuple[int, int, float] | None  # (k of the n-gram, k of the draft, S)
-    pays: str  # "draft", "ngram", "hybrid" or "plain"
+    pays: str  # "draft", "ngram", "hybrid", "suffix" or "plain"
     margin: float | None  # S of the one that pays over the next best (plain counts as 1)
     draft_trace_alpha: float | None = None  # the draft's acceptance on the same requests'
     # traces (position 1; used for its estimate where nothing was drafted live)
     ngram_source: str = "traces"  # the n-gram estimate's acceptance: "live blocks" or "traces"
+    # suffix decoding, where the requests logged suffix traces (schema 0008): (k, S) alone
+    # (plain where it has no draft), the share of positions where it had one, and how many
+    # requests' traces say so
+    suffix: tuple[int, float] | None = None
+    suffix_match_rate: float | None = None
+    suffix_requests: int = 0
 
 
 @dataclass

@@ -285,7 +285,7 @@ def _s_curve(curve: dict[int, float], per_row: int = 12) -> list[str]:
 
 PROPOSER_NAMES = {"draft": "the draft model", "ngram": "the n-gram proposer (prompt lookup)",
                   "hybrid": "the hybrid (n-gram where it matches, else the draft model)",
-                  "plain": "neither (plain decoding)"}
+                  "suffix": "suffix decoding", "plain": "neither (plain decoding)"}
 
 
 def proposers_headline(pr: Proposers) -> str:
@@ -302,9 +302,15 @@ def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
     if pr.match_rate is not None:
         out.append(f"   n-gram match at {pr.match_rate:.0%} of generated positions "
                    f"({pr.trace_requests} greedy requests' n-gram traces)")
+    if pr.suffix_match_rate is not None:
+        out.append(f"   suffix decoding had a draft at {pr.suffix_match_rate:.0%} of generated "
+                   f"positions ({pr.suffix_requests} greedy requests' suffix traces)")
     est = []
     if pr.draft is not None:
         est.append(f"draft model k = {pr.draft[0]}: {_x(pr.draft[1])}")
+    if pr.suffix is not None:
+        est.append(f"suffix k ≤ {pr.suffix[0]} (plain where no draft; acceptance from its "
+                   f"traces): {_x(pr.suffix[1])}")
     if pr.ngram is not None:
         est.append(f"n-gram k = {pr.ngram[0]} (plain where no match; acceptance from its "
                    f"{pr.ngram_source}): {_x(pr.ngram[1])}")
