@@ -23,7 +23,7 @@ import torch
 
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
-from autospec.policies.base import Policy, as_policy, proposer_of
+from autospec.policies.base import Policy, as_policy, proposer_of, wants_suffix
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 
@@ -74,7 +74,7 @@ class Controller:
         # a category named here counts as given; None: the categoriser's, else "default"
         self.category = None if category is None else _check_category(category)
         self.policy: Policy = as_policy(policy)
-        if suffix is None and _wants_suffix(self.policy):
+        if suffix is None and wants_suffix(self.policy):
             from autospec.suffix import SuffixMemory
 
             self.suffix_memory = SuffixMemory()  # "suffix:K" or "auto:…+suffix" asks for it
@@ -213,7 +213,7 @@ class Controller:
         category = _check_categories(category, rows)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
                                                       *proposer_of(k))
-        if self.suffix_memory is None and _wants_suffix(policy):
+        if self.suffix_memory is None and wants_suffix(policy):
             self._open_suffix()
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
@@ -684,12 +684,3 @@ def unwrap(model):
     model._autospec_controller = None
     ctrl.close()
     return model
-
-
-def _wants_suffix(policy) -> bool:
-    """Whether a policy asks for the suffix proposer: ``"suffix:K"`` (its ``proposer``) or a
-    cost model whose proposer set names it (``"auto:draft+suffix"``)."""
-    if getattr(policy, "proposer", None) == "suffix":
-        return True
-    proposers = getattr(policy, "proposers", None)
-    return isinstance(proposers, str) and "suffix" in proposers.split("+")

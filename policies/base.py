@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting", "K_LIMIT", "check_k"]
+           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix"]
 
 # The one limit on the lookahead k, everywhere: a policy's fixed k, a controller's k_max, the
 # command line's --k / --k-max, bench's modes, tune's search. A lookahead beyond it is a
@@ -314,3 +314,20 @@ def auto_policy() -> Policy:
     from .costmodel import CostModelPolicy
 
     return CostModelPolicy(name="auto")
+
+
+def wants_suffix(policy) -> bool:
+    """Whether a policy drafts with suffix decoding, so that a controller without its memory
+    opens one: ``"suffix:K"``, a cost model whose proposer set names it
+    (``"auto:draft+suffix"``), an early-stop wrapper around one, or a tuned policy some
+    category of which was tuned to one (``TunedPolicy.policies``)."""
+    if getattr(policy, "proposer", None) == "suffix":
+        return True
+    proposers = getattr(policy, "proposers", None)
+    if isinstance(proposers, str) and "suffix" in proposers.split("+"):
+        return True
+    inner = getattr(policy, "inner", None)
+    if inner is not None and wants_suffix(inner):
+        return True
+    served = getattr(policy, "policies", None)
+    return callable(served) and any(wants_suffix(p) for p in served())

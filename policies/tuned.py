@@ -155,6 +155,11 @@ class TunedPolicy:
         self.reloads += applied
         return applied
 
+    def policies(self) -> list[Policy]:
+        """The tuned policies in force (one per tuned category)."""
+        with self._lock:
+            return list(self._policies.values())
+
     # -- the policy contract --------------------------------------------------------------
     def _for(self, category: str) -> Policy:
         return self._policies.get(category, self.fallback)

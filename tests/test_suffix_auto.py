@@ -169,3 +169,28 @@ def test_a_request_the_suffix_drafted_is_stored_with_its_proposers(target, tmp_p
         rows = queries.recent_requests(s)
     assert len(rows) == 2
     assert rows[0].proposer_schedule == bytes(st.proposer_schedule)
+
+
+def test_a_tuned_suffix_policy_opens_the_suffix_memory(target):
+    """A category tuned to a proposer set with suffix decoding: a controller serving
+    ``policy="tuned"`` opens the suffix memory on its next call (else the tuned suffix blocks
+    would be plain steps)."""
+    from types import SimpleNamespace
+
+    from autospec.policies import as_policy
+    from autospec.policies.base import wants_suffix
+
+    tuned = as_policy("tuned")
+    spec = autospec.Controller(target, None, store=False, policy=tuned)
+    assert spec.suffix_memory is None and not wants_suffix(tuned)
+    row = SimpleNamespace(id=1, category="tools", family="costmodel",
+                          params={"proposers": "ngram+suffix"})
+    tuned.attach(lambda after: [row] if after < 1 else [])
+    assert wants_suffix(tuned)
+    ids = _requests(1, seed=3)[0]
+    for _ in range(2):
+        spec.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                      category="tools")
+    assert spec.suffix_memory is not None and spec.last_stats.suffix_drafted > 0
+    tuned.close()
+    assert wants_suffix(as_policy("suffix:3+stop=0.5"))
