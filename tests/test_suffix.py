@@ -170,17 +170,23 @@ def test_batched_greedy_rows_are_generates_with_the_suffix_proposer(target):
     for b, (r, n) in enumerate(zip(reqs[3:], lens)):
         ids[b, L - n :] = r[0, -n:]
         mask[b, L - n :] = 1
-    ref = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                          eos_token_id=[3, 41], pad_token_id=0)
-    out = spec.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                        eos_token_id=[3, 41], pad_token_id=0, category="sql")
-    assert torch.equal(out, ref)
-    assert not spec.fallbacks
-    rows = spec.last_row_stats
+    rows = batch_is_generates(spec, target, ids, mask)
     assert sum(st.suffix_drafted for st in rows) > sum(st.suffix_accepted for st in rows) > 0
     # rows proposed from their own matches: blocks of different lengths in one iteration
     assert any(len({st.k_schedule[i] for st in rows if i < len(st.k_schedule)}) > 1
                for i in range(5))
+
+
+def batch_is_generates(spec, target, ids, mask, category: str = "sql"):
+    """A batched greedy call of ``spec`` equals the target's own ``generate`` token for
+    token, served without a fallback; returns its rows' stats."""
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=[3, 41],
+              pad_token_id=0)
+    ref = target.generate(ids, **kw)
+    out = spec.generate(ids, category=category, **kw)
+    assert torch.equal(out, ref)
+    assert not spec.fallbacks
+    return spec.last_row_stats
 
 
 @pytest.mark.parametrize("kwargs", [dict(top_k=0), dict(temperature=0.7, top_k=6)])

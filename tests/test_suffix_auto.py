@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_batch_policy import grid_costs
-from test_suffix import _requests
+from test_suffix import _requests, batch_is_generates
 
 import autospec
 from autospec.policies import Context, CostModelPolicy
@@ -122,14 +122,7 @@ def test_auto_with_the_suffix_at_batch_is_generates(target):
     for ids in reqs[:3]:  # earlier requests of the category, one of them repeated below
         spec.generate(ids, max_new_tokens=24, do_sample=False, category="sql")
     ids = torch.cat([reqs[0], reqs[4], reqs[5]])
-    mask = torch.ones_like(ids)
-    ref = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                          eos_token_id=[3, 41], pad_token_id=0)
-    out = spec.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                        eos_token_id=[3, 41], pad_token_id=0, category="sql")
-    assert torch.equal(out, ref)
-    assert not spec.fallbacks
-    rows = spec.last_row_stats
+    rows = batch_is_generates(spec, target, ids, torch.ones_like(ids))
     assert rows[0].suffix_accepted > 0  # the repeated row, from the memory
 
 
