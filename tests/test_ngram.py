@@ -323,7 +323,9 @@ def test_batched_greedy_rows_are_generates_with_the_n_gram_proposer(pair, policy
             accepted += st.ngram_accepted
             short += sum(1 for k, used in zip(st.k_schedule, st.proposer_schedule)
                          if used and k < 5)
-    assert 0 < accepted < drafted
+    assert 0 < accepted <= drafted
+    if policy != "auto":  # fixed blocks meet rejections; how long auto's are depends on timings
+        assert accepted < drafted
     if policy == "ngram:5":  # rows proposed blocks shorter than the batch's k
         assert short > 0
     if policy.startswith("hybrid") and draft_model:

@@ -176,9 +176,10 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
     seen = spec.live_stats("seen")
     assert seen.t_target == first.t_target and seen.t_draft == first.t_draft
     assert seen.settled(1) and seen.observed == 0
-    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
-                  do_sample=False, category="seen")
-    assert spec.last_stats.k_schedule[0] > 0  # drafts at once: nothing left to explore
+    # with T_t(n) at several n and T_d known (asserted above), the cost model's exploration
+    # branch (T_d or a second T_t point unknown → initial_k) cannot be taken: the first block
+    # is its choice on these costs, which depends on the timings (under load they can price
+    # drafting out), so that choice is not asserted here
     spec.close()
     # what the store alone gives that category: T_t(1), nothing to decide k by
     alone = autospec.Controller(target, draft, store=url, policy="auto")
