@@ -87,14 +87,13 @@ def _decide(batch) -> Iteration:
     lookups = {name: p.matches() for name, p in proposers.items() if name in LOOKUPS}
     matches = lookups.get("ngram") or [0] * len(rows)
     gaps = draft.gaps() if draft is not None else [0] * len(rows)
-    if "suffix" in proposers:
-        sizes = proposers["suffix"].sizes()
-        views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
-                         r.forecast, s, n)
-                 for r, m, g, s, n in zip(rows, matches, gaps, lookups["suffix"], sizes)]
-    else:
-        views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
-                         r.forecast) for r, m, g in zip(rows, matches, gaps)]
+    suffix = proposers.get("suffix")
+    zeros = [0] * len(rows)
+    suffixes = lookups["suffix"] if suffix is not None else zeros
+    sizes = suffix.sizes() if suffix is not None else zeros
+    views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
+                     r.forecast, s, n)
+             for r, m, g, s, n in zip(rows, matches, gaps, suffixes, sizes)]
     ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names,
                        has_draft=draft is not None, costs=batch.costs)
     decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=draft is not None,
