@@ -87,6 +87,10 @@ class Context:
     # (None where the categoriser gave none), as ``request`` and ``predicted_alpha`` at batch 1
     requests: tuple = ()
     predicted_alphas: tuple[float | None, ...] = ()
+    # where the engine asks why (``generate(explain=True)``, or a sampled iteration kept in the
+    # store): a list the policy appends its decision record to (``policies.explain``); None:
+    # nobody asks, and the policy builds no record
+    why: list | None = None
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class Decision(NamedTuple):
 
 
 def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, ...],
-                 has_draft: bool, costs=None) -> Context:
+                 has_draft: bool, costs=None, why: list | None = None) -> Context:
     """The ``Context`` of one iteration. Batch 1 is a batch of one: the per-row fields hold
     every running row, and the scalar ones the batch's (the first row's category, the most
     tokens left, the longest match, the widest draft gap); at one row they are that row's."""
@@ -82,7 +82,7 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
                        predicted_alpha=r0.forecast, requests=(r0.request,),
                        predicted_alphas=(r0.forecast,), suffix_match=r0.suffix,
                        suffix_matches=(r0.suffix,), suffix_length=r0.suffix_length,
-                       suffix_lengths=(r0.suffix_length,))
+                       suffix_lengths=(r0.suffix_length,), why=why)
     return Context(category=r0.category, k_max=k_max, batch_size=len(rows),
                    generated=min(r.generated for r in rows),
                    remaining=max(r.left for r in rows), live=r0.live,
@@ -98,7 +98,7 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
                    suffix_match=max(r.suffix for r in rows),
                    suffix_matches=tuple(r.suffix for r in rows),
                    suffix_length=max(r.suffix_length for r in rows),
-                   suffix_lengths=tuple(r.suffix_length for r in rows))
+                   suffix_lengths=tuple(r.suffix_length for r in rows), why=why)
 
 
 def check_choice(policy, choice, k_max: int) -> int:

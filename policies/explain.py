@@ -1,0 +1,87 @@
+"""Why a policy chose its k: the decision record (torch-free, JSON-ready).
+
+A policy that is asked why (``Context.why`` is a list) appends one record per decision:
+
+    {"format": "why/1",
+     "k": 3, "proposer": "draft",        # what it chose (k = 0: a plain step)
+     "rule": "best",                     # which rule decided (``RULES``)
+     "batch": 1,                         # rows in the iteration
+     "t_plain": 0.27,                    # T_t(1) (at batch B: T_t(B, 1)), seconds
+     "value": 0.21 | None,               # what a token past a block's first was worth (s)
+     "min_gain": 0.0, "busy": False,     # the speculation threshold; the busy-machine guard
+     "candidates": [candidate, ...]}     # every block weighed, plain decoding first
+
+Each candidate is one (proposer, k) the policy priced:
+
+    {"proposer": "draft", "k": 3,
+     "tokens": 2.71,                     # E[N]: tokens the block is expected to emit
+     "block_s": 0.41,                    # k · T_propose + T_t(k + 1): the iteration's seconds
+     "extra_s": 0.0,                     # seconds more per emitted token (the draft's catch-up)
+     "spt": 0.151,                       # expected seconds per emitted token, all counted
+     "speedup": 1.79,                    # S against plain decoding, as the rule read it
+     "saved_s": 0.32,                    # seconds the block saves against plain steps
+     "acceptance": [0.8, 0.75, 0.7],     # a_1 … a_k used
+     "acceptance_from": "live",          # ``SOURCES``: where the acceptance came from
+     "t_propose": 0.011, "t_verify": 0.30,
+     "costs_from": "live"}               # where the costs came from
+
+``spt`` is (block_s + tokens · extra_s) / tokens; plain decoding's is T_t(1). A reader (``autospec
+explain``, the report) needs nothing else to recompute each figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["FORMAT", "RULES", "SOURCES", "candidate", "plain", "record"]
+
+FORMAT = "why/1"
+
+# what decided the k, as ``record["rule"]`` names it
+RULES = {
+    "best": "the candidate that pays most by the cost model (S ≥ 1 + min_gain)",
+    "off": "no candidate paid by min_gain: a plain step",
+    "baseline": "T_t(1) not measured yet: a plain step measures it",
+    "explore": "the draft model's costs not measured yet: a block at initial_k measures them",
+    "trial": "the draft model was never tried on this category: a trial block",
+    "reprobe": "off for reprobe_every iterations (or the load moved): one block at probe_k",
+    "no-stats": "no statistics for this category: a block at initial_k",
+    "policy": "a policy that records no reasons (fixed, table, bandit, …): its answer",
+}
+
+# where a candidate's acceptance came from
+SOURCES = ("live", "forecast", "prior", "request", "shared", "perfect")
+
+
+def candidate(proposer: str, k: int, *, tokens: float, block_s: float, extra_s: float = 0.0,
+              speedup: float, saved_s: float | None = None,
+              acceptance: Sequence[float] = (), acceptance_from: str = "live",
+              t_propose: float = 0.0, t_verify: float = 0.0,
+              costs_from: str = "live") -> dict:
+    """One priced block, with its expected seconds per emitted token."""
+    tokens = float(tokens)
+    spt = (block_s + tokens * extra_s) / tokens if tokens > 0 else float("inf")
+    return {"proposer": proposer, "k": int(k), "tokens": tokens, "block_s": float(block_s),
+            "extra_s": float(extra_s), "spt": spt, "speedup": float(speedup),
+            "saved_s": None if saved_s is None else float(saved_s),
+            "acceptance": [float(a) for a in list(acceptance)[:k]],
+            "acceptance_from": acceptance_from, "t_propose": float(t_propose),
+            "t_verify": float(t_verify), "costs_from": costs_from}
+
+
+def plain(t_plain: float, costs_from: str = "live") -> dict:
+    """Plain decoding as a candidate: one token per T_t(1)."""
+    return candidate("plain", 0, tokens=1.0, block_s=t_plain, speedup=1.0, saved_s=0.0,
+                     t_verify=t_plain, costs_from=costs_from)
+
+
+def record(k, rule: str, candidates: Sequence[dict] = (), *, batch: int = 1,
+           t_plain: float | None = None, value: float | None = None, min_gain: float = 0.0,
+           busy: bool = False) -> dict:
+    """The decision record of one choice (``k`` an int or a ``Choice``)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}: one of {sorted(RULES)}")
+    proposer = getattr(k, "proposer", "draft")
+    return {"format": FORMAT, "k": int(k), "proposer": proposer if int(k) else "plain",
+            "rule": rule, "batch": int(batch), "t_plain": t_plain, "value": value,
+            "min_gain": float(min_gain), "busy": bool(busy), "candidates": list(candidates)}
