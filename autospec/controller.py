@@ -23,7 +23,7 @@ import torch
 
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
-from autospec.policies.base import Policy, as_policy, proposer_of, wants_suffix
+from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 
@@ -338,7 +338,7 @@ class Controller:
             with self._lock:
                 live = self.live.get(category)
                 if live is None:
-                    live = LiveStats()
+                    live = LiveStats(params=params_of(self.policy))
                     self._warm(category, live)
                     self._share_costs(live)
                     self.live[category] = live

@@ -14,10 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PROPOSER_CODES", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
+__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "PROPOSER_CODES",
+           "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value",
            "suffix_trace_error", "Trace"]
+
+# the largest lookahead k anything accepts (the API, the store's per-position counters)
+K_LIMIT = 64
+# n-gram and suffix statistics are kept per match length in these buckets, each the shortest
+# length it holds (``policies.live.match_bucket``): a long match's proposal is accepted far more
+# often than a chance hit's, so a copy run and a chance hit get their own curves, with evidence
+# enough in each (up to ``MATCH_REACH``)
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
+# batch-size buckets policies keep statistics by: powers of two up to this one (32+)
+BATCH_BUCKET_TOP = 32
+# the draft's confidence at its last token, as stored: round(CONFIDENCE_SCALE · p)
+CONFIDENCE_SCALE = 254
 
 # who proposed an iteration's block, as ``LoopStats.proposer_schedule`` and the store's
 # ``proposer_schedule`` byte name it: 0 the draft model (or nobody, at k = 0), 1 prompt lookup,

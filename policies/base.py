@@ -19,15 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT
+
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix"]
+           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix", "params_of"]
 
-# The one limit on the lookahead k, everywhere: a policy's fixed k, a controller's k_max, the
-# command line's --k / --k-max, bench's modes, tune's search. A lookahead beyond it is a
-# mistake, not a setting (acceptance of a 64th draft token in a row is vanishingly small).
-K_LIMIT = 64
-
+# K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere: a policy's fixed k, a
+# controller's k_max, the command line's --k / --k-max, bench's modes, tune's search. A
+# lookahead beyond it is a mistake, not a setting (acceptance of a 64th draft token in a row is
+# vanishingly small).
 
 def check_k(k, what: str = "k") -> int:
     """``k`` as an int in 0 … K_LIMIT (0 is plain decoding); ValueError naming ``what``
@@ -159,7 +160,7 @@ def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket policies keep statistics by: 1, 2–3, 4–7, 8–15, 16–31, 32+,
     named by its smallest batch size."""
     b = max(1, int(batch_size))
-    return min(32, 1 << (b.bit_length() - 1))
+    return min(BATCH_BUCKET_TOP, 1 << (b.bit_length() - 1))
 
 
 @runtime_checkable
@@ -297,6 +298,19 @@ class EarlyStop:
         self.inner.update(context, k, outcome)
 
 
+def params_of(policy):
+    """The ``Parameters`` a policy decides by (a wrapped policy's, ``EarlyStop.inner``), or
+    the defaults: the controller keeps its live statistics by the same numbers."""
+    from .params import DEFAULTS, Parameters
+
+    while policy is not None:
+        params = getattr(policy, "params", None)
+        if isinstance(params, Parameters):
+            return params
+        policy = getattr(policy, "inner", None)
+    return DEFAULTS
+
+
 def early_stop_of(policy, category: str) -> float | None:
     """The early-stop threshold ``policy`` applies to ``category``'s requests, if any: a
     per-category policy (``TunedPolicy``) answers through ``early_stop_for``."""
@@ -310,7 +324,7 @@ def stops_drafting(confidence: int, early_stop: float) -> bool:
     """The one early-stopping rule, live and in replay: stop once the draft's top probability
     at its last token, quantized as stored (round(254 · p), see ``store.records``), falls
     below the threshold. 255 (not observed, in replay) never stops."""
-    return confidence < 254 * early_stop
+    return confidence < CONFIDENCE_SCALE * early_stop
 
 
 def auto_policy() -> Policy:

@@ -25,7 +25,8 @@ import bisect
 import threading
 from collections.abc import Callable, Mapping
 
-from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
+from .costmodel import interpolate_cost, settle_sample
+from .params import DEFAULTS
 
 __all__ = ["BatchCosts"]
 
@@ -81,7 +82,8 @@ class BatchCosts:
     (``simulate``) keeps the default, False: its grid is the truth it replays.
     """
 
-    def __init__(self, *, ema: float = 0.2, live: bool = False, settle: int = COST_SETTLE):
+    def __init__(self, *, ema: float = DEFAULTS.cost_ema, live: bool = False,
+                 settle: int = DEFAULTS.cost_settle):
         if not 0 < ema <= 1:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         if settle < 1:

@@ -14,6 +14,7 @@ draft step for B rows), against plain batched decoding at the same B:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import statistics
@@ -22,18 +23,14 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 from .base import K_LIMIT, Choice, batch_bucket
+from .params import DEFAULTS, Parameters
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Parameters))
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "valued_speedup", "block_saving", "induced_catch_up",
            "request_ngram_curve", "batch_finish_k", "conditional_from_cumulative",
            "acceptance_cap", "CostModelPolicy"]
-
-
-# a request's own rate and n-gram match share count against the category's as if the
-# category's were this many tokens / decision points of the request
-REQUEST_PRIOR = 16
-REQUEST_PRIOR_POINTS = 8
-REQUEST_PRIOR_BLOCKS = 4
 
 
 def _rate(acceptance: Sequence[float | None], i: int) -> float:
@@ -72,16 +69,7 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
-COST_SETTLE = 3  # live samples of a cost point before it is decided by (``settle_sample``)
-TRIAL_GAIN = 0.1  # the draft model's trial on a category needs this gain at perfect acceptance
-REPROBE_STEPS = 2.0  # what a re-probe may cost, in plain steps, per reprobe_every off
-COST_NOISE = 0.25  # a live T_t's spread, relative to T_t(1): growth within it reads as none
-# while the machine is busy (``LiveStats.busy``), a block's last token must be accepted with at
-# least this probability: k is bounded by what the acceptance alone can justify
-MARGINAL = 0.1
-
-
-def acceptance_cap(acceptance, k_max: int, marginal: float = MARGINAL) -> int:
+def acceptance_cap(acceptance, k_max: int, marginal: float = DEFAULTS.marginal) -> int:
     """The largest k ≤ ``k_max`` (at least 1) whose last token is accepted with probability
     a_1 · … · a_k ≥ ``marginal``. With acceptance α a block's expected tokens saturate at
     1 / (1 − α): past this k, a position adds less than ``marginal`` tokens for a draft step
@@ -114,8 +102,8 @@ def settle_sample(first: list[float], old: float | None, new: float, settle: int
     return (1 - ema) * old + ema * new
 
 
-def interpolate_cost(curve: Mapping[int, float], *,
-                     optimistic: bool = False) -> Callable[[int], float]:
+def interpolate_cost(curve: Mapping[int, float], *, optimistic: bool = False,
+                     noise: float = DEFAULTS.cost_noise) -> Callable[[int], float]:
     """T_t(n) from measured points: linear between them, flat below the first, and extended
     beyond the last along the slope of the last two (verification cost only grows).
 
@@ -132,7 +120,7 @@ def interpolate_cost(curve: Mapping[int, float], *,
     - beyond the last point, its cost plus the average slope from the first point (the
       least a curve whose slope only steepens can grow by);
 
-    each less ``COST_NOISE`` x the first point's cost, so a rise within a live timing's
+    each less ``noise`` x the first point's cost, so a rise within a live timing's
     noise reads as none: a flat curve (memory-bound, a GPU's and most CPUs' batch-1 regime)
     keeps the plain optimism, flat beyond the last point; on a compute-bound curve a flat
     extension would read T_t(16) = T_t(4) and send a cold policy to try the longest blocks,
@@ -144,7 +132,7 @@ def interpolate_cost(curve: Mapping[int, float], *,
     ns = [n for n, _ in pts]
     ts = [t for _, t in pts]
     ceiling = list(itertools.accumulate(ts, max))  # max cost at n' ≤ n_i
-    slack = COST_NOISE * ts[0]
+    slack = noise * ts[0]
     rise = (max(0.0, ceiling[-1] - ts[0] - slack) / (ns[-1] - ns[0]) if len(pts) > 1 else 0.0)
 
     def slope(i: int) -> float:  # of the segment from point i to point i + 1
@@ -276,11 +264,12 @@ def _priced(curve, k: int, t_propose: float, cost, per_token: float, value: floa
 
 
 def request_ngram_curve(curve: Sequence[float], context, match: int = 0, *,
-                        proposer: str = "ngram") -> list[float]:
+                        proposer: str = "ngram",
+                        prior_blocks: float = DEFAULTS.request_prior_blocks) -> list[float]:
     """The n-gram proposer's acceptance curve for this request: the category's (``curve``,
     for a match of ``match`` tokens; 0: any), per position pulled toward this request's own
     blocks and shadow so far from a match that long (``context.request``), which count
-    against ``REQUEST_PRIOR_BLOCKS`` blocks of the category's. A request of a copy-heavy
+    against ``prior_blocks`` blocks of the category's. A request of a copy-heavy
     category that has nothing to copy (its matches fail at once) stops proposing long n-gram
     blocks after a few; one that copies well proposes longer ones than its category's
     average. Only the same match length's blocks pull: a request's failed chance hits say
@@ -292,7 +281,7 @@ def request_ngram_curve(curve: Sequence[float], context, match: int = 0, *,
     accepted, reached = req.ngram_counts(match, proposer=proposer)
     if reached[0] <= 0:
         return list(curve)
-    w = REQUEST_PRIOR_BLOCKS
+    w = prior_blocks
     return [(c * w + accepted[i]) / (w + reached[i]) if i < len(reached) else c
             for i, c in enumerate(curve)]
 
@@ -440,21 +429,14 @@ class CostModelPolicy:
     ``reprobe_every`` consecutive iterations without the draft model (k = 0 or n-gram blocks)
     it runs, at the next would-be k = 0, one iteration at ``probe_k`` to refresh the
     acceptance estimate, and discounting in ``LiveStats`` lets old evidence fade. A probe
-    costing more than ``REPROBE_STEPS`` plain steps (its block and the draft model's
+    costing more than ``reprobe_steps`` plain steps (its block and the draft model's
     catch-up over what it has not seen) waits proportionally longer, so re-probing costs at
-    most REPROBE_STEPS / reprobe_every of plain decoding (``_reprobe_after``).
+    most reprobe_steps / reprobe_every of plain decoding (``_reprobe_after``).
 
-    The defaults are the untuned ``"auto"`` policy; ``autospec tune`` searches the rest:
-    - ``k_cap``: the largest k it will choose (on top of the request's ``k_max``);
-    - ``z``: acceptance is read at posterior mean + z · sd (z > 0 explores, z < 0 is cautious);
-    - ``min_gain``: speculate only when the predicted S(k*) ≥ 1 + min_gain (the k = 0 switch
-      point; noise in T_t makes marginal gains illusory);
-    - ``optimistic``: unmeasured T_t(n) at its cheapest consistent value, or linear;
-    - ``discount``: keep the policy's own acceptance statistics per category with this
-      discount (seeded from the controller's), instead of reading the controller's (0.995);
-    - ``cold_start``: below this many (discounted) drafting blocks of evidence, a request's
-      predicted acceptance (``context.predicted_alpha``, from the categoriser) is used instead;
-      without a forecast, below this many blocks ever, the draft model is tried, not off;
+    Every number it decides by is a field of ``params`` (``policies.params.Parameters``:
+    each documented there, the defaults the untuned ``"auto"``, the ones ``autospec tune``
+    searches marked); keyword arguments override single fields
+    (``CostModelPolicy(z=0.5)`` is ``CostModelPolicy(DEFAULTS.but(z=0.5))``).
     - ``proposers``: which proposers it may choose among those the request has: "both"
       (every one: the draft model, and each lookup proposer — prompt lookup, suffix
       decoding — where it has a match now), one of "draft", "ngram", "suffix", or several
@@ -473,24 +455,16 @@ class CostModelPolicy:
     of categories, batch-size bucket), apart from batch 1's.
     """
 
-    def __init__(self, *, initial_k: int = 3, reprobe_every: int = 64, probe_k: int = 1,
-                 name: str = "costmodel", k_cap: int | None = None, z: float = 0.0,
-                 min_gain: float = 0.0, optimistic: bool = True, discount: float | None = None,
-                 cold_start: float = 8.0, proposers: str = "both"):
+    def __init__(self, params: Parameters | None = None, *, name: str = "costmodel",
+                 proposers: str = "both", **overrides):
         names = proposers.split("+") if isinstance(proposers, str) else []
         if proposers != "both" and (not names or any(n not in ("draft", "ngram", "suffix")
                                                      for n in names)):
             raise ValueError(f"proposers must be 'both' (every one the request has), a "
                              f"proposer ('draft', 'ngram', 'suffix') or several joined by "
                              f"'+' ('draft+suffix'), got {proposers!r}")
-        if discount is not None and not 0 < discount <= 1:
-            raise ValueError(f"discount must be in (0, 1], got {discount}")
-        if reprobe_every < 1:
-            raise ValueError(f"reprobe_every must be ≥ 1, got {reprobe_every}")
-        self.initial_k, self.reprobe_every, self.probe_k = initial_k, reprobe_every, probe_k
+        self.params = (DEFAULTS if params is None else params).but(**overrides)
         self.name = name
-        self.k_cap, self.z, self.min_gain = k_cap, z, min_gain
-        self.optimistic, self.discount, self.cold_start = optimistic, discount, cold_start
         self.proposers = proposers
         self._off: dict[str, int] = {}  # category → consecutive k = 0 choices
         self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
@@ -501,6 +475,13 @@ class CostModelPolicy:
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_ngram: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        """A parameter read off the policy (``policy.z``) is ``policy.params.z``."""
+        params = self.__dict__.get("params")
+        if params is not None and name in _FIELDS:
+            return getattr(params, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict:
         # the derived cache and its lock are rebuilt where copied or unpickled
@@ -521,8 +502,8 @@ class CostModelPolicy:
             hit = self._derived.get(live)
         if hit is not None and hit[0] == version and hit[1] == top:
             return hit[2], hit[3]
-        curve = live.acceptance_curve(top, z=self.z)
-        cost = live.cost(optimistic=self.optimistic)
+        curve = live.acceptance_curve(top, z=self.params.z)
+        cost = live.cost(optimistic=self.params.optimistic)
         with self._derived_lock:
             self._derived[live] = (version, top, curve, cost)
         return curve, cost
@@ -538,7 +519,7 @@ class CostModelPolicy:
             entry = self._derived_ngram.get(live)
         if entry is not None and entry[0] == version and key in entry[1]:
             return entry[1][key]
-        curve = live.ngram_acceptance_curve(top, z=self.z, match=match, proposer=proposer)
+        curve = live.ngram_acceptance_curve(top, z=self.params.z, match=match, proposer=proposer)
         with self._derived_lock:
             entry = self._derived_ngram.get(live)
             if entry is None or entry[0] != version:
@@ -550,25 +531,25 @@ class CostModelPolicy:
         """The statistics to decide by: the controller's, or (with ``discount``) the
         controller's with our own discounted draft-model acceptance in place of its own."""
         live = context.live
-        if self.discount is None or live is None:
+        if self.params.discount is None or live is None:
             return live
         own = self._own.get(context.category)
         if own is None:
-            own = self._own[context.category] = live.copy(discount=self.discount)
+            own = self._own[context.category] = live.copy(discount=self.params.discount)
         # only the acceptance is ours: the n-gram's counts, catch-ups, costs and the rate
         # are fed to the controller's statistics alone (a copy of those would freeze them at
         # the first decision: a replayed cold category would never learn that lookup pays)
         return live.copy(acceptance_from=own)
 
     def choose(self, context) -> int:
-        top = context.k_max if self.k_cap is None else min(self.k_cap, context.k_max)
+        top = context.k_max if self.params.k_cap is None else min(self.params.k_cap, context.k_max)
         if _batched(context):
             return self._choose_batch(context, top)
         live = self._stats(context)
         proposers = self._allowed(context)
         drafts = "draft" in proposers
         lookup = next((p for p in proposers if p in LOOKUP_PROPOSERS), "ngram")
-        explore = min(self.initial_k, top) if drafts else Choice(min(self.initial_k, top),
+        explore = min(self.params.initial_k, top) if drafts else Choice(min(self.params.initial_k, top),
                                                                    lookup)
         if live is None:
             return explore
@@ -579,15 +560,15 @@ class CostModelPolicy:
         busy = live.busy() if hasattr(live, "busy") else False
         if drafts:
             if live.t_draft is None or len(live.t_target) < 2:
-                return min(self.initial_k, top)
+                return min(self.params.initial_k, top)
             predicted = getattr(context, "predicted_alpha", None)
             curve, cost = self.derived(live, top)
-            if predicted is not None and live.observed < self.cold_start:
+            if predicted is not None and live.observed < self.params.cold_start:
                 curve = [float(predicted)] * top
             per_token = self._catch_up(live, context, proposers)
             # a busy machine's costs are not decided by: k within what acceptance justifies
-            k, s = best_k(curve, live.t_draft, cost, min(top, acceptance_cap(curve, top))
-                          if busy else top, per_token=per_token)
+            cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
+            k, s = best_k(curve, live.t_draft, cost, cap, per_token=per_token)
             saved = 0.0
             if k:
                 s, saved = _priced(curve, k, live.t_draft, cost, per_token, value, s)
@@ -598,13 +579,15 @@ class CostModelPolicy:
                 continue
             cost = self.derived(live, top)[1]
             curve = held(request_ngram_curve(self.derived_ngram(live, top, match, name),
-                                             context, match, proposer=name), size)
+                                             context, match, proposer=name,
+                                             prior_blocks=self.params.request_prior_blocks),
+                         size)
             t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
-            k, s = best_k(curve, t_lookup, cost,
-                          min(top, acceptance_cap(curve, top)) if busy else top)
+            cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
+            k, s = best_k(curve, t_lookup, cost, cap)
             if k:
                 s, saved = _priced(curve, k, t_lookup, cost, 0.0, value, s)
-                paying = best[0] > 0 and best[1] >= 1 + self.min_gain
+                paying = best[0] > 0 and best[1] >= 1 + self.params.min_gain
                 if paying and best[2] == "draft":  # it pays the draft's catch-up
                     saved -= induced_catch_up(live, getattr(context, "draft_gap", 0),
                                               expected_tokens(curve, k))
@@ -612,7 +595,7 @@ class CostModelPolicy:
                 if saved > best[3] or not paying:
                     best = (k, s, name, saved)
         k, s, proposer, _ = best
-        if k > 0 and s >= 1 + self.min_gain:
+        if k > 0 and s >= 1 + self.params.min_gain:
             # a lookup's block measures nothing of the draft model: its re-probe stays due
             self._off[context.category] = (0 if proposer == "draft" or not drafts
                                            else self._off.get(context.category, 0) + 1)
@@ -631,7 +614,7 @@ class CostModelPolicy:
         if moved or off >= self._reprobe_after(live, context, live.t_target.get(1),
                                                live.t_draft, self.derived(live, top)[1], top):
             off = 0
-            k = min(self.probe_k, top)
+            k = min(self.params.probe_k, top)
             if not drafts:
                 k = Choice(k, lookup)
         self._off[context.category] = off
@@ -646,14 +629,14 @@ class CostModelPolicy:
         ran once; the n-gram proposer, free to try, would then take every step it could, and
         k = 0 the rest, on categories where the draft model pays. Where verification is
         compute-bound only a short block can pay even then, so the trial runs at that k.
-        Where perfect acceptance would gain less than ``TRIAL_GAIN`` the trial has nothing
+        Where perfect acceptance would gain less than ``trial_gain`` the trial has nothing
         to find that pays for it: near S = 1 the choice would flip with every timing."""
-        if live.draft_blocks >= self.cold_start or getattr(context, "predicted_alpha",
+        if live.draft_blocks >= self.params.cold_start or getattr(context, "predicted_alpha",
                                                            None) is not None:
             return 0
         k, s = best_k([1.0] * top, live.t_draft, self.derived(live, top)[1], top)
-        gain = max(self.min_gain, TRIAL_GAIN)
-        return min(self.initial_k, k) if k > 0 and s >= 1 + gain else 0
+        gain = max(self.params.min_gain, self.params.trial_gain)
+        return min(self.params.initial_k, k) if k > 0 and s >= 1 + gain else 0
 
     def _token_value(self, live, context, proposers) -> float | None:
         """With both proposers, a token beyond a block's first is worth the rate the request
@@ -661,7 +644,7 @@ class CostModelPolicy:
         traffic prompt lookup covers most tokens almost free, and a draft-model block that
         beats a plain step by S can still lose to the lookup the next step would do. The
         request's own rate
-        so far, pulled toward the category's by ``REQUEST_PRIOR`` tokens of it: one prompt
+        so far, pulled toward the category's by ``request_prior_tokens`` tokens of it: one prompt
         of a copy-heavy category can have nothing to copy. None (T_t(1)) with one proposer,
         or before the category's rate is known."""
         if len(proposers) < 2 or self.proposers != "both":
@@ -672,11 +655,11 @@ class CostModelPolicy:
             return None
         req = getattr(context, "request", None)
         seconds, tokens = req.spent if req is not None else (0.0, 0.0)
-        rate = (rate * REQUEST_PRIOR + seconds) / (REQUEST_PRIOR + tokens)
+        w = self.params.request_prior_tokens
+        rate = (rate * w + seconds) / (w + tokens)
         return min(rate, t1)
 
-    @staticmethod
-    def _catch_up(live, context, proposers) -> float:
+    def _catch_up(self, live, context, proposers) -> float:
         """The draft model's catch-up, per token it is expected to serve in the rest of this
         request: all of it where it drafts alone; with the n-gram proposer beside it, the
         share of the category's decision points without an n-gram match (measured on the
@@ -687,11 +670,10 @@ class CostModelPolicy:
         if gap <= 2:
             return 0.0
         remaining = max(1, getattr(context, "remaining", 1))
-        share = _draft_share(live, context) if "ngram" in proposers else 1.0
+        share = _draft_share(live, context, self.params) if "ngram" in proposers else 1.0
         return catch_up_per_token(live, gap, remaining * share)
 
-    @staticmethod
-    def _batch_catch_up(context, rows: list, t_draft: float, proposers) -> float:
+    def _batch_catch_up(self, context, rows: list, t_draft: float, proposers) -> float:
         """The draft model's catch-up at batch, per token of the batch it is expected to serve:
         one forward over B × the widest row's gap (``context.draft_gap``), priced by the
         catch-up fit of the rows' statistics (the controller's, fed by every catch-up; the
@@ -712,7 +694,8 @@ class CostModelPolicy:
             once: dict[int, float] = {}  # rows of one category share their statistics
             for live in rows:
                 if id(live) not in once:
-                    once[id(live)] = _draft_share(live, context) if live is not None else 1.0
+                    once[id(live)] = (_draft_share(live, context, self.params)
+                                      if live is not None else 1.0)
             share = sum(once[id(live)] for live in rows) / len(rows)
         served = sum(_rows_left(context)) * share
         return catch_up_per_token(fit, gap, served, rows=batch, t_draft=t_draft)
@@ -729,21 +712,21 @@ class CostModelPolicy:
     def _row_stats(self, context) -> list:
         """Each row's statistics to decide by (our own per category, with ``discount``)."""
         rows = list(context.rows)
-        if self.discount is None:
+        if self.params.discount is None:
             return rows
         cats = _row_categories(context)
         out = []
         for cat, live in zip(cats, rows):
             own = self._own.get(cat)
             if own is None and live is not None:
-                own = self._own[cat] = live.copy(discount=self.discount)
+                own = self._own[cat] = live.copy(discount=self.params.discount)
             out.append(None if live is None else live.copy(acceptance_from=own))
         return out
 
     def _choose_batch(self, context, top: int) -> int:
         batch, costs = context.batch_size, context.costs
         points = costs.target_points(batch) if hasattr(costs, "target_points") else None
-        cost = costs.target_cost(batch, optimistic=self.optimistic)
+        cost = costs.target_cost(batch, optimistic=self.params.optimistic)
         if (cost is None or (points is not None and 1 not in points)
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0  # plain batched decoding at this B: measures the baseline
@@ -758,7 +741,7 @@ class CostModelPolicy:
             return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):
-            return min(self.initial_k, top)
+            return min(self.params.initial_k, top)
         stats = self._row_stats(context)
         # each row's acceptance forecast (the categoriser's), where the engine gave them
         forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
@@ -770,8 +753,9 @@ class CostModelPolicy:
             curve = by_stats.get(key)
             if curve is None:
                 if live is None:
-                    curve = [0.5 if predicted is None else float(predicted)] * top
-                elif predicted is not None and live.observed < self.cold_start:
+                    curve = [self.params.unknown_alpha if predicted is None
+                             else float(predicted)] * top
+                elif predicted is not None and live.observed < self.params.cold_start:
                     curve = [float(predicted)] * top
                 else:
                     curve = self.derived(live, top)[0]
@@ -780,7 +764,7 @@ class CostModelPolicy:
         per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
         left = _rows_left(context)
         k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
-                                                      self.optimistic),
+                                                      self.params.optimistic),
                               top, once=per_token * sum(left))
         if lookup[1] > s:
             return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
@@ -810,7 +794,7 @@ class CostModelPolicy:
         """k (as the proposer's Choice) when it pays by min_gain, else plain batched decoding
         with a re-probe every ``reprobe_every`` off iterations per (categories, bucket)."""
         key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
-        if k > 0 and s >= 1 + self.min_gain:
+        if k > 0 and s >= 1 + self.params.min_gain:
             self._off_batch[key] = 0
             return k if proposer == "draft" else Choice(k, proposer)
         off = self._off_batch.get(key, 0) + 1
@@ -822,7 +806,7 @@ class CostModelPolicy:
         if off >= self._reprobe_after(fit, context, cost(1), costs.draft_cost(batch), cost,
                                       top, rows=batch):
             off = 0
-            k = min(self.probe_k, top)
+            k = min(self.params.probe_k, top)
             if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
                 k = Choice(k, proposer)
         self._off_batch[key] = off
@@ -831,48 +815,49 @@ class CostModelPolicy:
     def _reprobe_after(self, live, context, t_plain, t_draft, cost, top: int, *,
                        rows: int = 1) -> int:
         """Off iterations before a re-probe: ``reprobe_every``, stretched where the probe
-        costs more than ``REPROBE_STEPS`` plain steps — its k = ``probe_k`` block over a
+        costs more than ``reprobe_steps`` plain steps — its k = ``probe_k`` block over a
         plain step, plus the draft model's catch-up over every token it has not seen
         (``catch_up_per_token``'s price, the whole of it) — so that re-probing costs at
-        most REPROBE_STEPS plain steps per ``reprobe_every`` off. Where the draft's forward
+        most reprobe_steps plain steps per ``reprobe_every`` off. Where the draft's forward
         over the context is dear (compute-bound verification: many plain steps), a re-probe
         at the plain cadence would cost far more than the c / ``reprobe_every`` the cadence
         was chosen by."""
         if not t_plain or t_draft is None or cost is None:
-            return self.reprobe_every
-        k = min(self.probe_k, top)
+            return self.params.reprobe_every
+        k = min(self.params.probe_k, top)
         block = k * t_draft + max(0.0, cost(k + 1) - t_plain)
         gap = getattr(context, "draft_gap", 0)
         extra = catch_up_per_token(live, gap, 1.0, rows=rows, t_draft=t_draft)
         steps = (block + extra) / t_plain
-        return max(self.reprobe_every,
-                   math.ceil(self.reprobe_every * steps / REPROBE_STEPS - 1e-9))
+        return max(self.params.reprobe_every,
+                   math.ceil(self.params.reprobe_every * steps / self.params.reprobe_steps - 1e-9))
 
     def update(self, context, k: int, outcome) -> None:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
-        if self.discount is not None and _batched(context):
+        if self.params.discount is not None and _batched(context):
             accepted = getattr(outcome, "accepted_rows", ()) or ()
             for cat, a in zip(_row_categories(context), accepted):
                 own = self._own.get(cat)
                 if own is not None:  # acceptance only: batch timings are not batch 1's
                     own.observe(k, a, float("nan"), float("nan"))
             return
-        own = self._own.get(context.category) if self.discount is not None else None
+        own = self._own.get(context.category) if self.params.discount is not None else None
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
             if getattr(outcome, "proposer", "draft") == "draft":  # the draft model's alone
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 
 
-def _draft_share(live, context) -> float:
+def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:
     """The share of the rest of a request the draft model serves beside the n-gram proposer:
     where the n-gram has no match, or has one that fails at once — this request's points and
     n-gram acceptance (``context.request``, batch 1), pulled toward the category's."""
     req = getattr(context, "request", None)
     unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
-    share = ((live.unmatched_share() * REQUEST_PRIOR_POINTS + unmatched)
-             / (REQUEST_PRIOR_POINTS + unmatched + matched))
-    first = request_ngram_curve(live.ngram_acceptance_curve(1), context)[0]
+    w = params.request_prior_points
+    share = ((live.unmatched_share() * w + unmatched) / (w + unmatched + matched))
+    first = request_ngram_curve(live.ngram_acceptance_curve(1), context,
+                                prior_blocks=params.request_prior_blocks)[0]
     return share + (1 - share) * (1 - first)
 
 

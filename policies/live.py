@@ -15,19 +15,10 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from .costmodel import COST_SETTLE, interpolate_cost, settle_sample
+from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
-# the n-gram trace's reach (autospec.store.record.NGRAM_TRACE_K; not imported: policies stay
-# free of the store): shadow evidence counts at most this many positions, so that replay
-# from the trace counts exactly what the live loop did
-SHADOW_REACH = 16
-# n-gram statistics are kept per match length (``NgramIndex.match``: how far the context agrees
-# with the proposal's source, up to 14) in these buckets, each the shortest length it holds: a
-# long match's proposal is accepted far more often than a chance hit's, so a copy run and a
-# chance hit get their own curves, with evidence enough in each
-MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
-# the draft model's catch-up fit forgets at this rate per catch-up (a few per request)
-_CATCH_UP_DISCOUNT = 0.98
+from .costmodel import interpolate_cost, settle_sample
+from .params import DEFAULTS, Parameters
 
 log = logging.getLogger("autospec.policies.live")
 
@@ -36,36 +27,16 @@ log = logging.getLogger("autospec.policies.live")
 # verification curve T_t(n) / T_t(1). Live points of different n come from different moments
 # (T_t(1) from k = 0 steps only), so a ratio across them can carry the load's change instead of
 # the curve's shape: T_t(1) timed in a burst at 1.33 s against T_t(14) timed quiet at 0.34 s.
-#
-# SHAPE_FLOOR: the least T_t(n) / T_t(1) (n > 1) trusted from live timings. Scoring n tokens
-# reads the same weights as scoring one and computes more, so a curve point far below the plain
-# step is not physical; kernel choice makes some slightly cheaper (bf16 on this CPU kind:
-# T_t(2) ≈ 0.82 · T_t(1)), and a settled live point carries a few percent of noise on top:
-# 0.7 leaves that margin and rejects a level change of 30 % or more taken for shape. A probe
-# measures every n back to back, so its curve is exempt.
-SHAPE_FLOOR = 0.7
-# LEVEL_MOVE: the factor by which the median of the last LEVEL_RUN plain steps must differ from
-# the level the other points were measured at for the level to count as moved (quiet timings
-# of one n scatter a few percent; a neighbour's burst on a shared core moves them by 2-5x)
-LEVEL_MOVE = 1.3
-LEVEL_RUN = 3
-# SCATTER: recent timings of one n whose interquartile range exceeds this share of their
-# median (at least 3 within SCATTER_WINDOW iterations) say the machine is busy; so do a level
-# move and a held-out shape, for BUSY_HOLD iterations after them
-SCATTER = 0.2
-SCATTER_WINDOW = 32
-BUSY_HOLD = 32
-# a held-out shape asks plain steps to re-measure the level at most once per this many
-# iterations; between two, a point below the floor is clamped to it (a curve that really is
-# that cheap on some hardware then costs one re-measure per REMEASURE_EVERY, not every step)
-REMEASURE_EVERY = 32
-_RECENT = 8  # raw samples kept per n for the scatter
+# The guard's numbers (``Parameters``: shape_floor, level_move, level_run, scatter,
+# scatter_window, busy_hold, remeasure_every, recent) say when a point is not physical, when
+# the level moved and when timings scatter; their docs say why each has its value.
 
 __all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
-           "shape_guard", "spread", "SHAPE_FLOOR", "LEVEL_MOVE", "SCATTER"]
+           "shape_guard", "spread"]
 
 
-def shape_guard(curve: Mapping[int, float], floor: float = SHAPE_FLOOR) -> dict[int, float]:
+def shape_guard(curve: Mapping[int, float], floor: float = DEFAULTS.shape_floor
+                ) -> dict[int, float]:
     """``curve`` (n → T_t(n)) without the points n > 1 below ``floor`` · T_t(1): a shape no
     machine shows, read from timings taken at different load (one timed in a burst, another
     in a quiet moment). Held out, not clamped: an unmeasured point reads at least T_t(1)
@@ -104,7 +75,8 @@ def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = 
     return out
 
 
-def catch_up_line(sums: Sequence[float]) -> tuple[float, float] | None:
+def catch_up_line(sums: Sequence[float], spread_share: float = DEFAULTS.catch_up_spread
+                  ) -> tuple[float, float] | None:
     """(a, b) of the draft model's catch-up cost C(g) = a + b·g fitted to ``sums``
     (``catch_up_sums``): least squares where the sizes vary, else proportional to the mean
     (a = 0); None with no catch-up. The live policy and replay read one fit."""
@@ -113,7 +85,7 @@ def catch_up_line(sums: Sequence[float]) -> tuple[float, float] | None:
         return None
     mean_g, mean_c = sg / n, sc / n
     var = sgg / n - mean_g * mean_g
-    if var > (0.05 * mean_g) ** 2 and n >= 2:
+    if var > (spread_share * mean_g) ** 2 and n >= 2:
         b = max(0.0, (sgc / n - mean_g * mean_c) / var)
         return max(0.0, mean_c - b * mean_g), b
     return 0.0, mean_c / mean_g
@@ -150,11 +122,17 @@ class LiveStats:
     """Discounted sufficient statistics. Every observation first multiplies the old counts by
     ``discount`` so the estimates follow drift (half-life ln 2 / (1 − discount) iterations)."""
 
-    def __init__(self, *, discount: float = 0.995, prior: tuple[float, float] = (1.0, 1.0),
-                 ema: float = 0.2, max_positions: int = 64):
+    def __init__(self, *, discount: float | None = None,
+                 prior: tuple[float, float] | None = None, ema: float | None = None,
+                 max_positions: int = K_LIMIT, params: Parameters = DEFAULTS):
+        """``discount``, ``prior`` and ``ema`` default to ``params``' acceptance_discount,
+        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'."""
+        discount = params.acceptance_discount if discount is None else discount
         if not 0 < discount <= 1:
             raise ValueError("discount must be in (0, 1]")
-        self.discount, self.prior, self.ema = discount, prior, ema
+        self.params = params
+        self.discount, self.ema = discount, params.cost_ema if ema is None else ema
+        self.prior = (params.prior_hits, params.prior_misses) if prior is None else prior
         # position i (0-based) is "reached" when the draft proposed it and every earlier one in
         # the block was accepted; accepted[i] / reached[i] is then the conditional acceptance
         # the cost model multiplies (vLLM's per-position rates are cumulative instead)
@@ -180,8 +158,8 @@ class LiveStats:
         self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.t_suffix: float | None = None
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
-        # the first live samples of each T_t(n) not warm-started (≤ COST_SETTLE): their
-        # median stands for it until there are COST_SETTLE, then the moving average follows
+        # the first live samples of each T_t(n) not warm-started (≤ cost_settle): their
+        # median stands for it until there are cost_settle, then the moving average follows
         self.t_samples: dict[int, list[float]] = {}
         # the draft model's catch-up forwards (the tokens it had not seen: the prompt at its
         # first use, and what k = 0 or the n-gram emitted since): discounted sums of
@@ -195,8 +173,8 @@ class LiveStats:
         self.spent = [0.0, 0.0]  # [seconds, tokens]
         self.bandwidth_utilisation: float | None = None
         self.iterations = 0
-        # the busy-machine guard (module constants above): raw recent timings per n
-        # ((iteration, seconds), the last _RECENT), the level T_t(1) the other points were
+        # the busy-machine guard (``params``): raw recent timings per n
+        # ((iteration, seconds), the last recent), the level T_t(1) the other points were
         # last measured against, the points a level move left to be replaced by their next
         # sample (n; 0 is T_d), how often the level moved, until which iteration the machine
         # counts as busy, when plain steps were last asked to re-measure the level, and how
@@ -209,7 +187,7 @@ class LiveStats:
         self._remeasure_at: int | None = None
         self.held_out = 0
         # n → the least T_t(n) / T_t(1) trusted where a probe measured a point below
-        # SHAPE_FLOOR (a probe times every n back to back: its shape is exempt)
+        # shape_floor (a probe times every n back to back: its shape is exempt)
         self._floor: dict[int, float] = {}
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change: lets policies cache their decisions
@@ -243,7 +221,7 @@ class LiveStats:
         """The rate this category runs at, everything counted (None before 8 tokens)."""
         with self._lock:
             seconds, tokens = self.spent
-        return seconds / tokens if tokens >= 8 else None
+        return seconds / tokens if tokens >= self.params.rate_tokens else None
 
     def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
         """One block of k with m accepted into one proposer's discounted counts (position i
@@ -264,25 +242,26 @@ class LiveStats:
         """The target's forward of k + 1 tokens (whoever proposed), and the iteration; under
         the lock. False where the timing was held out (the shape guard, below).
 
-        The shape guard: a point n > 1 timed below ``SHAPE_FLOOR`` · T_t(1) says the level
+        The shape guard: a point n > 1 timed below ``shape_floor`` · T_t(1) says the level
         T_t(1) was measured at another load (a burst) than this forward: it is held out, the
         machine counts as busy, and T_t(1) is re-measured by plain steps (``settled(1)`` is
-        False until ``COST_SETTLE`` fresh samples settle it); within ``REMEASURE_EVERY``
+        False until ``cost_settle`` fresh samples settle it); within ``remeasure_every``
         iterations of the last re-measure such a point is clamped to the floor instead."""
         kept = True
         if target_s == target_s and target_s > 0:  # not NaN
             n, it = k + 1, self.iterations
-            self._recent.setdefault(n, deque(maxlen=_RECENT)).append((it, float(target_s)))
+            p = self.params
+            self._recent.setdefault(n, deque(maxlen=p.recent)).append((it, float(target_s)))
             level = self.t_target.get(1)
-            floor = self._floor.get(n, SHAPE_FLOOR)
+            floor = self._floor.get(n, p.shape_floor)
             if n > 1 and level and target_s < floor * level:
-                self._busy_until = it + BUSY_HOLD
+                self._busy_until = it + p.busy_hold
                 self.held_out += 1
-                if self._remeasure_at is None or it - self._remeasure_at >= REMEASURE_EVERY:
+                if self._remeasure_at is None or it - self._remeasure_at >= p.remeasure_every:
                     self._remeasure_at = it
                     self.t_samples[1] = []  # plain steps re-measure the level
                     log.debug("autospec: T_t(%d) = %.3f s below %.2f x T_t(1) = %.3f s: held "
-                              "out, the level is re-measured", n, target_s, SHAPE_FLOOR, level)
+                              "out, the level is re-measured", n, target_s, floor, level)
                     kept = False
                 else:
                     target_s = floor * level
@@ -297,7 +276,7 @@ class LiveStats:
                 else:
                     self.t_target[n] = settle_sample(self.t_samples.setdefault(n, []),
                                                      self.t_target.get(n), target_s,
-                                                     COST_SETTLE, self.ema)
+                                                     p.cost_settle, self.ema)
                 if n == 1:
                     self._check_level()
         self.iterations += 1
@@ -305,8 +284,8 @@ class LiveStats:
         return kept
 
     def _check_level(self) -> None:
-        """After a plain step: where the median of the last ``LEVEL_RUN`` plain steps differs
-        from the level the other costs were measured against by ``LEVEL_MOVE`` or more, the
+        """After a plain step: where the median of the last ``level_run`` plain steps differs
+        from the level the other costs were measured against by ``level_move`` or more, the
         level moved (a burst began or ended). T_t(1) becomes that median, every other point
         and T_d are carried to the new level (the shape holds) and each is replaced by its
         next sample, the machine counts as busy, and ``level_moves`` counts it (the cost
@@ -314,13 +293,13 @@ class LiveStats:
         re-measure of the level is still settling; under the lock."""
         first = self.t_samples.get(1)
         recent = self._recent.get(1) or ()
-        ref = self._level_ref
-        if (ref is None or ref <= 0 or len(recent) < LEVEL_RUN
-                or (first is not None and len(first) < COST_SETTLE)):
+        ref, p = self._level_ref, self.params
+        if (ref is None or ref <= 0 or len(recent) < p.level_run
+                or (first is not None and len(first) < p.cost_settle)):
             return
-        new = statistics.median(t for _, t in list(recent)[-LEVEL_RUN:])
+        new = statistics.median(t for _, t in list(recent)[-p.level_run:])
         factor = new / ref
-        if max(factor, 1 / factor) < LEVEL_MOVE:
+        if max(factor, 1 / factor) < p.level_move:
             return
         self.t_target[1] = new
         for n in self.t_target:
@@ -332,34 +311,34 @@ class LiveStats:
             self._stale.add(0)
         self._level_ref = new
         self.level_moves += 1
-        self._busy_until = self.iterations + BUSY_HOLD
+        self._busy_until = self.iterations + p.busy_hold
         log.debug("autospec: the timing level moved x%.2f (T_t(1) %.3f s -> %.3f s): costs "
                   "carried over and re-measured", factor, ref, new)
 
     def busy(self) -> bool:
         """Whether the timings say the machine is busy: recent timings of one n scatter
-        (``spread`` above ``SCATTER`` over at least 3 within the last ``SCATTER_WINDOW``
-        iterations), or the level moved or a shape was held out within ``BUSY_HOLD``. The cost
+        (``spread`` above ``scatter`` over at least 3 within the last ``scatter_window``
+        iterations), or the level moved or a shape was held out within ``busy_hold``. The cost
         model then bounds k by what the acceptance alone can justify."""
         with self._lock:
-            it = self.iterations
+            it, p = self.iterations, self.params
             if it < self._busy_until:
                 return True
             for samples in self._recent.values():
-                xs = [t for i, t in samples if i >= it - SCATTER_WINDOW]
-                if len(xs) >= 3 and spread(xs) > SCATTER:
+                xs = [t for i, t in samples if i >= it - p.scatter_window]
+                if len(xs) >= 3 and spread(xs) > p.scatter:
                     return True
         return False
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
         which took ``seconds`` (its first proposal included). Discounted like the counts, at
-        0.98 per catch-up: the fit follows the hardware, not a prompt seen long ago."""
+        ``params.catch_up_discount`` per catch-up: the fit follows the hardware, not a prompt seen long ago."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
         with self._lock:
             self.spent[0] += float(seconds)  # time the category spent, for no token of its own
-            self.catch_up = catch_up_sums([(tokens, seconds)], _CATCH_UP_DISCOUNT,
+            self.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
                                           self.catch_up)
             self.version += 1
 
@@ -370,7 +349,7 @@ class LiveStats:
         with self._lock:
             if self.catch_up[0]:
                 return
-            self.catch_up = catch_up_sums(points, _CATCH_UP_DISCOUNT)
+            self.catch_up = catch_up_sums(points, self.params.catch_up_discount)
             self.version += 1
 
     def catch_up_cost(self, tokens: int) -> float | None:
@@ -379,7 +358,7 @@ class LiveStats:
         proportional to the mean where their sizes barely vary; never below one proposal
         (T_d). None before any catch-up was measured."""
         with self._lock:
-            line = catch_up_line(self.catch_up)
+            line = catch_up_line(self.catch_up, self.params.catch_up_spread)
             t_draft = self.t_draft
         if line is None:
             return None
@@ -432,7 +411,7 @@ class LiveStats:
         of its proposed tokens equal the ``seen`` tokens the iteration emitted. Counted as
         the block that tells exactly that — agree + 1 positions reached and agree accepted
         where it disagreed, else ``seen`` positions all accepted (what lay beyond is
-        unknown), over at most ``SHADOW_REACH`` positions (the stored trace's reach, so that
+        unknown), over at most ``NGRAM_TRACE_K`` positions (the stored trace's reach, so that
         replay counts what the live loop counted).
 
         Exact for greedy traffic (the output is the target's argmax chain whoever proposed).
@@ -443,7 +422,7 @@ class LiveStats:
         learn, from its first request, where a lookup would pay."""
         if match <= 0 or seen <= 0:
             return
-        seen = min(int(seen), SHADOW_REACH)
+        seen = min(int(seen), NGRAM_TRACE_K)
         agree = max(0, min(int(agree), seen))
         k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
         with self._lock:
@@ -504,7 +483,7 @@ class LiveStats:
         return new if old is None else (1 - self.ema) * old + self.ema * new
 
     def warm_start(self, accepted_per_position: Sequence[float],
-                   drafted_per_position: Sequence[float], *, weight: float = 200.0,
+                   drafted_per_position: Sequence[float], *, weight: float | None = None,
                    t_draft: float | None = None, t_target: Mapping[int, float] | None = None,
                    bandwidth_utilisation: float | None = None,
                    ngram_accepted_per_position: Sequence[float] = (),
@@ -521,17 +500,19 @@ class LiveStats:
         back to back): a stored live curve whose points came from different loads (T_t(1)
         from a burst, T_t(14) from a quiet moment) is not trusted by the next process; the
         points held out are measured again live."""
+        floor = self.params.shape_floor
+        weight = self.params.stored_weight if weight is None else weight
         if t_target and not probe:
-            guarded = shape_guard(t_target)
+            guarded = shape_guard(t_target, floor)
             if len(guarded) < len(t_target):
                 log.info("autospec: stored T_t(n) for n = %s below %.2f x T_t(1): held out, "
                          "measured again", sorted(set(map(int, t_target)) - set(guarded)),
-                         SHAPE_FLOOR)
+                         floor)
             t_target = guarded
         elif t_target and probe:
             t1 = t_target.get(1)
             for n, t in t_target.items() if t1 else ():
-                if int(n) > 1 and t < SHAPE_FLOOR * t1:
+                if int(n) > 1 and t < floor * t1:
                     self._floor[int(n)] = float(t) / t1
         with self._lock:
             self.draft_blocks += _seed(self.accepted, self.reached, accepted_per_position,
@@ -643,7 +624,8 @@ class LiveStats:
         own discounted acceptance beside everything else the controller knows now."""
         with self._lock:
             new = LiveStats(discount=self.discount if discount is None else discount,
-                            prior=self.prior, ema=self.ema, max_positions=len(self.reached))
+                            prior=self.prior, ema=self.ema, max_positions=len(self.reached),
+                            params=self.params)
             new.accepted, new.reached = list(self.accepted), list(self.reached)
             new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
                                                      list(self.ngram_reached))
@@ -661,7 +643,7 @@ class LiveStats:
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
             new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
-            new._recent = {n: deque(v, maxlen=_RECENT) for n, v in self._recent.items()}
+            new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
             new._level_ref, new._stale = self._level_ref, set(self._stale)
             new.level_moves, new._busy_until = self.level_moves, self._busy_until
             new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
@@ -675,17 +657,18 @@ class LiveStats:
 
     def settled(self, n: int) -> bool:
         """Whether T_t(n) is known well enough to decide by: warm-started (store, probe, a
-        peer category), or ``COST_SETTLE`` live samples. A process's first decode steps run
+        peer category), or ``cost_settle`` live samples. A process's first decode steps run
         slow (the first T_t(1) after prefill read 0.285 s where the next 30 gave 0.22 s, on
         the default pair, bf16, CPU), and one such sample made k = 1 look paying against it
         for a whole request where, on the settled cost, nothing did."""
         with self._lock:
             first = self.t_samples.get(n)
-            return n in self.t_target and (first is None or len(first) >= COST_SETTLE)
+            return n in self.t_target and (first is None
+                                           or len(first) >= self.params.cost_settle)
 
     def cost(self, optimistic: bool = False):
         """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured.
-        No point n > 1 reads below ``SHAPE_FLOOR`` · T_t(1) (live points are guarded as they
+        No point n > 1 reads below ``shape_floor`` · T_t(1) (live points are guarded as they
         come in; this holds for points set by hand and for a level that rose since)."""
         with self._lock:
             curve, floors = dict(self.t_target), self._floor
@@ -693,9 +676,10 @@ class LiveStats:
             return None
         t1 = curve.get(1)
         if t1:
-            curve = {n: (t if n == 1 else max(t, floors.get(n, SHAPE_FLOOR) * t1))
+            floor = self.params.shape_floor
+            curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
-        return interpolate_cost(curve, optimistic=optimistic)
+        return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
 
     @property
     def observed(self) -> float:

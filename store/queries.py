@@ -519,7 +519,7 @@ def measured_costs(session: Session, pair_id: int, category: str | None = None, 
             count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
     curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
     # live means of different n come from different moments: a shape no machine shows
-    # (T_t(n) < SHAPE_FLOOR · T_t(1), the burst's T_t(1) against a quiet T_t(14)) is held out
+    # (T_t(n) < shape_floor · T_t(1), the burst's T_t(1) against a quiet T_t(14)) is held out
     from autospec.policies.live import shape_guard
 
     guarded = shape_guard(curve)

@@ -24,12 +24,12 @@ from autospec.policies import (
     build_policy,
 )
 from autospec.policies.costmodel import (
-    REPROBE_STEPS,
     batch_best_k,
     batch_finish_k,
     best_k,
     expected_tokens,
 )
+from autospec.policies.params import DEFAULTS
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 T_DRAFT = 0.02
@@ -221,7 +221,7 @@ def test_batch_reprobes_after_reprobe_every_off_iterations_without_disturbing_ba
         single_ks.append(policy.choose(single))
         batch_ks.extend(policy.choose(batched) for _ in range(3))
     # a probe at k = 2 costs 2 T_d + T_t(3) - T_t(1) = 2.4 plain steps at B = 1 and B = 16
-    # alike, over REPROBE_STEPS: the cadence stretches from 5 to ceil(5 * 2.4 / 2) = 6
+    # alike, over reprobe_steps: the cadence stretches from 5 to ceil(5 * 2.4 / 2) = 6
     assert single_ks == [0, 0, 0, 0, 0, 2] * 2
     assert batch_ks == [0, 0, 0, 0, 0, 2] * 6
 
@@ -229,7 +229,7 @@ def test_batch_reprobes_after_reprobe_every_off_iterations_without_disturbing_ba
 def test_a_reprobe_whose_catch_up_is_dear_comes_less_often():
     """A re-probe pays the draft model's catch-up over what it has not seen: 2.3 s, ten plain
     steps, for the default pair in bf16 on a CPU without AVX-512. Every 64 off steps that
-    was 16 % of plain decoding; the cadence stretches until it costs REPROBE_STEPS."""
+    was 16 % of plain decoding; the cadence stretches until it costs reprobe_steps."""
     stats = warm_stats(0.05)  # off: acceptance far below the draft's cost
     stats.t_target.update({1: 0.22, 2: 0.4})
     stats.t_draft = 0.11
@@ -243,7 +243,7 @@ def test_a_reprobe_whose_catch_up_is_dear_comes_less_often():
     # the probe: T_d + T_t(2) - T_t(1), plus the catch-up less the proposal it includes
     probe = 0.11 + (0.4 - 0.22) + (stats.catch_up_cost(60) - 0.11)
     assert probe / 0.22 > 10  # about ten plain steps
-    after = math.ceil(64 * probe / 0.22 / REPROBE_STEPS)
+    after = math.ceil(64 * probe / 0.22 / DEFAULTS.reprobe_steps)
     ks = [policy.choose(dear) for _ in range(after)]
     assert ks[:-1] == [0] * (after - 1) and ks[-1] == 1 and after > 5 * 64
 

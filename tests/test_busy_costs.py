@@ -12,9 +12,12 @@ import pytest
 
 from autospec.policies import Context, CostModelPolicy
 from autospec.policies.costmodel import acceptance_cap, expected_tokens
-from autospec.policies.live import SHAPE_FLOOR, LiveStats, shape_guard, spread
+from autospec.policies.live import LiveStats, shape_guard, spread
+from autospec.policies.params import DEFAULTS
 
 from conftest import noisy_copy, tiny
+
+SHAPE_FLOOR = DEFAULTS.shape_floor
 
 T1 = 0.22  # the default pair's plain step on a quiet 2-core CPU, bf16 (docs/benchmarks.md)
 

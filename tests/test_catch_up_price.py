@@ -15,7 +15,6 @@ from test_draft_cost import SLOW, Stretches, slow_catch_up  # noqa: F401 (a fixt
 import autospec
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.costmodel import (
-    REQUEST_PRIOR_BLOCKS,
     best_k,
     block_saving,
     catch_up_per_token,
@@ -24,6 +23,7 @@ from autospec.policies.costmodel import (
     request_ngram_curve,
     valued_speedup,
 )
+from autospec.policies.params import DEFAULTS
 
 from conftest import noisy_copy, prompt, tiny
 
@@ -211,7 +211,7 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     for _ in range(10):
         request.observe_ngram_shadow(2, 0, 1)  # proposed, and the first token was wrong
     curve = request_ngram_curve(cat_curve, Context(**ctx, request=request))
-    w = REQUEST_PRIOR_BLOCKS
+    w = DEFAULTS.request_prior_blocks
     assert curve[0] == pytest.approx(cat_curve[0] * w / (w + 10))
     assert curve[1:] == cat_curve[1:]  # never reached in this request
     choice = CostModelPolicy().choose(Context(**ctx, request=request))

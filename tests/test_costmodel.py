@@ -5,12 +5,12 @@ import math
 import pytest
 
 from autospec.policies.costmodel import (
-    COST_NOISE,
     best_k,
     expected_tokens,
     interpolate_cost,
     speedup,
 )
+from autospec.policies.params import DEFAULTS
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
@@ -40,14 +40,14 @@ def test_optimism_stays_within_the_noise_and_reads_a_real_rise_as_real():
     assert step(4) == step(7) == 1.0  # a step within the noise is still explored
     # compute-bound (bf16 on a CPU without AVX-512): the rise is real
     bound = interpolate_cost({1: 0.25, 4: 0.85}, optimistic=True)
-    slope = (0.85 - 0.25 - COST_NOISE * 0.25) / 3
+    slope = (0.85 - 0.25 - DEFAULTS.cost_noise * 0.25) / 3
     assert bound(16) == pytest.approx(0.85 + 12 * slope)
     assert bound(1) == bound(2) == bound(3) == 0.25  # the rise may start anywhere up to 4
     assert bound(4) == 0.85
     # between measured points: a neighbouring segment continued, less the noise, never
     # below the lower point nor above the chord
     mid = interpolate_cost({1: 0.25, 4: 0.85, 16: 3.25}, optimistic=True)
-    assert mid(10) == pytest.approx(2.05 - COST_NOISE * 0.25) and mid(5) == pytest.approx(1.05 - COST_NOISE * 0.25)
+    assert mid(10) == pytest.approx(2.05 - DEFAULTS.cost_noise * 0.25) and mid(5) == pytest.approx(1.05 - DEFAULTS.cost_noise * 0.25)
     # a step behind flat points stays hidden only until it is measured (fp32, old CPU)
     assert interpolate_cost({1: 1.0, 2: 1.0, 4: 2.0}, optimistic=True)(3) == 1.0
     assert interpolate_cost({1: 1.0, 2: 1.5, 4: 2.0}, optimistic=True)(3) == 1.75
@@ -158,7 +158,8 @@ def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
     """The first decode step after prefill runs slow (0.285 s where the next 30 took 0.22 s
     on the default pair); taken alone as T_t(1) it made k = 1 look paying for a request."""
     from autospec.policies import Context, CostModelPolicy
-    from autospec.policies.live import COST_SETTLE, LiveStats
+    from autospec.policies.live import LiveStats
+    from autospec.policies.params import DEFAULTS
 
     live, policy = LiveStats(), CostModelPolicy()
     ctx = Context(category="code", k_max=8, live=live, remaining=100)
@@ -167,7 +168,7 @@ def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
         assert not live.settled(1)
         ks.append(policy.choose(ctx))
         live.observe(0, 0, 0.0, t)
-    assert ks == [0] * COST_SETTLE and live.settled(1)
+    assert ks == [0] * DEFAULTS.cost_settle and live.settled(1)
     assert live.t_target[1] == 0.23  # the median of the first samples, the slow one out
     live.observe(0, 0, 0.0, 0.2)  # then the moving average
     assert live.t_target[1] == pytest.approx(0.8 * 0.23 + 0.2 * 0.2)
@@ -183,17 +184,17 @@ def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
 
 def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays_enough():
     """Near S = 1 at perfect acceptance the trial flipped on and off with every timing
-    (k = 3, 0, 3, 0, … at α ≈ 0.5 on a compute-bound CPU): it needs TRIAL_GAIN."""
+    (k = 3, 0, 3, 0, … at α ≈ 0.5 on a compute-bound CPU): it needs trial_gain."""
     from autospec.policies import Context, CostModelPolicy
-    from autospec.policies.costmodel import TRIAL_GAIN
     from autospec.policies.live import LiveStats
+    from autospec.policies.params import DEFAULTS
 
     costs = {1: 1.0, 2: 1.6, 3: 2.6, 4: 3.6, 5: 4.6}
     for t_draft, tried in ((0.3, False), (0.1, True)):
         live = LiveStats()
         live.warm_start([], [], t_target=costs, t_draft=t_draft)
         k, s = best_k(1.0, t_draft, live.cost(optimistic=True), 4)
-        assert k == 1 and (s >= 1 + TRIAL_GAIN) == tried and s > 1
+        assert k == 1 and (s >= 1 + DEFAULTS.trial_gain) == tried and s > 1
         policy = CostModelPolicy(initial_k=3)
         ctx = Context(category="new", k_max=4, live=live, remaining=100)
         assert policy.choose(ctx) == (1 if tried else 0)

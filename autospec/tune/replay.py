@@ -46,7 +46,7 @@ from functools import cached_property
 from typing import Any
 
 from autospec.ngram import decode_trace_value
-from autospec.policies.base import early_stop_of, stops_drafting
+from autospec.policies.base import early_stop_of, params_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
 from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, decode_suffix_value
 
@@ -345,7 +345,7 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     pending: dict[tuple[int, str], list] = {}
     for row in traces:
         cat = category(row) if callable(category) else category
-        stats = lives.setdefault(cat, LiveStats())
+        stats = lives.setdefault(cat, LiveStats(params=params_of(policy)))
         b = batch_size_of(row) if batched else 1
         if b == 1:
             _replay([_Row(row, has_draft)], policy, costs, cat, stats, k_max, rng, res)

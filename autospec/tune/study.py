@@ -36,6 +36,7 @@ from typing import Any
 
 from autospec.costs.grid import batch_grid
 from autospec.policies.base import K_LIMIT, batch_bucket
+from autospec.policies.params import TUNED
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
@@ -55,8 +56,7 @@ FAMILIES = tuple(POLICY_FAMILIES)  # every family a tuned row can name
 TABLE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 # the costmodel parameters a study searches (``suggest``), each with the attribute of
 # ``CostModelPolicy`` it sets
-SEARCHED_COSTMODEL = ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
-                      "probe_k")
+SEARCHED_COSTMODEL = TUNED  # the fields of policies.params.Parameters marked tuned
 
 
 def default_params() -> dict[str, Any]:
@@ -65,7 +65,6 @@ def default_params() -> dict[str, Any]:
     controller's statistics) is the controller's own discount."""
     from autospec.policies.base import auto_policy
     from autospec.policies.costmodel import CostModelPolicy
-    from autospec.policies.live import LiveStats
 
     auto = auto_policy()
     if not isinstance(auto, CostModelPolicy):
@@ -73,9 +72,9 @@ def default_params() -> dict[str, Any]:
                         "the cost-model policy")
     flat: dict[str, Any] = {"family": "costmodel"}
     for name in SEARCHED_COSTMODEL:
-        value = getattr(auto, name)
-        flat[f"costmodel.{name}"] = LiveStats().discount if name == "discount" and value is None \
-            else value
+        value = getattr(auto.params, name)
+        flat[f"costmodel.{name}"] = (auto.params.acceptance_discount
+                                     if name == "discount" and value is None else value)
     flat["costmodel.early_stop"] = None  # the auto policy drafts every block to its end
     return flat
 
