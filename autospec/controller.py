@@ -369,6 +369,7 @@ class Controller:
         live.t_target, live.t_samples = {}, {}
         # the donor's points passed the live guard (or are a probe's): taken as they are
         live.warm_start([], [], t_target=donor.t_target, probe=True)
+        live.costs_from = "shared"
         live.t_draft = donor.t_draft if donor.t_draft is not None else live.t_draft
         if live.t_ngram is None:
             live.t_ngram = donor.t_ngram

@@ -22,6 +22,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
+from . import explain
 from .base import K_LIMIT, Choice, batch_bucket
 from .params import DEFAULTS, Parameters
 
@@ -200,6 +201,12 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
         if s > best_s:
             best, best_s = k, s
     return best, best_s
+
+
+def speedup_with(acceptance, k: int, t_draft: float, cost, per_token: float = 0.0) -> float:
+    """S(k) as ``best_k`` reads it: E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
+    tokens = expected_tokens(acceptance, k)
+    return tokens * cost(1) / (k * t_draft + cost(k + 1) + tokens * per_token)
 
 
 def valued_speedup(acceptance, k: int, t_draft: float, cost, per_token: float,
@@ -543,28 +550,46 @@ class CostModelPolicy:
 
     def choose(self, context) -> int:
         top = context.k_max if self.params.k_cap is None else min(self.params.k_cap, context.k_max)
+        asked = getattr(context, "why", None)
+        why = None if asked is None else {"candidates": []}
         if _batched(context):
-            return self._choose_batch(context, top)
+            k, rule = self._choose_batch(context, top, why)
+        else:
+            k, rule = self._choose_one(context, top, why)
+        if asked is not None:
+            asked.append(explain.record(k, rule, why["candidates"],
+                                        batch=getattr(context, "batch_size", 1),
+                                        t_plain=why.get("t_plain"), value=why.get("value"),
+                                        min_gain=self.params.min_gain,
+                                        busy=why.get("busy", False)))
+        return k
+
+    def _choose_one(self, context, top: int, why: dict | None) -> tuple[int, str]:
+        """(k, the rule that decided it: ``policies.explain.RULES``) at batch 1; ``why``
+        (where asked) collects every candidate priced."""
         live = self._stats(context)
         proposers = self._allowed(context)
         drafts = "draft" in proposers
         lookup = next((p for p in proposers if p in LOOKUP_PROPOSERS), "ngram")
-        explore = min(self.params.initial_k, top) if drafts else Choice(min(self.params.initial_k, top),
-                                                                   lookup)
+        initial = min(self.params.initial_k, top)
         if live is None:
-            return explore
+            return (initial if drafts else Choice(initial, lookup)), "no-stats"
         if not live.settled(1):  # plain steps measure the baseline first
-            return 0
+            return 0, "baseline"
         best = (0, 1.0, "draft", 0.0)  # (k, S, proposer, seconds saved: block_saving)
         value = self._token_value(live, context, proposers)
         busy = live.busy() if hasattr(live, "busy") else False
+        if why is not None:
+            why.update(value=value, busy=busy, t_plain=live.t_target.get(1))
+            why["candidates"].append(explain.plain(live.t_target.get(1), live.cost_origin()))
         if drafts:
             if live.t_draft is None or len(live.t_target) < 2:
-                return min(self.params.initial_k, top)
+                return initial, "explore"
             predicted = getattr(context, "predicted_alpha", None)
             curve, cost = self.derived(live, top)
+            source = "live" if live.observed > 0 else "prior"
             if predicted is not None and live.observed < self.params.cold_start:
-                curve = [float(predicted)] * top
+                curve, source = [float(predicted)] * top, "forecast"
             per_token = self._catch_up(live, context, proposers)
             # a busy machine's costs are not decided by: k within what acceptance justifies
             cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
@@ -573,6 +598,10 @@ class CostModelPolicy:
             if k:
                 s, saved = _priced(curve, k, live.t_draft, cost, per_token, value, s)
             best = (k, s, "draft", saved)
+            if why is not None:
+                why["candidates"].append(self._candidate(
+                    "draft", k, s, saved, curve, live.t_draft, cost, per_token, value, cap,
+                    source, live.cost_origin()))
         for name in proposers:  # each lookup with a match now: what would it pay?
             match, size = lookup_now(context, name) if name in LOOKUP_PROPOSERS else (0, 0)
             if match <= 0 or size <= 0:
@@ -585,27 +614,33 @@ class CostModelPolicy:
             t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
             cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
             k, s = best_k(curve, t_lookup, cost, cap)
+            induced, saved = 0.0, 0.0
             if k:
                 s, saved = _priced(curve, k, t_lookup, cost, 0.0, value, s)
                 paying = best[0] > 0 and best[1] >= 1 + self.params.min_gain
                 if paying and best[2] == "draft":  # it pays the draft's catch-up
-                    saved -= induced_catch_up(live, getattr(context, "draft_gap", 0),
-                                              expected_tokens(curve, k))
+                    induced = induced_catch_up(live, getattr(context, "draft_gap", 0),
+                                               expected_tokens(curve, k))
+                    saved -= induced
                 # the proposers are ranked by the seconds their block saves, not by S
                 if saved > best[3] or not paying:
                     best = (k, s, name, saved)
+            if why is not None:
+                why["candidates"].append(self._candidate(
+                    name, k, s, saved, curve, t_lookup, cost, 0.0, value, cap,
+                    f"live, match {match}", live.cost_origin(), induced=induced))
         k, s, proposer, _ = best
         if k > 0 and s >= 1 + self.params.min_gain:
             # a lookup's block measures nothing of the draft model: its re-probe stays due
             self._off[context.category] = (0 if proposer == "draft" or not drafts
                                            else self._off.get(context.category, 0) + 1)
-            return k if proposer == "draft" else Choice(k, proposer)
+            return (k if proposer == "draft" else Choice(k, proposer)), "best"
         trial = self._untried(live, context, top) if drafts else 0
         if trial:
             self._off[context.category] = 0
-            return trial
+            return trial, "trial"
         off = self._off.get(context.category, 0) + 1
-        k = 0
+        k, rule = 0, "off"
         # the level moved since the last decision (a burst began or ended): the costs that
         # switched the draft model off were measured at another load, so re-probe now
         moves = getattr(live, "level_moves", 0)
@@ -613,12 +648,30 @@ class CostModelPolicy:
         self._moves[context.category] = moves
         if moved or off >= self._reprobe_after(live, context, live.t_target.get(1),
                                                live.t_draft, self.derived(live, top)[1], top):
-            off = 0
+            off, rule = 0, "reprobe"
             k = min(self.params.probe_k, top)
             if not drafts:
                 k = Choice(k, lookup)
         self._off[context.category] = off
-        return k
+        return k, rule
+
+    @staticmethod
+    def _candidate(proposer: str, k: int, s: float, saved: float, curve, t_propose: float,
+                   cost, per_token: float, value, cap: int, source: str, origin: str, *,
+                   induced: float = 0.0) -> dict:
+        """One proposer's block as the decision record shows it. Where no k paid (k = 0) the
+        block of its best S is shown instead, priced the same way, so the record says by how
+        much it missed."""
+        if not k:
+            k = max(range(1, max(1, cap) + 1),
+                    key=lambda j: speedup_with(curve, j, t_propose, cost, per_token))
+            s, saved = _priced(curve, k, t_propose, cost, per_token, value,
+                               speedup_with(curve, k, t_propose, cost, per_token))
+        return explain.candidate(proposer, k, tokens=expected_tokens(curve, k),
+                                 block_s=k * t_propose + cost(k + 1), extra_s=per_token,
+                                 speedup=s, saved_s=saved, induced_s=induced,
+                                 acceptance=curve[:k], acceptance_from=source,
+                                 t_propose=t_propose, t_verify=cost(k + 1), costs_from=origin)
 
     def _untried(self, live, context, top: int) -> int:
         """The k to try the draft model at on this category instead of switching it off, or
@@ -723,25 +776,31 @@ class CostModelPolicy:
             out.append(None if live is None else live.copy(acceptance_from=own))
         return out
 
-    def _choose_batch(self, context, top: int) -> int:
+    def _choose_batch(self, context, top: int, why: dict | None) -> tuple[int, str]:
+        """(k, rule) for the batch; ``why`` (where asked) collects the candidates, each with
+        the batch's tokens per iteration and S against plain batched decoding (the finish
+        time's, for the draft model)."""
         batch, costs = context.batch_size, context.costs
         points = costs.target_points(batch) if hasattr(costs, "target_points") else None
         cost = costs.target_cost(batch, optimistic=self.params.optimistic)
         if (cost is None or (points is not None and 1 not in points)
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
-            return 0  # plain batched decoding at this B: measures the baseline
+            return 0, "baseline"  # plain batched decoding at this B: measures the baseline
+        if why is not None:
+            why["t_plain"] = cost(1)
+            why["candidates"].append(explain.plain(cost(1), "batch"))
         proposers = self._allowed(context)
         lookup = (0, 1.0, "ngram")  # the best lookup's (k, S_B(k), proposer)
         for name in proposers:
             if name in LOOKUP_PROPOSERS:
-                k, s = self._batch_lookup(context, cost, top, name)
+                k, s = self._batch_lookup(context, cost, top, name, why)
                 if s > lookup[1]:
                     lookup = (k, s, name)
         if "draft" not in proposers:
             return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
         t_draft = costs.draft_cost(batch)
         if t_draft is None or (points is not None and len(points) < 2):
-            return min(self.params.initial_k, top)
+            return min(self.params.initial_k, top), "explore"
         stats = self._row_stats(context)
         # each row's acceptance forecast (the categoriser's), where the engine gave them
         forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
@@ -766,11 +825,15 @@ class CostModelPolicy:
         k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
                                                       self.params.optimistic),
                               top, once=per_token * sum(left))
+        if why is not None and k:
+            why["candidates"].append(_batch_candidate("draft", k, s, curves, t_draft, cost,
+                                                      per_token, "live", "batch"))
         if lookup[1] > s:
             return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
         return self._batch_decision(context, batch, k, s, top, "draft")
 
-    def _batch_lookup(self, context, cost, top: int, proposer: str) -> tuple[int, float]:
+    def _batch_lookup(self, context, cost, top: int, proposer: str,
+                      why: dict | None = None) -> tuple[int, float]:
         """(k, S_B(k)) of a lookup proposer ("ngram", "suffix") for this batch: rows with a
         match now draft by their category's acceptance of it (a suffix draft no longer than
         it holds), rows without one propose nothing (E[N] = 1 but still scored at k + 1),
@@ -787,30 +850,35 @@ class CostModelPolicy:
             curves.append(held(self.derived_ngram(live, top, matched, proposer), size))
             t = live.t_suffix if proposer == "suffix" else live.t_ngram
             t_lookup = max(t_lookup, t or 0.0)
-        return batch_best_k(curves, t_lookup, cost, top)
+        k, s = batch_best_k(curves, t_lookup, cost, top)
+        if why is not None and k:
+            why["candidates"].append(_batch_candidate(proposer, k, s, curves, t_lookup, cost,
+                                                      0.0, "live", "batch"))
+        return k, s
 
     def _batch_decision(self, context, batch: int, k: int, s: float, top: int,
-                        proposer: str) -> int:
-        """k (as the proposer's Choice) when it pays by min_gain, else plain batched decoding
-        with a re-probe every ``reprobe_every`` off iterations per (categories, bucket)."""
+                        proposer: str) -> tuple[int, str]:
+        """(k as the proposer's Choice, "best") when it pays by min_gain, else plain batched
+        decoding ("off") with a re-probe ("reprobe") every ``reprobe_every`` off iterations
+        per (categories, bucket)."""
         key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
         if k > 0 and s >= 1 + self.params.min_gain:
             self._off_batch[key] = 0
-            return k if proposer == "draft" else Choice(k, proposer)
+            return (k if proposer == "draft" else Choice(k, proposer)), "best"
         off = self._off_batch.get(key, 0) + 1
-        k = 0
+        k, rule = 0, "off"
         costs = context.costs
         cost = costs.target_cost(batch)
         fit = next((live for live in context.rows if live is not None
                     and live.catch_up_cost(1) is not None), None)
         if off >= self._reprobe_after(fit, context, cost(1), costs.draft_cost(batch), cost,
                                       top, rows=batch):
-            off = 0
+            off, rule = 0, "reprobe"
             k = min(self.params.probe_k, top)
             if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
                 k = Choice(k, proposer)
         self._off_batch[key] = off
-        return k
+        return k, rule
 
     def _reprobe_after(self, live, context, t_plain, t_draft, cost, top: int, *,
                        rows: int = 1) -> int:
@@ -846,6 +914,17 @@ class CostModelPolicy:
             own.observe_unproposed(outcome.unproposed)
             if getattr(outcome, "proposer", "draft") == "draft":  # the draft model's alone
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+
+
+def _batch_candidate(proposer: str, k: int, s: float, curves, t_propose: float, cost,
+                     per_token: float, source: str, origin: str) -> dict:
+    """A batch's block of k as the decision record shows it: the rows' tokens per iteration
+    (Σ E[N_i]), one iteration's seconds at B, and S against plain batched decoding."""
+    tokens = sum(expected_tokens(c, k) for c in curves)
+    return explain.candidate(proposer, k, tokens=tokens, block_s=k * t_propose + cost(k + 1),
+                             extra_s=per_token, speedup=s, acceptance=curves[0][:k] if curves
+                             else (), acceptance_from=source, t_propose=t_propose,
+                             t_verify=cost(k + 1), costs_from=origin)
 
 
 def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:

@@ -20,6 +20,7 @@ Each candidate is one (proposer, k) the policy priced:
      "spt": 0.151,                       # expected seconds per emitted token, all counted
      "speedup": 1.79,                    # S against plain decoding, as the rule read it
      "saved_s": 0.32,                    # seconds the block saves against plain steps
+     "induced_s": 0.0,                   # the draft's catch-up a lookup block adds (in saved_s)
      "acceptance": [0.8, 0.75, 0.7],     # a_1 … a_k used
      "acceptance_from": "live",          # ``SOURCES``: where the acceptance came from
      "t_propose": 0.011, "t_verify": 0.30,
@@ -54,7 +55,7 @@ SOURCES = ("live", "forecast", "prior", "request", "shared", "perfect")
 
 
 def candidate(proposer: str, k: int, *, tokens: float, block_s: float, extra_s: float = 0.0,
-              speedup: float, saved_s: float | None = None,
+              speedup: float, saved_s: float | None = None, induced_s: float = 0.0,
               acceptance: Sequence[float] = (), acceptance_from: str = "live",
               t_propose: float = 0.0, t_verify: float = 0.0,
               costs_from: str = "live") -> dict:
@@ -64,6 +65,7 @@ def candidate(proposer: str, k: int, *, tokens: float, block_s: float, extra_s: 
     return {"proposer": proposer, "k": int(k), "tokens": tokens, "block_s": float(block_s),
             "extra_s": float(extra_s), "spt": spt, "speedup": float(speedup),
             "saved_s": None if saved_s is None else float(saved_s),
+            "induced_s": float(induced_s),
             "acceptance": [float(a) for a in list(acceptance)[:k]],
             "acceptance_from": acceptance_from, "t_propose": float(t_propose),
             "t_verify": float(t_verify), "costs_from": costs_from}

@@ -189,6 +189,9 @@ class LiveStats:
         # n → the least T_t(n) / T_t(1) trusted where a probe measured a point below
         # shape_floor (a probe times every n back to back: its shape is exempt)
         self._floor: dict[int, float] = {}
+        # where the warm costs came from ("probe", "store", "shared": another category's in
+        # this process; None: live timings only), for the decision record
+        self.costs_from: str | None = None
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change: lets policies cache their decisions
 
@@ -502,6 +505,8 @@ class LiveStats:
         points held out are measured again live."""
         floor = self.params.shape_floor
         weight = self.params.stored_weight if weight is None else weight
+        if t_target:
+            self.costs_from = "probe" if probe else "store"
         if t_target and not probe:
             guarded = shape_guard(t_target, floor)
             if len(guarded) < len(t_target):
@@ -648,6 +653,7 @@ class LiveStats:
             new.level_moves, new._busy_until = self.level_moves, self._busy_until
             new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
             new._floor = dict(self._floor)
+            new.costs_from = self.costs_from
         if acceptance_from is not None:
             with acceptance_from._lock:
                 new.accepted = list(acceptance_from.accepted)
@@ -680,6 +686,13 @@ class LiveStats:
             curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
         return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
+
+    def cost_origin(self) -> str:
+        """Where the costs decided by came from: "live" (this process's timings), or the
+        warm start's source ("probe", "store", "shared"), "+live" once live timings came in."""
+        if self.costs_from is None:
+            return "live"
+        return self.costs_from + ("+live" if any(self.t_samples.values()) else "")
 
     @property
     def observed(self) -> float:

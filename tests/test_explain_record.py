@@ -1,0 +1,132 @@
+"""The cost model's decision record (``policies/explain.py``): every figure in it recomputes
+from the record's own fields, and the choice it names follows from them by the policy's rules
+— so `autospec explain` shows a reader why, not just what."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autospec.policies import Context, CostModelPolicy, LiveStats
+from autospec.policies.base import proposer_of
+from autospec.policies.costmodel import expected_tokens
+from autospec.policies.explain import FORMAT, RULES
+
+
+def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02) -> LiveStats:
+    """A probed category: flat-then-rising T_t, the draft model at ``alpha`` and prompt
+    lookup at ``ngram_alpha`` per position (400 blocks each)."""
+    live = LiveStats()
+    cum = [400 * alpha ** (i + 1) for i in range(8)]
+    ngram = [400 * ngram_alpha ** (i + 1) for i in range(8)]
+    live.warm_start(cum, [400] * 8, t_draft=t_draft,
+                    t_target={n: 0.2 * (1 + 0.03 * max(0, n - 4)) for n in range(1, 18)},
+                    ngram_accepted_per_position=ngram, ngram_drafted_per_position=[400] * 8,
+                    t_ngram=1e-5, probe=True)
+    return live
+
+
+def recompute(record: dict) -> tuple[int, str]:
+    """Check every candidate's figures against its own fields, then decide from them as the
+    policy's rule says: each proposer's k is the one of best S (0 where S ≤ 1), proposers
+    ranked by seconds saved, speculation where S ≥ 1 + min_gain."""
+    t1, value, min_gain = record["t_plain"], record["value"], record["min_gain"]
+    v = t1 if value is None else value
+    best = None  # (k, S, proposer, saved)
+    for c in record["candidates"]:
+        k, tokens, block, extra = c["k"], c["tokens"], c["block_s"], c["extra_s"]
+        if c["proposer"] == "plain":
+            assert (k, tokens, c["spt"]) == (0, 1.0, t1)
+            continue
+        assert len(c["acceptance"]) == k
+        assert tokens == pytest.approx(expected_tokens(c["acceptance"], k))
+        assert block == pytest.approx(k * c["t_propose"] + c["t_verify"])
+        assert c["spt"] == pytest.approx((block + tokens * extra) / tokens)
+        dear = block + tokens * extra
+        plain_s = tokens * t1 / dear  # S as k was chosen by
+        valued = plain_s if value is None else (t1 + (tokens - 1) * v) / dear
+        assert c["speedup"] == pytest.approx(valued)
+        assert c["saved_s"] == pytest.approx(t1 + (tokens - 1) * v - dear - c["induced_s"])
+        if plain_s <= 1:
+            k = 0  # no block beat a plain step: this proposer's k was 0
+        if c["proposer"] == "draft":
+            best = (k, c["speedup"], "draft", c["saved_s"] if k else 0.0)
+            continue
+        if best is None:
+            best = (0, 1.0, "draft", 0.0)
+        if k:
+            paying = best[0] > 0 and best[1] >= 1 + min_gain
+            if c["saved_s"] > best[3] or not paying:
+                best = (k, c["speedup"], c["proposer"], c["saved_s"])
+    if best and best[0] > 0 and best[1] >= 1 + min_gain:
+        return best[0], best[2]
+    return 0, "plain"
+
+
+@pytest.mark.parametrize("alpha, ngram_alpha, match, min_gain", [
+    (0.8, 0.3, 0, 0.0),   # the draft model alone
+    (0.8, 0.95, 6, 0.0),  # a long prompt-lookup match beside a good draft model
+    (0.05, 0.5, 1, 0.0),  # a draft model that cannot pay and a chance match
+    (0.8, 0.95, 6, 9.0),  # nothing pays by a gain of 9: off
+])
+def test_the_record_reproduces_the_decision(alpha, ngram_alpha, match, min_gain):
+    live = _stats(alpha, ngram_alpha)
+    policy = CostModelPolicy(min_gain=min_gain, reprobe_every=10 ** 6)
+    why: list = []
+    ctx = Context(category="code", k_max=8, live=live, remaining=200,
+                  proposers=("draft", "ngram"), ngram_match=match, why=why)
+    k = policy.choose(ctx)
+    assert len(why) == 1
+    record = why[0]
+    assert record["format"] == FORMAT and record["rule"] in RULES
+    proposer = proposer_of(k)[0] if k else "plain"
+    assert (record["k"], record["proposer"]) == (int(k), proposer)
+    assert record["rule"] == ("best" if k else "off")
+    assert recompute(record) == (int(k), proposer)
+    assert (int(k), proposer) == {0.0: (5, "draft") if not match else (k, "ngram"),
+                                  9.0: (0, "plain")}[min_gain]
+    names = [c["proposer"] for c in record["candidates"]]
+    assert names == ["plain", "draft"] + (["ngram"] if match else [])
+    draft = record["candidates"][1]
+    assert draft["acceptance_from"] == "live" and draft["costs_from"] == "probe"
+    assert draft["acceptance"] == pytest.approx([alpha] * draft["k"], abs=0.02)
+
+
+def test_the_record_names_each_rule_that_is_not_the_cost_model():
+    policy, why = CostModelPolicy(), []
+    assert policy.choose(Context(k_max=8, live=LiveStats(), why=why)) == 0
+    live = LiveStats()
+    for _ in range(3):
+        live.observe(0, 0, 0.0, 0.2)
+    assert policy.choose(Context(k_max=8, live=live, why=why)) == 3  # T_d unmeasured
+    assert policy.choose(Context(k_max=8, why=why)) == 3  # no statistics
+    assert [r["rule"] for r in why] == ["baseline", "explore", "no-stats"]
+    assert [r["k"] for r in why] == [0, 3, 3]
+
+
+def test_nobody_asking_builds_no_record():
+    live = _stats(0.8, 0.5)
+    ctx = Context(category="code", k_max=8, live=live, remaining=200)
+    asked = Context(category="code", k_max=8, live=live, remaining=200, why=[])
+    assert CostModelPolicy().choose(ctx) == CostModelPolicy().choose(asked) > 0
+    assert ctx.why is None and len(asked.why) == 1
+
+
+def test_a_batch_decision_is_recorded_with_its_rule():
+    from autospec.policies import BatchCosts
+
+    live = _stats(0.8, 0.3)
+    costs = BatchCosts()
+    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3)) for n in range(1, 18)}
+                for b in (1, 2)}, {1: 0.02, 2: 0.03})
+    why: list = []
+    ctx = Context(category="code", k_max=8, batch_size=2, live=live, rows=(live, live),
+                  categories=("code", "code"), costs=costs, remaining=100,
+                  remaining_rows=(100, 100), why=why)
+    k = CostModelPolicy().choose(ctx)
+    assert len(why) == 1 and why[0]["batch"] == 2 and why[0]["k"] == int(k)
+    assert why[0]["rule"] == ("best" if k else "off")
+    draft = [c for c in why[0]["candidates"] if c["proposer"] == "draft"]
+    if k:
+        assert draft and draft[0]["k"] == int(k) and math.isfinite(draft[0]["spt"])
