@@ -130,3 +130,42 @@ def test_a_batch_decision_is_recorded_with_its_rule():
     draft = [c for c in why[0]["candidates"] if c["proposer"] == "draft"]
     if k:
         assert draft and draft[0]["k"] == int(k) and math.isfinite(draft[0]["spt"])
+
+
+def test_the_worked_example_in_the_docs_is_what_the_policy_does():
+    """docs/policy.md, "A worked example": its table of the draft model's blocks and the two
+    decisions it predicts are the policy's own figures."""
+    import pathlib
+    import re
+
+    from autospec.policies.costmodel import speedup_with
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
+    example = doc.split("### A worked example", 1)[1].split("\n## ", 1)[0]
+    rows = [[float(x) for x in line.strip("|").split("|")]
+            for line in example.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == 5
+    t = {n: 0.220 if n <= 4 else 0.220 + 0.015 * (n - 4) for n in range(1, 10)}
+    live = LiveStats()
+    live.warm_start([400 * 0.75 ** (i + 1) for i in range(8)], [400] * 8, t_draft=0.030,
+                    t_target=t, ngram_accepted_per_position=[400 * 0.9 ** (i + 1)
+                                                             for i in range(8)],
+                    ngram_drafted_per_position=[400] * 8, t_ngram=0.0001, probe=True)
+    curve, cost = live.acceptance_curve(8), live.cost(optimistic=True)
+    for k, tokens, block, spt, s in rows:
+        k = int(k)
+        assert expected_tokens(curve, k) == pytest.approx(tokens, abs=5e-4)
+        assert k * 0.030 + cost(k + 1) == pytest.approx(block, abs=5e-4)
+        assert (k * 0.030 + cost(k + 1)) / expected_tokens(curve, k) == pytest.approx(spt,
+                                                                                       abs=5e-5)
+        assert speedup_with(curve, k, 0.030, cost) == pytest.approx(s, abs=5e-4)
+    policy = CostModelPolicy()
+    picks = []
+    for match in (0, 4):
+        why: list = []
+        k = policy.choose(Context(category="code", k_max=8, live=live, remaining=100,
+                                  proposers=("draft", "ngram"), ngram_match=match, why=why))
+        picks.append((int(k), why[0]["proposer"], round(max(
+            c["saved_s"] for c in why[0]["candidates"]), 3)))
+    assert picks == [(3, "draft", 0.290), (8, "ngram", 1.032)]
+    assert "**k = 3**" in example and "**prompt lookup at k = 8**" in example
