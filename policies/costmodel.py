@@ -613,7 +613,12 @@ class CostModelPolicy:
                          size)
             t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
             cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
-            k, s = best_k(curve, t_lookup, cost, cap)
+            if name == "suffix" and self.params.suffix_whole:  # its own length rule
+                k = min(size, cap)
+                s = speedup_with(curve, k, t_lookup, cost)
+                k = k if s > 1 else 0
+            else:
+                k, s = best_k(curve, t_lookup, cost, cap)
             induced, saved = 0.0, 0.0
             if k:
                 s, saved = _priced(curve, k, t_lookup, cost, 0.0, value, s)

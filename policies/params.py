@@ -42,6 +42,10 @@ class Parameters:
     discount: float | None = _p(None, "keep the policy's own draft-model acceptance per "
                                       "category with this discount per block (None: read the "
                                       "controller's)", tuned=True)
+    suffix_whole: bool = _p(True, "a suffix-decoding block is its whole draft (its own length "
+                                  "rule: while the walk's path probability holds, at most "
+                                  "max_spec_factor × the match) where that pays, rather than "
+                                  "the k of best S over it (batch 1)", tuned=True)
     # -- exploration ------------------------------------------------------------------------
     initial_k: int = _p(3, "k while the draft model's costs are unmeasured, and the longest "
                            "trial block", why_fixed="a first block measures T_d and T_t(k + 1) "

@@ -15,12 +15,14 @@ is logged and counted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import Context, Outcome, Policy, auto_policy
+from .params import Parameters
 
 __all__ = ["FAMILIES", "ROW_FAMILIES", "build_policy", "TunedPolicy"]
 
@@ -29,8 +31,8 @@ log = logging.getLogger(__name__)
 # family → the parameters it takes (every one optional; defaults are the untuned policy's)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "fixed": ("k", "proposer", "min_match", "early_stop"),
-    "costmodel": ("k_cap", "z", "min_gain", "optimistic", "discount", "reprobe_every",
-                  "probe_k", "initial_k", "cold_start", "proposers", "early_stop"),
+    # every field of the cost model's Parameters (a stored row may set any of them)
+    "costmodel": (*(f.name for f in dataclasses.fields(Parameters)), "proposers", "early_stop"),
     "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
 # families a tuned row may name but the search does not draw from FAMILIES: a batch-size → k

@@ -376,7 +376,14 @@ def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
     trial = optuna.trial.FixedTrial(tune_mod.default_params())
     assert tune_mod.suggest(trial, k_max=16, families=["costmodel"]) is not None
     searched = {k for k in trial.params if k.startswith("costmodel.")}
-    assert searched == {f"costmodel.{n}" for n in tune_mod.SEARCHED_COSTMODEL}
+    # suffix_whole is searched only where the traces replay suffix decoding
+    assert searched == {f"costmodel.{n}" for n in tune_mod.SEARCHED_COSTMODEL
+                        if n != "suffix_whole"}
+    with_suffix = optuna.trial.FixedTrial({**tune_mod.default_params(),
+                                           "costmodel.proposers": "both"})
+    tune_mod.suggest(with_suffix, k_max=16, families=["costmodel"],
+                     proposers=("draft", "ngram", "suffix"))
+    assert with_suffix.params["costmodel.suffix_whole"] is True
     family, params = params_of(tune_mod.default_params())
     built, auto = tune_mod.build_policy(family, params), base.auto_policy()
     for name in tune_mod.SEARCHED_COSTMODEL:

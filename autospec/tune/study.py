@@ -137,6 +137,9 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         sets = proposer_sets(proposers)
         if sets:
             p["proposers"] = trial.suggest_categorical("costmodel.proposers", sets)
+        if "suffix" in proposers:  # nothing to choose without suffix decoding's trace
+            p["suffix_whole"] = trial.suggest_categorical("costmodel.suffix_whole",
+                                                          [True, False])
     if early_stop:
         p["early_stop"] = trial.suggest_categorical(f"{family}.early_stop", list(STOP_GRID))
     return family, p
