@@ -2,8 +2,10 @@
 
 Each record is a policy's ``autospec.policies.explain`` record plus the engine's "iteration"
 (and "policy", "k_run", "proposer_run"); ``pack`` and ``unpack`` are each other's inverse.
-``check`` is what the store accepts: a list of JSON-ready dicts, each with an "iteration"
-(a non-negative int) and a "k" (the same), at most one per iteration.
+``check`` is what the store accepts: a list of dicts, each with an "iteration" (a
+non-negative int) and a "k" (the same), at most one per iteration. Values JSON has no type for
+are stored as what they stand for, so that a policy's reasons never cost its request's record:
+a number type (a numpy scalar) as its float, anything else as its text.
 """
 
 from __future__ import annotations
@@ -37,9 +39,19 @@ def check(records: object) -> list[dict[str, Any]] | None:
             raise ValueError(f"decisions[{i}]: a second record of iteration {rec['iteration']}")
         seen.add(rec["iteration"])
     try:
-        return json.loads(json.dumps(list(records)))
-    except (TypeError, ValueError) as exc:
+        return json.loads(json.dumps(list(records), default=_plain))
+    except (TypeError, ValueError) as exc:  # e.g. a cycle, or keys that are not text
         raise ValueError(f"decisions are not JSON-ready: {exc}") from None
+
+
+def _plain(value: object) -> Any:
+    """What JSON cannot hold: a sequence as a list, a number as its float, else its text."""
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    try:
+        return float(value)  # numpy scalars, Decimal, Fraction
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def pack(records: list[dict[str, Any]] | None) -> bytes | None:

@@ -138,7 +138,7 @@ def test_the_store_keeps_a_sample_and_explain_prints_it(models, tmp_path, capsys
     assert [int(line.split()[1].rstrip(":")) for line in out.out.splitlines()
             if line.startswith("iteration ")] == keep
     code, out = _run(["explain", "--db", url, "--last", "--category", "code", "--json"], capsys)
-    got = json.loads(out.out)
+    got = json.loads(out.out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert got["request"]["id"] == 1 and got["decisions"] == sampled.decisions
     assert got["request"]["k_schedule"] == sampled.k_schedule
 
@@ -228,7 +228,7 @@ def test_the_report_says_why_auto_ran_its_k(tmp_path):
     ([{"k": 1}], "decisions\\[0\\]\\['iteration'\\] must be a non-negative int"),
     ([{"k": 1, "iteration": 0}, {"k": 2, "iteration": 0}], "a second record of iteration 0"),
     ([{"k": -1, "iteration": 0}], "\\['k'\\] must be a non-negative int"),
-    ([{"k": 1, "iteration": 0, "x": object()}], "not JSON-ready"),
+    ([{"k": 1, "iteration": 0, (1, 2): 1}], "not JSON-ready"),
     ({"k": 1}, "must be a list"),
     (["x"], "decisions\\[0\\] must be a dict"),
 ])
@@ -237,6 +237,17 @@ def test_malformed_decisions_are_refused(value, match):
     rec.decisions = value
     with pytest.raises(ValueError, match=match):
         validate_record(rec)
+
+
+def test_values_json_lacks_are_stored_as_what_they_stand_for():
+    import numpy as np
+
+    rec = make_record(random.Random(2))
+    rec.decisions = [{"k": 1, "iteration": 0, "spt": np.float32(0.5), "where": object,
+                      "ks": (1, 2), "inf": float("inf")}]
+    (got,) = validate_record(rec).decisions
+    assert got["spt"] == 0.5 and got["ks"] == [1, 2] and got["inf"] == float("inf")
+    assert got["where"] == str(object)
 
 
 def test_a_0008_database_is_upgraded_in_place_keeping_its_rows(tmp_path, capsys):

@@ -8,6 +8,7 @@ Reads only the store (no torch import), so it runs beside a serving process.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import textwrap
 
@@ -65,11 +66,23 @@ def run(args, parser) -> int:
                 die(f"request {row.id} has no decision records (logged by an autospec before "
                     f"they were kept, or with the store off): {HOW_TO_KEEP}")
     if args.json:
-        json.dump(_as_dict(row), sys.stdout, indent=2, ensure_ascii=False, default=str)
+        json.dump(_finite(_as_dict(row)), sys.stdout, indent=2, ensure_ascii=False,
+                  default=str)
         print()
         return 0
     print("\n".join(render(row)))
     return 0
+
+
+def _finite(x):
+    """Strict JSON: an infinite or NaN figure (a block expected to emit nothing) as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _as_dict(row) -> dict:
