@@ -200,7 +200,8 @@ class Controller:
 
     # -- public API ----------------------------------------------------------------------
     def generate(self, inputs=None, generation_config=None, *args, category: str | None = None,
-                 k: int | None = None, generator: torch.Generator | None = None, **kwargs):
+                 k: int | None = None, generator: torch.Generator | None = None,
+                 explain: bool = False, **kwargs):
         """Same arguments and return types as transformers' ``generate``, plus:
 
         category: traffic category for statistics and policies (else the controller's, else
@@ -208,7 +209,16 @@ class Controller:
         k: a fixed lookahead for this call (0 = plain decoding), overriding the policy; a
             ``policies.Choice`` names the proposer too (``Choice(4, "ngram")``).
         generator: a ``torch.Generator`` for sampling (else torch's global RNG, like generate).
+        explain: keep every iteration's decision record — the k and proposer chosen, the
+            candidates weighed and each one's expected seconds per token
+            (``autospec.policies.explain``) — on ``last_stats.decisions`` (a list of dicts,
+            each the record plus "iteration"; at batch > 1 one per iteration of the batch) and
+            in the store. Without it a store keeps a sample (the first iterations and every
+            16th: ``autospec.engine.batch.WHY_KEPT``), also on ``last_stats.decisions``; with
+            neither, None. A request served by the original generate has no record.
         """
+        if not isinstance(explain, bool):
+            raise ValueError(f"explain must be True or False, got {explain!r}")
         rows = _batch_of(inputs if inputs is not None else kwargs.get("input_ids"))
         category = _check_categories(category, rows)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
@@ -220,7 +230,8 @@ class Controller:
         self._local.row_stats = None
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
-        return self._speculate(plan, policy, category, generator, k, kwargs.get("streamer"))
+        return self._speculate(plan, policy, category, generator, k, kwargs.get("streamer"),
+                               explain)
 
     def _open_suffix(self) -> None:
         """The suffix proposer's memory with its default settings (a policy asked for it)."""
@@ -235,7 +246,8 @@ class Controller:
         """Per-row counters of this thread's last request (``last_stats`` sums a batch's)."""
         return getattr(self._local, "row_stats", None)
 
-    def _speculate(self, plan: Plan, policy, category, generator, k, streamer):
+    def _speculate(self, plan: Plan, policy, category, generator, k, streamer,
+                   explain: bool = False):
         """A planned request through the engine (batch 1 is a batch of one); the output laid
         out as generate lays it out."""
         from autospec.engine.generate import run
@@ -257,7 +269,8 @@ class Controller:
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
             record_confidence=self.writer is not None, ngram=self.ngram,
             suffix_memory=self.suffix_memory, static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
-            keep_cache=plan.return_dict)
+            keep_cache=plan.return_dict,
+            explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
         self._local.stats = row_stats[0] if len(row_stats) == 1 else merge_stats(row_stats)

@@ -374,6 +374,7 @@ class RequestTelemetry:
             draft_catch_ups=(list(getattr(stats, "draft_catch_ups", ()))
                              if getattr(stats, "batch_size", 1) == 1
                              and self.pair.draft != NO_DRAFT else None),
+            decisions=getattr(stats, "decisions", None),
             finish=finish,
         )
 

@@ -28,6 +28,18 @@ Each candidate is one (proposer, k) the policy priced:
 
 ``spt`` is (block_s + tokens · extra_s) / tokens; plain decoding's is T_t(1). A reader (``autospec
 explain``, the report) needs nothing else to recompute each figure.
+
+The engine adds to every record it keeps (fields a reader of "why/1" may find, never needs):
+
+    "policy": "auto",                    # the deciding policy's name
+    "k_run": 2, "proposer_run": "draft", # k and proposer after the engine's clamps (the tokens
+                                         # left, the context limits; "draft" without a draft
+                                         # model is "ngram"); a lookup proposer may still
+                                         # propose fewer per row: LoopStats.k_schedule has those
+    "iteration": 7                       # the iteration of the call (0-based)
+
+A policy that appends nothing gets the engine's own record: its answer, rule "policy", no
+candidates.
 """
 
 from __future__ import annotations

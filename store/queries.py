@@ -20,12 +20,14 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from .decisions import unpack as unpack_decisions
 from .record import trace_acceptance
 from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
 from .write import category_key, pair_key
 
 __all__ = [
-    "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow",
+    "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow", "DecisionsRow",
+    "request_decisions", "latest_decisions", "category_decisions",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
     "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
@@ -327,6 +329,64 @@ class RequestRow:
             if values[name] is not None:
                 values[name] = bytes(values[name])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class DecisionsRow:
+    """One stored request's decision records (``autospec.policies.explain``, each with its
+    "iteration"), with what it ran (``k_schedule``: per iteration, its block's k)."""
+
+    id: int
+    created_at: datetime
+    category: str
+    pair_id: int
+    policy: str
+    batch_size: int
+    iterations: int
+    new_tokens: int
+    k_schedule: bytes
+    proposer_schedule: bytes | None
+    decisions: list[dict[str, Any]] | None  # None: none kept (nobody asked, or before 0009)
+
+
+_DECISION_COLUMNS = (Request.id, Request.created_at, Request.category, Request.pair_id,
+                     Request.policy, Request.batch_size, Request.iterations, Request.new_tokens,
+                     Request.k_schedule, Request.proposer_schedule, Request.decisions)
+
+
+def _decisions_row(r) -> DecisionsRow:
+    return DecisionsRow(
+        id=r.id, created_at=r.created_at, category=r.category, pair_id=r.pair_id,
+        policy=r.policy, batch_size=r.batch_size or 1, iterations=r.iterations,
+        new_tokens=r.new_tokens, k_schedule=bytes(r.k_schedule),
+        proposer_schedule=None if r.proposer_schedule is None else bytes(r.proposer_schedule),
+        decisions=unpack_decisions(None if r.decisions is None else bytes(r.decisions)))
+
+
+def request_decisions(session: Session, request_id: int) -> DecisionsRow | None:
+    """Request ``request_id``'s decision records; None: no such request."""
+    row = session.execute(select(*_DECISION_COLUMNS).where(Request.id == request_id)).first()
+    return None if row is None else _decisions_row(row)
+
+
+def latest_decisions(session: Session, category: str | None = None) -> DecisionsRow | None:
+    """The latest request (of ``category``) with decision records kept; None: none has."""
+    stmt = (select(*_DECISION_COLUMNS).where(Request.decisions.is_not(None))
+            .order_by(Request.id.desc()).limit(1))
+    if category is not None:
+        stmt = stmt.where(Request.category_key == category_key(category))
+    row = session.execute(stmt).first()
+    return None if row is None else _decisions_row(row)
+
+
+def category_decisions(session: Session, category: str, pair_id: int,
+                       limit: int = 200) -> list[DecisionsRow]:
+    """The latest ``limit`` requests of (category, pair) with decision records, newest first."""
+    stmt = (select(*_DECISION_COLUMNS)
+            .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
+                   Request.decisions.is_not(None))
+            .order_by(Request.id.desc()).limit(limit))
+    return [_decisions_row(r) for r in session.execute(stmt)]
 
 
 def recent_requests(session: Session, category: str | None = None,

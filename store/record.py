@@ -149,6 +149,10 @@ class RequestRecord:
     # None: not recorded (no suffix proposer, or logged before 0008).
     suffix: dict[str, Any] | None = None
     suffix_trace: bytes | None = None
+    # The policy's decision records (0009): ``autospec.policies.explain`` records of the
+    # iterations kept, each with its "iteration" (``LoopStats.decisions``); stored compressed
+    # (``store.decisions``). None: none kept.
+    decisions: list[dict[str, Any]] | None = None
     # Deferred work: a callable taking the record and returning the finished record (or None:
     # finished in place), run once by the store before validating it, on the writer thread
     # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``. Work too slow

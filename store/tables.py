@@ -28,6 +28,9 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   (``suffix_trace``: what it would have drafted at every generated position, from the
   category's memory as the request saw it). No running sums: ``category_stats`` does not
   count its blocks.
+- decision records (0009): requests carry the policy's reasons for the iterations kept
+  (``decisions``: every iteration with ``generate(explain=True)``, else a sample), one
+  compressed JSON array (``store.decisions``); ``autospec explain`` prints them.
 
 Categories are free text of any length, so the tables are keyed and indexed on
 ``category_key`` = SHA-256 of the category's UTF-8 bytes (a B-tree entry in PostgreSQL cannot
@@ -185,6 +188,9 @@ class Request(Base):
     # drafted (match length, agreeing tokens, draft length: autospec.suffix.suffix_trace)
     suffix: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     suffix_trace: Mapped[bytes | None]
+    # the policy's decision records of the kept iterations (0009; NULL: none kept, or logged
+    # before 0009): one zlib-compressed JSON array (store.decisions, policies.explain)
+    decisions: Mapped[bytes | None]
 
 
 class CategoryStat(Base):

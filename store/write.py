@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session
 
 from autospec.traces import PROPOSER_CODES, suffix_trace_error
 
+from .decisions import check as check_decisions
+from .decisions import pack as pack_decisions
 from .record import (
     CATEGORY_SOURCES,
     NGRAM_KEYS,
@@ -224,6 +226,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         if wrong is not None:
             raise ValueError(f"suffix_trace is not a suffix trace of this request: {wrong}")
     catch_ups = _catch_ups(rec.draft_catch_ups)
+    decisions = check_decisions(rec.decisions)
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch!r}")
@@ -241,7 +244,8 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
         draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence,
         ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace,
-        draft_catch_ups=catch_ups, suffix=suffix, suffix_trace=suffix_trace, finish=None)
+        draft_catch_ups=catch_ups, suffix=suffix, suffix_trace=suffix_trace,
+        decisions=decisions, finish=None)
 
 
 def _catch_ups(value) -> list[tuple[int, float]] | None:
@@ -324,6 +328,7 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
         "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
         "category_source", "features", "confidence", "path", "ngram", "proposer_schedule",
         "ngram_trace", "suffix", "suffix_trace")}
+    row["decisions"] = pack_decisions(rec.decisions)
     row["draft_catch_ups"] = (None if rec.draft_catch_ups is None
                               else [[g, c] for g, c in rec.draft_catch_ups])
     row.update(pair_id=pair_id, category_key=category_key(rec.category),

@@ -124,7 +124,7 @@ def test_an_0006_database_is_upgraded_in_place_and_back(url):
     old = make_record(random.Random(3), category="code", pair=PAIRS[1])
     with engine.begin() as conn:
         _insert_legacy(conn, meta.tables["requests"], validate_record(old),
-                       ("draft_catch_ups", "suffix", "suffix_trace"))
+                       ("draft_catch_ups", "suffix", "suffix_trace", "decisions"))
     engine.dispose()
     with open_store(url) as st:
         with st.engine.connect() as conn:

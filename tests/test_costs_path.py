@@ -172,7 +172,7 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
         assert current_revision(conn) == ("0004",)
         pid, row, _ = _insert_legacy(conn, meta.tables["requests"], old,  # schema 0004's
                                      ("path", "ngram", "proposer_schedule", "ngram_trace",
-                                      "draft_catch_ups", "suffix", "suffix_trace"))
+                                      "draft_catch_ups", "suffix", "suffix_trace", "decisions"))
         _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
         conn.execute(insert(meta.tables["probes"]).values(
             pair_id=pid, created_at=row["created_at"],

@@ -437,7 +437,7 @@ def test_a_0005_database_is_upgraded_in_place_and_back(url):
         assert current_revision(conn) == ("0005",)
         pid, _row, dropped = _insert_legacy(conn, meta.tables["requests"], validate_record(old),
                                             ("ngram", "proposer_schedule", "ngram_trace",
-                                             "draft_catch_ups", "suffix", "suffix_trace"))
+                                             "draft_catch_ups", "suffix", "suffix_trace", "decisions"))
         assert set(dropped.values()) == {None}  # nothing of the n-gram: not in schema 0005
         _legacy_stats(conn, meta.tables["category_stats"], pid, [old])
     engine.dispose()

@@ -284,7 +284,7 @@ def test_a_0003_database_is_upgraded_in_place_and_its_rows_read_as_batch_one(url
             conn, meta.tables["requests"], rec,
             ("batch_size", "target_s_by_bn", "draft_s_by_b", "path", "ngram",
              "proposer_schedule", "ngram_trace", "draft_catch_ups", "suffix",
-             "suffix_trace"))
+             "suffix_trace", "decisions"))
         conn.execute(insert(meta.tables["probes"]).values(
             pair_id=pid, created_at=row["created_at"], payload=_probe_payload(0.01, 0.001)))
     engine.dispose()

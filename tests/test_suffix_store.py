@@ -231,11 +231,11 @@ def test_a_0007_database_is_upgraded_in_place_and_back(url):
     old = make_record(random.Random(3), category="sql", pair=PAIRS[1])
     with engine.begin() as conn:
         _insert_legacy(conn, meta.tables["requests"], validate_record(old),
-                       ("suffix", "suffix_trace"))
+                       ("suffix", "suffix_trace", "decisions"))
     engine.dispose()
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0008",)
+            assert current_revision(conn) == (head_revision(),) == ("0009",)
         new = _suffix_record(random.Random(4))
         st.write([new])
         with st.session() as s:

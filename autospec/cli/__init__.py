@@ -4,7 +4,7 @@ Every command module has ``register(sub, parents)``, which adds its parser to th
 subcommands (``parents``: the shared option groups of ``autospec.cli.common``) and sets
 ``run`` (``run(args, parser) -> exit status``) as its default. Heavy imports (torch,
 transformers) wait until a command runs, so ``--help`` is instant and the store-only
-commands (``stats``, ``report``, ``tune``, ``categorize``, ``metrics``, ``export``,
+commands (``stats``, ``report``, ``explain``, ``tune``, ``categorize``, ``metrics``, ``export``,
 ``ingest``) never import torch.
 """
 
@@ -18,8 +18,8 @@ from autospec.textfmt import VisibleStream
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # in the order ``autospec --help`` lists them
-COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "tune", "categorize",
-            "metrics", "export", "ingest")
+COMMANDS = ("demo", "generate", "bench", "probe", "stats", "report", "explain", "tune",
+            "categorize", "metrics", "export", "ingest")
 
 
 def build_parser():

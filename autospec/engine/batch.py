@@ -24,7 +24,22 @@ from autospec.engine.timing import Clock
 from autospec.policies.live import LiveStats
 from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
 
-__all__ = ["Row", "Batch", "LoopResult", "fit_vocab"]
+__all__ = ["Row", "Batch", "LoopResult", "fit_vocab", "WHY_FIRST", "WHY_EVERY", "WHY_KEPT"]
+
+# the iterations whose decision record (``policies.explain``) is kept for the store when the
+# caller did not ask for every one: the first WHY_FIRST, then every WHY_EVERY-th (0-based
+# index i kept iff i < WHY_FIRST or i % WHY_EVERY == 0): a request's start, where the policy
+# has least to go on, and a steady sample after it, a few records per hundred iterations
+WHY_FIRST = 4
+WHY_EVERY = 16
+
+
+def _sampled(i: int) -> bool:
+    return i < WHY_FIRST or i % WHY_EVERY == 0
+
+
+# ``Batch(explain=...)``: which iterations' decision records are kept (None: none)
+WHY_KEPT = {"all": lambda i: True, "sample": _sampled, None: None}
 
 
 @dataclass
@@ -89,7 +104,7 @@ class Batch:
                  output_scores: bool = False, output_logits: bool = False, row_prefix=None,
                  record_confidence: bool = False, ngram=None, suffix_memory=None,
                  static_cache: bool = False,
-                 cuda_graphs="auto"):
+                 cuda_graphs="auto", explain: str | None = None):
         self.t_start = time.perf_counter()
         B = len(prompts)
         self.device = device = prompts[0].device
@@ -111,6 +126,13 @@ class Batch:
         self.clock = Clock(device)
         self.iteration = 0
         self.call_batch = B
+        # the decision records kept (``WHY_KEPT[explain]`` says which iterations), each with
+        # its "iteration"; keeps_why None: none asked for, no record is built
+        if explain not in WHY_KEPT:
+            raise ValueError(f"explain must be one of {sorted(map(str, WHY_KEPT))}, "
+                             f"got {explain!r}")
+        self.keeps_why = WHY_KEPT[explain]
+        self.decisions: list[dict] = []
         # the prompts' tokens on the host: read at once from host memory; from a device they
         # come back with the first iteration's sync instead of costing a read of their own
         lens = [p.shape[1] for p in prompts]
@@ -195,6 +217,11 @@ class Batch:
     def refresh(self) -> None:
         """Each running row's token count, as the iteration starts (``known``)."""
         self.known = [r.n for r in self.rows]
+
+    def keep_why(self, record: dict) -> None:
+        """This iteration's decision record, kept with its index (``decisions``)."""
+        record["iteration"] = self.iteration
+        self.decisions.append(record)
 
     def gens(self) -> list[int]:
         return [r.gen for r in self.rows]
@@ -290,6 +317,8 @@ class Batch:
             st.cache_repacks = sum(c.repacks for c in self.slot_caches())
             st.wall_s = (r.wall_end or time.perf_counter()) - self.t_start
             st.path = path
+            if self.keeps_why is not None:  # the records of the iterations the row ran in
+                st.decisions = [d for d in self.decisions if d["iteration"] < st.iterations]
             # the draft model's trace (its proposer fills it); unobserved without one
             st.trace = bytes([UNOBSERVED]) * st.new_tokens
             if self.record_conf:

@@ -24,6 +24,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from autospec.policies import explain
 from autospec.policies.base import Choice, Context, proposer_of
 
 __all__ = ["RowView", "Decision", "make_context", "decide", "check_choice", "LOOKUPS"]
@@ -154,5 +155,21 @@ def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
         lengths.append(size if who else 0)
         if who:
             served.setdefault(who, []).append(b)
+    if ctx.why is not None:  # asked why (a kept iteration): what the engine made of it
+        _annotate(ctx, policy, choice, k, proposer)
     return Decision(k=k, proposer=proposer, rows=tuple(rows), lengths=tuple(lengths),
                     served=served)
+
+
+def _annotate(ctx: Context, policy, choice, k: int, proposer: str) -> None:
+    """The iteration's decision record (``policies.explain``) in ``ctx.why``: the policy's,
+    or, where it appended none, the engine's own (rule "policy": its answer); then what the
+    clamps made of it (``k_run``, ``proposer_run``) and the policy's name."""
+    why = ctx.why
+    if not why:
+        k_asked = check_choice(policy, choice, ctx.k_max)
+        why.append(explain.record(Choice(k_asked, *proposer_of(choice)) if k_asked else 0,
+                                  "policy", batch=ctx.batch_size))
+    rec = why[-1]
+    rec.setdefault("policy", getattr(policy, "name", type(policy).__name__))
+    rec["k_run"], rec["proposer_run"] = int(k), proposer if k else "plain"

@@ -43,7 +43,9 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
     probability per token, for the store), ngram (prompt lookup's index factory,
     ``tokens -> index``; default ``NgramIndex``), suffix_memory (``autospec.suffix.
     SuffixMemory``: the suffix proposer, over the category's earlier outputs), static_cache and cuda_graphs (batch 1:
-    a static KV cache reused across requests, its forwards replayed from CUDA graphs)."""
+    a static KV cache reused across requests, its forwards replayed from CUDA graphs),
+    explain ("all": every iteration's decision record, "sample": ``batch.WHY_KEPT``'s sample,
+    None: none; on each row's ``LoopStats.decisions``)."""
     B = len(prompts)
     batch = Batch(target, draft, prompts, sampling=sampling, policy=policy,
                   max_new_tokens=max_new_tokens, categories=categories or ["default"] * B,

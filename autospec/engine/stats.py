@@ -102,6 +102,10 @@ class LoopStats:
     # suffix decoding's trace (``autospec.suffix.suffix_trace``), where the call had the
     # suffix proposer and recorded for a store; None otherwise
     suffix_trace: bytes | None = None
+    # the decision records (``autospec.policies.explain``) of the iterations kept, each with
+    # its "iteration" (0-based, this call's): every one with ``generate(explain=True)``, the
+    # store's sample (``engine.batch.WHY_KEPT``) where only a store asked; None: none kept
+    decisions: list[dict] | None = None
 
     # -- per proposer, and totals ---------------------------------------------------------
     def proposer(self, name: str) -> ProposerCounts:
@@ -207,4 +211,5 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
     out.cache_repacks = longest.cache_repacks
     out.trace_kind, out.path = longest.trace_kind, longest.path
     out.stop_reason = ",".join(sorted({st.stop_reason for st in rows}))
+    out.decisions = longest.decisions  # one record per iteration of the batch
     return out

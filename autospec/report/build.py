@@ -45,6 +45,7 @@ from autospec.report.model import (
     Verification,
     Workload,
 )
+from autospec.report.why import why_view
 from autospec.textfmt import fmt
 
 log = logging.getLogger(__name__)
@@ -426,8 +427,9 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                                alphas, curve, t_draft, k_max=k_max, suffix=suffix,
                                t_suffix=t_suffix)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
+        why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
-                                         bucket_s, hist, verdict, batch, props))
+                                         bucket_s, hist, verdict, batch, props, why))
     return report
 
 

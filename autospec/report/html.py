@@ -293,6 +293,24 @@ def _proposers_html(pr, a) -> list[str]:
     return out
 
 
+def _why_html(w, category: str) -> list[str]:
+    """Why the policy ran what it ran (the text's section 6): the most frequent choice among
+    the kept decision records, and one record's candidates."""
+    from autospec.report.why import CANDIDATE_HEADER, candidate_rows, why_detail, why_headline
+
+    out = [f"<h3>Why this k</h3><p><b>{_h(why_headline(w, _clip(category, 60)))}</b>.</p>"]
+    out += [f"<p class=\"small\">{_h(line)}</p>" for line in why_detail(w)]
+    rows = candidate_rows(w.example) if w.example is not None else []
+    if rows:
+        out.append(_html_table(CANDIDATE_HEADER, rows))
+        out.append("<p class=\"small\">* the chosen candidate; times in ms. E[N] = tokens "
+                   "the block is expected to emit; ms/tok = (block + E[N] · +/tok) / E[N], its "
+                   "expected seconds per emitted token; S = its speedup over plain decoding; "
+                   "<code>autospec explain --request ID</code> shows every kept "
+                   "iteration.</p>")
+    return out
+
+
 def render_html(report: Report) -> str:
     """One self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -385,6 +403,8 @@ def render_html(report: Report) -> str:
             out += _batch_html(w.batch)
         if w.proposers is not None:
             out += _proposers_html(w.proposers, w.acceptance)
+        if w.why is not None:
+            out += _why_html(w.why, w.category)
     out.append("<p class=\"small\">α = accepted / drafted. Measured speedup = speculative ÷ "
                "plain tokens/s (Σ tokens / Σ wall seconds) of requests of the same workload. "
                "Estimated S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and the "

@@ -236,6 +236,9 @@ class Workload:
     verdict: Verdict
     batch: Batch | None = None
     proposers: Proposers | None = None
+    # 6. why the policy ran what it ran: the choice its latest kept decision records made most
+    # often, with one record's candidates (``autospec.report.why``); None: no record kept
+    why: Any = None
 
 
 @dataclass

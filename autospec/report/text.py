@@ -325,6 +325,23 @@ def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
     return out
 
 
+def why_text(w, category: str) -> list[str]:
+    """Section 6: the choice the workload's kept decision records made most often, and one
+    record's candidates with their expected seconds per token (``autospec explain``)."""
+    from autospec.report.why import CANDIDATE_HEADER, candidate_rows, why_detail, why_headline
+
+    out = ["", *_wrap("6. " + why_headline(w, _clip(category, 40)))]
+    for line in why_detail(w):
+        out += _wrap("   " + line)
+    rows = candidate_rows(w.example) if w.example is not None else []
+    if rows:
+        out += ["   " + line for line in table(CANDIDATE_HEADER, rows).splitlines()]
+        out += _wrap("   (* chosen; times in ms; ms/tok = (block + E[N] · +/tok) / E[N], its "
+                     "expected seconds per emitted token; `autospec explain --request ID` "
+                     "shows every kept iteration)")
+    return out
+
+
 def proposer_rows(pr: Proposers, a: Acceptance) -> tuple[list[str], list[list[str]]]:
     """(headers, rows): conditional acceptance by draft position per proposer — the draft
     model's live counters (or its traces' rate where it never drafted), the n-gram's traces
@@ -460,6 +477,8 @@ def render_text(report: Report) -> str:
             lines += _batch_text(w.batch)
         if w.proposers is not None:
             lines += proposers_text(w.proposers, w.acceptance)
+        if w.why is not None:
+            lines += why_text(w.why, w.category)
     lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
               "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
               "E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and T_t(n) (requests, "
