@@ -304,3 +304,31 @@ def test_bad_input_is_one_error_line(tmp_path, capsys):
         assert code == 2, argv
         assert out.err.startswith("autospec: error: ") and out.err.count("\n") == 1, out.err
         assert says in out.err and "Traceback" not in out.err, (argv, out.err)
+
+
+def test_a_live_auto_run_is_explained_and_its_records_reproduce_its_decisions(models, tmp_path,
+                                                                                capsys):
+    """The done-when: `autospec explain` on a request of a real run names each iteration's
+    choice and its alternatives' expected seconds per token, and its figures reproduce the
+    decision (recomputed from the printed record alone, by ``test_explain_record.recompute``)."""
+    from test_explain_record import recompute
+
+    target, draft = models
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    spec = autospec.Controller(target, draft, store=url, suffix=True)
+    for seed in range(3):
+        spec.generate(prompt(seed=seed), max_new_tokens=48, do_sample=False,
+                      eos_token_id=None, explain=True, category="code")
+    spec.close()
+    code, out = _run(["explain", "--db", url, "--last", "--json"], capsys)
+    assert code == 0, out.err
+    records = json.loads(out.out)["decisions"]
+    assert [r["iteration"] for r in records] == list(range(len(records)))
+    priced = [r for r in records if r["rule"] in ("best", "off")]
+    assert priced, f"no priced decision among the rules {[r['rule'] for r in records]}"
+    for r in priced:
+        assert r["candidates"][0]["proposer"] == "plain"
+        assert {c["proposer"] for c in r["candidates"][1:]} <= {"draft", "ngram", "suffix"}
+        assert recompute(r) == (r["k"], r["proposer"])
+    code, out = _run(["explain", "--db", url, "--last"], capsys)
+    assert code == 0 and out.out.count("iteration ") >= len(records)
