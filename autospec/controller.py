@@ -327,7 +327,8 @@ class Controller:
 
         with self._lock:
             if getattr(self, "_batch_costs", None) is None:
-                costs = BatchCosts(live=True)  # the store's grid, recalibrated live
+                costs = BatchCosts(live=True,  # the store's grid, recalibrated live
+                                   shape_floor=params_of(self.policy).shape_floor)
                 if self.store is not None:
                     from autospec.costs.grid import batch_grid
                     from autospec.store import queries

@@ -80,15 +80,21 @@ class BatchCosts:
     fewer than ``settle`` live samples of T_t(B', 1) is not trusted for the baseline
     (``baseline_live``): the cost model runs plain steps there until it has them. Replay
     (``simulate``) keeps the default, False: its grid is the truth it replays.
+
+    The shape guard holds at every batch size as at batch 1 (``LiveStats``): a live
+    T_t(B, n), n > 1, timed below ``shape_floor`` · T_t(B, 1) once that is settled (a burst's
+    plain step against a quiet block) is held out (``held_out`` counts them), and with
+    ``live`` no point read from the grid is below that floor of the batch size's T_t(B, 1).
     """
 
     def __init__(self, *, ema: float = DEFAULTS.cost_ema, live: bool = False,
-                 settle: int = DEFAULTS.cost_settle):
+                 settle: int = DEFAULTS.cost_settle, shape_floor: float = DEFAULTS.shape_floor):
         if not 0 < ema <= 1:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         if settle < 1:
             raise ValueError(f"settle must be ≥ 1, got {settle}")
         self.ema, self.live, self.settle = ema, bool(live), int(settle)
+        self.shape_floor, self.held_out = float(shape_floor), 0
         # (B, n) or (B,) → its first ``settle`` samples (how many it has seen, up to settle)
         self._first: dict[tuple, list[float]] = {}
         self.version = 0  # bumped on every change
@@ -112,8 +118,14 @@ class BatchCosts:
             changed = False
             if scored >= 1 and _ok(target_s):
                 row = self._live_t.setdefault(batch, {})
-                row[scored] = self._settled((batch, scored), row.get(scored), float(target_s))
-                changed = True
+                settled = len(self._first.get((batch, 1), ())) >= self.settle
+                level = row.get(1) if settled else None
+                if scored > 1 and level and float(target_s) < self.shape_floor * level:
+                    self.held_out += 1  # a shape no machine shows: timed at another load
+                else:
+                    row[scored] = self._settled((batch, scored), row.get(scored),
+                                                float(target_s))
+                    changed = True
             if _ok(draft_s_per_token):
                 self._live_d[batch] = self._settled((batch,), self._live_d.get(batch),
                                                     float(draft_s_per_token))
@@ -189,6 +201,10 @@ class BatchCosts:
             live = _at(self._live_t, batch, n)
             if live is not None:
                 points[n] = live
+        t1 = points.get(1)
+        if t1 and self.live:  # the shape floor on a live loop's costs (replay's grid is truth)
+            floor = self.shape_floor * t1
+            points = {n: t if n == 1 else max(t, floor) for n, t in points.items()}
         entry = ((points, interpolate_cost(points, optimistic=True),
                   interpolate_cost(points, optimistic=False)) if points else ({}, None, None))
         self._cache[batch] = (self.version, entry)

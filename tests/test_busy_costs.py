@@ -193,3 +193,20 @@ def test_a_warm_start_from_a_bad_live_store_is_guarded(models, tmp_path):
     live = spec.live_stats("default")
     spec.close()
     assert live.t_target == pytest.approx(probe)
+
+
+def test_batch_costs_hold_out_a_shape_no_machine_shows():
+    """The guard at B > 1: T_t(4, 1) settled during a burst (×3), then a quiet block of 5
+    tokens at a third of it is held out, not taken for the curve's shape; a floor above it
+    keeps it."""
+    from autospec.policies.batchcosts import BatchCosts
+
+    for floor, held in ((SHAPE_FLOOR, True), (0.2, False)):
+        costs = BatchCosts(live=True, shape_floor=floor)
+        for _ in range(3):
+            costs.observe(4, 1, 3 * 0.3)
+        costs.observe(4, 5, 0.33, 0.02)
+        assert costs.held_out == int(held)
+        assert (5 in costs.snapshot()[0][4]) == (not held)
+        cost = costs.target_cost(4)
+        assert all(cost(n) >= floor * cost(1) - 1e-12 for n in range(2, 9))
