@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -85,8 +84,26 @@ def spread(samples: Sequence[float]) -> float:
     far."""
     if len(samples) < 3:
         return 0.0
-    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    q1, q2, q3 = _quartiles(sorted(samples))
     return (q3 - q1) / q2 if q2 > 0 else 0.0
+
+
+def _quartiles(data: Sequence[float]) -> tuple[float, float, float]:
+    """The quartiles of sorted ``data`` (at least 2 values), as
+    ``statistics.quantiles(data, n=4, method="inclusive")`` computes them, without its
+    per-call bookkeeping (the busy guard reads them every decision)."""
+    m = len(data) - 1
+    a, b, c = m // 4, m // 2, 3 * m // 4
+    da, db, dc = m % 4, 2 * m % 4, 3 * m % 4
+    return ((data[a] * (4 - da) + data[a + 1] * da) / 4,
+            (data[b] * (4 - db) + data[b + 1] * db) / 4,
+            (data[c] * (4 - dc) + data[c + 1] * dc) / 4)
+
+
+def _median(data: Sequence[float]) -> float:
+    """The median of sorted ``data`` (not empty), as ``statistics.median`` computes it."""
+    n = len(data)
+    return data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2
 
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
@@ -272,7 +289,10 @@ class LiveStats:
         kept = True
         if target_s == target_s and target_s > 0:  # not NaN
             n, it = k + 1, self.iterations
-            self._recent.setdefault(n, deque(maxlen=_RECENT)).append((it, float(target_s)))
+            recent = self._recent.get(n)
+            if recent is None:
+                recent = self._recent[n] = deque(maxlen=_RECENT)
+            recent.append((it, float(target_s)))
             level = self.t_target.get(1)
             floor = self._floor.get(n, SHAPE_FLOOR)
             if n > 1 and level and target_s < floor * level:
@@ -318,7 +338,7 @@ class LiveStats:
         if (ref is None or ref <= 0 or len(recent) < LEVEL_RUN
                 or (first is not None and len(first) < COST_SETTLE)):
             return
-        new = statistics.median(t for _, t in list(recent)[-LEVEL_RUN:])
+        new = _median(sorted([t for _, t in recent][-LEVEL_RUN:]))
         factor = new / ref
         if max(factor, 1 / factor) < LEVEL_MOVE:
             return
@@ -345,8 +365,11 @@ class LiveStats:
             it = self.iterations
             if it < self._busy_until:
                 return True
+            since = it - SCATTER_WINDOW
             for samples in self._recent.values():
-                xs = [t for i, t in samples if i >= it - SCATTER_WINDOW]
+                if len(samples) < 3:
+                    continue
+                xs = [t for i, t in samples if i >= since]
                 if len(xs) >= 3 and spread(xs) > SCATTER:
                     return True
         return False
@@ -692,7 +715,7 @@ class LiveStats:
         if not curve:
             return None
         t1 = curve.get(1)
-        if t1:
+        if t1 and (floors or min(curve.values()) < SHAPE_FLOOR * t1):  # else none is below
             curve = {n: (t if n == 1 else max(t, floors.get(n, SHAPE_FLOOR) * t1))
                      for n, t in curve.items()}
         return interpolate_cost(curve, optimistic=optimistic)
