@@ -219,6 +219,7 @@ class LiveStats:
         # counts as busy, when plain steps were last asked to re-measure the level, and how
         # many shape samples were held out
         self._recent: dict[int, deque] = {}
+        self._scattered: dict[int, tuple] = {}  # n → (its latest sample, scattered), by busy()
         self._level_ref: float | None = None
         self._stale: set[int] = set()
         self.level_moves = 0
@@ -366,8 +367,16 @@ class LiveStats:
             if it < self._busy_until:
                 return True
             since = it - SCATTER_WINDOW
-            for samples in self._recent.values():
+            for n, samples in self._recent.items():
                 if len(samples) < 3:
+                    continue
+                if samples[0][0] >= since:  # all of them in the window: read before?
+                    last, seen = samples[-1], self._scattered.get(n)
+                    if seen is None or seen[0] is not last:  # a sample came since
+                        seen = self._scattered[n] = (last, spread([t for _, t in samples])
+                                                     > SCATTER)
+                    if seen[1]:
+                        return True
                     continue
                 xs = [t for i, t in samples if i >= since]
                 if len(xs) >= 3 and spread(xs) > SCATTER:
