@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -56,8 +55,26 @@ def spread(samples: Sequence[float]) -> float:
     far."""
     if len(samples) < 3:
         return 0.0
-    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    q1, q2, q3 = _quartiles(sorted(samples))
     return (q3 - q1) / q2 if q2 > 0 else 0.0
+
+
+def _quartiles(data: Sequence[float]) -> tuple[float, float, float]:
+    """The quartiles of sorted ``data`` (at least 2 values), as
+    ``statistics.quantiles(data, n=4, method="inclusive")`` computes them, without its
+    per-call bookkeeping (the busy guard reads them every decision)."""
+    m = len(data) - 1
+    a, b, c = m // 4, m // 2, 3 * m // 4
+    da, db, dc = m % 4, 2 * m % 4, 3 * m % 4
+    return ((data[a] * (4 - da) + data[a + 1] * da) / 4,
+            (data[b] * (4 - db) + data[b + 1] * db) / 4,
+            (data[c] * (4 - dc) + data[c + 1] * dc) / 4)
+
+
+def _median(data: Sequence[float]) -> float:
+    """The median of sorted ``data`` (not empty), as ``statistics.median`` computes it."""
+    n = len(data)
+    return data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2
 
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
@@ -180,6 +197,7 @@ class LiveStats:
         # counts as busy, when plain steps were last asked to re-measure the level, and how
         # many shape samples were held out
         self._recent: dict[int, deque] = {}
+        self._scattered: dict[int, tuple] = {}  # n → (its latest sample, scattered), by busy()
         self._level_ref: float | None = None
         self._stale: set[int] = set()
         self.level_moves = 0
@@ -254,7 +272,10 @@ class LiveStats:
         if target_s == target_s and target_s > 0:  # not NaN
             n, it = k + 1, self.iterations
             p = self.params
-            self._recent.setdefault(n, deque(maxlen=p.recent)).append((it, float(target_s)))
+            recent = self._recent.get(n)
+            if recent is None:
+                recent = self._recent[n] = deque(maxlen=p.recent)
+            recent.append((it, float(target_s)))
             level = self.t_target.get(1)
             floor = self._floor.get(n, p.shape_floor)
             if n > 1 and level and target_s < floor * level:
@@ -300,7 +321,7 @@ class LiveStats:
         if (ref is None or ref <= 0 or len(recent) < p.level_run
                 or (first is not None and len(first) < p.cost_settle)):
             return
-        new = statistics.median(t for _, t in list(recent)[-p.level_run:])
+        new = _median(sorted([t for _, t in recent][-p.level_run:]))
         factor = new / ref
         if max(factor, 1 / factor) < p.level_move:
             return
@@ -327,8 +348,19 @@ class LiveStats:
             it, p = self.iterations, self.params
             if it < self._busy_until:
                 return True
-            for samples in self._recent.values():
-                xs = [t for i, t in samples if i >= it - p.scatter_window]
+            since = it - p.scatter_window
+            for n, samples in self._recent.items():
+                if len(samples) < 3:
+                    continue
+                if samples[0][0] >= since:  # all of them in the window: read before?
+                    last, seen = samples[-1], self._scattered.get(n)
+                    if seen is None or seen[0] is not last:  # a sample came since
+                        seen = self._scattered[n] = (last, spread([t for _, t in samples])
+                                                     > p.scatter)
+                    if seen[1]:
+                        return True
+                    continue
+                xs = [t for i, t in samples if i >= since]
                 if len(xs) >= 3 and spread(xs) > p.scatter:
                     return True
         return False
@@ -681,8 +713,8 @@ class LiveStats:
         if not curve:
             return None
         t1 = curve.get(1)
-        if t1:
-            floor = self.params.shape_floor
+        floor = self.params.shape_floor
+        if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
             curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
         return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)

@@ -210,3 +210,35 @@ def test_batch_costs_hold_out_a_shape_no_machine_shows():
         assert (5 in costs.snapshot()[0][4]) == (not held)
         cost = costs.target_cost(4)
         assert all(cost(n) >= floor * cost(1) - 1e-12 for n in range(2, 9))
+
+
+def test_busy_reads_what_the_recent_timings_say_every_iteration():
+    """``busy`` remembers each n's verdict while no sample came: at every iteration of a run
+    with bursts, level moves and samples ageing out of the window, it says what the recent
+    timings, read afresh (the quartiles as ``statistics`` computes them), say."""
+    import statistics
+
+    def fresh(ls: LiveStats) -> bool:
+        it = ls.iterations
+        if it < ls._busy_until:
+            return True
+        for samples in ls._recent.values():
+            xs = [t for i, t in samples if i >= it - DEFAULTS.scatter_window]
+            if len(xs) >= 3:
+                q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+                if (q3 - q1) / q2 > DEFAULTS.scatter:
+                    return True
+        return False
+
+    rng = random.Random(7)
+    ls = LiveStats()
+    verdicts = set()
+    for it in range(600):
+        k = rng.choice([0, 0, 0, 1, 3, 4, 7]) if it % 200 < 120 else 0
+        burst = 3.0 if 250 <= it < 270 or rng.random() < 0.03 else 1.0
+        ls.observe(k, rng.randint(0, k), 0.001 * k, burst * 0.01 * (1 + 0.1 * k)
+                   * rng.uniform(0.97, 1.03))
+        got = ls.busy()
+        assert got == fresh(ls), it
+        verdicts.add(got)
+    assert verdicts == {True, False}

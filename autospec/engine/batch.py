@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from autospec.engine.checks import attention_layout
+from autospec.engine.decide import LOOKUPS
 from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs
 from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
 from autospec.engine.slots import SlotCache, kv_bytes_per_token
@@ -169,8 +170,8 @@ class Batch:
         self.static = bool(static_cache) and B == 1  # static caches serve batch 1
         self.peak_kv = 0
         self.proposers: dict = {}  # name → proposer (``engine.generate`` opens them)
-        self.proposer_names: tuple[str, ...] = ()
-        self.known = lens  # each running row's tokens as the iteration starts (``refresh``)
+        self.opened()
+        self.known = lens  # each running row's tokens as the iteration starts (``step``)
         self.target_slots = self.open_slots(target, max(lens) + max_new_tokens + 1)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -181,6 +182,15 @@ class Batch:
                   else EagerRunner(model))
         return SlotCache(runner, len(self.rows), self.device, attention_layout(model),
                          map_ids=map_ids, kv_per_token=kv_bytes_per_token(model))
+
+    def opened(self) -> None:
+        """The call's proposers are open (``proposers``): what every iteration asks of them,
+        looked up once per call."""
+        self.proposer_names: tuple[str, ...] = tuple(self.proposers)
+        self.draft_proposer = self.proposers.get("draft")
+        self.suffix_proposer = self.proposers.get("suffix")
+        self.lookup_proposers = tuple((name, p) for name, p in self.proposers.items()
+                                      if name in LOOKUPS)
 
     def slot_caches(self) -> list[SlotCache]:
         caches = [self.target_slots]
@@ -214,10 +224,6 @@ class Batch:
         self.row_stats = [r.stats for r in self.rows]
 
     # -- per iteration -----------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Each running row's token count, as the iteration starts (``known``)."""
-        self.known = [r.n for r in self.rows]
-
     def keep_why(self, record: dict) -> None:
         """This iteration's decision record, kept with its index (``decisions``)."""
         record["iteration"] = self.iteration

@@ -56,7 +56,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         batch.proposers["ngram"] = PROPOSERS["ngram"](batch)
         if batch.suffix_memory is not None:
             batch.proposers["suffix"] = PROPOSERS["suffix"](batch)
-        batch.proposer_names = tuple(batch.proposers)
+        batch.opened()
         with torch.inference_mode():
             while batch.rows:
                 step(batch)
@@ -72,6 +72,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
             proposer.release()
         batch.target_slots.release()
         batch.proposers = {}  # they refer to the batch: no cycle left for the collector
+        batch.opened()
     return EngineResult(rows=rows, peak_kv_bytes=batch.peak_kv, wall_s=_wall(batch),
                         cache=cache)
 

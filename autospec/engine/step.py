@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from autospec.engine.accounting import RowStep, StepTimes, account
-from autospec.engine.decide import LOOKUPS, Decision, RowView, decide, make_context
+from autospec.engine.decide import Decision, RowView, decide, make_context
 from autospec.engine.emit import criteria_hits, emit, settle
 from autospec.engine.proposers import Block
 from autospec.engine.sampling import invalid_probs, logits_to_probs, raise_invalid_probs
@@ -57,6 +57,7 @@ class Iteration:
     trace_dev: torch.Tensor | None = None  # [B, k] the block's acceptance-trace values
     timing: tuple = ()  # the target forward's clock marks and cached tokens
     trace: list[list[int]] = field(default_factory=list)  # per row: the trace values (host)
+    taken: list[int] = field(default_factory=list)  # per row: its accepted count (host)
     ended: bool = False  # a row finished
 
     def rows_of(self, proposer: str) -> torch.Tensor | None:
@@ -71,24 +72,24 @@ def step(batch) -> None:
     it.k = it.block.tokens.shape[1]
     _verify(batch, it)  # 3.
     steps, times = _sync(batch, it)  # 4.
-    batch.write(it.block.tokens, it.accepted, it.nxt, [s.accepted for s in steps])  # 5.
+    batch.write(it.block.tokens, it.accepted, it.nxt, it.taken)  # 5.
     _emit(batch, it, steps)  # 6.
     _account(batch, it, steps, times)  # 7.
-    _keep(batch, it, steps)  # 8.
+    _keep(batch, it)  # 8.
 
 
 def _decide(batch) -> Iteration:
     """The policy's choice for this iteration, resolved per row."""
-    batch.refresh()
     rows = batch.rows
-    proposers = batch.proposers
-    draft = proposers.get("draft")
+    batch.known = [r.n for r in rows]  # each running row's tokens as the iteration starts
+    draft, suffix = batch.draft_proposer, batch.suffix_proposer
     # each lookup proposer's match per row; the policy's Context shows prompt lookup's
-    lookups = {name: p.matches() for name, p in proposers.items() if name in LOOKUPS}
-    matches = lookups.get("ngram") or [0] * len(rows)
-    gaps = draft.gaps() if draft is not None else [0] * len(rows)
-    suffix = proposers.get("suffix")
+    lookups = {}
+    for name, p in batch.lookup_proposers:
+        lookups[name] = p.matches()
     zeros = [0] * len(rows)
+    matches = lookups.get("ngram") or zeros
+    gaps = draft.gaps() if draft is not None else zeros
     suffixes = lookups["suffix"] if suffix is not None else zeros
     sizes = suffix.sizes() if suffix is not None else zeros
     views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
@@ -157,15 +158,15 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
             size = sum(t.numel() for t in theirs)
             p_.read(vals[off : off + size])
             off += size
-    lookup = "ngram" in batch.proposers
+    lookup = "ngram" in batch.proposer_names
     who, lengths, matches = it.decision.rows, it.lengths, it.matches
-    steps, it.trace = [], []
+    steps, it.trace, it.taken = [], [], vals[:B]
     props, trace = 2 * B, 2 * B + B * k
     for b, r in enumerate(batch.rows):
         a = vals[b]
         it.trace.append(vals[trace : trace + k])
         steps.append(RowStep(proposer=who[b] if lengths[b] else None, proposed=lengths[b],
-                             accepted=a, lookup=lookup, match=matches[b], gen=r.gen,
+                             accepted=a, lookup=lookup, match=matches[b], gen=r.n - r.L,
                              new=vals[props : props + a] + [vals[B + b]]))
         props += k
         trace += k
@@ -200,10 +201,10 @@ def _account(batch, it: Iteration, steps: list[RowStep], times: StepTimes) -> No
     batch.iteration += 1
 
 
-def _keep(batch, it: Iteration, steps: list[RowStep]) -> None:
+def _keep(batch, it: Iteration) -> None:
     """The target's cache drops rejected slots; finished rows leave; holes are repacked."""
     k = it.k
-    batch.target_slots.reject([k - s.accepted for s in steps], lambda: k - it.accepted)
+    batch.target_slots.reject([k - a for a in it.taken], lambda: k - it.accepted)
     if batch.criteria is not None and not batch.eos_set:
         settle(batch.all_rows, batch.rows, batch.limit_dev)
         it.ended = True  # settling may finish rows

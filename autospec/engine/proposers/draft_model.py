@@ -73,6 +73,7 @@ class DraftModel:
         self.caches = (self.slots,)
         self.early_stop = early_stop_of(batch.policy, batch.rows[0].category)
         self.need_top = batch.record_conf or self.early_stop is not None
+        self.presence = batch.sampling.uses_presence
         self.traces = {r.index: Trace(batch.greedy, batch.max_new) for r in batch.rows}
         # sampling: p at each row's bonus position [B, V], and whether the row's last block
         # (the draft model's) was accepted whole [B]: the catch-up's β at that position
@@ -122,7 +123,7 @@ class DraftModel:
         # catch-up rows whose predictions are generated tokens already known: trace material
         # (with a repetition penalty their processing would need past seen-sets: skipped)
         self._known, width, known = [], 0, 0
-        presence = batch.sampling.uses_presence
+        presence = self.presence
         for r, c in zip(batch.rows, lens):
             kn = 0 if presence else min(max(0, r.n - max(r.L, c + 1)), TRACE_CATCH_UP_MAX)
             self._known.append(kn)
