@@ -10,6 +10,7 @@ Python data to the device.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -35,12 +36,15 @@ WHY_FIRST = 4
 WHY_EVERY = 16
 
 
-def _sampled(i: int) -> bool:
-    return i < WHY_FIRST or i % WHY_EVERY == 0
+def _next_sampled(i: int) -> int:
+    """The first iteration after ``i`` whose record the sample keeps."""
+    j = i + 1
+    return j if j < WHY_FIRST else -(-j // WHY_EVERY) * WHY_EVERY
 
 
-# ``Batch(explain=...)``: which iterations' decision records are kept (None: none)
-WHY_KEPT = {"all": lambda i: True, "sample": _sampled, None: None}
+# ``Batch(explain=...)``: which iterations' decision records are kept, as the first kept
+# iteration after a given one (None: none is kept)
+WHY_KEPT = {"all": lambda i: i + 1, "sample": _next_sampled, None: None}
 
 
 @dataclass
@@ -133,6 +137,9 @@ class Batch:
             raise ValueError(f"explain must be one of {sorted(map(str, WHY_KEPT))}, "
                              f"got {explain!r}")
         self.keeps_why = WHY_KEPT[explain]
+        # the next iteration whose record is kept (never, where none is): one comparison an
+        # iteration
+        self.why_at = 0 if self.keeps_why is not None else sys.maxsize
         self.decisions: list[dict] = []
         # the prompts' tokens on the host: read at once from host memory; from a device they
         # come back with the first iteration's sync instead of costing a read of their own
@@ -225,9 +232,11 @@ class Batch:
 
     # -- per iteration -----------------------------------------------------------------------
     def keep_why(self, record: dict) -> None:
-        """This iteration's decision record, kept with its index (``decisions``)."""
+        """This iteration's decision record, kept with its index (``decisions``); the next
+        kept iteration set."""
         record["iteration"] = self.iteration
         self.decisions.append(record)
+        self.why_at = self.keeps_why(self.iteration)
 
     def gens(self) -> list[int]:
         return [r.gen for r in self.rows]

@@ -95,7 +95,7 @@ def _decide(batch) -> Iteration:
     views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
                      r.forecast, s, n)
              for r, m, g, s, n in zip(rows, matches, gaps, suffixes, sizes)]
-    why = [] if batch.keeps_why is not None and batch.keeps_why(batch.iteration) else None
+    why = [] if batch.iteration >= batch.why_at else None
     ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names,
                        has_draft=draft is not None, costs=batch.costs, why=why)
     decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=draft is not None,
