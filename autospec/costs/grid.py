@@ -10,11 +10,10 @@ well above or below what the traffic's rows cost.
 
 from __future__ import annotations
 
+from autospec.costs import MIN_FORWARDS
 from autospec.policies.batchcosts import BatchCosts
 
 __all__ = ["MIN_FORWARDS", "at_live_level", "batch_grid"]
-
-MIN_FORWARDS = 16  # a live T_t(B, n) or T_d(B) point counts only with this many forwards behind it
 
 
 def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], source: str,
