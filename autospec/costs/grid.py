@@ -1,7 +1,7 @@
-"""The pair's batch cost grid, T_t(B, n) and T_d(B), as every reader of the store sees it: the
-live controller's warm start, ``autospec tune``'s replay, ``autospec report`` and ``autospec
-stats``. One function, so that what the report predicts, what tune replays and what a new
-process starts from are the same numbers.
+"""The pair's batch cost grid, T_t(B, n) and T_d(B), as every reader of the store sees it
+(through ``stored.stored_costs``): the live controller's warm start, ``autospec tune``'s
+replay, ``autospec report`` and ``autospec stats``, so that what the report predicts, what
+tune replays and what a new process starts from are the same numbers.
 
 The grid is the latest probe's shape at the level the loop's own forwards measured
 (``at_live_level``): a probe times cached contexts of one length in every row, which can sit
