@@ -318,7 +318,7 @@ class Controller:
 
     def batch_costs(self):
         """The pair's T_t(B, n) and T_d(B), live, warmed once from the store's grid as every
-        reader sees it (``costgrid.batch_grid``: the probe's shape at the level earlier
+        reader sees it (``costs.stored.stored_costs``: the probe's shape at the level earlier
         batches measured, else their live points)."""
         costs = getattr(self, "_batch_costs", None)
         if costs is not None:
@@ -330,15 +330,15 @@ class Controller:
                 costs = BatchCosts(live=True,  # the store's grid, recalibrated live
                                    shape_floor=params_of(self.policy).shape_floor)
                 if self.store is not None:
-                    from autospec.costs.grid import batch_grid
+                    from autospec.costs.stored import stored_costs
                     from autospec.store import queries
 
                     try:
                         with self.store.session() as s:
                             pid = queries.pair_id(s, self.telemetry.pair)
                             if pid is not None:  # as the report reads it: the live level
-                                target, draft, _ = batch_grid(s, pid)
-                                costs.warm(target, draft)
+                                stored = stored_costs(s, pid, parts={"grid"})
+                                costs.warm(stored.grid, stored.draft_grid)
                     except Exception as e:
                         log.warning("autospec: could not warm batch costs from the store: %s",
                                     e)
@@ -367,8 +367,8 @@ class Controller:
         never shared; the category's own timings replace these by EMA as they come in.
         The process's costs replace what the store gave the category where they are more
         complete (one source either way, so their ratios hold): the store's pair-level live
-        medians need 16 forwards per n, so a store a few requests old gave T_t(1) alone, and
-        every new category then re-explored at ``initial_k`` what the process had measured
+        medians need ``autospec.costs.MIN_FORWARDS`` forwards per n, so a store a few
+        requests old gave T_t(1) alone, and every new category then re-explored at ``initial_k`` what the process had measured
         (on a compute-bound CPU, k = 3 blocks at 3.2 plain steps each, 0.87x plain).
         Under the lock."""
         peers = [p for p in self.live.values() if p.t_target]
@@ -395,6 +395,7 @@ class Controller:
         WAL readers never wait on writers). Failures only cost the warm start."""
         if self.store is None:
             return
+        from autospec.costs.stored import stored_costs
         from autospec.store import queries
 
         try:
@@ -405,26 +406,24 @@ class Controller:
                 sums = queries.category_summaries(s, category=category, pair_id=pid)
                 # costs from one path (the one this controller runs) and one source (the
                 # probe if any, else well-measured live points), so their ratios hold; live
-                # timings then replace them as they come in
-                t_draft, t_target, source = queries.measured_costs(s, pid, category,
-                                                                   path=self.path)
-                # a probe's curve is exempt from the shape guard (every n timed back to
-                # back); a live one passes it again here, whoever stored it
-                probe = source.startswith("probe")
-                # the draft's catch-up cost is the pair's: priced from the first resumption
-                # (logged catch-ups, else the probe's)
-                catch_ups, _, _ = queries.catch_up_source(s, pid, path=self.path)
-            live.warm_catch_up(catch_ups)
+                # timings then replace them as they come in. The draft's catch-up cost is the
+                # pair's: priced from the first resumption (logged catch-ups, else the probe's)
+                c = stored_costs(s, pid, category, path=self.path,
+                                 parts={"batch1", "catch_up", "lookups"})
+            live.warm_catch_up(c.catch_up)
+            # a probe's curve is exempt from the shape guard (every n timed back to back); a
+            # live one passes it again here, whoever stored it
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
-                                t_draft=t_draft, t_target=t_target,
+                                t_draft=c.t_draft, t_target=c.t_target,
                                 bandwidth_utilisation=sm.bandwidth_utilisation,
                                 ngram_accepted_per_position=sm.ngram_accepted_per_position,
                                 ngram_drafted_per_position=sm.ngram_drafted_per_position,
-                                t_ngram=sm.ngram_lookup_s_per_token, probe=probe)
-            elif t_target:
-                live.warm_start([], [], t_target=t_target, t_draft=t_draft, probe=probe)
+                                t_ngram=c.t_ngram, probe=c.from_probe)
+            elif c.t_target:
+                live.warm_start([], [], t_target=c.t_target, t_draft=c.t_draft,
+                                probe=c.from_probe)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 

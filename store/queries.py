@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from autospec.costs import MIN_FORWARDS
+
 from .decisions import unpack as unpack_decisions
 from .record import trace_acceptance
 from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
@@ -29,7 +31,7 @@ __all__ = [
     "PairRow", "CategorySummary", "RequestRow", "TraceRow", "ProbeRow", "DecisionsRow",
     "request_decisions", "latest_decisions", "category_decisions",
     "wilson_interval", "pairs", "category_summaries", "recent_requests", "traces",
-    "latest_probe", "pair_id", "measured_costs", "batch_costs", "live_batch_grid",
+    "latest_probe", "pair_id", "batch_costs", "live_batch_grid", "MIN_FORWARDS",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
     "catch_ups", "suffix_lookup_s_per_token",
@@ -531,71 +533,13 @@ def serving_path(session: Session, pair_id: int, category: str | None = None) ->
                           .order_by(Probe.created_at.desc(), Probe.id.desc()).limit(1))
 
 
-def measured_costs(session: Session, pair_id: int, category: str | None = None, *,
-                   path: str | None = None, source: str = "auto", min_forwards: int = 16,
-                   ) -> tuple[float | None, dict[int, float], str]:
-    """(T_d per proposed token, T_t(n) by n, where they came from) for a pair on ONE
-    execution path (``path``: "eager", "static", ...; None: ``serving_path``), from ONE
-    source, so that their ratios — all the cost model uses — hold:
-
-    - ``"probe"``: the latest ``autospec probe`` of that path (medians of interleaved
-      timings of the loop's own step, n = 1…16);
-    - ``"live"``: what the category's (or, without one, all categories') traffic on that path
-      measured: means over whatever else the machine was doing, each point kept only if it
-      rests on at least ``min_forwards`` forwards (a handful of slow forwards bends the curve);
-    - ``"auto"``: the probe of that path if there is one, else live.
-
-    Timings of another path, or of unknown path (logged before 0005), are never read: a
-    static-cache step and an eager one measure different things. Mixing sources would
-    compare a quiet probe's T_t(1) with a busy server's T_t(k+1).
-
-    Why the probe first: it times the loop's own step through the loop's runner
-    (``scripts/probe_vs_live.py`` compares the two), and S(k) depends only on ratios; the
-    probe measures every n back to back, whereas live T_t(n) for different n come from
-    different iterations (T_t(1) only from k = 0 ones) at different machine load, so their
-    ratios carry the load's drift. A live/probe mix per n would do the same. Live timings
-    still take over at run time (``LiveStats`` moves each warm point by EMA)."""
-    if source not in ("auto", "probe", "live"):
-        raise ValueError(f"cost source must be 'auto', 'probe' or 'live', got {source!r}")
-    if path is None:
-        path = serving_path(session, pair_id, category)
-        if path is None:
-            return None, {}, "none (no timings of a known execution path)"
-    probe = latest_probe(session, pair_id, path) if source != "live" else None
-    if probe is not None:
-        pl = probe.payload
-        curve = {int(n): float(t) for n, t in pl.get("target_s_by_n", {}).items()}
-        return pl.get("draft_s"), dict(sorted(curve.items())), f"probe #{probe.id} ({path})"
-    if source == "probe":
-        return None, {}, f"probe (none stored for {path})"
-    sums = category_summaries(session, category=category, pair_id=pair_id, path=path)
-    draft_s = sum(sm.draft_s for sm in sums)
-    draft_n = sum(sm.draft_forwards for sm in sums)
-    seconds: dict[int, float] = {}
-    count: dict[int, int] = {}
-    for sm in sums:
-        for n, s in sm.target_s_sum_by_n.items():
-            seconds[n] = seconds.get(n, 0.0) + s
-            count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
-    curve = {n: seconds[n] / count[n] for n in sorted(seconds) if count[n] >= min_forwards}
-    # live means of different n come from different moments: a shape no machine shows
-    # (T_t(n) < shape_floor · T_t(1), the burst's T_t(1) against a quiet T_t(14)) is held out
-    from autospec.policies.live import shape_guard
-
-    guarded = shape_guard(curve)
-    held = sorted(set(curve) - set(guarded))
-    t_draft = draft_s / draft_n if draft_n >= min_forwards else None
-    return t_draft, guarded, (f"live traffic ({path})" if not held else
-                              f"live traffic ({path}; n = {held} held out: below the shape "
-                              "floor)")
-
-
-def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent: int = 500
+def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent: int = 500,
+              min_forwards: int = MIN_FORWARDS
               ) -> tuple[list[tuple[int, float]], float | None]:
     """The draft model's catch-up forwards the pair's latest ``recent`` batch-1 requests on
     ``path`` logged ((tokens, seconds), oldest first), and T_d per proposed token over the
-    same requests (None below 16 proposals): a catch-up's cost is the pair's and the
-    hardware's, whatever the category. Replay reads the fit relative to that T_d, so that
+    same requests (None below ``min_forwards`` proposals): a catch-up's cost is the pair's and
+    the hardware's, whatever the category. Replay reads the fit relative to that T_d, so that
     it stands beside T_d from another source (a probe) at the same ratio."""
     stmt = (select(Request.draft_catch_ups, Request.draft_s, Request.draft_forwards)
             .where(Request.pair_id == pair_id, Request.batch_size == 1,
@@ -609,7 +553,7 @@ def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent
         points += [(int(g), float(c)) for g, c in ups or ()]
         draft_s += d_s or 0.0
         forwards += d_n or 0
-    return points, (draft_s / forwards if forwards >= 16 else None)
+    return points, (draft_s / forwards if forwards >= min_forwards else None)
 
 
 def suffix_lookup_s_per_token(session: Session, pair_id: int, category: str, *,
@@ -630,12 +574,14 @@ def suffix_lookup_s_per_token(session: Session, pair_id: int, category: str, *,
 
 
 def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,
-                    recent: int = 500) -> tuple[list[tuple[int, float]], float | None, str]:
+                    recent: int = 500, min_forwards: int = MIN_FORWARDS
+                    ) -> tuple[list[tuple[int, float]], float | None, str]:
     """(points, T_d they stand beside, source) of the draft model's catch-up cost: what the
     pair's requests logged (``catch_ups``; source "logged"), else what the latest probe of
     that path timed at batch 1 with its T_d (source "probe"), else ([], None, "none"). A
     store that holds only a probe prices the first catch-up instead of taking it for free."""
-    points, t_draft = catch_ups(session, pair_id, path=path, recent=recent)
+    points, t_draft = catch_ups(session, pair_id, path=path, recent=recent,
+                                min_forwards=min_forwards)
     if points:
         return points, t_draft, "logged"
     probe = latest_probe(session, pair_id) if path is None else latest_probe(session, pair_id,
@@ -655,12 +601,12 @@ def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,
 BATCH_PATH = "eager"  # the batched loop (batch > 1) runs eager forwards only
 
 
-def batch_costs(session: Session, pair_id: int, *, min_forwards: int = 16,
+def batch_costs(session: Session, pair_id: int, *, min_forwards: int = MIN_FORWARDS,
                 recent: int = 2000, path: str = BATCH_PATH,
                 ) -> tuple[dict[int, dict[int, float]], dict[int, float], str]:
     """(T_t(B, n): B → n → seconds, T_d(B): B → seconds per proposed token, source) for a
     pair on one execution path (default the batched loop's, eager), from ONE source, as
-    ``measured_costs`` does at batch 1:
+    ``autospec.costs.stored.batch_one`` takes batch 1's:
 
     - ``"probe"``: the grid of the latest probe of that path that measured some batch B > 1
       (its batch 1 is the probe's T_t(n) curve and T_d);
@@ -714,7 +660,7 @@ def traffic_context(session: Session, pair_id: int, *, recent: int = 500) -> int
     return max(1, round(statistics.median(lengths))) if lengths else None
 
 
-def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = 16,
+def live_batch_grid(session: Session, pair_id: int, *, min_forwards: int = MIN_FORWARDS,
                     recent: int = 2000, path: str = BATCH_PATH
                     ) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
     """The ``"live"`` source of ``batch_costs`` alone, whether or not a probe exists: medians

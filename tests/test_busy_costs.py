@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from autospec.costs.stored import stored_costs
 from autospec.policies import Context, CostModelPolicy
 from autospec.policies.costmodel import acceptance_cap, expected_tokens
 from autospec.policies.live import LiveStats, shape_guard, spread
@@ -162,7 +163,7 @@ def models():
 def test_a_warm_start_from_a_bad_live_store_is_guarded(models, tmp_path):
     """End to end: a store whose live timings of this path hold a burst's T_t(1) beside
     quiet long blocks; a new controller warms from it without the impossible points, and
-    ``measured_costs`` (tune's and the warm start's reader) says what it held out. A probe
+    ``stored_costs`` (every reader's) says what it held out. A probe
     of the same path is read as it is."""
     from test_costs_path import record
 
@@ -178,7 +179,8 @@ def test_a_warm_start_from_a_bad_live_store_is_guarded(models, tmp_path):
                      for _ in range(2)])
         with store.session() as s:
             pid = queries.pair_id(s, pinfo)
-            _, curve, source = queries.measured_costs(s, pid, "default", path="eager")
+            c = stored_costs(s, pid, "default", path="eager")
+            curve, source = c.t_target, c.source
         assert curve == pytest.approx({1: 1.329, 2: 1.1}) and "held out" in source
     spec = autospec.Controller(*models, store=url, policy="auto")
     live = spec.live_stats("default")

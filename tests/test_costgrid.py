@@ -27,17 +27,19 @@ def _probe_payload() -> dict:
             "draft_grid": {str(b): 0.005 for b in BATCHES}}
 
 
-def _batched_row(pair, i: int) -> RequestRecord:
-    """One row of a logged batch of 16 whose forwards say each scored token adds 0.8× one."""
+def _batched_row(pair, i: int, *, batch: int = 16, forwards: int = 16,
+                 category: str = "code") -> RequestRecord:
+    """One row of a logged batch of ``batch`` whose forwards (``forwards`` per point) say
+    each scored token adds 0.8× one."""
     return RequestRecord(
-        pair=pair, category="code", policy="auto", greedy=True, prompt_tokens=8,
+        pair=pair, category=category, policy="auto", greedy=True, prompt_tokens=8,
         new_tokens=16, iterations=16, drafts=0, drafted=0, accepted=0,
         accepted_per_position=[], drafted_per_position=[], k_schedule=bytes(16),
         accepted_schedule=bytes(16), trace_kind="greedy", trace=b"", wall_s=1.0,
         prefill_s=0.01, draft_s=0.0, draft_forwards=0, target_s_by_n={},
-        created_at=1_700_000_000.0 + i, batch_size=16, path="eager",
-        target_s_by_bn={(16, n): [0.05 + 0.04 * (n - 1)] * 16 for n in range(1, 6)},
-        draft_s_by_b={16: [0.005] * 16})
+        created_at=1_700_000_000.0 + i, batch_size=batch, path="eager",
+        target_s_by_bn={(batch, n): [0.05 + 0.04 * (n - 1)] * forwards for n in range(1, 6)},
+        draft_s_by_b={batch: [0.005] * forwards})
 
 
 def test_a_new_controller_starts_from_the_grid_the_report_shows(tmp_path):

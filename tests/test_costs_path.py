@@ -1,6 +1,6 @@
 """Costs from one execution path: every request and probe records the path its forwards ran
 on (eager, static cache, CUDA graphs), the store keeps batch-1 costs per path, and every cost
-query reads one path only — per-category statistics, ``measured_costs``, ``batch_costs`` and
+query reads one path only — per-category statistics, ``stored_costs``, ``batch_costs`` and
 the controller's warm start. Old databases upgrade in place (paths unknown). SQLite always,
 PostgreSQL when AUTOSPEC_TEST_POSTGRES_URL is set (as tests/test_store.py)."""
 
@@ -13,6 +13,7 @@ from sqlalchemy import MetaData, create_engine, insert, select
 from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
+from autospec.costs.stored import stored_costs
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
 from autospec.store.migrate import current_revision, head_revision
 from autospec.store.tables import CategoryCost, Request
@@ -51,16 +52,21 @@ def record(path: str | None, curve: dict[int, float], t_draft: float, *, forward
         path=path)
 
 
+def _batch1(c):
+    """(T_d, T_t(n), source) of batch 1's stored costs."""
+    return c.t_draft, c.t_target, c.source
+
+
 def test_each_path_gets_its_own_costs(url):
     """Eager and static timings of one category in one store: each path's costs are its own,
-    never their mean, in the summaries and in ``measured_costs``."""
+    never their mean, in the summaries and in ``stored_costs``."""
     with open_store(url) as store:
         store.write([record("eager", EAGER, 0.001) for _ in range(3)]
                     + [record("static", STATIC, 0.02) for _ in range(2)])
         with store.session() as s:
             pid = queries.pair_id(s, PAIR)
-            eager = queries.measured_costs(s, pid, "code", path="eager", source="live")
-            static = queries.measured_costs(s, pid, "code", path="static", source="live")
+            eager = _batch1(stored_costs(s, pid, "code", path="eager", source="live"))
+            static = _batch1(stored_costs(s, pid, "code", path="static", source="live"))
             (by_default,) = queries.category_summaries(s, category="code")
             (as_static,) = queries.category_summaries(s, category="code", path="static")
             (as_graphs,) = queries.category_summaries(s, category="code",
@@ -68,7 +74,7 @@ def test_each_path_gets_its_own_costs(url):
             assert queries.paths(s, pid) == {"eager": 3, "static": 2}
             assert queries.serving_path(s, pid, "code") == "eager"
             # no path given: the path that served most of the traffic
-            assert queries.measured_costs(s, pid, "code", source="live")[:2] == eager[:2]
+            assert _batch1(stored_costs(s, pid, "code", source="live"))[:2] == eager[:2]
     assert eager[1] == pytest.approx(EAGER) and eager[0] == pytest.approx(0.001)
     assert static[1] == pytest.approx(STATIC) and static[0] == pytest.approx(0.02)
     assert "eager" in eager[2] and "static" in static[2]
@@ -90,8 +96,8 @@ def test_a_probe_serves_only_the_path_it_timed(url):
                                 "draft_grid": {1: 0.02, 4: 0.05}})
         with store.session() as s:
             pid = queries.pair_id(s, PAIR)
-            eager = queries.measured_costs(s, pid, "code", path="eager")
-            static = queries.measured_costs(s, pid, "code", path="static")
+            eager = _batch1(stored_costs(s, pid, "code", path="eager"))
+            static = _batch1(stored_costs(s, pid, "code", path="static"))
             (probe,) = [queries.latest_probe(s, pid)]
             # the batched loop runs eager: a static probe's grid is not its cost source
             batch = queries.batch_costs(s, pid)
@@ -187,16 +193,16 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
             (got,) = queries.recent_requests(s)
             (legacy,) = queries.category_summaries(s)
             assert queries.latest_probe(s, pid).path is None
-            assert queries.measured_costs(s, pid, "code", path="eager") == (
+            assert _batch1(stored_costs(s, pid, "code", path="eager")) == (
                 None, {}, "live traffic (eager)")
-            assert queries.measured_costs(s, pid, "code")[1] == {}  # no path known
+            assert stored_costs(s, pid, "code").t_target == {}  # no path known
         assert got.path is None
         # only unknown-path requests: the summary shows their sums, labelled unknown
         assert legacy.path is None and legacy.t_target_s_by_n == pytest.approx(STATIC)
         st.write([record("eager", EAGER, 0.001) for _ in range(2)])
         with st.session() as s:
             (sm,) = queries.category_summaries(s)
-            costs = queries.measured_costs(s, pid, "code", path="eager", source="live")
+            costs = _batch1(stored_costs(s, pid, "code", path="eager", source="live"))
             assert s.scalar(select(CategoryCost.requests)) == 2
     assert sm.requests == 3 and sm.path == "eager"
     assert sm.t_target_s_by_n == pytest.approx(EAGER)  # not mixed with the unknown ones

@@ -10,6 +10,7 @@ import torch
 
 from autospec.costs import probe as probe_mod
 from autospec.costs.probe import probe
+from autospec.costs.stored import stored_costs
 from autospec.engine.runners import graph_report
 from autospec.engine.sampling import SamplingConfig
 from autospec.store import add_probe, open_store, queries
@@ -49,9 +50,10 @@ def test_the_probe_runs_on_the_runner_the_loop_opens_and_names_its_path(models, 
         with store.session() as s:
             pid = queries.pair_id(s, pair)
             assert queries.latest_probe(s, pid).path == path
-            t_draft, curve, source = queries.measured_costs(s, pid, path=path)
+            c = stored_costs(s, pid, path=path)
+            curve, source = c.t_target, c.source
             other = "eager" if path != "eager" else "static"
-            assert queries.measured_costs(s, pid, path=other)[1] == {}
+            assert stored_costs(s, pid, path=other).t_target == {}
     assert source.startswith("probe #") and curve == res.target_s_by_n
 
 

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import MetaData, create_engine, insert, select
 from sqlalchemy.orm import Session
 
+from autospec.costs.stored import stored_costs
 from autospec.store import PairInfo, add_probe, open_store, queries
 from autospec.store.migrate import _config, current_revision, head_revision
 from autospec.store.tables import VERSION_TABLE, Request
@@ -127,7 +128,8 @@ def test_a_category_seen_only_at_batch_four_has_an_empty_cost_curve(store):
     with store.session() as s:
         (sm,) = queries.category_summaries(s)
         pid = sm.pair.id
-        t_draft, curve, _ = queries.measured_costs(s, pid, source="live")
+        c = stored_costs(s, pid, source="live")
+        t_draft, curve = c.t_draft, c.t_target
     assert sm.target_s_sum_by_n == {} and sm.t_target_s_by_n == {} and sm.t_draft_s is None
     assert sm.alpha is not None
     assert t_draft is None and curve == {}

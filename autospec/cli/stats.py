@@ -24,15 +24,18 @@ def register(sub, parents) -> None:
 
 
 def run(args, parser) -> int:
-    from autospec.report import batch_grid, batch_summary, estimate_speedup
+    from autospec.costs.stored import stored_costs
+    from autospec.report import batch_summary, estimate_speedup
     from autospec.store import history, queries
 
     store = open_store_or_die(args.db, read_only=True)
     with store, store.session() as s:
         summaries = queries.category_summaries(s, category=args.category)
-        probes = {(sm.pair.id, sm.path): queries.latest_probe(s, sm.pair.id, sm.path)
-                  for sm in summaries}  # the probe of the path the summary's costs are on
-        grids = {pid: batch_grid(s, pid) for pid, _ in probes}
+        # batch 1 on the path the summary's costs are on; the pair's grid, once
+        costs = {(sm.category, sm.pair.id): stored_costs(s, sm.pair.id, sm.category, summary=sm,
+                                                         parts={"batch1"})
+                 for sm in summaries}
+        grids = {pid: stored_costs(s, pid, parts={"grid"}) for pid in {p for _, p in costs}}
         tuned = {(t.category, t.pair_id): t
                  for t in queries.tuned_params(s, category=args.category)}
         # the k a workload runs is batch 1's (at batch > 1 the batch's mix sets it: third
@@ -41,11 +44,12 @@ def run(args, parser) -> int:
             s, sm.category, sm.pair.id, batch_size=1).k_mode for sm in summaries}
     out = []
     for sm in summaries:
-        p = probes.get((sm.pair.id, sm.path))
-        est = estimate_speedup(sm, p.payload if p else None)
+        est = estimate_speedup(sm, costs[sm.category, sm.pair.id])
         d = sm.to_dict()
         d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}
-        d["batch"] = batch_summary(sm, grids[sm.pair.id], tuned.get((sm.category, sm.pair.id)))
+        g = grids[sm.pair.id]
+        d["batch"] = batch_summary(sm, (g.grid, g.draft_grid, g.grid_source),
+                                   tuned.get((sm.category, sm.pair.id)))
         d["k_batch_1"] = k_at_1.get((sm.category, sm.pair.id))
         out.append(d)
     if args.json:

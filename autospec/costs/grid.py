@@ -1,7 +1,7 @@
-"""The pair's batch cost grid, T_t(B, n) and T_d(B), as every reader of the store sees it: the
-live controller's warm start, ``autospec tune``'s replay, ``autospec report`` and ``autospec
-stats``. One function, so that what the report predicts, what tune replays and what a new
-process starts from are the same numbers.
+"""The pair's batch cost grid, T_t(B, n) and T_d(B), as every reader of the store sees it
+(through ``stored.stored_costs``): the live controller's warm start, ``autospec tune``'s
+replay, ``autospec report`` and ``autospec stats``, so that what the report predicts, what
+tune replays and what a new process starts from are the same numbers.
 
 The grid is the latest probe's shape at the level the loop's own forwards measured
 (``at_live_level``): a probe times cached contexts of one length in every row, which can sit
@@ -10,11 +10,10 @@ well above or below what the traffic's rows cost.
 
 from __future__ import annotations
 
+from autospec.costs import MIN_FORWARDS
 from autospec.policies.batchcosts import BatchCosts
 
 __all__ = ["MIN_FORWARDS", "at_live_level", "batch_grid"]
-
-MIN_FORWARDS = 16  # a live T_t(B, n) or T_d(B) point counts only with this many forwards behind it
 
 
 def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], source: str,

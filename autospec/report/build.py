@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from autospec.costs.grid import at_live_level, batch_grid  # noqa: F401 (re-exported)
+from autospec.costs.stored import batch_one, stored_costs
 from autospec.policies.batchcosts import BatchCosts
 from autospec.policies.costmodel import (
     batch_best_k,
@@ -57,21 +58,19 @@ SPREAD_REQUESTS = 2000  # the latest requests whose forwards give the live point
 
 def cost_inputs(summary, probe_payload: dict | None
                 ) -> tuple[dict[int, float], dict[int, str], float | None]:
-    """The cost model's inputs for one workload, from ONE source so that their ratios hold:
-    the pair's latest probe (medians of interleaved timings) if there is one, else the
-    requests' mean T_t(n) and T_d where each rests on ≥ MIN_FORWARDS forwards. Mixing a quiet
-    probe with a busy server's means would invent steps in the curve (the rule
-    ``autospec.store.queries.measured_costs`` applies for tuning; ``autospec stats`` too)."""
-    pl = probe_payload or {}
-    probe_curve = {int(n): float(t) for n, t in (pl.get("target_s_by_n") or {}).items()
-                   if t is not None and float(t) > 0}
-    if probe_curve:
-        curve = dict(sorted(probe_curve.items()))
-        return curve, dict.fromkeys(curve, "probe"), pl.get("draft_s") or None
-    curve = {n: t for n, t in sorted(summary.t_target_s_by_n.items())
-             if t and t > 0 and summary.target_count_by_n.get(n, 0) >= MIN_FORWARDS}
-    t_draft = summary.t_draft_s if summary.draft_forwards >= MIN_FORWARDS else None
-    return curve, dict.fromkeys(curve, "requests"), t_draft
+    """The cost model's inputs for one workload (``summary``'s live timings, the probe of its
+    path), by the rule every reader applies (``autospec.costs.stored.batch_one``): the probe's
+    curve if there is one, else the requests' means resting on ≥ MIN_FORWARDS forwards."""
+    return _shown(batch_one(probe_payload, summary.t_target_s_by_n, summary.target_count_by_n,
+                            summary.t_draft_s, summary.draft_forwards))
+
+
+def _shown(one) -> tuple[dict[int, float], dict[int, str], float | None]:
+    """(T_t(n), n → "probe" / "requests", T_d) as the report prices with them: batch 1's costs
+    (``BatchOne`` or ``StoredCosts``) with the live points the shape guard held out put back
+    (the report has always shown and priced every well-measured live point)."""
+    curve = dict(sorted({**one.t_target, **one.held_out}.items()))
+    return curve, dict.fromkeys(curve, "probe" if one.from_probe else "requests"), one.t_draft
 
 
 def _mode(counts: dict[int, int], positive: bool = False) -> int | None:
@@ -375,16 +374,17 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
     by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
-    probes: dict[tuple[int, str | None], Any] = {}
     grids: dict[int, Any] = {}
     for sm in summaries:
         pid = sm.pair.id
-        if (pid, sm.path) not in probes:  # the probe of the path the summary's costs are on
-            probes[pid, sm.path] = queries.latest_probe(s, pid, sm.path)
-        if pid not in grids:
-            grids[pid] = batch_grid(s, pid)
-        probe = probes[pid, sm.path]
-        curve, src, t_draft = cost_inputs(sm, probe.payload if probe else None)
+        if pid not in grids:  # the pair's batch grid, once
+            grids[pid] = stored_costs(s, pid, parts={"grid"})
+        suffix = history.suffix_profile(s, sm.category, pid, limit=recent)
+        # batch 1 on the path the summary's costs are on (its probe, else its live points)
+        costs = stored_costs(s, pid, sm.category, summary=sm,
+                             parts={"batch1"} | ({"lookups"} if suffix is not None else set()))
+        probe = costs.probe
+        curve, src, t_draft = _shown(costs)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
         k_in_force = recent_act.k_mode
         # the k the ratio and the estimate are taken at: in force, else the most used k > 0
@@ -416,16 +416,14 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                           sm.first_seen, sm.last_seen, sm.tokens_per_s)
         pair = {name: getattr(sm.pair, name)
                 for name in ("id", "target", "draft", "dtype", "hardware")}
-        g_target, g_draft, g_source = grids[pid]
-        batch = batch_view(alphas, g_target, g_draft, g_source, k_max=k_max, tuned=pol.tuned,
+        g = grids[pid]
+        batch = batch_view(alphas, g.grid, g.draft_grid, g.grid_source, k_max=k_max,
+                           tuned=pol.tuned,
                            requests_by_batch=by_batch.get((category_key(sm.category), pid)),
                            drafted=sm.drafted)
-        suffix = history.suffix_profile(s, sm.category, pid, limit=recent)
-        t_suffix = (queries.suffix_lookup_s_per_token(s, pid, sm.category)
-                    if suffix is not None else None)
         props = proposers_view(sm, history.ngram_profile(s, sm.category, pid, limit=recent),
                                alphas, curve, t_draft, k_max=k_max, suffix=suffix,
-                               t_suffix=t_suffix)
+                               t_suffix=costs.t_suffix)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
         why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
@@ -570,11 +568,13 @@ def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = N
     return out
 
 
-def estimate_speedup(summary, probe_payload: dict | None):
+def estimate_speedup(summary, costs):
     """S(k) of the most used k>0 from the measured acceptance and costs (cost model), with
-    T_t(n) and T_d taken as the report takes them (``cost_inputs``: the
-    pair's latest probe, else well-measured live points). (k, S) or None."""
-    curve, _, t_draft = cost_inputs(summary, probe_payload)
+    T_t(n) and T_d taken as the report takes them: ``costs`` is batch 1's costs as read
+    (``StoredCosts``), or the payload of the probe of the summary's path (``cost_inputs``:
+    that probe, else well-measured live points). (k, S) or None."""
+    curve, _, t_draft = (_shown(costs) if hasattr(costs, "t_target")
+                         else cost_inputs(summary, costs))
     ks = {k: c for k, c in summary.k_counts.items() if k > 0}
     if not ks or 1 not in curve or not t_draft or summary.alpha is None:
         return None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
 
-from autospec.costs.grid import MIN_FORWARDS  # live points need this many forwards (one rule)
+from autospec.costs import MIN_FORWARDS  # live points need this many forwards (one rule)
 
 K_MAX = 8  # the oracle curve S(k) spans k = 0 … max(K_MAX, largest k seen)
 MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"

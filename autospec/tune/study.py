@@ -18,7 +18,7 @@ Per (category, pair) the job:
 Greedy traces replay exactly, so for them the objective is deterministic; sampled traces are
 replayed with a fixed seed (common random numbers: every trial sees the same draws). Traces
 logged at batch B > 1 replay in batches of B with T_t(B, n) (``simulate``), when the costs
-have the batch dimension (``queries.batch_costs``: the probe's grid, else live medians).
+have the batch dimension (``costs.stored.stored_costs``: the probe's grid, else live medians).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autospec.costs.grid import batch_grid
+from autospec.costs.stored import stored_costs
 from autospec.policies.base import K_LIMIT, batch_bucket
 from autospec.policies.params import TUNED
 from autospec.policies.table import TablePolicy
@@ -528,7 +528,7 @@ def tune(store, *, category: str | None = None, pair_id: int | None = None,
     """Tune every (category, pair) with traffic (or the one asked for). ``store``: an open
     ``autospec.store.Store``. ``progress(category, done, total)`` is called as trials finish.
     ``costs_from``: "probe", "live" or "auto" (the probe if one is stored, else live traffic;
-    see ``queries.measured_costs``).
+    see ``autospec.costs.stored.stored_costs``).
     Returns one result per workload, tuned or skipped with the reason."""
     import optuna
 
@@ -614,26 +614,17 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         window = load_window(s, cat, pid, since=since, until=until, max_traces=max_traces,
                              holdout=holdout, pinned=pinned)
         # batch 1's costs from the path the category's traffic ran on (never another's);
-        # batch > 1 from the batched loop's path
-        path = queries.serving_path(s, pid, cat)
-        t_draft, t_target, cost_source = queries.measured_costs(s, pid, cat, path=path,
-                                                                source=costs_from)
-        # the n-gram proposer's host time per proposed token, as its live requests measured
-        t_ngram = next((getattr(sm, "ngram_lookup_s_per_token", None) or 0.0
-                        for sm in queries.category_summaries(s, category=cat, pair_id=pid)),
-                       0.0)
-        t_suffix = queries.suffix_lookup_s_per_token(s, pid, cat) or 0.0  # the same, suffix
-        # the draft model's catch-up, fitted to what the pair logged (else to what the probe
-        # timed), at the ratio to T_d those same requests (that probe) measured
-        catch_up_points, catch_up_t_draft, catch_up_from = queries.catch_up_source(
-            s, pid, path=path)
-        if costs_from == "auto":  # as the report reads it and the controller starts from
-            grid, draft_grid, grid_source = batch_grid(s, pid)
-        elif costs_from == "live":
-            grid, draft_grid = queries.live_batch_grid(s, pid)
-            grid_source = "live"
-        else:
-            grid, draft_grid, grid_source = queries.batch_costs(s, pid)
+        # batch > 1 from the batched loop's path; as the report reads them and the controller
+        # starts from (one source throughout where ``costs_from`` names one)
+        stored = stored_costs(s, pid, cat, source=costs_from)
+    path, t_draft, t_target, cost_source = (stored.path, stored.t_draft, stored.t_target,
+                                            stored.source)
+    # the lookup proposers' host time per proposed token, as their live requests measured
+    t_ngram, t_suffix = stored.t_ngram or 0.0, stored.t_suffix or 0.0
+    # the draft model's catch-up, fitted to what the pair logged (else to what the probe
+    # timed), at the ratio to T_d those same requests (that probe) measured
+    catch_up_points, catch_up_t_draft = stored.catch_up, stored.catch_up_t_draft
+    grid, draft_grid, grid_source = stored.grid, stored.draft_grid, stored.grid_source
     res.traces = len(window.train) + len(window.holdout)
     res.holdout_traces = len(window.holdout)
     res.observed_positions = observed_positions(window.train)
@@ -652,8 +643,6 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
                       "traffic with k = 0 and k > 0")
         return res
-    if costs_from == "probe" and grid_source != "probe":
-        grid, draft_grid = {}, {}  # one source, as asked: the probe's grid alone
     same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
     catch_up = (catch_up_fit(catch_up_points, catch_up_t_draft, float(t_draft))
                 if has_draft else None)
@@ -665,7 +654,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     if has_draft:
         cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
                         else f"; draft catch-up: {len(catch_up_points)} logged"
-                        if catch_up_from == "logged"
+                        if stored.catch_up_source == "logged"
                         else f"; draft catch-up: the probe's ({len(catch_up_points)} sizes)")
     if costs.batched:
         cost_source += f"; batch > 1: {grid_source}"
