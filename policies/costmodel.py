@@ -613,11 +613,12 @@ class CostModelPolicy:
                          size)
             t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
             cap = min(top, acceptance_cap(curve, top, self.params.marginal)) if busy else top
+            k, s = 0, 1.0
             if name == "suffix" and self.params.suffix_whole:  # its own length rule
                 k = min(size, cap)
                 s = speedup_with(curve, k, t_lookup, cost)
                 k = k if s > 1 else 0
-            else:
+            if not k:  # else (or where its whole draft does not pay) the k of best S
                 k, s = best_k(curve, t_lookup, cost, cap)
             induced, saved = 0.0, 0.0
             if k:

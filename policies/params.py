@@ -168,12 +168,8 @@ def parameter_docs() -> list[tuple[str, object, str, bool, str]]:
 
 def markdown_table() -> str:
     """The parameters as the Markdown table docs/parameters.md carries (a test keeps the two
-    equal: ``python -m autospec.policies.params`` prints it)."""
+    equal: ``scripts/parameters_table.py`` prints it)."""
     rows = ["| parameter | default | what it does | tuned, or why fixed |", "|---|---|---|---|"]
     for name, default, doc, tuned, why_fixed in parameter_docs():
         rows.append(f"| `{name}` | {default!r} | {doc} | {'tuned' if tuned else why_fixed} |")
     return "\n".join(rows) + "\n"
-
-
-if __name__ == "__main__":
-    print(markdown_table(), end="")

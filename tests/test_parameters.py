@@ -39,7 +39,7 @@ def test_every_parameter_is_documented_and_every_fixed_one_says_why():
         assert tuned or len(why_fixed) > 20, f"{name} is neither tuned nor says why it is fixed"
     page = (POLICIES.parent / "docs" / "parameters.md").read_text()
     assert markdown_table() in page, ("docs/parameters.md's table differs from the code: "
-                                      "python -m autospec.policies.params prints it")
+                                      "python scripts/parameters_table.py prints it")
 
 
 def test_tune_searches_the_tuned_fields_and_trial_zero_is_the_defaults():

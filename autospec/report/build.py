@@ -67,9 +67,9 @@ def cost_inputs(summary, probe_payload: dict | None
 
 def _shown(one) -> tuple[dict[int, float], dict[int, str], float | None]:
     """(T_t(n), n → "probe" / "requests", T_d) as the report prices with them: batch 1's costs
-    (``BatchOne`` or ``StoredCosts``) with the live points the shape guard held out put back
-    (the report has always shown and priced every well-measured live point)."""
-    curve = dict(sorted({**one.t_target, **one.held_out}.items()))
+    (``BatchOne`` or ``StoredCosts``) as the controller and tune decide by them — without the
+    live points the shape guard held out (a shape no machine shows)."""
+    curve = dict(sorted(one.t_target.items()))
     return curve, dict.fromkeys(curve, "probe" if one.from_probe else "requests"), one.t_draft
 
 
