@@ -10,10 +10,10 @@ import random
 import pytest
 import torch
 from sqlalchemy import MetaData, create_engine, inspect
+from test_cli_errors import _run
 from test_store_batch import _create_at, _downgrade, _insert_legacy
 
 import autospec
-from autospec.cli import main
 from autospec.engine.batch import WHY_EVERY, WHY_FIRST
 from autospec.policies import explain
 from autospec.report import build_report, render_html, render_json, render_text
@@ -30,14 +30,6 @@ from test_store import PAIRS, make_record
 def models():
     target = tiny("llama", sharpen=30.0)
     return target, noisy_copy(target, 0.2)
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr()
 
 
 def _check_batch_1(stats):
