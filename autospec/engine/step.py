@@ -118,18 +118,28 @@ def _verify(batch, it: Iteration) -> None:
     it.scores = s_t = batch.process(it.raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
     live_cols = (None if block.lengths is None
                  else torch.arange(k, device=batch.device) < block.lengths[:, None])
+    # the acceptance trace is the draft model's (``it.trace``): built where it served rows
+    traced = "draft" in it.decision.served
     if batch.greedy:  # the rule with one-hot p and q (``verify.greedy_verify``)
         tgt = s_t.argmax(dim=-1)  # [B, k+1]
-        it.trace_dev = (block.tokens == tgt[:, :k]).long()  # [B, k]
-        match = it.trace_dev if live_cols is None else it.trace_dev * live_cols
-        it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it too
-        it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
+        if not k:  # a plain step: the target's token
+            it.accepted = torch.zeros(len(batch.rows), dtype=torch.long, device=batch.device)
+            it.nxt = tgt[:, 0]
+        else:
+            match = block.tokens == tgt[:, :k]  # [B, k]
+            if traced:
+                it.trace_dev = match = match.long()
+            if live_cols is not None:
+                match = match * live_cols
+            it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it
+            it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
     else:
         it.p = p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
-        q = _q(block, live_cols, batch.vocab, it.overlay)
+        q = _q(block, live_cols, batch.vocab, it.overlay) if k else p[:, :0]
         it.accepted, it.nxt = rejection_sample(p, q, block.tokens, generator=batch.generator,
                                                lengths=block.lengths)
-        it.trace_dev = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
+        if traced:
+            it.trace_dev = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
     it.timing = (t0, clock.mark(), cached)
 
 
@@ -138,7 +148,12 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
     ``sample`` leaves out, and a device prompt on the first iteration)."""
     B, k, block = len(batch.rows), it.k, it.block
     asked = [(p_, p_.sync_parts()) for p_ in batch.proposers.values()]
-    parts = [it.accepted, it.nxt, block.tokens.reshape(-1), it.trace_dev.reshape(-1)]
+    parts = [it.accepted, it.nxt]
+    if k:
+        parts.append(block.tokens.reshape(-1))
+    traced = k and it.trace_dev is not None  # B * k trace values after the block's
+    if traced:
+        parts.append(it.trace_dev.reshape(-1))
     for _p, theirs in asked:
         parts += theirs
     if batch.pending is not None:
@@ -152,7 +167,7 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
         size = batch.pending.numel()
         batch.receive_prompts(vals[len(vals) - size :])
         del vals[len(vals) - size :]
-    off = 2 * B + 2 * B * k
+    off = 2 * B + (2 if traced else 1) * B * k
     for p_, theirs in asked:
         if theirs:
             size = sum(t.numel() for t in theirs)
@@ -164,7 +179,8 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
     props, trace = 2 * B, 2 * B + B * k
     for b, r in enumerate(batch.rows):
         a = vals[b]
-        it.trace.append(vals[trace : trace + k])
+        if traced:
+            it.trace.append(vals[trace : trace + k])
         steps.append(RowStep(proposer=who[b] if lengths[b] else None, proposed=lengths[b],
                              accepted=a, lookup=lookup, match=matches[b], gen=r.n - r.L,
                              new=vals[props : props + a] + [vals[B + b]]))
