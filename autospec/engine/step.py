@@ -131,8 +131,8 @@ def _verify(batch, it: Iteration) -> None:
             it.accepted = torch.zeros(len(batch.rows), dtype=torch.long, device=batch.device)
         else:
             match = block.tokens == tgt[:, :k]  # [B, k]
-            if traced:
-                it.trace_dev = match = match.long()
+            if traced:  # bool: the sync's concatenation reads it as 0 / 1
+                it.trace_dev = match
             if live_cols is not None:
                 match = match * live_cols
             it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it
