@@ -587,7 +587,7 @@ class LiveStats:
         than they are, where conditional acceptance is typically flat or rising along the
         block."""
         with self._lock:
-            posts = self._posteriors(k_max)
+            posts = self._posteriors(k_max, spread=bool(z))
         if not z:
             return [mean for mean, _ in posts]
         return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
@@ -611,9 +611,9 @@ class LiveStats:
         with self._lock:
             accepted, reached, by_match = self._lookup(proposer)
             if match <= 0:
-                posts = self._posteriors(k_max, accepted, reached)
+                posts = self._posteriors(k_max, accepted, reached, spread=bool(z))
             else:
-                pooled = self._posteriors(1, accepted, reached)[0][0]
+                pooled = self._posteriors(1, accepted, reached, spread=False)[0][0]
                 firsts: dict[int, float] = {}
 
                 def first(length: int) -> float:
@@ -622,22 +622,25 @@ class LiveStats:
                     if b not in firsts:
                         by = by_match.get(b)
                         firsts[b] = (pooled if by is None else
-                                     self._posteriors(1, by[0], by[1], centres=[pooled])[0][0])
+                                     self._posteriors(1, by[0], by[1], centres=[pooled],
+                                                      spread=False)[0][0])
                     return firsts[b]
 
                 by = by_match.get(match_bucket(match))
                 acc, reach = by if by is not None else ((), ())
                 # position 0: the pooled prior (its own counts are then added, once)
                 posts = self._posteriors(k_max, acc, reach, centres=[pooled] + [
-                    first(match + i) for i in range(1, k_max)])
+                    first(match + i) for i in range(1, k_max)], spread=bool(z))
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
-                    centres: Sequence[float] = ()) -> list[tuple[float, float]]:
+                    centres: Sequence[float] = (), spread: bool = True
+                    ) -> list[tuple[float, float]]:
         """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
         model's counts, or of ``accepted``/``reached``. Position i's prior has ``prior``'s
         strength, centred on ``centres[i]`` where given, else on the posterior mean of the
-        position before it (position 0: ``prior``'s mean); under the lock."""
+        position before it (position 0: ``prior``'s mean); under the lock. ``spread`` False:
+        the means alone (sd 0.0, not computed)."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
@@ -650,7 +653,7 @@ class LiveStats:
             a = mean * strength + acc
             b = (1 - mean) * strength + reach - acc
             mean = a / (a + b)
-            out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))))
+            out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))) if spread else 0.0))
         return out
 
     def copy(self, *, discount: float | None = None,

@@ -272,26 +272,36 @@ class Batch:
         """[B] each row's block length at most k, never past what the row may generate."""
         return (self.limit_dev - (self.n_dev - self.L_dev) - 1).clamp(0, k)
 
-    def write(self, block: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor,
+    def write(self, block: torch.Tensor, accepted: torch.Tensor, nxt: torch.Tensor | None,
               host: list[int]) -> None:
-        """The block's accepted tokens and the next token into each row's sequence, on the
-        device (entries past a row's new end are overwritten later), and the counts moved.
-        ``host``: each row's accepted count, read back (a call of one row writes by slices)."""
+        """The block's accepted tokens and the next token ``nxt`` into each row's sequence,
+        on the device (entries past a row's new end are overwritten later), and the counts
+        moved; nxt None: ``block`` holds it right after each row's accepted tokens (greedy's
+        argmax). ``host``: each row's accepted count, read back (a call of one row writes by
+        slices)."""
         k = block.shape[1]
         if self.counts is None:
             n, m = self.rows[0].n, host[0]
-            self.tokens[:, n : n + m] = block[:, :m]
-            self.tokens[:, n + m] = nxt
+            if nxt is None:
+                self.tokens[:, n : n + m + 1] = block[:, : m + 1]
+            else:
+                if m:
+                    self.tokens[:, n : n + m] = block[:, :m]
+                self.tokens[:, n + m] = nxt
         else:
             if k:
                 self.tokens.scatter_(1, self.counts[:, None] + self.cols[:k], block)
             end = self.counts + accepted  # [B] where the next token goes
-            self.tokens.scatter_(1, end[:, None], nxt[:, None])
+            if nxt is not None:
+                self.tokens.scatter_(1, end[:, None], nxt[:, None])
             self.counts = end + 1
         if self.seen is not None:
-            emitted = torch.cat([block, nxt[:, None]], dim=1)
-            kept = torch.ones(emitted.shape, dtype=torch.bool, device=self.device)
-            kept[:, :k] = self.cols[:k] < accepted[:, None]  # the accepted drafts, then nxt
+            if nxt is None:
+                emitted, kept = block, self.cols[:k] <= accepted[:, None]
+            else:
+                emitted = torch.cat([block, nxt[:, None]], dim=1)
+                kept = torch.ones(emitted.shape, dtype=torch.bool, device=self.device)
+                kept[:, :k] = self.cols[:k] < accepted[:, None]  # the accepted drafts, then nxt
             hits = torch.zeros(self.seen.shape, dtype=torch.long, device=self.device)
             hits.scatter_reduce_(1, emitted, kept.long(), reduce="amax")
             self.seen |= hits.bool()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any, NamedTuple
 
 from autospec.policies import explain
@@ -75,31 +76,45 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
     tokens left, the longest match, the widest draft gap); at one row they are that row's."""
     r0 = rows[0]
     if len(rows) == 1:
-        return Context(category=r0.category, k_max=k_max, generated=r0.generated,
-                       remaining=r0.left, live=r0.live, remaining_rows=(r0.left,),
-                       categories=(r0.category,), rows=(r0.live,), costs=costs,
-                       proposers=proposers, ngram_match=r0.match, ngram_matches=(r0.match,),
-                       draft_gap=r0.gap if has_draft else 0, request=r0.request,
-                       predicted_alpha=r0.forecast, requests=(r0.request,),
-                       predicted_alphas=(r0.forecast,), suffix_match=r0.suffix,
-                       suffix_matches=(r0.suffix,), suffix_length=r0.suffix_length,
-                       suffix_lengths=(r0.suffix_length,), why=why)
-    return Context(category=r0.category, k_max=k_max, batch_size=len(rows),
-                   generated=min(r.generated for r in rows),
-                   remaining=max(r.left for r in rows), live=r0.live,
-                   remaining_rows=tuple(r.left for r in rows),
-                   categories=tuple(r.category for r in rows),
-                   rows=tuple(r.live for r in rows), costs=costs, proposers=proposers,
-                   ngram_match=max(r.match for r in rows),
-                   ngram_matches=tuple(r.match for r in rows),
-                   draft_gap=max(r.gap for r in rows) if has_draft else 0,
-                   request=r0.request, predicted_alpha=None,
-                   requests=tuple(r.request for r in rows),
-                   predicted_alphas=tuple(r.forecast for r in rows),
-                   suffix_match=max(r.suffix for r in rows),
-                   suffix_matches=tuple(r.suffix for r in rows),
-                   suffix_length=max(r.suffix_length for r in rows),
-                   suffix_lengths=tuple(r.suffix_length for r in rows), why=why)
+        return _context({
+            "category": r0.category, "k_max": k_max, "generated": r0.generated,
+            "remaining": r0.left, "live": r0.live, "remaining_rows": (r0.left,),
+            "categories": (r0.category,), "rows": (r0.live,), "costs": costs,
+            "proposers": proposers, "ngram_match": r0.match, "ngram_matches": (r0.match,),
+            "draft_gap": r0.gap if has_draft else 0, "request": r0.request,
+            "predicted_alpha": r0.forecast, "requests": (r0.request,),
+            "predicted_alphas": (r0.forecast,), "suffix_match": r0.suffix,
+            "suffix_matches": (r0.suffix,), "suffix_length": r0.suffix_length,
+            "suffix_lengths": (r0.suffix_length,), "why": why})
+    return _context({
+        "category": r0.category, "k_max": k_max, "batch_size": len(rows),
+        "generated": min(r.generated for r in rows), "remaining": max(r.left for r in rows),
+        "live": r0.live, "remaining_rows": tuple(r.left for r in rows),
+        "categories": tuple(r.category for r in rows), "rows": tuple(r.live for r in rows),
+        "costs": costs, "proposers": proposers, "ngram_match": max(r.match for r in rows),
+        "ngram_matches": tuple(r.match for r in rows),
+        "draft_gap": max(r.gap for r in rows) if has_draft else 0, "request": r0.request,
+        "predicted_alpha": None, "requests": tuple(r.request for r in rows),
+        "predicted_alphas": tuple(r.forecast for r in rows),
+        "suffix_match": max(r.suffix for r in rows),
+        "suffix_matches": tuple(r.suffix for r in rows),
+        "suffix_length": max(r.suffix_length for r in rows),
+        "suffix_lengths": tuple(r.suffix_length for r in rows), "why": why})
+
+
+# every field of Context with its default (each is a plain value: no default factories)
+_CONTEXT_DEFAULTS = {f.name: f.default for f in fields(Context)}
+
+
+def _context(values: dict) -> Context:
+    """``Context(**values)``, the same frozen object with every field set, built by filling
+    its ``__dict__`` instead of the frozen ``__init__``'s one guarded ``setattr`` per field
+    (one is built every iteration); ``values`` are field names only."""
+    ctx = object.__new__(Context)
+    state = ctx.__dict__
+    state.update(_CONTEXT_DEFAULTS)
+    state.update(values)
+    return ctx
 
 
 def check_choice(policy, choice, k_max: int) -> int:
@@ -145,12 +160,12 @@ def decide(policy, ctx: Context, *, longest: int, has_draft: bool,
     rows: list[str | None] = []
     lengths: list[int] = []
     served: dict[str, list[int]] = {}
+    looks = k > 0 and proposer != "draft"  # a row with a match takes the lookup's block
+    least = min_match if proposer == "hybrid" else 1  # the match it needs
+    other = "draft" if proposer not in LOOKUPS and has_draft else None  # a row without
     for b, (row_left, match) in enumerate(zip(left, matches)):
-        lookup = (k > 0 and proposer != "draft" and match > 0
-                  and (proposer != "hybrid" or match >= min_match))
         size = min(k, row_left - 1)  # a row never proposes past what it can keep
-        who = (source if lookup else "draft" if proposer not in LOOKUPS and has_draft
-               else None) if size > 0 else None
+        who = (source if looks and match >= least else other) if size > 0 else None
         rows.append(who)
         lengths.append(size if who else 0)
         if who:

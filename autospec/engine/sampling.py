@@ -227,14 +227,17 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 
 def invalid_probs(*probs: torch.Tensor | None) -> torch.Tensor:
-    """A 1-element long tensor, 1 when any of ``probs`` holds NaN, inf or a negative value:
-    ``torch.multinomial``'s validity check, computed on the device so that it can ride on a
-    sync the caller makes anyway instead of costing one per draw."""
+    """A 1-element long tensor, nonzero when any of ``probs`` holds NaN, inf or a negative
+    value: ``torch.multinomial``'s validity check, computed on the device so that it can ride
+    on a sync the caller makes anyway instead of costing one per draw."""
     given = [p for p in probs if p is not None]
-    flags = [((p < 0) | ~torch.isfinite(p)).any() for p in given if p.numel()]
-    if not flags:
+    # each tensor's least and greatest value (NaN in either where it holds one): a value out
+    # of [0, the dtype's largest] makes its end one
+    ends = [v for p in given if p.numel() for v in torch.aminmax(p)]
+    if not ends:
         return torch.zeros(1, dtype=torch.long, device=given[0].device if given else None)
-    return torch.stack(flags).any().to(torch.long)[None]
+    ends = torch.stack(ends)
+    return (ends.clamp(0, torch.finfo(ends.dtype).max) != ends).sum(0, keepdim=True)
 
 
 def raise_invalid_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,

@@ -52,7 +52,11 @@ class Iteration:
     raw: torch.Tensor | None = None  # the target's logits [B, k+1, V]
     scores: torch.Tensor | None = None  # processed [B, k+1, V]
     accepted: torch.Tensor | None = None  # [B] on the device
-    nxt: torch.Tensor | None = None  # [B] the recovered or bonus token
+    # each row's emitted tokens on the device: ``tokens``' first ``accepted`` then ``nxt`` [B]
+    # (the recovered or bonus token); nxt None (greedy): ``tokens`` [B, k+1] is the target's
+    # argmax, whose column ``accepted`` is the next token
+    tokens: torch.Tensor | None = None
+    nxt: torch.Tensor | None = None
     p: torch.Tensor | None = None  # sampling: the target's probabilities [B, k+1, V]
     trace_dev: torch.Tensor | None = None  # [B, k] the block's acceptance-trace values
     timing: tuple = ()  # the target forward's clock marks and cached tokens
@@ -72,7 +76,7 @@ def step(batch) -> None:
     it.k = it.block.tokens.shape[1]
     _verify(batch, it)  # 3.
     steps, times = _sync(batch, it)  # 4.
-    batch.write(it.block.tokens, it.accepted, it.nxt, it.taken)  # 5.
+    batch.write(it.tokens, it.accepted, it.nxt, it.taken)  # 5.
     _emit(batch, it, steps)  # 6.
     _account(batch, it, steps, times)  # 7.
     _keep(batch, it)  # 8.
@@ -118,18 +122,28 @@ def _verify(batch, it: Iteration) -> None:
     it.scores = s_t = batch.process(it.raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
     live_cols = (None if block.lengths is None
                  else torch.arange(k, device=batch.device) < block.lengths[:, None])
+    # the acceptance trace is the draft model's (``it.trace``): built where it served rows
+    traced = "draft" in it.decision.served
     if batch.greedy:  # the rule with one-hot p and q (``verify.greedy_verify``)
-        tgt = s_t.argmax(dim=-1)  # [B, k+1]
-        it.trace_dev = (block.tokens == tgt[:, :k]).long()  # [B, k]
-        match = it.trace_dev if live_cols is None else it.trace_dev * live_cols
-        it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it too
-        it.nxt = tgt.gather(1, it.accepted[:, None]).squeeze(1)
+        # the accepted tokens are the target's: every row emits a prefix of its argmax
+        it.tokens = tgt = s_t.argmax(dim=-1)  # [B, k+1]
+        if not k:  # a plain step: the target's token
+            it.accepted = torch.zeros(len(batch.rows), dtype=torch.long, device=batch.device)
+        else:
+            match = block.tokens == tgt[:, :k]  # [B, k]
+            if traced:  # bool: the sync's concatenation reads it as 0 / 1
+                it.trace_dev = match
+            if live_cols is not None:
+                match = match * live_cols
+            it.accepted = match.cumprod(dim=-1).sum(dim=-1)  # a short block's end stops it
     else:
+        it.tokens = block.tokens
         it.p = p = logits_to_probs(s_t, batch.sampling)  # [B, k+1, V]
-        q = _q(block, live_cols, batch.vocab, it.overlay)
+        q = _q(block, live_cols, batch.vocab, it.overlay) if k else p[:, :0]
         it.accepted, it.nxt = rejection_sample(p, q, block.tokens, generator=batch.generator,
                                                lengths=block.lengths)
-        it.trace_dev = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
+        if traced:
+            it.trace_dev = quantize_beta(torch.minimum(p[:, :k], q).sum(-1))  # [B, k]
     it.timing = (t0, clock.mark(), cached)
 
 
@@ -138,7 +152,14 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
     ``sample`` leaves out, and a device prompt on the first iteration)."""
     B, k, block = len(batch.rows), it.k, it.block
     asked = [(p_, p_.sync_parts()) for p_ in batch.proposers.values()]
-    parts = [it.accepted, it.nxt, block.tokens.reshape(-1), it.trace_dev.reshape(-1)]
+    # each row's accepted count, then (sampling) its next token, then ``it.tokens``' rows
+    parts = [it.accepted] if it.nxt is None else [it.accepted, it.nxt]
+    w = it.tokens.shape[1]
+    if w:
+        parts.append(it.tokens.reshape(-1))
+    traced = k and it.trace_dev is not None  # B * k trace values after the tokens
+    if traced:
+        parts.append(it.trace_dev.reshape(-1))
     for _p, theirs in asked:
         parts += theirs
     if batch.pending is not None:
@@ -152,7 +173,8 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
         size = batch.pending.numel()
         batch.receive_prompts(vals[len(vals) - size :])
         del vals[len(vals) - size :]
-    off = 2 * B + 2 * B * k
+    props = B if it.nxt is None else 2 * B  # where ``it.tokens`` start
+    off = props + B * w + (B * k if traced else 0)
     for p_, theirs in asked:
         if theirs:
             size = sum(t.numel() for t in theirs)
@@ -161,14 +183,17 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
     lookup = "ngram" in batch.proposer_names
     who, lengths, matches = it.decision.rows, it.lengths, it.matches
     steps, it.trace, it.taken = [], [], vals[:B]
-    props, trace = 2 * B, 2 * B + B * k
+    trace = props + B * w
     for b, r in enumerate(batch.rows):
         a = vals[b]
-        it.trace.append(vals[trace : trace + k])
+        if traced:
+            it.trace.append(vals[trace : trace + k])
+        new = (vals[props : props + a + 1] if it.nxt is None
+               else vals[props : props + a] + [vals[B + b]])
         steps.append(RowStep(proposer=who[b] if lengths[b] else None, proposed=lengths[b],
                              accepted=a, lookup=lookup, match=matches[b], gen=r.n - r.L,
-                             new=vals[props : props + a] + [vals[B + b]]))
-        props += k
+                             new=new))
+        props += w
         trace += k
     return steps, _times(batch, it)
 

@@ -44,25 +44,23 @@ def rejection_sample(
             "[B, k+1, V], [B, k, V], [B, k]"
         )
     device = target_probs.device
+    if k == 0:  # a plain step: the next token is drawn from p itself
+        return (torch.zeros(B, dtype=torch.int64, device=device),
+                sample(target_probs[:, 0], generator))
     rows = torch.arange(B, device=device)
-
-    if k > 0:
-        idx = draft_tokens[..., None]
-        p = target_probs[:, :k].gather(-1, idx).squeeze(-1)  # [B, k]
-        q = draft_probs.gather(-1, idx).squeeze(-1)  # [B, k]
-        u = torch.rand((B, k), generator=generator, device=device, dtype=p.dtype)
-        # q >= p: accept with probability p/q; q < p: always accept (u < 1 <= p/q).
-        accepted = u * q < p  # [B, k]
-        if lengths is not None:
-            accepted &= torch.arange(k, device=device) < lengths[:, None]
-        # number of leading accepts: a rejection stops the block
-        num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
-        # residual at the first rejection; at the bonus position (n == k) q counts as 0
-        at = num_accepted.clamp(max=k - 1)
-        q_n = draft_probs[rows, at] * (num_accepted < k).to(draft_probs.dtype)[:, None]  # [B, V]
-    else:
-        num_accepted = torch.zeros(B, dtype=torch.int64, device=device)
-        q_n = torch.zeros_like(target_probs[:, 0])
+    idx = draft_tokens[..., None]
+    p = target_probs[:, :k].gather(-1, idx).squeeze(-1)  # [B, k]
+    q = draft_probs.gather(-1, idx).squeeze(-1)  # [B, k]
+    u = torch.rand((B, k), generator=generator, device=device, dtype=p.dtype)
+    # q >= p: accept with probability p/q; q < p: always accept (u < 1 <= p/q).
+    accepted = u * q < p  # [B, k]
+    if lengths is not None:
+        accepted &= torch.arange(k, device=device) < lengths[:, None]
+    # number of leading accepts: a rejection stops the block
+    num_accepted = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
+    # residual at the first rejection; at the bonus position (n == k) q counts as 0
+    at = num_accepted.clamp(max=k - 1)
+    q_n = draft_probs[rows, at] * (num_accepted < k).to(draft_probs.dtype)[:, None]  # [B, V]
     p_n = target_probs[rows, num_accepted]  # [B, V]
     residual = (p_n - q_n).clamp_min(0)
     # Not normalised: the draw (multinomial's exponential race, argmax of weight / E) is the

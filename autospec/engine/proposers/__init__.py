@@ -47,8 +47,9 @@ class HostBlocks:
     """Blocks a lookup proposer builds in host memory, on their way to the device: one
     non-blocking copy per iteration it proposes in, from a staging buffer reused by every
     iteration (pinned on a GPU; the iteration's sync has completed the previous copy before
-    the buffer is rewritten), never a blocking copy of a Python list. Row b's column 0 holds
-    its length, then its tokens."""
+    the buffer is rewritten), never a blocking copy of a Python list. On the CPU the block
+    is the buffer itself, valid for its iteration (nothing reads it after; the next block
+    rewrites it). Row b's column 0 holds its length, then its tokens."""
 
     def __init__(self, batch):
         stage = torch.zeros(len(batch.rows), batch.k_max + 1, dtype=torch.long)
@@ -61,15 +62,15 @@ class HostBlocks:
         """The block, k wide, of ``rows`` rows where row b proposes ``blocks[b]`` (at most k
         tokens; the other rows nothing)."""
         host = self.host
-        host[:rows, : k + 1] = 0
+        if len(blocks) < rows:  # rows it does not serve: nothing
+            host[:rows, : k + 1] = 0
         sizes = [0] * rows
-        for b, toks in blocks.items():
+        for b, toks in blocks.items():  # a served row in one write: length, tokens, zeros
             sizes[b] = n = len(toks)
-            host[b, 0] = n
-            host[b, 1 : 1 + n] = toks
+            host[b, : k + 1] = [n, *toks, *(0,) * (k - n)]
         block = self.stage[:rows, : k + 1]
-        block = (block.to(self.device, non_blocking=True) if self.device.type != "cpu"
-                 else block.clone())
+        if self.device.type != "cpu":
+            block = block.to(self.device, non_blocking=True)
         return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
 
 
