@@ -169,12 +169,15 @@ def interpolate_cost(curve: Mapping[int, float], *, optimistic: bool = False,
 
 
 def speedup(k: int, acceptance, t_draft: float,
-            t_target: Mapping[int, float] | Callable[[int], float]) -> float:
-    """S(k) against plain decoding (k = 0), counting the draft's cost."""
+            t_target: Mapping[int, float] | Callable[[int], float],
+            per_token: float = 0.0) -> float:
+    """S(k) against plain decoding (k = 0), counting the draft's cost, as ``best_k`` reads
+    it: E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
     if k == 0:
         return 1.0
-    return expected_tokens(acceptance, k) * cost(1) / (k * t_draft + cost(k + 1))
+    tokens = expected_tokens(acceptance, k)
+    return tokens * cost(1) / (k * t_draft + cost(k + 1) + tokens * per_token)
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
@@ -201,12 +204,6 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
         if s > best_s:
             best, best_s = k, s
     return best, best_s
-
-
-def speedup_with(acceptance, k: int, t_draft: float, cost, per_token: float = 0.0) -> float:
-    """S(k) as ``best_k`` reads it: E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token)."""
-    tokens = expected_tokens(acceptance, k)
-    return tokens * cost(1) / (k * t_draft + cost(k + 1) + tokens * per_token)
 
 
 def valued_speedup(acceptance, k: int, t_draft: float, cost, per_token: float,
@@ -616,7 +613,7 @@ class CostModelPolicy:
             k, s = 0, 1.0
             if name == "suffix" and self.params.suffix_whole:  # its own length rule
                 k = min(size, cap)
-                s = speedup_with(curve, k, t_lookup, cost)
+                s = speedup(k, curve, t_lookup, cost)
                 k = k if s > 1 else 0
             if not k:  # else (or where its whole draft does not pay) the k of best S
                 k, s = best_k(curve, t_lookup, cost, cap)
@@ -670,9 +667,9 @@ class CostModelPolicy:
         much it missed."""
         if not k:
             k = max(range(1, max(1, cap) + 1),
-                    key=lambda j: speedup_with(curve, j, t_propose, cost, per_token))
+                    key=lambda j: speedup(j, curve, t_propose, cost, per_token))
             s, saved = _priced(curve, k, t_propose, cost, per_token, value,
-                               speedup_with(curve, k, t_propose, cost, per_token))
+                               speedup(k, curve, t_propose, cost, per_token))
         return explain.candidate(proposer, k, tokens=expected_tokens(curve, k),
                                  block_s=k * t_propose + cost(k + 1), extra_s=per_token,
                                  speedup=s, saved_s=saved, induced_s=induced,

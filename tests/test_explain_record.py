@@ -138,7 +138,7 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
     import pathlib
     import re
 
-    from autospec.policies.costmodel import speedup_with
+    from autospec.policies.costmodel import speedup
 
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
     example = doc.split("### A worked example", 1)[1].split("\n## ", 1)[0]
@@ -158,7 +158,7 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
         assert k * 0.030 + cost(k + 1) == pytest.approx(block, abs=5e-4)
         assert (k * 0.030 + cost(k + 1)) / expected_tokens(curve, k) == pytest.approx(spt,
                                                                                        abs=5e-5)
-        assert speedup_with(curve, k, 0.030, cost) == pytest.approx(s, abs=5e-4)
+        assert speedup(k, curve, 0.030, cost) == pytest.approx(s, abs=5e-4)
     policy = CostModelPolicy()
     picks = []
     for match in (0, 4):
