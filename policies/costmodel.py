@@ -139,7 +139,15 @@ def interpolate_cost(curve: Mapping[int, float], *, optimistic: bool = False,
     def slope(i: int) -> float:  # of the segment from point i to point i + 1
         return max(0.0, (ts[i + 1] - ts[i]) / (ns[i + 1] - ns[i]))
 
+    memo: dict[int, float] = {}  # a decision reads each n several times
+
     def cost(n: int) -> float:
+        value = memo.get(n)
+        if value is None:
+            value = memo[n] = shaped(n)
+        return value
+
+    def shaped(n: int) -> float:
         if not optimistic or n < ns[0]:
             return linear(n)
         i = bisect.bisect_right(ns, n) - 1

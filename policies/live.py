@@ -141,13 +141,18 @@ class LiveStats:
 
     def __init__(self, *, discount: float | None = None,
                  prior: tuple[float, float] | None = None, ema: float | None = None,
-                 max_positions: int = K_LIMIT, params: Parameters = DEFAULTS):
+                 max_positions: int = K_LIMIT, params: Parameters = DEFAULTS,
+                 costs: bool = True):
         """``discount``, ``prior`` and ``ema`` default to ``params``' acceptance_discount,
-        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'."""
+        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'.
+        ``costs`` False: counts, match points and the rate only — no cost curve, draft or
+        lookup time, catch-up fit or busy guard (a request's own statistics: the policy
+        prices by its category's costs, and the request's timings are the category's)."""
         discount = params.acceptance_discount if discount is None else discount
         if not 0 < discount <= 1:
             raise ValueError("discount must be in (0, 1]")
         self.params = params
+        self.keeps_costs = costs
         self.discount, self.ema = discount, params.cost_ema if ema is None else ema
         self.prior = (params.prior_hits, params.prior_misses) if prior is None else prior
         # position i (0-based) is "reached" when the draft proposed it and every earlier one in
@@ -197,7 +202,7 @@ class LiveStats:
         # counts as busy, when plain steps were last asked to re-measure the level, and how
         # many shape samples were held out
         self._recent: dict[int, deque] = {}
-        self._scattered: dict[int, tuple] = {}  # n → (its latest sample, scattered), by busy()
+        self._scattered: dict[int, tuple] = {}  # n → (latest sample, window start, scattered)
         self._level_ref: float | None = None
         self._stale: set[int] = set()
         self.level_moves = 0
@@ -222,7 +227,7 @@ class LiveStats:
             # an iteration whose target timing is held out (a shape no machine shows: the
             # level it is read against is out of date) holds out its draft timing too
             kept = self._timed(k, target_s)
-            if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
+            if k > 0 and kept and self.keeps_costs and draft_s == draft_s and draft_s > 0:
                 if 0 in self._stale:  # the level moved: this sample replaces the carried one
                     self._stale.discard(0)
                     self.t_draft = draft_s / k
@@ -269,7 +274,7 @@ class LiveStats:
         False until ``cost_settle`` fresh samples settle it); within ``remeasure_every``
         iterations of the last re-measure such a point is clamped to the floor instead."""
         kept = True
-        if target_s == target_s and target_s > 0:  # not NaN
+        if self.keeps_costs and target_s == target_s and target_s > 0:  # not NaN
             n, it = k + 1, self.iterations
             p = self.params
             recent = self._recent.get(n)
@@ -350,18 +355,21 @@ class LiveStats:
                 return True
             since = it - p.scatter_window
             for n, samples in self._recent.items():
-                if len(samples) < 3:
+                size = len(samples)
+                if size < 3 or samples[-1][0] < since:
                     continue
-                if samples[0][0] >= since:  # all of them in the window: read before?
-                    last, seen = samples[-1], self._scattered.get(n)
-                    if seen is None or seen[0] is not last:  # a sample came since
-                        seen = self._scattered[n] = (last, spread([t for _, t in samples])
-                                                     > p.scatter)
-                    if seen[1]:
-                        return True
+                first = 0  # the first sample within the window
+                while samples[first][0] < since:
+                    first += 1
+                if size - first < 3:
                     continue
-                xs = [t for i, t in samples if i >= since]
-                if len(xs) >= 3 and spread(xs) > p.scatter:
+                # the verdict over the window's samples: read again only when a sample came
+                # (the last one is another) or one left the window
+                last, seen = samples[-1], self._scattered.get(n)
+                if seen is None or seen[0] is not last or seen[1] != first:
+                    window = [t for _, t in samples][first:]
+                    seen = self._scattered[n] = (last, first, spread(window) > p.scatter)
+                if seen[2]:
                     return True
         return False
 
@@ -373,8 +381,9 @@ class LiveStats:
             return
         with self._lock:
             self.spent[0] += float(seconds)  # time the category spent, for no token of its own
-            self.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
-                                          self.catch_up)
+            if self.keeps_costs:
+                self.catch_up = catch_up_sums([(tokens, seconds)],
+                                              self.params.catch_up_discount, self.catch_up)
             self.version += 1
 
     def warm_catch_up(self, points) -> None:
@@ -432,7 +441,7 @@ class LiveStats:
         ``t_suffix``), and the target's timing, which is the same whoever proposed."""
         with self._lock:
             self._count_ngram(k, accepted, match, proposer)
-            if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
+            if k > 0 and self.keeps_costs and lookup_s == lookup_s and lookup_s >= 0:
                 name = "t_suffix" if proposer == "suffix" else "t_ngram"
                 setattr(self, name, self._avg(getattr(self, name), lookup_s / k))
             self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
@@ -665,7 +674,7 @@ class LiveStats:
         with self._lock:
             new = LiveStats(discount=self.discount if discount is None else discount,
                             prior=self.prior, ema=self.ema, max_positions=len(self.reached),
-                            params=self.params)
+                            params=self.params, costs=self.keeps_costs)
             new.accepted, new.reached = list(self.accepted), list(self.reached)
             new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
                                                      list(self.ngram_reached))

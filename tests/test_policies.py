@@ -328,3 +328,29 @@ def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
         assert getattr(policy.choose(matched), "proposer", None) == "ngram"
     assert policy.choose(plain) == 1  # the probe was due: it fires at the next step off
     assert policy.choose(plain) == 0
+
+
+def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():
+    """A request's ``LiveStats`` (``costs=False``: the engine's and replay's per-request
+    statistics) counts what its category's counts — acceptance, lookup blocks and shadows,
+    match points, the rate — and keeps none of the costs the policy prices by its
+    category's: no curve, draft or lookup time, catch-up fit, busy verdict."""
+    full, request = LiveStats(discount=1.0), LiveStats(discount=1.0, costs=False)
+    for ls in (full, request):
+        for it in range(40):
+            ls.observe_match(it % 3 == 0)
+            if it % 4 == 0:
+                ls.observe_ngram(5, it % 5, 0.0001, 0.02 * (1 + it // 4 % 2), match=2)
+            else:
+                ls.observe(it % 4, it % 3, 0.004 * (it % 4), 0.02 * (1 + it // 4 % 2))
+            ls.observe_ngram_shadow(2, 1, 3)
+        ls.observe_catch_up(30, 0.05)
+    assert full.t_target and full.t_draft and full.t_ngram and full.catch_up_cost(8)
+    assert (request.t_target, request.t_draft, request.t_ngram) == ({}, None, None)
+    assert request.catch_up_cost(8) is None and not request.busy() and full.busy()
+    assert request.cost() is None
+    assert (request.accepted, request.reached) == (full.accepted, full.reached)
+    assert request.ngram_counts(2) == full.ngram_counts(2)
+    assert request.match_points == full.match_points
+    assert request.spent == full.spent and request.iterations == full.iterations
+    assert request.copy().keeps_costs is False

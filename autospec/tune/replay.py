@@ -387,7 +387,7 @@ class _Row:
         from autospec.engine.stats import LoopStats
         from autospec.policies import LiveStats
 
-        self.request = LiveStats(discount=1.0)  # the request's own, as the engine keeps it
+        self.request = LiveStats(discount=1.0, costs=False)  # the request's own, as the engine keeps it
         self.stats = LoopStats()
 
     @property
