@@ -34,23 +34,24 @@ __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_
            "acceptance_cap", "CostModelPolicy"]
 
 
-def _rate(acceptance: Sequence[float | None], i: int) -> float:
-    """Acceptance at position i (0-based); past the measured positions, the last one."""
-    known = [a for a in acceptance if a is not None]
-    if not known:
-        return 0.0
-    if i < len(acceptance) and acceptance[i] is not None:
-        return float(acceptance[i])
-    return float(known[-1])
+def _last_known(acceptance: Sequence[float | None]) -> float:
+    """The rate past the measured positions (and at an unmeasured one): the last measured
+    one; 0 where none is."""
+    for a in reversed(acceptance):
+        if a is not None:
+            return float(a)
+    return 0.0
 
 
 def expected_tokens(acceptance: Sequence[float | None] | float, k: int) -> float:
     """E[N](k): tokens one iteration of lookahead k yields (accepted + the one more)."""
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
-    total, run = 1.0, 1.0
+    last = _last_known(acceptance)
+    total, run, size = 1.0, 1.0, len(acceptance)
     for i in range(k):
-        run *= _rate(acceptance, i)
+        a = acceptance[i] if i < size else None
+        run *= last if a is None else float(a)
         total += run
     return total
 
@@ -79,8 +80,7 @@ def acceptance_cap(acceptance, k_max: int, marginal: float = DEFAULTS.marginal) 
     cap is 1, at 0.5 it is 3, at 0.8 it is 10."""
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
-    known = [a for a in acceptance if a is not None]
-    last = float(known[-1]) if known else 0.0
+    last = _last_known(acceptance)
     run, cap = 1.0, 1
     for k in range(1, k_max + 1):
         a = acceptance[k - 1] if k - 1 < len(acceptance) else None
@@ -199,8 +199,7 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
     cost = t_target if callable(t_target) else interpolate_cost(t_target)
     if isinstance(acceptance, (int, float)):
         acceptance = [float(acceptance)]
-    known = [a for a in acceptance if a is not None]
-    last = float(known[-1]) if known else 0.0
+    last = _last_known(acceptance)
     t1 = cost(1)
     best, best_s = 0, 1.0
     run, tokens = 1.0, 1.0
@@ -375,8 +374,7 @@ def _row_expected(curves: Sequence, k_max: int):
     for c in curves:
         if id(c) not in groups:
             rates = [float(c)] if isinstance(c, (int, float)) else list(c)
-            known = [a for a in rates if a is not None]
-            groups[id(c)] = [rates, float(known[-1]) if known else 0.0, 1.0, 1.0]
+            groups[id(c)] = [rates, _last_known(rates), 1.0, 1.0]
     of_row = [groups[id(c)] for c in curves]
     for k in range(1, k_max + 1):
         for g in groups.values():
@@ -482,8 +480,8 @@ class CostModelPolicy:
         self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
         self._moves: dict[str, int] = {}  # category → the LiveStats.level_moves seen last
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
-        # per LiveStats: (version, top, acceptance curve, cost function), rebuilt only when the
-        # statistics changed (their ``version``) or another curve length is asked for
+        # per LiveStats: (top, counts_version, acceptance curve, version, cost function), each
+        # rebuilt only when what it derives from changed or another curve length is asked for
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_ngram: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
@@ -507,25 +505,27 @@ class CostModelPolicy:
         self._derived_lock = threading.Lock()
 
     def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
-        """(acceptance curve over ``top`` positions, T_t cost function) from ``live``, the
-        same objects until ``live.version`` changes. Callers only read them."""
-        version = live.version  # read first: what is built reflects at least this version
+        """(acceptance curve over ``top`` positions, T_t cost function) from ``live``: the
+        curve the same object until the draft model's counts change (``counts_version``), the
+        cost function until anything does (``version``). Callers only read them."""
+        counts, version = live.counts_version, live.version  # read first: built from at least these
         with self._derived_lock:
             hit = self._derived.get(live)
-        if hit is not None and hit[0] == version and hit[1] == top:
-            return hit[2], hit[3]
-        curve = live.acceptance_curve(top, z=self.params.z)
+        if hit is not None and hit[0] == top and hit[3] == version:
+            return hit[2], hit[4]
+        curve = (hit[2] if hit is not None and hit[0] == top and hit[1] == counts
+                 else live.acceptance_curve(top, z=self.params.z))
         cost = live.cost(optimistic=self.params.optimistic)
         with self._derived_lock:
-            self._derived[live] = (version, top, curve, cost)
+            self._derived[live] = (top, counts, curve, version, cost)
         return curve, cost
 
     def derived_ngram(self, live, top: int, match: int = 0,
                       proposer: str = "ngram") -> list[float]:
         """A lookup proposer's acceptance curve from ``live`` ("ngram" or "suffix") for a
-        match of ``match`` tokens (0: any), rebuilt only when ``live.version`` changes (as
-        ``derived``)."""
-        version = live.version
+        match of ``match`` tokens (0: any), rebuilt only when the lookups' counts change
+        (``live.lookup_version``)."""
+        version = live.lookup_version
         key = (proposer, match, top)
         with self._derived_lock:  # (version, {key: curve}): one version at a time
             entry = self._derived_ngram.get(live)

@@ -217,11 +217,15 @@ class LiveStats:
         self.costs_from: str | None = None
         self._lock = threading.Lock()
         self.version = 0  # bumped on every change: lets policies cache their decisions
+        # bumped when the draft model's acceptance counts change, and a lookup proposer's:
+        # what is derived from those alone is not rebuilt for every timing
+        self.counts_version = self.lookup_version = 0
 
     # -- feeding ------------------------------------------------------------------------------
     def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
         with self._lock:
             self._count(self.accepted, self.reached, k, accepted)
+            self.counts_version += 1
             if k > 0:
                 self.draft_blocks += 1
             # an iteration whose target timing is held out (a shape no machine shows: the
@@ -441,6 +445,7 @@ class LiveStats:
         ``t_suffix``), and the target's timing, which is the same whoever proposed."""
         with self._lock:
             self._count_ngram(k, accepted, match, proposer)
+            self.lookup_version += 1
             if k > 0 and self.keeps_costs and lookup_s == lookup_s and lookup_s >= 0:
                 name = "t_suffix" if proposer == "suffix" else "t_ngram"
                 setattr(self, name, self._avg(getattr(self, name), lookup_s / k))
@@ -471,6 +476,7 @@ class LiveStats:
         k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
         with self._lock:
             self._count_ngram(k, m, match, proposer)
+            self.lookup_version += 1
             self.version += 1
 
     def _count_ngram(self, k: int, m: int, match: int, proposer: str = "ngram") -> None:
@@ -521,6 +527,7 @@ class LiveStats:
                 self.reached[0] += 1
                 self.accepted[0] += min(1.0, max(0.0, float(v)))
             if matches:
+                self.counts_version += 1
                 self.version += 1
 
     def _avg(self, old: float | None, new: float) -> float:
@@ -575,6 +582,8 @@ class LiveStats:
                 self._level_ref = self.t_target[1]
             if bandwidth_utilisation is not None:
                 self.bandwidth_utilisation = bandwidth_utilisation
+            self.counts_version += 1
+            self.lookup_version += 1
             self.version += 1
 
     # -- reading ------------------------------------------------------------------------------

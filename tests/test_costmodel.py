@@ -198,3 +198,32 @@ def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays
         policy = CostModelPolicy(initial_k=3)
         ctx = Context(category="new", k_max=4, live=live, remaining=100)
         assert policy.choose(ctx) == (1 if tried else 0)
+
+
+def test_derived_values_follow_what_they_are_derived_from():
+    """The policy's cached curve and cost function: a lookup block (timings and lookup counts
+    change, the draft model's counts do not) keeps the draft curve object and rebuilds the
+    cost; a draft block rebuilds both; a lookup curve follows the lookups' counts alone.
+    Every value read equals one computed afresh."""
+    from autospec.policies.costmodel import CostModelPolicy
+    from autospec.policies.live import LiveStats
+
+    policy, live = CostModelPolicy(), LiveStats()
+    for k in (0, 0, 0, 3, 3):
+        live.observe(k, 2 if k else 0, 0.004 * k, 0.02 + 0.001 * k)
+    live.observe_ngram(4, 3, 0.0001, 0.025, match=2)
+    curve, cost = policy.derived(live, 8)
+    ngram = policy.derived_ngram(live, 8, 2)
+
+    live.observe_ngram(6, 1, 0.0001, 0.03, match=2)  # a lookup block: n = 7 timed
+    curve2, cost2 = policy.derived(live, 8)
+    assert curve2 is curve and cost2 is not cost and cost2(7) == live.cost()(7)
+    ngram2 = policy.derived_ngram(live, 8, 2)
+    assert ngram2 is not ngram
+    assert ngram2 == live.ngram_acceptance_curve(8, z=policy.params.z, match=2)
+
+    live.observe(3, 0, 0.012, 0.024)  # a draft block: counts and timings
+    curve3, _ = policy.derived(live, 8)
+    assert curve3 is not curve and curve3 == live.acceptance_curve(8, z=policy.params.z)
+    assert policy.derived_ngram(live, 8, 2) is ngram2  # the lookups' counts did not move
+    assert policy.derived(live, 4)[0] == live.acceptance_curve(4, z=policy.params.z)
