@@ -578,16 +578,17 @@ class LiveStats:
         acceptance alone can justify."""
         return self.costs.busy()
 
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+    def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
         """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
         which took ``seconds`` (its first proposal included): the category's time spent, and
-        the pair's catch-up fit (discounted like the counts, at ``params.catch_up_discount``
-        per catch-up: the fit follows the hardware, not a prompt seen long ago)."""
+        (``fit``: False where another category of the iteration fed it already) the pair's
+        catch-up fit (discounted like the counts, at ``params.catch_up_discount`` per
+        catch-up: the fit follows the hardware, not a prompt seen long ago)."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
         with self._lock:
             self.spent[0] += float(seconds)  # time the category spent, for no token of its own
-            if self.feed_costs:
+            if self.feed_costs and fit:
                 self.costs._catch_up(tokens, seconds)
             self._version += 1
 

@@ -17,7 +17,7 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_sta
 
 import autospec
 from autospec.costs.stored import stored_costs
-from autospec.policies import Context, CostModelPolicy
+from autospec.policies import Context, CostModelPolicy, FixedK
 from autospec.policies.live import LiveStats, PairCosts, copy_lives
 from autospec.policies.params import DEFAULTS
 from autospec.store import open_store, queries
@@ -219,3 +219,16 @@ def _reflect(engine):
     meta = MetaData()
     meta.reflect(engine, only=["category_costs"])
     return meta.tables["category_costs"]
+
+
+def test_a_catch_up_of_a_batch_of_two_categories_is_fitted_once():
+    from autospec.engine.accounting import RowStep, StepTimes, account
+
+    pair = PairCosts()
+    a, b = LiveStats(costs=pair), LiveStats(costs=pair)
+    times = StepTimes(batch=2, call_batch=2, target_s=0.2, draft_s=0.02, draft_tokens=2,
+                      catch_up=(40, 0.1))
+    rows = [RowStep(proposer="draft", proposed=1, accepted=1, emitted=2) for _ in range(2)]
+    account(FixedK(1), None, 1, rows, times, lives=[a, b], requests=[None, None])
+    assert pair.catch_up[0] == 1  # one point in the pair's fit
+    assert a.spent[0] >= 0.1 and b.spent[0] >= 0.1  # each category spent the time
