@@ -25,7 +25,7 @@ from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
 from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
 from autospec.policies.fixed import FixedK
-from autospec.policies.live import LiveStats
+from autospec.policies.live import LiveStats, PairCosts
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,8 @@ class Controller:
         self.target_context = _context_length(model)
         self.draft_context = None if draft is None else _context_length(draft)
         self.log_text = log_text
-        self.live: dict[str, LiveStats] = {}  # per category: acceptance and timings, live
+        self.live: dict[str, LiveStats] = {}  # per category: acceptance, live
+        self._pair_costs: PairCosts | None = None  # the pair's costs, which they reference
         self.store = self.writer = self.telemetry = None
         self.log_features = log_features
         self.categorizer = None
@@ -346,53 +347,36 @@ class Controller:
         return self._batch_costs
 
     def live_stats(self, category: str) -> LiveStats:
-        """The category's live statistics, created on first use and warmed from the store."""
+        """The category's live statistics, created on first use and warmed from the store:
+        its own acceptance, beside the pair's costs (``pair_costs``), which every category
+        references."""
         live = self.live.get(category)
         if live is None:
             with self._lock:
                 live = self.live.get(category)
                 if live is None:
-                    live = LiveStats(params=params_of(self.policy))
-                    self._warm(category, live)
-                    self._share_costs(live)
+                    first = self._pair_costs is None
+                    if first:
+                        self._pair_costs = PairCosts(params=params_of(self.policy))
+                    live = LiveStats(params=params_of(self.policy), costs=self._pair_costs)
+                    self._warm(category, live, costs=first)
                     self.live[category] = live
         return live
 
-    def _share_costs(self, live: LiveStats) -> None:
-        """A category the store knows no costs for starts from what this process measured
-        for the others: T_t(n), T_d, the draft's catch-up cost and the lookup time are the
-        pair's and the hardware's, not the traffic's. Without this every new category
-        re-measured plain decoding and re-explored each n from a cold start (two plain
-        iterations and up to one iteration per block length, per category). Acceptance is
-        never shared; the category's own timings replace these by EMA as they come in.
-        The process's costs replace what the store gave the category where they are more
-        complete (one source either way, so their ratios hold): the store's pair-level live
-        medians need ``autospec.costs.MIN_FORWARDS`` forwards per n, so a store a few
-        requests old gave T_t(1) alone, and every new category then re-explored at ``initial_k`` what the process had measured
-        (on a compute-bound CPU, k = 3 blocks at 3.2 plain steps each, 0.87x plain).
-        Under the lock."""
-        peers = [p for p in self.live.values() if p.t_target]
-        if not peers:
-            return
-        peer = max(peers, key=lambda p: (len(p.t_target), p.iterations))
-        donor = peer.copy()  # a consistent snapshot under the peer's lock
-        if (len(live.t_target) >= len(donor.t_target)
-                and (live.t_draft is not None or donor.t_draft is None)):
-            return
-        # a new category's statistics, not yet seen by any other thread: one source
-        live.t_target, live.t_samples = {}, {}
-        # the donor's points passed the live guard (or are a probe's): taken as they are
-        live.warm_start([], [], t_target=donor.t_target, probe=True)
-        live.costs_from = "shared"
-        live.t_draft = donor.t_draft if donor.t_draft is not None else live.t_draft
-        if live.t_ngram is None:
-            live.t_ngram = donor.t_ngram
-        if not live.catch_up[0]:  # the draft model's catch-up cost is the pair's too
-            live.catch_up = list(donor.catch_up)
+    @property
+    def pair_costs(self) -> PairCosts | None:
+        """The pair's batch-1 costs on this controller's path (T_t(n), T_d, the lookups'
+        time, the draft's catch-up fit, the busy-machine guard): one object, fed by every
+        category's timings and read by every category's decisions. Warmed from the store
+        once, with the first category (None before any request)."""
+        return self._pair_costs
 
-    def _warm(self, category: str, live: LiveStats) -> None:
+    def _warm(self, category: str, live: LiveStats, *, costs: bool = True) -> None:
         """History of this category and pair from the store (a read, once per category;
-        WAL readers never wait on writers). Failures only cost the warm start."""
+        WAL readers never wait on writers): the category's acceptance, and with ``costs``
+        (the first category: the pair's costs are warmed once, then measured live, so a
+        later category starts from what the process measured) the pair's costs. Failures
+        only cost the warm start."""
         if self.store is None:
             return
         from autospec.costs.stored import stored_costs
@@ -408,22 +392,19 @@ class Controller:
                 # probe if any, else well-measured live points), so their ratios hold; live
                 # timings then replace them as they come in. The draft's catch-up cost is the
                 # pair's: priced from the first resumption (logged catch-ups, else the probe's)
-                c = stored_costs(s, pid, category, path=self.path,
-                                 parts={"batch1", "catch_up", "lookups"})
-            live.warm_catch_up(c.catch_up)
-            # a probe's curve is exempt from the shape guard (every n timed back to back); a
-            # live one passes it again here, whoever stored it
+                c = (stored_costs(s, pid, category, path=self.path,
+                                  parts={"batch1", "catch_up", "lookups"}) if costs else None)
+            if c is not None:
+                live.warm_catch_up(c.catch_up)
+                # a probe's curve is exempt from the shape guard (every n timed back to
+                # back); a live one passes it again here, whoever stored it
+                live.costs.warm(c.t_target, c.t_draft, c.t_ngram, probe=c.from_probe)
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
-                                t_draft=c.t_draft, t_target=c.t_target,
                                 bandwidth_utilisation=sm.bandwidth_utilisation,
                                 ngram_accepted_per_position=sm.ngram_accepted_per_position,
-                                ngram_drafted_per_position=sm.ngram_drafted_per_position,
-                                t_ngram=c.t_ngram, probe=c.from_probe)
-            elif c.t_target:
-                live.warm_start([], [], t_target=c.t_target, t_draft=c.t_draft,
-                                probe=c.from_probe)
+                                ngram_drafted_per_position=sm.ngram_drafted_per_position)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 

@@ -17,10 +17,10 @@ from .batchcosts import BatchCosts
 from .costmodel import CostModelPolicy
 from .fixed import FixedK
 from .heuristic import Heuristic
-from .live import LiveStats
+from .live import LiveStats, PairCosts
 from .table import TablePolicy
 from .tuned import TunedPolicy, build_policy
 
 __all__ = ["BatchCosts", "CallablePolicy", "Choice", "PROPOSERS", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
-           "LiveStats", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
+           "LiveStats", "PairCosts", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
            "as_policy", "auto_policy", "batch_bucket", "build_policy"]

@@ -81,7 +81,7 @@ class Context:
     # the prompt at its first use, what k = 0 or the n-gram emitted since (at batch > 1 the
     # widest row's: the catch-up forward pads every row to it)
     draft_gap: int = 0
-    # this request so far (batch 1): its own LiveStats (costs=False), fed as its category's
+    # this request so far (batch 1): its own LiveStats (feed_costs=False), fed as its category's
     # (undiscounted), keeping no costs (the category's are priced by):
     # its rate (``spent``), n-gram match points, n-gram blocks and shadow
     request: Any = None

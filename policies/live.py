@@ -1,9 +1,17 @@
-"""What has been measured about one traffic category, live: acceptance per draft position
-(discounted Beta counts) and the cost model's timings (T_d, T_t(n)).
+"""What has been measured live: per traffic category, acceptance per draft position
+(discounted Beta counts, ``LiveStats``); per model pair and execution path, the cost model's
+timings (T_d, T_t(n), the lookups' host time, the draft's catch-up fit and the busy-machine
+guard, ``PairCosts``).
 
-The controller keeps one ``LiveStats`` per category, feeds it every iteration's outcome, warms
-it from the store, and hands it to the policy inside the ``Context``; policies read it, they do
-not own it. Thread-safe: several requests of one category may run at once.
+Costs are the pair's, once: the controller keeps one ``PairCosts`` for its pair on its
+batch-1 path and one ``LiveStats`` per category, each of which references that one cost object
+(reads delegate to it: ``live.t_target``, ``live.cost()``, ``live.busy()``, ...). A category's
+timings feed the pair's costs, so a burst one category's forwards show marks the machine busy
+for every category, and a new category starts with what the process measured. Acceptance is
+never shared. The controller feeds the statistics every iteration, warms them from the store,
+and hands a category's ``LiveStats`` to the policy inside the ``Context``; policies read it,
+they do not own it. Thread-safe: several requests of one or more categories may run at once
+(a category's statistics and its pair's costs share one lock).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ log = logging.getLogger("autospec.policies.live")
 # scatter_window, busy_hold, remeasure_every, recent) say when a point is not physical, when
 # the level moved and when timings scatter; their docs say why each has its value.
 
-__all__ = ["LiveStats", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
+__all__ = ["LiveStats", "PairCosts", "copy_lives", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
            "shape_guard", "spread"]
 
 
@@ -135,50 +143,28 @@ def _seed(accepted: list[float], reached: list[float], accepted_per_position: Se
     return max(0.0, seeded)
 
 
-class LiveStats:
-    """Discounted sufficient statistics. Every observation first multiplies the old counts by
-    ``discount`` so the estimates follow drift (half-life ln 2 / (1 − discount) iterations)."""
+class PairCosts:
+    """The cost model's timings of one model pair on one machine and execution path, at batch
+    1: T_t(n), T_d, the lookup proposers' host seconds per token, the draft model's catch-up
+    fit, and the busy-machine guard over them (the level T_t(1), the shape floor, scatter).
 
-    def __init__(self, *, discount: float | None = None,
-                 prior: tuple[float, float] | None = None, ema: float | None = None,
-                 max_positions: int = K_LIMIT, params: Parameters = DEFAULTS,
-                 costs: bool = True):
-        """``discount``, ``prior`` and ``ema`` default to ``params``' acceptance_discount,
-        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'.
-        ``costs`` False: counts, match points and the rate only — no cost curve, draft or
-        lookup time, catch-up fit or busy guard (a request's own statistics: the policy
-        prices by its category's costs, and the request's timings are the category's)."""
-        discount = params.acceptance_discount if discount is None else discount
-        if not 0 < discount <= 1:
-            raise ValueError("discount must be in (0, 1]")
+    Every category's ``LiveStats`` of a controller references one ``PairCosts`` (and so does a
+    policy's own copy of a category's statistics): the costs are facts of the pair, the
+    hardware and the path, not of the traffic. It is fed by the category statistics that own
+    it (``LiveStats`` with ``feed_costs``) and read through them. Its lock is the lock of every
+    ``LiveStats`` that references it; the ``_``-methods run under it.
+
+    ``iterations`` is its clock: one tick per timed observation (an iteration of one row, of
+    whichever category), which the guard's windows (``busy_hold``, ``scatter_window``,
+    ``remeasure_every``) count in.
+    """
+
+    def __init__(self, *, ema: float | None = None, params: Parameters = DEFAULTS):
         self.params = params
-        self.keeps_costs = costs
-        self.discount, self.ema = discount, params.cost_ema if ema is None else ema
-        self.prior = (params.prior_hits, params.prior_misses) if prior is None else prior
-        # position i (0-based) is "reached" when the draft proposed it and every earlier one in
-        # the block was accepted; accepted[i] / reached[i] is then the conditional acceptance
-        # the cost model multiplies (vLLM's per-position rates are cumulative instead)
-        self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
-        self.reached = [0.0] * max_positions  # discounted blocks that reached position i
+        self.ema = params.cost_ema if ema is None else ema
         self.t_draft: float | None = None  # seconds per proposed token
-        # the draft model's blocks ever counted here (stored history's included), undiscounted:
-        # whether it was ever tried on this traffic, which discounted evidence cannot say
-        self.draft_blocks = 0.0
-        # the n-gram proposer (prompt lookup), counted apart from the draft model: its
-        # acceptance by position, given a match proposed it, and its host time per token
-        self.ngram_accepted = [0.0] * max_positions
-        self.ngram_reached = [0.0] * max_positions
-        # the same counts per length of the match the block came from (n → (accepted,
-        # reached)): a suffix of 3 tokens seen before predicts its continuation far better
-        # than one token does, and the policy knows the length before it chooses
-        self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        self.t_ngram: float | None = None
-        # suffix decoding (``autospec.suffix``), the other lookup proposer, counted the same
-        # way apart from both: its match is the length of the context's suffix it found
-        self.suffix_accepted = [0.0] * max_positions
-        self.suffix_reached = [0.0] * max_positions
-        self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        self.t_suffix: float | None = None
+        self.t_ngram: float | None = None  # prompt lookup's host seconds per proposed token
+        self.t_suffix: float | None = None  # suffix decoding's
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
         # the first live samples of each T_t(n) not warm-started (≤ cost_settle): their
         # median stands for it until there are cost_settle, then the moving average follows
@@ -187,13 +173,6 @@ class LiveStats:
         # first use, and what k = 0 or the n-gram emitted since): discounted sums of
         # (1, g, g², C, g·C) for the fit C(g) = a + b·g (``catch_up_cost``)
         self.catch_up = [0.0] * 5
-        # decision points with and without an n-gram match (discounted): the share of the
-        # request the draft model would serve, over which its catch-up is paid off
-        self.match_points = [0.0, 0.0]  # [without a match, with one]
-        # the rate the category runs at: discounted seconds (proposals, catch-ups, the
-        # target's forwards) and tokens emitted, over the iterations past prefill
-        self.spent = [0.0, 0.0]  # [seconds, tokens]
-        self.bandwidth_utilisation: float | None = None
         self.iterations = 0
         # the busy-machine guard (``params``): raw recent timings per n
         # ((iteration, seconds), the last recent), the level T_t(1) the other points were
@@ -212,61 +191,46 @@ class LiveStats:
         # n → the least T_t(n) / T_t(1) trusted where a probe measured a point below
         # shape_floor (a probe times every n back to back: its shape is exempt)
         self._floor: dict[int, float] = {}
-        # where the warm costs came from ("probe", "store", "shared": another category's in
-        # this process; None: live timings only), for the decision record
+        # where the warm costs came from ("probe", "store"; None: live timings only), for the
+        # decision record
         self.costs_from: str | None = None
         self._lock = threading.Lock()
-        self.version = 0  # bumped on every change: lets policies cache their decisions
-        # bumped when the draft model's acceptance counts change, and a lookup proposer's:
-        # what is derived from those alone is not rebuilt for every timing
-        self.counts_version = self.lookup_version = 0
+        self.version = 0  # bumped on every change (the readers' version adds it)
 
-    # -- feeding ------------------------------------------------------------------------------
-    def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def copy(self) -> PairCosts:
+        """An independent copy (a replay that must not feed the original)."""
         with self._lock:
-            self._count(self.accepted, self.reached, k, accepted)
-            self.counts_version += 1
-            if k > 0:
-                self.draft_blocks += 1
-            # an iteration whose target timing is held out (a shape no machine shows: the
-            # level it is read against is out of date) holds out its draft timing too
-            kept = self._timed(k, target_s)
-            if k > 0 and kept and self.keeps_costs and draft_s == draft_s and draft_s > 0:
-                if 0 in self._stale:  # the level moved: this sample replaces the carried one
-                    self._stale.discard(0)
-                    self.t_draft = draft_s / k
-                else:
-                    self.t_draft = self._avg(self.t_draft, draft_s / k)
-            self._spend(draft_s if k else 0.0, target_s, accepted + 1)
+            new = PairCosts(ema=self.ema, params=self.params)
+            new.t_draft, new.t_ngram, new.t_suffix = self.t_draft, self.t_ngram, self.t_suffix
+            new.t_target = dict(self.t_target)
+            new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
+            new.catch_up, new.iterations = list(self.catch_up), self.iterations
+            new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
+            new._level_ref, new._stale = self._level_ref, set(self._stale)
+            new.level_moves, new._busy_until = self.level_moves, self._busy_until
+            new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
+            new._floor = dict(self._floor)
+            new.costs_from = self.costs_from
+        return new
 
-    def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
-        """An iteration's time and tokens into the realized rate (prefill, with no steady
-        target time, is left out); under the lock."""
-        if not (target_s == target_s and target_s > 0 and draft_s == draft_s):
-            return
-        self.spent[0] = self.spent[0] * self.discount + draft_s + target_s
-        self.spent[1] = self.spent[1] * self.discount + tokens
+    # -- feeding (under the lock) ---------------------------------------------------------------
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ema) * old + self.ema * new
 
-    def seconds_per_token(self) -> float | None:
-        """The rate this category runs at, everything counted (None before 8 tokens)."""
-        with self._lock:
-            seconds, tokens = self.spent
-        return seconds / tokens if tokens >= self.params.rate_tokens else None
+    def _draft(self, k: int, draft_s: float) -> None:
+        """A draft-model block of k proposals that took ``draft_s``; under the lock."""
+        if 0 in self._stale:  # the level moved: this sample replaces the carried one
+            self._stale.discard(0)
+            self.t_draft = draft_s / k
+        else:
+            self.t_draft = self._avg(self.t_draft, draft_s / k)
 
-    def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
-        """One block of k with m accepted into one proposer's discounted counts (position i
-        is reached when the i before it were accepted); under the lock."""
-        d = self.discount
-        if d < 1:
-            for i in range(len(reached)):
-                if reached[i] == 0:
-                    break
-                reached[i] *= d
-                accepted[i] *= d
-        for i in range(min(k, m + 1, len(reached))):
-            reached[i] += 1
-            if i < m:
-                accepted[i] += 1
+    def _lookup(self, proposer: str, per_token: float) -> None:
+        """A lookup proposer's host seconds per proposed token; under the lock."""
+        if proposer == "suffix":
+            self.t_suffix = self._avg(self.t_suffix, per_token)
+        else:
+            self.t_ngram = self._avg(self.t_ngram, per_token)
 
     def _timed(self, k: int, target_s: float) -> bool:
         """The target's forward of k + 1 tokens (whoever proposed), and the iteration; under
@@ -278,7 +242,7 @@ class LiveStats:
         False until ``cost_settle`` fresh samples settle it); within ``remeasure_every``
         iterations of the last re-measure such a point is clamped to the floor instead."""
         kept = True
-        if self.keeps_costs and target_s == target_s and target_s > 0:  # not NaN
+        if target_s == target_s and target_s > 0:  # not NaN
             n, it = k + 1, self.iterations
             p = self.params
             recent = self._recent.get(n)
@@ -377,18 +341,12 @@ class LiveStats:
                     return True
         return False
 
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
-        which took ``seconds`` (its first proposal included). Discounted like the counts, at
-        ``params.catch_up_discount`` per catch-up: the fit follows the hardware, not a prompt seen long ago."""
-        if tokens <= 0 or not seconds == seconds or seconds <= 0:
-            return
-        with self._lock:
-            self.spent[0] += float(seconds)  # time the category spent, for no token of its own
-            if self.keeps_costs:
-                self.catch_up = catch_up_sums([(tokens, seconds)],
-                                              self.params.catch_up_discount, self.catch_up)
-            self.version += 1
+    def _catch_up(self, tokens: int, seconds: float) -> None:
+        """One catch-up forward into the fit, discounted at ``catch_up_discount`` per
+        catch-up; under the lock."""
+        self.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
+                                      self.catch_up)
+        self.version += 1
 
     def warm_catch_up(self, points) -> None:
         """Seed the catch-up fit from logged catch-ups ((tokens, seconds), oldest first; the
@@ -400,6 +358,40 @@ class LiveStats:
             self.catch_up = catch_up_sums(points, self.params.catch_up_discount)
             self.version += 1
 
+    def warm(self, t_target: Mapping[int, float] | None = None, t_draft: float | None = None,
+             t_ngram: float | None = None, *, probe: bool = False) -> None:
+        """Seed from stored costs where nothing is measured yet (points measured keep theirs).
+        ``t_target`` passes ``shape_guard`` unless ``probe`` (a probe's curve, every n timed
+        back to back): a stored live curve whose points came from different loads (T_t(1)
+        from a burst, T_t(14) from a quiet moment) is not trusted by the next process; the
+        points held out are measured again live."""
+        floor = self.params.shape_floor
+        if t_target and not probe:
+            guarded = shape_guard(t_target, floor)
+            if len(guarded) < len(t_target):
+                log.info("autospec: stored T_t(n) for n = %s below %.2f x T_t(1): held out, "
+                         "measured again", sorted(set(map(int, t_target)) - set(guarded)),
+                         floor)
+            t_target = guarded
+        with self._lock:
+            if t_target:
+                self.costs_from = "probe" if probe else "store"
+            if t_target and probe:
+                t1 = t_target.get(1)
+                for n, t in t_target.items() if t1 else ():
+                    if int(n) > 1 and t < floor * t1:
+                        self._floor[int(n)] = float(t) / t1
+            if t_draft and self.t_draft is None:
+                self.t_draft = float(t_draft)
+            if t_ngram is not None and t_ngram >= 0 and self.t_ngram is None:
+                self.t_ngram = float(t_ngram)
+            for n, t in (t_target or {}).items():
+                self.t_target.setdefault(int(n), float(t))
+            if self._level_ref is None and self.t_target.get(1):
+                self._level_ref = self.t_target[1]
+            self.version += 1
+
+    # -- reading --------------------------------------------------------------------------------
     def catch_up_cost(self, tokens: int) -> float | None:
         """Seconds for the draft model to take in ``tokens`` unseen tokens and propose its
         first one: C(g) = a + b·g fitted to the catch-ups seen (least squares, discounted),
@@ -412,6 +404,215 @@ class LiveStats:
             return None
         return max(line[0] + line[1] * tokens, t_draft or 0.0)
 
+    def settled(self, n: int) -> bool:
+        """Whether T_t(n) is known well enough to decide by (``LiveStats.settled``)."""
+        with self._lock:
+            first = self.t_samples.get(n)
+            return n in self.t_target and (first is None
+                                           or len(first) >= self.params.cost_settle)
+
+    def cost(self, optimistic: bool = False):
+        """T_t(n) as a function (``LiveStats.cost``), or None while nothing is measured."""
+        with self._lock:
+            curve, floors = dict(self.t_target), self._floor
+        if not curve:
+            return None
+        t1 = curve.get(1)
+        floor = self.params.shape_floor
+        if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
+            curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
+                     for n, t in curve.items()}
+        return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
+
+    def cost_origin(self) -> str:
+        """Where the costs decided by came from: "live" (this process's timings), or the
+        warm start's source ("probe", "store"), "+live" once live timings came in."""
+        if self.costs_from is None:
+            return "live"
+        return self.costs_from + ("+live" if any(self.t_samples.values()) else "")
+
+    def __repr__(self) -> str:
+        return (f"PairCosts(T_t(n) at n = {sorted(self.t_target)}, T_d {self.t_draft}, "
+                f"iterations {self.iterations}, version {self.version})")
+
+
+def _delegated(name: str, doc: str) -> property:
+    """A ``LiveStats`` attribute that is its pair's costs' (read and set there)."""
+    return property(lambda self: getattr(self.costs, name),
+                    lambda self, value: setattr(self.costs, name, value), doc=doc)
+
+
+def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
+    """Independent copies of a controller's category statistics (a replay that must not feed
+    them): the categories that shared one ``PairCosts`` share one copy of it."""
+    copies: dict[int, PairCosts] = {}
+    out = {}
+    for cat, live in lives.items():
+        costs = copies.get(id(live.costs))
+        if costs is None:
+            costs = copies[id(live.costs)] = live.costs.copy()
+        out[cat] = live.copy(costs=costs)
+    return out
+
+
+class LiveStats:
+    """Discounted sufficient statistics of one category's acceptance, beside its pair's costs
+    (``costs``, a ``PairCosts`` every category of the controller references). Every
+    observation first multiplies the old counts by ``discount`` so the estimates follow drift
+    (half-life ln 2 / (1 − discount) iterations). The cost attributes (``t_target``,
+    ``t_draft``, ``t_ngram``, ``t_suffix``, ``catch_up``, ``iterations``, ``level_moves``,
+    ``held_out``, ``costs_from``) are the pair's, read and set through this object."""
+
+    t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
+    t_samples = _delegated("t_samples", "the first live samples of each T_t(n) (the pair's)")
+    t_draft = _delegated("t_draft", "T_d, seconds per proposed token (the pair's)")
+    t_ngram = _delegated("t_ngram", "prompt lookup's seconds per proposed token (the pair's)")
+    t_suffix = _delegated("t_suffix", "suffix decoding's seconds per proposed token")
+    catch_up = _delegated("catch_up", "the draft's catch-up fit's sums (the pair's)")
+    iterations = _delegated("iterations", "timed observations of the pair (its clock)")
+    level_moves = _delegated("level_moves", "how often the timing level moved (the pair's)")
+    held_out = _delegated("held_out", "shape samples held out (the pair's)")
+    costs_from = _delegated("costs_from", "where the pair's warm costs came from")
+    _busy_until = _delegated("_busy_until", "until which iteration the machine is busy")
+
+    def __init__(self, *, discount: float | None = None,
+                 prior: tuple[float, float] | None = None, ema: float | None = None,
+                 max_positions: int = K_LIMIT, params: Parameters = DEFAULTS,
+                 costs: PairCosts | None = None, feed_costs: bool = True):
+        """``discount``, ``prior`` and ``ema`` default to ``params``' acceptance_discount,
+        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'.
+        ``costs``: the pair's costs to reference (None: a new one of its own, with ``ema``);
+        ``feed_costs`` False: its observations feed its acceptance only (a view of the
+        costs another ``LiveStats`` feeds, e.g. a policy's own discounted acceptance; or,
+        with costs of its own, a request's statistics: counts and rate, and its costs'
+        clock ``iterations`` still ticks per iteration)."""
+        discount = params.acceptance_discount if discount is None else discount
+        if not 0 < discount <= 1:
+            raise ValueError("discount must be in (0, 1]")
+        self.params = params
+        self.discount, self.ema = discount, params.cost_ema if ema is None else ema
+        self.prior = (params.prior_hits, params.prior_misses) if prior is None else prior
+        self.costs = PairCosts(ema=self.ema, params=params) if costs is None else costs
+        self.feed_costs = bool(feed_costs)
+        self._tick = costs is None and not feed_costs  # its own clock, no timings
+        # position i (0-based) is "reached" when the draft proposed it and every earlier one in
+        # the block was accepted; accepted[i] / reached[i] is then the conditional acceptance
+        # the cost model multiplies (vLLM's per-position rates are cumulative instead)
+        self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
+        self.reached = [0.0] * max_positions  # discounted blocks that reached position i
+        # the draft model's blocks ever counted here (stored history's included), undiscounted:
+        # whether it was ever tried on this traffic, which discounted evidence cannot say
+        self.draft_blocks = 0.0
+        # the n-gram proposer (prompt lookup), counted apart from the draft model: its
+        # acceptance by position, given a match proposed it
+        self.ngram_accepted = [0.0] * max_positions
+        self.ngram_reached = [0.0] * max_positions
+        # the same counts per length of the match the block came from (n → (accepted,
+        # reached)): a suffix of 3 tokens seen before predicts its continuation far better
+        # than one token does, and the policy knows the length before it chooses
+        self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
+        # suffix decoding (``autospec.suffix``), the other lookup proposer, counted the same
+        # way apart from both: its match is the length of the context's suffix it found
+        self.suffix_accepted = [0.0] * max_positions
+        self.suffix_reached = [0.0] * max_positions
+        self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
+        # decision points with and without an n-gram match (discounted): the share of the
+        # request the draft model would serve, over which its catch-up is paid off
+        self.match_points = [0.0, 0.0]  # [without a match, with one]
+        # the rate the category runs at: discounted seconds (proposals, catch-ups, the
+        # target's forwards) and tokens emitted, over the iterations past prefill
+        self.spent = [0.0, 0.0]  # [seconds, tokens]
+        self.bandwidth_utilisation: float | None = None
+        self._lock = self.costs._lock  # one lock with the pair's costs
+        self._version = 0  # bumped on every change of the acceptance
+        # bumped when the draft model's acceptance counts change, and a lookup proposer's:
+        # what is derived from those alone is not rebuilt for every timing
+        self.counts_version = self.lookup_version = 0
+
+    @property
+    def version(self) -> int:
+        """Bumped on every change of the acceptance or of the pair's costs: lets policies
+        cache their decisions."""
+        return self._version + self.costs.version
+
+    # -- feeding ------------------------------------------------------------------------------
+    def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+        with self._lock:
+            self._count(self.accepted, self.reached, k, accepted)
+            if k > 0:
+                self.draft_blocks += 1
+            if self.feed_costs:
+                # an iteration whose target timing is held out (a shape no machine shows: the
+                # level it is read against is out of date) holds out its draft timing too
+                kept = self.costs._timed(k, target_s)
+                if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
+                    self.costs._draft(k, draft_s)
+            elif self._tick:
+                self.costs.iterations += 1
+            self._spend(draft_s if k else 0.0, target_s, accepted + 1)
+            self.counts_version += 1
+            self._version += 1
+
+    def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
+        """An iteration's time and tokens into the realized rate (prefill, with no steady
+        target time, is left out); under the lock."""
+        if not (target_s == target_s and target_s > 0 and draft_s == draft_s):
+            return
+        self.spent[0] = self.spent[0] * self.discount + draft_s + target_s
+        self.spent[1] = self.spent[1] * self.discount + tokens
+
+    def seconds_per_token(self) -> float | None:
+        """The rate this category runs at, everything counted (None before 8 tokens)."""
+        with self._lock:
+            seconds, tokens = self.spent
+        return seconds / tokens if tokens >= self.params.rate_tokens else None
+
+    def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
+        """One block of k with m accepted into one proposer's discounted counts (position i
+        is reached when the i before it were accepted); under the lock."""
+        d = self.discount
+        if d < 1:
+            for i in range(len(reached)):
+                if reached[i] == 0:
+                    break
+                reached[i] *= d
+                accepted[i] *= d
+        for i in range(min(k, m + 1, len(reached))):
+            reached[i] += 1
+            if i < m:
+                accepted[i] += 1
+
+    def busy(self) -> bool:
+        """Whether the timings say the machine is busy (the pair's: whichever category's
+        forwards showed it): recent timings of one n scatter (``spread`` above ``scatter``
+        over at least 3 within the last ``scatter_window`` iterations), or the level moved or
+        a shape was held out within ``busy_hold``. The cost model then bounds k by what the
+        acceptance alone can justify."""
+        return self.costs.busy()
+
+    def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
+        """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
+        which took ``seconds`` (its first proposal included): the category's time spent, and
+        (``fit``: False where another category of the iteration fed it already) the pair's
+        catch-up fit (discounted like the counts, at ``params.catch_up_discount`` per
+        catch-up: the fit follows the hardware, not a prompt seen long ago)."""
+        if tokens <= 0 or not seconds == seconds or seconds <= 0:
+            return
+        with self._lock:
+            self.spent[0] += float(seconds)  # time the category spent, for no token of its own
+            if self.feed_costs and fit:
+                self.costs._catch_up(tokens, seconds)
+            self._version += 1
+
+    def warm_catch_up(self, points) -> None:
+        """The pair's ``PairCosts.warm_catch_up``."""
+        self.costs.warm_catch_up(points)
+
+    def catch_up_cost(self, tokens: int) -> float | None:
+        """The pair's ``PairCosts.catch_up_cost``: seconds for the draft model to take in
+        ``tokens`` unseen tokens and propose its first one (None before any catch-up)."""
+        return self.costs.catch_up_cost(tokens)
+
     def observe_match(self, matched: bool) -> None:
         """A decision point at batch 1: did the n-gram proposer have a match there? (A
         property of the traffic — the text and its prompt — not of what the policy chose.)"""
@@ -419,7 +620,7 @@ class LiveStats:
             self.match_points[0] *= self.discount
             self.match_points[1] *= self.discount
             self.match_points[1 if matched else 0] += 1
-            self.version += 1
+            self._version += 1
 
     def unmatched_share(self, prior: float = 2.0) -> float:
         """The share of decision points without an n-gram match (the prior: ``prior`` points
@@ -436,21 +637,24 @@ class LiveStats:
         if proposer != "ngram":
             raise ValueError(f"not a lookup proposer: {proposer!r} (\"ngram\" or \"suffix\")")
         return self.ngram_accepted, self.ngram_reached, self.ngram_by_match
-
     def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
                       match: int = 0, proposer: str = "ngram") -> None:
         """One iteration drafted by a lookup proposer (``proposer``: "ngram", prompt lookup,
         or "suffix"): its own acceptance counts (not the draft model's), also under the
-        length of its match (``match``, 0: unknown), its host time per token (``t_ngram``,
-        ``t_suffix``), and the target's timing, which is the same whoever proposed."""
+        length of its match (``match``, 0: unknown), its host time per token (the pair's
+        ``t_ngram``, ``t_suffix``), and the target's timing, which is the same whoever
+        proposed."""
         with self._lock:
             self._count_ngram(k, accepted, match, proposer)
-            self.lookup_version += 1
-            if k > 0 and self.keeps_costs and lookup_s == lookup_s and lookup_s >= 0:
-                name = "t_suffix" if proposer == "suffix" else "t_ngram"
-                setattr(self, name, self._avg(getattr(self, name), lookup_s / k))
+            if self.feed_costs:
+                if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
+                    self.costs._lookup(proposer, lookup_s / k)
+                self.costs._timed(k, target_s)
+            elif self._tick:
+                self.costs.iterations += 1
             self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
-            self._timed(k, target_s)
+            self.lookup_version += 1
+            self._version += 1
 
     def observe_ngram_shadow(self, match: int, agree: int, seen: int, *,
                              proposer: str = "ngram") -> None:
@@ -477,7 +681,7 @@ class LiveStats:
         with self._lock:
             self._count_ngram(k, m, match, proposer)
             self.lookup_version += 1
-            self.version += 1
+            self._version += 1
 
     def _count_ngram(self, k: int, m: int, match: int, proposer: str = "ngram") -> None:
         """A lookup block into the pooled counts and its match length's; under the lock."""
@@ -528,11 +732,7 @@ class LiveStats:
                 self.accepted[0] += min(1.0, max(0.0, float(v)))
             if matches:
                 self.counts_version += 1
-                self.version += 1
-
-    def _avg(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.ema) * old + self.ema * new
-
+                self._version += 1
     def warm_start(self, accepted_per_position: Sequence[float],
                    drafted_per_position: Sequence[float], *, weight: float | None = None,
                    t_draft: float | None = None, t_target: Mapping[int, float] | None = None,
@@ -547,44 +747,22 @@ class LiveStats:
         so that a new process does not learn again, block by failing block, where prompt
         lookup misses.
 
-        ``t_target`` passes ``shape_guard`` unless ``probe`` (a probe's curve, every n timed
-        back to back): a stored live curve whose points came from different loads (T_t(1)
-        from a burst, T_t(14) from a quiet moment) is not trusted by the next process; the
-        points held out are measured again live."""
-        floor = self.params.shape_floor
+        ``t_target``, ``t_draft`` and ``t_ngram`` seed the pair's costs
+        (``PairCosts.warm``: where nothing is measured yet; ``t_target`` passes the shape
+        guard unless ``probe``)."""
         weight = self.params.stored_weight if weight is None else weight
-        if t_target:
-            self.costs_from = "probe" if probe else "store"
-        if t_target and not probe:
-            guarded = shape_guard(t_target, floor)
-            if len(guarded) < len(t_target):
-                log.info("autospec: stored T_t(n) for n = %s below %.2f x T_t(1): held out, "
-                         "measured again", sorted(set(map(int, t_target)) - set(guarded)),
-                         floor)
-            t_target = guarded
-        elif t_target and probe:
-            t1 = t_target.get(1)
-            for n, t in t_target.items() if t1 else ():
-                if int(n) > 1 and t < floor * t1:
-                    self._floor[int(n)] = float(t) / t1
+        if t_target or t_draft or t_ngram is not None:
+            self.costs.warm(t_target, t_draft, t_ngram, probe=probe)
         with self._lock:
             self.draft_blocks += _seed(self.accepted, self.reached, accepted_per_position,
                                        drafted_per_position, weight)
             _seed(self.ngram_accepted, self.ngram_reached, ngram_accepted_per_position,
                   ngram_drafted_per_position, weight)
-            if t_draft and self.t_draft is None:
-                self.t_draft = float(t_draft)
-            if t_ngram is not None and t_ngram >= 0 and self.t_ngram is None:
-                self.t_ngram = float(t_ngram)
-            for n, t in (t_target or {}).items():
-                self.t_target.setdefault(int(n), float(t))
-            if self._level_ref is None and self.t_target.get(1):
-                self._level_ref = self.t_target[1]
             if bandwidth_utilisation is not None:
                 self.bandwidth_utilisation = bandwidth_utilisation
             self.counts_version += 1
             self.lookup_version += 1
-            self.version += 1
+            self._version += 1
 
     # -- reading ------------------------------------------------------------------------------
     def acceptance(self, i: int) -> tuple[float, float]:
@@ -673,40 +851,35 @@ class LiveStats:
             mean = a / (a + b)
             out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))) if spread else 0.0))
         return out
-
     def copy(self, *, discount: float | None = None,
-             acceptance_from: LiveStats | None = None) -> LiveStats:
-        """An independent copy (optionally with another discount): a policy that keeps its
-        own statistics starts from what the controller knows. ``acceptance_from``: the draft
-        model's acceptance counts (and blocks ever) taken from that one instead — a policy's
-        own discounted acceptance beside everything else the controller knows now."""
+             acceptance_from: LiveStats | None = None,
+             costs: PairCosts | None = None) -> LiveStats:
+        """A copy of the acceptance (optionally with another discount) beside the pair's
+        costs: a policy that keeps its own statistics starts from what the controller knows.
+        ``costs`` None: the copy references this one's ``PairCosts`` (it reads them as they
+        move, and its observations feed its acceptance alone: the owner feeds the costs);
+        else it references ``costs`` and feeds them (``copy_lives``: a replay's independent
+        copy). ``acceptance_from``: the draft model's acceptance counts (and blocks ever)
+        taken from that one instead — a policy's own discounted acceptance beside everything
+        else the controller knows now."""
+        new = LiveStats(discount=self.discount if discount is None else discount,
+                        prior=self.prior, ema=self.ema, max_positions=len(self.reached),
+                        params=self.params, costs=self.costs if costs is None else costs,
+                        feed_costs=costs is not None)
         with self._lock:
-            new = LiveStats(discount=self.discount if discount is None else discount,
-                            prior=self.prior, ema=self.ema, max_positions=len(self.reached),
-                            params=self.params, costs=self.keeps_costs)
             new.accepted, new.reached = list(self.accepted), list(self.reached)
             new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
                                                      list(self.ngram_reached))
             new.ngram_by_match = {n: (list(a), list(r))
                                   for n, (a, r) in self.ngram_by_match.items()}
-            new.t_ngram = self.t_ngram
             new.suffix_accepted, new.suffix_reached = (list(self.suffix_accepted),
                                                        list(self.suffix_reached))
             new.suffix_by_match = {n: (list(a), list(r))
                                    for n, (a, r) in self.suffix_by_match.items()}
-            new.t_suffix = self.t_suffix
-            new.catch_up, new.match_points = list(self.catch_up), list(self.match_points)
+            new.match_points = list(self.match_points)
             new.spent = list(self.spent)
-            new.t_draft, new.t_target = self.t_draft, dict(self.t_target)
-            new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
             new.draft_blocks = self.draft_blocks
-            new.bandwidth_utilisation, new.iterations = self.bandwidth_utilisation, self.iterations
-            new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
-            new._level_ref, new._stale = self._level_ref, set(self._stale)
-            new.level_moves, new._busy_until = self.level_moves, self._busy_until
-            new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
-            new._floor = dict(self._floor)
-            new.costs_from = self.costs_from
+            new.bandwidth_utilisation = self.bandwidth_utilisation
         if acceptance_from is not None:
             with acceptance_from._lock:
                 new.accepted = list(acceptance_from.accepted)
@@ -715,37 +888,23 @@ class LiveStats:
         return new
 
     def settled(self, n: int) -> bool:
-        """Whether T_t(n) is known well enough to decide by: warm-started (store, probe, a
-        peer category), or ``cost_settle`` live samples. A process's first decode steps run
-        slow (the first T_t(1) after prefill read 0.285 s where the next 30 gave 0.22 s, on
-        the default pair, bf16, CPU), and one such sample made k = 1 look paying against it
-        for a whole request where, on the settled cost, nothing did."""
-        with self._lock:
-            first = self.t_samples.get(n)
-            return n in self.t_target and (first is None
-                                           or len(first) >= self.params.cost_settle)
+        """Whether T_t(n) is known well enough to decide by: warm-started (store, probe), or
+        ``cost_settle`` live samples (of any category: the pair's). A process's first decode
+        steps run slow (the first T_t(1) after prefill read 0.285 s where the next 30 gave
+        0.22 s, on the default pair, bf16, CPU), and one such sample made k = 1 look paying
+        against it for a whole request where, on the settled cost, nothing did."""
+        return self.costs.settled(n)
 
     def cost(self, optimistic: bool = False):
         """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured.
         No point n > 1 reads below ``shape_floor`` · T_t(1) (live points are guarded as they
         come in; this holds for points set by hand and for a level that rose since)."""
-        with self._lock:
-            curve, floors = dict(self.t_target), self._floor
-        if not curve:
-            return None
-        t1 = curve.get(1)
-        floor = self.params.shape_floor
-        if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
-            curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
-                     for n, t in curve.items()}
-        return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
+        return self.costs.cost(optimistic)
 
     def cost_origin(self) -> str:
         """Where the costs decided by came from: "live" (this process's timings), or the
-        warm start's source ("probe", "store", "shared"), "+live" once live timings came in."""
-        if self.costs_from is None:
-            return "live"
-        return self.costs_from + ("+live" if any(self.t_samples.values()) else "")
+        pair's warm start's source ("probe", "store"), "+live" once live timings came in."""
+        return self.costs.cost_origin()
 
     @property
     def observed(self) -> float:

@@ -24,7 +24,16 @@ from autospec.costs import MIN_FORWARDS
 
 from .decisions import unpack as unpack_decisions
 from .record import trace_acceptance
-from .tables import Categorizer, CategoryCost, CategoryStat, Pair, Probe, Request, TunedParams
+from .tables import (
+    Categorizer,
+    CategoryPath,
+    CategoryStat,
+    Pair,
+    PairCost,
+    Probe,
+    Request,
+    TunedParams,
+)
 from .write import category_key, pair_key
 
 __all__ = [
@@ -194,18 +203,28 @@ def pairs(session: Session) -> list[PairRow]:
 _SERVED = object()  # category_summaries' default path: the one that served most requests
 
 
-def _costs_by_path(session: Session, category: str | None, pair_id: int | None
-                   ) -> dict[tuple[str, int], dict[str, CategoryCost]]:
-    """(category_key, pair_id) → path → its ``category_costs`` row."""
-    stmt = select(CategoryCost)
+def _paths_served(session: Session, category: str | None, pair_id: int | None
+                  ) -> dict[tuple[str, int], dict[str, CategoryPath]]:
+    """(category_key, pair_id) → path → its ``category_paths`` row."""
+    stmt = select(CategoryPath)
     if category is not None:
-        stmt = stmt.where(CategoryCost.category_key == category_key(category))
+        stmt = stmt.where(CategoryPath.category_key == category_key(category))
     if pair_id is not None:
-        stmt = stmt.where(CategoryCost.pair_id == pair_id)
-    out: dict[tuple[str, int], dict[str, CategoryCost]] = {}
+        stmt = stmt.where(CategoryPath.pair_id == pair_id)
+    out: dict[tuple[str, int], dict[str, CategoryPath]] = {}
     for c in session.scalars(stmt):
         out.setdefault((c.category_key, c.pair_id), {})[c.path] = c
     return out
+
+
+def path_costs(session: Session, pair_id: int | None = None
+               ) -> dict[tuple[int, str], PairCost]:
+    """(pair_id, path) → its ``pair_costs`` row: batch 1's timing sums, every category's
+    requests pooled (the pair's costs, once)."""
+    stmt = select(PairCost)
+    if pair_id is not None:
+        stmt = stmt.where(PairCost.pair_id == pair_id)
+    return {(c.pair_id, c.path): c for c in session.scalars(stmt)}
 
 
 def category_summaries(session: Session, category: str | None = None,
@@ -213,16 +232,19 @@ def category_summaries(session: Session, category: str | None = None,
     """One summary per (category, pair), most requests first.
 
     Counters and acceptance cover every request. The timing fields (T_t(n), T_d and their
-    sums) come from ONE execution path, ``summary.path``: ``path`` if given (zero where that
-    path has no requests); by default the path that served most of the category's requests
-    (ties: the latest); where no request of the category has a known path (all logged before
-    paths were stored), the sums of those requests with ``path`` None (unknown)."""
+    sums) are the pair's on ONE execution path, ``summary.path`` (``pair_costs``: every
+    category's batch-1 requests on it pooled; costs are the pair's, not the category's):
+    ``path`` if given (zero where the category has no requests on it); by default the path
+    that served most of the category's requests (ties: the latest); where no request of the
+    category has a known path (all logged before paths were stored), the category's own sums
+    of those requests with ``path`` None (unknown)."""
     stmt = select(CategoryStat, Pair).join(Pair, Pair.id == CategoryStat.pair_id)
     if category is not None:
         stmt = stmt.where(CategoryStat.category_key == category_key(category))
     if pair_id is not None:
         stmt = stmt.where(CategoryStat.pair_id == pair_id)
-    by_path = _costs_by_path(session, category, pair_id)
+    by_path = _paths_served(session, category, pair_id)
+    pooled = path_costs(session, pair_id)
     out = []
     for st, p in session.execute(stmt):
         known = by_path.get((st.category_key, st.pair_id), {})
@@ -234,8 +256,8 @@ def category_summaries(session: Session, category: str | None = None,
             timing = dict(draft_s=st.draft_s, draft_forwards=st.draft_forwards,
                           target_s_sum_by_n=_ints(st.target_s_sum_by_n),
                           target_count_by_n=_ints(st.target_count_by_n))
-        elif chosen in known:
-            c = known[chosen]
+        elif chosen in known and (st.pair_id, chosen) in pooled:
+            c = pooled[(st.pair_id, chosen)]
             timing = dict(draft_s=c.draft_s, draft_forwards=c.draft_forwards,
                           target_s_sum_by_n=_ints(c.target_s_sum_by_n),
                           target_count_by_n=_ints(c.target_count_by_n))
@@ -511,10 +533,10 @@ def pair_id(session: Session, pair) -> int | None:
 def paths(session: Session, pair_id: int, category: str | None = None) -> dict[str, int]:
     """Execution path → batch-1 requests with costs on it, for the pair (one category's, or
     all), most first. Requests of unknown path are not counted."""
-    stmt = select(CategoryCost.path, CategoryCost.requests).where(
-        CategoryCost.pair_id == pair_id)
+    stmt = select(CategoryPath.path, CategoryPath.requests).where(
+        CategoryPath.pair_id == pair_id)
     if category is not None:
-        stmt = stmt.where(CategoryCost.category_key == category_key(category))
+        stmt = stmt.where(CategoryPath.category_key == category_key(category))
     out: dict[str, int] = {}
     for path, n in session.execute(stmt):
         out[path] = out.get(path, 0) + int(n or 0)

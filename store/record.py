@@ -115,8 +115,8 @@ class RequestRecord:
     draft_s_by_b: dict[int, list[float]] | None = None
     # How the forwards ran (``autospec.engine.runners.path_name``): "eager", "static",
     # "static+cuda-graphs", or "target/draft" where they differ. Timings from different paths
-    # measure different things, so the store keeps costs per path (``category_costs``) and
-    # cost queries read one path. None: unknown (every request logged before 0005); such a
+    # measure different things, so the store keeps costs per (pair, path) (``pair_costs``)
+    # and cost queries read one path. None: unknown (every request logged before 0005); such a
     # request counts for acceptance and counters, never for costs.
     path: str | None = None
     # The n-gram (prompt-lookup) proposer (0006). Its iterations are not in drafts, drafted,

@@ -14,12 +14,15 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   of traffic they were fitted on and their held-out scores; versions per name.
 - ``probes``: hardware probes of a pair (T_t(n) curve, T_d, bandwidth), a JSON payload each,
   and the (B, n) grid T_t(B, n), T_d(B) of batched probes.
-- ``category_costs`` (0005): the batch-1 timing sums of ``category_stats`` again, per
-  execution path (``path``: "eager", "static", "static+cuda-graphs", ...). Requests and
-  probes carry the path too. Costs are read from one path only: a static-cache step and an
-  eager one are different measurements and never meet in one S(k). Rows logged before 0005
-  have path NULL (unknown): they count in ``category_stats`` (acceptance, counters, and its
-  timing sums, which are all paths together and no cost source) but in no path's costs.
+- ``pair_costs`` (0010; per (category, pair, path) in ``category_costs`` from 0005 to
+  0009): the batch-1 timing sums of one (pair, execution path) (``path``: "eager", "static",
+  "static+cuda-graphs", ...), every category's requests pooled: costs are the pair's, once.
+  ``category_paths`` (0010) counts a category's batch-1 requests per path (which path serves
+  it), with no timings. Requests and probes carry the path too. Costs are read from one path
+  only: a static-cache step and an eager one are different measurements and never meet in
+  one S(k). Rows logged before 0005 have path NULL (unknown): they count in
+  ``category_stats`` (acceptance, counters, and its timing sums, which are all paths
+  together and no cost source) but in no path's costs.
 - the n-gram (prompt-lookup) proposer (0006): requests carry its counters and settings
   (``ngram``), which iterations it drafted (``proposer_schedule``) and its trace
   (``ngram_trace``: what it would have matched at every generated position); category_stats
@@ -62,7 +65,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Pair", "Request", "CategoryStat", "CategoryCost", "Probe", "TunedParams", "Categorizer",
+__all__ = ["Base", "Pair", "Request", "CategoryStat", "PairCost", "CategoryPath", "Probe", "TunedParams", "Categorizer",
            "UTCDateTime", "VERSION_TABLE"]
 
 # Our own Alembic version table: Optuna's RDB storage (which may share the database) keeps its
@@ -239,22 +242,35 @@ class CategoryStat(Base):
     ngram_lookup_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
 
-class CategoryCost(Base):
-    """Batch-1 timing sums of one (category, pair, execution path): the cost curve T_t(n) and
-    T_d of that path alone (``category_stats`` holds every path's together)."""
+class PairCost(Base):
+    """Batch-1 timing sums of one (pair, execution path): the cost curve T_t(n) and T_d of
+    that path, pooled over every category's requests (0010: costs are the pair's, once)."""
 
-    __tablename__ = "category_costs"
+    __tablename__ = "pair_costs"
 
-    category_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     pair_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("pairs.id", name="fk_category_costs_pair"), primary_key=True)
+        BigInteger, ForeignKey("pairs.id", name="fk_pair_costs_pair"), primary_key=True)
     path: Mapped[str] = mapped_column(String(64), primary_key=True)
-    category: Mapped[str] = mapped_column(Text)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     draft_s: Mapped[float] = mapped_column(default=0.0)
     draft_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
     target_s_sum_by_n: Mapped[dict[str, float]] = mapped_column(JSON)  # "n" → Σ seconds
     target_count_by_n: Mapped[dict[str, int]] = mapped_column(JSON)  # "n" → forwards
+    last_seen: Mapped[datetime]
+
+
+class CategoryPath(Base):
+    """The batch-1 requests of one (category, pair) per execution path they ran on (0010; no
+    timings: those are the pair's, ``pair_costs``): which path serves a category."""
+
+    __tablename__ = "category_paths"
+
+    category_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_category_paths_pair"), primary_key=True)
+    path: Mapped[str] = mapped_column(String(64), primary_key=True)
+    category: Mapped[str] = mapped_column(Text)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
     last_seen: Mapped[datetime]
 
 

@@ -36,9 +36,10 @@ from .record import (
 )
 from .tables import (
     Categorizer,
-    CategoryCost,
+    CategoryPath,
     CategoryStat,
     Pair,
+    PairCost,
     Probe,
     Request,
     TunedParams,
@@ -470,7 +471,8 @@ def _write_row(session: Session, table, changes: Mapping[str, Any], **key) -> No
 def write_records(session: Session, records: Iterable[RequestRecord],
                   pair_ids: dict[PairInfo, int] | None = None, *,
                   validated: bool = False) -> dict[PairInfo, int]:
-    """Insert ``records`` and fold them into ``category_stats``; does not commit.
+    """Insert ``records`` and fold them into ``category_stats`` (per category), ``pair_costs``
+    (batch 1's timings per (pair, path)) and ``category_paths``; does not commit.
 
     Raises ValueError (before any SQL) if a record is invalid, e.g. an empty category
     (``validated=True``: the caller already ran ``validate_record`` on each).
@@ -480,7 +482,8 @@ def write_records(session: Session, records: Iterable[RequestRecord],
     recs = list(records) if validated else [validate_record(r) for r in records]
     known = dict(pair_ids or {})
     used: dict[PairInfo, int] = {}
-    # lock order: pairs, then stats rows, both sorted, so concurrent writers cannot deadlock
+    # lock order: pairs, then stats rows, pair_costs rows, category_paths rows, each sorted,
+    # so concurrent writers cannot deadlock
     for pair in sorted({r.pair for r in recs}, key=pair_key):
         used[pair] = known[pair] if pair in known else get_or_create_pair(session, pair)
     if not recs:
@@ -494,33 +497,50 @@ def write_records(session: Session, records: Iterable[RequestRecord],
         deltas.setdefault(k, _Delta(r.category)).add(r)
     for (key, pid), delta in sorted(deltas.items()):
         _fold_stats(session, pid, key, delta)
-    costs: dict[tuple[str, int, str], _Delta] = {}
-    for r in recs:  # batch 1's costs per path; unknown paths and batched rows add none
+    # batch 1's costs per (pair, path), every category's pooled: they are the pair's; which
+    # path served each category apart. Unknown paths and batched rows add none
+    costs: dict[tuple[int, str], _Delta] = {}
+    served: dict[tuple[str, int, str], _Delta] = {}
+    for r in recs:
         if r.path is not None and r.batch_size == 1:
-            costs.setdefault((category_key(r.category), used[r.pair], r.path),
-                             _Delta(r.category)).add(r)
-    for (key, pid, path), delta in sorted(costs.items()):
-        _fold_costs(session, pid, key, path, delta)
+            costs.setdefault((used[r.pair], r.path), _Delta("")).add(r)
+            served.setdefault((category_key(r.category), used[r.pair], r.path),
+                              _Delta(r.category)).add(r)
+    for (pid, path), delta in sorted(costs.items()):
+        _fold_costs(session, pid, path, delta)
+    for (key, pid, path), delta in sorted(served.items()):
+        _fold_path(session, pid, key, path, delta)
     session.flush()
     return used
 
 
-def _fold_costs(session: Session, pair_id: int, key: str, path: str, delta: _Delta) -> None:
-    """``_fold_stats`` for one ``category_costs`` row: the timing sums of one path."""
+def _fold_costs(session: Session, pair_id: int, path: str, delta: _Delta) -> None:
+    """``_fold_stats`` for one ``pair_costs`` row: the timing sums of one (pair, path)."""
     last = _utc(delta.last)
-    _insert_ignoring_conflict(session, CategoryCost, dict(
-        category_key=key, pair_id=pair_id, path=path, category=delta.category, requests=0,
-        draft_s=0.0, draft_forwards=0, target_s_sum_by_n={}, target_count_by_n={},
-        last_seen=last), ["category_key", "pair_id", "path"])
-    row, changes = _locked_row(session, CategoryCost, category_key=key, pair_id=pair_id,
-                               path=path)
+    _insert_ignoring_conflict(session, PairCost, dict(
+        pair_id=pair_id, path=path, requests=0, draft_s=0.0, draft_forwards=0,
+        target_s_sum_by_n={}, target_count_by_n={}, last_seen=last), ["pair_id", "path"])
+    row, changes = _locked_row(session, PairCost, pair_id=pair_id, path=path)
     changes["requests"] = (row["requests"] or 0) + delta.sums["requests"]
     changes["draft_s"] = (row["draft_s"] or 0.0) + delta.sums["draft_s"]
     changes["draft_forwards"] = (row["draft_forwards"] or 0) + delta.sums["draft_forwards"]
     for name in ("target_s_sum_by_n", "target_count_by_n"):
         changes[name] = _add_maps(row[name] or {}, _map(getattr(delta, name)))
     changes["last_seen"] = max(row["last_seen"], last)
-    _write_row(session, CategoryCost, changes, category_key=key, pair_id=pair_id, path=path)
+    _write_row(session, PairCost, changes, pair_id=pair_id, path=path)
+
+
+def _fold_path(session: Session, pair_id: int, key: str, path: str, delta: _Delta) -> None:
+    """One ``category_paths`` row: a category's batch-1 requests on one path (no timings)."""
+    last = _utc(delta.last)
+    _insert_ignoring_conflict(session, CategoryPath, dict(
+        category_key=key, pair_id=pair_id, path=path, category=delta.category, requests=0,
+        last_seen=last), ["category_key", "pair_id", "path"])
+    row, changes = _locked_row(session, CategoryPath, category_key=key, pair_id=pair_id,
+                               path=path)
+    changes["requests"] = (row["requests"] or 0) + delta.sums["requests"]
+    changes["last_seen"] = max(row["last_seen"], last)
+    _write_row(session, CategoryPath, changes, category_key=key, pair_id=pair_id, path=path)
 
 
 def _grid(grid: Mapping | None, name: str, depth: int) -> dict[str, Any] | None:

@@ -224,7 +224,7 @@ def test_busy_reads_what_the_recent_timings_say_every_iteration():
         it = ls.iterations
         if it < ls._busy_until:
             return True
-        for samples in ls._recent.values():
+        for samples in ls.costs._recent.values():
             xs = [t for i, t in samples if i >= it - DEFAULTS.scatter_window]
             if len(xs) >= 3:
                 q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")

@@ -43,8 +43,10 @@ def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
     one.observe_catch_up(0, 1.0)  # nothing fed, or no time: ignored
     one.observe_catch_up(10, float("nan"))
     assert one.catch_up[0] == 1
-    copied = one.copy()
-    assert copied.catch_up == one.catch_up and copied.catch_up is not one.catch_up
+    copied = one.copy()  # the catch-up fit is the pair's: a copy references it, not a freeze
+    assert copied.costs is one.costs and copied.catch_up is one.catch_up
+    alone = one.copy(costs=one.costs.copy())  # an independent copy (a replay's)
+    assert alone.catch_up == one.catch_up and alone.catch_up is not one.catch_up
 
 
 def test_the_unmatched_share_starts_at_all_and_follows_the_traffic():

@@ -16,7 +16,7 @@ import autospec
 from autospec.costs.stored import stored_costs
 from autospec.store import PairInfo, RequestRecord, add_probe, open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.tables import CategoryCost, Request
+from autospec.store.tables import CategoryPath, PairCost, Request
 
 from conftest import noisy_copy, prompt, tiny
 from test_store import BACKENDS, fresh_url
@@ -203,7 +203,8 @@ def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):
         with st.session() as s:
             (sm,) = queries.category_summaries(s)
             costs = _batch1(stored_costs(s, pid, "code", path="eager", source="live"))
-            assert s.scalar(select(CategoryCost.requests)) == 2
+            assert s.scalar(select(PairCost.requests)) == 2  # the pair's costs on eager
+            assert s.scalar(select(CategoryPath.requests)) == 2
     assert sm.requests == 3 and sm.path == "eager"
     assert sm.t_target_s_by_n == pytest.approx(EAGER)  # not mixed with the unknown ones
     assert costs[1] == pytest.approx(EAGER)

@@ -181,9 +181,16 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
     # is its choice on these costs, which depends on the timings (under load they can price
     # drafting out), so that choice is not asserted here
     spec.close()
-    # what the store alone gives that category: T_t(1), nothing to decide k by
+    # what the store alone gives a new process: the pair's stored costs (every category's
+    # requests on the path pooled, points with enough forwards), whichever category asks
     alone = autospec.Controller(target, draft, store=url, policy="auto")
-    assert sorted(alone.live_stats("seen").t_target) == [1]
+    with open_store(url) as store, store.session() as s:
+        from autospec.costs.stored import stored_costs
+
+        pid = queries.pair_id(s, alone.telemetry.pair)
+        stored = stored_costs(s, pid, "seen", path=alone.path, parts={"batch1"}).t_target
+    assert 1 in stored and alone.live_stats("seen").t_target == pytest.approx(stored)
+    assert alone.live_stats("first").costs is alone.live_stats("seen").costs
     alone.close()
 
 

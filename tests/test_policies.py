@@ -331,11 +331,11 @@ def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
 
 
 def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():
-    """A request's ``LiveStats`` (``costs=False``: the engine's and replay's per-request
+    """A request's ``LiveStats`` (``feed_costs=False``: the engine's and replay's per-request
     statistics) counts what its category's counts — acceptance, lookup blocks and shadows,
     match points, the rate — and keeps none of the costs the policy prices by its
     category's: no curve, draft or lookup time, catch-up fit, busy verdict."""
-    full, request = LiveStats(discount=1.0), LiveStats(discount=1.0, costs=False)
+    full, request = LiveStats(discount=1.0), LiveStats(discount=1.0, feed_costs=False)
     for ls in (full, request):
         for it in range(40):
             ls.observe_match(it % 3 == 0)
@@ -353,4 +353,3 @@ def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():
     assert request.ngram_counts(2) == full.ngram_counts(2)
     assert request.match_points == full.match_points
     assert request.spent == full.spent and request.iterations == full.iterations
-    assert request.copy().keeps_costs is False

@@ -5,7 +5,8 @@ report predicts, what tune replays and what a new process starts from are the sa
 
 Batch 1's T_t(n) and T_d come from ONE execution path and ONE source (``batch_one``): the
 latest ``autospec probe`` of that path, else the live means that rest on ≥ ``MIN_FORWARDS``
-forwards, through the shape guard. Beside them: the draft model's catch-up
+forwards, through the shape guard — the pair's (``pair_costs``: every category's requests on
+that path pooled), whichever category asks: costs are the pair's, acceptance the category's. Beside them: the draft model's catch-up
 (``queries.catch_up_source``), the lookup proposers' host seconds per proposed token and the
 batch grid T_t(B, n), T_d(B) (``grid.batch_grid``).
 """
@@ -108,22 +109,24 @@ def _forwards(min_forwards: int | None) -> int:
     return autospec.costs.MIN_FORWARDS if min_forwards is None else int(min_forwards)
 
 
-def _live(summaries) -> tuple[dict[int, float], dict[int, int], float | None, int]:
-    """The live batch-1 timings of ``summaries`` (``queries.CategorySummary``, one path),
-    pooled: (n → mean T_t(n), n → forwards, T_d, draft forwards)."""
-    if len(summaries) == 1:
-        sm = summaries[0]
+def _live(session, pair_id: int, path: str | None, summary=None
+          ) -> tuple[dict[int, float], dict[int, int], float | None, int]:
+    """The pair's live batch-1 timings on ``path`` (its ``pair_costs`` row: every category's
+    requests pooled; ``summary``'s where one was read, which carries the same): (n → mean
+    T_t(n), n → forwards, T_d, draft forwards)."""
+    if summary is not None:
+        sm = summary
         return sm.t_target_s_by_n, sm.target_count_by_n, sm.t_draft_s, sm.draft_forwards
-    seconds: dict[int, float] = {}
-    count: dict[int, int] = {}
-    for sm in summaries:
-        for n, s in sm.target_s_sum_by_n.items():
-            seconds[n] = seconds.get(n, 0.0) + s
-            count[n] = count.get(n, 0) + sm.target_count_by_n.get(n, 0)
-    draft_s = sum(sm.draft_s for sm in summaries)
-    draft_n = sum(sm.draft_forwards for sm in summaries)
-    return ({n: seconds[n] / count[n] for n in sorted(seconds) if count[n]}, count,
-            draft_s / draft_n if draft_n else None, draft_n)
+    from autospec.store import queries
+
+    row = queries.path_costs(session, pair_id).get((pair_id, path)) if path else None
+    if row is None:
+        return {}, {}, None, 0
+    seconds = {int(n): float(t) for n, t in (row.target_s_sum_by_n or {}).items()}
+    count = {int(n): int(c) for n, c in (row.target_count_by_n or {}).items()}
+    forwards = int(row.draft_forwards or 0)
+    return ({n: seconds[n] / count[n] for n in sorted(seconds) if count.get(n)}, count,
+            row.draft_s / forwards if forwards else None, forwards)
 
 
 def stored_costs(session, pair_id: int, category: str | None = None, *, path=SERVING,
@@ -134,8 +137,9 @@ def stored_costs(session, pair_id: int, category: str | None = None, *, path=SER
     - ``"batch1"``: T_t(n) and T_d on ONE execution path (``path``: "eager", "static", ...;
       None: requests and probes of unknown path, logged before 0005; default: the path the
       traffic ran on, ``queries.serving_path``) from ONE source (``source``: "probe", the
-      latest probe of that path; "live", the traffic's means on it; "auto", the probe if
-      there is one, else live), by ``batch_one``. Timings of another path are never read: a
+      latest probe of that path; "live", the means of the pair's traffic on it, every
+      category's pooled (``pair_costs``); "auto", the probe if there is one, else live), by
+      ``batch_one``. Timings of another path are never read: a
       static-cache step and an eager one measure different things. ``summary``: the
       category's ``queries.CategorySummary`` already read, whose path and live timings are
       then used (the report's and stats' per-workload reads);
@@ -178,10 +182,8 @@ def stored_costs(session, pair_id: int, category: str | None = None, *, path=SER
         elif source == "probe":
             out["source"] = f"probe (none stored for {path})"
         else:
-            sums = ([summary] if summary is not None else
-                    queries.category_summaries(session, category=category, pair_id=pair_id,
-                                               path=path))
-            one = batch_one(None, *_live(sums), min_forwards=min_forwards)
+            one = batch_one(None, *_live(session, pair_id, path, summary),
+                            min_forwards=min_forwards)
             held = sorted(one.held_out)
             out.update(t_draft=one.t_draft, t_target=one.t_target, held_out=one.held_out,
                        source=f"live traffic ({path})" if not held else

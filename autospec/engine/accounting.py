@@ -92,9 +92,15 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     if stats is not None:
         for row, st in zip(rows, stats):
             _count(st, row, width, times, per_token)
-    if times.catch_up is not None:
+    if times.catch_up is not None:  # the pair's fit takes it once, each category its time
+        fed: set[int] = set()
         for live in {id(x): x for x in (*lives, *requests) if x is not None}.values():
-            live.observe_catch_up(*times.catch_up)
+            pair = id(getattr(live, "costs", live))
+            if pair in fed:
+                live.observe_catch_up(*times.catch_up, fit=False)
+            else:
+                live.observe_catch_up(*times.catch_up)
+                fed.add(pair)
     for row, live, request in zip(rows, lives, requests):
         if live is not None and row.unproposed:
             live.observe_unproposed(row.unproposed)

@@ -80,7 +80,8 @@ class Row:
                  max_new: int, category: str, live, forecast, prefix, want_scores: bool,
                  want_logits: bool):
         self.index, self.category, self.live, self.forecast = index, category, live, forecast
-        self.request = LiveStats(discount=1.0, costs=False)  # this request alone, fed as its category's
+        # this request alone, fed as its category's (its counts and rate; no costs)
+        self.request = LiveStats(discount=1.0, feed_costs=False)
         self.L = self.n = length
         self.tokens = tokens  # None until the first sync brings a device prompt back
         self.prefix = prefix  # what generate's row holds before the prompt (left padding)

@@ -331,21 +331,29 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     replay exactly as they always did. ``batched=False`` replays every trace alone at batch 1
     (costs without a batch grid).
 
-    live: a dict category → LiveStats to feed (as the controller does); fresh ones by default.
+    live: a dict category → LiveStats to feed (as the controller does); fresh ones by default,
+    every new one referencing one ``PairCosts`` (the given ones', where some are given).
     has_draft: False for a pair without a draft model (logged with the n-gram proposer alone):
     the policy then sees the n-gram proposer only (default: ``costs.has_draft``).
     """
     if has_draft is None:
         has_draft = costs.has_draft
-    from autospec.policies import LiveStats
+    from autospec.policies.live import LiveStats, PairCosts
 
     rng = random.Random(seed)
     lives = {} if live is None else live
+    # the pair's costs, once, as the controller keeps them: every category's statistics
+    # reference one (the given statistics' where there are some), acceptance is per category
+    pair = next((st.costs for st in lives.values()), None)
     res = SimResult()
     pending: dict[tuple[int, str], list] = {}
     for row in traces:
         cat = category(row) if callable(category) else category
-        stats = lives.setdefault(cat, LiveStats(params=params_of(policy)))
+        stats = lives.get(cat)
+        if stats is None:
+            if pair is None:
+                pair = PairCosts(params=params_of(policy))
+            stats = lives[cat] = LiveStats(params=params_of(policy), costs=pair)
         b = batch_size_of(row) if batched else 1
         if b == 1:
             _replay([_Row(row, has_draft)], policy, costs, cat, stats, k_max, rng, res)
@@ -387,7 +395,8 @@ class _Row:
         from autospec.engine.stats import LoopStats
         from autospec.policies import LiveStats
 
-        self.request = LiveStats(discount=1.0, costs=False)  # the request's own, as the engine keeps it
+        # the request's own, as the engine keeps it (its counts and rate; no costs)
+        self.request = LiveStats(discount=1.0, feed_costs=False)
         self.stats = LoopStats()
 
     @property

@@ -185,7 +185,9 @@ def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max
     LiveStats to start from (copied, not changed), as a serving controller warms its
     statistics from the store; default: cold."""
     policy = build_policy(family, params, seed=seed)
-    start = None if live is None else {c: st.copy() for c, st in live.items()}
+    from autospec.policies.live import copy_lives
+
+    start = None if live is None else copy_lives(live)
     return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
                     live=start, batched=costs.batched)
 
