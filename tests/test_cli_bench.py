@@ -444,6 +444,29 @@ def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
     assert refused.value.code == 2 and "must be in 2..100" in capsys.readouterr().err
 
 
+def test_demo_counts_its_own_threads_in_the_load(models, tok, monkeypatch, capsys):
+    """On the CPU the demo's own threads are load it makes: a load average of about them
+    is no busy machine, one beyond them by half the cores is."""
+    import os
+
+    from autospec import pairs as model_loading
+    from autospec.cli import demo
+
+    def fake_load_pair(name, **kwargs):
+        target, draft = (copy.deepcopy(m) for m in models)
+        return model_loading.LoadedPair(target=target, draft=draft, tokenizer=tok, name=name)
+
+    monkeypatch.setattr(model_loading, "load_pair", fake_load_pair)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, busy in ((1.9, False), (3.5, True)):
+        monkeypatch.setattr(demo, "_load", lambda load=load: load)
+        args = ["demo", "--max-new-tokens", "4", "--k", "2", "--dtype", "fp32", "--threads", "2"]
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert ("load average 3.5 on 2 cores with 2 threads of its own" in out) is busy
+        assert ("load average" in out) is busy
+
+
 def test_demo_says_when_the_machine_was_busy():
     """The demo's judgement, from what it measured: medians of paired speedups, plain runs'
     scatter across rounds, the load beyond its own threads, the cost model's own timings."""

@@ -81,7 +81,7 @@ def run(args, parser) -> int:
     for fn in (plain_generate, target.generate):  # warm-up: first calls pay for setup
         timed(fn, first, max_new_tokens=8)
     cores = os.cpu_count() or 1
-    threads = env["threads"] if env["device"] == "cpu" else 0
+    threads = env["threads"] if env["device"].type == "cpu" else 0  # its own load
     load_before = _load()
     print(f"autospec demo: {args.pair or DEFAULT_PAIR}, policy {ctrl.policy.name}; "
           f"{env_line(env)}; {args.rounds} rounds per prompt, plain and autospec alternated")
