@@ -425,9 +425,14 @@ def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
         return model_loading.LoadedPair(target=target, draft=draft, tokenizer=tok, name=name)
 
     monkeypatch.setattr(model_loading, "load_pair", fake_load_pair)
+    import autospec
+
+    made, wrap = [], autospec.wrap  # the demo's controller, to see what it learned
+    monkeypatch.setattr(autospec, "wrap", lambda *a, **kw: made.append(wrap(*a, **kw)) or made[-1])
     code = main(["demo", "--max-new-tokens", "6", "--k", "2", "--dtype", "fp32", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0
+    assert {"code", "chat", "translation"} <= set(made[0].live)  # each prompt its category
     for heading in ("=== code", "=== chat", "=== translation"):
         assert heading in out
     assert "2 rounds per prompt" in out and out.count("(median of 2)") == 6

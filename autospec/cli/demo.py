@@ -95,7 +95,8 @@ def run(args, parser) -> int:
                 if which == "plain":
                     plain_runs.append(timed(plain_generate, ids))
                 else:
-                    spec_runs.append(timed(target.generate, ids))  # wrapped: autospec
+                    # wrapped: autospec, learning per category as the prompts are labelled
+                    spec_runs.append(timed(target.generate, ids, category=category))
                     summaries.append(ctrl.last_stats)
         spec_out, plain_out = spec_runs[-1][0], plain_runs[-1][0]
         print(f"\n=== {category}{' (chat)' if prompt.chat else ''} ===\n{prompt.prompt}"
