@@ -541,17 +541,24 @@ class LiveStats:
             self._count(self.accepted, self.reached, k, accepted)
             if k > 0:
                 self.draft_blocks += 1
-            if self.feed_costs:
-                # an iteration whose target timing is held out (a shape no machine shows: the
-                # level it is read against is out of date) holds out its draft timing too
-                kept = self.costs._timed(k, target_s)
-                if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
-                    self.costs._draft(k, draft_s)
-            elif self._tick:
-                self.costs.iterations += 1
+            # an iteration whose target timing is held out (a shape no machine shows: the
+            # level it is read against is out of date) holds out its draft timing too
+            kept = self._timed(k, target_s)
+            if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
+                self.costs._draft(k, draft_s)
             self._spend(draft_s if k else 0.0, target_s, accepted + 1)
             self.counts_version += 1
             self._version += 1
+
+    def _timed(self, k: int, target_s: float) -> bool:
+        """The target's forward of k + 1 tokens into the pair's costs where this one feeds
+        them (False where the shape guard held it out, and where it feeds none); a request's
+        statistics (costs of their own, not fed) only tick their clock. Under the lock."""
+        if self.feed_costs:
+            return self.costs._timed(k, target_s)
+        if self._tick:
+            self.costs.iterations += 1
+        return False
 
     def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
         """An iteration's time and tokens into the realized rate (prefill, with no steady
@@ -646,12 +653,9 @@ class LiveStats:
         proposed."""
         with self._lock:
             self._count_ngram(k, accepted, match, proposer)
-            if self.feed_costs:
-                if k > 0 and lookup_s == lookup_s and lookup_s >= 0:  # not NaN
-                    self.costs._lookup(proposer, lookup_s / k)
-                self.costs._timed(k, target_s)
-            elif self._tick:
-                self.costs.iterations += 1
+            if self.feed_costs and k > 0 and lookup_s == lookup_s and lookup_s >= 0:
+                self.costs._lookup(proposer, lookup_s / k)  # its host time, held out or not
+            self._timed(k, target_s)
             self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
             self.lookup_version += 1
             self._version += 1
