@@ -52,12 +52,15 @@ FORMAT = "why/1"
 
 # what decided the k, as ``record["rule"]`` names it
 RULES = {
-    "best": "the candidate that pays most by the cost model (S ≥ 1 + min_gain)",
+    "best": "of the blocks that pay (S ≥ 1 + min_gain), the one that saves the most seconds",
     "off": "no candidate paid by min_gain: a plain step",
     "baseline": "T_t(1) not measured yet: a plain step measures it",
-    "explore": "the draft model's costs not measured yet: a block at initial_k measures them",
-    "trial": "the draft model was never tried on this category: a trial block",
-    "reprobe": "off for reprobe_every iterations (or the load moved): one block at probe_k",
+    "explore": "the draft model's costs not measured yet: its block at perfect acceptance, "
+               "at initial_k",
+    "trial": "the draft model was never tried on this category: its block at perfect "
+             "acceptance",
+    "reprobe": "the draft model unused for reprobe_every iterations (or the load moved): its "
+               "block at perfect acceptance, at probe_k",
     "no-stats": "no statistics for this category: a block at initial_k",
     "policy": "a policy that records no reasons (fixed, table, bandit, …): its answer",
 }

@@ -60,8 +60,8 @@ class Parameters:
                                 "off", why_fixed="the first blocks' evidence, not a choice "
                                                  "traffic can tune: below 8 the Beta posterior "
                                                  "is mostly prior")
-    trial_gain: float = _p(0.1, "the trial of an untried draft model needs S ≥ 1 + this at "
-                                "perfect acceptance", why_fixed=_NOISE)
+    trial_gain: float = _p(0.1, "the trial of an untried draft model (a probe at perfect "
+                                "acceptance) needs S ≥ 1 + this there", why_fixed=_NOISE)
     reprobe_steps: float = _p(2.0, "what a re-probe may cost, in plain steps, per reprobe_every "
                                    "iterations off: a dearer one waits proportionally longer",
                               why_fixed="reprobe_every is searched; this only scales it for "

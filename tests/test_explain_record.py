@@ -29,11 +29,13 @@ def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02) -> LiveStats
 
 def recompute(record: dict) -> tuple[int, str]:
     """Check every candidate's figures against its own fields, then decide from them as the
-    policy's rule says: each proposer's k is the one of best S (0 where S ≤ 1), proposers
-    ranked by seconds saved, speculation where S ≥ 1 + min_gain."""
+    policy's one rule says: a proposer's block is in where some k beat a plain step by S (a
+    record of a proposer whose k was 0 shows its best S, at most 1), a probe (acceptance from
+    "perfect") where the rule named it; of the blocks whose S at the rate reaches 1 +
+    min_gain, the one that saves the most seconds."""
     t1, value, min_gain = record["t_plain"], record["value"], record["min_gain"]
     v = t1 if value is None else value
-    best = None  # (k, S, proposer, saved)
+    best = None  # (saved, k, proposer)
     for c in record["candidates"]:
         k, tokens, block, extra = c["k"], c["tokens"], c["block_s"], c["extra_s"]
         if c["proposer"] == "plain":
@@ -48,20 +50,14 @@ def recompute(record: dict) -> tuple[int, str]:
         valued = plain_s if value is None else (t1 + (tokens - 1) * v) / dear
         assert c["speedup"] == pytest.approx(valued)
         assert c["saved_s"] == pytest.approx(t1 + (tokens - 1) * v - dear - c["induced_s"])
-        if plain_s <= 1:
-            k = 0  # no block beat a plain step: this proposer's k was 0
-        if c["proposer"] == "draft":
-            best = (k, c["speedup"], "draft", c["saved_s"] if k else 0.0)
+        if c["acceptance_from"] == "perfect":
+            if record["rule"] not in ("explore", "trial", "reprobe"):
+                continue  # offered, and beaten by a block of the evidence
+        elif plain_s <= 1 or valued < 1 + min_gain:
             continue
-        if best is None:
-            best = (0, 1.0, "draft", 0.0)
-        if k:
-            paying = best[0] > 0 and best[1] >= 1 + min_gain
-            if c["saved_s"] > best[3] or not paying:
-                best = (k, c["speedup"], c["proposer"], c["saved_s"])
-    if best and best[0] > 0 and best[1] >= 1 + min_gain:
-        return best[0], best[2]
-    return 0, "plain"
+        if best is None or c["saved_s"] > best[0]:
+            best = (c["saved_s"], k, c["proposer"])
+    return (best[1], best[2]) if best else (0, "plain")
 
 
 @pytest.mark.parametrize("alpha, ngram_alpha, match, min_gain", [
