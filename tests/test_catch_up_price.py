@@ -21,11 +21,14 @@ from autospec.policies.costmodel import (
     decide,
     expected_tokens,
     induced_catch_up,
+    interpolate_cost,
     request_ngram_curve,
     saved,
     valued,
 )
-from autospec.policies.costmodel import interpolate_cost
+from autospec.policies.params import DEFAULTS
+
+from conftest import noisy_copy, prompt, tiny
 
 
 def valued_speedup(curve, k, t_propose, cost, per_token, value):
@@ -38,9 +41,6 @@ def block_saving(curve, k, t_propose, cost, per_token, value):
     """Seconds the proposer's block of k saves with the rest at ``value`` per token."""
     cost = interpolate_cost(cost) if isinstance(cost, dict) else cost
     return saved(block("draft", curve, k, t_propose, cost, per_token), cost(1), value)
-from autospec.policies.params import DEFAULTS
-
-from conftest import noisy_copy, prompt, tiny
 
 
 def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
