@@ -559,10 +559,8 @@ class CostModelPolicy:
         blocks: list[Block] = []
         measured = live.t_draft is not None and len(live.t_target) >= 2
         if drafts and measured:
-            curve, source = self.derived(live, top)[0], "live" if live.observed > 0 else "prior"
-            predicted = getattr(context, "predicted_alpha", None)
-            if predicted is not None and live.observed < p.cold_start:
-                curve, source = [float(predicted)] * top, "forecast"
+            curve, source = self._draft_curve(live, getattr(context, "predicted_alpha", None),
+                                              top)
             per_token, cap = self._catch_up(live, context, proposers), capped(curve)
             k = best_k(curve, live.t_draft, cost, cap, per_token=per_token)[0]
             b = offer("draft", curve, k, cap, live.t_draft, per_token, source)
@@ -591,17 +589,11 @@ class CostModelPolicy:
         rule = "best" if best is not None else "off"
         if drafts and (best is None or best.proposer != "draft"):
             probe = self._probe(live, context, top, cost, measured)
-            if probe is not None:
-                b = probe[0]
-                if why is not None:
-                    why["candidates"].append(explain.candidate(
-                        "draft", b.k, tokens=b.tokens, block_s=b.seconds,
-                        speedup=valued(b, t1, rate), saved_s=saved(b, t1, rate),
-                        acceptance=[1.0] * b.k, acceptance_from="perfect",
-                        t_propose=live.t_draft or 0.0, t_verify=cost(b.k + 1),
-                        costs_from=origin))
+            if probe is not None:  # the draft model's block at perfect acceptance
+                k, why_probe = probe
+                b = offer("draft", [1.0] * k, k, k, live.t_draft or 0.0, 0.0, "perfect")
                 if best is None or saved(b, t1, rate) > saved(best, t1, rate):
-                    best, rule = probe
+                    best, rule = b, why_probe
         cat = context.category
         self._off[cat] = (0 if best is not None and best.proposer == "draft"
                           else self._off.get(cat, 0) + 1)
@@ -609,9 +601,20 @@ class CostModelPolicy:
             return 0, rule
         return (best.k if best.proposer == "draft" else Choice(best.k, best.proposer)), rule
 
-    def _probe(self, live, context, top: int, cost, measured: bool) -> tuple[Block, str] | None:
-        """The one exploration rule: where the draft model's evidence is missing or stale, its
-        block priced at perfect acceptance (the bound), as (Block, rule), else None:
+    def _draft_curve(self, live, predicted: float | None, top: int) -> tuple[list[float], str]:
+        """(the draft model's acceptance curve, where it came from): the forecast while the
+        category has fewer than ``cold_start`` blocks, else the statistics' posterior; with no
+        statistics the forecast or ``unknown_alpha``."""
+        if live is None:
+            return [self.params.unknown_alpha if predicted is None else float(predicted)] * top, \
+                "prior"
+        if predicted is not None and live.observed < self.params.cold_start:
+            return [float(predicted)] * top, "forecast"
+        return self.derived(live, top)[0], "live" if live.observed > 0 else "prior"
+
+    def _probe(self, live, context, top: int, cost, measured: bool) -> tuple[int, str] | None:
+        """The one exploration rule: where the draft model's evidence is missing or stale, the
+        k of its block to price at perfect acceptance (the bound), and why, else None:
 
         - "explore": T_d or a second T_t(n) not measured yet (T_d then read as free): a block
           at ``initial_k`` measures them;
@@ -637,9 +640,7 @@ class CostModelPolicy:
         if rule is None and (moved or self._off.get(cat, 0) + 1 >= self._reprobe_after(
                 live, context, live.t_target.get(1), t_draft, cost, top)):
             rule, k = "reprobe", min(p.probe_k, top)
-        if rule is None or k <= 0:
-            return None
-        return block("draft", [1.0] * k, k, t_draft, cost), rule
+        return (k, rule) if rule is not None and k > 0 else None
 
     def _rate(self, live, context, proposers) -> float | None:
         """ρ, what a token past a block's first is worth (seconds): with several proposers,
@@ -743,20 +744,11 @@ class CostModelPolicy:
         forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
         if len(forecasts) != len(stats):
             forecasts = (getattr(context, "predicted_alpha", None),) * len(stats)
-        curves, by_stats = [], {}
+        by_stats = {}  # rows of one category and forecast share one curve
         for live, predicted in zip(stats, forecasts):
-            key = (id(live), predicted)
-            curve = by_stats.get(key)
-            if curve is None:
-                if live is None:
-                    curve = [self.params.unknown_alpha if predicted is None
-                             else float(predicted)] * top
-                elif predicted is not None and live.observed < self.params.cold_start:
-                    curve = [float(predicted)] * top
-                else:
-                    curve = self.derived(live, top)[0]
-                by_stats[key] = curve
-            curves.append(curve)
+            if (id(live), predicted) not in by_stats:
+                by_stats[id(live), predicted] = self._draft_curve(live, predicted, top)[0]
+        curves = [by_stats[id(live), predicted] for live, predicted in zip(stats, forecasts)]
         per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
         left = _rows_left(context)
         k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
