@@ -1,12 +1,8 @@
-"""What has been measured live: per traffic category, acceptance per draft position
-(discounted Beta counts, ``LiveStats``); per model pair and execution path, the cost model's
-timings and the busy-machine guard over them (``PairCosts``).
-
-A controller keeps one ``PairCosts`` for its pair and one ``LiveStats`` per category, each
-referencing it (``live.t_target``, ``live.cost()``, ``live.busy()`` read the pair's): every
-category's timings feed the pair's costs; acceptance is never shared. Policies read the
-statistics, they do not own them. Thread-safe: a category's statistics and its pair's costs
-share one lock.
+"""What has been measured live: per category, acceptance per draft position (``LiveStats``,
+discounted Beta counts); per model pair and execution path, the cost model's timings and the
+busy-machine guard over them (``PairCosts``). A controller keeps one ``PairCosts`` and one
+``LiveStats`` per category referencing it: timings are the pair's, acceptance is never shared.
+Thread-safe: a category's statistics and its pair's costs share one lock.
 """
 
 from __future__ import annotations
@@ -24,8 +20,8 @@ from .params import DEFAULTS, Parameters
 
 log = logging.getLogger("autospec.policies.live")
 
-__all__ = ["LiveStats", "PairCosts", "copy_lives", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
-           "shape_guard", "spread"]
+__all__ = ["LiveStats", "PairCosts", "copy_lives", "MATCH_BUCKETS", "match_bucket",
+           "catch_up_line", "catch_up_sums", "shape_guard", "spread"]
 
 
 def shape_guard(curve: Mapping[int, float], floor: float = DEFAULTS.shape_floor
@@ -147,10 +143,8 @@ class PairCosts:
         self._scattered: dict[int, tuple] = {}  # n → (latest sample, window start, scattered)
         self._level_ref: float | None = None
         self._stale: set[int] = set()
-        self.level_moves = 0
-        self._busy_until = 0
         self._remeasure_at: int | None = None
-        self.held_out = 0
+        self.level_moves = self._busy_until = self.held_out = 0
         self._floor: dict[int, float] = {}  # n → a probe's T_t(n) / T_t(1) below shape_floor
         self.costs_from: str | None = None  # the warm costs' source: "probe", "store", None
         self._lock = threading.Lock()
@@ -197,8 +191,7 @@ class PairCosts:
         last re-measure), and the iteration; False where held out. Under the lock."""
         kept = True
         if target_s == target_s and target_s > 0:  # not NaN
-            n, it = k + 1, self.iterations
-            p = self.params
+            n, it, p = k + 1, self.iterations, self.params
             recent = self._recent.get(n)
             if recent is None:
                 recent = self._recent[n] = deque(maxlen=p.recent)
@@ -341,9 +334,7 @@ class PairCosts:
         with self._lock:
             line = catch_up_line(self.catch_up, self.params.catch_up_spread)
             t_draft = self.t_draft
-        if line is None:
-            return None
-        return max(line[0] + line[1] * tokens, t_draft or 0.0)
+        return None if line is None else max(line[0] + line[1] * tokens, t_draft or 0.0)
 
     def settled(self, n: int) -> bool:
         """Whether T_t(n) is warm-started or has ``cost_settle`` live samples."""
@@ -387,14 +378,9 @@ def _delegated(name: str, doc: str) -> property:
 def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
     """Independent copies of a controller's category statistics (a replay that must not feed
     them): the categories that shared one ``PairCosts`` share one copy of it."""
-    copies: dict[int, PairCosts] = {}
-    out = {}
-    for cat, live in lives.items():
-        costs = copies.get(id(live.costs))
-        if costs is None:
-            costs = copies[id(live.costs)] = live.costs.copy()
-        out[cat] = live.copy(costs=costs)
-    return out
+    copies = {id(live.costs): live.costs for live in lives.values()}
+    copies = {key: costs.copy() for key, costs in copies.items()}
+    return {cat: live.copy(costs=copies[id(live.costs)]) for cat, live in lives.items()}
 
 
 class LiveStats:
@@ -430,16 +416,13 @@ class LiveStats:
         self._tick = costs is None and not feed_costs  # its own clock, no timings
         # position i (0-based) is reached when the draft proposed it and every earlier one was
         # accepted: accepted[i] / reached[i] is the conditional acceptance (discounted counts)
-        self.accepted = [0.0] * max_positions
-        self.reached = [0.0] * max_positions
+        self.accepted, self.reached = [0.0] * max_positions, [0.0] * max_positions
         self.draft_blocks = 0.0  # the draft model's blocks ever (stored included), undiscounted
         # the lookup proposers' counts, apart from the draft model's: pooled, and per bucket of
         # match length (bucket → (accepted, reached))
-        self.ngram_accepted = [0.0] * max_positions
-        self.ngram_reached = [0.0] * max_positions
+        self.ngram_accepted, self.ngram_reached = [0.0] * max_positions, [0.0] * max_positions
         self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        self.suffix_accepted = [0.0] * max_positions
-        self.suffix_reached = [0.0] * max_positions
+        self.suffix_accepted, self.suffix_reached = [0.0] * max_positions, [0.0] * max_positions
         self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.match_points = [0.0, 0.0]  # decision points [without, with] an n-gram match
         self.spent = [0.0, 0.0]  # [seconds, tokens] past prefill, discounted: the rate
@@ -601,20 +584,15 @@ class LiveStats:
         with self._lock:
             accepted, reached, by_match = self._lookup(proposer)
             if match > 0:
-                by = by_match.get(match_bucket(match))
-                if by is None:
-                    size = len(reached)
-                    return [0.0] * size, [0.0] * size
-                return list(by[0]), list(by[1])
+                size = len(reached)
+                accepted, reached = by_match.get(match_bucket(match), ([0.0] * size, [0.0] * size))
             return list(accepted), list(reached)
 
     def ngram_acceptance(self, proposer: str = "ngram") -> float | None:
         """A lookup proposer's acceptance at its first position (None before it proposed)."""
         with self._lock:
             accepted, reached, _ = self._lookup(proposer)
-            if reached[0] <= 0:
-                return None
-            return accepted[0] / reached[0]
+            return None if reached[0] <= 0 else accepted[0] / reached[0]
 
     def observe_unproposed(self, matches: Sequence[float]) -> None:
         """Positions decoded at k = 0 that the draft's catch-up predicted when drafting
@@ -665,9 +643,7 @@ class LiveStats:
         position is pulled toward its neighbour rather than toward 0.5."""
         with self._lock:
             posts = self._posteriors(k_max, spread=bool(z))
-        if not z:
-            return [mean for mean, _ in posts]
-        return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
+        return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
                                match: int = 0, proposer: str = "ngram") -> list[float]:
@@ -681,23 +657,14 @@ class LiveStats:
                 posts = self._posteriors(k_max, accepted, reached, spread=bool(z))
             else:
                 pooled = self._posteriors(1, accepted, reached, spread=False)[0][0]
-                firsts: dict[int, float] = {}
-
-                def first(length: int) -> float:
-                    """Position 0's estimate after a match of ``length`` tokens."""
-                    b = match_bucket(length)
-                    if b not in firsts:
-                        by = by_match.get(b)
-                        firsts[b] = (pooled if by is None else
-                                     self._posteriors(1, by[0], by[1], centres=[pooled],
-                                                      spread=False)[0][0])
-                    return firsts[b]
-
-                by = by_match.get(match_bucket(match))
-                acc, reach = by if by is not None else ((), ())
+                # position 0's estimate after a match in each bucket seen (else the pooled one)
+                firsts = {b: self._posteriors(1, a, r, centres=[pooled], spread=False)[0][0]
+                          for b, (a, r) in by_match.items()}
+                acc, reach = by_match.get(match_bucket(match), ((), ()))
                 # position 0: the pooled prior (its own counts are then added, once)
-                posts = self._posteriors(k_max, acc, reach, centres=[pooled] + [
-                    first(match + i) for i in range(1, k_max)], spread=bool(z))
+                centres = [pooled] + [firsts.get(match_bucket(match + i), pooled)
+                                      for i in range(1, k_max)]
+                posts = self._posteriors(k_max, acc, reach, centres=centres, spread=bool(z))
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
@@ -731,17 +698,12 @@ class LiveStats:
                         params=self.params, costs=self.costs if costs is None else costs,
                         feed_costs=costs is not None)
         with self._lock:
-            new.accepted, new.reached = list(self.accepted), list(self.reached)
-            new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
-                                                     list(self.ngram_reached))
-            new.ngram_by_match = {n: (list(a), list(r))
-                                  for n, (a, r) in self.ngram_by_match.items()}
-            new.suffix_accepted, new.suffix_reached = (list(self.suffix_accepted),
-                                                       list(self.suffix_reached))
-            new.suffix_by_match = {n: (list(a), list(r))
-                                   for n, (a, r) in self.suffix_by_match.items()}
-            new.match_points = list(self.match_points)
-            new.spent = list(self.spent)
+            for name in ("accepted", "reached", "ngram_accepted", "ngram_reached",
+                         "suffix_accepted", "suffix_reached", "match_points", "spent"):
+                setattr(new, name, list(getattr(self, name)))
+            for name in ("ngram_by_match", "suffix_by_match"):
+                setattr(new, name, {n: (list(a), list(r))
+                                    for n, (a, r) in getattr(self, name).items()})
             new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation = self.bandwidth_utilisation
         if acceptance_from is not None:
