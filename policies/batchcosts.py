@@ -1,13 +1,7 @@
 """The cost model's timings at batch > 1 for one model pair on one machine: T_t(B, n), the
 target's time to score n tokens in each of B rows, and T_d(B), the draft's time per proposed
-token (no torch here).
-
-Warmed from a grid (``warm``: the probe's, or the store's live medians) and fed by this
-process's forwards (``observe``: a point's first ``settle`` samples' median, then a moving
-average). At any B a reader gets the points measured there; for the other n, warm values
-calibrated by the live evidence, or values interpolated linearly in B between measured batch
-sizes (extended along the nearest two beyond them); and T_t(B, ·) over n as
-``costmodel.interpolate_cost`` of those points. Thread-safe.
+token. Warmed from a grid (the probe's, or the store's live medians), fed by this process's
+forwards, read at any B (interpolated linearly in B between measured batch sizes). No torch.
 """
 
 from __future__ import annotations
@@ -16,6 +10,7 @@ import bisect
 import threading
 from collections.abc import Callable, Mapping
 
+from .base import batch_bucket
 from .costmodel import interpolate_cost, settle_sample
 from .params import DEFAULTS
 
@@ -35,21 +30,17 @@ def _across(points: Mapping[int, float], batch: int) -> float | None:
     if batch in points:
         return points[batch]
     bs = sorted(points)
+    if len(bs) < 2:
+        return None
     i = bisect.bisect_left(bs, batch)
-    if 0 < i < len(bs):  # between two measured batch sizes: linear
-        b0, b1 = bs[i - 1], bs[i]
-        t0, t1 = points[b0], points[b1]
-        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-    if i == len(bs) and len(bs) >= 2:  # beyond the largest: along the last two, never less
-        b0, b1 = bs[-2], bs[-1]
-        t0, t1 = points[b0], points[b1]
+    j = min(max(i, 1), len(bs) - 1)  # the two measured batch sizes nearest: bs[j - 1], bs[j]
+    b0, b1 = bs[j - 1], bs[j]
+    t0, t1 = points[b0], points[b1]
+    if i == 0:  # below the smallest: within [proportional to B, flat] (no dearer than b0)
+        return min(t0, max(t0 * batch / b0, t0 - (t1 - t0) * (b0 - batch) / (b1 - b0)))
+    if i == len(bs):  # beyond the largest: along the last two, never less
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
-    if i == 0 and len(bs) >= 2:  # below the smallest: along the first two, within
-        b0, b1 = bs[0], bs[1]  # [proportional to B, flat] (a smaller batch costs no more)
-        t0, t1 = points[b0], points[b1]
-        linear = t0 - (t1 - t0) * (b0 - batch) / (b1 - b0)
-        return min(t0, max(t0 * batch / b0, linear))
-    return None
+    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)  # between two: linear
 
 
 class BatchCosts:
@@ -112,7 +103,7 @@ class BatchCosts:
                 self.version += 1
 
     def _settled(self, key: tuple, old: float | None, new: float) -> float:
-        """The point after one more sample (``costmodel.settle_sample``)."""
+        """The point after one more sample (the first ``settle``'s median, then the EMA)."""
         return settle_sample(self._first.setdefault(key, []), old, new, self.settle, self.ema)
 
     def warm(self, target: Mapping[int, Mapping[int, float]],
@@ -135,8 +126,6 @@ class BatchCosts:
         """Whether T_t(B, 1) rests on live evidence from B's bucket (always, unless ``live``)."""
         if not self.live:
             return True
-        from .base import batch_bucket
-
         bucket = batch_bucket(int(batch))
         with self._lock:
             seen = sum(len(first) for key, first in self._first.items()
@@ -166,13 +155,10 @@ class BatchCosts:
         shape = self._shapes(ns) if level is not None and warm_1 else None
         factors = self._factors(ns) if shape is None else {}
         for n in ns - set(points):
-            warm = _at(self._warm_t, batch, n)
-            if warm is not None:
+            if (warm := _at(self._warm_t, batch, n)) is not None:
                 points[n] = (level * warm / warm_1 * shape[n] if shape is not None
                              else warm * factors.get(n, 1.0))
-                continue
-            live = _at(self._live_t, batch, n)
-            if live is not None:
+            elif (live := _at(self._live_t, batch, n)) is not None:
                 points[n] = live
         t1 = points.get(1)
         if t1 and self.live:  # the shape floor on a live loop's costs (replay's grid is truth)
@@ -191,9 +177,7 @@ class BatchCosts:
                 w = _at(self._warm_t, b, n)
                 if w:
                     direct.setdefault(n, []).append((b, t / w))
-        if not direct:
-            return {}
-        return _per_n(direct, ns)
+        return _per_n(direct, ns) if direct else {}
 
     def _shapes(self, ns) -> dict[int, float]:
         """n → how far the loop's T_t(B', n) / T_t(B', 1) departs from the probe's (``_per_n``
