@@ -121,9 +121,7 @@ class Choice(int):
 
 def proposer_of(choice) -> tuple[str, int]:
     """(proposer, min_match) of what ``choose`` returned: a plain int is the draft model's."""
-    if isinstance(choice, Choice):
-        return choice.proposer, choice.min_match
-    return "draft", 2
+    return (choice.proposer, choice.min_match) if isinstance(choice, Choice) else ("draft", 2)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -166,6 +164,8 @@ def as_policy(spec) -> Policy:
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
     from .heuristic import Heuristic
+    from .table import TablePolicy
+    from .tuned import TunedPolicy
 
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
@@ -179,8 +179,10 @@ def as_policy(spec) -> Policy:
             raise ValueError(f"bad policy {spec!r}: {e}") from None
     if isinstance(spec, str):
         name = spec.strip().lower()
-        if name == "off":
-            return FixedK(0)
+        named = {"off": lambda: FixedK(0), "heuristic": Heuristic, "costmodel": CostModelPolicy,
+                 "bandit": ThompsonBandit, "auto": auto_policy, "tuned": TunedPolicy}
+        if name in named:
+            return named[name]()
         if name.startswith(("ngram:", "hybrid:", "suffix:")):
             kind, _, rest = name.partition(":")
             k_text, _, match_text = rest.partition(":")
@@ -200,36 +202,19 @@ def as_policy(spec) -> Policy:
             except ValueError:
                 raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
             return _fixed(spec, k)
-        if name == "heuristic":
-            return Heuristic()
-        if name == "costmodel":
-            return CostModelPolicy()
-        if name == "bandit":
-            return ThompsonBandit()
-        if name == "auto":
-            return auto_policy()
         if name.startswith("auto:"):
-            from .costmodel import CostModelPolicy
-
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
             except ValueError as e:
                 raise ValueError(f"bad policy {spec!r}: 'auto:SET' chooses among a set of "
                                  f"proposers — {e}") from None
-        if name == "tuned":
-            from .tuned import TunedPolicy
-
-            return TunedPolicy()
         if name.startswith("table:"):
-            from .table import TablePolicy
-
             return TablePolicy.parse(name)
         raise ValueError(
-            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', 'hybrid:K[:M]', "
-            "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'auto:draft+suffix', 'tuned', "
-            "'table:1-2:4,3-:0', a callable "
-            "context -> k, or an object with choose()/update()"
-        )
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', "
+            "'hybrid:K[:M]', 'off', 'heuristic', 'costmodel', 'bandit', 'auto', "
+            "'auto:draft+suffix', 'tuned', 'table:1-2:4,3-:0', a callable context -> k, or an "
+            "object with choose()/update()")
     if hasattr(spec, "choose") and hasattr(spec, "update"):
         return spec
     if callable(spec):
