@@ -130,11 +130,8 @@ class PairCosts:
         self.t_ngram: float | None = None  # prompt lookup's host seconds per proposed token
         self.t_suffix: float | None = None  # suffix decoding's
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
-        # each T_t(n)'s first live samples (not warm-started): their median until there are
-        # cost_settle, then the moving average
-        self.t_samples: dict[int, list[float]] = {}
-        # the draft's catch-up forwards: discounted sums of (1, g, g², C, g·C) for C = a + b·g
-        self.catch_up = [0.0] * 5
+        self.t_samples: dict[int, list[float]] = {}  # n → its first live samples (settling)
+        self.catch_up = [0.0] * 5  # the draft's catch-up fit's discounted sums (catch_up_sums)
         self.iterations = 0
         # the busy-machine guard: recent (iteration, seconds) per n, the level T_t(1) the other
         # points were measured against, the points to replace at their next sample (n; 0: T_d),
@@ -256,9 +253,8 @@ class PairCosts:
                   "carried over and re-measured", factor, ref, new)
 
     def busy(self) -> bool:
-        """Whether the timings say the machine is busy: at least 3 timings of one n within
-        ``scatter_window`` iterations scatter (``spread`` above ``scatter``), or the level moved
-        or a shape was held out within ``busy_hold``."""
+        """Whether the timings say the machine is busy: 3 or more of one n scatter within
+        ``scatter_window``, or the level moved or a shape was held out within ``busy_hold``."""
         with self._lock:
             it, p = self.iterations, self.params
             if it < self._busy_until:
@@ -418,8 +414,7 @@ class LiveStats:
         # accepted: accepted[i] / reached[i] is the conditional acceptance (discounted counts)
         self.accepted, self.reached = [0.0] * max_positions, [0.0] * max_positions
         self.draft_blocks = 0.0  # the draft model's blocks ever (stored included), undiscounted
-        # the lookup proposers' counts, apart from the draft model's: pooled, and per bucket of
-        # match length (bucket → (accepted, reached))
+        # each lookup proposer's own counts: pooled, and per match-length bucket
         self.ngram_accepted, self.ngram_reached = [0.0] * max_positions, [0.0] * max_positions
         self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
         self.suffix_accepted, self.suffix_reached = [0.0] * max_positions, [0.0] * max_positions
@@ -429,8 +424,7 @@ class LiveStats:
         self.bandwidth_utilisation: float | None = None
         self._lock = self.costs._lock  # one lock with the pair's costs
         self._version = 0  # bumped on every change of the acceptance
-        # bumped when the draft model's, and a lookup proposer's, counts change
-        self.counts_version = self.lookup_version = 0
+        self.counts_version = self.lookup_version = 0  # the draft's, the lookups' counts
 
     @property
     def version(self) -> int:
@@ -492,9 +486,8 @@ class LiveStats:
         return self.costs.busy()
 
     def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
-        """One catch-up forward of the draft model over ``tokens`` unseen tokens that took
-        ``seconds``: the category's time spent and (``fit``: False where another category of
-        the iteration fed it already) the pair's catch-up fit."""
+        """A catch-up forward over ``tokens`` unseen tokens that took ``seconds``: time spent,
+        and (``fit``: unless another category fed it already) the pair's catch-up fit."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
         with self._lock:
@@ -595,9 +588,8 @@ class LiveStats:
             return None if reached[0] <= 0 else accepted[0] / reached[0]
 
     def observe_unproposed(self, matches: Sequence[float]) -> None:
-        """Positions decoded at k = 0 that the draft's catch-up predicted when drafting
-        resumed (greedy 0/1; sampled: the acceptance probability): first-position evidence,
-        counted without a discount step."""
+        """Positions decoded at k = 0 that the draft's catch-up predicted (greedy 0/1; sampled:
+        the acceptance probability): first-position evidence, without a discount step."""
         with self._lock:
             for v in matches:
                 self.reached[0] += 1
@@ -670,9 +662,8 @@ class LiveStats:
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
                     centres: Sequence[float] = (), spread: bool = True
                     ) -> list[tuple[float, float]]:
-        """(mean, sd) per position 0 … k_max−1 of the draft model's counts, or of
-        ``accepted``/``reached``: position i's prior is centred on ``centres[i]`` where given,
-        else as in ``acceptance_curve``. ``spread`` False: sd 0.0. Under the lock."""
+        """(mean, sd) per position (``acceptance_curve``) of the draft's counts or of
+        ``accepted``/``reached``, centred on ``centres`` where given; under the lock."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
