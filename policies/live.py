@@ -308,11 +308,10 @@ class PairCosts:
         with self._lock:
             if t_target:
                 self.costs_from = "probe" if probe else "store"
-            if t_target and probe:
-                t1 = t_target.get(1)
-                for n, t in t_target.items() if t1 else ():
-                    if int(n) > 1 and t < floor * t1:
-                        self._floor[int(n)] = float(t) / t1
+            t1 = t_target.get(1) if t_target and probe else None
+            for n, t in t_target.items() if t1 else ():  # a probe's points below the floor
+                if int(n) > 1 and t < floor * t1:
+                    self._floor[int(n)] = float(t) / t1
             if t_draft and self.t_draft is None:
                 self.t_draft = float(t_draft)
             if t_ngram is not None and t_ngram >= 0 and self.t_ngram is None:
@@ -346,8 +345,7 @@ class PairCosts:
             curve, floors = dict(self.t_target), self._floor
         if not curve:
             return None
-        t1 = curve.get(1)
-        floor = self.params.shape_floor
+        t1, floor = curve.get(1), self.params.shape_floor
         if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
             curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
