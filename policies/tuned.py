@@ -26,8 +26,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "costmodel": (*(f.name for f in dataclasses.fields(Parameters)), "proposers", "early_stop"),
     "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
-# families a tuned row may name but the search does not draw from FAMILIES: a batch-size → k
-# table (``{"table": "1-3:4,4-:0"}``), produced by tuning per batch size
+# the families a stored row may name: FAMILIES, and a batch-size → k table (tuned per batch size)
 ROW_FAMILIES: dict[str, tuple[str, ...]] = {**FAMILIES, "table": ("table", "early_stop")}
 
 
@@ -87,13 +86,11 @@ class TunedPolicy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.reload_failures = 0
-        self.reloads = 0  # rows applied so far
+        self.reload_failures = self.reloads = 0  # failed fetches, rows applied
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, fetch: Callable[[int], Sequence[Any]]) -> None:
-        """Follow the tuned parameters ``fetch(after_id)`` returns (see the class); reads
-        them now and starts the poller."""
+        """Follow the tuned rows ``fetch(after_id)`` returns: read them now, start the poller."""
         if not callable(fetch):
             raise TypeError("attach takes a fetch function: fetch(after_id) -> tuned rows "
                             "(autospec.store.queries.tuned_fetcher(store, pair) makes one)")
