@@ -1,16 +1,9 @@
-"""Thompson sampling over k ∈ {0 … k_max}, rewarded in tokens per second of wall time.
-
-Each arm's reward is what one iteration at that k yielded: (accepted + 1) / (draft seconds +
-target seconds) — so the draft's own cost counts and k = 0 is measured like any other arm.
-Statistics are discounted by ``discount`` per update of the category, so the bandit follows
-drift; an arm that fell out of favour regains uncertainty as its evidence decays, which is how
-k = 0 ("off") is left again when the draft becomes good. Randomness comes from a seeded
-``random.Random`` passed in, never the global RNG.
-
-At batch > 1 the arms are kept per (category, batch-size bucket) — 1, 2–3, 4–7, 8–15, 16–31,
-32+ — since the best k changes with the batch size; a batch of several categories is its own
-category ("a+b"). The reward is then the batch's tokens per second: Σ over rows of
-(accepted_i + 1), from ``outcome.accepted_rows``.
+"""Thompson sampling over k ∈ {0 … k_max}, rewarded in tokens per second of wall time: an
+iteration's (accepted + 1) / (draft + target seconds), so the draft's own cost counts and k = 0
+is an arm like any other. Statistics are discounted by ``discount`` per update, so an arm out
+of favour regains uncertainty as the traffic drifts. Arms are kept per (category, batch-size
+bucket); a batch of several categories is its own ("a+b"), rewarded in all its rows' tokens.
+Randomness comes from its own seeded ``random.Random``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The policy contract: ``choose(context) -> k`` then ``update(context, k, outcome)``.
 
-Call order: for every iteration of the speculative loop the loop calls ``choose`` once, runs
-the iteration with the returned k (clamped to what the request can still use: the tokens left
-and the models' context), then calls ``update`` once with the k actually run and its outcome.
-k = 0 is an ordinary choice: a plain decoding step. A policy never changes what is generated,
-only how fast: the loop is exact for every k.
-
-Thread safety: one policy object may serve several controllers; implementations that keep
-state guard it themselves. ``choose`` must return an int in ``0 … context.k_max`` and must not
-raise for any context; ``update`` must not raise (the loop treats an exception from either as
-a bug and lets it propagate, so generation stops loudly rather than silently changing speed).
+Every iteration the loop calls ``choose`` once, runs the iteration with the returned k
+(clamped to the tokens left and the models' context) and calls ``update`` once with the k
+actually run and its outcome. k = 0 is a plain decoding step; a policy never changes what is
+generated, only how fast. One policy object may serve several controllers: one that keeps
+state guards it. ``choose`` returns an int in ``0 … context.k_max``; neither method may raise
+(an exception propagates: generation stops rather than silently changing speed).
 """
 
 from __future__ import annotations
@@ -24,11 +20,8 @@ from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
            "stops_drafting", "K_LIMIT", "check_k", "wants_suffix", "params_of"]
+# K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere (docs/policy.md).
 
-# K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere: a policy's fixed k, a
-# controller's k_max, the command line's --k / --k-max, bench's modes, tune's search. A
-# lookahead beyond it is a mistake, not a setting (acceptance of a 64th draft token in a row is
-# vanishingly small).
 
 def check_k(k, what: str = "k") -> int:
     """``k`` as an int in 0 … K_LIMIT (0 is plain decoding); ValueError naming ``what``
@@ -47,7 +40,9 @@ def check_k(k, what: str = "k") -> int:
 
 @dataclass(frozen=True)
 class Context:
-    """What the policy may look at when choosing k for the next iteration."""
+    """What the policy may look at when choosing k for the next iteration. The per-row fields
+    (plural names, ``rows``, ``requests``) hold one entry per running row, at every batch size
+    (``engine.decide.make_context``); the scalar ones are the batch's."""
 
     category: str = "default"
     k_max: int = 16
@@ -56,42 +51,25 @@ class Context:
     remaining: int = 1  # tokens this request may still generate
     live: Any = None  # the category's LiveStats (acceptance posterior, timings), if any
     predicted_alpha: float | None = None  # this request's acceptance forecast (categoriser)
-    # at batch_size > 1 (empty at batch 1): each running row's category and LiveStats (the
-    # same object repeated for rows of one category), and the controller's BatchCosts
-    categories: tuple[str, ...] = ()
-    rows: tuple = ()
-    costs: Any = None
-    # at batch_size > 1: the tokens each running row may still generate (its own limit less
-    # what it has); empty: every row has ``remaining``
-    remaining_rows: tuple[int, ...] = ()
-    # the proposers this request can use ("draft" needs a draft model; "ngram" is always
-    # there at batch 1), and the length n of the n-gram proposer's match right now (0: none)
-    proposers: tuple[str, ...] = ("draft",)
-    ngram_match: int = 0
-    ngram_matches: tuple[int, ...] = ()  # at batch > 1: each row's match length
-    # suffix decoding (where the call has it, ``"suffix" in proposers``): the length of the
-    # context's suffix it found right now (0: none) and how many tokens its draft holds (its
-    # own length rule: at most ``max_spec_factor`` × the match, while the path's probability
-    # holds); per row at batch > 1, as the n-gram's
-    suffix_match: int = 0
+    categories: tuple[str, ...] = ()  # each row's category
+    rows: tuple = ()  # each row's category's LiveStats
+    costs: Any = None  # the controller's BatchCosts
+    remaining_rows: tuple[int, ...] = ()  # each row's tokens left (empty: ``remaining``)
+    proposers: tuple[str, ...] = ("draft",)  # those this request can use
+    ngram_match: int = 0  # the n-gram's match length now (0: none)
+    ngram_matches: tuple[int, ...] = ()
+    suffix_match: int = 0  # suffix decoding's match length now (0: none)
     suffix_matches: tuple[int, ...] = ()
-    suffix_length: int = 0
+    suffix_length: int = 0  # the tokens its draft holds
     suffix_lengths: tuple[int, ...] = ()
-    # tokens the draft model has not seen: its next block begins with a forward over them —
-    # the prompt at its first use, what k = 0 or the n-gram emitted since (at batch > 1 the
-    # widest row's: the catch-up forward pads every row to it)
-    draft_gap: int = 0
-    # this request so far (batch 1): its own LiveStats (feed_costs=False), fed as its category's
-    # (undiscounted), keeping no costs (the category's are priced by):
-    # its rate (``spent``), n-gram match points, n-gram blocks and shadow
+    draft_gap: int = 0  # tokens the draft model has not seen (its catch-up; the widest row's)
+    # this request's own LiveStats (feed_costs=False): its rate, match points, lookup blocks
+    # and shadow; per row in ``requests``, as the forecasts in ``predicted_alphas``
     request: Any = None
-    # at batch_size > 1: each running row's own request statistics and acceptance forecast
-    # (None where the categoriser gave none), as ``request`` and ``predicted_alpha`` at batch 1
     requests: tuple = ()
     predicted_alphas: tuple[float | None, ...] = ()
-    # where the engine asks why (``generate(explain=True)``, or a sampled iteration kept in the
-    # store): a list the policy appends its decision record to (``policies.explain``); None:
-    # nobody asks, and the policy builds no record
+    # where the engine asks why: the list the policy appends its decision record to
+    # (``policies.explain``); None: nobody asks, and the policy builds no record
     why: list | None = None
 
 
@@ -103,11 +81,9 @@ class Outcome:
     accepted: int
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
-    # positions decoded at k = 0 that the draft's catch-up predicted when drafting resumed:
-    # whether it would have matched (see LiveStats.observe_unproposed)
-    unproposed: tuple[float, ...] = ()
-    # at batch > 1: each row's accepted count (``accepted`` is then the floor of their mean
-    # and ``drafted`` is the batch's k); times are the whole batch's
+    unproposed: tuple[float, ...] = ()  # see LiveStats.observe_unproposed
+    # at batch > 1: each row's accepted count (``accepted`` is the floor of their mean,
+    # ``drafted`` the batch's k); times are the whole batch's
     accepted_rows: tuple[int, ...] = ()
     batch_size: int = 1
     proposer: str = "draft"  # who drafted: "draft" (the draft model), "ngram" or "suffix"
@@ -117,18 +93,11 @@ PROPOSERS = ("draft", "ngram", "hybrid", "suffix")
 
 
 class Choice(int):
-    """A policy's choice: k, and the proposer that drafts the k tokens. An int, so every
-    policy that returns a plain int k keeps meaning what it meant (the draft model), and code
-    that reads ``int(choice)`` reads k.
-
-    proposer: "draft" (the draft model), "ngram" (prompt lookup: the tokens that followed the
-    latest earlier occurrence of the context's last n tokens; no match → a plain step), or
-    "hybrid" (n-gram where its match has at least ``min_match`` tokens, else the draft model;
-    a match's length is how far the context agrees with the proposal's source, up to 14:
-    ``autospec.ngram.NgramIndex.match``), or "suffix" (suffix decoding: the most frequent
-    continuation of the context's longest suffix in this request and the category's earlier
-    outputs, ``autospec.suffix``; no match → a plain step; needs ``wrap(..., suffix=...)``).
-    Without a draft model "draft" and "hybrid" are the n-gram proposer."""
+    """A policy's choice: k (it is an int; a plain int k is the draft model's), and the
+    proposer that drafts it: "draft" (the draft model), "ngram" (prompt lookup), "suffix"
+    (suffix decoding) or "hybrid" (the n-gram where its match has at least ``min_match``
+    tokens, else the draft model). A lookup without a match is a plain step; without a draft
+    model "draft" and "hybrid" are the n-gram (docs/proposers.md)."""
 
     proposer: str
     min_match: int
@@ -152,9 +121,7 @@ class Choice(int):
 
 def proposer_of(choice) -> tuple[str, int]:
     """(proposer, min_match) of what ``choose`` returned: a plain int is the draft model's."""
-    if isinstance(choice, Choice):
-        return choice.proposer, choice.min_match
-    return "draft", 2
+    return (choice.proposer, choice.min_match) if isinstance(choice, Choice) else ("draft", 2)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -188,18 +155,17 @@ class CallablePolicy:
 
 
 def as_policy(spec) -> Policy:
-    """An int k, ``"fixed:K"``, ``"ngram:K"`` (prompt lookup), ``"suffix:K"`` (suffix
-    decoding), ``"hybrid:K[:M]"`` (n-gram
-    where it matches ≥ M tokens, else the draft model), ``"off"``, ``"heuristic"``, ``"costmodel"``, ``"bandit"``,
-    ``"auto"``, ``"auto:SET"`` (auto among a set of proposers: ``"auto:draft"``,
-    ``"auto:ngram"``, ``"auto:draft+suffix"``…), ``"tuned"`` (the store's tuned parameters,
-    reloaded live),
-    ``"table:1-2:4,3-8:2,9-:0"`` (k by batch size), a callable or a policy object.
+    """A policy from its spec (docs/policy.md, "Naming a policy"): an int k, ``"fixed:K"``,
+    ``"ngram:K"``, ``"suffix:K"``, ``"hybrid:K[:M]"``, ``"off"``, ``"heuristic"``,
+    ``"costmodel"``, ``"bandit"``, ``"auto"``, ``"auto:SET"``, ``"tuned"``,
+    ``"table:1-2:4,3-8:2,9-:0"``, any of them ``"+stop=P"``, a callable or a policy object.
     Every k given here is in 0 … ``K_LIMIT`` (ValueError otherwise)."""
     from .bandit import ThompsonBandit
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
     from .heuristic import Heuristic
+    from .table import TablePolicy
+    from .tuned import TunedPolicy
 
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
@@ -213,8 +179,10 @@ def as_policy(spec) -> Policy:
             raise ValueError(f"bad policy {spec!r}: {e}") from None
     if isinstance(spec, str):
         name = spec.strip().lower()
-        if name == "off":
-            return FixedK(0)
+        named = {"off": lambda: FixedK(0), "heuristic": Heuristic, "costmodel": CostModelPolicy,
+                 "bandit": ThompsonBandit, "auto": auto_policy, "tuned": TunedPolicy}
+        if name in named:
+            return named[name]()
         if name.startswith(("ngram:", "hybrid:", "suffix:")):
             kind, _, rest = name.partition(":")
             k_text, _, match_text = rest.partition(":")
@@ -234,36 +202,19 @@ def as_policy(spec) -> Policy:
             except ValueError:
                 raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
             return _fixed(spec, k)
-        if name == "heuristic":
-            return Heuristic()
-        if name == "costmodel":
-            return CostModelPolicy()
-        if name == "bandit":
-            return ThompsonBandit()
-        if name == "auto":
-            return auto_policy()
         if name.startswith("auto:"):
-            from .costmodel import CostModelPolicy
-
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
             except ValueError as e:
                 raise ValueError(f"bad policy {spec!r}: 'auto:SET' chooses among a set of "
                                  f"proposers — {e}") from None
-        if name == "tuned":
-            from .tuned import TunedPolicy
-
-            return TunedPolicy()
         if name.startswith("table:"):
-            from .table import TablePolicy
-
             return TablePolicy.parse(name)
         raise ValueError(
-            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', 'hybrid:K[:M]', "
-            "'off', 'heuristic', 'costmodel', 'bandit', 'auto', 'auto:draft+suffix', 'tuned', "
-            "'table:1-2:4,3-:0', a callable "
-            "context -> k, or an object with choose()/update()"
-        )
+            f"unknown policy {spec!r}: use an int k, 'fixed:K', 'ngram:K', 'suffix:K', "
+            "'hybrid:K[:M]', 'off', 'heuristic', 'costmodel', 'bandit', 'auto', "
+            "'auto:draft+suffix', 'tuned', 'table:1-2:4,3-:0', a callable context -> k, or an "
+            "object with choose()/update()")
     if hasattr(spec, "choose") and hasattr(spec, "update"):
         return spec
     if callable(spec):
@@ -281,10 +232,9 @@ def _fixed(spec: str, k: int, proposer: str = "draft", min_match: int = 2) -> Po
 
 
 class EarlyStop:
-    """Any policy, plus draft-side early stopping: drafting stops once the draft's
-    probability of its own last token falls below ``early_stop`` (AdaEDL/DISCO style). The
-    decision depends only on the draft's distribution, so the output stays exact; it costs a
-    host sync per draft token (free on a CPU, not on a GPU). Written ``"NAME+stop=0.4"``."""
+    """Any policy, plus draft-side early stopping (``"NAME+stop=0.4"``): drafting stops once
+    the draft's probability of its own last token falls below ``early_stop``. Exact (it reads
+    the draft's distribution only); a host sync per draft token."""
 
     def __init__(self, inner: Policy, early_stop: float):
         if not 0 < early_stop < 1:
@@ -323,8 +273,7 @@ def early_stop_of(policy, category: str) -> float | None:
 
 def stops_drafting(confidence: int, early_stop: float) -> bool:
     """The one early-stopping rule, live and in replay: stop once the draft's top probability
-    at its last token, quantized as stored (round(254 · p), see ``store.records``), falls
-    below the threshold. 255 (not observed, in replay) never stops."""
+    at its last token, quantized as stored (255: not observed), falls below ``early_stop``."""
     return confidence < CONFIDENCE_SCALE * early_stop
 
 
@@ -336,10 +285,8 @@ def auto_policy() -> Policy:
 
 
 def wants_suffix(policy) -> bool:
-    """Whether a policy drafts with suffix decoding, so that a controller without its memory
-    opens one: ``"suffix:K"``, a cost model whose proposer set names it
-    (``"auto:draft+suffix"``), an early-stop wrapper around one, or a tuned policy some
-    category of which was tuned to one (``TunedPolicy.policies``)."""
+    """Whether a policy drafts with suffix decoding (itself, the policy it wraps, or one of a
+    tuned policy's), so that a controller opens its memory."""
     if getattr(policy, "proposer", None) == "suffix":
         return True
     proposers = getattr(policy, "proposers", None)

@@ -1,22 +1,7 @@
-"""The cost model's timings at batch > 1: T_t(B, n), the target's time to score n tokens in
-each of B rows, and T_d(B), the draft's time per proposed token for B rows — for one model
-pair on one machine (no torch here).
-
-Points come from two sources: ``warm`` (the probe's grid, or the store's live medians) and
-``observe`` (this process's forwards). A live point replaces the warm value at its (B, n) on
-first sight: the median of its first ``settle`` samples, then an exponential moving average
-from there (the first forwards at a new batch size run on fresh allocations and read slow;
-one of them taken as the baseline would make speculation look paying for the rest of the
-batch). Readers get, at any B:
-
-- the points measured at B itself;
-- for the n that B lacks, the value interpolated linearly in B between the nearest batch sizes
-  measured at that n, or extended along the nearest two beyond them (upward: never below the
-  last; downward: between proportional-to-B and flat) — with fewer than two batch sizes at
-  that n on that side, no value;
-- T_t(B, ·) over n as ``costmodel.interpolate_cost`` of those points (optimistic or linear).
-
-Thread-safe: one object serves every request of a controller.
+"""The cost model's timings at batch > 1 for one model pair on one machine: T_t(B, n), the
+target's time to score n tokens in each of B rows, and T_d(B), the draft's time per proposed
+token. Warmed from a grid (the probe's, or the store's live medians), fed by this process's
+forwards, read at any B (interpolated linearly in B between measured batch sizes). No torch.
 """
 
 from __future__ import annotations
@@ -25,6 +10,7 @@ import bisect
 import threading
 from collections.abc import Callable, Mapping
 
+from .base import batch_bucket
 from .costmodel import interpolate_cost, settle_sample
 from .params import DEFAULTS
 
@@ -44,47 +30,32 @@ def _across(points: Mapping[int, float], batch: int) -> float | None:
     if batch in points:
         return points[batch]
     bs = sorted(points)
+    if len(bs) < 2:
+        return None
     i = bisect.bisect_left(bs, batch)
-    if 0 < i < len(bs):  # between two measured batch sizes: linear
-        b0, b1 = bs[i - 1], bs[i]
-        t0, t1 = points[b0], points[b1]
-        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-    if i == len(bs) and len(bs) >= 2:  # beyond the largest: along the last two, never less
-        b0, b1 = bs[-2], bs[-1]
-        t0, t1 = points[b0], points[b1]
+    j = min(max(i, 1), len(bs) - 1)  # the two measured batch sizes nearest: bs[j - 1], bs[j]
+    b0, b1 = bs[j - 1], bs[j]
+    t0, t1 = points[b0], points[b1]
+    if i == 0:  # below the smallest: within [proportional to B, flat] (no dearer than b0)
+        return min(t0, max(t0 * batch / b0, t0 - (t1 - t0) * (b0 - batch) / (b1 - b0)))
+    if i == len(bs):  # beyond the largest: along the last two, never less
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
-    if i == 0 and len(bs) >= 2:  # below the smallest: along the first two, within
-        b0, b1 = bs[0], bs[1]  # [proportional to B, flat] (a smaller batch costs no more)
-        t0, t1 = points[b0], points[b1]
-        linear = t0 - (t1 - t0) * (b0 - batch) / (b1 - b0)
-        return min(t0, max(t0 * batch / b0, linear))
-    return None
+    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)  # between two: linear
 
 
 class BatchCosts:
-    """T_t(B, n) and T_d(B) for one pair on one machine. Thread-safe; EMA of live points;
-    warmed from the probe grid.
+    """T_t(B, n) and T_d(B) for one pair on one machine (docs/policy.md, "At batch > 1").
 
-    Live points replace warm ones where they exist; elsewhere a warm value is *calibrated* by
-    the live evidence nearest to it. At a batch size with a live T_t(B, 1): that level times
-    the probe's T_t(B, n) / T_t(B, 1), times the ratio by which the loop's own
-    T_t(B', n) / T_t(B', 1) departs from the probe's at the largest B' that has both
-    (``_shapes``), so levels measured at other batch sizes, at other times, do not enter.
-    Elsewhere: multiplied by live / warm at the nearest batch size that has both at that n
-    (at the nearest n with live evidence, where that n has none). The probe
-    gives the shape of the grid, live forwards its level: a probe on another context length,
-    or without the padding masks the loop needs, can be far off the loop's level, and mixing
-    its raw values with live ones in one S(k) would invent gains that do not exist.
+    Live points replace warm ones; elsewhere a warm value is calibrated by the live evidence
+    nearest to it, so the probe gives the grid's shape and live forwards its level. At a batch
+    size with a live T_t(B, 1): that level times the probe's T_t(B, n) / T_t(B, 1), corrected
+    by how the loop's shape departs from the probe's (``_shapes``); elsewhere, times live /
+    warm at the nearest batch size with both (``_factors``).
 
-    live: the costs serve a live loop, so a batch size whose bucket (``base.batch_bucket``) has
-    fewer than ``settle`` live samples of T_t(B', 1) is not trusted for the baseline
-    (``baseline_live``): the cost model runs plain steps there until it has them. Replay
-    (``simulate``) keeps the default, False: its grid is the truth it replays.
-
-    The shape guard holds at every batch size as at batch 1 (``LiveStats``): a live
-    T_t(B, n), n > 1, timed below ``shape_floor`` · T_t(B, 1) once that is settled (a burst's
-    plain step against a quiet block) is held out (``held_out`` counts them), and with
-    ``live`` no point read from the grid is below that floor of the batch size's T_t(B, 1).
+    ``live`` (a live loop's costs; replay keeps False, its grid is the truth): T_t(B, 1) is not
+    trusted below ``settle`` live samples in its bucket (``baseline_live``), and no point reads
+    below ``shape_floor`` · T_t(B, 1). A live T_t(B, n), n > 1, below that floor of a settled
+    T_t(B, 1) is held out (``held_out`` counts them).
     """
 
     def __init__(self, *, ema: float = DEFAULTS.cost_ema, live: bool = False,
@@ -95,8 +66,7 @@ class BatchCosts:
             raise ValueError(f"settle must be ≥ 1, got {settle}")
         self.ema, self.live, self.settle = ema, bool(live), int(settle)
         self.shape_floor, self.held_out = float(shape_floor), 0
-        # (B, n) or (B,) → its first ``settle`` samples (how many it has seen, up to settle)
-        self._first: dict[tuple, list[float]] = {}
+        self._first: dict[tuple, list[float]] = {}  # (B, n) or (B,) → its first samples
         self.version = 0  # bumped on every change
         self._warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (probe)
         self._live_t: dict[int, dict[int, float]] = {}  # B → n → seconds (EMA of forwards)
@@ -108,9 +78,8 @@ class BatchCosts:
     # -- feeding ------------------------------------------------------------------------------
     def observe(self, batch: int, scored: int, target_s: float,
                 draft_s_per_token: float | None = None) -> None:
-        """One forward of the target scoring ``scored`` tokens in each of ``batch`` rows took
-        ``target_s``; the draft took ``draft_s_per_token`` per proposed token, if read.
-        Unusable timings (NaN, None, ≤ 0) are ignored."""
+        """One forward scoring ``scored`` tokens in each of ``batch`` rows took ``target_s``,
+        the draft ``draft_s_per_token`` per proposed token; unusable timings are ignored."""
         batch, scored = int(batch), int(scored)
         if batch < 1:
             return
@@ -134,13 +103,13 @@ class BatchCosts:
                 self.version += 1
 
     def _settled(self, key: tuple, old: float | None, new: float) -> float:
-        """The point after one more sample (``costmodel.settle_sample``)."""
+        """The point after one more sample (the first ``settle``'s median, then the EMA)."""
         return settle_sample(self._first.setdefault(key, []), old, new, self.settle, self.ema)
 
     def warm(self, target: Mapping[int, Mapping[int, float]],
              draft: Mapping[int, float]) -> None:
-        """Seed from a grid (B → n → seconds; B → seconds per draft token), e.g. the probe's.
-        Live points keep precedence; unusable values are skipped."""
+        """Seed from a grid (B → n → seconds; B → seconds per draft token); live points keep
+        precedence, unusable values are skipped."""
         with self._lock:
             for b, row in (target or {}).items():
                 for n, t in (row or {}).items():
@@ -154,12 +123,9 @@ class BatchCosts:
 
     # -- reading ------------------------------------------------------------------------------
     def baseline_live(self, batch: int) -> bool:
-        """Whether T_t(B, 1) at this batch size rests on live evidence from its bucket (always
-        True for costs that do not serve a live loop)."""
+        """Whether T_t(B, 1) rests on live evidence from B's bucket (always, unless ``live``)."""
         if not self.live:
             return True
-        from .base import batch_bucket
-
         bucket = batch_bucket(int(batch))
         with self._lock:
             seen = sum(len(first) for key, first in self._first.items()
@@ -167,39 +133,32 @@ class BatchCosts:
             return seen >= self.settle
 
     def target_points(self, batch: int) -> dict[int, float]:
-        """n → T_t(B, n) at the n where B has a value: live at B, else warm at B (or across
-        batch sizes) calibrated by the nearest live evidence. Empty when nothing is usable."""
+        """n → T_t(B, n) where B has a value (live, else calibrated warm); may be empty."""
         with self._lock:
             return dict(self._cached(int(batch))[0])
 
     def target_cost(self, batch: int, *,
                     optimistic: bool = True) -> Callable[[int], float] | None:
-        """T_t(B, ·) as a function of n (``costmodel.interpolate_cost`` of ``target_points``),
-        or None if nothing usable."""
+        """T_t(B, ·) as a function of n (``interpolate_cost`` of ``target_points``), or None."""
         with self._lock:
             return self._cached(int(batch))[1 if optimistic else 2]
 
     def _cached(self, batch: int) -> tuple:
-        """(points, optimistic cost, linear cost) at ``batch``, recomputed when the version
-        moved (the policy reads them every iteration)."""
+        """(points, optimistic cost, linear cost) at ``batch``, cached per version."""
         hit = self._cache.get(batch)
         if hit is not None and hit[0] == self.version:
             return hit[1]
         points = dict(self._live_t.get(batch, {}))
         ns = {n for grid in (self._warm_t, self._live_t) for row in grid.values() for n in row}
         level, warm_1 = points.get(1), _at(self._warm_t, batch, 1)
-        # with a live baseline at B: the probe's shape at B, corrected by the shape (not the
-        # level) the loop measured, at B's own live level; else the per-n level factors
+        # a live baseline at B: the probe's shape, corrected, at it; else per-n level factors
         shape = self._shapes(ns) if level is not None and warm_1 else None
         factors = self._factors(ns) if shape is None else {}
         for n in ns - set(points):
-            warm = _at(self._warm_t, batch, n)
-            if warm is not None:
+            if (warm := _at(self._warm_t, batch, n)) is not None:
                 points[n] = (level * warm / warm_1 * shape[n] if shape is not None
                              else warm * factors.get(n, 1.0))
-                continue
-            live = _at(self._live_t, batch, n)
-            if live is not None:
+            elif (live := _at(self._live_t, batch, n)) is not None:
                 points[n] = live
         t1 = points.get(1)
         if t1 and self.live:  # the shape floor on a live loop's costs (replay's grid is truth)
@@ -211,25 +170,19 @@ class BatchCosts:
         return entry
 
     def _factors(self, ns) -> dict[int, float]:
-        """n → live / warm at the batch size (nearest on a log scale to where it is read: the
-        largest-evidence rule is kept simple) that has both; n without live evidence take the
-        factor of the nearest n that has one."""
+        """n → live / warm at a batch size that has both (``_per_n``)."""
         direct: dict[int, list[tuple[int, float]]] = {}
         for b, row in self._live_t.items():
             for n, t in row.items():
                 w = _at(self._warm_t, b, n)
                 if w:
                     direct.setdefault(n, []).append((b, t / w))
-        if not direct:
-            return {}
-        return _per_n(direct, ns)
+        return _per_n(direct, ns) if direct else {}
 
     def _shapes(self, ns) -> dict[int, float]:
-        """n → how far the loop's T_t(B', n) / T_t(B', 1) departs from the probe's at the
-        largest batch size B' with live points at both (1 at n = 1; the nearest n's where n
-        has none). A ratio of two live points at one batch size carries no level: the
-        machine's speed drifts between repeats, so a factor per n taken at another batch
-        size, at another time, would bring that drift into the shape."""
+        """n → how far the loop's T_t(B', n) / T_t(B', 1) departs from the probe's (``_per_n``
+        over the B' with live points at both; 1 at n = 1). A ratio within one batch size
+        carries no level, so the machine's drift between repeats stays out of the shape."""
         direct: dict[int, list[tuple[int, float]]] = {1: [(0, 1.0)]}
         for b, row in self._live_t.items():
             w1 = _at(self._warm_t, b, 1)
@@ -242,8 +195,8 @@ class BatchCosts:
         return _per_n(direct, ns)
 
     def draft_cost(self, batch: int) -> float | None:
-        """Seconds per proposed token at batch B: live at B, else warm (or across batch
-        sizes) calibrated by the live draft timing nearest in batch size, else live across."""
+        """Seconds per proposed token at B: live at B, else warm calibrated by the live timing
+        nearest in batch size, else live across batch sizes."""
         batch = int(batch)
         with self._lock:
             if batch in self._live_d:
@@ -270,10 +223,8 @@ class BatchCosts:
 
 
 def _per_n(direct: Mapping[int, list[tuple[int, float]]], ns) -> dict[int, float]:
-    """One factor per n from (batch size, factor) evidence: the one measured at the largest
-    batch size (the freshest regime a shrinking batch has seen; batch sizes in one bucket
-    agree closely anyway); an n without evidence takes the nearest n's (the smaller on a
-    tie)."""
+    """One factor per n from (batch size, factor) evidence: the largest batch size's (the
+    freshest a shrinking batch has seen); an n without evidence takes the nearest n's."""
     per_n = {n: max(v)[1] for n, v in direct.items()}
     known = sorted(per_n)
     return {n: per_n[n] if n in per_n else per_n[min(known, key=lambda m: (abs(m - n), m))]

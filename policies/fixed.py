@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PROPOSERS, Choice, Context, Outcome, check_k
+from .base import Choice, Context, Outcome, check_k
 
 
 @dataclass(frozen=True)
 class FixedK:
-    """k (0 … ``K_LIMIT``; ValueError otherwise) from ``proposer`` every iteration: "draft" (the draft model; a plain int, as every
-    policy returned before proposers existed), "ngram" (prompt lookup), "suffix" (suffix
-    decoding) or "hybrid" (n-gram where it matches at least ``min_match`` tokens, else the
-    draft model)."""
+    """k (0 … ``K_LIMIT``) from ``proposer`` every iteration: "draft" (the draft model, as a
+    plain int), "ngram", "suffix" or "hybrid" (the n-gram where it matches at least
+    ``min_match`` tokens, else the draft model)."""
 
     k: int
     proposer: str = "draft"
@@ -20,10 +19,7 @@ class FixedK:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "k", check_k(self.k))  # 0 … K_LIMIT, one limit everywhere
-        if self.proposer not in PROPOSERS:
-            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, "
-                             f"got {self.proposer!r}")
-        Choice(0, self.proposer, self.min_match)  # validates min_match
+        Choice(0, self.proposer, self.min_match)  # validates proposer and min_match
 
     @property
     def name(self) -> str:

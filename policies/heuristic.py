@@ -1,7 +1,6 @@
 """transformers' assisted-generation schedule, kept for comparison: +2 after a fully accepted
-block, −1 (not below 1) otherwise. Its state persists across requests, as in transformers,
-but lives here rather than in the model's config. At batch > 1 a block is fully accepted
-when every row accepted all k (``min(outcome.accepted_rows) == k``)."""
+block (at batch > 1: every row accepted all k), −1 (not below 1) otherwise. Its state persists
+across requests, as in transformers, but lives here rather than in the model's config."""
 
 from __future__ import annotations
 

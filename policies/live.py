@@ -1,17 +1,8 @@
-"""What has been measured live: per traffic category, acceptance per draft position
-(discounted Beta counts, ``LiveStats``); per model pair and execution path, the cost model's
-timings (T_d, T_t(n), the lookups' host time, the draft's catch-up fit and the busy-machine
-guard, ``PairCosts``).
-
-Costs are the pair's, once: the controller keeps one ``PairCosts`` for its pair on its
-batch-1 path and one ``LiveStats`` per category, each of which references that one cost object
-(reads delegate to it: ``live.t_target``, ``live.cost()``, ``live.busy()``, ...). A category's
-timings feed the pair's costs, so a burst one category's forwards show marks the machine busy
-for every category, and a new category starts with what the process measured. Acceptance is
-never shared. The controller feeds the statistics every iteration, warms them from the store,
-and hands a category's ``LiveStats`` to the policy inside the ``Context``; policies read it,
-they do not own it. Thread-safe: several requests of one or more categories may run at once
-(a category's statistics and its pair's costs share one lock).
+"""What has been measured live: per category, acceptance per draft position (``LiveStats``,
+discounted Beta counts); per model pair and execution path, the cost model's timings and the
+busy-machine guard over them (``PairCosts``). A controller keeps one ``PairCosts`` and one
+``LiveStats`` per category referencing it: timings are the pair's, acceptance is never shared.
+Thread-safe: a category's statistics and its pair's costs share one lock.
 """
 
 from __future__ import annotations
@@ -29,27 +20,15 @@ from .params import DEFAULTS, Parameters
 
 log = logging.getLogger("autospec.policies.live")
 
-# -- costs a busy machine cannot fool (docs/policy.md, "When the machine is busy") ----------
-# A busy machine moves the level of every timing (all n alike), rarely the shape of the
-# verification curve T_t(n) / T_t(1). Live points of different n come from different moments
-# (T_t(1) from k = 0 steps only), so a ratio across them can carry the load's change instead of
-# the curve's shape: T_t(1) timed in a burst at 1.33 s against T_t(14) timed quiet at 0.34 s.
-# The guard's numbers (``Parameters``: shape_floor, level_move, level_run, scatter,
-# scatter_window, busy_hold, remeasure_every, recent) say when a point is not physical, when
-# the level moved and when timings scatter; their docs say why each has its value.
-
-__all__ = ["LiveStats", "PairCosts", "copy_lives", "MATCH_BUCKETS", "match_bucket", "catch_up_line", "catch_up_sums",
-           "shape_guard", "spread"]
+__all__ = ["LiveStats", "PairCosts", "copy_lives", "MATCH_BUCKETS", "match_bucket",
+           "catch_up_line", "catch_up_sums", "shape_guard", "spread"]
 
 
 def shape_guard(curve: Mapping[int, float], floor: float = DEFAULTS.shape_floor
                 ) -> dict[int, float]:
-    """``curve`` (n → T_t(n)) without the points n > 1 below ``floor`` · T_t(1): a shape no
-    machine shows, read from timings taken at different load (one timed in a burst, another
-    in a quiet moment). Held out, not clamped: an unmeasured point reads at least T_t(1)
-    (``interpolate_cost``), and the live loop measures it again beside a fresh level. Without
-    T_t(1) there is nothing to check against and the curve is returned as it is. A probe's
-    curve (every n timed back to back) is not passed through this."""
+    """``curve`` (n → T_t(n)) without the points n > 1 below ``floor`` · T_t(1), a shape no
+    machine shows (timings from different loads); held out, not clamped. Without T_t(1) the
+    curve is returned as it is."""
     pts = {int(n): float(t) for n, t in curve.items() if t is not None}
     t1 = pts.get(1)
     if not t1 or t1 <= 0:
@@ -58,9 +37,7 @@ def shape_guard(curve: Mapping[int, float], floor: float = DEFAULTS.shape_floor
 
 
 def spread(samples: Sequence[float]) -> float:
-    """Relative spread of timings: interquartile range over the median (0 below 3 samples).
-    One outlier among several moves it little; a burst that slows a third of them moves it
-    far."""
+    """Relative spread of timings: interquartile range over the median (0 below 3 samples)."""
     if len(samples) < 3:
         return 0.0
     q1, q2, q3 = _quartiles(sorted(samples))
@@ -69,8 +46,7 @@ def spread(samples: Sequence[float]) -> float:
 
 def _quartiles(data: Sequence[float]) -> tuple[float, float, float]:
     """The quartiles of sorted ``data`` (at least 2 values), as
-    ``statistics.quantiles(data, n=4, method="inclusive")`` computes them, without its
-    per-call bookkeeping (the busy guard reads them every decision)."""
+    ``statistics.quantiles(data, n=4, method="inclusive")`` computes them, faster."""
     m = len(data) - 1
     a, b, c = m // 4, m // 2, 3 * m // 4
     da, db, dc = m % 4, 2 * m % 4, 3 * m % 4
@@ -87,9 +63,8 @@ def _median(data: Sequence[float]) -> float:
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
                   ) -> list[float]:
-    """The fit's sufficient statistics (Σ1, Σg, Σg², ΣC, Σg·C) over catch-ups ``points``
-    ((tokens, seconds) pairs, oldest first), each older one weighted by ``discount`` more,
-    added to ``sums`` (discounted too). Pairs with no tokens or no positive time are skipped."""
+    """The fit's sums (Σ1, Σg, Σg², ΣC, Σg·C) over catch-ups ``points`` ((tokens, seconds),
+    oldest first, discounted by ``discount`` each) added to ``sums``; unusable pairs skipped."""
     out = list(sums) if sums is not None else [0.0] * 5
     for g, c in points:
         g, c = float(g), float(c)
@@ -102,9 +77,8 @@ def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = 
 
 def catch_up_line(sums: Sequence[float], spread_share: float = DEFAULTS.catch_up_spread
                   ) -> tuple[float, float] | None:
-    """(a, b) of the draft model's catch-up cost C(g) = a + b·g fitted to ``sums``
-    (``catch_up_sums``): least squares where the sizes vary, else proportional to the mean
-    (a = 0); None with no catch-up. The live policy and replay read one fit."""
+    """(a, b) of the catch-up cost C(g) = a + b·g fitted to ``sums``: least squares where the
+    sizes vary, else proportional to the mean (a = 0); None with no catch-up."""
     n, sg, sgg, sc, sgc = sums
     if n <= 0:
         return None
@@ -127,8 +101,8 @@ def match_bucket(match: int) -> int:
 
 def _seed(accepted: list[float], reached: list[float], accepted_per_position: Sequence[float],
           drafted_per_position: Sequence[float], weight: float) -> float:
-    """Stored cumulative counts (``warm_start``) into one proposer's conditional counts, at
-    most ``weight`` blocks; the blocks seeded."""
+    """Stored cumulative counts into one proposer's conditional counts, at most ``weight``
+    blocks; the blocks seeded."""
     from .costmodel import conditional_from_cumulative
 
     cum = [a / n if n else None for a, n in zip(accepted_per_position, drafted_per_position)]
@@ -144,20 +118,10 @@ def _seed(accepted: list[float], reached: list[float], accepted_per_position: Se
 
 
 class PairCosts:
-    """The cost model's timings of one model pair on one machine and execution path, at batch
-    1: T_t(n), T_d, the lookup proposers' host seconds per token, the draft model's catch-up
-    fit, and the busy-machine guard over them (the level T_t(1), the shape floor, scatter).
-
-    Every category's ``LiveStats`` of a controller references one ``PairCosts`` (and so does a
-    policy's own copy of a category's statistics): the costs are facts of the pair, the
-    hardware and the path, not of the traffic. It is fed by the category statistics that own
-    it (``LiveStats`` with ``feed_costs``) and read through them. Its lock is the lock of every
-    ``LiveStats`` that references it; the ``_``-methods run under it.
-
-    ``iterations`` is its clock: one tick per timed observation (an iteration of one row, of
-    whichever category), which the guard's windows (``busy_hold``, ``scatter_window``,
-    ``remeasure_every``) count in.
-    """
+    """One model pair's timings on one execution path at batch 1 (T_t(n), T_d, the lookups'
+    host time, the draft's catch-up fit) and the busy-machine guard over them (docs/policy.md).
+    Every ``LiveStats`` of a controller references it and shares its lock (the ``_``-methods run
+    under it); ``iterations``, one tick per timed observation, is the guard's clock."""
 
     def __init__(self, *, ema: float | None = None, params: Parameters = DEFAULTS):
         self.params = params
@@ -166,36 +130,22 @@ class PairCosts:
         self.t_ngram: float | None = None  # prompt lookup's host seconds per proposed token
         self.t_suffix: float | None = None  # suffix decoding's
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
-        # the first live samples of each T_t(n) not warm-started (≤ cost_settle): their
-        # median stands for it until there are cost_settle, then the moving average follows
-        self.t_samples: dict[int, list[float]] = {}
-        # the draft model's catch-up forwards (the tokens it had not seen: the prompt at its
-        # first use, and what k = 0 or the n-gram emitted since): discounted sums of
-        # (1, g, g², C, g·C) for the fit C(g) = a + b·g (``catch_up_cost``)
-        self.catch_up = [0.0] * 5
+        self.t_samples: dict[int, list[float]] = {}  # n → its first live samples (settling)
+        self.catch_up = [0.0] * 5  # the draft's catch-up fit's discounted sums (catch_up_sums)
         self.iterations = 0
-        # the busy-machine guard (``params``): raw recent timings per n
-        # ((iteration, seconds), the last recent), the level T_t(1) the other points were
-        # last measured against, the points a level move left to be replaced by their next
-        # sample (n; 0 is T_d), how often the level moved, until which iteration the machine
-        # counts as busy, when plain steps were last asked to re-measure the level, and how
-        # many shape samples were held out
+        # the busy-machine guard: recent (iteration, seconds) per n, the level T_t(1) the other
+        # points were measured against, the points to replace at their next sample (n; 0: T_d),
+        # level moves, busy-until iteration, the last re-measure, shape samples held out
         self._recent: dict[int, deque] = {}
         self._scattered: dict[int, tuple] = {}  # n → (latest sample, window start, scattered)
         self._level_ref: float | None = None
         self._stale: set[int] = set()
-        self.level_moves = 0
-        self._busy_until = 0
         self._remeasure_at: int | None = None
-        self.held_out = 0
-        # n → the least T_t(n) / T_t(1) trusted where a probe measured a point below
-        # shape_floor (a probe times every n back to back: its shape is exempt)
-        self._floor: dict[int, float] = {}
-        # where the warm costs came from ("probe", "store"; None: live timings only), for the
-        # decision record
-        self.costs_from: str | None = None
+        self.level_moves = self._busy_until = self.held_out = 0
+        self._floor: dict[int, float] = {}  # n → a probe's T_t(n) / T_t(1) below shape_floor
+        self.costs_from: str | None = None  # the warm costs' source: "probe", "store", None
         self._lock = threading.Lock()
-        self.version = 0  # bumped on every change (the readers' version adds it)
+        self.version = 0  # bumped on every change
 
     def copy(self) -> PairCosts:
         """An independent copy (a replay that must not feed the original)."""
@@ -233,18 +183,12 @@ class PairCosts:
             self.t_ngram = self._avg(self.t_ngram, per_token)
 
     def _timed(self, k: int, target_s: float) -> bool:
-        """The target's forward of k + 1 tokens (whoever proposed), and the iteration; under
-        the lock. False where the timing was held out (the shape guard, below).
-
-        The shape guard: a point n > 1 timed below ``shape_floor`` · T_t(1) says the level
-        T_t(1) was measured at another load (a burst) than this forward: it is held out, the
-        machine counts as busy, and T_t(1) is re-measured by plain steps (``settled(1)`` is
-        False until ``cost_settle`` fresh samples settle it); within ``remeasure_every``
-        iterations of the last re-measure such a point is clamped to the floor instead."""
+        """The target's forward of k + 1 tokens through the shape guard (a point below the
+        floor is held out and T_t(1) re-measured, or clamped within ``remeasure_every`` of the
+        last re-measure), and the iteration; False where held out. Under the lock."""
         kept = True
         if target_s == target_s and target_s > 0:  # not NaN
-            n, it = k + 1, self.iterations
-            p = self.params
+            n, it, p = k + 1, self.iterations, self.params
             recent = self._recent.get(n)
             if recent is None:
                 recent = self._recent[n] = deque(maxlen=p.recent)
@@ -281,13 +225,9 @@ class PairCosts:
         return kept
 
     def _check_level(self) -> None:
-        """After a plain step: where the median of the last ``level_run`` plain steps differs
-        from the level the other costs were measured against by ``level_move`` or more, the
-        level moved (a burst began or ended). T_t(1) becomes that median, every other point
-        and T_d are carried to the new level (the shape holds) and each is replaced by its
-        next sample, the machine counts as busy, and ``level_moves`` counts it (the cost
-        model then re-probes at once instead of after its off stretch). Not while a
-        re-measure of the level is still settling; under the lock."""
+        """After a plain step: where the last ``level_run`` plain steps' median moved from the
+        level by ``level_move`` or more, it becomes T_t(1), the other points and T_d are carried
+        to it (replaced at their next sample) and the machine counts as busy. Under the lock."""
         first = self.t_samples.get(1)
         recent = self._recent.get(1) or ()
         ref, p = self._level_ref, self.params
@@ -313,10 +253,8 @@ class PairCosts:
                   "carried over and re-measured", factor, ref, new)
 
     def busy(self) -> bool:
-        """Whether the timings say the machine is busy: recent timings of one n scatter
-        (``spread`` above ``scatter`` over at least 3 within the last ``scatter_window``
-        iterations), or the level moved or a shape was held out within ``busy_hold``. The cost
-        model then bounds k by what the acceptance alone can justify."""
+        """Whether the timings say the machine is busy: 3 or more of one n scatter within
+        ``scatter_window``, or the level moved or a shape was held out within ``busy_hold``."""
         with self._lock:
             it, p = self.iterations, self.params
             if it < self._busy_until:
@@ -331,8 +269,7 @@ class PairCosts:
                     first += 1
                 if size - first < 3:
                     continue
-                # the verdict over the window's samples: read again only when a sample came
-                # (the last one is another) or one left the window
+                # the window's verdict, recomputed only when a sample came or left
                 last, seen = samples[-1], self._scattered.get(n)
                 if seen is None or seen[0] is not last or seen[1] != first:
                     window = [t for _, t in samples][first:]
@@ -342,16 +279,14 @@ class PairCosts:
         return False
 
     def _catch_up(self, tokens: int, seconds: float) -> None:
-        """One catch-up forward into the fit, discounted at ``catch_up_discount`` per
-        catch-up; under the lock."""
+        """One catch-up forward into the fit; under the lock."""
         self.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
                                       self.catch_up)
         self.version += 1
 
     def warm_catch_up(self, points) -> None:
-        """Seed the catch-up fit from logged catch-ups ((tokens, seconds), oldest first; the
-        store's ``queries.catch_ups``), where none was measured yet: the pair's cost, so a new
-        process prices the draft model's first catch-up instead of taking it for free."""
+        """Seed the catch-up fit from logged catch-ups ((tokens, seconds), oldest first) where
+        none was measured yet."""
         with self._lock:
             if self.catch_up[0]:
                 return
@@ -360,11 +295,8 @@ class PairCosts:
 
     def warm(self, t_target: Mapping[int, float] | None = None, t_draft: float | None = None,
              t_ngram: float | None = None, *, probe: bool = False) -> None:
-        """Seed from stored costs where nothing is measured yet (points measured keep theirs).
-        ``t_target`` passes ``shape_guard`` unless ``probe`` (a probe's curve, every n timed
-        back to back): a stored live curve whose points came from different loads (T_t(1)
-        from a burst, T_t(14) from a quiet moment) is not trusted by the next process; the
-        points held out are measured again live."""
+        """Seed from stored costs where nothing is measured yet; ``t_target`` passes
+        ``shape_guard`` unless ``probe``."""
         floor = self.params.shape_floor
         if t_target and not probe:
             guarded = shape_guard(t_target, floor)
@@ -376,11 +308,10 @@ class PairCosts:
         with self._lock:
             if t_target:
                 self.costs_from = "probe" if probe else "store"
-            if t_target and probe:
-                t1 = t_target.get(1)
-                for n, t in t_target.items() if t1 else ():
-                    if int(n) > 1 and t < floor * t1:
-                        self._floor[int(n)] = float(t) / t1
+            t1 = t_target.get(1) if t_target and probe else None
+            for n, t in t_target.items() if t1 else ():  # a probe's points below the floor
+                if int(n) > 1 and t < floor * t1:
+                    self._floor[int(n)] = float(t) / t1
             if t_draft and self.t_draft is None:
                 self.t_draft = float(t_draft)
             if t_ngram is not None and t_ngram >= 0 and self.t_ngram is None:
@@ -394,39 +325,35 @@ class PairCosts:
     # -- reading --------------------------------------------------------------------------------
     def catch_up_cost(self, tokens: int) -> float | None:
         """Seconds for the draft model to take in ``tokens`` unseen tokens and propose its
-        first one: C(g) = a + b·g fitted to the catch-ups seen (least squares, discounted),
-        proportional to the mean where their sizes barely vary; never below one proposal
-        (T_d). None before any catch-up was measured."""
+        first one (``catch_up_line``'s fit, never below T_d); None before any catch-up."""
         with self._lock:
             line = catch_up_line(self.catch_up, self.params.catch_up_spread)
             t_draft = self.t_draft
-        if line is None:
-            return None
-        return max(line[0] + line[1] * tokens, t_draft or 0.0)
+        return None if line is None else max(line[0] + line[1] * tokens, t_draft or 0.0)
 
     def settled(self, n: int) -> bool:
-        """Whether T_t(n) is known well enough to decide by (``LiveStats.settled``)."""
+        """Whether T_t(n) is warm-started or has ``cost_settle`` live samples."""
         with self._lock:
             first = self.t_samples.get(n)
             return n in self.t_target and (first is None
                                            or len(first) >= self.params.cost_settle)
 
     def cost(self, optimistic: bool = False):
-        """T_t(n) as a function (``LiveStats.cost``), or None while nothing is measured."""
+        """T_t(n) as a function (``interpolate_cost``), or None while nothing is measured; no
+        point n > 1 reads below ``shape_floor`` · T_t(1)."""
         with self._lock:
             curve, floors = dict(self.t_target), self._floor
         if not curve:
             return None
-        t1 = curve.get(1)
-        floor = self.params.shape_floor
+        t1, floor = curve.get(1), self.params.shape_floor
         if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
             curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
         return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
 
     def cost_origin(self) -> str:
-        """Where the costs decided by came from: "live" (this process's timings), or the
-        warm start's source ("probe", "store"), "+live" once live timings came in."""
+        """Where the costs came from: "live", or the warm start's source ("probe", "store"),
+        "+live" once timed live."""
         if self.costs_from is None:
             return "live"
         return self.costs_from + ("+live" if any(self.t_samples.values()) else "")
@@ -445,23 +372,14 @@ def _delegated(name: str, doc: str) -> property:
 def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
     """Independent copies of a controller's category statistics (a replay that must not feed
     them): the categories that shared one ``PairCosts`` share one copy of it."""
-    copies: dict[int, PairCosts] = {}
-    out = {}
-    for cat, live in lives.items():
-        costs = copies.get(id(live.costs))
-        if costs is None:
-            costs = copies[id(live.costs)] = live.costs.copy()
-        out[cat] = live.copy(costs=costs)
-    return out
+    copies = {id(live.costs): live.costs for live in lives.values()}
+    copies = {key: costs.copy() for key, costs in copies.items()}
+    return {cat: live.copy(costs=copies[id(live.costs)]) for cat, live in lives.items()}
 
 
 class LiveStats:
-    """Discounted sufficient statistics of one category's acceptance, beside its pair's costs
-    (``costs``, a ``PairCosts`` every category of the controller references). Every
-    observation first multiplies the old counts by ``discount`` so the estimates follow drift
-    (half-life ln 2 / (1 − discount) iterations). The cost attributes (``t_target``,
-    ``t_draft``, ``t_ngram``, ``t_suffix``, ``catch_up``, ``iterations``, ``level_moves``,
-    ``held_out``, ``costs_from``) are the pair's, read and set through this object."""
+    """Discounted counts of one category's acceptance, beside its pair's costs (``costs``),
+    whose attributes below are read and set through this object."""
 
     t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
     t_samples = _delegated("t_samples", "the first live samples of each T_t(n) (the pair's)")
@@ -479,13 +397,8 @@ class LiveStats:
                  prior: tuple[float, float] | None = None, ema: float | None = None,
                  max_positions: int = K_LIMIT, params: Parameters = DEFAULTS,
                  costs: PairCosts | None = None, feed_costs: bool = True):
-        """``discount``, ``prior`` and ``ema`` default to ``params``' acceptance_discount,
-        (prior_hits, prior_misses) and cost_ema; every other number it uses is ``params``'.
-        ``costs``: the pair's costs to reference (None: a new one of its own, with ``ema``);
-        ``feed_costs`` False: its observations feed its acceptance only (a view of the
-        costs another ``LiveStats`` feeds, e.g. a policy's own discounted acceptance; or,
-        with costs of its own, a request's statistics: counts and rate, and its costs'
-        clock ``iterations`` still ticks per iteration)."""
+        """``costs``: the pair's costs to reference (None: its own). ``feed_costs`` False:
+        observations feed the acceptance only (a request's statistics: its clock still ticks)."""
         discount = params.acceptance_discount if discount is None else discount
         if not 0 < discount <= 1:
             raise ValueError("discount must be in (0, 1]")
@@ -495,44 +408,25 @@ class LiveStats:
         self.costs = PairCosts(ema=self.ema, params=params) if costs is None else costs
         self.feed_costs = bool(feed_costs)
         self._tick = costs is None and not feed_costs  # its own clock, no timings
-        # position i (0-based) is "reached" when the draft proposed it and every earlier one in
-        # the block was accepted; accepted[i] / reached[i] is then the conditional acceptance
-        # the cost model multiplies (vLLM's per-position rates are cumulative instead)
-        self.accepted = [0.0] * max_positions  # discounted accepts at draft position i
-        self.reached = [0.0] * max_positions  # discounted blocks that reached position i
-        # the draft model's blocks ever counted here (stored history's included), undiscounted:
-        # whether it was ever tried on this traffic, which discounted evidence cannot say
-        self.draft_blocks = 0.0
-        # the n-gram proposer (prompt lookup), counted apart from the draft model: its
-        # acceptance by position, given a match proposed it
-        self.ngram_accepted = [0.0] * max_positions
-        self.ngram_reached = [0.0] * max_positions
-        # the same counts per length of the match the block came from (n → (accepted,
-        # reached)): a suffix of 3 tokens seen before predicts its continuation far better
-        # than one token does, and the policy knows the length before it chooses
+        # position i (0-based) is reached when the draft proposed it and every earlier one was
+        # accepted: accepted[i] / reached[i] is the conditional acceptance (discounted counts)
+        self.accepted, self.reached = [0.0] * max_positions, [0.0] * max_positions
+        self.draft_blocks = 0.0  # the draft model's blocks ever (stored included), undiscounted
+        # each lookup proposer's own counts: pooled, and per match-length bucket
+        self.ngram_accepted, self.ngram_reached = [0.0] * max_positions, [0.0] * max_positions
         self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        # suffix decoding (``autospec.suffix``), the other lookup proposer, counted the same
-        # way apart from both: its match is the length of the context's suffix it found
-        self.suffix_accepted = [0.0] * max_positions
-        self.suffix_reached = [0.0] * max_positions
+        self.suffix_accepted, self.suffix_reached = [0.0] * max_positions, [0.0] * max_positions
         self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        # decision points with and without an n-gram match (discounted): the share of the
-        # request the draft model would serve, over which its catch-up is paid off
-        self.match_points = [0.0, 0.0]  # [without a match, with one]
-        # the rate the category runs at: discounted seconds (proposals, catch-ups, the
-        # target's forwards) and tokens emitted, over the iterations past prefill
-        self.spent = [0.0, 0.0]  # [seconds, tokens]
+        self.match_points = [0.0, 0.0]  # decision points [without, with] an n-gram match
+        self.spent = [0.0, 0.0]  # [seconds, tokens] past prefill, discounted: the rate
         self.bandwidth_utilisation: float | None = None
         self._lock = self.costs._lock  # one lock with the pair's costs
         self._version = 0  # bumped on every change of the acceptance
-        # bumped when the draft model's acceptance counts change, and a lookup proposer's:
-        # what is derived from those alone is not rebuilt for every timing
-        self.counts_version = self.lookup_version = 0
+        self.counts_version = self.lookup_version = 0  # the draft's, the lookups' counts
 
     @property
     def version(self) -> int:
-        """Bumped on every change of the acceptance or of the pair's costs: lets policies
-        cache their decisions."""
+        """Bumped on every change of the acceptance or of the pair's costs."""
         return self._version + self.costs.version
 
     # -- feeding ------------------------------------------------------------------------------
@@ -541,8 +435,7 @@ class LiveStats:
             self._count(self.accepted, self.reached, k, accepted)
             if k > 0:
                 self.draft_blocks += 1
-            # an iteration whose target timing is held out (a shape no machine shows: the
-            # level it is read against is out of date) holds out its draft timing too
+            # a held-out target timing holds out the draft timing too
             kept = self._timed(k, target_s)
             if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
                 self.costs._draft(k, draft_s)
@@ -551,9 +444,8 @@ class LiveStats:
             self._version += 1
 
     def _timed(self, k: int, target_s: float) -> bool:
-        """The target's forward of k + 1 tokens into the pair's costs where this one feeds
-        them (False where the shape guard held it out, and where it feeds none); a request's
-        statistics (costs of their own, not fed) only tick their clock. Under the lock."""
+        """The target's timing into the pair's costs where this one feeds them (False where
+        held out or not fed); a request's statistics only tick their clock. Under the lock."""
         if self.feed_costs:
             return self.costs._timed(k, target_s)
         if self._tick:
@@ -561,22 +453,20 @@ class LiveStats:
         return False
 
     def _spend(self, draft_s: float, target_s: float, tokens: int) -> None:
-        """An iteration's time and tokens into the realized rate (prefill, with no steady
-        target time, is left out); under the lock."""
+        """An iteration's time and tokens into the rate (not prefill's); under the lock."""
         if not (target_s == target_s and target_s > 0 and draft_s == draft_s):
             return
         self.spent[0] = self.spent[0] * self.discount + draft_s + target_s
         self.spent[1] = self.spent[1] * self.discount + tokens
 
     def seconds_per_token(self) -> float | None:
-        """The rate this category runs at, everything counted (None before 8 tokens)."""
+        """The rate this category runs at, everything counted (None before ``rate_tokens``)."""
         with self._lock:
             seconds, tokens = self.spent
         return seconds / tokens if tokens >= self.params.rate_tokens else None
 
     def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
-        """One block of k with m accepted into one proposer's discounted counts (position i
-        is reached when the i before it were accepted); under the lock."""
+        """One block of k with m accepted into a proposer's counts; under the lock."""
         d = self.discount
         if d < 1:
             for i in range(len(reached)):
@@ -590,19 +480,12 @@ class LiveStats:
                 accepted[i] += 1
 
     def busy(self) -> bool:
-        """Whether the timings say the machine is busy (the pair's: whichever category's
-        forwards showed it): recent timings of one n scatter (``spread`` above ``scatter``
-        over at least 3 within the last ``scatter_window`` iterations), or the level moved or
-        a shape was held out within ``busy_hold``. The cost model then bounds k by what the
-        acceptance alone can justify."""
+        """Whether the pair's timings say the machine is busy (``PairCosts.busy``)."""
         return self.costs.busy()
 
     def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
-        """One catch-up forward of the draft model over ``tokens`` tokens it had not seen,
-        which took ``seconds`` (its first proposal included): the category's time spent, and
-        (``fit``: False where another category of the iteration fed it already) the pair's
-        catch-up fit (discounted like the counts, at ``params.catch_up_discount`` per
-        catch-up: the fit follows the hardware, not a prompt seen long ago)."""
+        """A catch-up forward over ``tokens`` unseen tokens that took ``seconds``: time spent,
+        and (``fit``: unless another category fed it already) the pair's catch-up fit."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
         with self._lock:
@@ -616,13 +499,11 @@ class LiveStats:
         self.costs.warm_catch_up(points)
 
     def catch_up_cost(self, tokens: int) -> float | None:
-        """The pair's ``PairCosts.catch_up_cost``: seconds for the draft model to take in
-        ``tokens`` unseen tokens and propose its first one (None before any catch-up)."""
+        """The pair's ``PairCosts.catch_up_cost``."""
         return self.costs.catch_up_cost(tokens)
 
     def observe_match(self, matched: bool) -> None:
-        """A decision point at batch 1: did the n-gram proposer have a match there? (A
-        property of the traffic — the text and its prompt — not of what the policy chose.)"""
+        """A decision point at batch 1: did the n-gram proposer have a match there?"""
         with self._lock:
             self.match_points[0] *= self.discount
             self.match_points[1] *= self.discount
@@ -630,27 +511,25 @@ class LiveStats:
             self._version += 1
 
     def unmatched_share(self, prior: float = 2.0) -> float:
-        """The share of decision points without an n-gram match (the prior: ``prior`` points
-        without one, so an unknown category counts on the draft model serving it all)."""
+        """The share of decision points without an n-gram match (a prior of ``prior`` points
+        without one)."""
         with self._lock:
             without, with_ = self.match_points
         return (without + prior) / (without + with_ + prior)
 
     def _lookup(self, proposer: str) -> tuple[list[float], list[float], dict]:
-        """(accepted, reached, by match length) of a lookup proposer: "ngram" (prompt
-        lookup) or "suffix" (suffix decoding)."""
+        """(accepted, reached, by match length) of "ngram" (prompt lookup) or "suffix"."""
         if proposer == "suffix":
             return self.suffix_accepted, self.suffix_reached, self.suffix_by_match
         if proposer != "ngram":
             raise ValueError(f"not a lookup proposer: {proposer!r} (\"ngram\" or \"suffix\")")
         return self.ngram_accepted, self.ngram_reached, self.ngram_by_match
+
     def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
                       match: int = 0, proposer: str = "ngram") -> None:
-        """One iteration drafted by a lookup proposer (``proposer``: "ngram", prompt lookup,
-        or "suffix"): its own acceptance counts (not the draft model's), also under the
-        length of its match (``match``, 0: unknown), its host time per token (the pair's
-        ``t_ngram``, ``t_suffix``), and the target's timing, which is the same whoever
-        proposed."""
+        """One iteration drafted by a lookup proposer ("ngram" or "suffix"): its acceptance
+        counts, pooled and under its match length (``match``, 0: unknown), its host time per
+        token and the target's timing."""
         with self._lock:
             self._count_ngram(k, accepted, match, proposer)
             if self.feed_costs and k > 0 and lookup_s == lookup_s and lookup_s >= 0:
@@ -662,21 +541,11 @@ class LiveStats:
 
     def observe_ngram_shadow(self, match: int, agree: int, seen: int, *,
                              proposer: str = "ngram") -> None:
-        """What a lookup proposer (``proposer``: "ngram" or "suffix") would have done in an
-        iteration it did not draft (the draft model's, the other lookup's, or k = 0),
-        learned for free: its match then was ``match`` tokens long and the first ``agree``
-        of its proposed tokens equal the ``seen`` tokens the iteration emitted. Counted as
-        the block that tells exactly that — agree + 1 positions reached and agree accepted
-        where it disagreed, else ``seen`` positions all accepted (what lay beyond is
-        unknown), over at most ``NGRAM_TRACE_K`` positions (the stored trace's reach, so that
-        replay counts what the live loop counted).
-
-        Exact for greedy traffic (the output is the target's argmax chain whoever proposed).
-        Sampled: a lookup's q is one-hot, so the rule accepts x with probability p(x), the
-        probability that the sampled output token equals x; the agreement has the
-        acceptance's distribution. No iteration passes and no timing (as
-        ``observe_unproposed``): this is what lets a category served by the draft model
-        learn, from its first request, where a lookup would pay."""
+        """A lookup proposer's shadow in an iteration it did not draft: its match was
+        ``match`` tokens and the first ``agree`` of its proposed tokens equal the ``seen``
+        tokens emitted. Counted as the block that tells exactly that (agree + 1 reached, agree
+        accepted; all ``seen`` accepted where it agreed throughout), over at most
+        ``NGRAM_TRACE_K`` positions, as replay counts it. No iteration passes, no timing."""
         if match <= 0 or seen <= 0:
             return
         seen = min(int(seen), NGRAM_TRACE_K)
@@ -701,35 +570,24 @@ class LiveStats:
 
     def ngram_counts(self, match: int = 0, *,
                      proposer: str = "ngram") -> tuple[list[float], list[float]]:
-        """(accepted, reached) per position of a lookup proposer's blocks (prompt lookup's
-        by default): all of them, or (``match`` > 0) those from a match of that length's
-        bucket (zeros where none)."""
+        """(accepted, reached) per position of a lookup proposer's blocks: all, or (``match``
+        > 0) those of that match's bucket (zeros where none)."""
         with self._lock:
             accepted, reached, by_match = self._lookup(proposer)
             if match > 0:
-                by = by_match.get(match_bucket(match))
-                if by is None:
-                    size = len(reached)
-                    return [0.0] * size, [0.0] * size
-                return list(by[0]), list(by[1])
+                size = len(reached)
+                accepted, reached = by_match.get(match_bucket(match), ([0.0] * size, [0.0] * size))
             return list(accepted), list(reached)
 
     def ngram_acceptance(self, proposer: str = "ngram") -> float | None:
-        """A lookup proposer's acceptance at its first position (prompt lookup's by
-        default), given it proposed (None before it has)."""
+        """A lookup proposer's acceptance at its first position (None before it proposed)."""
         with self._lock:
             accepted, reached, _ = self._lookup(proposer)
-            if reached[0] <= 0:
-                return None
-            return accepted[0] / reached[0]
+            return None if reached[0] <= 0 else accepted[0] / reached[0]
 
     def observe_unproposed(self, matches: Sequence[float]) -> None:
-        """Positions decoded without drafting (k = 0) that the draft predicted afterwards,
-        from the target's prefix, when drafting resumed (its catch-up forward): whether its
-        token would have matched (greedy 0/1; sampled: β, the acceptance probability). Such
-        a prediction is exactly the event at a block's first position, so it counts there,
-        without a discount step (no iteration passed). This is what lets a category served at
-        k = 0 learn that drafting would pay again."""
+        """Positions decoded at k = 0 that the draft's catch-up predicted (greedy 0/1; sampled:
+        the acceptance probability): first-position evidence, without a discount step."""
         with self._lock:
             for v in matches:
                 self.reached[0] += 1
@@ -737,6 +595,7 @@ class LiveStats:
             if matches:
                 self.counts_version += 1
                 self._version += 1
+
     def warm_start(self, accepted_per_position: Sequence[float],
                    drafted_per_position: Sequence[float], *, weight: float | None = None,
                    t_draft: float | None = None, t_target: Mapping[int, float] | None = None,
@@ -744,16 +603,9 @@ class LiveStats:
                    ngram_accepted_per_position: Sequence[float] = (),
                    ngram_drafted_per_position: Sequence[float] = (),
                    t_ngram: float | None = None, probe: bool = False) -> None:
-        """Seed from stored history (vLLM-style cumulative counts: accepted[i] / drafted[i] is
-        the rate at which the i-th draft token is accepted), scaled to at most ``weight`` blocks:
-        enough to start from a good k, little enough to follow new traffic. The n-gram
-        proposer's counts (``ngram_*``, pooled over match lengths) seed its own the same way,
-        so that a new process does not learn again, block by failing block, where prompt
-        lookup misses.
-
-        ``t_target``, ``t_draft`` and ``t_ngram`` seed the pair's costs
-        (``PairCosts.warm``: where nothing is measured yet; ``t_target`` passes the shape
-        guard unless ``probe``)."""
+        """Seed from stored history (vLLM-style cumulative counts per position, the n-gram's
+        pooled over match lengths), scaled to at most ``weight`` blocks; ``t_target``,
+        ``t_draft`` and ``t_ngram`` seed the pair's costs (``PairCosts.warm``)."""
         weight = self.params.stored_weight if weight is None else weight
         if t_target or t_draft or t_ngram is not None:
             self.costs.warm(t_target, t_draft, t_ngram, probe=probe)
@@ -770,77 +622,46 @@ class LiveStats:
 
     # -- reading ------------------------------------------------------------------------------
     def acceptance(self, i: int) -> tuple[float, float]:
-        """Posterior mean and standard deviation of the acceptance at draft position i
-        (0-based), given it was reached (``acceptance_curve``'s i-th point at z = 0)."""
+        """Posterior (mean, sd) of the acceptance at draft position i (0-based)."""
         with self._lock:
             return self._posteriors(i + 1)[i]
 
     def acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
         """Posterior means (+ z standard deviations, clipped to [0, 1]) for positions
-        0 … k_max−1.
-
-        Position 0 is Beta(prior) updated by its counts. Each later position's prior is
-        centred on the position before it, with the same strength (sum of ``prior``): a
-        position seen a few times is pulled toward its neighbour, not toward the flat prior's
-        0.5, and one never reached is its neighbour's estimate (the last observed value
-        carries on). With a 0.5 pull, positions a cautious k rarely reaches would look worse
-        than they are, where conditional acceptance is typically flat or rising along the
-        block."""
+        0 … k_max−1: position 0 is Beta(prior) updated by its counts; each later position's
+        prior, of the same strength, is centred on the position before it, so a rarely reached
+        position is pulled toward its neighbour rather than toward 0.5."""
         with self._lock:
             posts = self._posteriors(k_max, spread=bool(z))
-        if not z:
-            return [mean for mean, _ in posts]
-        return [min(1.0, max(0.0, mean + z * sd)) for mean, sd in posts]
+        return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
                                match: int = 0, proposer: str = "ngram") -> list[float]:
-        """``acceptance_curve`` of a lookup proposer's own counts (given it found a match;
-        ``proposer``: "ngram", prompt lookup, the default, or "suffix", the same rule);
-        with ``match`` > 0, of blocks from a match that long (its ``match_bucket``): position
-        i's prior is centred (same strength) on position 0's estimate after a match of
-        ``match`` + i tokens — once i proposed tokens are accepted, the context agrees with
-        the source i tokens further, so the next one is a proposal from that longer match —
-        and position 0's of a length never seen on the pooled estimate. Checked on the
-        default pair's greedy outputs of the copy-heavy prompts (blocks of 10 at every
-        position): after a 1-token match positions 1, 2, 3 were accepted 0.64, 0.77, 0.82 of
-        the time they were reached, against 0.62, 0.75, 0.82 at position 0 after 2, 3, 4–5
-        tokens. Carrying the position before it on instead read a chance hit's tail at the
-        chance hit's own rate (0.3 where the copy it starts holds 0.8–0.95): blocks of 2–5
-        where verification is flat to 13 tokens, and more target forwards than prompt lookup
-        at a fixed 10 (summary-quote, cold: 22 / 34 / 32 against 16 / 29 / 27)."""
+        """``acceptance_curve`` of a lookup proposer's own counts ("ngram" or "suffix"). With
+        ``match`` > 0, of blocks from that match's bucket: position i's prior is centred on
+        position 0's estimate after a match of ``match`` + i tokens (once i tokens are
+        accepted the context agrees with the source i tokens further; docs/proposers.md)."""
         with self._lock:
             accepted, reached, by_match = self._lookup(proposer)
             if match <= 0:
                 posts = self._posteriors(k_max, accepted, reached, spread=bool(z))
             else:
                 pooled = self._posteriors(1, accepted, reached, spread=False)[0][0]
-                firsts: dict[int, float] = {}
-
-                def first(length: int) -> float:
-                    """Position 0's estimate after a match of ``length`` tokens."""
-                    b = match_bucket(length)
-                    if b not in firsts:
-                        by = by_match.get(b)
-                        firsts[b] = (pooled if by is None else
-                                     self._posteriors(1, by[0], by[1], centres=[pooled],
-                                                      spread=False)[0][0])
-                    return firsts[b]
-
-                by = by_match.get(match_bucket(match))
-                acc, reach = by if by is not None else ((), ())
+                # position 0's estimate after a match in each bucket seen (else the pooled one)
+                firsts = {b: self._posteriors(1, a, r, centres=[pooled], spread=False)[0][0]
+                          for b, (a, r) in by_match.items()}
+                acc, reach = by_match.get(match_bucket(match), ((), ()))
                 # position 0: the pooled prior (its own counts are then added, once)
-                posts = self._posteriors(k_max, acc, reach, centres=[pooled] + [
-                    first(match + i) for i in range(1, k_max)], spread=bool(z))
+                centres = [pooled] + [firsts.get(match_bucket(match + i), pooled)
+                                      for i in range(1, k_max)]
+                posts = self._posteriors(k_max, acc, reach, centres=centres, spread=bool(z))
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
     def _posteriors(self, k_max: int, accepted=None, reached=None, *,
                     centres: Sequence[float] = (), spread: bool = True
                     ) -> list[tuple[float, float]]:
-        """(mean, sd) per position 0 … k_max−1 (see ``acceptance_curve``) of the draft
-        model's counts, or of ``accepted``/``reached``. Position i's prior has ``prior``'s
-        strength, centred on ``centres[i]`` where given, else on the posterior mean of the
-        position before it (position 0: ``prior``'s mean); under the lock. ``spread`` False:
-        the means alone (sd 0.0, not computed)."""
+        """(mean, sd) per position (``acceptance_curve``) of the draft's counts or of
+        ``accepted``/``reached``, centred on ``centres`` where given; under the lock."""
         accepted = self.accepted if accepted is None else accepted
         reached = self.reached if reached is None else reached
         strength = self.prior[0] + self.prior[1]
@@ -855,33 +676,23 @@ class LiveStats:
             mean = a / (a + b)
             out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))) if spread else 0.0))
         return out
+
     def copy(self, *, discount: float | None = None,
              acceptance_from: LiveStats | None = None,
              costs: PairCosts | None = None) -> LiveStats:
-        """A copy of the acceptance (optionally with another discount) beside the pair's
-        costs: a policy that keeps its own statistics starts from what the controller knows.
-        ``costs`` None: the copy references this one's ``PairCosts`` (it reads them as they
-        move, and its observations feed its acceptance alone: the owner feeds the costs);
-        else it references ``costs`` and feeds them (``copy_lives``: a replay's independent
-        copy). ``acceptance_from``: the draft model's acceptance counts (and blocks ever)
-        taken from that one instead — a policy's own discounted acceptance beside everything
-        else the controller knows now."""
+        """A copy of the acceptance. ``costs`` None: it reads this one's ``PairCosts`` without
+        feeding them; else it feeds ``costs``. ``acceptance_from``: take the draft's counts."""
         new = LiveStats(discount=self.discount if discount is None else discount,
                         prior=self.prior, ema=self.ema, max_positions=len(self.reached),
                         params=self.params, costs=self.costs if costs is None else costs,
                         feed_costs=costs is not None)
         with self._lock:
-            new.accepted, new.reached = list(self.accepted), list(self.reached)
-            new.ngram_accepted, new.ngram_reached = (list(self.ngram_accepted),
-                                                     list(self.ngram_reached))
-            new.ngram_by_match = {n: (list(a), list(r))
-                                  for n, (a, r) in self.ngram_by_match.items()}
-            new.suffix_accepted, new.suffix_reached = (list(self.suffix_accepted),
-                                                       list(self.suffix_reached))
-            new.suffix_by_match = {n: (list(a), list(r))
-                                   for n, (a, r) in self.suffix_by_match.items()}
-            new.match_points = list(self.match_points)
-            new.spent = list(self.spent)
+            for name in ("accepted", "reached", "ngram_accepted", "ngram_reached",
+                         "suffix_accepted", "suffix_reached", "match_points", "spent"):
+                setattr(new, name, list(getattr(self, name)))
+            for name in ("ngram_by_match", "suffix_by_match"):
+                setattr(new, name, {n: (list(a), list(r))
+                                    for n, (a, r) in getattr(self, name).items()})
             new.draft_blocks = self.draft_blocks
             new.bandwidth_utilisation = self.bandwidth_utilisation
         if acceptance_from is not None:
@@ -892,22 +703,15 @@ class LiveStats:
         return new
 
     def settled(self, n: int) -> bool:
-        """Whether T_t(n) is known well enough to decide by: warm-started (store, probe), or
-        ``cost_settle`` live samples (of any category: the pair's). A process's first decode
-        steps run slow (the first T_t(1) after prefill read 0.285 s where the next 30 gave
-        0.22 s, on the default pair, bf16, CPU), and one such sample made k = 1 look paying
-        against it for a whole request where, on the settled cost, nothing did."""
+        """Whether T_t(n) is warm-started or has ``cost_settle`` live samples."""
         return self.costs.settled(n)
 
     def cost(self, optimistic: bool = False):
-        """T_t(n) as a function (see ``interpolate_cost``), or None while nothing is measured.
-        No point n > 1 reads below ``shape_floor`` · T_t(1) (live points are guarded as they
-        come in; this holds for points set by hand and for a level that rose since)."""
+        """The pair's ``PairCosts.cost``."""
         return self.costs.cost(optimistic)
 
     def cost_origin(self) -> str:
-        """Where the costs decided by came from: "live" (this process's timings), or the
-        pair's warm start's source ("probe", "store"), "+live" once live timings came in."""
+        """The pair's ``PairCosts.cost_origin``."""
         return self.costs.cost_origin()
 
     @property

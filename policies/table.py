@@ -1,10 +1,7 @@
-"""k by batch size, written by hand: the serving engines' form (vLLM's
-``num_speculative_tokens_per_batch_size``, TensorRT-LLM's ``draft_len_schedule``, SGLang's
-per-batch-size ranges), kept as the baseline users know.
-
-``"table:1-2:4,3-8:2,9-:0"``: batch sizes 1–2 run k = 4, 3–8 run k = 2, 9 and above decode
-plainly. Ranges are ``LO-HI``, ``LO`` (one batch size) or ``LO-`` (open); together they must
-cover every batch size ≥ 1 exactly once. The policy learns nothing.
+"""k by batch size, written by hand as the serving engines take it (vLLM's
+``num_speculative_tokens_per_batch_size``, TensorRT-LLM's ``draft_len_schedule``):
+``"table:1-2:4,3-8:2,9-:0"`` runs k = 4 at batch sizes 1–2, 2 at 3–8, plain from 9. Ranges are
+``LO-HI``, ``LO`` or ``LO-`` (open) and cover every batch size ≥ 1 once. It learns nothing.
 """
 
 from __future__ import annotations
@@ -129,9 +126,9 @@ def _sizes(lo: int, hi: int) -> str:
 
 
 def _int(v, what: str) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"table policy: {what} must be an integer, got {v!r}")
     try:
+        if isinstance(v, bool):
+            raise TypeError
         return operator.index(v)
     except TypeError:
         raise ValueError(f"table policy: {what} must be an integer, got {v!r}") from None

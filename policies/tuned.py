@@ -1,16 +1,7 @@
-"""Policies built from tuned parameters, and the live ``"tuned"`` policy that follows the store.
-
-``autospec tune`` searches a policy *family* and its parameters per (category, pair) and
-writes the winner to the store's ``tuned_params`` table. ``TunedPolicy`` serves each category
-with the policy built from its newest row, and a background thread polls the store every
-``refresh_s`` seconds for newer rows, swapping them in without a restart and without touching
-the generation path (a dictionary lookup per iteration). The policy does not read the store
-itself: it is handed a fetch function (``attach(fetch)``; the controller passes
-``autospec.store.queries.tuned_fetcher(store, pair)``), so this package imports no SQL.
-Categories without tuned parameters get the untuned default (``auto``). At batch > 1 the
-batch is served by the policy of its most common category (``context.categories``; ties: the
-first row's). If the rows cannot be fetched the last parameters stay in force; the failure
-is logged and counted.
+"""Policies built from tuned parameters (``autospec tune`` writes one policy *family* and its
+parameters per category and pair to the store), and the live ``"tuned"`` policy that serves
+each category with its newest row, polling for newer ones (docs/tuning.md). It reads the store
+through a fetch function it is handed, so this package imports no SQL.
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .base import Context, Outcome, Policy, auto_policy
+from .base import Context, EarlyStop, Outcome, Policy, auto_policy, early_stop_of
 from .params import Parameters
 
 __all__ = ["FAMILIES", "ROW_FAMILIES", "build_policy", "TunedPolicy"]
@@ -35,8 +26,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "costmodel": (*(f.name for f in dataclasses.fields(Parameters)), "proposers", "early_stop"),
     "bandit": ("k_max", "discount", "min_std_fraction", "early_stop"),
 }
-# families a tuned row may name but the search does not draw from FAMILIES: a batch-size → k
-# table (``{"table": "1-3:4,4-:0"}``), produced by tuning per batch size
+# the families a stored row may name: FAMILIES, and a batch-size → k table (tuned per batch size)
 ROW_FAMILIES: dict[str, tuple[str, ...]] = {**FAMILIES, "table": ("table", "early_stop")}
 
 
@@ -47,6 +37,7 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     from .bandit import ThompsonBandit
     from .costmodel import CostModelPolicy
     from .fixed import FixedK
+    from .table import TablePolicy
 
     if family not in ROW_FAMILIES:
         raise ValueError(f"unknown policy family {family!r}: one of {sorted(ROW_FAMILIES)}")
@@ -54,8 +45,6 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     if unknown:
         raise ValueError(f"{family} policy has no parameter(s) {sorted(unknown)}; "
                          f"it takes {list(ROW_FAMILIES[family])}")
-    from .base import EarlyStop
-
     label = name or f"tuned:{family}"
     params = dict(params)
     early_stop = params.pop("early_stop", None)  # every family: draft-side early stopping
@@ -63,8 +52,6 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
         policy: Policy = FixedK(int(params.get("k", 0)), params.get("proposer", "draft"),
                                 int(params.get("min_match", 2)))
     elif family == "table":
-        from .table import TablePolicy
-
         table = params.get("table")
         if not table:
             raise ValueError("table policy needs a 'table' parameter, e.g. '1-3:4,4-:0'")
@@ -78,13 +65,12 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
 
 
 class TunedPolicy:
-    """Per category, the policy of the newest tuned parameters in the store for this pair.
+    """Per category, the policy of the newest tuned parameters for this pair.
 
-    A controller attaches a fetch function (``attach``): ``fetch(after_id)`` returns the
-    tuned rows of its pair newer than ``after_id`` (each with ``id``, ``category``,
-    ``family``, ``params``), newest first. ``reload()`` applies new rows at once (the poller
-    calls it every ``refresh_s`` seconds). Unattached, or for a category nobody tuned, it
-    behaves as ``fallback`` (the ``auto`` policy)."""
+    ``attach(fetch)``: ``fetch(after_id)`` returns the tuned rows newer than ``after_id``
+    (``id``, ``category``, ``family``, ``params``), newest first; a thread applies them every
+    ``refresh_s`` seconds (``reload``), and a failed fetch keeps those in force. A category
+    nobody tuned gets ``fallback`` (``auto``); a batch, its most common category's policy."""
 
     name = "tuned"
 
@@ -100,13 +86,11 @@ class TunedPolicy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.reload_failures = 0
-        self.reloads = 0  # rows applied so far
+        self.reload_failures = self.reloads = 0  # failed fetches, rows applied
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, fetch: Callable[[int], Sequence[Any]]) -> None:
-        """Follow the tuned parameters ``fetch(after_id)`` returns (see the class); reads
-        them now and starts the poller."""
+        """Follow the tuned rows ``fetch(after_id)`` returns: read them now, start the poller."""
         if not callable(fetch):
             raise TypeError("attach takes a fetch function: fetch(after_id) -> tuned rows "
                             "(autospec.store.queries.tuned_fetcher(store, pair) makes one)")
@@ -176,8 +160,6 @@ class TunedPolicy:
         return self._serving(context).choose(context)
 
     def early_stop_for(self, category: str) -> float | None:
-        from .base import early_stop_of
-
         return early_stop_of(self._for(category), category)
 
     def update(self, context: Context, k: int, outcome: Outcome) -> None:
