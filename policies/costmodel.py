@@ -716,60 +716,74 @@ class CostModelPolicy:
         return out
 
     def _choose_batch(self, context, top: int, why: dict | None) -> tuple[int, str]:
-        """(k, rule) for the batch; ``why`` (where asked) collects the candidates (S against
-        plain batched decoding: the finish time's for the draft model)."""
-        batch, costs = context.batch_size, context.costs
+        """(k, rule) for the batch, by the rule of batch 1 in batch tokens (a plain step
+        yields B, a block Σ E[N_i]): the draft model's k is the one that finishes the rows
+        soonest (``batch_finish_k``), each lookup's the one of best S_B; the rest of the batch
+        runs at the draft's rate where it pays, else at plain batched decoding's (ρ = T_t(B, 1)
+        / B), and of the blocks that pay the one that saves the most seconds at ρ runs."""
+        batch, costs, p = context.batch_size, context.costs, self.params
         points = costs.target_points(batch) if hasattr(costs, "target_points") else None
-        cost = costs.target_cost(batch, optimistic=self.params.optimistic)
+        cost = costs.target_cost(batch, optimistic=p.optimistic)
         if (cost is None or (points is not None and 1 not in points)
                 or not getattr(costs, "baseline_live", lambda b: True)(batch)):
             return 0, "baseline"  # plain batched decoding at this B: measures the baseline
+        t1 = cost(1)
         if why is not None:
-            why["t_plain"] = cost(1)
-            why["candidates"].append(explain.plain(cost(1), "batch"))
+            why["t_plain"] = t1
+            why["candidates"].append(explain.plain(t1, "batch"))
         proposers = self._allowed(context)
-        lookup = (0, 1.0, "ngram")  # the best lookup's (k, S_B(k), proposer)
-        for name in proposers:
-            if name in LOOKUP_PROPOSERS:
-                k, s = self._batch_lookup(context, cost, top, name, why)
-                if s > lookup[1]:
-                    lookup = (k, s, name)
-        if "draft" not in proposers:
-            return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
-        t_draft = costs.draft_cost(batch)
-        if t_draft is None or (points is not None and len(points) < 2):
-            return min(self.params.initial_k, top), "explore"
-        stats = self._row_stats(context)
-        # each row's acceptance forecast (the categoriser's), where the engine gave them
-        forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
-        if len(forecasts) != len(stats):
-            forecasts = (getattr(context, "predicted_alpha", None),) * len(stats)
-        by_stats = {}  # rows of one category and forecast share one curve
-        for live, predicted in zip(stats, forecasts):
-            if (id(live), predicted) not in by_stats:
-                by_stats[id(live), predicted] = self._draft_curve(live, predicted, top)[0]
-        curves = [by_stats[id(live), predicted] for live, predicted in zip(stats, forecasts)]
-        per_token = self._batch_catch_up(context, self._row_stats(context), t_draft, proposers)
-        left = _rows_left(context)
-        k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
-                                                      self.params.optimistic),
-                              top, once=per_token * sum(left))
-        if why is not None and k:
-            why["candidates"].append(_batch_candidate("draft", k, s, curves, t_draft, cost,
-                                                      per_token, "live", "batch"))
-        if lookup[1] > s:
-            return self._batch_decision(context, batch, lookup[0], lookup[1], top, lookup[2])
-        return self._batch_decision(context, batch, k, s, top, "draft")
+        draft, rate = None, t1 / batch  # the rest's seconds per batch token: plain's
+        if "draft" in proposers:
+            t_draft = costs.draft_cost(batch)
+            if t_draft is None or (points is not None and len(points) < 2):
+                return min(p.initial_k, top), "explore"
+            stats = self._row_stats(context)
+            # each row's acceptance forecast (the categoriser's), where the engine gave them
+            forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
+            if len(forecasts) != len(stats):
+                forecasts = (getattr(context, "predicted_alpha", None),) * len(stats)
+            by_stats = {}  # rows of one category and forecast share one curve
+            for live, predicted in zip(stats, forecasts):
+                if (id(live), predicted) not in by_stats:
+                    by_stats[id(live), predicted] = self._draft_curve(live, predicted, top)[0]
+            curves = [by_stats[id(live), predicted] for live, predicted in zip(stats, forecasts)]
+            per_token = self._batch_catch_up(context, stats, t_draft, proposers)
+            left = _rows_left(context)
+            k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
+                                                          p.optimistic),
+                                  top, once=per_token * sum(left))
+            if k and s >= 1 + p.min_gain:
+                draft, rate = self._batch_block("draft", k, curves, t_draft, cost, per_token,
+                                                batch), rate / s
+            if why is not None and k:
+                why["candidates"].append(_batch_candidate("draft", k, s, curves, t_draft, cost,
+                                                          per_token, batch, rate))
+        lookups = [b for name in proposers if name in LOOKUP_PROPOSERS
+                   for b in [self._batch_lookup(context, cost, top, name, rate, why)] if b]
+        best = decide(lookups, t1, rate, p.min_gain)
+        if draft is not None and (best is None or saved(draft, t1, rate) >= saved(best, t1, rate)):
+            best = draft
+        return self._batch_decision(context, batch, best, top)
 
-    def _batch_lookup(self, context, cost, top: int, proposer: str,
-                      why: dict | None = None) -> tuple[int, float]:
-        """(k, S_B(k)) of a lookup proposer for this batch: rows with a match now draft by
-        their category's acceptance of it (no longer than the draft holds), rows without one
-        propose nothing (E[N] = 1, still scored at k + 1)."""
+    @staticmethod
+    def _batch_block(proposer: str, k: int, curves, t_propose: float, cost, per_token: float,
+                     batch: int) -> Block:
+        """A batch's block of k as a ``Block`` in batch tokens: Σ E[N_i] − B + 1 tokens (what
+        it yields beyond a plain step's B, plus that step's one), for k · T_p(B) + T_t(B, k + 1)
+        and the catch-up's share per token."""
+        tokens = sum(expected_tokens(c, k) for c in curves)
+        return Block(proposer, k, tokens - batch + 1,
+                     k * t_propose + cost(k + 1) + tokens * per_token)
+
+    def _batch_lookup(self, context, cost, top: int, proposer: str, rate: float,
+                      why: dict | None = None) -> Block | None:
+        """A lookup proposer's block for this batch at its k of best S_B (None: none pays):
+        rows with a match now draft by their category's acceptance of it (no longer than the
+        draft holds), rows without one propose nothing (E[N] = 1, still scored at k + 1)."""
         rows = self._row_stats(context)
         now = [lookup_now(context, proposer, b) for b in range(len(rows))]
         if not any(m and n for m, n in now):
-            return 0, 1.0
+            return None
         curves, t_lookup = [], 0.0
         for live, (matched, size) in zip(rows, now):
             if live is None or not matched or not size:
@@ -779,19 +793,21 @@ class CostModelPolicy:
             t = live.t_suffix if proposer == "suffix" else live.t_ngram
             t_lookup = max(t_lookup, t or 0.0)
         k, s = batch_best_k(curves, t_lookup, cost, top)
-        if why is not None and k:
+        if not k:
+            return None
+        if why is not None:
             why["candidates"].append(_batch_candidate(proposer, k, s, curves, t_lookup, cost,
-                                                      0.0, "live", "batch"))
-        return k, s
+                                                      0.0, len(rows), rate))
+        return self._batch_block(proposer, k, curves, t_lookup, cost, 0.0, len(rows))
 
-    def _batch_decision(self, context, batch: int, k: int, s: float, top: int,
-                        proposer: str) -> tuple[int, str]:
-        """(k as the proposer's Choice, "best") where it pays by min_gain, else plain batched
-        decoding ("off"), re-probing as at batch 1 per (categories, bucket)."""
+    def _batch_decision(self, context, batch: int, best: Block | None,
+                        top: int) -> tuple[int, str]:
+        """(``best``'s k as its proposer's Choice, "best"), else plain batched decoding
+        ("off"), re-probing as at batch 1 per (categories, bucket)."""
         key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
-        if k > 0 and s >= 1 + self.params.min_gain:
+        if best is not None:
             self._off_batch[key] = 0
-            return (k if proposer == "draft" else Choice(k, proposer)), "best"
+            return (best.k if best.proposer == "draft" else Choice(best.k, best.proposer)), "best"
         off = self._off_batch.get(key, 0) + 1
         k, rule = 0, "off"
         costs = context.costs
@@ -802,8 +818,9 @@ class CostModelPolicy:
                                       top, rows=batch):
             off, rule = 0, "reprobe"
             k = min(self.params.probe_k, top)
-            if proposer != "draft" and "draft" not in getattr(context, "proposers", ("draft",)):
-                k = Choice(k, proposer)
+            have = getattr(context, "proposers", ("draft",))
+            if "draft" not in have:
+                k = Choice(k, next((n for n in have if n in LOOKUP_PROPOSERS), "ngram"))
         self._off_batch[key] = off
         return k, rule
 
@@ -840,13 +857,17 @@ class CostModelPolicy:
 
 
 def _batch_candidate(proposer: str, k: int, s: float, curves, t_propose: float, cost,
-                     per_token: float, source: str, origin: str) -> dict:
-    """A batch's block of k as the decision record shows it (Σ E[N_i], seconds at B, S_B)."""
+                     per_token: float, batch: int, rate: float) -> dict:
+    """A batch's block of k as the decision record shows it: Σ E[N_i] tokens, one iteration's
+    seconds at B, its S (the finish time's for the draft model, else S_B) and the seconds it
+    saves at the rest's rate."""
     tokens = sum(expected_tokens(c, k) for c in curves)
-    return explain.candidate(proposer, k, tokens=tokens, block_s=k * t_propose + cost(k + 1),
-                             extra_s=per_token, speedup=s, acceptance=curves[0][:k] if curves
-                             else (), acceptance_from=source, t_propose=t_propose,
-                             t_verify=cost(k + 1), costs_from=origin)
+    block_s = k * t_propose + cost(k + 1)
+    return explain.candidate(proposer, k, tokens=tokens, block_s=block_s, extra_s=per_token,
+                             speedup=s, saved_s=cost(1) + (tokens - batch) * rate - block_s
+                             - tokens * per_token, acceptance=curves[0][:k] if curves else (),
+                             acceptance_from="live", t_propose=t_propose, t_verify=cost(k + 1),
+                             costs_from="batch")
 
 
 def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:

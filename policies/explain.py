@@ -1,45 +1,8 @@
 """Why a policy chose its k: the decision record (torch-free, JSON-ready).
 
-A policy that is asked why (``Context.why`` is a list) appends one record per decision:
-
-    {"format": "why/1",
-     "k": 3, "proposer": "draft",        # what it chose (k = 0: a plain step)
-     "rule": "best",                     # which rule decided (``RULES``)
-     "batch": 1,                         # rows in the iteration
-     "t_plain": 0.27,                    # T_t(1) (at batch B: T_t(B, 1)), seconds
-     "value": 0.21 | None,               # what a token past a block's first was worth (s)
-     "min_gain": 0.0, "busy": False,     # the speculation threshold; the busy-machine guard
-     "candidates": [candidate, ...]}     # every block weighed, plain decoding first
-
-Each candidate is one (proposer, k) the policy priced:
-
-    {"proposer": "draft", "k": 3,
-     "tokens": 2.71,                     # E[N]: tokens the block is expected to emit
-     "block_s": 0.41,                    # k · T_propose + T_t(k + 1): the iteration's seconds
-     "extra_s": 0.0,                     # seconds more per emitted token (the draft's catch-up)
-     "spt": 0.151,                       # expected seconds per emitted token, all counted
-     "speedup": 1.79,                    # S against plain decoding, as the rule read it
-     "saved_s": 0.32,                    # seconds the block saves against plain steps
-     "induced_s": 0.0,                   # the draft's catch-up a lookup block adds (in saved_s)
-     "acceptance": [0.8, 0.75, 0.7],     # a_1 … a_k used
-     "acceptance_from": "live",          # ``SOURCES``: where the acceptance came from
-     "t_propose": 0.011, "t_verify": 0.30,
-     "costs_from": "live"}               # where the costs came from
-
-``spt`` is (block_s + tokens · extra_s) / tokens; plain decoding's is T_t(1). A reader (``autospec
-explain``, the report) needs nothing else to recompute each figure.
-
-The engine adds to every record it keeps (fields a reader of "why/1" may find, never needs):
-
-    "policy": "auto",                    # the deciding policy's name
-    "k_run": 2, "proposer_run": "draft", # k and proposer after the engine's clamps (the tokens
-                                         # left, the context limits; "draft" without a draft
-                                         # model is "ngram"); a lookup proposer may still
-                                         # propose fewer per row: LoopStats.k_schedule has those
-    "iteration": 7                       # the iteration of the call (0-based)
-
-A policy that appends nothing gets the engine's own record: its answer, rule "policy", no
-candidates.
+A policy that is asked why (``Context.why`` is a list) appends one record per decision,
+built by ``record`` from ``plain`` and ``candidate``; the format ("why/1", every field) is in
+docs/policy.md, "The record's format".
 """
 
 from __future__ import annotations

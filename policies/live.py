@@ -510,9 +510,10 @@ class LiveStats:
             self.match_points[1 if matched else 0] += 1
             self._version += 1
 
-    def unmatched_share(self, prior: float = 2.0) -> float:
-        """The share of decision points without an n-gram match (a prior of ``prior`` points
-        without one)."""
+    def unmatched_share(self) -> float:
+        """The share of decision points without an n-gram match (``unmatched_prior`` points
+        without one to start)."""
+        prior = self.params.unmatched_prior
         with self._lock:
             without, with_ = self.match_points
         return (without + prior) / (without + with_ + prior)

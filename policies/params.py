@@ -78,6 +78,9 @@ class Parameters:
                                           "n-gram match", why_fixed=_FORMAT)
     request_prior_blocks: float = _p(4.0, "the same for its lookup blocks' acceptance",
                                      why_fixed=_FORMAT)
+    unmatched_prior: float = _p(2.0, "a category's share of decision points without an n-gram "
+                                     "match starts as this many points without one (the draft "
+                                     "model may serve it all)", why_fixed=_FORMAT)
     # -- live statistics ---------------------------------------------------------------------
     acceptance_discount: float = _p(0.995, "the controller's acceptance counts are multiplied by "
                                            "this per block (half-life ln 2 / (1 − d) blocks)",

@@ -577,3 +577,42 @@ def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
         cheap.observe(16, 1, 0.267)
     cheap.observe(16, 2, 0.280, 0.05)
     assert policy.choose(batch_context(stats, 16, cheap)) > 0
+
+
+@pytest.mark.parametrize("ngram_alpha, left", [
+    (0.5, (100, 100)),   # rows alike: the finish and the iteration agree
+    (0.5, (100, 8)),     # a short row: the draft's finish ratio is not its block's
+    (0.95, (100, 8)),    # a copy: prompt lookup's block saves the most
+    (0.1, (100, 100)),   # chance matches: the draft model's block
+])
+def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ngram_alpha,
+                                                                              left):
+    """At batch > 1 the decision is batch 1's: each candidate's seconds saved against a plain
+    step (B tokens for T_t(B, 1)) with the rest of the batch at the draft model's finish rate
+    where it pays (T_t(B, 1) / B / S), else plain's — recomputed here from the record."""
+    live = LiveStats()
+    live.warm_start([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8, t_draft=0.03,
+                    t_target={n: 0.2 for n in range(1, 18)}, probe=True,
+                    ngram_accepted_per_position=[400 * ngram_alpha ** (i + 1) for i in range(8)],
+                    ngram_drafted_per_position=[400] * 8, t_ngram=1e-5)
+    costs = BatchCosts()
+    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.02 * max(0, n - 3)) for n in range(1, 18)}
+                for b in (1, 2)}, {1: 0.04, 2: 0.06})
+    why: list = []
+    k = CostModelPolicy().choose(Context(
+        category="c", k_max=8, batch_size=2, live=live, rows=(live, live),
+        categories=("c", "c"), costs=costs, remaining=max(left), remaining_rows=left,
+        proposers=("draft", "ngram"), ngram_matches=(3, 3), why=why))
+    record = why[0]
+    t1, cands = record["t_plain"], {c["proposer"]: c for c in record["candidates"]}
+    draft = cands["draft"]
+    assert draft["k"] > 0 and draft["speedup"] > 1  # the draft model pays here
+    rate = t1 / 2 / draft["speedup"]
+    for c in cands.values():
+        if c["proposer"] != "plain":
+            want = t1 + (c["tokens"] - 2) * rate - c["block_s"] - c["tokens"] * c["extra_s"]
+            assert c["saved_s"] == pytest.approx(want)
+    best = max((c for c in cands.values() if c["proposer"] != "plain"),
+               key=lambda c: c["saved_s"])
+    assert (int(k), getattr(k, "proposer", "draft")) == (best["k"], best["proposer"])
+    assert best["proposer"] == ("ngram" if ngram_alpha > 0.9 else "draft") or ngram_alpha == 0.5
