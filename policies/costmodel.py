@@ -730,7 +730,7 @@ class CostModelPolicy:
         t1 = cost(1)
         if why is not None:
             why["t_plain"] = t1
-            why["candidates"].append(explain.plain(t1, "batch"))
+            why["candidates"].append(explain.plain(t1, "batch", batch))
         proposers = self._allowed(context)
         draft, rate = None, t1 / batch  # the rest's seconds per batch token: plain's
         if "draft" in proposers:

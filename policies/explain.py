@@ -49,10 +49,10 @@ def candidate(proposer: str, k: int, *, tokens: float, block_s: float, extra_s: 
             "t_verify": float(t_verify), "costs_from": costs_from}
 
 
-def plain(t_plain: float, costs_from: str = "live") -> dict:
-    """Plain decoding as a candidate: one token per T_t(1)."""
-    return candidate("plain", 0, tokens=1.0, block_s=t_plain, speedup=1.0, saved_s=0.0,
-                     t_verify=t_plain, costs_from=costs_from)
+def plain(t_plain: float, costs_from: str = "live", rows: int = 1) -> dict:
+    """Plain decoding as a candidate: a token per row (``rows``) for T_t(1)."""
+    return candidate("plain", 0, tokens=float(rows), block_s=t_plain, speedup=1.0,
+                     saved_s=0.0, t_verify=t_plain, costs_from=costs_from)
 
 
 def record(k, rule: str, candidates: Sequence[dict] = (), *, batch: int = 1,

@@ -607,6 +607,7 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     t1, cands = record["t_plain"], {c["proposer"]: c for c in record["candidates"]}
     draft = cands["draft"]
     assert draft["k"] > 0 and draft["speedup"] > 1  # the draft model pays here
+    assert (cands["plain"]["tokens"], cands["plain"]["spt"]) == (2.0, t1 / 2)  # a token a row
     rate = t1 / 2 / draft["speedup"]
     for c in cands.values():
         if c["proposer"] != "plain":
