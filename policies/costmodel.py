@@ -752,12 +752,13 @@ class CostModelPolicy:
             k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
                                                           p.optimistic),
                                   top, once=per_token * sum(left))
-            if k and s >= 1 + p.min_gain:
-                draft, rate = self._batch_block("draft", k, curves, t_draft, cost, per_token,
-                                                batch), rate / s
-            if why is not None and k:
-                why["candidates"].append(_batch_candidate("draft", k, s, curves, t_draft, cost,
-                                                          per_token, batch, rate))
+            if k:
+                b = self._batch_block("draft", k, curves, t_draft, cost, per_token, batch)
+                if s >= 1 + p.min_gain:
+                    draft, rate = b, rate / s
+                if why is not None:
+                    why["candidates"].append(_batch_candidate(b, s, curves, t_draft, cost,
+                                                              per_token, batch, rate))
         lookups = [b for name in proposers if name in LOOKUP_PROPOSERS
                    for b in [self._batch_lookup(context, cost, top, name, rate, why)] if b]
         best = decide(lookups, t1, rate, p.min_gain)
@@ -795,10 +796,11 @@ class CostModelPolicy:
         k, s = batch_best_k(curves, t_lookup, cost, top)
         if not k:
             return None
+        b = self._batch_block(proposer, k, curves, t_lookup, cost, 0.0, len(rows))
         if why is not None:
-            why["candidates"].append(_batch_candidate(proposer, k, s, curves, t_lookup, cost,
-                                                      0.0, len(rows), rate))
-        return self._batch_block(proposer, k, curves, t_lookup, cost, 0.0, len(rows))
+            why["candidates"].append(_batch_candidate(b, s, curves, t_lookup, cost, 0.0,
+                                                      len(rows), rate))
+        return b
 
     def _batch_decision(self, context, batch: int, best: Block | None,
                         top: int) -> tuple[int, str]:
@@ -856,18 +858,17 @@ class CostModelPolicy:
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 
 
-def _batch_candidate(proposer: str, k: int, s: float, curves, t_propose: float, cost,
-                     per_token: float, batch: int, rate: float) -> dict:
-    """A batch's block of k as the decision record shows it: Σ E[N_i] tokens, one iteration's
-    seconds at B, its S (the finish time's for the draft model, else S_B) and the seconds it
-    saves at the rest's rate."""
-    tokens = sum(expected_tokens(c, k) for c in curves)
-    block_s = k * t_propose + cost(k + 1)
-    return explain.candidate(proposer, k, tokens=tokens, block_s=block_s, extra_s=per_token,
-                             speedup=s, saved_s=cost(1) + (tokens - batch) * rate - block_s
-                             - tokens * per_token, acceptance=curves[0][:k] if curves else (),
-                             acceptance_from="live", t_propose=t_propose, t_verify=cost(k + 1),
-                             costs_from="batch")
+def _batch_candidate(b: Block, s: float, curves, t_propose: float, cost, per_token: float,
+                     batch: int, rate: float) -> dict:
+    """A batch's block ``b`` as the decision record shows it: Σ E[N_i] tokens, one iteration's
+    seconds at B, its S (the finish time's for the draft model, else S_B) and ``saved`` at the
+    rest's rate."""
+    k = b.k
+    return explain.candidate(b.proposer, k, tokens=b.tokens + batch - 1,
+                             block_s=k * t_propose + cost(k + 1), extra_s=per_token, speedup=s,
+                             saved_s=saved(b, cost(1), rate),
+                             acceptance=curves[0][:k] if curves else (), acceptance_from="live",
+                             t_propose=t_propose, t_verify=cost(k + 1), costs_from="batch")
 
 
 def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:
