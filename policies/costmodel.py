@@ -185,24 +185,10 @@ def speedup(k: int, acceptance, t_draft: float,
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
            per_token: float = 0.0) -> tuple[int, float]:
-    """argmax_k S(k) over 0 … k_max and that S (the smallest k among ties), in one pass.
-    per_token: seconds more per token the block yields (a catch-up shared over the tokens
-    the draft will serve)."""
-    cost = _as_cost(t_target)
-    if isinstance(acceptance, (int, float)):
-        acceptance = [float(acceptance)]
-    last = _last_known(acceptance)
-    t1 = cost(1)
-    best, best_s = 0, 1.0
-    run, tokens = 1.0, 1.0
-    for k in range(1, k_max + 1):
-        a = acceptance[k - 1] if k - 1 < len(acceptance) else None
-        run *= last if a is None else float(a)
-        tokens += run
-        s = tokens * t1 / (k * t_draft + cost(k + 1) + tokens * per_token)
-        if s > best_s:
-            best, best_s = k, s
-    return best, best_s
+    """argmax_k S(k) over 0 … k_max and that S (the smallest k among ties): ``batch_best_k``
+    of one row. per_token: seconds more per token the block yields (a catch-up shared over the
+    tokens the draft will serve)."""
+    return batch_best_k([acceptance], t_draft, t_target, k_max, per_token)
 
 
 # -- the one decision -------------------------------------------------------------------------
@@ -561,7 +547,8 @@ class CostModelPolicy:
         if drafts and measured:
             curve, source = self._draft_curve(live, getattr(context, "predicted_alpha", None),
                                               top)
-            per_token, cap = self._catch_up(live, context, proposers), capped(curve)
+            per_token = self._catch_up(context, [live], live.t_draft, proposers)
+            cap = capped(curve)
             k = best_k(curve, live.t_draft, cost, cap, per_token=per_token)[0]
             b = offer("draft", curve, k, cap, live.t_draft, per_token, source)
             blocks += [b] if b else []
@@ -658,29 +645,18 @@ class CostModelPolicy:
         w = self.params.request_prior_tokens
         return min((rate * w + seconds) / (w + tokens), t1)
 
-    def _catch_up(self, live, context, proposers) -> float:
-        """The draft model's catch-up per token it is expected to serve in the rest of this
-        request: all of it alone; beside prompt lookup, the share of decision points it would
-        serve (``_draft_share``)."""
+    def _catch_up(self, context, rows: Sequence, t_draft: float | None, proposers) -> float:
+        """The draft model's catch-up per token it is expected to serve: one forward over the
+        ``rows`` × the widest row's gap (``context.draft_gap``) by the pair's catch-up fit, less
+        one draft step (``t_draft``), shared over the rows' tokens left, each row's times its
+        share beside prompt lookup (``_draft_share``; all of them alone)."""
         gap = getattr(context, "draft_gap", 0)
         if gap <= 2:
             return 0.0
-        remaining = max(1, getattr(context, "remaining", 1))
-        share = _draft_share(live, context, self.params) if "ngram" in proposers else 1.0
-        return catch_up_per_token(live, gap, remaining * share)
-
-    def _batch_catch_up(self, context, rows: list, t_draft: float, proposers) -> float:
-        """The draft model's catch-up at batch per token it is expected to serve: one forward
-        over B × the widest row's gap (``context.draft_gap``), by the pair's catch-up fit,
-        shared over the rows' tokens left times each row's share beside prompt lookup."""
-        gap = getattr(context, "draft_gap", 0)
-        if gap <= 2:
-            return 0.0
-        fit = next((live for live in context.rows
+        fit = next((live for live in rows
                     if live is not None and live.catch_up_cost(gap) is not None), None)
         if fit is None:
             return 0.0
-        batch = len(context.rows)
         share = 1.0
         if "ngram" in proposers:
             once: dict[int, float] = {}  # rows of one category share their statistics
@@ -689,8 +665,9 @@ class CostModelPolicy:
                     once[id(live)] = (_draft_share(live, context, self.params)
                                       if live is not None else 1.0)
             share = sum(once[id(live)] for live in rows) / len(rows)
-        served = sum(_rows_left(context)) * share
-        return catch_up_per_token(fit, gap, served, rows=batch, t_draft=t_draft)
+        left = (_rows_left(context) if _batched(context)
+                else (max(1, getattr(context, "remaining", 1)),))
+        return catch_up_per_token(fit, gap, sum(left) * share, rows=len(rows), t_draft=t_draft)
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;
@@ -747,7 +724,7 @@ class CostModelPolicy:
                 if (id(live), predicted) not in by_stats:
                     by_stats[id(live), predicted] = self._draft_curve(live, predicted, top)[0]
             curves = [by_stats[id(live), predicted] for live, predicted in zip(stats, forecasts)]
-            per_token = self._batch_catch_up(context, stats, t_draft, proposers)
+            per_token = self._catch_up(context, stats, t_draft, proposers)
             left = _rows_left(context)
             k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
                                                           p.optimistic),

@@ -62,7 +62,7 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
     assert policy.choose(replace(batch_context(stats, 4, costs), **at4)) == 0
     # the price is the fit at 4 × 300 tokens, less one draft step at B = 4, over 4 × 20 tokens
     ctx = replace(batch_context(stats, 4, costs), **at4)
-    priced = policy._batch_catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
+    priced = policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
     assert priced == pytest.approx((B_PER_TOKEN * 1200 - t_draft(4)) / 80)
     assert priced == catch_up_per_token(stats, 300, 80, rows=4, t_draft=t_draft(4))
     # the usual gap after a draft block, more tokens left to pay it back, or no fit yet: drafts
@@ -71,7 +71,7 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
         assert policy.choose(ctx) > 0, change
     cold = warm_stats(0.8)
     ctx = replace(batch_context(cold, 4, costs), **at4)
-    assert policy._batch_catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",)) == 0.0
+    assert policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",)) == 0.0
     assert policy.choose(ctx) > 0
 
 
@@ -85,8 +85,9 @@ def test_beside_the_n_gram_the_batch_shares_the_catch_up_as_batch_1_does():
     costs, policy = grid_costs(), CostModelPolicy()
     ctx = replace(batch_context(stats, 4, costs), remaining=50, draft_gap=100,
                   proposers=("draft", "ngram"))
-    alone = policy._batch_catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
-    shared = policy._batch_catch_up(ctx, list(ctx.rows), t_draft(4), ("draft", "ngram"))
+    alone = policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
+    shared = policy._catch_up(ctx, list(ctx.rows), t_draft(4),
+                              ("draft", "ngram"))
     assert alone == pytest.approx((B_PER_TOKEN * 400 - t_draft(4)) / 200)
     share = stats.unmatched_share()
     first = stats.ngram_acceptance_curve(1)[0]

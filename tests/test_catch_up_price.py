@@ -256,8 +256,9 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     assert getattr(choice, "proposer", "draft") == "draft"
     policy = CostModelPolicy()
     far = dict(ctx, draft_gap=300)
-    assert policy._catch_up(live, Context(**far, request=request), ("draft", "ngram")) < (
-        policy._catch_up(live, Context(**far), ("draft", "ngram")))
+    assert (policy._catch_up(Context(**far, request=request), [live], live.t_draft,
+                             ("draft", "ngram"))
+            < policy._catch_up(Context(**far), [live], live.t_draft, ("draft", "ngram")))
 
 
 def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
