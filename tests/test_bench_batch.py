@@ -230,6 +230,45 @@ def test_summary_sums_tokens_over_a_repeat_and_pairs_speedups_per_batch():
     assert all(r["identical_rows"] is None for r in sampled)
 
 
+def test_each_policy_meets_the_best_of_plain_and_fixed_k_batch_by_batch():
+    """At batch 4, three batches × two repeats: k = 2 has the best median speedup over plain
+    (2 against k = 1's 1.25), so the policy is paired with k = 2 on each (batch, repeat): its
+    seconds per token over k = 2's, median with a bootstrap interval, the batches where it was
+    faster, and the ratio of throughputs. Where no fixed k beats plain, plain is the baseline."""
+    from autospec.bench.stats import head_to_head
+
+    two = [(1, 2, 3), (4, 5)]  # 5 tokens
+    walls = {"plain": [2.0] * 6, "autospec:1": [1.6] * 6,
+             "autospec:2": [1.0, 1.2, 0.8, 1.0, 0.9, 1.1], "policy:auto": [1.0] * 6}
+    records = [brec(mode, g, rep, ws[2 * g + rep], two) for mode, ws in walls.items()
+               for g in range(3) for rep in range(2)]
+    batches = summarize_batches(records, greedy=True)
+    (h,) = head_to_head([], [], batch_records=records, batches=batches)
+    assert (h["mode"], h["against"], h["baseline"], h["batch"]) == (
+        "policy:auto", "autospec:2", "best at batch", 4)
+    ratios = sorted(walls["autospec:2"])  # k = 2's seconds per token over the policy's
+    assert h["requests"] == 6 and h["median_ratio"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert h["faster"] == 2  # 1.2 and 1.1 s against the policy's 1.0; 1.0 is a tie
+    assert h["throughput_ratio"] == pytest.approx(6.0 / 6.0)
+    low, high = h["interval"]
+    assert ratios[0] <= low <= h["median_ratio"] <= high <= ratios[-1]
+    # no fixed k beats plain: the policy is set against plain batched decoding
+    slow = [r for r in records if r.mode != "autospec:2"] + [
+        brec("autospec:3", g, rep, 3.0, two) for g in range(3) for rep in range(2)]
+    plain_best = [dict(r, speedup=0.9) if r["mode"] == "autospec:1" else r
+                  for r in summarize_batches(slow, greedy=True)]
+    (h,) = head_to_head([], [], batch_records=slow, batches=plain_best)
+    assert h["against"] == "plain" and h["median_ratio"] == pytest.approx(2.0)
+    res = bench.BenchResult(meta={"target": "t", "draft": "d", "device": "cpu",
+                                  "dtype": "float32", "threads": 1, "prompts": 6, "repeats": 2,
+                                  "max_new_tokens": 4, "sample": False, "batch": [4],
+                                  "batches": {"4": 3}},
+                            rows=[], records=[], batches=plain_best, batch_records=slow,
+                            head_to_head=[h])
+    assert ("batch 4: policy:auto against plain (the best of plain and fixed k at this size), "
+            "batch by batch: 2.00x by the median") in format_table(res)
+
+
 def test_rows_that_differ_from_plain_are_explained_by_the_targets_margin_there(pair):
     """A batch row that parts from plain's: the target's top-2 logit margin where it first
     parts (a forward of the prompt + plain's row up to there), per row, in the summary, and

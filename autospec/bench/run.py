@@ -329,7 +329,9 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     summary = summarize_batches([*batch_records_of(records), *batch_records], greedy=not sample,
                                 unsupported=unsupported, modes=[m.name for m in mode_list])
     return BenchResult(meta=meta, rows=rows, records=records, batches=summary,
-                       batch_records=batch_records, head_to_head=head_to_head(records, rows))
+                       batch_records=batch_records,
+                       head_to_head=head_to_head(records, rows, batch_records=batch_records,
+                                                 batches=summary))
 
 
 _ASSIST_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule",

@@ -80,6 +80,7 @@ def aggregate(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
 
 
 def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
+                 batch_records: Sequence[BatchRecord] = (), batches: Sequence[dict] = (),
                  resamples: int = 2000, seed: int = 0) -> list[dict]:
     """Each adaptive policy (``policy:`` modes) against the modes a user would otherwise
     switch on, request by request at batch 1: the best fixed k of the same run (the
@@ -93,7 +94,12 @@ def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
     policy was faster, and the ratio of throughputs (tokens over seconds, summed over the
     requests both ran). A median over 16 requests moves by a few per cent between runs of
     the same code; the interval says how far, so "auto ≥ the best fixed k" (or ≥ prompt
-    lookup on the traffic that copies) can be read as more or less than noise."""
+    lookup on the traffic that copies) can be read as more or less than noise.
+
+    At each batch size B > 1 in ``batch_records`` (``batches``: ``summarize_batches``' rows),
+    each policy against the best of plain batched decoding and every fixed k at B (the highest
+    median speedup; plain's is 1), batch by batch and repeat by repeat: the same figures with
+    ``batch`` B and ``baseline`` "best at batch" (``requests`` counts the batches)."""
     overall = {r["mode"]: r["speedup"] for r in rows
                if r["category"] == OVERALL and r.get("speedup") is not None}
     fixed = sorted(((-s, int(m.split(":")[1]), m) for m, s in overall.items()
@@ -116,6 +122,23 @@ def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
                         **_paired(pairs, resamples, seed),
                         "by_category": {c: _paired([(b, p) for b, p in pairs if p.category == c],
                                                    resamples, seed) for c in cats}})
+    for size in sorted({r.batch for r in batch_records if r.batch > 1}):
+        speedups = {r["mode"]: r["speedup"] for r in batches if r["batch"] == size
+                    and r.get("speedup") is not None
+                    and (r["mode"] == "plain" or r["mode"].startswith("autospec:"))}
+        if not speedups:
+            continue
+        base = max(speedups, key=lambda m: (speedups[m], m == "plain"))
+        by_batch = {(r.mode, r.group, r.repeat): r for r in batch_records if r.batch == size}
+        for mode in dict.fromkeys(r.mode for r in batch_records
+                                  if r.batch == size and r.mode.startswith("policy:")):
+            pairs = [(by_batch[(base, g, rep)], r) for (m, g, rep), r in by_batch.items()
+                     if m == mode and (base, g, rep) in by_batch
+                     and min(r.wall_s, by_batch[(base, g, rep)].wall_s) > 0
+                     and min(r.new_tokens, by_batch[(base, g, rep)].new_tokens) > 0]
+            if pairs:
+                out.append({"mode": mode, "against": base, "baseline": "best at batch",
+                            "batch": size, **_paired(pairs, resamples, seed), "by_category": {}})
     return out
 
 

@@ -239,7 +239,7 @@ def format_table(result) -> str:
         "accepted / drafted of autospec's n-gram blocks (policy modes that draft by both: "
         "alpha is then the draft model's alone)",
     ]
-    lines += [_head_to_head_line(h) for h in result.head_to_head]
+    lines += [_head_to_head_line(h) for h in result.head_to_head if "batch" not in h]
     skipped = {b["mode"]: b["reason"] for b in result.batches
                if b.get("batch") == 1 and b.get("status") == "unsupported"}
     if skipped:
@@ -256,6 +256,7 @@ def format_table(result) -> str:
         lines += ["", f"batch sizes: {', '.join(map(str, m['batch']))}"
                   + (f"; prompts sorted by length, left-padded: {sizes}" if sizes else ""),
                   format_batch_table(result)]
+        lines += [_head_to_head_line(h) for h in result.head_to_head if "batch" in h]
     return "\n".join(lines).lstrip("\n")  # no batch-1 rows: the settings come first
 
 
@@ -263,6 +264,11 @@ def _head_to_head_line(h: dict) -> str:
     """One policy against one baseline of the run, as people read it: over all requests,
     then per category where there are several."""
     low, high = h["interval"]
+    if h["baseline"] == "best at batch":
+        return (f"batch {h['batch']}: {h['mode']} against {h['against']} (the best of plain and "
+                f"fixed k at this size), batch by batch: {h['median_ratio']:.2f}x by the median "
+                f"(95% bootstrap interval {low:.2f}-{high:.2f}), faster on {h['faster']} of "
+                f"{h['requests']}; {h['throughput_ratio']:.2f}x by throughput")
     why = ("the best fixed k here" if h["baseline"] == "fixed-k"
            else "transformers' prompt lookup" if h["against"].startswith("hf-lookup")
            else "autospec's prompt lookup alone")
