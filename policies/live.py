@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -53,12 +54,6 @@ def _quartiles(data: Sequence[float]) -> tuple[float, float, float]:
     return ((data[a] * (4 - da) + data[a + 1] * da) / 4,
             (data[b] * (4 - db) + data[b + 1] * db) / 4,
             (data[c] * (4 - dc) + data[c + 1] * dc) / 4)
-
-
-def _median(data: Sequence[float]) -> float:
-    """The median of sorted ``data`` (not empty), as ``statistics.median`` computes it."""
-    n = len(data)
-    return data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2
 
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
@@ -234,7 +229,7 @@ class PairCosts:
         if (ref is None or ref <= 0 or len(recent) < p.level_run
                 or (first is not None and len(first) < p.cost_settle)):
             return
-        new = _median(sorted([t for _, t in recent][-p.level_run:]))
+        new = statistics.median([t for _, t in recent][-p.level_run:])
         factor = new / ref
         if max(factor, 1 / factor) < p.level_move:
             return
