@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
-from .costmodel import interpolate_cost, settle_sample
+from .costmodel import conditional_from_cumulative, interpolate_cost, settle_sample
 from .params import DEFAULTS, Parameters
 
 log = logging.getLogger("autospec.policies.live")
@@ -98,8 +98,6 @@ def _seed(accepted: list[float], reached: list[float], accepted_per_position: Se
           drafted_per_position: Sequence[float], weight: float) -> float:
     """Stored cumulative counts into one proposer's conditional counts, at most ``weight``
     blocks; the blocks seeded."""
-    from .costmodel import conditional_from_cumulative
-
     cum = [a / n if n else None for a, n in zip(accepted_per_position, drafted_per_position)]
     first = drafted_per_position[0] if drafted_per_position else 0
     reach = seeded = min(float(first), weight)
