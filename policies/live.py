@@ -162,11 +162,10 @@ class PairCosts:
 
     def _draft(self, k: int, draft_s: float) -> None:
         """A draft-model block of k proposals that took ``draft_s``; under the lock."""
-        if 0 in self._stale:  # the level moved: this sample replaces the carried one
-            self._stale.discard(0)
-            self.t_draft = draft_s / k
-        else:
-            self.t_draft = self._avg(self.t_draft, draft_s / k)
+        # where the level moved, this sample replaces the carried one
+        old = None if 0 in self._stale else self.t_draft
+        self._stale.discard(0)
+        self.t_draft = self._avg(old, draft_s / k)
 
     def _lookup(self, proposer: str, per_token: float) -> None:
         """A lookup proposer's host seconds per proposed token; under the lock."""
