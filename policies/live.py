@@ -361,6 +361,15 @@ def _delegated(name: str, doc: str) -> property:
                     lambda self, value: setattr(self.costs, name, value), doc=doc)
 
 
+def _forwarded(name: str):
+    """A ``LiveStats`` method that is its pair's costs' (``PairCosts`` does the work)."""
+    def method(self, *args, **kwargs):
+        return getattr(self.costs, name)(*args, **kwargs)
+
+    method.__name__, method.__doc__ = name, getattr(PairCosts, name).__doc__
+    return method
+
+
 def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
     """Independent copies of a controller's category statistics (a replay that must not feed
     them): the categories that shared one ``PairCosts`` share one copy of it."""
@@ -371,7 +380,7 @@ def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
 
 class LiveStats:
     """Discounted counts of one category's acceptance, beside its pair's costs (``costs``),
-    whose attributes below are read and set through this object."""
+    whose attributes and methods below are read, set and called through this object."""
 
     t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
     t_samples = _delegated("t_samples", "the first live samples of each T_t(n) (the pair's)")
@@ -384,6 +393,12 @@ class LiveStats:
     held_out = _delegated("held_out", "shape samples held out (the pair's)")
     costs_from = _delegated("costs_from", "where the pair's warm costs came from")
     _busy_until = _delegated("_busy_until", "until which iteration the machine is busy")
+    busy = _forwarded("busy")
+    settled = _forwarded("settled")
+    cost = _forwarded("cost")
+    cost_origin = _forwarded("cost_origin")
+    catch_up_cost = _forwarded("catch_up_cost")
+    warm_catch_up = _forwarded("warm_catch_up")
 
     def __init__(self, *, discount: float | None = None,
                  prior: tuple[float, float] | None = None, ema: float | None = None,
@@ -471,10 +486,6 @@ class LiveStats:
             if i < m:
                 accepted[i] += 1
 
-    def busy(self) -> bool:
-        """Whether the pair's timings say the machine is busy (``PairCosts.busy``)."""
-        return self.costs.busy()
-
     def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
         """A catch-up forward over ``tokens`` unseen tokens that took ``seconds``: time spent,
         and (``fit``: unless another category fed it already) the pair's catch-up fit."""
@@ -485,14 +496,6 @@ class LiveStats:
             if self.feed_costs and fit:
                 self.costs._catch_up(tokens, seconds)
             self._version += 1
-
-    def warm_catch_up(self, points) -> None:
-        """The pair's ``PairCosts.warm_catch_up``."""
-        self.costs.warm_catch_up(points)
-
-    def catch_up_cost(self, tokens: int) -> float | None:
-        """The pair's ``PairCosts.catch_up_cost``."""
-        return self.costs.catch_up_cost(tokens)
 
     def observe_match(self, matched: bool) -> None:
         """A decision point at batch 1: did the n-gram proposer have a match there?"""
@@ -694,18 +697,6 @@ class LiveStats:
                 new.reached = list(acceptance_from.reached)
                 new.draft_blocks = acceptance_from.draft_blocks
         return new
-
-    def settled(self, n: int) -> bool:
-        """Whether T_t(n) is warm-started or has ``cost_settle`` live samples."""
-        return self.costs.settled(n)
-
-    def cost(self, optimistic: bool = False):
-        """The pair's ``PairCosts.cost``."""
-        return self.costs.cost(optimistic)
-
-    def cost_origin(self) -> str:
-        """The pair's ``PairCosts.cost_origin``."""
-        return self.costs.cost_origin()
 
     @property
     def observed(self) -> float:
