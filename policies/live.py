@@ -383,7 +383,6 @@ class LiveStats:
     whose attributes and methods below are read, set and called through this object."""
 
     t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
-    t_samples = _delegated("t_samples", "the first live samples of each T_t(n) (the pair's)")
     t_draft = _delegated("t_draft", "T_d, seconds per proposed token (the pair's)")
     t_ngram = _delegated("t_ngram", "prompt lookup's seconds per proposed token (the pair's)")
     t_suffix = _delegated("t_suffix", "suffix decoding's seconds per proposed token")
