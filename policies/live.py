@@ -144,16 +144,13 @@ class PairCosts:
         """An independent copy (a replay that must not feed the original)."""
         with self._lock:
             new = PairCosts(ema=self.ema, params=self.params)
-            new.t_draft, new.t_ngram, new.t_suffix = self.t_draft, self.t_ngram, self.t_suffix
-            new.t_target = dict(self.t_target)
+            for name in ("t_draft", "t_ngram", "t_suffix", "iterations", "_level_ref",
+                         "level_moves", "_busy_until", "_remeasure_at", "held_out", "costs_from"):
+                setattr(new, name, getattr(self, name))
+            new.t_target, new._floor = dict(self.t_target), dict(self._floor)
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
-            new.catch_up, new.iterations = list(self.catch_up), self.iterations
+            new.catch_up, new._stale = list(self.catch_up), set(self._stale)
             new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
-            new._level_ref, new._stale = self._level_ref, set(self._stale)
-            new.level_moves, new._busy_until = self.level_moves, self._busy_until
-            new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
-            new._floor = dict(self._floor)
-            new.costs_from = self.costs_from
         return new
 
     # -- feeding (under the lock) ---------------------------------------------------------------
