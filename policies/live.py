@@ -554,10 +554,7 @@ class LiveStats:
         self._count(accepted, reached, k, m)
         match = match_bucket(match)
         if match > 0:
-            by = by_match.get(match)
-            if by is None:
-                size = len(reached)
-                by = by_match[match] = ([0.0] * size, [0.0] * size)
+            by = by_match.setdefault(match, ([0.0] * len(reached), [0.0] * len(reached)))
             self._count(by[0], by[1], k, m)
 
     def ngram_counts(self, match: int = 0, *,
