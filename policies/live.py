@@ -250,13 +250,10 @@ class PairCosts:
                 return True
             since = it - p.scatter_window
             for n, samples in self._recent.items():
-                size = len(samples)
-                if size < 3 or samples[-1][0] < since:
+                if len(samples) < 3 or samples[-1][0] < since:
                     continue
-                first = 0  # the first sample within the window
-                while samples[first][0] < since:
-                    first += 1
-                if size - first < 3:
+                first = next(i for i, (at, _) in enumerate(samples) if at >= since)  # window start
+                if len(samples) - first < 3:
                     continue
                 # the window's verdict, recomputed only when a sample came or left
                 last, seen = samples[-1], self._scattered.get(n)
