@@ -532,14 +532,13 @@ class LiveStats:
                              proposer: str = "ngram") -> None:
         """A lookup proposer's shadow in an iteration it did not draft: its match was
         ``match`` tokens and the first ``agree`` of its proposed tokens equal the ``seen``
-        tokens emitted. Counted as the block that tells exactly that (agree + 1 reached, agree
-        accepted; all ``seen`` accepted where it agreed throughout), over at most
+        tokens emitted. Counted as the block that tells exactly that, over at most
         ``NGRAM_TRACE_K`` positions, as replay counts it. No iteration passes, no timing."""
         if match <= 0 or seen <= 0:
             return
         seen = min(int(seen), NGRAM_TRACE_K)
         agree = max(0, min(int(agree), seen))
-        k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
+        k, m = (agree + 1, agree) if agree < seen else (seen, seen)
         with self._lock:
             self._count_ngram(k, m, match, proposer)
             self.lookup_version += 1
