@@ -10,8 +10,7 @@ trace's reach, the match-length buckets the store keeps counts in — live with 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 __all__ = ["Parameters", "DEFAULTS", "parameter_docs", "TUNED", "markdown_table"]
 
@@ -156,7 +155,7 @@ class Parameters:
         if unknown:
             raise ValueError(f"unknown policy parameter(s) {', '.join(unknown)}: the parameters "
                              f"are {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **changes)
+        return replace(self, **changes)
 
 
 DEFAULTS = Parameters()
