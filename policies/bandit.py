@@ -55,10 +55,9 @@ class ThompsonBandit:
             if untried:  # every arm once, cheapest first
                 return untried[0]
             best, best_draw = 0, -math.inf
-            pooled = [a.total / a.n for a in arms]
-            scale = max(pooled) if pooled else 1.0
-            for k, a in enumerate(arms):
-                mean = a.total / a.n
+            means = [a.total / a.n for a in arms]
+            scale = max(means) if means else 1.0
+            for k, (a, mean) in enumerate(zip(arms, means)):
                 var = max(a.squares / a.n - mean * mean, 0.0)
                 std = max(math.sqrt(var), self.min_std_fraction * scale)
                 draw = self._rng.gauss(mean, std / math.sqrt(a.n))

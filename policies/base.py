@@ -167,10 +167,16 @@ def as_policy(spec) -> Policy:
     from .table import TablePolicy
     from .tuned import TunedPolicy
 
+    def fixed(k: int, proposer: str = "draft", min_match: int = 2) -> Policy:
+        try:
+            return FixedK(k, proposer, min_match)
+        except ValueError as e:
+            raise ValueError(f"bad policy {spec!r}: {e}") from None
+
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
     if isinstance(spec, int):
-        return _fixed(spec, spec)
+        return fixed(spec)
     if isinstance(spec, str) and "+stop=" in spec:
         base, _, threshold = spec.partition("+stop=")
         try:
@@ -195,13 +201,13 @@ def as_policy(spec) -> Policy:
                     f"bad policy {spec!r}: expected 'ngram:K', 'suffix:K' or 'hybrid:K[:M]' (K "
                     "draft tokens, M the shortest n-gram match used before the draft "
                     "model)") from None
-            return _fixed(spec, k, kind, min_match)
+            return fixed(k, kind, min_match)
         if name.startswith("fixed:"):
             try:
                 k = int(name.split(":", 1)[1])
             except ValueError:
                 raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
-            return _fixed(spec, k)
+            return fixed(k)
         if name.startswith("auto:"):
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
@@ -220,15 +226,6 @@ def as_policy(spec) -> Policy:
     if callable(spec):
         return CallablePolicy(spec)
     raise TypeError(f"cannot use {type(spec).__name__} as a policy")
-
-
-def _fixed(spec: str, k: int, proposer: str = "draft", min_match: int = 2) -> Policy:
-    from .fixed import FixedK
-
-    try:
-        return FixedK(k, proposer, min_match)
-    except ValueError as e:
-        raise ValueError(f"bad policy {spec!r}: {e}") from None
 
 
 class EarlyStop:

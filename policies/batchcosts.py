@@ -1,7 +1,6 @@
-"""The cost model's timings at batch > 1 for one model pair on one machine: T_t(B, n), the
-target's time to score n tokens in each of B rows, and T_d(B), the draft's time per proposed
-token. Warmed from a grid (the probe's, or the store's live medians), fed by this process's
-forwards, read at any B (interpolated linearly in B between measured batch sizes). No torch.
+"""The cost model's timings at batch > 1 for one model pair on one machine (``BatchCosts``):
+T_t(B, n), the target's time to score n tokens in each of B rows, and T_d(B), the draft's time
+per proposed token. No torch.
 """
 
 from __future__ import annotations
@@ -44,13 +43,13 @@ def _across(points: Mapping[int, float], batch: int) -> float | None:
 
 
 class BatchCosts:
-    """T_t(B, n) and T_d(B) for one pair on one machine (docs/policy.md, "At batch > 1").
+    """T_t(B, n) and T_d(B), warmed from a grid (the probe's, or the store's live medians), fed
+    by this process's forwards, read at any B (docs/policy.md, "At batch > 1").
 
-    Live points replace warm ones; elsewhere a warm value is calibrated by the live evidence
-    nearest to it, so the probe gives the grid's shape and live forwards its level. At a batch
-    size with a live T_t(B, 1): that level times the probe's T_t(B, n) / T_t(B, 1), corrected
-    by how the loop's shape departs from the probe's (``_shapes``); elsewhere, times live /
-    warm at the nearest batch size with both (``_factors``).
+    Live points replace warm ones; a warm value elsewhere is calibrated by live evidence, so the
+    probe gives the grid's shape and live forwards its level. At a batch size with a live
+    T_t(B, 1): that level times the probe's T_t(B, n) / T_t(B, 1), corrected by how the loop's
+    shape departs from the probe's (``_shapes``); elsewhere, times live / warm (``_factors``).
 
     ``live`` (a live loop's costs; replay keeps False, its grid is the truth): T_t(B, 1) is not
     trusted below ``settle`` live samples in its bucket (``baseline_live``), and no point reads

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 
 from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
-from .costmodel import interpolate_cost, settle_sample
+from .costmodel import conditional_from_cumulative, interpolate_cost, settle_sample
 from .params import DEFAULTS, Parameters
 
 log = logging.getLogger("autospec.policies.live")
@@ -53,12 +54,6 @@ def _quartiles(data: Sequence[float]) -> tuple[float, float, float]:
     return ((data[a] * (4 - da) + data[a + 1] * da) / 4,
             (data[b] * (4 - db) + data[b + 1] * db) / 4,
             (data[c] * (4 - dc) + data[c + 1] * dc) / 4)
-
-
-def _median(data: Sequence[float]) -> float:
-    """The median of sorted ``data`` (not empty), as ``statistics.median`` computes it."""
-    n = len(data)
-    return data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2
 
 
 def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = None
@@ -103,8 +98,6 @@ def _seed(accepted: list[float], reached: list[float], accepted_per_position: Se
           drafted_per_position: Sequence[float], weight: float) -> float:
     """Stored cumulative counts into one proposer's conditional counts, at most ``weight``
     blocks; the blocks seeded."""
-    from .costmodel import conditional_from_cumulative
-
     cum = [a / n if n else None for a, n in zip(accepted_per_position, drafted_per_position)]
     first = drafted_per_position[0] if drafted_per_position else 0
     reach = seeded = min(float(first), weight)
@@ -151,16 +144,13 @@ class PairCosts:
         """An independent copy (a replay that must not feed the original)."""
         with self._lock:
             new = PairCosts(ema=self.ema, params=self.params)
-            new.t_draft, new.t_ngram, new.t_suffix = self.t_draft, self.t_ngram, self.t_suffix
-            new.t_target = dict(self.t_target)
+            for name in ("t_draft", "t_ngram", "t_suffix", "iterations", "_level_ref",
+                         "level_moves", "_busy_until", "_remeasure_at", "held_out", "costs_from"):
+                setattr(new, name, getattr(self, name))
+            new.t_target, new._floor = dict(self.t_target), dict(self._floor)
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
-            new.catch_up, new.iterations = list(self.catch_up), self.iterations
+            new.catch_up, new._stale = list(self.catch_up), set(self._stale)
             new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
-            new._level_ref, new._stale = self._level_ref, set(self._stale)
-            new.level_moves, new._busy_until = self.level_moves, self._busy_until
-            new._remeasure_at, new.held_out = self._remeasure_at, self.held_out
-            new._floor = dict(self._floor)
-            new.costs_from = self.costs_from
         return new
 
     # -- feeding (under the lock) ---------------------------------------------------------------
@@ -169,11 +159,10 @@ class PairCosts:
 
     def _draft(self, k: int, draft_s: float) -> None:
         """A draft-model block of k proposals that took ``draft_s``; under the lock."""
-        if 0 in self._stale:  # the level moved: this sample replaces the carried one
-            self._stale.discard(0)
-            self.t_draft = draft_s / k
-        else:
-            self.t_draft = self._avg(self.t_draft, draft_s / k)
+        # where the level moved, this sample replaces the carried one
+        old = None if 0 in self._stale else self.t_draft
+        self._stale.discard(0)
+        self.t_draft = self._avg(old, draft_s / k)
 
     def _lookup(self, proposer: str, per_token: float) -> None:
         """A lookup proposer's host seconds per proposed token; under the lock."""
@@ -234,7 +223,7 @@ class PairCosts:
         if (ref is None or ref <= 0 or len(recent) < p.level_run
                 or (first is not None and len(first) < p.cost_settle)):
             return
-        new = _median(sorted([t for _, t in recent][-p.level_run:]))
+        new = statistics.median([t for _, t in recent][-p.level_run:])
         factor = new / ref
         if max(factor, 1 / factor) < p.level_move:
             return
@@ -261,13 +250,10 @@ class PairCosts:
                 return True
             since = it - p.scatter_window
             for n, samples in self._recent.items():
-                size = len(samples)
-                if size < 3 or samples[-1][0] < since:
+                if len(samples) < 3 or samples[-1][0] < since:
                     continue
-                first = 0  # the first sample within the window
-                while samples[first][0] < since:
-                    first += 1
-                if size - first < 3:
+                first = next(i for i, (at, _) in enumerate(samples) if at >= since)  # window start
+                if len(samples) - first < 3:
                     continue
                 # the window's verdict, recomputed only when a sample came or left
                 last, seen = samples[-1], self._scattered.get(n)
@@ -369,6 +355,15 @@ def _delegated(name: str, doc: str) -> property:
                     lambda self, value: setattr(self.costs, name, value), doc=doc)
 
 
+def _forwarded(name: str):
+    """A ``LiveStats`` method that is its pair's costs' (``PairCosts`` does the work)."""
+    def method(self, *args, **kwargs):
+        return getattr(self.costs, name)(*args, **kwargs)
+
+    method.__name__, method.__doc__ = name, getattr(PairCosts, name).__doc__
+    return method
+
+
 def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
     """Independent copies of a controller's category statistics (a replay that must not feed
     them): the categories that shared one ``PairCosts`` share one copy of it."""
@@ -379,10 +374,9 @@ def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
 
 class LiveStats:
     """Discounted counts of one category's acceptance, beside its pair's costs (``costs``),
-    whose attributes below are read and set through this object."""
+    whose attributes and methods below are read, set and called through this object."""
 
     t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
-    t_samples = _delegated("t_samples", "the first live samples of each T_t(n) (the pair's)")
     t_draft = _delegated("t_draft", "T_d, seconds per proposed token (the pair's)")
     t_ngram = _delegated("t_ngram", "prompt lookup's seconds per proposed token (the pair's)")
     t_suffix = _delegated("t_suffix", "suffix decoding's seconds per proposed token")
@@ -392,6 +386,12 @@ class LiveStats:
     held_out = _delegated("held_out", "shape samples held out (the pair's)")
     costs_from = _delegated("costs_from", "where the pair's warm costs came from")
     _busy_until = _delegated("_busy_until", "until which iteration the machine is busy")
+    busy = _forwarded("busy")
+    settled = _forwarded("settled")
+    cost = _forwarded("cost")
+    cost_origin = _forwarded("cost_origin")
+    catch_up_cost = _forwarded("catch_up_cost")
+    warm_catch_up = _forwarded("warm_catch_up")
 
     def __init__(self, *, discount: float | None = None,
                  prior: tuple[float, float] | None = None, ema: float | None = None,
@@ -479,10 +479,6 @@ class LiveStats:
             if i < m:
                 accepted[i] += 1
 
-    def busy(self) -> bool:
-        """Whether the pair's timings say the machine is busy (``PairCosts.busy``)."""
-        return self.costs.busy()
-
     def observe_catch_up(self, tokens: int, seconds: float, *, fit: bool = True) -> None:
         """A catch-up forward over ``tokens`` unseen tokens that took ``seconds``: time spent,
         and (``fit``: unless another category fed it already) the pair's catch-up fit."""
@@ -493,14 +489,6 @@ class LiveStats:
             if self.feed_costs and fit:
                 self.costs._catch_up(tokens, seconds)
             self._version += 1
-
-    def warm_catch_up(self, points) -> None:
-        """The pair's ``PairCosts.warm_catch_up``."""
-        self.costs.warm_catch_up(points)
-
-    def catch_up_cost(self, tokens: int) -> float | None:
-        """The pair's ``PairCosts.catch_up_cost``."""
-        return self.costs.catch_up_cost(tokens)
 
     def observe_match(self, matched: bool) -> None:
         """A decision point at batch 1: did the n-gram proposer have a match there?"""
@@ -544,14 +532,13 @@ class LiveStats:
                              proposer: str = "ngram") -> None:
         """A lookup proposer's shadow in an iteration it did not draft: its match was
         ``match`` tokens and the first ``agree`` of its proposed tokens equal the ``seen``
-        tokens emitted. Counted as the block that tells exactly that (agree + 1 reached, agree
-        accepted; all ``seen`` accepted where it agreed throughout), over at most
+        tokens emitted. Counted as the block that tells exactly that, over at most
         ``NGRAM_TRACE_K`` positions, as replay counts it. No iteration passes, no timing."""
         if match <= 0 or seen <= 0:
             return
         seen = min(int(seen), NGRAM_TRACE_K)
         agree = max(0, min(int(agree), seen))
-        k, m = (agree + 1, agree) if agree < seen else (int(seen), int(seen))
+        k, m = (agree + 1, agree) if agree < seen else (seen, seen)
         with self._lock:
             self._count_ngram(k, m, match, proposer)
             self.lookup_version += 1
@@ -563,10 +550,7 @@ class LiveStats:
         self._count(accepted, reached, k, m)
         match = match_bucket(match)
         if match > 0:
-            by = by_match.get(match)
-            if by is None:
-                size = len(reached)
-                by = by_match[match] = ([0.0] * size, [0.0] * size)
+            by = by_match.setdefault(match, ([0.0] * len(reached), [0.0] * len(reached)))
             self._count(by[0], by[1], k, m)
 
     def ngram_counts(self, match: int = 0, *,
@@ -702,18 +686,6 @@ class LiveStats:
                 new.reached = list(acceptance_from.reached)
                 new.draft_blocks = acceptance_from.draft_blocks
         return new
-
-    def settled(self, n: int) -> bool:
-        """Whether T_t(n) is warm-started or has ``cost_settle`` live samples."""
-        return self.costs.settled(n)
-
-    def cost(self, optimistic: bool = False):
-        """The pair's ``PairCosts.cost``."""
-        return self.costs.cost(optimistic)
-
-    def cost_origin(self) -> str:
-        """The pair's ``PairCosts.cost_origin``."""
-        return self.costs.cost_origin()
 
     @property
     def observed(self) -> float:

@@ -10,8 +10,7 @@ trace's reach, the match-length buckets the store keeps counts in — live with 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 __all__ = ["Parameters", "DEFAULTS", "parameter_docs", "TUNED", "markdown_table"]
 
@@ -112,7 +111,7 @@ class Parameters:
                               "this probability (k bounded by acceptance alone)",
                          why_fixed=_NOISE)
     shape_floor: float = _p(0.7, "the least T_t(n) / T_t(1), n > 1, trusted from live timings "
-                                 "(bf16 on a CPU shows T_t(2) ≈ 0.82 T_t(1); a probe is exempt)",
+                                 "(a probe is exempt)",
                             why_fixed="a physical bound with a margin, not a preference")
     level_move: float = _p(1.3, "the factor by which recent plain steps must differ from the "
                                 "level the other points were measured at for the level to count "
@@ -156,7 +155,7 @@ class Parameters:
         if unknown:
             raise ValueError(f"unknown policy parameter(s) {', '.join(unknown)}: the parameters "
                              f"are {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **changes)
+        return replace(self, **changes)
 
 
 DEFAULTS = Parameters()

@@ -86,7 +86,7 @@ class TunedPolicy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.reload_failures = self.reloads = 0  # failed fetches, rows applied
+        self.reload_failures = 0  # failed fetches
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, fetch: Callable[[int], Sequence[Any]]) -> None:
@@ -138,7 +138,6 @@ class TunedPolicy:
                      row.family, row.params, row.id)
         if rows:
             self._last_id = max(self._last_id, max(r.id for r in rows))
-        self.reloads += applied
         return applied
 
     def policies(self) -> list[Policy]:
