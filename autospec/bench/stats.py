@@ -111,10 +111,7 @@ def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
     out = []
     for mode in dict.fromkeys(r.mode for r in records if r.mode.startswith("policy:")):
         for base, kind in baselines:
-            pairs = [(by[(base, i, rep)], r) for (m, i, rep), r in by.items()
-                     if m == mode and (base, i, rep) in by]
-            pairs = [(b, p) for b, p in pairs
-                     if min(b.wall_s, p.wall_s) > 0 and min(b.new_tokens, p.new_tokens) > 0]
+            pairs = _pairs_of(by, mode, base)
             if not pairs:
                 continue
             cats = dict.fromkeys(p.category for _, p in pairs)
@@ -132,14 +129,20 @@ def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
         by_batch = {(r.mode, r.group, r.repeat): r for r in batch_records if r.batch == size}
         for mode in dict.fromkeys(r.mode for r in batch_records
                                   if r.batch == size and r.mode.startswith("policy:")):
-            pairs = [(by_batch[(base, g, rep)], r) for (m, g, rep), r in by_batch.items()
-                     if m == mode and (base, g, rep) in by_batch
-                     and min(r.wall_s, by_batch[(base, g, rep)].wall_s) > 0
-                     and min(r.new_tokens, by_batch[(base, g, rep)].new_tokens) > 0]
+            pairs = _pairs_of(by_batch, mode, base)
             if pairs:
                 out.append({"mode": mode, "against": base, "baseline": "best at batch",
                             "batch": size, **_paired(pairs, resamples, seed), "by_category": {}})
     return out
+
+
+def _pairs_of(by: dict, mode: str, base: str) -> list[tuple]:
+    """(``base``'s run, ``mode``'s run) of each request ``by`` (mode, request, repeat) holds for
+    both, where both took time and emitted tokens."""
+    pairs = [(by[(base, *key)], r) for (m, *key), r in by.items()
+             if m == mode and (base, *key) in by]
+    return [(b, p) for b, p in pairs
+            if min(b.wall_s, p.wall_s) > 0 and min(b.new_tokens, p.new_tokens) > 0]
 
 
 def _paired(pairs: Sequence[tuple[RunRecord, RunRecord]], resamples: int, seed: int) -> dict:
