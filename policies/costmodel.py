@@ -13,9 +13,10 @@ the most. Exploration is one rule, ``CostModelPolicy._probe``: where the draft m
 evidence is missing or stale, its block is priced at perfect acceptance (the bound) and a
 short one competes in the same decision.
 
-At batch B one k serves every row: the k that finishes the batch's rows soonest against plain
-batched decoding (``batch_finish_k``); a lookup's block, which holds one iteration, by S_B
-(``batch_best_k``).
+At batch B one k serves every row and the same holds in batch tokens: a block yields
+Σ E[N_i] − B + 1 beyond a plain step's B (plus that step's one), ρ is plain batched decoding's
+T_t(B, 1) / B; the draft model's k is the one that finishes the rows soonest
+(``batch_finish_k``), a lookup's the one of best S_B (``batch_best_k``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import statistics
 import threading
 import weakref
+from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -37,7 +39,7 @@ from .params import DEFAULTS, Parameters
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Parameters))
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
-           "catch_up_per_token", "Block", "block", "saved", "valued", "decide",
+           "catch_up_per_token", "Block", "block", "rows_block", "saved", "valued", "decide",
            "induced_catch_up", "request_ngram_curve", "batch_finish_k",
            "conditional_from_cumulative", "acceptance_cap", "CostModelPolicy"]
 
@@ -207,8 +209,17 @@ class Block(NamedTuple):
 def block(proposer: str, acceptance, k: int, t_propose: float, cost: Callable[[int], float],
           per_token: float = 0.0) -> Block:
     """The block of k a proposer with per-position ``acceptance`` drafts."""
-    tokens = expected_tokens(acceptance, k)
-    return Block(proposer, k, tokens, k * t_propose + cost(k + 1) + tokens * per_token)
+    return rows_block(proposer, [acceptance], k, t_propose, cost, per_token)
+
+
+def rows_block(proposer: str, curves: Sequence, k: int, t_propose: float,
+               cost: Callable[[int], float], per_token: float = 0.0) -> Block:
+    """The block of k for rows accepting along ``curves`` (one per row), in batch tokens:
+    Σ E[N_i] − B + 1 (what it yields beyond a plain step's B, plus that step's one; E[N] at
+    one row) for k · T_p + T_t(k + 1) + Σ E[N_i] · per_token."""
+    tokens = sum(expected_tokens(c, k) for c in curves)
+    return Block(proposer, k, tokens - (len(curves) - 1),
+                 k * t_propose + cost(k + 1) + tokens * per_token)
 
 
 def valued(b: Block, t_plain: float, rate: float | None = None) -> float:
@@ -253,14 +264,14 @@ def induced_catch_up(live, gap: int, tokens: float) -> float:
     return max(0.0, after - before)
 
 
-def request_ngram_curve(curve: Sequence[float], context, match: int = 0, *,
+def request_ngram_curve(curve: Sequence[float], req, match: int = 0, *,
                         proposer: str = "ngram",
                         prior_blocks: float = DEFAULTS.request_prior_blocks) -> list[float]:
-    """A lookup proposer's acceptance curve for this request: the category's (``curve``, for
-    a match of ``match`` tokens; 0: any), per position pulled toward this request's own blocks
-    and shadow from a match that long (``context.request``), which count against
-    ``prior_blocks`` blocks of the category's. Only the same match length's blocks pull."""
-    req = getattr(context, "request", None)
+    """A lookup proposer's acceptance curve for one request: the category's (``curve``, for a
+    match of ``match`` tokens; 0: any), per position pulled toward the request's own blocks and
+    shadow from a match that long (``req``, its LiveStats; None: the category's alone), which
+    count against ``prior_blocks`` blocks of the category's. Only the same match length's
+    blocks pull."""
     if req is None:
         return list(curve)
     accepted, reached = req.ngram_counts(match, proposer=proposer)
@@ -274,21 +285,15 @@ def request_ngram_curve(curve: Sequence[float], context, match: int = 0, *,
 LOOKUP_PROPOSERS = ("ngram", "suffix")  # the proposers whose blocks are host lookups
 
 
-def lookup_now(context, proposer: str, row: int | None = None) -> tuple[int, int]:
-    """(match length, tokens its block may hold) of a lookup proposer now (``row``: that
-    row's, at batch > 1): prompt lookup's block is as long as asked; suffix decoding's at most
-    what its draft holds (``context.suffix_length``)."""
-    if proposer == "suffix":
-        if row is None:
-            return getattr(context, "suffix_match", 0), getattr(context, "suffix_length", 0)
-        matches = getattr(context, "suffix_matches", ()) or ()
-        sizes = getattr(context, "suffix_lengths", ()) or ()
-        return ((matches[row], sizes[row]) if row < len(matches) and row < len(sizes)
-                else (0, 0))
-    if row is None:
-        return getattr(context, "ngram_match", 0), K_LIMIT
-    matches = getattr(context, "ngram_matches", ()) or ()
-    return (matches[row] if row < len(matches) else 0), K_LIMIT
+def lookup_now(context, proposer: str, row: int = 0) -> tuple[int, int]:
+    """(match length, tokens its block may hold) of a lookup proposer for ``row`` now (the
+    per-row fields, else batch 1's scalar ones): prompt lookup's block is as long as asked;
+    suffix decoding's at most what its draft holds."""
+    suffix = proposer == "suffix"
+    matches = ((context.suffix_matches if suffix else context.ngram_matches)
+               or (context.suffix_match if suffix else context.ngram_match,))
+    sizes = (context.suffix_lengths or (context.suffix_length,)) if suffix else (K_LIMIT,) * (row + 1)
+    return (matches[row], sizes[row]) if row < min(len(matches), len(sizes)) else (0, 0)
 
 
 def held(curve: Sequence[float], size: int) -> list[float]:
@@ -384,17 +389,22 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
     return best, best_s
 
 
+# what one decision prices by (``CostModelPolicy._prices``): the rows' statistics, T_t(1), T_t(n)
+# at this batch size, T_d, whether T_d and a second T_t(n) are measured, ρ (None: T_t(1)), a busy
+# machine, where the costs came from, the probe's counters' key and statistics, the step costs
+_Prices = namedtuple("_Prices", "rows t1 cost t_draft measured rate busy origin key live steps")
+
+
 class CostModelPolicy:
     """``auto``: the block that finishes the work in front of it soonest (the module's one
     objective, docs/policy.md), from the category's acceptance and the pair's measured costs.
 
-    Batch 1 (``_choose_one``): plain steps until T_t(1) is settled ("baseline"); then the
-    draft model's block of least seconds per token (its catch-up counted) and each lookup's
+    One decision at every batch size (``_choose``; batch 1 is a batch of one row): plain
+    steps until T_t(1) is settled there ("baseline"); then the draft model's block (the k that
+    finishes the rows soonest, its catch-up counted) and each lookup's of best S for the rows
     with a match now go to ``decide``; where the draft model's evidence is missing or stale,
-    ``_probe`` offers its block at perfect acceptance. Batch > 1 (``_choose_batch``): one k
-    for the batch by ``batch_finish_k`` (each row's curve and tokens left, the controller's
-    ``BatchCosts``), a lookup's by ``batch_best_k``, the same baseline and probes per
-    (categories, batch-size bucket).
+    ``_probe`` offers its block at perfect acceptance. Costs at batch 1 are the statistics',
+    at B > 1 the controller's ``BatchCosts``.
 
     ``params``: every number it decides by (``policies.params.Parameters``); keyword
     arguments override single fields (``CostModelPolicy(z=0.5)``). ``proposers``: "both"
@@ -412,14 +422,13 @@ class CostModelPolicy:
         self.params = (DEFAULTS if params is None else params).but(**overrides)
         self.name = name
         self.proposers = proposers
-        self._off: dict[str, int] = {}  # category → consecutive iterations without the draft
-        self._off_batch: dict[tuple, int] = {}  # (categories, batch bucket) → the same
-        self._moves: dict[str, int] = {}  # category → the LiveStats.level_moves seen last
+        # category (batch 1) or (categories, batch bucket) → consecutive iterations without
+        # the draft model, and the LiveStats.level_moves seen last
+        self._off: dict = {}
+        self._moves: dict = {}
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
-        # per LiveStats: (top, counts_version, curve, version, cost function) and the lookups'
-        # (lookup_version, {(proposer, match, top): curve}), rebuilt when their source changes
+        # per LiveStats: the curves and costs derived from it, with the version they are of
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._derived_ngram: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
 
     def __getattr__(self, name: str):
@@ -430,69 +439,64 @@ class CostModelPolicy:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("_derived", "_derived_ngram", "_derived_lock")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_derived", "_derived_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._derived = weakref.WeakKeyDictionary()
-        self._derived_ngram = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
+
+    def _memo(self, live, key, version: int, build: Callable):
+        """``build()`` for (``live``, ``key``), kept until ``version`` changes."""
+        with self._derived_lock:
+            hit = self._derived.setdefault(live, {}).get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        value = build()
+        with self._derived_lock:
+            self._derived.setdefault(live, {})[key] = (version, value)
+        return value
 
     def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
         """(the draft model's acceptance curve over ``top`` positions, T_t as a function) from
         ``live``, rebuilt when its counts (``counts_version``) or anything (``version``)
         changed. Callers only read them."""
-        counts, version = live.counts_version, live.version  # read first: built from at least these
-        with self._derived_lock:
-            hit = self._derived.get(live)
-        if hit is not None and hit[0] == top and hit[3] == version:
-            return hit[2], hit[4]
-        curve = (hit[2] if hit is not None and hit[0] == top and hit[1] == counts
-                 else live.acceptance_curve(top, z=self.params.z))
-        cost = live.cost(optimistic=self.params.optimistic)
-        with self._derived_lock:
-            self._derived[live] = (top, counts, curve, version, cost)
-        return curve, cost
+        p = self.params
+        return (self._memo(live, top, live.counts_version,
+                           lambda: live.acceptance_curve(top, z=p.z)),
+                self._memo(live, "cost", live.version, lambda: live.cost(optimistic=p.optimistic)))
 
     def derived_ngram(self, live, top: int, match: int = 0,
                       proposer: str = "ngram") -> list[float]:
         """A lookup proposer's acceptance curve from ``live`` for a match of ``match`` tokens
         (0: any), rebuilt when the lookups' counts change (``lookup_version``)."""
-        version = live.lookup_version
-        key = (proposer, match, top)
-        with self._derived_lock:
-            entry = self._derived_ngram.get(live)
-        if entry is not None and entry[0] == version and key in entry[1]:
-            return entry[1][key]
-        curve = live.ngram_acceptance_curve(top, z=self.params.z, match=match, proposer=proposer)
-        with self._derived_lock:
-            entry = self._derived_ngram.get(live)
-            if entry is None or entry[0] != version:
-                entry = self._derived_ngram[live] = (version, {})
-            entry[1][key] = curve
-        return curve
+        return self._memo(live, (proposer, match, top), live.lookup_version,
+                          lambda: live.ngram_acceptance_curve(top, z=self.params.z, match=match,
+                                                              proposer=proposer))
 
-    def _stats(self, context):
-        """The statistics to decide by: the controller's, or (with ``discount``) the
-        controller's with the policy's own discounted draft-model acceptance (only the
-        acceptance: the rest is fed to the controller's alone)."""
-        live = context.live
-        if self.params.discount is None or live is None:
-            return live
-        own = self._own.get(context.category)
-        if own is None:
-            own = self._own[context.category] = live.copy(discount=self.params.discount)
-        return live.copy(acceptance_from=own)
+    def _row_stats(self, context) -> list:
+        """Each row's statistics to decide by (batch 1: ``context.live``): the controller's,
+        or (with ``discount``) the controller's with the policy's own discounted draft-model
+        acceptance per category (only the acceptance: the rest is fed to the controller's)."""
+        if _batched(context):
+            rows, cats = list(context.rows), _per_row(context, "categories", context.category)
+        else:
+            rows, cats = [context.live], (context.category,)
+        if self.params.discount is None:
+            return rows
+        out = []
+        for cat, live in zip(cats, rows):
+            own = self._own.get(cat)
+            if own is None and live is not None:
+                own = self._own[cat] = live.copy(discount=self.params.discount)
+            out.append(None if live is None else live.copy(acceptance_from=own))
+        return out
 
     def choose(self, context) -> int:
         top = context.k_max if self.params.k_cap is None else min(self.params.k_cap, context.k_max)
         asked = getattr(context, "why", None)
         why = None if asked is None else {"candidates": []}
-        if _batched(context):
-            k, rule = self._choose_batch(context, top, why)
-        else:
-            k, rule = self._choose_one(context, top, why)
+        k, rule = self._choose(context, top, why)
         if asked is not None:
             asked.append(explain.record(k, rule, why["candidates"],
                                         batch=getattr(context, "batch_size", 1),
@@ -501,105 +505,169 @@ class CostModelPolicy:
                                         busy=why.get("busy", False)))
         return k
 
-    def _choose_one(self, context, top: int, why: dict | None) -> tuple[int, str]:
-        """(k, the rule that decided it: ``policies.explain.RULES``) at batch 1; ``why``
-        (where asked) collects every candidate priced."""
-        live, p = self._stats(context), self.params
-        proposers = self._allowed(context)
-        drafts = "draft" in proposers
+    def _prices(self, context, top: int, proposers) -> _Prices | tuple[int, str]:
+        """What the decision prices by (``_Prices``), or (k, rule) where nothing can be priced
+        yet: plain steps until T_t(1) is settled at this batch size ("baseline"), a block at
+        ``initial_k`` without statistics ("no-stats")."""
+        p = self.params
+        if _batched(context):
+            batch, costs = context.batch_size, context.costs
+            points = costs.target_points(batch) if hasattr(costs, "target_points") else None
+            cost = costs.target_cost(batch, optimistic=p.optimistic)
+            if (cost is None or (points is not None and 1 not in points)
+                    or not getattr(costs, "baseline_live", lambda b: True)(batch)):
+                return 0, "baseline"  # plain batched decoding at this B measures it
+            rows, t_draft = self._row_stats(context), costs.draft_cost(batch)
+            return _Prices(rows, cost(1), cost, t_draft,
+                           t_draft is not None and (points is None or len(points) >= 2),
+                           cost(1) / len(rows), False, "batch",
+                           (tuple(sorted(set(_per_row(context, "categories", context.category)))),
+                            batch_bucket(batch)),
+                           next((r for r in rows if r is not None), None),
+                           lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic))
+        (live,) = self._row_stats(context)
         if live is None:
             k = min(p.initial_k, top)
             lookup = next((n for n in proposers if n in LOOKUP_PROPOSERS), "ngram")
-            return (k if drafts else Choice(k, lookup)), "no-stats"
-        if not live.settled(1):  # plain steps measure the baseline first
+            return (k if "draft" in proposers else Choice(k, lookup)), "no-stats"
+        if not live.settled(1):
             return 0, "baseline"
-        t1, cost = live.t_target[1], self.derived(live, top)[1]
-        rate = self._rate(live, context, proposers)
-        busy, origin = live.busy(), live.cost_origin()
+        return _Prices([live], live.t_target[1], self.derived(live, top)[1], live.t_draft,
+                       live.t_draft is not None and len(live.t_target) >= 2,
+                       self._rate(live, context, proposers), live.busy(), live.cost_origin(),
+                       context.category, live, None)
+
+    def _choose(self, context, top: int, why: dict | None) -> tuple[int, str]:
+        """(k, the rule that decided it: ``policies.explain.RULES``); ``why`` (where asked)
+        collects every candidate priced. Batch 1 is a batch of one row: a block is priced in
+        batch tokens (Σ E[N_i] − B + 1: what it yields beyond a plain step's B, plus that
+        step's one), each proposer's k is its best (the draft model's: the k that finishes
+        the rows soonest), and ``decide`` takes the block that saves the most."""
+        p, proposers = self.params, self._allowed(context)
+        pr = self._prices(context, top, proposers)
+        if not isinstance(pr, _Prices):
+            return pr
+        rows, t1, cost, rate = pr.rows, pr.t1, pr.cost, pr.rate
+        n = len(rows)
+        per_row = None if n == 1 else t1 / n  # ρ of plain decoding (None: S itself)
         if why is not None:
-            why.update(value=rate, busy=busy, t_plain=t1)
-            why["candidates"].append(explain.plain(t1, origin))
+            why.update(busy=pr.busy, t_plain=t1)
+            why["candidates"].append(explain.plain(t1, pr.origin, n))
 
         def capped(curve) -> int:
             """A busy machine's costs are not decided by: k within what acceptance justifies."""
-            return min(top, acceptance_cap(curve, top, p.marginal)) if busy else top
+            return min(top, acceptance_cap(curve, top, p.marginal)) if pr.busy else top
 
-        def offer(name, curve, k, cap, t_propose, per_token, source, induced=0.0):
+        def offer(name, curves, k, cap, t_propose, per_token, source, induced=0.0):
             """The proposer's block of k (None at k = 0) and its record: where no k paid, the
             record shows its block of best S within ``cap``, so it says by how much it missed."""
-            b = block(name, curve, k, t_propose, cost, per_token)._replace(induced=induced) \
-                if k else None
+            b = (rows_block(name, curves, k, t_propose, cost, per_token)._replace(
+                induced=induced) if k else None)
             if why is not None:
-                shown = b or max((block(name, curve, j, t_propose, cost, per_token)
+                shown = b or max((rows_block(name, curves, j, t_propose, cost, per_token)
                                   for j in range(1, max(1, cap) + 1)),
-                                 key=lambda c: valued(c, t1))
+                                 key=lambda c: valued(c, t1, per_row))
                 why["candidates"].append(explain.candidate(
-                    name, shown.k, tokens=shown.tokens, extra_s=per_token,
+                    name, shown.k, tokens=shown.tokens + (n - 1), extra_s=per_token,
                     block_s=shown.k * t_propose + cost(shown.k + 1),
                     speedup=valued(shown, t1, rate), saved_s=saved(shown, t1, rate),
-                    induced_s=shown.induced, acceptance=curve[:shown.k],
+                    induced_s=shown.induced, acceptance=curves[0][:shown.k],
                     acceptance_from=source, t_propose=t_propose, t_verify=cost(shown.k + 1),
-                    costs_from=origin))
+                    costs_from=pr.origin))
             return b
 
         blocks: list[Block] = []
-        measured = live.t_draft is not None and len(live.t_target) >= 2
-        if drafts and measured:
-            curve, source = self._draft_curve(live, getattr(context, "predicted_alpha", None),
-                                              top)
-            per_token = self._catch_up(context, [live], live.t_draft, proposers)
-            cap = capped(curve)
-            k = best_k(curve, live.t_draft, cost, cap, per_token=per_token)[0]
-            b = offer("draft", curve, k, cap, live.t_draft, per_token, source)
+        drafts = "draft" in proposers
+        if drafts and pr.measured:
+            curves, source = self._draft_curves(context, rows, top)
+            per_token = self._catch_up(context, rows, pr.t_draft, proposers)
+            cap = capped(curves[0])
+            if n > 1:
+                left = _per_row(context, "remaining_rows", max(1, context.remaining))
+                k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
+                s = valued(rows_block("draft", curves, k, pr.t_draft, cost, per_token), t1,
+                           per_row) if k else 1.0
+                if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
+                    rate /= s  # with several proposers, the rest runs at the draft's S_B
+            else:
+                k = best_k(curves[0], pr.t_draft, cost, cap, per_token=per_token)[0]
+            b = offer("draft", curves, k, cap, pr.t_draft, per_token, source)
             blocks += [b] if b else []
         draft_pays = bool(blocks) and valued(blocks[0], t1, rate) >= 1 + p.min_gain
-        for name in proposers:  # each lookup with a match now
-            match, size = lookup_now(context, name) if name in LOOKUP_PROPOSERS else (0, 0)
-            if match <= 0 or size <= 0:
+        requests = _per_row(context, "requests", context.request)
+        for name in proposers:  # each lookup with a match now, in some row
+            if name not in LOOKUP_PROPOSERS:
                 continue
-            curve = held(request_ngram_curve(self.derived_ngram(live, top, match, name),
-                                             context, match, proposer=name,
-                                             prior_blocks=p.request_prior_blocks), size)
-            t_lookup = (live.t_suffix if name == "suffix" else live.t_ngram) or 0.0
-            cap = capped(curve)
-            k = min(size, cap) if name == "suffix" and p.suffix_whole else 0  # its own rule
-            if k and speedup(k, curve, t_lookup, cost) <= 1:
-                k = 0  # its whole draft does not pay: the k of best S instead
+            now = [lookup_now(context, name, i) for i in range(n)]
+            if not any(match > 0 and size > 0 for match, size in now):
+                continue
+            curves, t_lookup = [], 0.0
+            for live, req, (match, size) in zip(rows, requests, now):
+                if live is None or match <= 0 or size <= 0:  # proposes nothing: E[N] = 1
+                    curves.append([0.0] * top)
+                    continue
+                curves.append(held(request_ngram_curve(
+                    self.derived_ngram(live, top, match, name), req, match, proposer=name,
+                    prior_blocks=p.request_prior_blocks), size))
+                t_lookup = max(t_lookup, (live.t_suffix if name == "suffix" else live.t_ngram)
+                               or 0.0)
+            cap = capped(curves[0])
+            k = 0
+            if name == "suffix" and p.suffix_whole:  # its own rule: its whole draft
+                k = min(max(size for _, size in now), cap)
+                if valued(rows_block(name, curves, k, t_lookup, cost), t1, per_row) <= 1:
+                    k = 0  # its whole draft does not pay: the k of best S instead
             if not k:
-                k = best_k(curve, t_lookup, cost, cap)[0]
+                k = batch_best_k(curves, t_lookup, cost, cap)[0]
             # where a paying draft block is the alternative, it pays the draft's catch-up
-            induced = (induced_catch_up(live, getattr(context, "draft_gap", 0),
-                                        expected_tokens(curve, k)) if k and draft_pays else 0.0)
-            b = offer(name, curve, k, cap, t_lookup, 0.0, f"live, match {match}", induced)
+            induced = (induced_catch_up(rows[0], getattr(context, "draft_gap", 0),
+                                        expected_tokens(curves[0], k))
+                       if k and draft_pays and n == 1 else 0.0)
+            source = f"live, match {now[0][0]}" if n == 1 else "live"
+            b = offer(name, curves, k, cap, t_lookup, 0.0, source, induced)
             blocks += [b] if b else []
         best = decide(blocks, t1, rate, p.min_gain)
         rule = "best" if best is not None else "off"
+        if why is not None:
+            why["value"] = rate
         if drafts and (best is None or best.proposer != "draft"):
-            probe = self._probe(live, context, top, cost, measured)
+            probe = self._probe(pr, context, top)
             if probe is not None:  # the draft model's block at perfect acceptance
                 k, why_probe = probe
-                b = offer("draft", [1.0] * k, k, k, live.t_draft or 0.0, 0.0, "perfect")
+                b = offer("draft", [[1.0] * k] * n, k, k, pr.t_draft or 0.0, 0.0,
+                          "perfect")
                 if best is None or saved(b, t1, rate) > saved(best, t1, rate):
                     best, rule = b, why_probe
-        cat = context.category
-        self._off[cat] = (0 if best is not None and best.proposer == "draft"
-                          else self._off.get(cat, 0) + 1)
+        # iterations without the draft model (at batch > 1: plain steps), for the re-probe
+        ran = best is not None and (best.proposer == "draft" or n > 1)
+        self._off[pr.key] = 0 if ran else self._off.get(pr.key, 0) + 1
         if best is None:
             return 0, rule
         return (best.k if best.proposer == "draft" else Choice(best.k, best.proposer)), rule
 
-    def _draft_curve(self, live, predicted: float | None, top: int) -> tuple[list[float], str]:
-        """(the draft model's acceptance curve, where it came from): the forecast while the
-        category has fewer than ``cold_start`` blocks, else the statistics' posterior; with no
-        statistics the forecast or ``unknown_alpha``."""
-        if live is None:
-            return [self.params.unknown_alpha if predicted is None else float(predicted)] * top, \
-                "prior"
-        if predicted is not None and live.observed < self.params.cold_start:
-            return [float(predicted)] * top, "forecast"
-        return self.derived(live, top)[0], "live" if live.observed > 0 else "prior"
+    def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
+        """(each row's draft-model acceptance curve, where the first came from): the
+        categoriser's forecast while the row's category has fewer than ``cold_start``
+        blocks, else the statistics' posterior; with no statistics the forecast or
+        ``unknown_alpha``. Rows of one category and forecast share one curve."""
+        forecasts = _per_row(context, "predicted_alphas", context.predicted_alpha)
+        memo: dict[tuple, tuple[list[float], str]] = {}
+        out = []
+        for live, predicted in zip(rows, forecasts):
+            key = (id(live), predicted)
+            if key not in memo:
+                if live is None:
+                    memo[key] = ([self.params.unknown_alpha if predicted is None
+                                  else float(predicted)] * top, "prior")
+                elif predicted is not None and live.observed < self.params.cold_start:
+                    memo[key] = [float(predicted)] * top, "forecast"
+                else:
+                    memo[key] = (self.derived(live, top)[0],
+                                 "live" if live.observed > 0 else "prior")
+            out.append(memo[key])
+        return [c for c, _ in out], out[0][1]
 
-    def _probe(self, live, context, top: int, cost, measured: bool) -> tuple[int, str] | None:
+    def _probe(self, pr: _Prices, context, top: int) -> tuple[int, str] | None:
         """The one exploration rule: where the draft model's evidence is missing or stale, the
         k of its block to price at perfect acceptance (the bound), and why, else None:
 
@@ -609,24 +677,33 @@ class CostModelPolicy:
           store's included) and no acceptance forecast: at ``initial_k``, or the shortest k
           that could pay where that is smaller — only where perfect acceptance would gain
           ``trial_gain`` (near S = 1 a trial would flip with every timing);
-        - "reprobe": it has not run for ``_reprobe_after`` iterations, or the timing level
-          moved (the costs that switched it off were measured at another load): ``probe_k``.
+        - "reprobe": it has not run for ``reprobe_every`` iterations (more where a probe is
+          dear), or the timing level moved (the costs that switched it off were measured at another load): ``probe_k``.
+
+        At batch > 1 per (categories, batch-size bucket), by the first row's statistics.
         """
-        p, cat = self.params, context.category
+        p, key, live = self.params, pr.key, pr.live
         moves = getattr(live, "level_moves", 0)
-        moved, self._moves[cat] = moves != self._moves.get(cat, 0), moves
-        t_draft = live.t_draft or 0.0
+        moved, self._moves[key] = moves != self._moves.get(key, 0), moves
+        t_draft = pr.t_draft or 0.0
         rule, k = None, 0
-        if not measured:
+        if not pr.measured:
             rule, k = "explore", min(p.initial_k, top)
-        elif (live.draft_blocks < p.cold_start
+        elif (live is not None and live.draft_blocks < p.cold_start
               and getattr(context, "predicted_alpha", None) is None):
-            best, s = best_k([1.0] * top, t_draft, cost, top)
+            best, s = batch_best_k([[1.0] * top] * len(pr.rows), t_draft, pr.cost, top)
             if best and s >= 1 + max(p.min_gain, p.trial_gain):
                 rule, k = "trial", min(p.initial_k, best)
-        if rule is None and (moved or self._off.get(cat, 0) + 1 >= self._reprobe_after(
-                live, context, live.t_target.get(1), t_draft, cost, top)):
-            rule, k = "reprobe", min(p.probe_k, top)
+        if rule is None:  # off for reprobe_every iterations, stretched so that re-probing
+            # costs at most reprobe_steps plain steps per reprobe_every (the probe_k block over a
+            # plain step, plus the draft's catch-up over every token it has not seen)
+            k, wait = min(p.probe_k, top), p.reprobe_every
+            if pr.t1:
+                dear = k * t_draft + max(0.0, pr.cost(k + 1) - pr.t1) + catch_up_per_token(
+                    live, getattr(context, "draft_gap", 0), 1.0, rows=len(pr.rows),
+                    t_draft=t_draft)
+                wait = max(wait, math.ceil(wait * (dear / pr.t1) / p.reprobe_steps - 1e-9))
+            rule = "reprobe" if moved or self._off.get(key, 0) + 1 >= wait else None
         return (k, rule) if rule is not None and k > 0 else None
 
     def _rate(self, live, context, proposers) -> float | None:
@@ -665,8 +742,7 @@ class CostModelPolicy:
                     once[id(live)] = (_draft_share(live, context, self.params)
                                       if live is not None else 1.0)
             share = sum(once[id(live)] for live in rows) / len(rows)
-        left = (_rows_left(context) if _batched(context)
-                else (max(1, getattr(context, "remaining", 1)),))
+        left = _per_row(context, "remaining_rows", max(1, context.remaining))
         return catch_up_per_token(fit, gap, sum(left) * share, rows=len(rows), t_draft=t_draft)
 
     def _allowed(self, context) -> tuple[str, ...]:
@@ -678,152 +754,11 @@ class CostModelPolicy:
         allowed = self.proposers.split("+")
         return tuple(p for p in have if p in allowed) or have
 
-    def _row_stats(self, context) -> list:
-        """Each row's statistics to decide by (our own per category, with ``discount``)."""
-        rows = list(context.rows)
-        if self.params.discount is None:
-            return rows
-        cats = _row_categories(context)
-        out = []
-        for cat, live in zip(cats, rows):
-            own = self._own.get(cat)
-            if own is None and live is not None:
-                own = self._own[cat] = live.copy(discount=self.params.discount)
-            out.append(None if live is None else live.copy(acceptance_from=own))
-        return out
-
-    def _choose_batch(self, context, top: int, why: dict | None) -> tuple[int, str]:
-        """(k, rule) for the batch, by the rule of batch 1 in batch tokens (a plain step
-        yields B, a block Σ E[N_i]): the draft model's k is the one that finishes the rows
-        soonest (``batch_finish_k``), each lookup's the one of best S_B; the rest of the batch
-        runs at the draft's rate where it pays, else at plain batched decoding's (ρ = T_t(B, 1)
-        / B), and of the blocks that pay the one that saves the most seconds at ρ runs."""
-        batch, costs, p = context.batch_size, context.costs, self.params
-        points = costs.target_points(batch) if hasattr(costs, "target_points") else None
-        cost = costs.target_cost(batch, optimistic=p.optimistic)
-        if (cost is None or (points is not None and 1 not in points)
-                or not getattr(costs, "baseline_live", lambda b: True)(batch)):
-            return 0, "baseline"  # plain batched decoding at this B: measures the baseline
-        t1 = cost(1)
-        if why is not None:
-            why["t_plain"] = t1
-            why["candidates"].append(explain.plain(t1, "batch", batch))
-        proposers = self._allowed(context)
-        draft, rate = None, t1 / batch  # the rest's seconds per batch token: plain's
-        if "draft" in proposers:
-            t_draft = costs.draft_cost(batch)
-            if t_draft is None or (points is not None and len(points) < 2):
-                return min(p.initial_k, top), "explore"
-            stats = self._row_stats(context)
-            # each row's acceptance forecast (the categoriser's), where the engine gave them
-            forecasts = tuple(getattr(context, "predicted_alphas", ()) or ())
-            if len(forecasts) != len(stats):
-                forecasts = (getattr(context, "predicted_alpha", None),) * len(stats)
-            by_stats = {}  # rows of one category and forecast share one curve
-            for live, predicted in zip(stats, forecasts):
-                if (id(live), predicted) not in by_stats:
-                    by_stats[id(live), predicted] = self._draft_curve(live, predicted, top)[0]
-            curves = [by_stats[id(live), predicted] for live, predicted in zip(stats, forecasts)]
-            per_token = self._catch_up(context, stats, t_draft, proposers)
-            left = _rows_left(context)
-            k, s = batch_finish_k(curves, left, _step_costs(costs, batch, cost, t_draft,
-                                                          p.optimistic),
-                                  top, once=per_token * sum(left))
-            if k:
-                b = self._batch_block("draft", k, curves, t_draft, cost, per_token, batch)
-                if s >= 1 + p.min_gain:
-                    draft, rate = b, rate / s
-                if why is not None:
-                    why["candidates"].append(_batch_candidate(b, s, curves, t_draft, cost,
-                                                              per_token, batch, rate))
-        lookups = [b for name in proposers if name in LOOKUP_PROPOSERS
-                   for b in [self._batch_lookup(context, cost, top, name, rate, why)] if b]
-        best = decide(lookups, t1, rate, p.min_gain)
-        if draft is not None and (best is None or saved(draft, t1, rate) >= saved(best, t1, rate)):
-            best = draft
-        return self._batch_decision(context, batch, best, top)
-
-    @staticmethod
-    def _batch_block(proposer: str, k: int, curves, t_propose: float, cost, per_token: float,
-                     batch: int) -> Block:
-        """A batch's block of k as a ``Block`` in batch tokens: Σ E[N_i] − B + 1 tokens (what
-        it yields beyond a plain step's B, plus that step's one), for k · T_p(B) + T_t(B, k + 1)
-        and the catch-up's share per token."""
-        tokens = sum(expected_tokens(c, k) for c in curves)
-        return Block(proposer, k, tokens - batch + 1,
-                     k * t_propose + cost(k + 1) + tokens * per_token)
-
-    def _batch_lookup(self, context, cost, top: int, proposer: str, rate: float,
-                      why: dict | None = None) -> Block | None:
-        """A lookup proposer's block for this batch at its k of best S_B (None: none pays):
-        rows with a match now draft by their category's acceptance of it (no longer than the
-        draft holds), rows without one propose nothing (E[N] = 1, still scored at k + 1)."""
-        rows = self._row_stats(context)
-        now = [lookup_now(context, proposer, b) for b in range(len(rows))]
-        if not any(m and n for m, n in now):
-            return None
-        curves, t_lookup = [], 0.0
-        for live, (matched, size) in zip(rows, now):
-            if live is None or not matched or not size:
-                curves.append([0.0] * top)
-                continue
-            curves.append(held(self.derived_ngram(live, top, matched, proposer), size))
-            t = live.t_suffix if proposer == "suffix" else live.t_ngram
-            t_lookup = max(t_lookup, t or 0.0)
-        k, s = batch_best_k(curves, t_lookup, cost, top)
-        if not k:
-            return None
-        b = self._batch_block(proposer, k, curves, t_lookup, cost, 0.0, len(rows))
-        if why is not None:
-            why["candidates"].append(_batch_candidate(b, s, curves, t_lookup, cost, 0.0,
-                                                      len(rows), rate))
-        return b
-
-    def _batch_decision(self, context, batch: int, best: Block | None,
-                        top: int) -> tuple[int, str]:
-        """(``best``'s k as its proposer's Choice, "best"), else plain batched decoding
-        ("off"), re-probing as at batch 1 per (categories, bucket)."""
-        key = (tuple(sorted(set(_row_categories(context)))), batch_bucket(batch))
-        if best is not None:
-            self._off_batch[key] = 0
-            return (best.k if best.proposer == "draft" else Choice(best.k, best.proposer)), "best"
-        off = self._off_batch.get(key, 0) + 1
-        k, rule = 0, "off"
-        costs = context.costs
-        cost = costs.target_cost(batch)
-        fit = next((live for live in context.rows if live is not None
-                    and live.catch_up_cost(1) is not None), None)
-        if off >= self._reprobe_after(fit, context, cost(1), costs.draft_cost(batch), cost,
-                                      top, rows=batch):
-            off, rule = 0, "reprobe"
-            k = min(self.params.probe_k, top)
-            have = getattr(context, "proposers", ("draft",))
-            if "draft" not in have:
-                k = Choice(k, next((n for n in have if n in LOOKUP_PROPOSERS), "ngram"))
-        self._off_batch[key] = off
-        return k, rule
-
-    def _reprobe_after(self, live, context, t_plain, t_draft, cost, top: int, *,
-                       rows: int = 1) -> int:
-        """Iterations without the draft model before a re-probe: ``reprobe_every``, stretched
-        so that re-probing costs at most ``reprobe_steps`` plain steps per ``reprobe_every``
-        (the ``probe_k`` block over a plain step, plus the draft's catch-up over every token it
-        has not seen)."""
-        if not t_plain or t_draft is None or cost is None:
-            return self.params.reprobe_every
-        k = min(self.params.probe_k, top)
-        block = k * t_draft + max(0.0, cost(k + 1) - t_plain)
-        gap = getattr(context, "draft_gap", 0)
-        extra = catch_up_per_token(live, gap, 1.0, rows=rows, t_draft=t_draft)
-        steps = (block + extra) / t_plain
-        return max(self.params.reprobe_every,
-                   math.ceil(self.params.reprobe_every * steps / self.params.reprobe_steps - 1e-9))
-
     def update(self, context, k: int, outcome) -> None:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
         if self.params.discount is not None and _batched(context):
             accepted = getattr(outcome, "accepted_rows", ()) or ()
-            for cat, a in zip(_row_categories(context), accepted):
+            for cat, a in zip(_per_row(context, "categories", context.category), accepted):
                 own = self._own.get(cat)
                 if own is not None:  # acceptance only: batch timings are not batch 1's
                     own.observe(k, a, float("nan"), float("nan"))
@@ -835,19 +770,6 @@ class CostModelPolicy:
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 
 
-def _batch_candidate(b: Block, s: float, curves, t_propose: float, cost, per_token: float,
-                     batch: int, rate: float) -> dict:
-    """A batch's block ``b`` as the decision record shows it: Σ E[N_i] tokens, one iteration's
-    seconds at B, its S (the finish time's for the draft model, else S_B) and ``saved`` at the
-    rest's rate."""
-    k = b.k
-    return explain.candidate(b.proposer, k, tokens=b.tokens + batch - 1,
-                             block_s=k * t_propose + cost(k + 1), extra_s=per_token, speedup=s,
-                             saved_s=saved(b, cost(1), rate),
-                             acceptance=curves[0][:k] if curves else (), acceptance_from="live",
-                             t_propose=t_propose, t_verify=cost(k + 1), costs_from="batch")
-
-
 def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:
     """The share of the rest of a request the draft model serves beside prompt lookup: where
     it has no match, or one that fails at once (this request's, pulled toward the category's)."""
@@ -855,16 +777,9 @@ def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:
     unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
     w = params.request_prior_points
     share = ((live.unmatched_share() * w + unmatched) / (w + unmatched + matched))
-    first = request_ngram_curve(live.ngram_acceptance_curve(1), context,
+    first = request_ngram_curve(live.ngram_acceptance_curve(1), req,
                                 prior_blocks=params.request_prior_blocks)[0]
     return share + (1 - share) * (1 - first)
-
-
-def _rows_left(context) -> tuple[int, ...]:
-    """Each running row's tokens left (``context.remaining_rows``, else ``remaining``)."""
-    rows = len(context.rows)
-    left = tuple(getattr(context, "remaining_rows", ()) or ())
-    return left if len(left) == rows else (max(1, getattr(context, "remaining", 1)),) * rows
 
 
 def _step_costs(costs, batch: int, cost, t_draft: float,
@@ -907,8 +822,9 @@ def _batched(context) -> bool:
             and getattr(context, "costs", None) is not None)
 
 
-def _row_categories(context) -> tuple[str, ...]:
-    """Each row's category (the context's one category where they were not given)."""
-    cats = tuple(getattr(context, "categories", ()) or ())
-    rows = len(context.rows)
-    return cats if len(cats) == rows else (context.category,) * rows
+def _per_row(context, name: str, default) -> tuple:
+    """``context.<name>``, one entry per running row (``context.rows``; batch 1: one), where
+    it has them, else ``default`` for every row (a context that gave the batch's alone)."""
+    rows = max(1, len(context.rows)) if _batched(context) else 1
+    got = tuple(getattr(context, name, ()) or ())
+    return got if len(got) == rows else (default,) * rows

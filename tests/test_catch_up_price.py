@@ -243,12 +243,12 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     ctx = dict(category="c", k_max=8, generated=20, remaining=44, live=live,
                proposers=("draft", "ngram"), ngram_match=2, draft_gap=1)
     cat_curve = live.ngram_acceptance_curve(8, match=2)
-    assert request_ngram_curve(cat_curve, Context(**ctx, request=request)) == cat_curve
+    assert request_ngram_curve(cat_curve, request) == cat_curve
     choice = CostModelPolicy().choose(Context(**ctx, request=request))
     assert getattr(choice, "proposer", "draft") == "ngram" and int(choice) == 8
     for _ in range(10):
         request.observe_ngram_shadow(2, 0, 1)  # proposed, and the first token was wrong
-    curve = request_ngram_curve(cat_curve, Context(**ctx, request=request))
+    curve = request_ngram_curve(cat_curve, request)
     w = DEFAULTS.request_prior_blocks
     assert curve[0] == pytest.approx(cat_curve[0] * w / (w + 10))
     assert curve[1:] == cat_curve[1:]  # never reached in this request
