@@ -189,8 +189,8 @@ def as_policy(spec) -> Policy:
                  "bandit": ThompsonBandit, "auto": auto_policy, "tuned": TunedPolicy}
         if name in named:
             return named[name]()
-        if name.startswith(("ngram:", "hybrid:", "suffix:")):
-            kind, _, rest = name.partition(":")
+        kind, _, rest = name.partition(":")
+        if kind in ("fixed", "ngram", "hybrid", "suffix"):
             k_text, _, match_text = rest.partition(":")
             try:
                 if kind != "hybrid" and match_text:
@@ -198,16 +198,10 @@ def as_policy(spec) -> Policy:
                 k, min_match = int(k_text), int(match_text) if match_text else 2
             except ValueError:
                 raise ValueError(
-                    f"bad policy {spec!r}: expected 'ngram:K', 'suffix:K' or 'hybrid:K[:M]' (K "
-                    "draft tokens, M the shortest n-gram match used before the draft "
-                    "model)") from None
-            return fixed(k, kind, min_match)
-        if name.startswith("fixed:"):
-            try:
-                k = int(name.split(":", 1)[1])
-            except ValueError:
-                raise ValueError(f"bad policy {spec!r}: expected 'fixed:K' with an integer K") from None
-            return fixed(k)
+                    f"bad policy {spec!r}: expected 'fixed:K', 'ngram:K', 'suffix:K' or "
+                    "'hybrid:K[:M]' (K draft tokens, M the shortest n-gram match used before "
+                    "the draft model)") from None
+            return fixed(k, "draft" if kind == "fixed" else kind, min_match)
         if name.startswith("auto:"):
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])

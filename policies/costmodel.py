@@ -22,7 +22,6 @@ T_t(B, 1) / B; the draft model's k is the one that finishes the rows soonest
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
 import math
 import statistics
@@ -35,8 +34,6 @@ from typing import NamedTuple
 from . import explain
 from .base import K_LIMIT, Choice, batch_bucket
 from .params import DEFAULTS, Parameters
-
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Parameters))
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "Block", "block", "rows_block", "saved", "valued", "decide",
@@ -55,15 +52,10 @@ def _last_known(acceptance: Sequence[float | None]) -> float:
 
 def expected_tokens(acceptance: Sequence[float | None] | float, k: int) -> float:
     """E[N](k) = 1 + Σ_{i ≤ k} a_1 · … · a_i: tokens one iteration of lookahead k yields."""
-    if isinstance(acceptance, (int, float)):
-        acceptance = [float(acceptance)]
-    last = _last_known(acceptance)
-    total, run, size = 1.0, 1.0, len(acceptance)
-    for i in range(k):
-        a = acceptance[i] if i < size else None
-        run *= last if a is None else float(a)
-        total += run
-    return total
+    if k <= 0:
+        return 1.0
+    *_, last = _row_expected([acceptance], k)
+    return last[0]
 
 
 def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | None]:
@@ -179,10 +171,8 @@ def speedup(k: int, acceptance, t_draft: float,
             t_target: Mapping[int, float] | Callable[[int], float],
             per_token: float = 0.0) -> float:
     """S(k) = E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token); S(0) = 1."""
-    if k == 0:
-        return 1.0
-    b = block("draft", acceptance, k, t_draft, _as_cost(t_target), per_token)
-    return valued(b, _as_cost(t_target)(1))
+    cost = _as_cost(t_target)
+    return valued(block("draft", acceptance, k, t_draft, cost, per_token), cost(1)) if k else 1.0
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
@@ -397,14 +387,9 @@ _Prices = namedtuple("_Prices", "rows t1 cost t_draft measured rate busy origin 
 
 class CostModelPolicy:
     """``auto``: the block that finishes the work in front of it soonest (the module's one
-    objective, docs/policy.md), from the category's acceptance and the pair's measured costs.
-
-    One decision at every batch size (``_choose``; batch 1 is a batch of one row): plain
-    steps until T_t(1) is settled there ("baseline"); then the draft model's block (the k that
-    finishes the rows soonest, its catch-up counted) and each lookup's of best S for the rows
-    with a match now go to ``decide``; where the draft model's evidence is missing or stale,
-    ``_probe`` offers its block at perfect acceptance. Costs at batch 1 are the statistics',
-    at B > 1 the controller's ``BatchCosts``.
+    objective, docs/policy.md), from the category's acceptance and the pair's measured costs
+    (batch 1's from the statistics, B > 1's from the controller's ``BatchCosts``), decided by
+    one function at every batch size (``_choose``) with one exploration rule (``_probe``).
 
     ``params``: every number it decides by (``policies.params.Parameters``); keyword
     arguments override single fields (``CostModelPolicy(z=0.5)``). ``proposers``: "both"
@@ -430,13 +415,6 @@ class CostModelPolicy:
         # per LiveStats: the curves and costs derived from it, with the version they are of
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
-
-    def __getattr__(self, name: str):
-        """A parameter read off the policy (``policy.z``) is ``policy.params.z``."""
-        params = self.__dict__.get("params")
-        if params is not None and name in _FIELDS:
-            return getattr(params, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_derived", "_derived_lock")}
@@ -735,12 +713,9 @@ class CostModelPolicy:
         if fit is None:
             return 0.0
         share = 1.0
-        if "ngram" in proposers:
-            once: dict[int, float] = {}  # rows of one category share their statistics
-            for live in rows:
-                if id(live) not in once:
-                    once[id(live)] = (_draft_share(live, context, self.params)
-                                      if live is not None else 1.0)
+        if "ngram" in proposers:  # one share per statistics (rows of one category share them)
+            once = {i: 1.0 if live is None else _draft_share(live, context, self.params)
+                    for i, live in {id(live): live for live in rows}.items()}
             share = sum(once[id(live)] for live in rows) / len(rows)
         left = _per_row(context, "remaining_rows", max(1, context.remaining))
         return catch_up_per_token(fit, gap, sum(left) * share, rows=len(rows), t_draft=t_draft)

@@ -44,7 +44,7 @@ class Parameters:
     suffix_whole: bool = _p(True, "a suffix-decoding block is its whole draft (its own length "
                                   "rule: while the walk's path probability holds, at most "
                                   "max_spec_factor × the match) where that pays, rather than "
-                                  "the k of best S over it (batch 1)", tuned=True)
+                                  "the k of best S over it", tuned=True)
     # -- exploration ------------------------------------------------------------------------
     initial_k: int = _p(3, "k while the draft model's costs are unmeasured, and the longest "
                            "trial block", why_fixed="a first block measures T_d and T_t(k + 1) "

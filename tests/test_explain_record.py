@@ -165,3 +165,42 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
             c["saved_s"] for c in why[0]["candidates"]), 3)))
     assert picks == [(3, "draft", 0.290), (8, "ngram", 1.032)]
     assert "**k = 3**" in example and "**prompt lookup at k = 8**" in example
+
+
+@pytest.mark.parametrize("left, ngram_alpha", [((100, 100), 0.5), ((100, 8), 0.5),
+                                               ((100, 100), 0.95), ((60, 60, 60, 5), 0.3)])
+def test_a_batch_record_recomputes_from_its_own_fields(left, ngram_alpha):
+    """At batch B the record is batch 1's in batch tokens: a candidate's ``tokens`` are Σ E[N_i]
+    over the rows (plain decoding's: B), its S is (T_t(B, 1) + (tokens − B) · value) / C and it
+    saves T_t(B, 1) + (tokens − B) · value − C; the block that runs is, of those whose S
+    reaches 1 + min_gain, the one that saves the most — all from the record's own fields."""
+    from autospec.policies import BatchCosts
+
+    batch = len(left)
+    live = _stats(0.8, ngram_alpha)
+    costs = BatchCosts()
+    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3)) for n in range(1, 18)}
+                for b in (1, 2, 4)}, {1: 0.02, 2: 0.03, 4: 0.04})
+    why: list = []
+    k = CostModelPolicy().choose(Context(
+        category="code", k_max=8, batch_size=batch, rows=(live,) * batch,
+        categories=("code",) * batch, costs=costs, remaining=max(left), remaining_rows=left,
+        proposers=("draft", "ngram"), ngram_matches=(4,) * batch, why=why))
+    (record,) = why
+    t1, v, gain = record["t_plain"], record["value"], record["min_gain"]
+    assert record["batch"] == batch and record["rule"] in ("best", "off")
+    plain, *blocks = record["candidates"]
+    assert (plain["proposer"], plain["tokens"], plain["spt"]) == ("plain", batch, t1 / batch)
+    assert {c["proposer"] for c in blocks} == {"draft", "ngram"}
+    best = None
+    for c in blocks:
+        assert c["tokens"] == pytest.approx(batch * expected_tokens(c["acceptance"], c["k"]))
+        assert c["block_s"] == pytest.approx(c["k"] * c["t_propose"] + c["t_verify"])
+        dear = c["block_s"] + c["tokens"] * c["extra_s"]
+        assert c["speedup"] == pytest.approx((t1 + (c["tokens"] - batch) * v) / dear)
+        assert c["saved_s"] == pytest.approx(t1 + (c["tokens"] - batch) * v - dear
+                                             - c["induced_s"])
+        if c["speedup"] >= 1 + gain and (best is None or c["saved_s"] > best["saved_s"]):
+            best = c
+    assert (int(k), getattr(k, "proposer", "draft") if k else "plain") == (
+        (best["k"], best["proposer"]) if best else (0, "plain"))

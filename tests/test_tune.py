@@ -388,7 +388,7 @@ def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
     built, auto = tune_mod.build_policy(family, params), base.auto_policy()
     for name in tune_mod.SEARCHED_COSTMODEL:
         if name != "discount":  # auto reads the controller's statistics (discount None)
-            assert getattr(built, name) == getattr(auto, name), name
+            assert getattr(built.params, name) == getattr(auto.params, name), name
     monkeypatch.setattr(base, "auto_policy", lambda: CostModelPolicy(name="auto", z=0.7,
                                                                       reprobe_every=9))
     d = tune_mod.default_params()
