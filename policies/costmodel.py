@@ -15,8 +15,9 @@ short one competes in the same decision.
 
 At batch B one k serves every row and the same holds in batch tokens: a block yields
 Σ E[N_i] − B + 1 beyond a plain step's B (plus that step's one), ρ is plain batched decoding's
-T_t(B, 1) / B; the draft model's k is the one that finishes the rows soonest
-(``batch_finish_k``), a lookup's the one of best S_B (``batch_best_k``).
+T_t(B, 1) / B (with several proposers, the paying draft block's T_t(B, 1) / (B · S_B)); the
+draft model's k is the one that finishes the rows soonest (``batch_finish_k``), a lookup's the
+one of best S_B (``batch_best_k``).
 """
 
 from __future__ import annotations
@@ -282,7 +283,8 @@ def lookup_now(context, proposer: str, row: int = 0) -> tuple[int, int]:
     suffix = proposer == "suffix"
     matches = ((context.suffix_matches if suffix else context.ngram_matches)
                or (context.suffix_match if suffix else context.ngram_match,))
-    sizes = (context.suffix_lengths or (context.suffix_length,)) if suffix else (K_LIMIT,) * (row + 1)
+    sizes = ((context.suffix_lengths or (context.suffix_length,)) if suffix
+             else (K_LIMIT,) * (row + 1))
     return (matches[row], sizes[row]) if row < min(len(matches), len(sizes)) else (0, 0)
 
 
@@ -379,9 +381,8 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
     return best, best_s
 
 
-# what one decision prices by (``CostModelPolicy._prices``): the rows' statistics, T_t(1), T_t(n)
-# at this batch size, T_d, whether T_d and a second T_t(n) are measured, ρ (None: T_t(1)), a busy
-# machine, where the costs came from, the probe's counters' key and statistics, the step costs
+# what a decision prices by (``_prices``): rows' statistics, T_t(1), T_t(n), T_d, both measured?,
+# ρ (None: T_t(1)), busy?, the costs' origin, the probe's key and statistics, the step costs
 _Prices = namedtuple("_Prices", "rows t1 cost t_draft measured rate busy origin key live steps")
 
 
@@ -409,8 +410,7 @@ class CostModelPolicy:
         self.proposers = proposers
         # category (batch 1) or (categories, batch bucket) → consecutive iterations without
         # the draft model, and the LiveStats.level_moves seen last
-        self._off: dict = {}
-        self._moves: dict = {}
+        self._off, self._moves = {}, {}
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
         # per LiveStats: the curves and costs derived from it, with the version they are of
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -656,7 +656,8 @@ class CostModelPolicy:
           that could pay where that is smaller — only where perfect acceptance would gain
           ``trial_gain`` (near S = 1 a trial would flip with every timing);
         - "reprobe": it has not run for ``reprobe_every`` iterations (more where a probe is
-          dear), or the timing level moved (the costs that switched it off were measured at another load): ``probe_k``.
+          dear), or the timing level moved (the costs that switched it off were measured at
+          another load): ``probe_k``.
 
         At batch > 1 per (categories, batch-size bucket), by the first row's statistics.
         """
