@@ -116,7 +116,8 @@ def render(row) -> list[str]:
     out.append("")
     if any(d.get("candidates") for d in recs):
         out += textwrap.wrap(
-            "* marks the chosen candidate; E[N] = tokens the block is expected to emit; "
+            "* marks the chosen candidate; E[N] = tokens the block is expected to emit (at "
+            "batch B over its rows: plain decoding's is B); "
             "block = its seconds (k · T_propose + T_t(k + 1)); +/tok = seconds more per "
             "emitted token (the draft's catch-up); ms/tok = (block + E[N] · +/tok) / E[N], its "
             "expected seconds per emitted token; S = its speedup over plain decoding as the "
