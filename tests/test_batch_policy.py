@@ -588,8 +588,8 @@ def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
 def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ngram_alpha,
                                                                               left):
     """At batch > 1 the decision is batch 1's: each candidate's seconds saved against a plain
-    step (B tokens for T_t(B, 1)) with the rest of the batch at the draft model's finish rate
-    where it pays (T_t(B, 1) / B / S), else plain's — recomputed here from the record."""
+    step (B tokens for T_t(B, 1)) with the rest of the batch at the draft model's block's rate
+    where it pays (T_t(B, 1) / (B · S_B)), else plain's — recomputed here from the record."""
     live = LiveStats()
     live.warm_start([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8, t_draft=0.03,
                     t_target={n: 0.2 for n in range(1, 18)}, probe=True,
@@ -608,7 +608,7 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     draft = cands["draft"]
     assert draft["k"] > 0 and draft["speedup"] > 1  # the draft model pays here
     assert (cands["plain"]["tokens"], cands["plain"]["spt"]) == (2.0, t1 / 2)  # a token a row
-    rate = record["value"]  # the rest's: the draft model's finish rate, where it pays
+    rate = record["value"]  # the rest's: the draft model's block's rate, where it pays
     assert rate == pytest.approx(t1 / 2 / (draft["tokens"] * t1 / (2 * draft["block_s"])))
     for c in cands.values():
         if c["proposer"] != "plain":

@@ -151,7 +151,8 @@ def test_a_policy_with_derived_curves_copies_and_pickles():
     pol = CostModelPolicy(z=0.5)
     k = pol.choose(Context(k_max=8, live=live, remaining=100))
     for twin in (copy.deepcopy(pol), pickle.loads(pickle.dumps(pol))):
-        assert twin.params.z == 0.5 and twin.choose(Context(k_max=8, live=live, remaining=100)) == k
+        assert twin.params.z == 0.5
+        assert twin.choose(Context(k_max=8, live=live, remaining=100)) == k
 
 
 def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
