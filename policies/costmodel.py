@@ -53,10 +53,12 @@ def _last_known(acceptance: Sequence[float | None]) -> float:
 
 def expected_tokens(acceptance: Sequence[float | None] | float, k: int) -> float:
     """E[N](k) = 1 + Σ_{i ≤ k} a_1 · … · a_i: tokens one iteration of lookahead k yields."""
-    if k <= 0:
-        return 1.0
-    *_, last = _row_expected([acceptance], k)
-    return last[0]
+    rates = [float(acceptance)] if isinstance(acceptance, (int, float)) else acceptance
+    last, total, run = _last_known(rates), 1.0, 1.0
+    for i in range(k):
+        run *= last if i >= len(rates) or rates[i] is None else float(rates[i])
+        total += run
+    return total
 
 
 def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | None]:
@@ -536,11 +538,9 @@ class CostModelPolicy:
             """A busy machine's costs are not decided by: k within what acceptance justifies."""
             return min(top, acceptance_cap(curve, top, p.marginal)) if pr.busy else top
 
-        def offer(name, curves, k, cap, t_propose, per_token, source, induced=0.0):
-            """The proposer's block of k (None at k = 0) and its record: where no k paid, the
-            record shows its block of best S within ``cap``, so it says by how much it missed."""
-            b = (rows_block(name, curves, k, t_propose, cost, per_token)._replace(
-                induced=induced) if k else None)
+        def offer(name, curves, b, cap, t_propose, per_token, source):
+            """The proposer's block ``b`` (None: no k paid) into the record, which then shows
+            its block of best S within ``cap``, so it says by how much it missed."""
             if why is not None:
                 shown = b or max((rows_block(name, curves, j, t_propose, cost, per_token)
                                   for j in range(1, max(1, cap) + 1)),
@@ -563,19 +563,17 @@ class CostModelPolicy:
             if n > 1:
                 left = _per_row(context, "remaining_rows", max(1, context.remaining))
                 k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
-                s = valued(rows_block("draft", curves, k, pr.t_draft, cost, per_token), t1,
-                           per_row) if k else 1.0
-                if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
-                    rate /= s  # with several proposers, the rest runs at the draft's S_B
             else:
                 k = best_k(curves[0], pr.t_draft, cost, cap, per_token=per_token)[0]
-            b = offer("draft", curves, k, cap, pr.t_draft, per_token, source)
+            b = rows_block("draft", curves, k, pr.t_draft, cost, per_token) if k else None
+            s = valued(b, t1, per_row) if b and n > 1 else 0.0
+            if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
+                rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
+            offer("draft", curves, b, cap, pr.t_draft, per_token, source)
             blocks += [b] if b else []
         draft_pays = bool(blocks) and valued(blocks[0], t1, rate) >= 1 + p.min_gain
         requests = _per_row(context, "requests", context.request)
-        for name in proposers:  # each lookup with a match now, in some row
-            if name not in LOOKUP_PROPOSERS:
-                continue
+        for name in (x for x in proposers if x in LOOKUP_PROPOSERS):  # with a match, in a row
             now = [lookup_now(context, name, i) for i in range(n)]
             if not any(match > 0 and size > 0 for match, size in now):
                 continue
@@ -602,7 +600,8 @@ class CostModelPolicy:
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
-            b = offer(name, curves, k, cap, t_lookup, 0.0, source, induced)
+            b = rows_block(name, curves, k, t_lookup, cost)._replace(induced=induced) if k else None
+            offer(name, curves, b, cap, t_lookup, 0.0, source)
             blocks += [b] if b else []
         best = decide(blocks, t1, rate, p.min_gain)
         rule = "best" if best is not None else "off"
@@ -612,8 +611,9 @@ class CostModelPolicy:
             probe = self._probe(pr, context, top)
             if probe is not None:  # the draft model's block at perfect acceptance
                 k, why_probe = probe
-                b = offer("draft", [[1.0] * k] * n, k, k, pr.t_draft or 0.0, 0.0,
-                          "perfect")
+                perfect = [[1.0] * k] * n
+                b = rows_block("draft", perfect, k, pr.t_draft or 0.0, cost)
+                offer("draft", perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
                 if best is None or saved(b, t1, rate) > saved(best, t1, rate):
                     best, rule = b, why_probe
         # iterations without the draft model (at batch > 1: plain steps), for the re-probe
