@@ -82,6 +82,7 @@ class Outcome:
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
     unproposed: tuple[float, ...] = ()  # see LiveStats.observe_unproposed
+    beyond: tuple[tuple[int, float], ...] = ()  # (depth, value) per row: observe_beyond
     # at batch > 1: each row's accepted count (``accepted`` is the floor of their mean,
     # ``drafted`` the batch's k); times are the whole batch's
     accepted_rows: tuple[int, ...] = ()

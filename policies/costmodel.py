@@ -742,6 +742,8 @@ class CostModelPolicy:
         own = self._own.get(context.category) if self.params.discount is not None else None
         if own is not None:
             own.observe_unproposed(outcome.unproposed)
+            for depth, value in getattr(outcome, "beyond", ()):
+                own.observe_beyond(depth, value)
             if getattr(outcome, "proposer", "draft") == "draft":  # the draft model's alone
                 own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
 

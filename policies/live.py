@@ -581,6 +581,19 @@ class LiveStats:
                 self.counts_version += 1
                 self._version += 1
 
+    def observe_beyond(self, depth: int, value: float) -> None:
+        """The draft's prediction one position past a block of ``depth`` tokens it had
+        accepted whole (its next catch-up predicts that position from the target's prefix;
+        greedy 0/1, sampled: the acceptance probability): what a block one longer would have
+        met at position ``depth``, counted there, without a discount step. A category
+        drafting short blocks so learns whether longer ones would be accepted."""
+        with self._lock:
+            if 0 < depth < len(self.reached):
+                self.reached[depth] += 1
+                self.accepted[depth] += min(1.0, max(0.0, float(value)))
+                self.counts_version += 1
+                self._version += 1
+
     def warm_start(self, accepted_per_position: Sequence[float],
                    drafted_per_position: Sequence[float], *, weight: float | None = None,
                    t_draft: float | None = None, t_target: Mapping[int, float] | None = None,

@@ -47,6 +47,9 @@ class RowStep:
     suffix_shadow: tuple[int, int] | None = None
     # positions decoded without the draft model that its catch-up predicted when it resumed
     unproposed: tuple[float, ...] = ()
+    # the draft model's block before, accepted whole: (its length, what the draft's catch-up
+    # predicted at the position after it; ``LiveStats.observe_beyond``)
+    beyond: tuple[int, float] | None = None
     gen: int = 0  # the engine: generated tokens before this iteration
     new: list[int] | None = None  # the engine: the accepted tokens and the next one
 
@@ -104,6 +107,8 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     for row, live, request in zip(rows, lives, requests):
         if live is not None and row.unproposed:
             live.observe_unproposed(row.unproposed)
+        if live is not None and row.beyond is not None:
+            live.observe_beyond(*row.beyond)
         for x in (live, request):
             if x is None:
                 continue
@@ -133,6 +138,7 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     outcome = Outcome(
         drafted=width, accepted=accepted, draft_time_s=proposing_s,
         target_time_s=NAN if times.prefill else times.target_s, unproposed=unproposed,
+        beyond=tuple(r.beyond for r in rows if r.beyond is not None),
         accepted_rows=per_row, batch_size=B, proposer=looked_up or "draft")
     policy.update(ctx, width, outcome)
     return outcome

@@ -374,7 +374,7 @@ class _Row:
     """One request being replayed: its trace and where it stands."""
 
     __slots__ = ("kind", "trace", "conf", "ngram", "suffix", "has_draft", "g", "covered",
-                 "prev_k", "gap", "request", "stats")
+                 "prev_k", "gap", "request", "stats", "whole")
 
     def __init__(self, row, has_draft: bool = True):
         self.ngram = self.suffix = None
@@ -389,6 +389,9 @@ class _Row:
         self.g = 0  # generated so far
         self.covered = 0  # first position the draft has not predicted
         self.prev_k: int | None = None
+        # its last draft block, accepted whole: (length, the position after it), which the
+        # next catch-up predicts (the live loop's ``RowStep.beyond``)
+        self.whole: tuple[int, int] | None = None
         # tokens the draft model has not taken in (the live loop's ``draft_gap``): the prompt
         # before its first block (0 where the trace does not say how long it was)
         self.gap = int(getattr(row, "prompt_tokens", 0) or 0)
@@ -457,16 +460,23 @@ class _Row:
         """The draft model runs this iteration: its first forward takes in what it has not
         seen (the engine feeds every row's), predicting those positions from the target's
         prefix. Where it had not drafted them (k = 0, prompt lookup) they are what it learns
-        (``unproposed``); either way they are covered and its gap is closed."""
+        (``unproposed``); where its last block was accepted whole, the position after it is
+        what a longer block would have met (``beyond``); either way they are covered and its
+        gap is closed. Returns (unproposed, beyond)."""
         unproposed: tuple = ()
+        start = max(self.covered, self.g - TRACE_CATCH_UP_MAX)
         if self.prev_k == 0:
-            unproposed = tuple(
-                (v if self.kind == TRACE_GREEDY else v / 254)
-                for v in self.trace[max(self.covered, self.g - TRACE_CATCH_UP_MAX) : self.g]
-                if v != UNOBSERVED)
+            unproposed = tuple((v if self.kind == TRACE_GREEDY else v / 254)
+                               for v in self.trace[start : self.g] if v != UNOBSERVED)
+        beyond = None
+        if self.whole is not None and start <= self.whole[1] < self.g:
+            v = self.trace[self.whole[1]]
+            if v != UNOBSERVED:
+                beyond = (self.whole[0], v if self.kind == TRACE_GREEDY else v / 254)
+        self.whole = None
         self.covered = max(self.covered, self.g)
         self.gap = 0
-        return unproposed
+        return unproposed, beyond
 
     def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool]:
         """Replay one block of (at most) k: (drafted, accepted, unknown). After a draft
@@ -484,8 +494,11 @@ class _Row:
     def kept(self, m: int, width: int) -> None:
         """The draft model drafted ``width`` tokens for the batch and took in all but its
         last; it keeps those this row accepted: the target's token is new to it, and its
-        last proposal if it accepted every one it was fed."""
+        last proposal if it accepted every one it was fed. A block of ``width`` accepted
+        whole leaves the position after it for the next catch-up (``whole``)."""
         self.gap = m + 1 - min(m, width - 1)
+        if m == width:
+            self.whole = (width, self.g - 1)
 
 
 def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
@@ -529,7 +542,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
         gap = max(r.gap for r in running) if has_draft else 0
         steps = []
         for r, who, size in zip(running, d.rows, d.lengths):
-            seen = r.catch_up() if d.draft_runs else ()
+            seen = r.catch_up() if d.draft_runs else ((), None)
             if who == "ngram":
                 k, m = r.ngram_step(size)
                 steps.append((who if k else None, k, m, False, seen))
@@ -560,9 +573,9 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
                           lookup_s=lookup_s)
         row_steps = [RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
                              lookup=r.ngram is not None, match=match, shadow=agree,
-                             unproposed=unproposed, suffix_match=sfx[0],
+                             unproposed=seen[0], beyond=seen[1], suffix_match=sfx[0],
                              suffix_shadow=_suffix_shadow(sfx, who, m + 1))
-                     for r, (who, k, m, _u, unproposed), (match, agree), sfx
+                     for r, (who, k, m, _u, seen), (match, agree), sfx
                      in zip(running, steps, shadows, suffixes)]
         account(policy, ctx, width, row_steps, times, lives=[stats] * b,
                 requests=[r.request for r in running], stats=[r.stats for r in running])

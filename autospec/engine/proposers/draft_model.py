@@ -79,6 +79,9 @@ class DraftModel:
         # (the draft model's) was accepted whole [B]: the catch-up's β at that position
         self.p_bonus = self.bonus = None
         self._known: list[int] = []
+        # per row, where its last block was accepted whole: (its length, the generated
+        # position after it), which the next catch-up predicts (``RowStep.beyond``)
+        self._whole: list[tuple[int, int] | None] = [None] * len(batch.rows)
         self._parts: list[torch.Tensor] = []
         self._values: list[int] = []
         self._k = 0
@@ -227,6 +230,11 @@ class DraftModel:
                     continue
                 v, c = cu[b][w - kn :], cu_conf[b][w - kn :]
                 self.traces[r.index].put(step.gen - kn, v, c)
+                whole = self._whole[b]
+                if whole is not None and 0 <= whole[1] - (step.gen - kn) < kn:
+                    x = v[whole[1] - (step.gen - kn)]
+                    if x != UNOBSERVED:
+                        step.beyond = (whole[0], x if batch.greedy else x / 254)
                 st = r.stats  # the positions before were not the draft model's: it learns
                 if st.k_schedule and (st.k_schedule[-1] == 0 or st.proposer_schedule[-1]):
                     step.unproposed = tuple(x if batch.greedy else x / 254
@@ -238,10 +246,14 @@ class DraftModel:
             self.p_bonus = self.bonus = None  # the next catch-up does not start at a bonus
             return
         for b, (r, step) in enumerate(zip(batch.rows, steps)):
+            whole = None
             if step.proposer == self.name:  # past the first rejection: off the target's prefix
                 on_prefix = min(step.accepted + 1, step.proposed)
                 self.traces[r.index].put(step.gen, it.trace[b][:on_prefix],
                                          block_conf[b][:on_prefix])
+                if step.accepted == step.proposed == k:
+                    whole = (k, step.gen + k)
+            self._whole[b] = whole
         mine = it.rows_of(self.name)
 
         def drop_dev():
@@ -258,6 +270,7 @@ class DraftModel:
             self.p_bonus = it.p[:, k]
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:
+        self._whole = [self._whole[b] for b in keep]
         if self.p_bonus is not None:
             self.p_bonus, self.bonus = self.p_bonus[index], self.bonus[index]
 
