@@ -110,11 +110,20 @@ def main(argv=None) -> None:
     ap.add_argument("url", help="the bench's store (SQLAlchemy URL or SQLite file)")
     ap.add_argument("--min-tokens", type=int, default=16,
                     help="skip shorter requests (the bench's warm-up call)")
+    ap.add_argument("--draft-ratio", type=float, default=None, metavar="C",
+                    help="price a draft-model step at C · T_t(1) instead of the measured T_d "
+                         "(what the same traffic would allow where the draft costs more or "
+                         "less of a target forward: on a GPU a 0.5B draft step costs far "
+                         "more of a 1.5B forward than on this CPU); the oracles only, the "
+                         "runs stay as measured")
     args = ap.parse_args(argv)
     with open_store(args.url, read_only=True) as store, store.session() as s:
         rows = list(s.scalars(select(Request).where(Request.greedy).order_by(Request.id)))
         s.expunge_all()
     cost = Cost(rows)
+    measured_draft = cost.t_draft
+    if args.draft_ratio is not None:
+        cost.t_draft = args.draft_ratio * cost(1)
     runs: dict[str, list] = defaultdict(list)
     for r in rows:
         if r.new_tokens >= args.min_tokens:
@@ -125,7 +134,9 @@ def main(argv=None) -> None:
         raise SystemExit("expected the same requests under auto:draft, auto+suffix (auto with "
                          f"suffix traces) and auto:ngram; found {dict((k, len(v)) for k, v in runs.items())}")
     print(f"T_t(1) {cost(1) * 1e3:.0f} ms, T_t(9) {cost(9) * 1e3:.0f} ms, "
-          f"T_d {cost.t_draft * 1e3:.0f} ms, from {len(rows)} requests")
+          f"T_d {measured_draft * 1e3:.0f} ms, from {len(rows)} requests"
+          + ("" if args.draft_ratio is None else
+             f"; the oracles price T_d at {args.draft_ratio} T_t(1) = {cost.t_draft * 1e3:.0f} ms"))
     by_cat: dict[str, list[dict]] = defaultdict(list)
     for d, x, g in zip(draft_runs, suffix_runs, ngram_runs):
         if not d.category == x.category == g.category:
