@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from test_unproposed import chosen_ks
 
 import autospec
 from autospec.policies import CallablePolicy, CostModelPolicy, LiveStats
@@ -81,22 +82,7 @@ def _k_sequence(traces) -> list[int]:
     live = LiveStats()
     live.warm_start([95.0, 2.0], [100.0, 10.0], t_draft=0.03,
                     t_target={1: 0.1, 2: 0.1, 8: 0.11})
-    policy = CostModelPolicy()
-    chosen: list[int] = []
-
-    class Recording:
-        name = "recording"
-
-        def choose(self, ctx):
-            chosen.append(policy.choose(ctx))
-            return chosen[-1]
-
-        def update(self, ctx, k, outcome):
-            policy.update(ctx, k, outcome)
-
-    simulate(traces, Recording(), Costs(0.03, {1: 0.1, 2: 0.1, 8: 0.11}), k_max=8,
-             category="c", live={"c": live})
-    return chosen
+    return chosen_ks(traces, live, CostModelPolicy())
 
 
 def test_a_category_held_at_k1_by_stale_depth_evidence_lengthens_its_blocks(monkeypatch):

@@ -72,7 +72,12 @@ def _k_sequence(traces) -> list[int]:
     history (200 blocks at 10 % acceptance)."""
     live = LiveStats()
     live.warm_start([20.0], [200.0], t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
-    policy = CostModelPolicy(reprobe_every=16)
+    return chosen_ks(traces, live, CostModelPolicy(reprobe_every=16))
+
+
+def chosen_ks(traces, live: LiveStats, policy) -> list[int]:
+    """The k ``policy`` chooses per iteration, replaying ``traces`` as category "c" from
+    ``live`` (T_d 0.03 s; T_t 0.1 s, 0.11 s at 8)."""
     chosen: list[int] = []
 
     class Recording:
