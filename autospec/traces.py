@@ -17,7 +17,7 @@ from collections.abc import Sequence
 __all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "PROPOSER_CODES",
            "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
-           "encode_trace_value", "decode_trace_value", "decode_suffix_value",
+           "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
            "suffix_trace_error", "Trace"]
 
 # the largest lookahead k anything accepts (the API, the store's per-position counters)
@@ -65,6 +65,12 @@ MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured 
 # its own length (``max_spec_factor`` × the match, while its path's probability holds): a
 # block never holds more, and the cost model prices it by that length, so replay needs it.
 SUFFIX_TRACE_WIDTH = 2
+
+
+def evidence(value: int, greedy: bool) -> float:
+    """An observed acceptance-trace byte as acceptance evidence: greedy 1/0 as it is, sampled
+    the β it rounds (value / 254)."""
+    return value if greedy else value / 254
 
 
 def encode_trace_value(matched: int, agree: int) -> int:

@@ -89,15 +89,17 @@ def oracle(n: int, draft, suffix, ngram, allowed: set[str], cost: Cost) -> float
 
         go(p + 1, cost(1))
         if "draft" in allowed:
+            run = _lead(draft, p, K_MAX)  # a block of k accepts min(k, run)
             for k in range(1, K_MAX + 1):
-                go(p + _lead(draft, p, k) + 1, k * td + cost(k + 1))
+                go(p + min(k, run) + 1, k * td + cost(k + 1))
         got = decode_suffix_value(suffix, p) if "suffix" in allowed else None
         m = min(got[1], got[2]) if got else 0
         if m:
             go(p + m + 1, T_LOOKUP + cost(m + 1))
             if "hybrid" in allowed:
+                run = _lead(draft, p + m, K_MAX - m)
                 for j in range(1, K_MAX + 1 - m):
-                    go(p + m + _lead(draft, p + m, j) + 1, T_LOOKUP + j * td + cost(m + j + 1))
+                    go(p + m + min(j, run) + 1, T_LOOKUP + j * td + cost(m + j + 1))
         if "ngram" in allowed and ngram[p] != NGRAM_NONE:
             g = decode_trace_value(ngram[p])[1]
             if g:

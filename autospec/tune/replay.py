@@ -48,7 +48,13 @@ from typing import Any
 from autospec.ngram import decode_trace_value
 from autospec.policies.base import early_stop_of, params_of, stops_drafting
 from autospec.policies.costmodel import interpolate_cost
-from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, decode_suffix_value
+from autospec.traces import (
+    TRACE_CATCH_UP_MAX,
+    TRACE_GREEDY,
+    UNOBSERVED,
+    decode_suffix_value,
+    evidence,
+)
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
            "batch_size_of", "plain_batch_seconds"]
@@ -465,14 +471,15 @@ class _Row:
         gap is closed. Returns (unproposed, beyond)."""
         unproposed: tuple = ()
         start = max(self.covered, self.g - TRACE_CATCH_UP_MAX)
+        greedy = self.kind == TRACE_GREEDY
         if self.prev_k == 0:
-            unproposed = tuple((v if self.kind == TRACE_GREEDY else v / 254)
+            unproposed = tuple(evidence(v, greedy)
                                for v in self.trace[start : self.g] if v != UNOBSERVED)
         beyond = None
         if self.whole is not None and start <= self.whole[1] < self.g:
             v = self.trace[self.whole[1]]
             if v != UNOBSERVED:
-                beyond = (self.whole[0], v if self.kind == TRACE_GREEDY else v / 254)
+                beyond = (self.whole[0], evidence(v, greedy))
         self.whole = None
         self.covered = max(self.covered, self.g)
         self.gap = 0

@@ -23,7 +23,7 @@ import torch
 from autospec.engine.sampling import logits_to_probs, sample
 from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
-from autospec.traces import TRACE_CATCH_UP_MAX, UNOBSERVED, Trace
+from autospec.traces import TRACE_CATCH_UP_MAX, UNOBSERVED, Trace, evidence
 
 from . import Block
 
@@ -234,10 +234,10 @@ class DraftModel:
                 if whole is not None and 0 <= whole[1] - (step.gen - kn) < kn:
                     x = v[whole[1] - (step.gen - kn)]
                     if x != UNOBSERVED:
-                        step.beyond = (whole[0], x if batch.greedy else x / 254)
+                        step.beyond = (whole[0], evidence(x, batch.greedy))
                 st = r.stats  # the positions before were not the draft model's: it learns
                 if st.k_schedule and (st.k_schedule[-1] == 0 or st.proposer_schedule[-1]):
-                    step.unproposed = tuple(x if batch.greedy else x / 254
+                    step.unproposed = tuple(evidence(x, batch.greedy)
                                             for x in v if x != UNOBSERVED)
         block_conf = [()] * B
         if ran and batch.record_conf:
