@@ -75,17 +75,18 @@ def emit(row, new: list[int], hits: list[bool], eos: set[int], has_eos: bool) ->
     return emitted
 
 
-def settle(rows, running, limit_dev=None) -> None:
+def settle(rows, limit_dev=None) -> None:
     """Without an EOS id ``generate`` stops rows only all together: at the step where the
     last row is stopped by a criterion (or at max_new_tokens), every row has that many
-    tokens. Once every row has stopped, cut the ones past that length and let the others run
-    to it."""
+    tokens. Once every row of the call (``rows``: running or not) has stopped, cut every row
+    past that length — a row that ran on to its limit and left the batch included — and let
+    the others run to it (``limit_dev``: the running rows' limits on the device)."""
     if any(r.stop_at is None and r.stats.stop_reason != "max_new_tokens" for r in rows):
         return
     if any(r.stats.stop_reason == "max_new_tokens" for r in rows):
         return  # every row runs to max_new_tokens, as in generate
     end = max(r.stop_at for r in rows)
-    for r in running:
+    for r in rows:
         if r.gen >= end:
             extra = r.gen - end
             if extra:
@@ -94,8 +95,9 @@ def settle(rows, running, limit_dev=None) -> None:
                     if out is not None:
                         del out[len(out) - extra :]
                 r.n -= extra
-            r.finished = True
-            r.wall_end = time.perf_counter()
+            if not r.finished:
+                r.finished = True
+                r.wall_end = time.perf_counter()
         r.limit = end
     if limit_dev is not None:
         limit_dev.fill_(end)

@@ -73,6 +73,7 @@ class PromptLookup(HostLookup):
         without the host list leaves it None: no trace rather than a guess)."""
         idx = self.by_row[row.index] if self.by_row is not None else None
         tokens = getattr(idx, "tokens", None)
-        stats.tokens = tokens if isinstance(tokens, list) and len(tokens) == row.n else None
+        stats.tokens = (tokens[: row.n] if isinstance(tokens, list) and len(tokens) >= row.n
+                        else None)  # a row cut back to its batch's end (emit.settle)
         stats.ngram_settings = {"max_n": int(getattr(idx, "max_n", DEFAULT_MAX_N)),
                                 "min_n": int(getattr(idx, "min_n", DEFAULT_MIN_N))}
