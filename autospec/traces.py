@@ -127,19 +127,28 @@ class Trace:
 
     def __init__(self, greedy: bool, max_len: int):
         self.greedy = greedy
-        self.values = bytearray([UNOBSERVED]) * max_len
-        self.confidence = bytearray([UNOBSERVED]) * max_len
+        self.max_len = max_len  # positions past it are dropped; the arrays grow as filled
+        self.values = bytearray()
+        self.confidence = bytearray()
 
     def put(self, position: int, values, confidence=()) -> None:
-        """Set generated positions position, position+1, … (those past the end are dropped);
-        ``confidence``: quantized top probabilities for the same positions."""
+        """Set generated positions position, position+1, … (those past ``max_len`` are
+        dropped); ``confidence``: quantized top probabilities for the same positions."""
         for arr, vals in ((self.values, values), (self.confidence, confidence)):
+            end = min(position + len(vals), self.max_len)
+            if end > len(arr):
+                arr.extend(bytes([UNOBSERVED]) * (end - len(arr)))
             for i, v in enumerate(vals):
-                if 0 <= position + i < len(arr):
+                if 0 <= position + i < end:
                     arr[position + i] = int(v)
 
     def finish(self, new_tokens: int) -> bytes:
-        return bytes(self.values[:new_tokens])
+        return _padded(self.values, new_tokens)
 
     def finish_confidence(self, new_tokens: int) -> bytes:
-        return bytes(self.confidence[:new_tokens])
+        return _padded(self.confidence, new_tokens)
+
+
+def _padded(arr: bytearray, n: int) -> bytes:
+    """The first ``n`` positions, unobserved where nothing was put."""
+    return bytes(arr[:n]) + bytes([UNOBSERVED]) * max(0, n - len(arr))

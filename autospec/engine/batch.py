@@ -18,7 +18,7 @@ import torch
 
 from autospec.engine.checks import attention_layout
 from autospec.engine.decide import LOOKUPS
-from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs
+from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs, static_fits
 from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
 from autospec.engine.slots import SlotCache, kv_bytes_per_token
 from autospec.engine.stats import LoopStats
@@ -34,6 +34,8 @@ __all__ = ["Row", "Batch", "LoopResult", "fit_vocab", "WHY_FIRST", "WHY_EVERY", 
 # has least to go on, and a steady sample after it, a few records per hundred iterations
 WHY_FIRST = 4
 WHY_EVERY = 16
+# new tokens per row the token buffer holds at first (``Batch.reserve`` grows it)
+TOKENS_AHEAD = 256
 
 
 def _next_sampled(i: int) -> int:
@@ -158,7 +160,9 @@ class Batch:
             for b in range(B)]
         self.rows = list(self.all_rows)  # the rows still running, in batch order
         self._running()
-        cap = max(lens) + max_new_tokens + k_max + 2
+        # sized for what the first iterations can reach, grown on demand (``reserve``): a
+        # request's max_new_tokens is a bound, not a size (servers pass a client's through)
+        cap = max(lens) + min(max_new_tokens, TOKENS_AHEAD) + k_max + 2
         self.tokens = torch.zeros(B, cap, dtype=torch.long, device=device)
         for b, p in enumerate(prompts):
             self.tokens[b, : lens[b]] = p[0]
@@ -175,7 +179,11 @@ class Batch:
         if streamer is not None:
             streamer.put(prompts[0].cpu())
         self.graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
-        self.static = bool(static_cache) and B == 1  # static caches serve batch 1
+        # static caches serve batch 1, for requests that cannot run past a model's positions
+        # (a static cache is allocated whole; a longer request runs eager, said once)
+        self.static = (bool(static_cache) and B == 1
+                       and all(static_fits(m, max(lens) + max_new_tokens + 1)
+                               for m in (target, draft) if m is not None))
         self.peak_kv = 0
         self.proposers: dict = {}  # name → proposer (``engine.generate`` opens them)
         self.opened()
@@ -190,6 +198,16 @@ class Batch:
                   else EagerRunner(model))
         return SlotCache(runner, len(self.rows), self.device, attention_layout(model),
                          map_ids=map_ids, kv_per_token=kv_bytes_per_token(model))
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` tokens in every row of ``tokens`` (doubling it when short): an
+        iteration reserves what its rows can reach before writing (a host comparison)."""
+        cap = self.tokens.shape[1]
+        if n > cap:
+            grown = torch.zeros(self.tokens.shape[0], max(n, 2 * cap), dtype=torch.long,
+                                device=self.device)
+            grown[:, :cap] = self.tokens
+            self.tokens = grown
 
     def opened(self) -> None:
         """The call's proposers are open (``proposers``): what every iteration asks of them,

@@ -362,6 +362,17 @@ def capacity_bucket(need: int, context: int | None = None) -> int:
     return max(cap, need)
 
 
+def static_fits(model, need: int) -> bool:
+    """Whether a static cache of ``model`` can serve a request caching up to ``need`` tokens:
+    within its positions (a request that may run past them runs eager, said once)."""
+    context = _context(model)
+    if context is None or need <= context:
+        return True
+    _warn_once(model, f"a request that may run past the model's {context} positions: eager "
+               "forwards for it (a static cache is allocated whole)")
+    return False
+
+
 def _context(model) -> int | None:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     ctx = getattr(cfg, "max_position_embeddings", None)

@@ -86,6 +86,7 @@ def _decide(batch) -> Iteration:
     """The policy's choice for this iteration, resolved per row."""
     rows = batch.rows
     batch.known = [r.n for r in rows]  # each running row's tokens as the iteration starts
+    batch.reserve(max(batch.known) + batch.k_max + 2)  # its block and next token fit
     draft, suffix = batch.draft_proposer, batch.suffix_proposer
     # each lookup proposer's match per row; the policy's Context shows prompt lookup's
     lookups = {}
@@ -231,7 +232,7 @@ def _keep(batch, it: Iteration) -> None:
     k = it.k
     batch.target_slots.reject([k - a for a in it.taken], lambda: k - it.accepted)
     if batch.criteria is not None and not batch.eos_set:
-        settle(batch.all_rows, batch.rows, batch.limit_dev)
+        settle(batch.all_rows, batch.limit_dev)
         it.ended = True  # settling may finish rows
     if it.ended:
         batch.leave()
