@@ -270,7 +270,7 @@ class Controller:
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
             record_confidence=self.writer is not None, ngram=self.ngram,
             suffix_memory=self.suffix_memory, static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
-            keep_cache=plan.return_dict,
+            keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
             explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats
@@ -304,18 +304,20 @@ class Controller:
                       if plan.output_logits else None)
         if not plan.return_dict:
             return sequences
-        return _output(sequences, scores, logits, res.cache, self._note_cache(plan))
+        cache = res.cache
+        if plan.use_cache and cache is None:  # generate's cache, built from its sequences
+            from autospec.engine.generate import generated_cache
 
-    def _note_cache(self, plan: Plan) -> bool:
-        """Whether the output may carry the target's cache: at batch 1 on the eager path.
-        Where it cannot, say why once per controller."""
-        why = ("at batch > 1 finished rows leave the engine's cache early" if plan.rows else
-               "the static cache is reused by the next request" if self.static_cache else None)
-        if why is not None and not getattr(self, "_cache_note", False):
-            self._cache_note = True
-            log.info("autospec: the returned output carries no cache (cache=None): %s "
-                     "(docs/engine.md)", why)
-        return why is None
+            pads = [pad.shape[1] for _, pad in rows]
+            cache = generated_cache(self.model, sequences, pads)
+        return _output(sequences, scores, logits, cache)
+
+    def _own_cache_is_generates(self, plan: Plan) -> bool:
+        """Whether the engine's own target cache is the one generate returns: one row without
+        padding, on the eager path, every layer keeping every token (no sliding window). Else
+        the output's cache is built afterwards (``generated_cache``: one forward)."""
+        return (not plan.rows and not plan.pad_prefix.shape[1] and not self.static_cache
+                and not self.layouts[0].sliding)
 
     def batch_costs(self):
         """The pair's T_t(B, n) and T_d(B), live, warmed once from the store's grid as every
@@ -482,7 +484,7 @@ class Controller:
         return self._original_generate(inputs, generation_config, *args, **kwargs)
 
 
-def _output(sequences, scores, logits, cache, with_cache: bool):
+def _output(sequences, scores, logits, cache):
     """generate's return_dict output (its field for the cache is ``cache`` in transformers
     5.x, ``past_key_values`` before)."""
     from dataclasses import fields
@@ -491,8 +493,7 @@ def _output(sequences, scores, logits, cache, with_cache: bool):
 
     out = dict(sequences=sequences, scores=scores, logits=logits)
     names = {f.name for f in fields(GenerateDecoderOnlyOutput)}
-    if with_cache:
-        out["cache" if "cache" in names else "past_key_values"] = cache
+    out["cache" if "cache" in names else "past_key_values"] = cache
     return GenerateDecoderOnlyOutput(**out)
 
 

@@ -13,10 +13,11 @@ import torch
 
 from autospec.engine.batch import Batch, LoopResult
 from autospec.engine.proposers import PROPOSERS
+from autospec.engine.runners import Forward, crop_cache
 from autospec.engine.sampling import SamplingConfig
 from autospec.engine.step import step
 
-__all__ = ["run", "speculative_generate", "EngineResult"]
+__all__ = ["run", "speculative_generate", "generated_cache", "EngineResult"]
 
 
 @dataclass
@@ -35,7 +36,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
 
     categories / lives: each row's traffic category and its ``LiveStats`` (fed every
     iteration, shown to the policy); keep_cache: return the target's cache at batch 1 on
-    the eager path. Options (``Batch``): costs (the pair's ``BatchCosts``), forecasts (each
+    the eager path (``generated_cache`` builds generate's cache elsewhere). Options (``Batch``): costs (the pair's ``BatchCosts``), forecasts (each
     row's acceptance forecast), min_new_tokens, eos_token_ids, stopping_criteria (called
     per row with its left padding, ``row_prefix``, then its tokens, as generate passes its
     padded row), streamer (batch 1), generator, k_max, target_context, draft_context,
@@ -64,9 +65,7 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         cache = None
         if keep_cache and B == 1 and not batch.static:
             cache = batch.target_slots.runner.cache
-            rows_n = rows[0].stats.prompt_tokens + rows[0].stats.new_tokens
-            if cache.get_seq_length() > rows_n - 1:
-                cache.crop(rows_n - 1)
+            crop_cache(cache, rows[0].stats.prompt_tokens + rows[0].stats.new_tokens - 1)
     finally:
         for proposer in batch.proposers.values():
             proposer.release()
@@ -75,6 +74,23 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         batch.opened()
     return EngineResult(rows=rows, peak_kv_bytes=batch.peak_kv, wall_s=_wall(batch),
                         cache=cache)
+
+
+def generated_cache(model, sequences: torch.Tensor, pads: list[int]):
+    """The cache ``generate`` returns beside ``sequences`` [B, W] (left-padded, row b by
+    ``pads[b]`` tokens): a DynamicCache as generate makes it, holding every token but the
+    last at generate's positions and mask (padding masked, every later token attended to,
+    finished rows' padding included), built by one forward of ``model``."""
+    from transformers import DynamicCache
+
+    ids = sequences[:, :-1]
+    cols = torch.arange(ids.shape[1], device=ids.device)
+    mask = (cols[None] >= torch.tensor(pads, device=ids.device)[:, None]).long()
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # generate's position ids
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    with torch.no_grad():
+        Forward(model)(ids, cache, 1, attention_mask=mask, position_ids=pos)
+    return cache
 
 
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, sampling: SamplingConfig,

@@ -55,6 +55,7 @@ class Plan:
     return_dict: bool
     output_scores: bool
     output_logits: bool
+    use_cache: bool  # False: generate returns no cache (``cache=None``)
     # batch > 1: each row's prompt [1, L_i] and left padding [1, P_i]; the padded input as
     # given; the id that fills rows which finished early (generate's pad_token_id)
     rows: tuple = ()
@@ -89,6 +90,10 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         val = getattr(gc, field, off)
         if val is not None and val != off and not (field == "guidance_scale" and val == 1):
             return None, f"generation option {field}={val!r}"
+    if gc.return_dict_in_generate and gc.cache_implementation not in (None, "dynamic"):
+        return None, (f"return_dict_in_generate with cache_implementation="
+                      f"{gc.cache_implementation!r} (generate returns that cache; the loop "
+                      "returns transformers' DynamicCache)")
     crit, reason = _criteria(gc, kwargs, tokenizer)
     if reason:
         return None, reason
@@ -129,7 +134,7 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         input_ids=ids, pad_prefix=pad_prefix, sampling=sampling, max_new_tokens=max_new,
         min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
         return_dict=bool(gc.return_dict_in_generate), output_scores=bool(gc.output_scores),
-        output_logits=bool(gc.output_logits),
+        output_logits=bool(gc.output_logits), use_cache=gc.use_cache is not False,
         rows=tuple(rows) if len(rows) > 1 else (),
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
