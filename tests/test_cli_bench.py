@@ -449,6 +449,21 @@ def test_cli_demo_runs_on_a_stand_in_pair(models, tok, monkeypatch, capsys):
     assert refused.value.code == 2 and "must be in 2..100" in capsys.readouterr().err
 
 
+def test_demo_explains_every_round_that_differs(models):
+    """An earlier round that differed is explained too, not only the last one."""
+    from autospec.cli.demo import divergences
+
+    target = models[0]
+    ids = torch.randint(4, 60, (1, 6), generator=torch.Generator().manual_seed(0))
+    plain = torch.tensor([5, 6, 7, 8])
+    differs = torch.tensor([5, 6, 9, 8])
+    lines = divergences(target, ids, plain, [(differs, 1.0), (plain, 1.0)],
+                        [(plain, 1.0), (plain, 1.0)], torch.float32)
+    assert len(lines) == 1 and lines[0].startswith("autospec, round 1: they part at new token 2")
+    assert divergences(target, ids, plain, [(plain, 1.0)] * 2, [(plain, 1.0)] * 2,
+                       torch.float32) == []
+
+
 def test_demo_counts_its_own_threads_in_the_load(models, tok, monkeypatch, capsys):
     """On the CPU the demo's own threads are load it makes: a load average of about them
     is no busy machine, one beyond them by half the cores is."""

@@ -197,6 +197,13 @@ def test_torch_manual_seed_governs_sampling_like_generate(sampled_pair):
     assert torch.equal(run(5), run(5))
     assert any(not torch.equal(run(5), run(s)) for s in (6, 7, 8))
 
+    def unwrapped(seed):
+        torch.manual_seed(seed)
+        return target.generate(ids, max_new_tokens=20, do_sample=True, eos_token_id=None)
+
+    # the same law, not the same stream (docs/exactness.md): one seed, other tokens
+    assert any(not torch.equal(run(s), unwrapped(s)) for s in (5, 6, 7))
+
 
 @pytest.mark.parametrize("broken", ["target", "draft"])
 def test_nan_probabilities_raise_as_generate_does(broken):

@@ -54,7 +54,6 @@ def run(args, parser) -> int:
     from autospec.bench.run import (
         default_prompts_path,
         encode_prompt,
-        explain_divergence,
         load_prompts,
     )
 
@@ -119,10 +118,8 @@ def run(args, parser) -> int:
                        f" (median of {min(len(plain_runs), len(spec_runs))} pairs)")
         print(f"--- plain:    {plain_tps:.1f} tok/s (median of {len(plain_runs)})  ->  "
               f"{verdict}, identical to plain: {'yes' if same else 'NO'}")
-        why = explain_divergence(target, ids, plain_out.tolist(), spec_out.tolist(),
-                                 env["dtype"])  # greedy: plain's output is the reference
-        if why:
-            print(f"    ({why})")
+        for line in divergences(target, ids, plain_out, spec_runs, plain_runs, env["dtype"]):
+            print(f"    ({line})")
     busy_costs = [c for c, live in sorted(ctrl.live.items()) if live.busy()]
     note = busy_note(load_before, _load(), cores, threads, scattered, busy_costs)
     print()
@@ -130,6 +127,21 @@ def run(args, parser) -> int:
         print(f"Note: {note}")
     print(BENCH_LINE)
     return 0
+
+
+def divergences(target, ids, reference, spec_runs, plain_runs, dtype) -> list[str]:
+    """Why each run whose output differs from ``reference`` (the last plain run's; greedy
+    decoding) differs, one line per run, naming its round: where it parts and whether that is
+    a near-tie (``explain_divergence``)."""
+    from autospec.bench.run import explain_divergence
+
+    lines = []
+    for what, runs in (("autospec", spec_runs), ("plain", plain_runs)):
+        for r, (out, _) in enumerate(runs):
+            why = explain_divergence(target, ids, reference.tolist(), out.tolist(), dtype)
+            if why:
+                lines.append(f"{what}, round {r + 1}: {why}")
+    return lines
 
 
 def _load() -> float | None:
