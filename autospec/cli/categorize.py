@@ -108,7 +108,9 @@ def _describe(report) -> str:
     lines = [
         f"window: {_day(report.window_first)} .. {_day(report.window_last)}, "
         f"{report.rows} requests, pair(s) {', '.join(map(str, report.pair_ids)) or '-'}"
-        + (f", {report.skipped_rows} unreadable skipped" if report.skipped_rows else ""),
+        + (f", {report.skipped_rows} skipped ("
+           + ", ".join(f"{n} {k}" for k, n in (report.skipped or {}).items()) + ")"
+           if report.skipped_rows else ""),
         "labels given: " + (", ".join(f"{k} {v}" for k, v in list(report.labels.items())[:12])
                             + (" ..." if len(report.labels) > 12 else "")),
     ]
@@ -172,9 +174,11 @@ def run_show(args, parser=None) -> int:
     if args.version is not None:
         for r in rows:
             rep = FitReport.from_meta(r.meta, version=r.version)
+            feats = r.meta.get("features") or {}
             print(f"{r.name} version {r.version}: {r.kind}, stored {_day(r.created_at.isoformat())}"
                   f", {len(r.payload) / 1e3:.0f} KB, sklearn {r.meta.get('sklearn', '-')}, "
-                  f"features v{(r.meta.get('features') or {}).get('version', '?')}")
+                  f"features v{feats.get('version', '?')}"
+                  + (f" under key {feats['key_id']}" if feats.get("key_id") else ""))
             print(_describe(rep))
         return 0
     table_rows = []
