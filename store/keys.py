@@ -1,4 +1,5 @@
-"""A store's feature key: the secret that keys its prompt features, kept outside its tables.
+"""A store's feature key: the secret that keys its prompt features, kept outside its tables;
+and clearing the features a store should no longer hold (``forget_features``).
 
 Prompt features (``autospec.categorize.features``) are hashed under a 32-byte secret, so that
 the store alone — a copy of the file, a backup, a read-only user, a SQL dump — holds nothing
@@ -31,7 +32,7 @@ from sqlalchemy.engine import URL
 from .database import StoreError, _sqlite_file, _sqlite_memory, cache_dir
 
 __all__ = ["KEY_ENV", "KEY_BYTES", "FeatureKeyError", "key_file", "load_key", "random_key",
-           "standalone_key"]
+           "standalone_key", "forget_features"]
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +154,32 @@ def standalone_key() -> bytes:
         return load_key(Path(env).expanduser().absolute(), create=False)
     return random_key()
 
+
+def forget_features(store, *, every: bool = False) -> int:
+    """Clear stored prompt features: those in the unkeyed format 1 (which can be read back
+    into tokens), or with ``every`` all of them (after a key leaked). Returns how many
+    requests lost theirs; nothing else of a request changes. SQLite overwrites the cleared
+    bytes (``secure_delete``) and then truncates its WAL (where a reader still holds it, the
+    old pages go at a later checkpoint: logged); PostgreSQL keeps the old row versions until
+    they are vacuumed (``VACUUM FULL requests`` rewrites the table without them)."""
+    from sqlalchemy import LargeBinary, func, literal, text, update
+
+    from .tables import Request
+
+    stmt = update(Request).where(Request.features.is_not(None)).values(features=None)
+    if not every:
+        stmt = stmt.where(func.substr(Request.features, 1, 1) == literal(b"\x01", LargeBinary))
+    with store.begin() as s:
+        if store.dialect == "sqlite":
+            s.execute(text("PRAGMA secure_delete=ON"))
+        cleared = s.execute(stmt).rowcount
+    if store.dialect == "sqlite" and cleared:
+        raw = store.engine.raw_connection()
+        try:
+            busy = raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            raw.close()
+        if busy:
+            log.warning("another process is reading %s: the cleared features leave its WAL at "
+                        "the next checkpoint", store.url)
+    return cleared

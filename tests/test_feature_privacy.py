@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import random
 import sqlite3
 import stat
 import threading
@@ -26,10 +28,13 @@ import torch
 
 import autospec
 from autospec.categorize.features import FeatureKey, prompt_features
+from autospec.cli import main
 from autospec.store import FeatureKeyError, open_store, queries
 from autospec.store.keys import KEY_ENV, key_file, load_key
 
 from conftest import tiny
+from test_store import BACKENDS, fresh_url
+from test_store import make_record as store_record
 
 V_ATTACK = 151_936  # the vocabulary the attacker hashes
 V_MODEL = 32_000  # the tiny model's
@@ -328,3 +333,47 @@ def test_features_differ_by_key_and_carry_its_id():
     assert prompt_features([5, 6, 7], a)[1:5] == a.id.to_bytes(4, "little")
     assert prompt_features([5, 6, 7], a)[5:] != prompt_features([5, 6, 7], b)[5:]
 
+
+# -- clearing old features ----------------------------------------------------------------------
+
+@pytest.fixture(params=BACKENDS)
+def url(request, tmp_path):
+    u, cleanup = fresh_url(request.param, tmp_path)
+    yield u
+    cleanup()
+
+
+def _files(url: str) -> bytes:
+    path = url.removeprefix("sqlite:///")
+    wal = f"{path}-wal"
+    return open(path, "rb").read() + (open(wal, "rb").read() if os.path.exists(wal) else b"")
+
+
+def test_forget_clears_unkeyed_features_and_keeps_the_rest(url, capsys):
+    rng = random.Random(5)
+    prompts = [rng.sample(range(4, V_MODEL), 30) for _ in range(6)]
+    with open_store(url) as store:
+        key = FeatureKey(store.feature_key())
+        records = []
+        for i, p in enumerate(prompts):  # odd ones as autospec logged them before keying
+            rec = store_record(rng)
+            rec.features = unkeyed_features(p) if i % 2 else prompt_features(p, key)
+            records.append(rec)
+        store.write(records)
+    sqlite = url.startswith("sqlite")
+    if sqlite:
+        assert all(r.features in _files(url) for r in records)  # the check below can fail
+    assert main(["categorize", "forget", "--db", url]) == 0
+    assert "cleared the unkeyed prompt features of 3 request(s)" in capsys.readouterr().out
+    with open_store(url, read_only=True) as store, store.session() as s:
+        rows = sorted(queries.recent_requests(s, limit=10), key=lambda r: r.id)
+    assert [r.features for r in rows] == [None if i % 2 else rec.features
+                                          for i, rec in enumerate(records)]
+    assert [r.category for r in rows] == [rec.category for rec in records]  # the rest stays
+    if sqlite:  # overwritten in the file, not only unlinked from the row
+        data = _files(url)
+        assert not any(rec.features in data for rec in records[1::2])
+    assert main(["categorize", "forget", "--db", url, "--all"]) == 0
+    assert "cleared the prompt features of 3 request(s)" in capsys.readouterr().out
+    with open_store(url, read_only=True) as store, store.session() as s:
+        assert all(r.features is None for r in queries.recent_requests(s, limit=10))

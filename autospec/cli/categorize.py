@@ -1,5 +1,6 @@
-"""`autospec categorize fit|show`: train the traffic categoriser on logged requests, and
-inspect the stored versions with the data and metrics they were fitted with.
+"""`autospec categorize fit|show|forget`: train the traffic categoriser on logged requests,
+inspect the stored versions with the data and metrics they were fitted with, and clear
+stored prompt features.
 
 Reads only the store and its prompt features (no torch import, no model load).
 """
@@ -15,7 +16,7 @@ from autospec.cli.common import open_store_or_die, parse_when
 from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
-__all__ = ["register", "run_fit", "run_show"]
+__all__ = ["register", "run_fit", "run_show", "run_forget"]
 
 
 def register(sub, parents) -> None:
@@ -66,6 +67,17 @@ def register(sub, parents) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(run=run_show, parser=show)
 
+    forget = sub.add_parser(
+        "forget", help="clear stored prompt features (unkeyed ones, or --all)",
+        description="Clears the prompt features of requests logged before features were "
+                    "keyed (format 1: they can be read back into the prompt's tokens), or "
+                    "with --all every request's (after the feature key leaked; rotate it too). "
+                    "Everything else a request recorded stays.")
+    forget.add_argument("--db", metavar="URL", help=db_help)
+    forget.add_argument("--all", action="store_true", dest="every",
+                        help="clear every request's features, keyed or not")
+    forget.set_defaults(run=run_forget, parser=forget)
+
 
 def run_fit(args, parser=None) -> int:
     from autospec.categorize.categorizer import fit_from_store
@@ -96,6 +108,20 @@ def run_fit(args, parser=None) -> int:
     print(f"categoriser: {cat.kind}, {len(cat.classes)} categories, "
           f"{cat.columns.size} feature columns; {saved}")
     print(_describe(report))
+    return 0
+
+
+def run_forget(args, parser=None) -> int:
+    from autospec.store.keys import forget_features
+
+    store = open_store_or_die(args.db)
+    with store:
+        cleared = forget_features(store, every=args.every)
+        url = store.url
+    what = "prompt features" if args.every else "unkeyed prompt features"
+    print(f"cleared the {what} of {cleared} request(s) in {url}"
+          + ("" if store.dialect == "sqlite" or not cleared
+             else " (PostgreSQL keeps the old row versions until `VACUUM FULL requests`)"))
     return 0
 
 
