@@ -94,6 +94,7 @@ class Controller:
         if store is not False:
             self._open_store(store, names)
         self._setup_categorizer(categorize)
+        self._setup_features(categorize)
         self._setup_metrics(metrics, names)
         if hasattr(self.policy, "attach"):
             if self.store is None:
@@ -150,6 +151,41 @@ class Controller:
 
             with self.store.session() as s:
                 self._forecast = queries.pair_id(s, self.telemetry.pair) == fitted_on
+
+    def _setup_features(self, categorize) -> None:
+        """The key prompt features are computed under: the store's (its key file, created on
+        first use), else $AUTOSPEC_FEATURE_KEY_FILE's, else one of this process alone (its
+        features never leave it). Where the key cannot be read or created, serving goes on
+        without features (logged once here; ``features_skipped`` counts the requests that
+        went without). A categoriser fitted under another key is refused: an error when
+        ``categorize`` named it, else a warning and no categories."""
+        self.feature_key = None
+        self.features_skipped = 0
+        if self.categorizer is None and not (self.writer is not None and self.log_features):
+            return
+        from autospec.categorize.features import FeatureKey
+        from autospec.store.keys import standalone_key
+
+        try:
+            self.feature_key = FeatureKey(self.store.feature_key() if self.store is not None
+                                          else standalone_key())
+        except Exception as e:  # FeatureKeyError (unreadable, cannot be created here) or worse
+            log.warning("autospec: prompt features are off (requests are served and logged "
+                        "without them, and not categorised): %s", e)
+            self.categorizer = None
+            return
+        check = getattr(self.categorizer, "check_key", None)
+        if check is None:
+            return
+        try:
+            check(self.feature_key)
+        except ValueError as e:
+            if categorize is not None:
+                raise
+            log.warning("autospec: not categorising (requests without a category get "
+                        "'default'): %s", e)
+            self.categorizer = None
+            self._forecast = False
 
     def _setup_metrics(self, option, names) -> None:
         """Prometheus metrics (autospec.fleet.metrics), updated once per finished request."""
@@ -412,15 +448,18 @@ class Controller:
 
     def _categorise(self, category: str | None, input_ids: torch.Tensor):
         """(category, how it was set, prompt features, predicted acceptance). Features are
-        hashed token n-grams, never text; a categoriser failure falls back to "default"."""
+        keyed hashes of token n-grams, never text; a categoriser failure falls back to
+        "default"."""
         if category is None and self.category is not None:
             category = self.category
         want = self.categorizer is not None or (self.writer is not None and self.log_features)
         features = alpha = None
-        if want:
-            from autospec.categorize.categorizer import prompt_features
+        if want and self.feature_key is None:
+            self.features_skipped += 1  # no key here: logged once at wrap time
+        elif want:
+            from autospec.categorize.features import prompt_features
 
-            features = prompt_features(input_ids[0].tolist())
+            features = prompt_features(input_ids[0], self.feature_key)
         if category is not None:
             return category, "given", features if self.log_features else None, None
         if self.categorizer is None:
@@ -613,8 +652,9 @@ def wrap(model, draft=None, **options) -> Controller:
     categoriser's guess from the prompt, else "default"), store (a SQLAlchemy URL or file path;
     None: autospec.db in the cache directory; False: no telemetry), log_text (store prompt and
     output text; default False), categorize (None: the store's "default" categoriser if one
-    was fitted; a name; a Categorizer; False: never), log_features (store hashed prompt-token
-    n-grams, never text, so a categoriser can be fitted later; default True),
+    was fitted; a name; a Categorizer; False: never), log_features (store prompt-token
+    n-grams hashed under the store's secret feature key, never text, so a categoriser can be
+    fitted later; default True; docs/store.md),
     names ((target, draft) names for the store; default: the models' name_or_path),
     static_cache (False: transformers' DynamicCache, the reference; True: a static KV cache
     reused across requests), cuda_graphs ("auto": with static_cache on a CUDA device, replay

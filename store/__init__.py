@@ -26,6 +26,7 @@ _EXPORTS = {
     "Store": "database",
     "StoreError": "database",
     "StoreDamaged": "database",
+    "FeatureKeyError": "keys",
     "default_url": "database",
     "open_store": "database",
     "StoreWriter": "writer",

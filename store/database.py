@@ -243,13 +243,19 @@ class Store:
     ``with store.begin() as s:`` a write transaction that commits on success (on SQLite it
     holds the write lock from its first statement). Query functions in
     ``autospec.store.queries`` take such a session. ``store.writer()`` starts the background
-    writer the runtime submits records to. Thread-safe; ``close()`` closes writers and the
-    engine's connections.
+    writer the runtime submits records to. ``feature_key()`` is the secret its prompt
+    features are keyed by (``autospec.store.keys``). Thread-safe; ``close()`` closes writers
+    and the engine's connections.
     """
 
-    def __init__(self, engine: Engine, url: URL | None = None) -> None:
+    def __init__(self, engine: Engine, url: URL | None = None, *,
+                 read_only: bool = False) -> None:
         self.engine = engine
-        self.url = (url or engine.url).render_as_string(hide_password=True)
+        self._u = url or engine.url
+        self.url = self._u.render_as_string(hide_password=True)
+        self.read_only = read_only
+        self._key: bytes | None = None
+        self._key_lock = threading.Lock()
         self.dialect = engine.dialect.name
         self.pair_ids: dict[PairInfo, int] = {}  # committed pair rows, shared by writers
         memory = self.dialect == "sqlite" and _sqlite_memory(engine.url)
@@ -302,6 +308,20 @@ class Store:
             used = write_records(session, records, self.pair_ids, validated=True)
         self.pair_ids.update(used)
         return len(records)
+
+    def feature_key(self, create: bool = True) -> bytes:
+        """The 32-byte secret this store's prompt features are keyed by, from its key file
+        (``autospec.store.keys``: beside a SQLite file, else in the cache directory, or
+        $AUTOSPEC_FEATURE_KEY_FILE), created there on first use when ``create`` and the store
+        is writable. FeatureKeyError (a StoreError) where it cannot be read or created."""
+        from .keys import key_file, load_key, random_key
+
+        with self._key_lock:
+            if self._key is None:
+                path = key_file(self._u)
+                self._key = (random_key() if path is None
+                             else load_key(path, create=create and not self.read_only))
+            return self._key
 
     def writer(self, **kwargs: Any):
         """A started background writer on this store (see ``StoreWriter``)."""
@@ -374,4 +394,4 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
         engine.dispose()
         raise StoreError(f"cannot open the store at {safe}: {exc}") from exc
     log.debug("opened store %s", safe)
-    return Store(engine, u)
+    return Store(engine, u, read_only=read_only)

@@ -31,6 +31,7 @@ from autospec.categorize.categorizer import (
     N_BUCKETS,
     TAIL_TOKENS,
     Categorizer,
+    FeatureKey,
     FitReport,
     decode_features,
     features_matrix,
@@ -48,6 +49,13 @@ V = 5000
 PAIR = PairInfo("org/target-1.5b", "org/draft-0.5b", "float32", "cpu: test")
 OTHER_PAIR = PairInfo("org/target-7b", "org/draft-0.5b", "bfloat16", "cuda: test")
 T0 = 1_750_000_000.0
+KEY = FeatureKey(bytes(range(32)))  # a fixed key: features of fixed bytes
+
+
+def key_of(url) -> FeatureKey:
+    """The store's feature key (its key file), as serving and `categorize fit` use it."""
+    with open_store(url) as store:
+        return FeatureKey(store.feature_key())
 
 
 class Traffic:
@@ -88,7 +96,7 @@ class Traffic:
         return [(*self.prompt(self.names[c], rng), self.names[c]) for c in labels]
 
 
-def make_record(tokens, category, alpha, created_at, rng, *, source="given",
+def make_record(tokens, category, alpha, created_at, rng, *, key, source="given",
                 pair=PAIR) -> RequestRecord:
     """A request whose greedy trace shows acceptance ~ ``alpha`` (k = 4 throughout)."""
     trace = (rng.random(64) < alpha).astype(np.uint8)
@@ -101,13 +109,15 @@ def make_record(tokens, category, alpha, created_at, rng, *, source="given",
         accepted_schedule=bytes(acc), wall_s=0.5, prefill_s=0.01, draft_s=0.1,
         draft_forwards=64, target_s_by_n={5: [0.01] * 16}, trace_kind="greedy",
         trace=trace.tobytes(), created_at=created_at, category_source=source,
-        features=prompt_features(tokens))
+        features=prompt_features(tokens, key))
 
 
 def write_corpus(store, samples, *, seed=1, source="given", start=T0, **kw) -> None:
+    """Logged requests, their features under the store's own key (as serving logs them)."""
     rng = np.random.default_rng(seed)
+    key = FeatureKey(store.feature_key())
     store.write([make_record(toks, cat if source == "given" else "default", a,
-                             start + 60 * i, rng, source=source, **kw)
+                             start + 60 * i, rng, source=source, key=key, **kw)
                  for i, (toks, a, cat) in enumerate(samples)])
 
 
@@ -133,65 +143,90 @@ def labelled(world, tmp_path_factory):
 
 # -- features ---------------------------------------------------------------------------------
 
-def test_features_are_deterministic_bounded_and_hash_free():
+def test_features_are_deterministic_bounded_and_keyed():
     ids = np.random.default_rng(3).integers(0, 150_000, 50)
-    blob = prompt_features(ids)
-    assert blob == prompt_features(ids.tolist()) == prompt_features(ids[None, :])
-    assert blob == prompt_features(ids.astype(np.int32))
-    assert blob[0] == FEATURE_VERSION and (len(blob) - 1) % 6 == 0
+    blob = prompt_features(ids, KEY)
+    assert blob == prompt_features(ids.tolist(), KEY) == prompt_features(ids[None, :], KEY)
+    assert blob == prompt_features(ids.astype(np.int32), KEY)
+    assert blob[0] == FEATURE_VERSION and (len(blob) - 5) % 6 == 0
+    assert int.from_bytes(blob[1:5], "little") == KEY.id  # the key's id, not the key
     idx, counts = decode_features(blob)
     assert int(counts.sum()) == 50 + 49  # unigrams + bigrams
     assert np.all(idx < N_BUCKETS) and np.all(np.diff(idx.astype(np.int64)) > 0)
-    assert prompt_features([]) == bytes([FEATURE_VERSION])
-    assert decode_features(prompt_features([7]))[1].tolist() == [1]
+    assert prompt_features([], KEY) == bytes([FEATURE_VERSION]) + KEY.id.to_bytes(4, "little")
+    assert decode_features(prompt_features([7], KEY))[1].tolist() == [1]
     # pinned: a change to the features must bump FEATURE_VERSION (stored models depend on it)
-    assert hashlib.sha256(prompt_features(range(100))).hexdigest()[:16] == GOLDEN
+    assert hashlib.sha256(prompt_features(range(100), KEY)).hexdigest()[:16] == GOLDEN
+    # another key: other buckets for the same prompt (almost none shared)
+    other = FeatureKey(bytes(range(1, 33)))
+    theirs, _ = decode_features(prompt_features(ids, other))
+    assert other.id != KEY.id and np.intersect1d(idx, theirs).size <= 2
     # not Python's salted hash(): another process with another hash seed agrees
-    code = ("import sys; from autospec.categorize.categorizer import prompt_features; "
-            "sys.stdout.write(prompt_features(range(100)).hex()); "
+    code = ("import sys; from autospec.categorize.features import FeatureKey, "
+            "prompt_features; sys.stdout.write(prompt_features(range(100), "
+            "FeatureKey(bytes(range(32)))).hex()); "
             "assert 'torch' not in sys.modules and 'sklearn' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PYTHONHASHSEED": "12345"})
-    assert bytes.fromhex(out.stdout) == prompt_features(range(100))
+    assert bytes.fromhex(out.stdout) == prompt_features(range(100), KEY)
     # a huge prompt costs bounded space: head and tail only, no n-gram across the cut
     long = np.arange(100_000)
-    idx, counts = decode_features(prompt_features(long))
+    idx, counts = decode_features(prompt_features(long, KEY))
     assert int(counts.sum()) == (HEAD_TOKENS + HEAD_TOKENS - 1) + (TAIL_TOKENS + TAIL_TOKENS - 1)
     middle = long.copy()
     middle[HEAD_TOKENS:-TAIL_TOKENS] = 42  # what lies between head and tail is not read
-    assert prompt_features(middle) == prompt_features(long)
+    assert prompt_features(middle, KEY) == prompt_features(long, KEY)
+    # ids beyond the cached table and negative ones are labelled like any other, stably
+    odd = [2**40, -3, 5, 2**40]
+    assert prompt_features(odd, KEY) == prompt_features(odd, FeatureKey(bytes(range(32))))
     with pytest.raises(ValueError, match="one sequence"):
-        prompt_features(np.zeros((2, 3), dtype=int))
+        prompt_features(np.zeros((2, 3), dtype=int), KEY)
     with pytest.raises(ValueError, match="integers"):
-        prompt_features([0.5, 1.5])
+        prompt_features([0.5, 1.5], KEY)
+    with pytest.raises(TypeError, match="FeatureKey"):
+        prompt_features([1, 2], bytes(32))  # the secret itself is not a key object
+    assert "FeatureKey(id=" in repr(KEY) and bytes(range(32)).hex() not in repr(KEY)
 
 
-GOLDEN = "6076b0f093105499"  # sha256 of prompt_features(range(100)), feature version 1
+GOLDEN = "45931653aa992123"  # sha256 of prompt_features(range(100), KEY), feature version 2
 
 
-def test_corrupt_features_are_refused():
-    good = prompt_features([5, 6, 7, 8])
-    n = (len(good) - 1) // 6
-    idx = np.frombuffer(good, "<u4", n, 1)
+def test_corrupt_unkeyed_and_other_key_features_are_refused():
+    good = prompt_features([5, 6, 7, 8], KEY)
+    n = (len(good) - 5) // 6
+    idx = np.frombuffer(good, "<u4", n, 5)
     cases = {
         "empty": b"",
         "format version": bytes([FEATURE_VERSION + 1]) + good[1:],
-        "1 \\+ 6": good[:-1],
-        "strictly increasing": good[:1] + idx[::-1].astype("<u4").tobytes() + good[1 + 4 * n:],
+        "unkeyed": bytes([1]) + good[5:],  # format 1: refused, whatever its bytes
+        "5 \\+ 6": good[:-1],
+        "strictly increasing": good[:5] + idx[::-1].astype("<u4").tobytes() + good[5 + 4 * n:],
         "zero count": good[:-2] + b"\x00\x00",
-        "below": good[:1] + np.array([N_BUCKETS], "<u4").tobytes() + b"\x01\x00",
+        "below": good[:5] + np.array([N_BUCKETS], "<u4").tobytes() + b"\x01\x00",
     }
     for match, blob in cases.items():
         with pytest.raises(ValueError, match=match):
             decode_features(blob)
     with pytest.raises(ValueError, match="must be bytes"):
         decode_features("text")
+    with pytest.raises(ValueError, match=f"under feature key {KEY.id:08x}, not"):
+        decode_features(good, key_id=KEY.id ^ 1)
     cat = Categorizer(name="x", version=None, kind="classifier", classes=["a"],
                       columns=np.zeros(0), coef=np.zeros((1, 0)), intercept=np.zeros(1))
     with pytest.raises(ValueError, match="format version"):
         cat.predict(cases["format version"])
     with pytest.raises(ValueError, match="format version"):
         features_matrix([good, cases["format version"]])
+    # a categoriser fitted under one key refuses another key's features; unkeyed: any key
+    keyed = Categorizer(name="x", version=2, kind="classifier", classes=["a"],
+                        columns=np.zeros(0), coef=np.zeros((1, 0)), intercept=np.zeros(1),
+                        key_id=KEY.id ^ 1)
+    with pytest.raises(ValueError, match="another server's key file"):
+        keyed.predict(good)
+    with pytest.raises(ValueError, match="refit it"):
+        keyed.check_key(KEY)
+    assert cat.predict(good) == ("a", None)
+    cat.check_key(KEY)
 
 
 # -- the labelled corpus ----------------------------------------------------------------------
@@ -206,7 +241,8 @@ def test_classifier_reaches_the_stated_accuracy(labelled, world):
     assert sum(map(sum, report.confusion)) == 80
     # a fresh sample of the same traffic, through the stored model's own predict
     fresh = world.sample(50, seed=99)
-    got = cat.predict_many([prompt_features(t) for t, _, _ in fresh])
+    key = key_of(url)
+    got = cat.predict_many([prompt_features(t, key) for t, _, _ in fresh])
     accuracy = np.mean([g == c for (g, _), (_, _, c) in zip(got, fresh)])
     assert accuracy >= ACCURACY
     # the acceptance forecast beats predicting the mean, on held-out rows and on fresh ones
@@ -220,7 +256,8 @@ def test_classifier_reaches_the_stated_accuracy(labelled, world):
     meta = cat.meta
     assert meta["window"]["rows"] == 400 and meta["window"]["labels"] == {c: 100 for c in
                                                                           world.names}
-    assert meta["features"] == {"version": FEATURE_VERSION, "buckets": N_BUCKETS,
+    assert meta["features"] == {"version": FEATURE_VERSION, "key_id": key.name,
+                                "buckets": N_BUCKETS,
                                 "ngrams": [1, 2], "head_tokens": HEAD_TOKENS,
                                 "tail_tokens": TAIL_TOKENS,
                                 "weighting": "log1p(count), rows l2-normalised"}
@@ -231,7 +268,8 @@ def test_classifier_reaches_the_stated_accuracy(labelled, world):
 
 def test_stored_model_round_trips(labelled, world):
     url, cat, report = labelled
-    blobs = [prompt_features(t) for t, _, _ in world.sample(10, seed=5)]
+    key = key_of(url)
+    blobs = [prompt_features(t, key) for t, _, _ in world.sample(10, seed=5)]
     with open_store(url) as store:
         loaded = Categorizer.load(store)
         assert loaded.version == report.version == 1 and loaded.kind == "classifier"
@@ -242,6 +280,9 @@ def test_stored_model_round_trips(labelled, world):
         assert Categorizer.load(store, version=7) is None
     clone = Categorizer.from_payload(cat.to_payload(), name="c", version=3, kind=cat.kind)
     assert clone.predict_many(blobs) == cat.predict_many(blobs)
+    assert clone.key_id == loaded.key_id == cat.key_id == key.id  # the key's id travels
+    with pytest.raises(ValueError, match="another server.s key file"):
+        clone.predict(prompt_features(world.sample(1, seed=6)[0][0], KEY))
     with pytest.raises(ValueError, match="unreadable payload"):
         Categorizer.from_payload(b"not an npz", name="c", version=1, kind="classifier")
     arrays = dict(np.load(io.BytesIO(cat.to_payload())))
@@ -262,7 +303,7 @@ def test_own_predictions_equal_scikit_learn(labelled, world):
         rows = list(queries.feature_rows(s))
     X = features_matrix([r.features for r in rows])
     y = np.array([r.category for r in rows])
-    fresh = [prompt_features(t) for t, _, _ in world.sample(25, seed=7)]
+    fresh = [prompt_features(t, key_of(url)) for t, _, _ in world.sample(25, seed=7)]
     Xf = features_matrix(fresh)
     # the fitted categoriser against scikit-learn fitted the same way on every bucket
     sk = LogisticRegression(C=10.0, solver="sag", max_iter=1000, random_state=0).fit(X, y)
@@ -306,8 +347,40 @@ def test_too_few_rows_is_a_clear_error(world, tmp_path):
         with store.session() as s:
             assert queries.categorizers(s) == []
     rows = [FeatureRow(1, None, "a", "given", 1, b"\x09junk", 0.5)] * 30
-    with pytest.raises(ValueError, match=r"^0 logged requests .*\(30 more unreadable\)"):
-        fit_categorizer(rows)
+    with pytest.raises(ValueError, match=r"^0 logged requests .*\(30 more skipped: 30 "
+                                         r"unreadable\)"):
+        fit_categorizer(rows, key_id=KEY.id)
+
+
+def test_fit_reads_only_the_stores_key_and_counts_what_it_skips(world, tmp_path, caplog,
+                                                              capsys):
+    import logging
+
+    db = tmp_path / "keys.db"
+    rng = np.random.default_rng(8)
+    with open_store(db) as store:
+        write_corpus(store, world.sample(10, seed=31))  # 40 under the store's own key
+        other = [make_record(t, c, a, T0 + 1e5 + i, rng, key=KEY)  # 20 under another key
+                 for i, (t, a, c) in enumerate(world.sample(5, seed=32))]
+        unkeyed = [make_record(t, c, a, T0 + 2e5 + i, rng, key=KEY)
+                   for i, (t, a, c) in enumerate(world.sample(5, seed=33))]
+        for rec in unkeyed:  # 20 in format 1, as autospec logged them before keying
+            rec.features = b"\x01" + rec.features[5:]
+        store.write(other + unkeyed)
+        with caplog.at_level(logging.WARNING, logger="autospec.categorize"):
+            cat, report = fit_from_store(store, min_rows=20, save=False)
+        own = FeatureKey(store.feature_key())
+    assert report.rows == 40 and report.skipped == {"other key": 20, "unkeyed": 20}
+    assert cat.key_id == own.id and cat.meta["features"]["key_id"] == own.name
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped")]
+    assert len(notes) == 2 and any("categorize forget" in n for n in notes)
+    # a copy of the store without its key file: fit says what to do, and makes no key
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(db.read_bytes())
+    assert _cli(["categorize", "fit", "--db", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("autospec: error: no feature key at") and err.count("\n") == 1
+    assert not (tmp_path / "copy.db.feature-key").exists()
 
 
 def test_regressor_learns_one_pair_and_skips_unreadable_rows(world):
@@ -318,17 +391,17 @@ def test_regressor_learns_one_pair_and_skips_unreadable_rows(world):
     for i, (toks, a, cat) in enumerate(world.sample(15, seed=11)):
         pair = 2 if i % 3 == 0 else 1  # pair 2: fewer rows, a different acceptance
         rows.append(FeatureRow(i, datetime.fromtimestamp(T0 + i, timezone.utc), cat, "given",
-                               pair, prompt_features(toks),
+                               pair, prompt_features(toks, KEY),
                                float(np.clip(a if pair == 1 else 1 - a + rng.normal(0, .01),
                                              0, 1))))
     rows.append(rows[0]._replace(id=999, features=b"\x02"))
-    cat, report = fit_categorizer(rows, seed=1)
+    cat, report = fit_categorizer(rows, key_id=KEY.id, seed=1)
     assert report.rows == 60 and report.skipped_rows == 1
     assert cat.regressor_pair_id == report.regressor_pair_id == 1
     assert report.regressor_rows == 40 and report.pair_ids == [1, 2]
     assert cat.meta["regressor"]["class_alpha"]["code"] > cat.meta["regressor"][
         "class_alpha"]["adversarial"]
-    few, rep = fit_categorizer(rows, min_rows=50)
+    few, rep = fit_categorizer(rows, key_id=KEY.id, min_rows=50)
     assert not few.has_regressor and few.predict(rows[1].features)[1] is None
     assert "fewer than 50" in rep.regressor_note
 
@@ -344,7 +417,8 @@ def test_unlabelled_traffic_is_clustered(world, tmp_path):
         assert report.silhouette is not None and -1 <= report.silhouette <= 1
         assert sum(report.cluster_sizes.values()) == 160 and report.version == 1
         assert report.labels == {"default": 160}
-        got = [cat.predict(prompt_features(t))[0] for t, _, _ in samples]
+        key = FeatureKey(store.feature_key())
+        got = [cat.predict(prompt_features(t, key))[0] for t, _, _ in samples]
         assert set(got) <= set(cat.classes)
         # the clusters recover the hidden categories (adjusted Rand index: 1 = identical
         # partitions, 0 = chance; k-means on the raw hashed n-grams reaches only 0.1-0.6 here)

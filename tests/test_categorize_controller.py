@@ -93,15 +93,16 @@ def test_without_a_categoriser_or_features(tmp_path, models):
         Controller(target, draft, store=False, categorize="default")
 
 
-def _fixed_categorizer(winner: str, other: str = "other"):
+def _fixed_categorizer(winner: str, other: str = "other", *, name: str = "fixed",
+                       key_id: int | None = None):
     """A real Categorizer with no feature columns: its intercept alone picks ``winner``."""
     import numpy as np
 
     from autospec.categorize.categorizer import Categorizer
 
-    return Categorizer(name="fixed", version=None, kind="classifier", classes=[winner, other],
+    return Categorizer(name=name, version=None, kind="classifier", classes=[winner, other],
                        columns=np.zeros(0, dtype=np.uint32), coef=np.zeros((2, 0)),
-                       intercept=np.array([1.0, 0.0]))
+                       intercept=np.array([1.0, 0.0]), key_id=key_id)
 
 
 def test_a_categorizer_object_categorises(models, caplog):
@@ -143,3 +144,33 @@ def test_categorize_takes_only_what_it_documents(models):
     target, draft = models
     with pytest.raises(TypeError, match="Categorizer"):
         Controller(target, draft, store=False, categorize=True)
+
+
+def test_a_categoriser_fitted_under_a_rotated_key_is_refused(tmp_path, models, caplog):
+    from autospec.categorize.features import FeatureKey
+
+    target, draft = models
+    db = tmp_path / "rot.db"
+    with open_store(db) as store:
+        old = FeatureKey(store.feature_key())
+        _fixed_categorizer("chat", name="default", key_id=old.id).save(store)
+    ids = prompt_of("low", random.Random(5))
+    ctrl = Controller(target, draft, policy=2, store=db)  # under its own key: used
+    assert ctrl.categorizer is not None
+    serve(ctrl, ids)
+    ctrl.close()
+    (tmp_path / "rot.db.feature-key").unlink()  # rotated: the next writer makes a new key
+    with caplog.at_level("WARNING", logger="autospec.controller"):
+        ctrl = Controller(target, draft, policy=2, store=db)
+    assert ctrl.categorizer is None and ctrl.feature_key.id != old.id
+    assert [r for r in caplog.records if "not categorising" in r.getMessage()
+            and "refit it" in r.getMessage()]
+    serve(ctrl, ids)
+    ctrl.close()
+    with open_store(db) as store, store.session() as s:
+        after, before = queries.recent_requests(s, limit=2)
+    assert (before.category, before.category_source) == ("chat", "auto")
+    assert (after.category, after.category_source) == ("default", "default")
+    assert after.features[1:5] == ctrl.feature_key.id.to_bytes(4, "little")  # the new key
+    with pytest.raises(ValueError, match="fitted on features under feature key"):
+        Controller(target, draft, store=db, categorize="default")  # named: refused

@@ -4,16 +4,10 @@ A request that arrives without ``category=`` is given one before generation by a
 on logged traffic that did carry a label, and a regressor predicts its acceptance so that the
 policy starts from a good k instead of the global prior.
 
-Features come from the prompt's **token ids** (never its text): hashed unigrams and bigrams of
-the first ``HEAD_TOKENS`` and last ``TAIL_TOKENS`` tokens into ``N_BUCKETS`` buckets, with a
-fixed 64-bit mixing hash (not Python's ``hash``, which is salted per process), encoded as
-
-    byte 0            FEATURE_VERSION
-    4·n bytes         sorted distinct bucket indices, uint32 little-endian
-    2·n bytes         their counts, uint16 little-endian
-
-so at most 6 bytes per distinct n-gram (≤ 12 KB for any prompt), and nothing from which the
-prompt can be read back verbatim; computing them is one pass over the head and tail tokens.
+Features come from the prompt's **token ids** (never its text), keyed by the store's secret
+feature key: ``autospec.categorize.features`` (``prompt_features``) says how, and
+docs/store.md what a reader of the store can and cannot learn from them. A categoriser
+remembers the id of the key it was fitted under and refuses features of another.
 
 Models are linear on log(1 + count) weights with l2-normalised rows (``features_matrix``):
 a multinomial logistic regression when the logged traffic has two or more labels, else
@@ -29,7 +23,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import time
 import zipfile
 from collections import Counter
@@ -40,128 +33,29 @@ from typing import Any
 
 import numpy as np
 
+from autospec.categorize.features import (
+    FEATURE_VERSION,
+    HEAD_TOKENS,
+    N_BUCKETS,
+    NGRAMS,
+    TAIL_TOKENS,
+    FeatureKey,
+    FeaturesUnusable,
+    _weights,
+    decode_features,
+    features_matrix,
+    prompt_features,
+)
+
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "FEATURE_VERSION", "N_BUCKETS", "HEAD_TOKENS", "TAIL_TOKENS", "prompt_features",
-    "decode_features", "features_matrix", "Categorizer", "FitReport", "fit_categorizer",
-    "fit_from_store",
+    "FEATURE_VERSION", "N_BUCKETS", "HEAD_TOKENS", "TAIL_TOKENS", "FeatureKey",
+    "FeaturesUnusable", "prompt_features", "decode_features", "features_matrix", "Categorizer",
+    "FitReport", "fit_categorizer", "fit_from_store",
 ]
 
-FEATURE_VERSION = 1
-N_BUCKETS = 1 << 18
-HEAD_TOKENS = 256  # prompts longer than HEAD + TAIL tokens: n-grams of the first HEAD_TOKENS
-TAIL_TOKENS = 768  # and of the last TAIL_TOKENS (none across the cut)
-NGRAMS = (1, 2)
 PAYLOAD_FORMAT = 1
-
-_MASK = np.uint64(N_BUCKETS - 1)
-_K1 = np.uint64(0x9E3779B97F4A7C15)
-_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_ORDER = (np.uint64(0), np.uint64(1), np.uint64(2))
-_MAX_COUNT = np.iinfo(np.uint16).max
-
-
-# -- features ---------------------------------------------------------------------------------
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, in place on a fresh uint64 array (wraps modulo 2**64)."""
-    x ^= x >> _S30
-    x *= _M1
-    x ^= x >> _S27
-    x *= _M2
-    x ^= x >> _S31
-    return x
-
-
-def _token_array(token_ids: Any) -> np.ndarray:
-    if hasattr(token_ids, "detach"):  # a torch tensor (torch is not imported here)
-        token_ids = token_ids.detach().cpu().numpy()
-    ids = np.asarray(token_ids)
-    if ids.ndim == 2 and ids.shape[0] == 1:
-        ids = ids[0]
-    if ids.ndim != 1:
-        raise ValueError(f"prompt_features needs one sequence of token ids, got shape {ids.shape}")
-    if ids.size == 0:
-        return np.zeros(0, dtype=np.uint64)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-    return ids.astype(np.int64, copy=False).view(np.uint64)
-
-
-def _bucket_hashes(seg: np.ndarray) -> list[np.ndarray]:
-    out = [_mix(seg * _K1 + _ORDER[1])]
-    if seg.size > 1:
-        out.append(_mix(seg[:-1] * _K1 + seg[1:] * _K2 + _ORDER[2]))
-    return out
-
-
-def prompt_features(token_ids: Sequence[int] | np.ndarray) -> bytes:
-    """The prompt's hashed n-gram counts, encoded (see the module docstring). Accepts a list,
-    a 1-D array, or a [1, L] array or CPU/GPU tensor; pass the prompt without padding."""
-    ids = _token_array(token_ids)
-    if ids.size > HEAD_TOKENS + TAIL_TOKENS:
-        segments = [ids[:HEAD_TOKENS], ids[-TAIL_TOKENS:]]
-    else:
-        segments = [ids]
-    hashes = [h for seg in segments if seg.size for h in _bucket_hashes(seg)]
-    if not hashes:
-        return bytes([FEATURE_VERSION])
-    buckets = np.concatenate(hashes) & _MASK
-    idx, counts = np.unique(buckets, return_counts=True)
-    np.minimum(counts, _MAX_COUNT, out=counts)
-    return (bytes([FEATURE_VERSION]) + idx.astype("<u4").tobytes()
-            + counts.astype("<u2").tobytes())
-
-
-def decode_features(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """(bucket indices uint32, counts uint16) of an encoded blob; ValueError if the bytes are
-    not features of this ``FEATURE_VERSION``."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise ValueError(f"prompt features must be bytes, got {type(blob).__name__}")
-    blob = bytes(blob)
-    if not blob:
-        raise ValueError("empty prompt-feature blob (not even a format byte)")
-    if blob[0] != FEATURE_VERSION:
-        raise ValueError(f"prompt features in format version {blob[0]}; this autospec reads "
-                         f"version {FEATURE_VERSION} (stored by another autospec release, or "
-                         "corrupt)")
-    n, rest = divmod(len(blob) - 1, 6)
-    if rest:
-        raise ValueError(f"corrupt prompt features: {len(blob)} bytes is not 1 + 6·n")
-    idx = np.frombuffer(blob, dtype="<u4", count=n, offset=1)
-    counts = np.frombuffer(blob, dtype="<u2", count=n, offset=1 + 4 * n)
-    if n and (idx[-1] >= N_BUCKETS or (n > 1 and not np.all(idx[1:] > idx[:-1]))
-              or not np.all(counts)):
-        raise ValueError("corrupt prompt features: bucket indices not strictly increasing "
-                         f"below {N_BUCKETS}, or a zero count")
-    return idx, counts
-
-
-def _weights(counts: np.ndarray) -> np.ndarray:
-    w = np.log1p(counts.astype(np.float64))
-    norm = math.sqrt(float(w @ w))
-    return w / norm if norm > 0 else w
-
-
-def features_matrix(blobs: Sequence[bytes]):
-    """A scipy CSR matrix (rows × N_BUCKETS, float64): log(1 + count), rows l2-normalised.
-    The transform ``Categorizer.predict`` applies to one blob."""
-    import scipy.sparse as sp
-
-    indptr = np.zeros(len(blobs) + 1, dtype=np.int64)
-    cols, vals = [], []
-    for i, blob in enumerate(blobs):
-        idx, counts = decode_features(blob)
-        cols.append(idx.astype(np.int32))
-        vals.append(_weights(counts))
-        indptr[i + 1] = indptr[i] + idx.size
-    indices = np.concatenate(cols) if cols else np.zeros(0, np.int32)
-    data = np.concatenate(vals) if vals else np.zeros(0, np.float64)
-    return sp.csr_matrix((data, indices, indptr), shape=(len(blobs), N_BUCKETS))
 
 
 # -- the fitted model -------------------------------------------------------------------------
@@ -175,18 +69,21 @@ class Categorizer:
     was fitted) = clip(class_alpha[category] + reg_coef · x + reg_intercept, 0, 1): the
     category's mean acceptance, corrected by a ridge fit of each prompt's deviation from it.
     ``meta`` is what the store keeps beside the payload: the data it was fitted on (window,
-    pairs, labels), the feature spec and the held-out metrics."""
+    pairs, labels), the feature spec and the held-out metrics. ``key_id``: the id of the
+    feature key the features it was fitted on were computed under; it refuses features of
+    another key (None: any key, for a model built by hand)."""
 
     def __init__(self, *, name: str, version: int | None, kind: str, classes: Sequence[str],
                  columns: np.ndarray, coef: np.ndarray, intercept: np.ndarray,
                  reg_coef: np.ndarray | None = None, reg_intercept: float = 0.0,
                  class_alpha: np.ndarray | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, key_id: int | None = None) -> None:
         if kind not in ("classifier", "clusters"):
             raise ValueError(f"categoriser kind must be 'classifier' or 'clusters', got {kind!r}")
         self.name = name
         self.version = version
         self.kind = kind
+        self.key_id = None if key_id is None else int(key_id)
         from autospec.store.record import check_category
 
         self.classes = [check_category(str(c)) for c in classes]
@@ -215,9 +112,10 @@ class Categorizer:
         self._lookup[self.columns] = np.arange(m, dtype=np.int32)
 
     def __repr__(self) -> str:
+        key = "any" if self.key_id is None else f"{self.key_id:08x}"
         return (f"Categorizer({self.name!r}, version={self.version}, kind={self.kind!r}, "
                 f"classes={len(self.classes)}, columns={self.columns.size}, "
-                f"regressor={self.reg_coef is not None})")
+                f"regressor={self.reg_coef is not None}, key={key})")
 
     @property
     def coef(self) -> np.ndarray:
@@ -233,8 +131,21 @@ class Categorizer:
         """The model pair whose acceptance the regressor learnt (acceptance depends on it)."""
         return (self.meta.get("regressor") or {}).get("pair_id")
 
+    def check_key(self, key: FeatureKey | None) -> None:
+        """ValueError unless features computed under ``key`` are what this was fitted on."""
+        if self.key_id is None:
+            return
+        if key is None or key.id != self.key_id:
+            have = "no feature key" if key is None else f"feature key {key.name}"
+            raise ValueError(
+                f"categoriser {self.name!r} version {self.version} was fitted on features "
+                f"under feature key {self.key_id:08x}, and this process has {have} (another "
+                "server's key file, or a key rotated since): refit it with `autospec "
+                "categorize fit`, or serve with the key it was fitted under "
+                "($AUTOSPEC_FEATURE_KEY_FILE, docs/store.md)")
+
     def _project(self, blob: bytes) -> tuple[np.ndarray, np.ndarray]:
-        idx, counts = decode_features(blob)
+        idx, counts = decode_features(blob, self.key_id)
         w = _weights(counts)  # normalised over every n-gram, as at fit time
         if not idx.size or not self.columns.size:
             return np.zeros(0, np.intp), w[:0]
@@ -253,7 +164,8 @@ class Categorizer:
 
     def predict(self, blob: bytes) -> tuple[str, float | None]:
         """(category, predicted acceptance or None without a regressor) for encoded features.
-        ValueError if ``blob`` is not features of this FEATURE_VERSION."""
+        FeaturesUnusable (a ValueError) if ``blob`` is not features of this FEATURE_VERSION
+        under the key it was fitted under."""
         pos, w = self._project(blob)
         k = int(np.argmax(self._scores(pos, w)))
         return self.classes[k], self._alpha(k, pos, w)
@@ -278,6 +190,7 @@ class Categorizer:
             "format": np.array(PAYLOAD_FORMAT, np.int64),
             "feature_version": np.array(FEATURE_VERSION, np.int64),
             "n_buckets": np.array(N_BUCKETS, np.int64),
+            "key_id": np.array(-1 if self.key_id is None else self.key_id, np.int64),
             "classes": np.array(self.classes, dtype=np.str_),
             "columns": self.columns, "coef": self.coef, "intercept": self.intercept,
         }
@@ -312,8 +225,10 @@ class Categorizer:
                              f"autospec computes v{FEATURE_VERSION} ({N_BUCKETS} buckets): "
                              "refit with `autospec categorize fit`")
         reg = arrays.get("reg_coef")
+        key_id = int(arrays["key_id"]) if "key_id" in arrays else -1
         try:
             return cls(name=name, version=version, kind=kind,
+                       key_id=None if key_id < 0 else key_id,
                        classes=arrays["classes"].tolist(), columns=arrays["columns"],
                        coef=arrays["coef"], intercept=arrays["intercept"], reg_coef=reg,
                        reg_intercept=float(arrays["reg_intercept"]) if reg is not None else 0.0,
@@ -352,7 +267,7 @@ class Categorizer:
                      projection: np.ndarray | None = None,
                      class_alpha: Sequence[float] | None = None, name: str = "default",
                      version: int | None = None, meta: dict[str, Any] | None = None,
-                     ) -> Categorizer:
+                     key_id: int | None = None) -> Categorizer:
         """From a fitted linear classifier (``coef_``, ``intercept_``, ``classes_``, e.g.
         LogisticRegression) or k-means (``cluster_centers_``), and optionally a fitted linear
         regressor of the acceptance's deviation from ``class_alpha`` (``coef_``,
@@ -360,7 +275,8 @@ class Categorizer:
         (``columns`` default: every bucket). A k-means model may instead have been fitted on
         the projection ``X @ projection.T`` (e.g. TruncatedSVD's ``components_``): its nearest
         centre is still the argmax of a linear function of x. Columns whose coefficients are
-        all zero are dropped (they add nothing)."""
+        all zero are dropped (they add nothing). ``key_id``: the feature key the training
+        features were computed under (None: predict accepts any key's)."""
         cols = np.arange(N_BUCKETS) if columns is None else np.asarray(columns, np.int64)
         if hasattr(model, "cluster_centers_"):
             kind = "clusters"
@@ -392,7 +308,7 @@ class Categorizer:
                    reg_intercept=0.0 if regressor is None
                    else float(np.asarray(regressor.intercept_).reshape(-1)[0]),
                    class_alpha=None if class_alpha is None else np.asarray(class_alpha),
-                   meta=meta)
+                   meta=meta, key_id=key_id)
 
 
 # -- fitting ----------------------------------------------------------------------------------
@@ -426,7 +342,9 @@ class FitReport:
     baseline_mae: float | None = None  # … of predicting the training mean
     category_mean_mae: float | None = None  # … of predicting the training mean of the label
     regressor_note: str = ""
-    skipped_rows: int = 0  # rows whose features could not be read
+    skipped_rows: int = 0  # rows whose features could not be used
+    # why, per kind: "unkeyed" (format 1), "other key", "unreadable"
+    skipped: dict[str, int] = field(default_factory=dict)
     fit_s: float = 0.0
     version: int | None = None
 
@@ -470,11 +388,41 @@ def _compact(X_full) -> tuple[Any, np.ndarray]:
     return X, columns
 
 
-def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int | None = None,
-                    test_fraction: float = 0.2, seed: int = 0, min_rows: int = 20,
-                    classifier_c: float = 10.0, ridge_alpha: float = 0.3,
+_SKIP_NOTES = {
+    "unkeyed": "logged before features were keyed: readable back into tokens, no longer used; "
+               "`autospec categorize forget` clears them",
+    "other key": "computed under another feature key: another server's key file, or a key "
+                 "rotated since (docs/store.md)",
+    "unreadable": "unreadable",
+}
+
+
+def _usable_rows(rows: Iterable[Any], key_id: int) -> tuple[list[Any], dict[str, int]]:
+    """The rows whose features this key reads, and how many were skipped, by kind (one
+    logged line per kind)."""
+    usable, skipped = [], Counter()
+    for r in rows:
+        try:
+            decode_features(r.features, key_id)
+        except FeaturesUnusable as exc:
+            skipped[exc.kind] += 1
+            if exc.kind == "unreadable" and skipped[exc.kind] <= 3:
+                log.warning("request %s: skipping its prompt features: %s", r.id, exc)
+            continue
+        usable.append(r)
+    for kind, n in sorted(skipped.items()):
+        log.warning("skipped %d request(s) whose prompt features are %s", n,
+                    _SKIP_NOTES.get(kind, kind))
+    return usable, dict(sorted(skipped.items()))
+
+
+def fit_categorizer(rows: Iterable[Any], *, key_id: int, name: str = "default",
+                    clusters: int | None = None, test_fraction: float = 0.2, seed: int = 0,
+                    min_rows: int = 20, classifier_c: float = 10.0, ridge_alpha: float = 0.3,
                     ) -> tuple[Categorizer, FitReport]:
-    """Fit on ``FeatureRow``s (``autospec.store.queries.feature_rows``).
+    """Fit on the ``FeatureRow``s (``autospec.store.queries.feature_rows``) whose features
+    were computed under the feature key ``key_id`` (the store's: ``FeatureKey.id``); rows
+    of another key, unkeyed (format 1) or unreadable ones are skipped and counted.
 
     Two or more distinct labels and no ``clusters``: a multinomial logistic regression
     (``classifier_c``: inverse regularisation), scored on the newest ``test_fraction`` of the
@@ -487,7 +435,7 @@ def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int
     pair (the commonest; acceptance depends on the pair): each category's mean acceptance
     plus a ridge fit (``ridge_alpha``) of the prompt's deviation from it, scored on the same
     held-out rows through the held-out classifier's categories. Left out with fewer than
-    ``min_rows`` such rows. ValueError with fewer than ``min_rows`` readable rows."""
+    ``min_rows`` such rows. ValueError with fewer than ``min_rows`` usable rows."""
     import sklearn
     from sklearn.cluster import KMeans, MiniBatchKMeans
     from sklearn.decomposition import TruncatedSVD
@@ -503,20 +451,13 @@ def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int
     if clusters is not None and clusters < 2:
         raise ValueError(f"clusters must be at least 2, got {clusters}")
     t0 = time.perf_counter()
-    usable, skipped = [], 0
-    for r in rows:
-        try:
-            decode_features(r.features)
-        except ValueError as exc:
-            skipped += 1
-            if skipped <= 3:
-                log.warning("request %s: skipping its prompt features: %s", r.id, exc)
-            continue
-        usable.append(r)
+    usable, by_kind = _usable_rows(rows, key_id)
+    skipped = sum(by_kind.values())
     if len(usable) < max(2, min_rows):
+        why = ", ".join(f"{n} {k}" for k, n in by_kind.items())
         raise ValueError(
-            f"{len(usable)} logged requests with readable prompt features"
-            + (f" ({skipped} more unreadable)" if skipped else "")
+            f"{len(usable)} logged requests with prompt features under this store's feature "
+            f"key {key_id:08x}" + (f" ({skipped} more skipped: {why})" if skipped else "")
             + f"; fitting a categoriser needs at least {max(2, min_rows)}: serve more "
             "traffic with category= (features are logged by default) or widen the window")
     usable.sort(key=lambda r: (r.created_at, r.id))
@@ -542,7 +483,7 @@ def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int
                        labels=label_counts, window_first=_iso(usable[0].created_at),
                        window_last=_iso(usable[-1].created_at), pair_ids=pair_ids, split=split,
                        train_rows=int(train.size), test_rows=int(test.size),
-                       skipped_rows=skipped)
+                       skipped_rows=skipped, skipped=by_kind)
     projection = None
     predicted = np.empty(n, dtype=object)  # the category each held-out row was given
     model_meta: dict[str, Any]
@@ -605,11 +546,13 @@ def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int
     report.fit_s = time.perf_counter() - t0
     meta = {
         "kind": report.kind,
-        "features": {"version": FEATURE_VERSION, "buckets": N_BUCKETS, "ngrams": list(NGRAMS),
+        "features": {"version": FEATURE_VERSION, "key_id": f"{key_id:08x}",
+                     "buckets": N_BUCKETS, "ngrams": list(NGRAMS),
                      "head_tokens": HEAD_TOKENS, "tail_tokens": TAIL_TOKENS,
                      "weighting": "log1p(count), rows l2-normalised"},
         "window": {"first": report.window_first, "last": report.window_last, "rows": n,
-                   "labels": label_counts, "pair_ids": pair_ids, "skipped_rows": skipped},
+                   "labels": label_counts, "pair_ids": pair_ids, "skipped_rows": skipped,
+                   "skipped": by_kind},
         "split": {"kind": split, "test_fraction": test_fraction, "train_rows": report.train_rows,
                   "test_rows": report.test_rows, "seed": seed},
         "model": model_meta,
@@ -620,7 +563,8 @@ def fit_categorizer(rows: Iterable[Any], *, name: str = "default", clusters: int
         "report": report.to_dict(),
     }
     cat = Categorizer.from_sklearn(model, regressor, columns=columns, projection=projection,
-                                   class_alpha=class_alpha, name=name, meta=meta)
+                                   class_alpha=class_alpha, name=name, meta=meta,
+                                   key_id=key_id)
     log.info("fitted categoriser %r: %s on %d rows in %.2f s (%d columns)", name, report.kind,
              n, report.fit_s, cat.columns.size)
     return cat, report
@@ -689,8 +633,12 @@ def fit_from_store(store, *, name: str = "default", pair_id: int | None = None,
     Unix times) and fit; stored as the next version of ``name`` unless ``save=False``.
 
     A classifier learns from requests whose category the caller gave; when those carry fewer
-    than two labels, or ``clusters`` is given, every request with features is clustered."""
+    than two labels, or ``clusters`` is given, every request with features is clustered.
+    Only features under the store's feature key count (``Store.feature_key``, never created
+    here: FeatureKeyError, a ValueError, where the store has none)."""
     from autospec.store import queries
+
+    key_id = FeatureKey(store.feature_key(create=False)).id
 
     def read(sources):
         with store.session() as s:
@@ -699,11 +647,13 @@ def fit_from_store(store, *, name: str = "default", pair_id: int | None = None,
 
     rows = read(("given",))
     if clusters is None and len({r.category for r in rows}) >= 2:
-        cat, report = fit_categorizer(rows, name=name, test_fraction=test_fraction, seed=seed,
-                                      min_rows=min_rows, **fit_kwargs)
+        cat, report = fit_categorizer(rows, key_id=key_id, name=name, seed=seed,
+                                      test_fraction=test_fraction, min_rows=min_rows,
+                                      **fit_kwargs)
     else:
         rows = read(None)
-        cat, report = fit_categorizer(rows, name=name, seed=seed, min_rows=min_rows,
+        cat, report = fit_categorizer(rows, key_id=key_id, name=name, seed=seed,
+                                      min_rows=min_rows,
                                       test_fraction=test_fraction,
                                       clusters=clusters or _default_clusters(len(rows)),
                                       **fit_kwargs)

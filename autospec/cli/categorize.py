@@ -1,5 +1,6 @@
-"""`autospec categorize fit|show`: train the traffic categoriser on logged requests, and
-inspect the stored versions with the data and metrics they were fitted with.
+"""`autospec categorize fit|show|forget`: train the traffic categoriser on logged requests,
+inspect the stored versions with the data and metrics they were fitted with, and clear
+stored prompt features.
 
 Reads only the store and its prompt features (no torch import, no model load).
 """
@@ -15,7 +16,7 @@ from autospec.cli.common import open_store_or_die, parse_when
 from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
-__all__ = ["register", "run_fit", "run_show"]
+__all__ = ["register", "run_fit", "run_show", "run_forget"]
 
 
 def register(sub, parents) -> None:
@@ -66,6 +67,17 @@ def register(sub, parents) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(run=run_show, parser=show)
 
+    forget = sub.add_parser(
+        "forget", help="clear stored prompt features (unkeyed ones, or --all)",
+        description="Clears the prompt features of requests logged before features were "
+                    "keyed (format 1: they can be read back into the prompt's tokens), or "
+                    "with --all every request's (after the feature key leaked; rotate it too). "
+                    "Everything else a request recorded stays.")
+    forget.add_argument("--db", metavar="URL", help=db_help)
+    forget.add_argument("--all", action="store_true", dest="every",
+                        help="clear every request's features, keyed or not")
+    forget.set_defaults(run=run_forget, parser=forget)
+
 
 def run_fit(args, parser=None) -> int:
     from autospec.categorize.categorizer import fit_from_store
@@ -99,6 +111,20 @@ def run_fit(args, parser=None) -> int:
     return 0
 
 
+def run_forget(args, parser=None) -> int:
+    from autospec.store.keys import forget_features
+
+    store = open_store_or_die(args.db)
+    with store:
+        cleared = forget_features(store, every=args.every)
+        url = store.url
+    what = "prompt features" if args.every else "unkeyed prompt features"
+    print(f"cleared the {what} of {cleared} request(s) in {url}"
+          + ("" if store.dialect == "sqlite" or not cleared
+             else " (PostgreSQL keeps the old row versions until `VACUUM FULL requests`)"))
+    return 0
+
+
 def _ts(t) -> float:
     return t.timestamp() if isinstance(t, datetime) else float(t)
 
@@ -108,7 +134,9 @@ def _describe(report) -> str:
     lines = [
         f"window: {_day(report.window_first)} .. {_day(report.window_last)}, "
         f"{report.rows} requests, pair(s) {', '.join(map(str, report.pair_ids)) or '-'}"
-        + (f", {report.skipped_rows} unreadable skipped" if report.skipped_rows else ""),
+        + (f", {report.skipped_rows} skipped ("
+           + ", ".join(f"{n} {k}" for k, n in (report.skipped or {}).items()) + ")"
+           if report.skipped_rows else ""),
         "labels given: " + (", ".join(f"{k} {v}" for k, v in list(report.labels.items())[:12])
                             + (" ..." if len(report.labels) > 12 else "")),
     ]
@@ -172,9 +200,11 @@ def run_show(args, parser=None) -> int:
     if args.version is not None:
         for r in rows:
             rep = FitReport.from_meta(r.meta, version=r.version)
+            feats = r.meta.get("features") or {}
             print(f"{r.name} version {r.version}: {r.kind}, stored {_day(r.created_at.isoformat())}"
                   f", {len(r.payload) / 1e3:.0f} KB, sklearn {r.meta.get('sklearn', '-')}, "
-                  f"features v{(r.meta.get('features') or {}).get('version', '?')}")
+                  f"features v{feats.get('version', '?')}"
+                  + (f" under key {feats['key_id']}" if feats.get("key_id") else ""))
             print(_describe(rep))
         return 0
     table_rows = []
