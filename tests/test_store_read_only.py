@@ -234,3 +234,35 @@ def test_a_url_that_opens_read_only_is_refused_by_writers_and_read_by_readers(ba
             assert len(queries.recent_requests(s, limit=10)) == 3  # nothing else was written
     finally:
         cleanup()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_reading_commands_refuse_a_newer_schema_in_one_line_and_change_nothing(backend,
+                                                                               tmp_path):
+    from sqlalchemy import create_engine, text
+
+    from autospec.store.tables import VERSION_TABLE
+
+    url, cleanup = fresh_url(backend, tmp_path)
+    try:
+        with open_store(url) as st:
+            st.write(_records(60, 2, "code"))
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'"))
+        engine.dispose()
+        path = Path(make_url(url).database) if backend == "sqlite" else None
+        before = path.read_bytes() if path else None
+        for command in (["stats"], ["report"], ["explain", "--request", "1"]):
+            code, out, err = _cli(*command, "--db", url)
+            assert code == 2 and out == "", (command, out)
+            assert err.count("\n") == 1 and err.startswith("autospec: error: "), err
+            assert "newer autospec" in err and "upgrade autospec" in err
+        if path:
+            assert path.read_bytes() == before
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            assert conn.scalar(text(f"SELECT version_num FROM {VERSION_TABLE}")) == "9999_future"
+        engine.dispose()
+    finally:
+        cleanup()
