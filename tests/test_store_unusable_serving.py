@@ -95,8 +95,13 @@ def _read_only_url(url: str) -> str:
     return ro.render_as_string(hide_password=False)
 
 
-def test_a_read_only_store_serves_reading_it_and_writing_nothing(models, url, caplog):
+def test_a_read_only_store_serves_reading_it_and_writing_nothing(models, url, caplog,
+                                                                 tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # nothing lands here (the bandwidth figure goes to the cache)
     spec, outs, want, warnings = _serve(models, _read_only_url(url), caplog)
+    assert list(cwd.iterdir()) == []
     assert all(torch.equal(o, w) for o, w in zip(outs, want))
     assert len(warnings) == 1, warnings
     assert "serving without telemetry" in warnings[0]
