@@ -196,7 +196,7 @@ class Controller:
         """Serving without telemetry: one warning saying why, the failure counted; a store
         this process may read but not write is still read (history, tuned parameters, the
         categoriser). The store read-only, or None."""
-        from autospec.store import StoreError, StoreReadOnly, open_store
+        from autospec.store import StoreDamaged, StoreError, StoreReadOnly, open_store
 
         store, reads = None, ""
         if isinstance(e, StoreReadOnly):
@@ -207,8 +207,9 @@ class Controller:
                 reads = f"; nothing is read from it either: {again}"
         self.store_failures += 1
         self.store_unusable = str(e)
-        log.warning("autospec: serving without telemetry: the store%s is unusable: %s%s",
-                    f" {e.url}" if e.url else "", e, reads)
+        named = e.url and not isinstance(e, StoreDamaged)  # StoreDamaged names its file
+        log.warning("autospec: serving without telemetry: %s%s%s",
+                    f"the store {e.url} is unusable: " if named else "", e, reads)
         return store
 
     def close(self, timeout: float = 10.0) -> None:

@@ -5,8 +5,9 @@ not Optuna's ``alembic_version``) in a read transaction. A revision this version
 know means a newer autospec wrote the file: StoreTooNew, and nothing is written (not even the
 switch to WAL). A database this process may not write is StoreReadOnly, found before any
 write (a write rolled back: ``check_writable``). Otherwise a SQLite file is put in WAL mode
-and, if the schema is behind, the migrations run in one write transaction (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: under an
-advisory lock), so processes opening a new store together create it once.
+and, if the schema is behind, the migrations run in one write transaction (SQLite:
+``BEGIN IMMEDIATE``; PostgreSQL: under an advisory lock), so processes opening a new store
+together create it once.
 """
 
 from __future__ import annotations
