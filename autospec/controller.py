@@ -88,7 +88,9 @@ class Controller:
         self.log_text = log_text
         self.live: dict[str, LiveStats] = {}  # per category: acceptance, live
         self._pair_costs: PairCosts | None = None  # the pair's costs, which they reference
-        self.store = self.writer = self.telemetry = None
+        self.store = self.writer = self.telemetry = self._release_store = None
+        self.store_failures = 0  # the store's failures: at wrap, and queueing records
+        self.store_unusable: str | None = None  # why serving runs without telemetry
         self.log_features = log_features
         self.categorizer = None
         if store is not False:
@@ -120,9 +122,12 @@ class Controller:
             self._announce_categorizer()
             return
         if self.store is None:
-            if categorize is not None:
+            if categorize is not None and self.store_unusable is None:
                 raise ValueError(f"categorize={categorize!r} loads a categoriser from the "
                                  "store, but the store is off (store=False)")
+            if categorize is not None:
+                log.warning("autospec: the categoriser %r is not loaded (the store is "
+                            "unusable): requests without a category get 'default'", categorize)
             return
         from autospec.categorize.categorizer import Categorizer
 
@@ -196,22 +201,52 @@ class Controller:
             m, self.model, self.draft, names=names, telemetry=self.telemetry)
 
     def _open_store(self, store, names) -> None:
-        """Open the store now, so a bad URL fails at wrap time; writes happen off the hot path
-        on the writer's thread, and nothing it does can raise into generate."""
-        from autospec.store import Store, open_store
+        """Open the store now, so a URL that reaches no database fails at wrap time; writes
+        happen off the hot path on the writer's thread, and nothing it does can raise into
+        generate. A store this autospec cannot write (``StoreUnusable``: a newer schema,
+        read-only, damaged) does not stop serving: see ``_unusable``."""
+        from autospec.store import Store, StoreUnusable, open_store
         from autospec.telemetry import RequestTelemetry
 
-        self.store = store if isinstance(store, Store) else open_store(store)
         self._owns_store = not isinstance(store, Store)
-        self.writer = self.store.writer()
+        if not self._owns_store:
+            self.store = store
+        else:
+            try:
+                self.store = open_store(store)
+            except StoreUnusable as e:
+                self.store = self._unusable(store, e)
+        if self.store is None:
+            return
+        if not self.store.read_only:
+            self.writer = self.store.writer()
         self.telemetry = RequestTelemetry(self.model, self.draft, names=names,
                                           cache_dir=_store_dir(self.store))
-        self.store_failures = 0
         # a controller dropped without close() still flushes its records and releases the
         # writer's thread and the store's files when it is collected
         self._release_store = weakref.finalize(
             self, _release_store, self.writer, self.telemetry,
             self.store if self._owns_store else None, 10.0)
+
+    def _unusable(self, url, e):
+        """Serving without telemetry: one warning saying why, the failure counted; a store
+        this process may read but not write is still read (history, tuned parameters, the
+        categoriser). The store read-only, or None."""
+        from autospec.store import StoreDamaged, StoreError, StoreReadOnly, open_store
+
+        store, reads = None, ""
+        if isinstance(e, StoreReadOnly):
+            try:
+                store = open_store(url, read_only=True)
+                reads = "; its history, tuned parameters and categoriser are still read"
+            except StoreError as again:
+                reads = f"; nothing is read from it either: {again}"
+        self.store_failures += 1
+        self.store_unusable = str(e)
+        named = e.url and not isinstance(e, StoreDamaged)  # StoreDamaged names its file
+        log.warning("autospec: serving without telemetry: %s%s%s",
+                    f"the store {e.url} is unusable: " if named else "", e, reads)
+        return store
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush and close the store writer (also done at interpreter exit and by unwrap), and
@@ -224,8 +259,7 @@ class Controller:
             release_runners(self.model)
             if self.draft is not None:
                 release_runners(self.draft)
-        if self.writer is not None:
-            self._release_store.detach()
+        if self._release_store is not None and self._release_store.detach() is not None:
             _release_store(self.writer, self.telemetry,
                            self.store if self._owns_store else None, timeout)
             self.writer = None
@@ -539,7 +573,8 @@ def _output(sequences, scores, logits, cache):
 def _release_store(writer, telemetry, store, timeout: float) -> None:
     """Flush and stop the writer, close telemetry and, where the controller opened it, the
     store: ``Controller.close``, or the controller's finalizer when it was dropped open."""
-    writer.close(timeout=timeout)
+    if writer is not None:  # None: a store opened read-only
+        writer.close(timeout=timeout)
     telemetry.close()
     if store is not None:
         store.close()
@@ -577,10 +612,11 @@ def _check_categories(category, batch: int | None):
 
 def _store_dir(store):
     """Where machine-level figures (the measured CPU bandwidth) are cached: beside a SQLite
-    file, else the cache directory."""
-    from autospec.store.database import cache_dir
+    file this process writes, else the cache directory."""
+    from autospec.store.database import _sqlite_file, cache_dir
 
-    db = store.engine.url.database if store.engine.url.get_backend_name() == "sqlite" else None
+    url = store.engine.url
+    db = _sqlite_file(url) if url.get_backend_name() == "sqlite" and not store.read_only else None
     return str(cache_dir()) if not db or db == ":memory:" else os.path.dirname(os.path.abspath(db))
 
 

@@ -14,6 +14,14 @@ A damaged SQLite file (a page overwritten on disk: "database disk image is malfo
 is not a database", text that is not the UTF-8 written there) is ``StoreDamaged``, a
 ``StoreError`` naming the file and what to do, whether it shows when the store opens or in a
 later session: retrying or migrating cannot mend it.
+
+Errors come in two kinds. A plain ``StoreError``: the URL reaches no usable database (it is
+malformed, names an unknown kind or a driver not installed, a directory, a path whose
+directory cannot be created, a server that does not answer) — the fix is in the caller's
+configuration. ``StoreUnusable``: the URL names a store that this autospec cannot write as it
+is — ``StoreTooNew`` (written by a newer autospec), ``StoreReadOnly`` (this process may not
+write it), ``StoreDamaged``. Serving goes on without telemetry for the second kind
+(``autospec.controller``); commands refuse both with the message.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from sqlalchemy.pool import StaticPool
 
 from .record import PairInfo
 
-__all__ = ["Store", "StoreError", "StoreDamaged", "open_store", "default_url", "cache_dir"]
+__all__ = ["Store", "StoreError", "StoreUnusable", "StoreTooNew", "StoreReadOnly", "StoreDamaged",
+           "open_store", "default_url", "cache_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +59,23 @@ _PG_LOCK_ID = 0x6175746F73706563 & 0x7FFFFFFFFFFFFFFF  # "autospec": serialises 
 class StoreError(ValueError):
     """The store cannot be opened or used as asked; the message says why and what to do."""
 
+    url: str | None = None  # the store's URL, password hidden, where the error names one
 
-class StoreDamaged(StoreError):
+
+class StoreUnusable(StoreError):
+    """A store is there, but this autospec cannot write it as it is (see the subclasses)."""
+
+
+class StoreTooNew(StoreUnusable):
+    """The store was written by a newer autospec (a schema revision this one does not know)."""
+
+
+class StoreReadOnly(StoreUnusable):
+    """This process may read the store but not write it (permissions, read-only media or
+    session, or a store opened read-only)."""
+
+
+class StoreDamaged(StoreUnusable):
     """The store's SQLite file is damaged on disk; the message names it and how to recover."""
 
 
@@ -158,31 +182,10 @@ def _install_sqlite_events(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-def _read_only_sqlite(u: URL) -> URL:
-    """The same SQLite file opened read-only (``mode=ro``): it must exist; nothing is created."""
-    from urllib.parse import quote
-
-    if _sqlite_memory(u):
-        raise StoreError("an in-memory store holds nothing to read; give the file a server "
-                         "writes to")
-    db = u.database or ""
-    if u.query.get("uri") == "true" or db.startswith("file:"):
-        return u  # the caller's own URI: its mode stands
-    path = Path(db).expanduser().absolute()
-    if path.is_dir():
-        raise StoreError(f"store path {str(path)!r} is a directory; give a file path inside it, "
-                         f"e.g. {str(path / DB_FILENAME)!r}")
-    if not path.is_file():
-        raise StoreError(f"no store at {str(path)!r}: nothing has been logged there (check "
-                         "--db; a serving process creates the store on its first request)")
-    return u.set(database=f"file:{quote(str(path))}?mode=ro", query={"uri": "true"})
-
-
 def _make_engine(u: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
     backend = u.get_backend_name()
     kwargs: dict[str, Any] = {}
-    if backend == "sqlite" and read_only:
-        u = _read_only_sqlite(u)
+    if backend == "sqlite" and read_only:  # u opens the file read-only (readonly.py)
         kwargs.update(connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
     elif backend == "sqlite":
         _prepare_sqlite_file(u)
@@ -246,14 +249,18 @@ class Store:
     writer the runtime submits records to. ``feature_key()`` is the secret its prompt
     features are keyed by (``autospec.store.keys``). Thread-safe; ``close()`` closes writers
     and the engine's connections.
+
+    ``read_only``: opened by ``open_store(read_only=True)``; it takes no writer. ``stale``:
+    None, or the one line saying which commits this read-only view cannot show (a SQLite
+    write-ahead log it cannot apply, ``store/readonly.py``).
     """
 
-    def __init__(self, engine: Engine, url: URL | None = None, *,
-                 read_only: bool = False) -> None:
+    def __init__(self, engine: Engine, url: URL | None = None, *, read_only: bool = False,
+                 stale: str | None = None) -> None:
         self.engine = engine
         self._u = url or engine.url
         self.url = self._u.render_as_string(hide_password=True)
-        self.read_only = read_only
+        self.read_only, self.stale = read_only, stale
         self._key: bytes | None = None
         self._key_lock = threading.Lock()
         self.dialect = engine.dialect.name
@@ -324,9 +331,13 @@ class Store:
             return self._key
 
     def writer(self, **kwargs: Any):
-        """A started background writer on this store (see ``StoreWriter``)."""
+        """A started background writer on this store (see ``StoreWriter``); StoreReadOnly for
+        a store opened read-only."""
         from .writer import StoreWriter
 
+        if self.read_only:
+            raise StoreReadOnly(f"the store at {self.url} was opened read-only: it takes no "
+                                "records (open it without read_only to write)")
         return StoreWriter(self, **kwargs)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -349,49 +360,63 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
     """Open (creating or upgrading the schema as needed) the store at ``url``.
 
     ``read_only``: for readers (``autospec stats``, ``report``): nothing is created, migrated
-    or written — a SQLite file must exist and is opened ``mode=ro`` (so a read-only file or
-    one owned by another user is readable), a PostgreSQL session is read-only; a store whose
-    schema is behind this autospec's is refused with what to do.
+    or written — a SQLite file must exist and is opened ``mode=ro`` (``immutable=1`` where
+    its directory is not writable and its log cannot be used: ``store/readonly.py``; the
+    store's ``stale`` says what such a view misses), a PostgreSQL session is read-only; a
+    store whose schema is behind this autospec's is refused with what to do.
 
     ``None``: ``sqlite:///<cache>/autospec.db`` (cache = $AUTOSPEC_CACHE, else
     $XDG_CACHE_HOME/autospec, else ~/.cache/autospec). A string without ``://`` is a SQLite
     file path. ``busy_timeout_s`` bounds how long a SQLite write waits for the file's lock
     (and a PostgreSQL connection attempt). Raises StoreError for a malformed URL, an unknown
-    dialect or missing driver, an unreachable server or unusable file, and a database written
-    by a newer autospec; StoreDamaged (a StoreError) for a damaged SQLite file.
+    dialect or missing driver, an unreachable server or unusable file; StoreUnusable for a
+    store that is there but cannot be written as it is: StoreTooNew (written by a newer
+    autospec), StoreReadOnly (a writing open of a store this process may not write),
+    StoreDamaged (a damaged SQLite file).
     """
     from .migrate import check_readable, upgrade
+    from .readonly import read_only_message, read_only_sqlite, refuses_writes
 
     u = _resolve(url)
-    engine = _make_engine(u, busy_timeout_s, read_only)
+    opened, stale = u, None
+    if read_only and u.get_backend_name() == "sqlite":
+        opened, stale = read_only_sqlite(u)
+    engine = _make_engine(opened, busy_timeout_s, read_only)
     safe = u.render_as_string(hide_password=True)
     try:
         if read_only:
             check_readable(engine)
         else:
             upgrade(engine)
-    except StoreError:
+    except StoreError as exc:
         engine.dispose()
+        exc.url = safe
         raise
     except (SQLAlchemyError, sqlite3.Error) as exc:
         engine.dispose()
         damaged = damage_of(exc, engine.url)
         if damaged is not None:
+            damaged.url = safe
             raise damaged from exc
         orig = getattr(exc, "orig", None) or exc
         detail = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-        if engine.dialect.name == "sqlite":
-            hint = ("check that the path is a writable SQLite database file (not another kind "
-                    "of file)")
+        if not read_only and refuses_writes(exc):  # e.g. no -wal can be created beside it
+            error: StoreError = StoreReadOnly(read_only_message(detail))
+        elif engine.dialect.name == "sqlite":
+            error = StoreError(f"cannot open the store at {safe}: {detail}; " + (
+                "check that it is readable by this user" if read_only else
+                "check that the path is a writable SQLite database file (not another kind of "
+                "file)"))
         else:
-            hint = ("check that the server is running and reachable, and the URL's host, port, "
-                    "user, password and database name")
-        if read_only:
-            hint = "check that it is readable by this user" if engine.dialect.name == "sqlite" \
-                else hint
-        raise StoreError(f"cannot open the store at {safe}: {detail}; {hint}") from exc
+            error = StoreError(f"cannot open the store at {safe}: {detail}; check that the "
+                               "server is running and reachable, and the URL's host, port, "
+                               "user, password and database name")
+        error.url = safe
+        raise error from exc
     except OSError as exc:
         engine.dispose()
         raise StoreError(f"cannot open the store at {safe}: {exc}") from exc
+    if stale is not None:
+        log.warning("autospec: %s", stale)
     log.debug("opened store %s", safe)
-    return Store(engine, u, read_only=read_only)
+    return Store(engine, u, read_only=read_only, stale=stale)

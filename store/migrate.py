@@ -2,10 +2,12 @@
 
 ``upgrade(engine)`` first reads the database's revision (from ``autospec_alembic_version``,
 not Optuna's ``alembic_version``) in a read transaction. A revision this version does not
-know means a newer autospec wrote the file: StoreError, and nothing is written (not even the
-switch to WAL). Otherwise a SQLite file is put in WAL mode and, if the schema is behind, the
-migrations run in one write transaction (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: under an
-advisory lock), so processes opening a new store together create it once.
+know means a newer autospec wrote the file: StoreTooNew, and nothing is written (not even the
+switch to WAL). A database this process may not write is StoreReadOnly, found before any
+write (a write rolled back: ``check_writable``). Otherwise a SQLite file is put in WAL mode
+and, if the schema is behind, the migrations run in one write transaction (SQLite:
+``BEGIN IMMEDIATE``; PostgreSQL: under an advisory lock), so processes opening a new store
+together create it once.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from .database import _PG_LOCK_ID, StoreError, ensure_wal
+from .database import (
+    _PG_LOCK_ID,
+    StoreError,
+    StoreReadOnly,
+    StoreTooNew,
+    _sqlite_memory,
+    ensure_wal,
+)
+from .readonly import read_only_message, refuses_writes
 from .tables import VERSION_TABLE
 
-__all__ = ["upgrade", "check_readable", "current_revision", "head_revision"]
+__all__ = ["upgrade", "check_readable", "check_writable", "current_revision", "head_revision"]
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +62,11 @@ def current_revision(conn: Connection) -> tuple[str, ...]:
 
 
 def _check(current: tuple[str, ...]) -> bool:
-    """True if an upgrade is needed; StoreError if the database is newer than this code."""
+    """True if an upgrade is needed; StoreTooNew if the database is newer than this code."""
     known = {s.revision for s in _script().walk_revisions()}
     unknown = [r for r in current if r not in known]
     if unknown:
-        raise StoreError(
+        raise StoreTooNew(
             f"this database was written by a newer autospec (schema revision {unknown[0]}; "
             f"this version knows up to {head_revision()}); upgrade autospec to use it. "
             "The database was left unchanged.")
@@ -66,6 +76,7 @@ def _check(current: tuple[str, ...]) -> bool:
 def upgrade(engine: Engine) -> None:
     with engine.connect() as conn, conn.begin():
         needed = _check(current_revision(conn))  # raises, having written nothing, if newer
+    check_writable(engine)
     ensure_wal(engine)
     if not needed:
         return
@@ -80,6 +91,32 @@ def upgrade(engine: Engine) -> None:
         cfg = _config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def check_writable(engine: Engine) -> None:
+    """StoreReadOnly if this process may not write the database; nothing is written either
+    way. SQLite: a write (the header's user_version, set to itself) in a transaction rolled
+    back — a read-only file takes the write lock and refuses only the write. PostgreSQL:
+    whether sessions are read-only (a standby, ``default_transaction_read_only``)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            if conn.exec_driver_sql("SHOW transaction_read_only").scalar() == "on":
+                raise StoreReadOnly(read_only_message("its sessions are read-only"))
+        return
+    if engine.dialect.name != "sqlite" or _sqlite_memory(engine.url):
+        return
+    with engine.execution_options(autospec_write=True).connect() as conn:
+        trans = conn.begin()  # BEGIN IMMEDIATE
+        try:
+            version = int(conn.exec_driver_sql("PRAGMA user_version").scalar())
+            conn.exec_driver_sql(f"PRAGMA user_version = {version}")
+        except Exception as exc:
+            if not refuses_writes(exc):
+                raise
+            detail = str(getattr(exc, "orig", exc)).strip()
+            raise StoreReadOnly(read_only_message(detail)) from exc
+        finally:
+            trans.rollback()
 
 
 def check_readable(engine: Engine) -> None:

@@ -271,10 +271,26 @@ def env_line(env) -> str:
 def open_store_or_die(url: str | None, *, read_only: bool = False):
     """The store at ``url`` (default: autospec.db in the cache directory), or ``die`` with
     the store's own message. ``read_only``: for commands that only read — nothing is created
-    or migrated (see ``autospec.store.open_store``)."""
+    or migrated (see ``autospec.store.open_store``); what such a view cannot show (the
+    store's ``stale``) is one ``autospec: warning:`` line, printed here instead of logged."""
     from autospec.store import StoreError, open_store
 
+    if not read_only:
+        try:
+            return open_store(url)
+        except StoreError as e:
+            die(str(e))
+    opening = logging.getLogger("autospec.store.database")
+    propagate, opening.propagate = opening.propagate, False  # the line below says it once
+    quiet = logging.NullHandler()
+    opening.addHandler(quiet)
     try:
-        return open_store(url, read_only=read_only) if read_only else open_store(url)
+        store = open_store(url, read_only=True)
     except StoreError as e:
         die(str(e))
+    finally:
+        opening.removeHandler(quiet)
+        opening.propagate = propagate
+    if store.stale is not None:
+        print(f"autospec: warning: {store.stale}", file=sys.stderr)
+    return store
