@@ -10,8 +10,12 @@ import threading
 import tracemalloc
 
 import pytest
+import torch
 
+import autospec
 from autospec.suffix import SuffixIndex, SuffixMemory, SuffixSettings
+
+from conftest import tiny
 
 V = 151936  # a real vocabulary: two-token seeds almost never repeat, the most places per token
 
@@ -177,3 +181,39 @@ def test_a_tenant_drafts_from_its_own_outputs_only():
     assert mem.categories("acme") == {"sql": (1, 42)} and mem.categories() == {}
     with pytest.raises(ValueError, match="tenant"):
         mem.tenant("  ")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny("llama", layers=2, seed=5)
+
+
+def test_another_tenants_request_cannot_draft_from_an_earlier_output(target):
+    """Tenant A's request, then the same prompt again for A (drafted whole from A's output)
+    and for B (served as if the memory were empty: its counters are A's first request's)."""
+    spec = autospec.Controller(target, None, store=False, policy="suffix:8", tenant="acme")
+    ids = torch.randint(4, 90, (1, 13), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, category="tools")
+    first = spec.generate(ids, **kw)  # the controller's tenant
+    cold = spec.last_stats
+    again = spec.generate(ids, tenant="acme", **kw)
+    warm = spec.last_stats
+    other = spec.generate(ids, tenant="globex", **kw)
+    b = spec.last_stats
+    assert torch.equal(first, again) and torch.equal(first, other)
+    assert warm.suffix_accepted == warm.suffix_drafted >= 30
+    assert warm.iterations < cold.iterations
+    assert (b.iterations, b.suffix_drafted, b.suffix_accepted, b.suffix_drafts) == (
+        cold.iterations, cold.suffix_drafted, cold.suffix_accepted, cold.suffix_drafts)
+    assert spec.suffix_memory.categories("acme")["tools"][0] == 2
+    assert spec.suffix_memory.categories("globex")["tools"][0] == 1
+
+
+def test_tenant_names_are_checked_like_categories(target):
+    with pytest.raises(ValueError, match="tenant"):
+        autospec.Controller(target, None, store=False, tenant="")
+    spec = autospec.Controller(target, None, store=False, policy="suffix:4")
+    ids = torch.randint(4, 90, (1, 5), generator=torch.Generator().manual_seed(0))
+    for bad in ("", "a\x00b", 7):
+        with pytest.raises(ValueError, match="tenant"):
+            spec.generate(ids, max_new_tokens=3, tenant=bad)
