@@ -8,8 +8,9 @@ stored.
 2. Long outputs: --long-outputs outputs of --long-tokens tokens over --long-categories
    categories (each fills its category's share; the bound forgets whole categories).
 3. Lookups while a --long-tokens output is stored: another thread looks up, without pause,
-   in the same category and in another, and each lookup's time is kept; printed are the
-   worst and the median of those that overlapped the insertion.
+   in the same category and in another; each lookup's wait is the time from the end of the
+   previous one to its own end (so waiting for the interpreter before the call counts);
+   printed are the worst and the median of those that ended during the insertion.
 
 RSS is read from /proc/self/statm (else psutil) and printed above its level before the
 memory was made, beside the memory's own count (``SuffixMemory.bytes``) and the bound
@@ -103,14 +104,14 @@ def waits(args, queue) -> None:
     def look() -> None:
         started.wait()
         i = 0
+        last = time.perf_counter()
         while not done.is_set():
             cat = ("long", "other")[i % 2]
-            ctx = contexts[cat][(i // 2) % 2]
-            t = time.perf_counter()
-            mem.draft(cat, ctx, 8)
-            dt = time.perf_counter() - t
+            mem.draft(cat, contexts[cat][(i // 2) % 2], 8)
+            now = time.perf_counter()
             if not done.is_set():
-                seen[cat].append(dt)
+                seen[cat].append(now - last)
+            last = now
             i += 1
 
     th = threading.Thread(target=look)
