@@ -1,9 +1,10 @@
 """``autospec.wrap(model, draft)``: make ``model.generate`` speculative, exactly.
 
-The controller accepts what transformers' ``generate`` accepts, plus ``category=``, ``k=`` and
-``generator=``. A request it can serve exactly runs the speculative loop; anything else (beam
-search, batch > 1, contrastive search, custom logits processors, …) goes unchanged to the
-model's own ``generate``, and the reason is logged once per kind of request.
+The controller accepts what transformers' ``generate`` accepts, plus ``category=``,
+``tenant=``, ``k=`` and ``generator=``. A request it can serve exactly runs the speculative
+loop; anything else (beam search, batch > 1, contrastive search, custom logits processors, …)
+goes unchanged to the model's own ``generate``, and the reason is logged once per kind of
+request.
 
 (The module is named ``controller`` so that it cannot shadow the ``autospec.wrap`` function.)
 """
@@ -26,6 +27,7 @@ from autospec.engine.stats import LoopStats, merge_stats
 from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats, PairCosts
+from autospec.suffix_memory import check_tenant
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,8 @@ class Controller:
                  draft_tokenizer=None, match_draft: bool = True, category: str | None = None,
                  store=None, log_text: bool = False, names: tuple[str, str] | None = None,
                  categorize=None, log_features: bool = True, static_cache: bool = False,
-                 cuda_graphs="auto", metrics=False, ngram=None, suffix=None):
+                 cuda_graphs="auto", metrics=False, ngram=None, suffix=None,
+                 tenant: str | None = None):
         from autospec.engine.checks import check_pair
         from autospec.engine.runners import path_name, resolve_graphs
 
@@ -73,6 +76,8 @@ class Controller:
         self.k_max = k_max
         # a category named here counts as given; None: the categoriser's, else "default"
         self.category = None if category is None else _check_category(category)
+        # whose earlier outputs the suffix memory drafts from (None: every untenanted request's)
+        self.tenant = None if tenant is None else check_tenant(tenant)
         self.policy: Policy = as_policy(policy)
         if suffix is None and wants_suffix(self.policy):
             from autospec.suffix import SuffixMemory
@@ -272,7 +277,7 @@ class Controller:
     # -- public API ----------------------------------------------------------------------
     def generate(self, inputs=None, generation_config=None, *args, category: str | None = None,
                  k: int | None = None, generator: torch.Generator | None = None,
-                 explain: bool = False, **kwargs):
+                 explain: bool = False, tenant: str | None = None, **kwargs):
         """Same arguments and return types as transformers' ``generate``, plus:
 
         category: traffic category for statistics and policies (else the controller's, else
@@ -287,11 +292,15 @@ class Controller:
             in the store. Without it a store keeps a sample (the first iterations and every
             16th: ``autospec.engine.batch.WHY_KEPT``), also on ``last_stats.decisions``; with
             neither, None. A request served by the original generate has no record.
+        tenant: whose requests this one is (else the controller's): suffix decoding drafts
+            only from the earlier outputs of the same tenant and category, and remembers this
+            output for them alone (None: for every request without a tenant). Not stored.
         """
         if not isinstance(explain, bool):
             raise ValueError(f"explain must be True or False, got {explain!r}")
         rows = _batch_of(inputs if inputs is not None else kwargs.get("input_ids"))
         category = _check_categories(category, rows)
+        tenant = self.tenant if tenant is None else check_tenant(tenant)
         policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
                                                       *proposer_of(k))
         if self.suffix_memory is None and wants_suffix(policy):
@@ -302,7 +311,7 @@ class Controller:
         if plan is None:
             return self._fallback(reason, inputs, generation_config, args, kwargs)
         return self._speculate(plan, policy, category, generator, k, kwargs.get("streamer"),
-                               explain)
+                               explain, tenant)
 
     def _open_suffix(self) -> None:
         """The suffix proposer's memory with its default settings (a policy asked for it)."""
@@ -318,7 +327,7 @@ class Controller:
         return getattr(self._local, "row_stats", None)
 
     def _speculate(self, plan: Plan, policy, category, generator, k, streamer,
-                   explain: bool = False):
+                   explain: bool = False, tenant: str | None = None):
         """A planned request through the engine (batch 1 is a batch of one); the output laid
         out as generate lays it out."""
         from autospec.engine.generate import run
@@ -339,7 +348,8 @@ class Controller:
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
             record_confidence=self.writer is not None, ngram=self.ngram,
-            suffix_memory=self.suffix_memory, static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            suffix_memory=None if self.suffix_memory is None else self.suffix_memory.tenant(
+                tenant), static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
             keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
             explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
@@ -701,8 +711,12 @@ def wrap(model, draft=None, **options) -> Controller:
     a callable ``tokens -> index`` with ``extend``/``propose``, see ``autospec.ngram``),
     suffix (the suffix proposer, ``autospec.suffix``: True for its defaults, a dict of
     ``SuffixSettings`` fields, or settings; it remembers the outputs of this process's
-    earlier requests per category, never in the store; a ``"suffix:K"`` policy turns it on
-    with its defaults; default None: off).
+    earlier requests per tenant and category, never in the store, within ``max_bytes``; a
+    ``"suffix:K"`` policy turns it on with its defaults; default None: off. What it drafts
+    shows in acceptance and latency whether a continuation matches an earlier output of the
+    same tenant and category: name a tenant per user who must not learn of another's
+    outputs), tenant (every request's tenant unless the call names one; None (default):
+    requests share the suffix memory per category; named like a category, never stored).
     """
     if getattr(model, "_autospec_controller", None) is not None:
         raise ValueError("this model is already wrapped: call autospec.unwrap(model) first")

@@ -24,10 +24,11 @@ dictionary probe, a backward comparison of at most ``max_depth`` tokens per plac
 of at most k steps over the places kept: bounded whatever the history's length
 (``scripts/ngram_cost.py --suffix`` measures it against a target forward).
 
-Memory. ``SuffixMemory`` keeps one index per category, each bounded by ``max_requests`` outputs
-and ``max_tokens`` tokens (the oldest output is evicted first). It lives in the process
-that generated the text: cross-request memory holds other requests' text, so it is never
-written to the store.
+Memory. ``SuffixMemory`` (``autospec.suffix_memory``) keeps the earlier outputs per (tenant,
+category), each bounded by ``max_requests`` outputs and ``max_tokens`` tokens (the oldest
+output is evicted first), all of them together by ``max_bytes`` (the least recently used
+category is forgotten first). It lives in the process that generated the text: cross-request
+memory holds other requests' text, so it is never written to the store.
 
 Trace. What the proposer would have drafted at every generated position of a request
 (``suffix_trace``: match lengths, agreement counts and draft lengths, no tokens) is what the
@@ -38,9 +39,9 @@ computed when the request finishes, before its output joins the memory.
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autospec.ngram import agreement
 from autospec.traces import (
@@ -50,18 +51,22 @@ from autospec.traces import (
     encode_trace_value,
 )
 
-__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "suffix_trace", "SEED",
-           "OCCURRENCES"]
+if TYPE_CHECKING:
+    from autospec.suffix_memory import SuffixMemory, TenantMemory
+
+__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "draft_at", "suffix_trace",
+           "SEED", "OCCURRENCES"]
 
 SEED = 2  # tokens of the n-gram a lookup starts from (1 where the context is shorter)
 OCCURRENCES = 64  # places per seed the index keeps (the latest): a lookup's work is bounded
+MIN_BYTES = 1 << 20  # the least max_bytes: room for a category and its working memory
 
 
 @dataclass(frozen=True)
 class SuffixSettings:
     """How the suffix proposer matches and how far it proposes. The defaults are Arctic
     Inference's (and vLLM's ``suffix_decoding_*`` fields); ``max_requests`` and ``max_tokens``
-    bound the memory of each category.
+    bound the memory of each category, ``max_bytes`` the memory of every category together.
 
     max_depth: the longest suffix matched (vLLM: ``suffix_decoding_max_tree_depth``);
     max_spec_factor: a block is at most this × the match length
@@ -69,7 +74,10 @@ class SuffixSettings:
     matched places that continue along it drops below this
     (``suffix_decoding_min_token_prob``); min_match: shorter matches propose nothing;
     max_requests / max_tokens: earlier outputs kept per category
-    (``suffix_decoding_max_cached_requests``) and their tokens in all."""
+    (``suffix_decoding_max_cached_requests``) and their tokens in all; max_bytes: the bytes
+    the memory holds, every tenant and category together, counted as allocated (Python objects
+    and arrays; an insertion's working memory too); a category alone holds at most a quarter of
+    it (``autospec.suffix_memory``)."""
 
     max_depth: int = 24
     max_spec_factor: float = 1.0
@@ -77,12 +85,18 @@ class SuffixSettings:
     min_match: int = 1
     max_requests: int = 1000
     max_tokens: int = 1 << 18
+    max_bytes: int = 1 << 27
 
     def __post_init__(self):
-        for name in ("max_depth", "min_match", "max_requests", "max_tokens"):
+        for name in ("max_depth", "min_match", "max_requests", "max_tokens", "max_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"suffix {name} must be an int >= 1, got {v!r}")
+        if self.max_tokens >= 1 << 31:
+            raise ValueError(f"suffix max_tokens must be below 2^31, got {self.max_tokens}")
+        if self.max_bytes < MIN_BYTES:
+            raise ValueError(f"suffix max_bytes must be at least {MIN_BYTES} (1 MiB), got "
+                             f"{self.max_bytes}")
         if not self.min_match <= self.max_depth:
             raise ValueError(f"suffix min_match ({self.min_match}) must be at most max_depth "
                              f"({self.max_depth})")
@@ -208,30 +222,40 @@ class SuffixIndex:
                 at = sorted(set(at).union(two))  # oldest first: ties go to the earliest
         if not at:
             return [], 0, 0.0
-        # each place's match: how far back the context agrees with the text before it
-        seqs, depth = self._seqs, min(s.max_depth, n)
-        matched: list[tuple[int, list[int], int]] = []
-        for place in at:
-            seq, pos = seqs[place >> 32], place & 0xFFFFFFFF
-            m = 1
-            top = min(depth, pos)
-            while m < top and seq[pos - m - 1] == context[n - m - 1]:
-                m += 1
-            if m >= s.min_match:
-                matched.append((m, seq, pos))
-        # every match length found is a node of the suffix tree (the places matching at
-        # least that far); each proposes its walk, and the one of highest score wins
-        best: tuple[float, int, list[int]] = (0.0, 0, [])
-        for length in sorted({m for m, _, _ in matched}, reverse=True):
-            found = [(seq, pos) for m, seq, pos in matched if m >= length]
-            limit = min(k, int(s.max_spec_factor * length + 1e-6))
-            toks, score = _walk(found, limit, s.min_token_prob)
-            if score > best[0]:
-                best = (score, length, toks)
-        return best[2], best[1] if best[2] else 0, best[0]
+        return draft_at(s, self._seqs, at, context, k)
 
 
-def _walk(found: list[tuple[list[int], int]], limit: int,
+def draft_at(s: SuffixSettings, seqs: Mapping[int, Sequence[int]], at: Sequence[int],
+             context: Sequence[int], k: int) -> tuple[list[int], int, float]:
+    """The draft from the places ``at`` (``sid << 32 | position``, oldest first) where the
+    context's last token was followed, in the sequences ``seqs`` (sid → tokens): each place's
+    match, then per match length the walk, the one of highest score kept (``SuffixIndex.
+    draft``; the memory's archives gather their places differently and call this too)."""
+    # each place's match: how far back the context agrees with the text before it
+    n = len(context)
+    depth = min(s.max_depth, n)
+    matched: list[tuple[int, Sequence[int], int]] = []
+    for place in at:
+        seq, pos = seqs[place >> 32], place & 0xFFFFFFFF
+        m = 1
+        top = min(depth, pos)
+        while m < top and seq[pos - m - 1] == context[n - m - 1]:
+            m += 1
+        if m >= s.min_match:
+            matched.append((m, seq, pos))
+    # every match length found is a node of the suffix tree (the places matching at least
+    # that far); each proposes its walk, and the one of highest score wins
+    best: tuple[float, int, list[int]] = (0.0, 0, [])
+    for length in sorted({m for m, _, _ in matched}, reverse=True):
+        found = [(seq, pos) for m, seq, pos in matched if m >= length]
+        limit = min(k, int(s.max_spec_factor * length + 1e-6))
+        toks, score = _walk(found, limit, s.min_token_prob)
+        if score > best[0]:
+            best = (score, length, toks)
+    return best[2], best[1] if best[2] else 0, best[0]
+
+
+def _walk(found: list[tuple[Sequence[int], int]], limit: int,
           min_prob: float) -> tuple[list[int], float]:
     """Down the tree from the places ``found``: each step the next token most of them share,
     while the path's probability (the share of the node's places that follow it) stays at
@@ -267,58 +291,7 @@ def _place(places: dict[int, list[int]], key: int, place: int) -> None:
             del at[0]
 
 
-class SuffixMemory:
-    """The outputs of earlier requests, one ``SuffixIndex`` per category, bounded by
-    ``settings.max_requests`` and ``settings.max_tokens`` per category (oldest evicted).
-    Thread-safe: requests of one controller may finish on several threads."""
-
-    def __init__(self, settings: SuffixSettings | None = None):
-        self.settings = settings or SuffixSettings()
-        self._by_category: dict[str, SuffixIndex] = {}
-        self._lock = threading.Lock()
-        self.evicted = 0
-
-    def index(self, category: str) -> SuffixIndex:
-        with self._lock:
-            idx = self._by_category.get(category)
-            if idx is None:
-                idx = self._by_category[category] = SuffixIndex(self.settings)
-            return idx
-
-    def remember(self, category: str, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """One finished request's output, with the last ``max_depth`` prompt tokens before it
-        (what its first tokens followed), into its category's index."""
-        if not output:
-            return
-        s = self.settings
-        tokens = list(prompt[-s.max_depth:]) + list(output)
-        if len(tokens) > s.max_tokens:
-            tokens = tokens[-s.max_tokens:]
-        idx = self.index(category)
-        with self._lock:
-            idx.add(tokens, finished=True)
-            while len(idx) > s.max_requests or idx.tokens > s.max_tokens:
-                idx.drop_oldest()
-                self.evicted += 1
-
-    def propose(self, category: str, context: Sequence[int], k: int) -> tuple[list[int], int]:
-        """``SuffixIndex.propose`` on the category's earlier outputs (([], 0): none yet)."""
-        return self.draft(category, context, k)[:2]
-
-    def draft(self, category: str, context: Sequence[int],
-              k: int) -> tuple[list[int], int, float]:
-        """``SuffixIndex.draft`` on the category's earlier outputs."""
-        with self._lock:
-            idx = self._by_category.get(category)
-            return idx.draft(context, k) if idx is not None and len(idx) else ([], 0, 0.0)
-
-    def categories(self) -> dict[str, tuple[int, int]]:
-        """category → (outputs held, tokens held)."""
-        with self._lock:
-            return {c: (len(i), i.tokens) for c, i in self._by_category.items()}
-
-
-def best_of(local: SuffixIndex, memory: SuffixMemory | None, category: str,
+def best_of(local: SuffixIndex, memory: SuffixMemory | TenantMemory | None, category: str,
             context: Sequence[int], k: int) -> tuple[list[int], int]:
     """The request's own history and its category's earlier outputs, each asked: the draft of
     higher score proposes (the request's own at a tie), as Arctic chooses between its
@@ -330,7 +303,8 @@ def best_of(local: SuffixIndex, memory: SuffixMemory | None, category: str,
     return b[:2] if b[2] > a[2] else a[:2]
 
 
-def suffix_trace(tokens: Sequence[int], prompt_len: int, memory: SuffixMemory | None,
+def suffix_trace(tokens: Sequence[int], prompt_len: int,
+                 memory: SuffixMemory | TenantMemory | None,
                  category: str, *, settings: SuffixSettings | None = None,
                  k: int = NGRAM_TRACE_K) -> bytes:
     """Suffix decoding's trace of one request (``autospec.traces``: SUFFIX_TRACE_WIDTH bytes
@@ -367,3 +341,12 @@ def suffix_trace(tokens: Sequence[int], prompt_len: int, memory: SuffixMemory | 
         local.extend(sid, (toks[t],))
         context.append(toks[t])
     return bytes(out)
+
+
+def __getattr__(name: str):
+    """``SuffixMemory`` lives in ``autospec.suffix_memory`` (which builds on this module)."""
+    if name == "SuffixMemory":
+        from autospec.suffix_memory import SuffixMemory
+
+        return SuffixMemory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Suffix decoding as a proposer: each row proposes the most frequent continuation of its
 context's longest suffix, found in its own prompt and output or in the outputs of earlier
-requests of its category (``autospec.suffix``), in host memory.
+requests of its category and tenant (``autospec.suffix``), in host memory.
 
 Its proposals are a function of the context and of what earlier requests emitted, so its q is
 one-hot, as prompt lookup's: the rejection rule keeps the target's law exactly. Its blocks
@@ -8,7 +8,8 @@ reach the device as prompt lookup's do: one non-blocking copy from a reused stag
 A row's match (the suffix length found) is what the policy sees, as prompt lookup's match.
 
 When a row finishes, its output (after the last ``max_depth`` prompt tokens) joins its
-category's memory (``SuffixMemory``), for the requests that come after it. Where the call
+category's memory (``SuffixMemory``; the call's tenant's, ``TenantMemory``, where it names
+one), for the requests that come after it. Where the call
 records for a store, each row's trace (``autospec.suffix.suffix_trace``: what the proposer
 would have drafted at every position it generated) is computed first, every row's before any
 row's output joins the memory: the memory the trace reads is the one the call started from,
@@ -23,7 +24,8 @@ import time
 import torch
 
 from autospec.ngram import agreement
-from autospec.suffix import SuffixIndex, SuffixMemory, best_of, suffix_trace
+from autospec.suffix import SuffixIndex, best_of, suffix_trace
+from autospec.suffix_memory import SuffixMemory, TenantMemory
 
 from . import Block, HostLookup
 
@@ -35,7 +37,7 @@ class SuffixLookup(HostLookup):
 
     def __init__(self, batch):
         super().__init__(batch)
-        self.memory: SuffixMemory = batch.suffix_memory
+        self.memory: SuffixMemory | TenantMemory = batch.suffix_memory
         self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
         self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
