@@ -24,7 +24,7 @@ import torch
 
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
-from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
+from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wanted
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats, PairCosts
 from autospec.suffix_memory import check_tenant
@@ -56,8 +56,9 @@ class Controller:
 
         self.layouts = [attention_layout(model)] + (
             [] if draft is None else [attention_layout(draft, "draft")])
-        self.ngram = _ngram_factory(ngram)
-        # suffix decoding's memory of earlier outputs, per category (this process only)
+        # by proposer name, what wrap was given for it (prompt lookup's index factory)
+        self.options = {"ngram": _ngram_factory(ngram)}
+        # the category memory of earlier outputs (suffix decoding's; this process only)
         self.suffix_memory = None
         if suffix:
             from autospec.suffix import SuffixMemory, SuffixSettings
@@ -79,7 +80,7 @@ class Controller:
         # whose earlier outputs the suffix memory drafts from (None: every untenanted request's)
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.policy: Policy = as_policy(policy)
-        if suffix is None and wants_suffix(self.policy):
+        if suffix is None and _needs_memory(self.policy):
             from autospec.suffix import SuffixMemory
 
             self.suffix_memory = SuffixMemory()  # "suffix:K" or "auto:…+suffix" asks for it
@@ -301,9 +302,8 @@ class Controller:
         rows = _batch_of(inputs if inputs is not None else kwargs.get("input_ids"))
         category = _check_categories(category, rows)
         tenant = self.tenant if tenant is None else check_tenant(tenant)
-        policy = self.policy if k is None else FixedK(_check_k(k, self.k_max),
-                                                      *proposer_of(k))
-        if self.suffix_memory is None and wants_suffix(policy):
+        policy = self.policy if k is None else _fixed(_check_k(k, self.k_max), k)
+        if self.suffix_memory is None and _needs_memory(policy):
             self._open_suffix()
         plan, reason = self._plan(inputs, generation_config, args, kwargs)
         self._local.stats = None
@@ -347,9 +347,9 @@ class Controller:
             k_max=self.k_max, target_context=self.target_context,
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
-            record_confidence=self.writer is not None, ngram=self.ngram,
-            suffix_memory=None if self.suffix_memory is None else self.suffix_memory.tenant(
-                tenant), static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
+            record_confidence=self.writer is not None, options=self.options,
+            memory=None if self.suffix_memory is None else self.suffix_memory.tenant(tenant),
+            static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
             keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
             explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
@@ -480,13 +480,10 @@ class Controller:
                 live.warm_catch_up(c.catch_up)
                 # a probe's curve is exempt from the shape guard (every n timed back to
                 # back); a live one passes it again here, whoever stored it
-                live.costs.warm(c.t_target, c.t_draft, c.t_ngram, probe=c.from_probe)
+                live.costs.warm(c.t_target, c.t_draft, c.t_lookup, probe=c.from_probe)
             if sums:
                 sm = sums[0]
-                live.warm_start(sm.accepted_per_position, sm.drafted_per_position,
-                                bandwidth_utilisation=sm.bandwidth_utilisation,
-                                ngram_accepted_per_position=sm.ngram_accepted_per_position,
-                                ngram_drafted_per_position=sm.ngram_drafted_per_position)
+                live.warm_start(sm.by_proposer, bandwidth_utilisation=sm.bandwidth_utilisation)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
 
@@ -656,6 +653,29 @@ def _check_k(k, k_max: int) -> int:
     if not 0 <= k <= k_max:
         raise ValueError(f"k must be in 0..{k_max} (k_max of this controller), got {k}")
     return int(k)
+
+
+def _fixed(k: int, choice) -> FixedK:
+    """The policy of a call's ``k=``: k from the proposer a ``Choice`` names (a plain int: the
+    model proposer's)."""
+    proposer, min_match, _fallback = proposer_of(choice)
+    return FixedK(k, proposer, min_match)
+
+
+def _needs_memory(policy) -> bool:
+    """Whether a policy drafts with a proposer that needs the category memory (a
+    ``"suffix:K"`` policy), so that a controller opens it; a name no proposer is registered
+    under is refused (ValueError)."""
+    from autospec.engine.proposers import registered
+
+    known = registered()
+    names = wanted(policy)
+    unknown = sorted(names - set(known))
+    if unknown:
+        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} drafts with "
+                         f"{', '.join(map(repr, unknown))}, which no registered proposer is "
+                         f"(registered: {', '.join(known)})")
+    return any("memory" in known[n].needs for n in names)
 
 
 def _ngram_factory(ngram):

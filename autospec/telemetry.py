@@ -12,14 +12,13 @@ import platform
 import statistics
 import threading
 import time
-from array import array
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from autospec.engine.slots import kv_bytes_per_token  # the slot cache's unit
-from autospec.ngram import ngram_trace
+from autospec.traces import UNOBSERVED
 
 log = logging.getLogger(__name__)
 
@@ -317,32 +316,20 @@ class RequestTelemetry:
         achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
                                       stats.target_forwards)
         mem_busy, sm = self.nvml.window(stats.started_at, stats.started_at + stats.wall_s)
-        # the n-gram proposer's settings and counters (None: a loop without one)
-        settings = getattr(stats, "ngram_settings", None)
-        ngram = None if settings is None else {
-            "max_n": settings.get("max_n"), "min_n": settings.get("min_n"),
-            "drafts": stats.ngram_drafts, "drafted": stats.ngram_drafted,
-            "accepted": stats.ngram_accepted,
-            "accepted_per_position": list(stats.ngram_accepted_per_position),
-            "drafted_per_position": list(stats.ngram_drafted_per_position),
-            "lookup_s": stats.ngram_s}
-        # suffix decoding's counters and trace (None: a call without it, or not recorded)
-        strace = getattr(stats, "suffix_trace", None)
-        suffix = None if strace is None else {
-            "drafts": stats.suffix_drafts, "drafted": stats.suffix_drafted,
-            "accepted": stats.suffix_accepted,
-            "accepted_per_position": list(stats.suffix_accepted_per_position),
-            "drafted_per_position": list(stats.suffix_drafted_per_position),
-            "lookup_s": stats.suffix_s}
-        schedule = getattr(stats, "proposer_schedule", None) or ()
-        tokens = getattr(stats, "tokens", None)
-        # its trace is O(tokens × (max_n + 16)) of Python: the store's writer thread computes
-        # it (RequestRecord.finish), not this one. What waits in the writer's queue is a
-        # compact copy of the tokens (8 bytes each, one C-level copy: ~30 µs per 2000 tokens),
-        # not the index's list of int objects, several times larger
-        finish = None if tokens is None or ngram is None else partial(
-            _finish_ngram_trace, array("q", tokens), stats.prompt_tokens, ngram["max_n"],
-            ngram["min_n"])
+        # the store's columns before per-proposer rows (the stage between): the model's
+        # counters in the request's own, prompt lookup's and suffix decoding's in theirs
+        ngram = _lookup_columns(stats, "ngram")
+        if ngram is not None:
+            ngram.update(stats.extras.get("ngram") or {})
+        suffix = _lookup_columns(stats, "suffix") if "suffix" in stats.traces else None
+        strace = stats.traces.get("suffix")
+        schedule = [{"ngram": 1, "suffix": 2}.get(p, 0) for p in stats.proposer_schedule]
+        deferred = stats.traces.get("ngram")
+        finish = None if ngram is None or not callable(deferred) else partial(
+            _finish_ngram_trace, deferred)
+        trace = stats.trace or bytes([UNOBSERVED]) * stats.new_tokens
+        confidence = (stats.extras.get(stats.model) or {}).get("confidence") if stats.model \
+            else None
         return RequestRecord(
             pair=self.pair, category=category, policy=policy, greedy=greedy,
             prompt_tokens=stats.prompt_tokens, new_tokens=stats.new_tokens,
@@ -354,8 +341,8 @@ class RequestTelemetry:
             wall_s=stats.wall_s, prefill_s=stats.prefill_s, draft_s=stats.draft_s,
             draft_forwards=stats.draft_forwards,
             target_s_by_n={n: list(v) for n, v in stats.target_s_by_n.items()},
-            trace_kind=stats.trace_kind, trace=stats.trace, stop_reason=stats.stop_reason,
-            confidence=stats.confidence or None,
+            trace_kind=stats.trace_kind, trace=trace, stop_reason=stats.stop_reason,
+            confidence=confidence or (trace if self.pair.draft == NO_DRAFT else None),
             bandwidth_bytes_per_s=achieved, bandwidth_peak_bytes_per_s=self._peak(achieved),
             nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
             prompt_text=prompt_text, output_text=output_text,
@@ -388,9 +375,20 @@ class RequestTelemetry:
         self.nvml.close()
 
 
-def _finish_ngram_trace(tokens: array, prompt_len: int, max_n: int, min_n: int, record):
+def _lookup_columns(stats, name: str) -> dict | None:
+    """A lookup proposer's counters as the store's JSON column holds them (None: the call did
+    not have it)."""
+    if name not in stats.counts and name not in stats.traces and name not in stats.extras:
+        return None
+    c = stats.proposer(name)
+    return {"drafts": c.blocks, "drafted": c.proposed, "accepted": c.accepted,
+            "accepted_per_position": list(c.accepted_per_position),
+            "drafted_per_position": list(c.proposed_per_position), "lookup_s": c.seconds}
+
+
+def _finish_ngram_trace(compute, record):
     """A record's deferred work (``RequestRecord.finish``): its n-gram trace."""
-    record.ngram_trace = ngram_trace(tokens, prompt_len, max_n=max_n, min_n=min_n)
+    record.ngram_trace = compute()
     return record
 
 

@@ -18,7 +18,7 @@ __all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "
            "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
-           "suffix_trace_error", "Trace"]
+           "suffix_trace_error", "Trace", "lookup_trace", "lookup_reader"]
 
 # the largest lookahead k anything accepts (the API, the store's per-position counters)
 K_LIMIT = 64
@@ -98,6 +98,42 @@ def decode_suffix_value(trace: bytes | Sequence[int], position: int
     i = SUFFIX_TRACE_WIDTH * position
     got = decode_trace_value(trace[i])
     return None if got is None else (got[0], got[1], int(trace[i + 1]))
+
+
+def lookup_trace(tokens: Sequence[int], prompt_len: int, draft_at, *,
+                 k: int = NGRAM_TRACE_K) -> bytes:
+    """A lookup proposer's trace of one request, in suffix decoding's encoding
+    (SUFFIX_TRACE_WIDTH bytes per generated position t, ``prompt_len`` ≤ t < len(tokens)):
+    ``draft_at(tokens[:t])`` → (its draft there, at most ``k`` tokens; its match length, 0:
+    none), recorded as (``encode_trace_value`` of the match and of how many of the draft's
+    leading tokens equal ``tokens[t : t + k]``, the draft's length), or (NGRAM_NONE, 0)
+    without a draft. What a lookup proposer's replay reads (``lookup_reader``)."""
+    toks = [int(t) for t in tokens]
+    prompt_len = max(0, min(int(prompt_len), len(toks)))
+    out = bytearray(SUFFIX_TRACE_WIDTH * (len(toks) - prompt_len))
+    for i, t in enumerate(range(prompt_len, len(toks))):
+        draft, matched = draft_at(toks[:t])
+        draft = list(draft)[:k]
+        at = SUFFIX_TRACE_WIDTH * i
+        if matched and draft:
+            agree = 0
+            while agree < len(draft) and t + agree < len(toks) and draft[agree] == toks[t + agree]:
+                agree += 1
+            out[at], out[at + 1] = encode_trace_value(matched, agree), len(draft)
+        else:
+            out[at] = NGRAM_NONE
+    return bytes(out)
+
+
+def lookup_reader(trace: bytes):
+    """``read(g)`` over a trace in suffix decoding's encoding: (match length, agreeing
+    tokens, draft length) at generated position g, None without a draft (or past its end)."""
+    positions = len(trace) // SUFFIX_TRACE_WIDTH
+
+    def read(g: int):
+        return decode_suffix_value(trace, g) if 0 <= g < positions else None
+
+    return read
 
 
 def suffix_trace_error(trace: bytes | Sequence[int], positions: int) -> str | None:

@@ -2,7 +2,7 @@
 
 from .bandit import ThompsonBandit
 from .base import (
-    PROPOSERS,
+    HYBRID,
     CallablePolicy,
     Choice,
     Context,
@@ -21,6 +21,6 @@ from .live import LiveStats, PairCosts
 from .table import TablePolicy
 from .tuned import TunedPolicy, build_policy
 
-__all__ = ["BatchCosts", "CallablePolicy", "Choice", "PROPOSERS", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
+__all__ = ["BatchCosts", "CallablePolicy", "Choice", "HYBRID", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
            "LiveStats", "PairCosts", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
            "as_policy", "auto_policy", "batch_bucket", "build_policy"]

@@ -11,15 +11,15 @@ state guards it. ``choose`` returns an int in ``0 … context.k_max``; neither m
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
-           "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix", "params_of"]
+           "Choice", "HYBRID", "proposer_of", "batch_bucket", "early_stop_of",
+           "stops_drafting", "K_LIMIT", "check_k", "wanted", "params_of"]
 # K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere (docs/policy.md).
 
 
@@ -55,14 +55,17 @@ class Context:
     rows: tuple = ()  # each row's category's LiveStats
     costs: Any = None  # the controller's BatchCosts
     remaining_rows: tuple[int, ...] = ()  # each row's tokens left (empty: ``remaining``)
-    proposers: tuple[str, ...] = ("draft",)  # those this request can use
-    ngram_match: int = 0  # the n-gram's match length now (0: none)
-    ngram_matches: tuple[int, ...] = ()
-    suffix_match: int = 0  # suffix decoding's match length now (0: none)
-    suffix_matches: tuple[int, ...] = ()
-    suffix_length: int = 0  # the tokens its draft holds
-    suffix_lengths: tuple[int, ...] = ()
-    draft_gap: int = 0  # tokens the draft model has not seen (its catch-up; the widest row's)
+    # the proposers this request can use, by name (``autospec.engine.proposers``), and the
+    # one of them that is a model (the draft model: drafts every row from a distribution,
+    # catching up after a stretch without it; None: none) — every other one is a lookup
+    proposers: tuple[str, ...] = ("draft",)
+    model: str | None = "draft"
+    # per lookup proposer, each row's match length now (0: none) and the tokens its draft
+    # holds (a block never exceeds them)
+    matches: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    whole: tuple[str, ...] = ()  # lookups whose block is first offered whole (their draft)
+    gap: int = 0  # tokens the model proposer has not seen (its catch-up; the widest row's)
     # this request's own LiveStats (feed_costs=False): its rate, match points, lookup blocks
     # and shadow; per row in ``requests``, as the forecasts in ``predicted_alphas``
     request: Any = None
@@ -81,48 +84,57 @@ class Outcome:
     accepted: int
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
-    unproposed: tuple[float, ...] = ()  # see LiveStats.observe_unproposed
-    beyond: tuple[tuple[int, float], ...] = ()  # (depth, value) per row: observe_beyond
+    # evidence of a proposer's acceptance at a depth, (proposer, depth, value) per finding:
+    # ``LiveStats.observe_evidence``
+    evidence: tuple[tuple[str, int, float], ...] = ()
     # at batch > 1: each row's accepted count (``accepted`` is the floor of their mean,
     # ``drafted`` the batch's k); times are the whole batch's
     accepted_rows: tuple[int, ...] = ()
     batch_size: int = 1
-    proposer: str = "draft"  # who drafted: "draft" (the draft model), "ngram" or "suffix"
+    proposer: str | None = "draft"  # who drafted (the model proposer unless a lookup did)
 
 
-PROPOSERS = ("draft", "ngram", "hybrid", "suffix")
+HYBRID = "hybrid"  # a policy word: prompt lookup where its match is long enough, else the model
 
 
 class Choice(int):
-    """A policy's choice: k (it is an int; a plain int k is the draft model's), and the
-    proposer that drafts it: "draft" (the draft model), "ngram" (prompt lookup), "suffix"
-    (suffix decoding) or "hybrid" (the n-gram where its match has at least ``min_match``
-    tokens, else the draft model). A lookup without a match is a plain step; without a draft
-    model "draft" and "hybrid" are the n-gram (docs/proposers.md)."""
+    """A policy's choice: k (it is an int; a plain int k is the model proposer's, the draft
+    model's), and the proposer that drafts it, by its registered name
+    (``autospec.engine.proposers``). A lookup proposer serves the rows where its match has at
+    least ``min_match`` tokens; with ``fallback`` the model proposer serves the others, else
+    they decode plainly. ``"hybrid"`` names the first lookup proposer (prompt lookup) with the
+    model's fallback. Without a model proposer, the model's block is the call's first lookup's."""
 
     proposer: str
     min_match: int
+    fallback: bool
 
-    def __new__(cls, k: int, proposer: str = "draft", min_match: int = 2):
-        if proposer not in PROPOSERS:
-            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+    def __new__(cls, k: int, proposer: str = "draft", min_match: int = 1,
+                fallback: bool = False):
+        if not isinstance(proposer, str) or not proposer:
+            raise ValueError(f"proposer must be a proposer's name, got {proposer!r}")
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
         obj = super().__new__(cls, k)
         obj.proposer, obj.min_match = proposer, min_match
+        obj.fallback = bool(fallback) or proposer == HYBRID
         return obj
 
     def __repr__(self) -> str:
-        extra = f", min_match={self.min_match}" if self.proposer == "hybrid" else ""
+        extra = f", min_match={self.min_match}" if self.min_match != 1 else ""
+        extra += ", fallback=True" if self.fallback and self.proposer != HYBRID else ""
         return f"Choice({int(self)}, {self.proposer!r}{extra})"
 
     def __reduce__(self):
-        return (Choice, (int(self), self.proposer, self.min_match))
+        return (Choice, (int(self), self.proposer, self.min_match, self.fallback))
 
 
-def proposer_of(choice) -> tuple[str, int]:
-    """(proposer, min_match) of what ``choose`` returned: a plain int is the draft model's."""
-    return (choice.proposer, choice.min_match) if isinstance(choice, Choice) else ("draft", 2)
+def proposer_of(choice) -> tuple[str | None, int, bool]:
+    """(proposer, min_match, fallback) of what ``choose`` returned: a plain int is the model
+    proposer's (None)."""
+    if isinstance(choice, Choice):
+        return choice.proposer, choice.min_match, choice.fallback
+    return None, 1, False
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -168,7 +180,7 @@ def as_policy(spec) -> Policy:
     from .table import TablePolicy
     from .tuned import TunedPolicy
 
-    def fixed(k: int, proposer: str = "draft", min_match: int = 2) -> Policy:
+    def fixed(k: int, proposer: str | None = None, min_match: int = 1) -> Policy:
         try:
             return FixedK(k, proposer, min_match)
         except ValueError as e:
@@ -191,18 +203,21 @@ def as_policy(spec) -> Policy:
         if name in named:
             return named[name]()
         kind, _, rest = name.partition(":")
-        if kind in ("fixed", "ngram", "hybrid", "suffix"):
+        if rest and kind not in ("auto", "table") and kind.isidentifier():
+            # "fixed:K" (the model proposer), "NAME:K[:M]" (a registered proposer, M its
+            # shortest match), "hybrid:K[:M]" (prompt lookup, else the model; M default 2)
             k_text, _, match_text = rest.partition(":")
             try:
-                if kind != "hybrid" and match_text:
+                if kind == "fixed" and match_text:
                     raise ValueError
-                k, min_match = int(k_text), int(match_text) if match_text else 2
+                k = int(k_text)
+                min_match = int(match_text) if match_text else 2 if kind == HYBRID else 1
             except ValueError:
                 raise ValueError(
-                    f"bad policy {spec!r}: expected 'fixed:K', 'ngram:K', 'suffix:K' or "
-                    "'hybrid:K[:M]' (K draft tokens, M the shortest n-gram match used before "
-                    "the draft model)") from None
-            return fixed(k, "draft" if kind == "fixed" else kind, min_match)
+                    f"bad policy {spec!r}: expected 'fixed:K' (the draft model), 'NAME:K[:M]' "
+                    "(a proposer by name, e.g. 'ngram:4', 'suffix:8'; M the shortest match it "
+                    "proposes at) or 'hybrid:K[:M]' (K draft tokens)") from None
+            return fixed(k, None if kind == "fixed" else kind, min_match)
         if name.startswith("auto:"):
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
@@ -276,16 +291,22 @@ def auto_policy() -> Policy:
     return CostModelPolicy(name="auto")
 
 
-def wants_suffix(policy) -> bool:
-    """Whether a policy drafts with suffix decoding (itself, the policy it wraps, or one of a
-    tuned policy's), so that a controller opens its memory."""
-    if getattr(policy, "proposer", None) == "suffix":
-        return True
+def wanted(policy) -> set[str]:
+    """The proposers a policy drafts with by name (itself, the policy it wraps, a tuned
+    policy's), so that a controller checks them against the registry and opens what they
+    need (a ``"suffix:K"`` policy: the category memory); "hybrid" is not a name."""
+    out: set[str] = set()
+    proposer = getattr(policy, "proposer", None)
+    if isinstance(proposer, str) and proposer != HYBRID:
+        out.add(proposer)
     proposers = getattr(policy, "proposers", None)
-    if isinstance(proposers, str) and "suffix" in proposers.split("+"):
-        return True
+    if isinstance(proposers, str) and proposers != "both":
+        out.update(proposers.split("+"))
     inner = getattr(policy, "inner", None)
-    if inner is not None and wants_suffix(inner):
-        return True
+    if inner is not None:
+        out |= wanted(inner)
     served = getattr(policy, "policies", None)
-    return callable(served) and any(wants_suffix(p) for p in served())
+    if callable(served):
+        for p in served():
+            out |= wanted(p)
+    return out

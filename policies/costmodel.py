@@ -38,7 +38,7 @@ from .params import DEFAULTS, Parameters
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "Block", "block", "rows_block", "saved", "valued", "decide",
-           "induced_catch_up", "request_ngram_curve", "batch_finish_k",
+           "induced_catch_up", "request_curve", "batch_finish_k",
            "conditional_from_cumulative", "acceptance_cap", "CostModelPolicy"]
 
 
@@ -175,7 +175,7 @@ def speedup(k: int, acceptance, t_draft: float,
             per_token: float = 0.0) -> float:
     """S(k) = E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token); S(0) = 1."""
     cost = _as_cost(t_target)
-    return valued(block("draft", acceptance, k, t_draft, cost, per_token), cost(1)) if k else 1.0
+    return valued(block("model", acceptance, k, t_draft, cost, per_token), cost(1)) if k else 1.0
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
@@ -257,9 +257,8 @@ def induced_catch_up(live, gap: int, tokens: float) -> float:
     return max(0.0, after - before)
 
 
-def request_ngram_curve(curve: Sequence[float], req, match: int = 0, *,
-                        proposer: str = "ngram",
-                        prior_blocks: float = DEFAULTS.request_prior_blocks) -> list[float]:
+def request_curve(curve: Sequence[float], req, proposer: str, match: int = 0, *,
+                  prior_blocks: float = DEFAULTS.request_prior_blocks) -> list[float]:
     """A lookup proposer's acceptance curve for one request: the category's (``curve``, for a
     match of ``match`` tokens; 0: any), per position pulled toward the request's own blocks and
     shadow from a match that long (``req``, its LiveStats; None: the category's alone), which
@@ -267,7 +266,7 @@ def request_ngram_curve(curve: Sequence[float], req, match: int = 0, *,
     blocks pull."""
     if req is None:
         return list(curve)
-    accepted, reached = req.ngram_counts(match, proposer=proposer)
+    accepted, reached = req.counts(proposer, match)
     if reached[0] <= 0:
         return list(curve)
     w = prior_blocks
@@ -275,18 +274,10 @@ def request_ngram_curve(curve: Sequence[float], req, match: int = 0, *,
             for i, c in enumerate(curve)]
 
 
-LOOKUP_PROPOSERS = ("ngram", "suffix")  # the proposers whose blocks are host lookups
-
-
 def lookup_now(context, proposer: str, row: int = 0) -> tuple[int, int]:
-    """(match length, tokens its block may hold) of a lookup proposer for ``row`` now (the
-    per-row fields, else batch 1's scalar ones): prompt lookup's block is as long as asked;
-    suffix decoding's at most what its draft holds."""
-    suffix = proposer == "suffix"
-    matches = ((context.suffix_matches if suffix else context.ngram_matches)
-               or (context.suffix_match if suffix else context.ngram_match,))
-    sizes = ((context.suffix_lengths or (context.suffix_length,)) if suffix
-             else (K_LIMIT,) * (row + 1))
+    """(match length, tokens its draft holds) of a lookup proposer for ``row`` now."""
+    matches = context.matches.get(proposer) or ()
+    sizes = context.sizes.get(proposer) or (K_LIMIT,) * len(matches)  # unsaid: as asked
     return (matches[row], sizes[row]) if row < min(len(matches), len(sizes)) else (0, 0)
 
 
@@ -402,11 +393,10 @@ class CostModelPolicy:
     def __init__(self, params: Parameters | None = None, *, name: str = "costmodel",
                  proposers: str = "both", **overrides):
         names = proposers.split("+") if isinstance(proposers, str) else []
-        if proposers != "both" and (not names or any(n not in ("draft", "ngram", "suffix")
-                                                     for n in names)):
+        if proposers != "both" and (not names or any(not n.isidentifier() for n in names)):
             raise ValueError(f"proposers must be 'both' (every one the request has), a "
-                             f"proposer ('draft', 'ngram', 'suffix') or several joined by "
-                             f"'+' ('draft+suffix'), got {proposers!r}")
+                             f"proposer's name ('draft', 'ngram', 'suffix', …) or several "
+                             f"joined by '+' ('draft+suffix'), got {proposers!r}")
         self.params = (DEFAULTS if params is None else params).but(**overrides)
         self.name = name
         self.proposers = proposers
@@ -437,22 +427,17 @@ class CostModelPolicy:
             self._derived.setdefault(live, {})[key] = (version, value)
         return value
 
-    def derived(self, live, top: int) -> tuple[list[float], Callable[[int], float] | None]:
-        """(the draft model's acceptance curve over ``top`` positions, T_t as a function) from
-        ``live``, rebuilt when its counts (``counts_version``) or anything (``version``)
-        changed. Callers only read them."""
-        p = self.params
-        return (self._memo(live, top, live.counts_version,
-                           lambda: live.acceptance_curve(top, z=p.z)),
-                self._memo(live, "cost", live.version, lambda: live.cost(optimistic=p.optimistic)))
+    def derived(self, live, proposer: str | None, top: int, match: int = 0) -> list[float]:
+        """A proposer's acceptance curve over ``top`` positions from ``live`` (a lookup's for
+        a match of ``match`` tokens; 0: any), rebuilt when its counts change. Callers only
+        read it."""
+        return self._memo(live, (proposer, match, top), live.proposer_version(proposer),
+                          lambda: live.curve(proposer, top, z=self.params.z, match=match))
 
-    def derived_ngram(self, live, top: int, match: int = 0,
-                      proposer: str = "ngram") -> list[float]:
-        """A lookup proposer's acceptance curve from ``live`` for a match of ``match`` tokens
-        (0: any), rebuilt when the lookups' counts change (``lookup_version``)."""
-        return self._memo(live, (proposer, match, top), live.lookup_version,
-                          lambda: live.ngram_acceptance_curve(top, z=self.params.z, match=match,
-                                                              proposer=proposer))
+    def derived_cost(self, live) -> Callable[[int], float] | None:
+        """T_t as a function from ``live``, rebuilt when anything changed (``version``)."""
+        return self._memo(live, "cost", live.version,
+                          lambda: live.cost(optimistic=self.params.optimistic))
 
     def _row_stats(self, context) -> list:
         """Each row's statistics to decide by (batch 1: ``context.live``): the controller's,
@@ -469,7 +454,8 @@ class CostModelPolicy:
             own = self._own.get(cat)
             if own is None and live is not None:
                 own = self._own[cat] = live.copy(discount=self.params.discount)
-            out.append(None if live is None else live.copy(acceptance_from=own))
+            out.append(None if live is None else live.copy(acceptance_from=own,
+                                                           proposer=context.model))
         return out
 
     def choose(self, context) -> int:
@@ -482,7 +468,7 @@ class CostModelPolicy:
                                         batch=getattr(context, "batch_size", 1),
                                         t_plain=why.get("t_plain"), value=why.get("value"),
                                         min_gain=self.params.min_gain,
-                                        busy=why.get("busy", False)))
+                                        busy=why.get("busy", False), model=context.model))
         return k
 
     def _prices(self, context, top: int, proposers) -> _Prices | tuple[int, str]:
@@ -508,11 +494,14 @@ class CostModelPolicy:
         (live,) = self._row_stats(context)
         if live is None:
             k = min(p.initial_k, top)
-            lookup = next((n for n in proposers if n in LOOKUP_PROPOSERS), "ngram")
-            return (k if "draft" in proposers else Choice(k, lookup)), "no-stats"
+            model = context.model if context.model in proposers else None
+            lookup = next((n for n in proposers if n != model), None)
+            if model is None and lookup is None:
+                return 0, "no-stats"
+            return (k if model is not None else Choice(k, lookup)), "no-stats"
         if not live.settled(1):
             return 0, "baseline"
-        return _Prices([live], live.t_target[1], self.derived(live, top)[1], live.t_draft,
+        return _Prices([live], live.t_target[1], self.derived_cost(live), live.t_draft,
                        live.t_draft is not None and len(live.t_target) >= 2,
                        self._rate(live, context, proposers), live.busy(), live.cost_origin(),
                        context.category, live, None)
@@ -555,7 +544,8 @@ class CostModelPolicy:
             return b
 
         blocks: list[Block] = []
-        drafts = "draft" in proposers
+        model = context.model
+        drafts = model is not None and model in proposers
         if drafts and pr.measured:
             curves, source = self._draft_curves(context, rows, top)
             per_token = self._catch_up(context, rows, pr.t_draft, proposers)
@@ -565,15 +555,15 @@ class CostModelPolicy:
                 k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
             else:
                 k = best_k(curves[0], pr.t_draft, cost, cap, per_token=per_token)[0]
-            b = rows_block("draft", curves, k, pr.t_draft, cost, per_token) if k else None
+            b = rows_block(model, curves, k, pr.t_draft, cost, per_token) if k else None
             s = valued(b, t1, per_row) if b and n > 1 else 0.0
             if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
                 rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
-            offer("draft", curves, b, cap, pr.t_draft, per_token, source)
+            offer(model, curves, b, cap, pr.t_draft, per_token, source)
             blocks += [b] if b else []
         draft_pays = bool(blocks) and valued(blocks[0], t1, rate) >= 1 + p.min_gain
         requests = _per_row(context, "requests", context.request)
-        for name in (x for x in proposers if x in LOOKUP_PROPOSERS):  # with a match, in a row
+        for name in (x for x in proposers if x != model):  # the lookups with a match, in a row
             now = [lookup_now(context, name, i) for i in range(n)]
             if not any(match > 0 and size > 0 for match, size in now):
                 continue
@@ -582,21 +572,20 @@ class CostModelPolicy:
                 if live is None or match <= 0 or size <= 0:  # proposes nothing: E[N] = 1
                     curves.append([0.0] * top)
                     continue
-                curves.append(held(request_ngram_curve(
-                    self.derived_ngram(live, top, match, name), req, match, proposer=name,
+                curves.append(held(request_curve(
+                    self.derived(live, name, top, match), req, name, match,
                     prior_blocks=p.request_prior_blocks), size))
-                t_lookup = max(t_lookup, (live.t_suffix if name == "suffix" else live.t_ngram)
-                               or 0.0)
+                t_lookup = max(t_lookup, live.t_lookup.get(name) or 0.0)
             cap = capped(curves[0])
             k = 0
-            if name == "suffix" and p.suffix_whole:  # its own rule: its whole draft
+            if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
                 k = min(max(size for _, size in now), cap)
                 if valued(rows_block(name, curves, k, t_lookup, cost), t1, per_row) <= 1:
                     k = 0  # its whole draft does not pay: the k of best S instead
             if not k:
                 k = batch_best_k(curves, t_lookup, cost, cap)[0]
             # where a paying draft block is the alternative, it pays the draft's catch-up
-            induced = (induced_catch_up(rows[0], getattr(context, "draft_gap", 0),
+            induced = (induced_catch_up(rows[0], getattr(context, "gap", 0),
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
@@ -607,21 +596,21 @@ class CostModelPolicy:
         rule = "best" if best is not None else "off"
         if why is not None:
             why["value"] = rate
-        if drafts and (best is None or best.proposer != "draft"):
+        if drafts and (best is None or best.proposer != model):
             probe = self._probe(pr, context, top)
             if probe is not None:  # the draft model's block at perfect acceptance
                 k, why_probe = probe
                 perfect = [[1.0] * k] * n
-                b = rows_block("draft", perfect, k, pr.t_draft or 0.0, cost)
-                offer("draft", perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
+                b = rows_block(model, perfect, k, pr.t_draft or 0.0, cost)
+                offer(model, perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
                 if best is None or saved(b, t1, rate) > saved(best, t1, rate):
                     best, rule = b, why_probe
         # iterations without the draft model (at batch > 1: plain steps), for the re-probe
-        ran = best is not None and (best.proposer == "draft" or n > 1)
+        ran = best is not None and (best.proposer == model or n > 1)
         self._off[pr.key] = 0 if ran else self._off.get(pr.key, 0) + 1
         if best is None:
             return 0, rule
-        return (best.k if best.proposer == "draft" else Choice(best.k, best.proposer)), rule
+        return (best.k if best.proposer == model else Choice(best.k, best.proposer)), rule
 
     def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
         """(each row's draft-model acceptance curve, where the first came from): the
@@ -629,6 +618,7 @@ class CostModelPolicy:
         blocks, else the statistics' posterior; with no statistics the forecast or
         ``unknown_alpha``. Rows of one category and forecast share one curve."""
         forecasts = _per_row(context, "predicted_alphas", context.predicted_alpha)
+        model = context.model
         memo: dict[tuple, tuple[list[float], str]] = {}
         out = []
         for live, predicted in zip(rows, forecasts):
@@ -637,11 +627,11 @@ class CostModelPolicy:
                 if live is None:
                     memo[key] = ([self.params.unknown_alpha if predicted is None
                                   else float(predicted)] * top, "prior")
-                elif predicted is not None and live.observed < self.params.cold_start:
+                elif predicted is not None and live.observed(model) < self.params.cold_start:
                     memo[key] = [float(predicted)] * top, "forecast"
                 else:
-                    memo[key] = (self.derived(live, top)[0],
-                                 "live" if live.observed > 0 else "prior")
+                    memo[key] = (self.derived(live, model, top),
+                                 "live" if live.observed(model) > 0 else "prior")
             out.append(memo[key])
         return [c for c, _ in out], out[0][1]
 
@@ -668,7 +658,7 @@ class CostModelPolicy:
         rule, k = None, 0
         if not pr.measured:
             rule, k = "explore", min(p.initial_k, top)
-        elif (live is not None and live.draft_blocks < p.cold_start
+        elif (live is not None and live.blocks(context.model) < p.cold_start
               and getattr(context, "predicted_alpha", None) is None):
             best, s = batch_best_k([[1.0] * top] * len(pr.rows), t_draft, pr.cost, top)
             if best and s >= 1 + max(p.min_gain, p.trial_gain):
@@ -679,7 +669,7 @@ class CostModelPolicy:
             k, wait = min(p.probe_k, top), p.reprobe_every
             if pr.t1:
                 dear = k * t_draft + max(0.0, pr.cost(k + 1) - pr.t1) + catch_up_per_token(
-                    live, getattr(context, "draft_gap", 0), 1.0, rows=len(pr.rows),
+                    live, getattr(context, "gap", 0), 1.0, rows=len(pr.rows),
                     t_draft=t_draft)
                 wait = max(wait, math.ceil(wait * (dear / pr.t1) / p.reprobe_steps - 1e-9))
             rule = "reprobe" if moved or self._off.get(key, 0) + 1 >= wait else None
@@ -703,10 +693,10 @@ class CostModelPolicy:
 
     def _catch_up(self, context, rows: Sequence, t_draft: float | None, proposers) -> float:
         """The draft model's catch-up per token it is expected to serve: one forward over the
-        ``rows`` × the widest row's gap (``context.draft_gap``) by the pair's catch-up fit, less
+        ``rows`` × the widest row's gap (``context.gap``) by the pair's catch-up fit, less
         one draft step (``t_draft``), shared over the rows' tokens left, each row's times its
         share beside prompt lookup (``_draft_share``; all of them alone)."""
-        gap = getattr(context, "draft_gap", 0)
+        gap = getattr(context, "gap", 0)
         if gap <= 2:
             return 0.0
         fit = next((live for live in rows
@@ -714,8 +704,9 @@ class CostModelPolicy:
         if fit is None:
             return 0.0
         share = 1.0
-        if "ngram" in proposers:  # one share per statistics (rows of one category share them)
-            once = {i: 1.0 if live is None else _draft_share(live, context, self.params)
+        lookups = [n for n in proposers if n != context.model]
+        if lookups:  # one share per statistics (rows of one category share them)
+            once = {i: 1.0 if live is None else _draft_share(live, context, lookups, self.params)
                     for i, live in {id(live): live for live in rows}.items()}
             share = sum(once[id(live)] for live in rows) / len(rows)
         left = _per_row(context, "remaining_rows", max(1, context.remaining))
@@ -732,32 +723,39 @@ class CostModelPolicy:
 
     def update(self, context, k: int, outcome) -> None:
         # the controller's statistics are fed by the loop; our own (with ``discount``) here
+        model = context.model
         if self.params.discount is not None and _batched(context):
             accepted = getattr(outcome, "accepted_rows", ()) or ()
             for cat, a in zip(_per_row(context, "categories", context.category), accepted):
                 own = self._own.get(cat)
                 if own is not None:  # acceptance only: batch timings are not batch 1's
-                    own.observe(k, a, float("nan"), float("nan"))
+                    own.observe(k, a, float("nan"), float("nan"), proposer=model)
             return
         own = self._own.get(context.category) if self.params.discount is not None else None
         if own is not None:
-            own.observe_unproposed(outcome.unproposed)
-            for depth, value in getattr(outcome, "beyond", ()):
-                own.observe_beyond(depth, value)
-            if getattr(outcome, "proposer", "draft") == "draft":  # the draft model's alone
-                own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s)
+            for name, depth, value in getattr(outcome, "evidence", ()):
+                if name == model:
+                    own.observe_evidence(name, depth, value)
+            if getattr(outcome, "proposer", model) == model:  # the model's alone
+                own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s,
+                            proposer=model)
 
 
-def _draft_share(live, context, params: Parameters = DEFAULTS) -> float:
-    """The share of the rest of a request the draft model serves beside prompt lookup: where
-    it has no match, or one that fails at once (this request's, pulled toward the category's)."""
+def _draft_share(live, context, lookups: Sequence[str], params: Parameters = DEFAULTS) -> float:
+    """The share of the rest of a request the model proposer serves beside the ``lookups``:
+    where none has a match, or one that fails at once (this request's, pulled toward the
+    category's), each lookup taken alone."""
     req = getattr(context, "request", None)
-    unmatched, matched = req.match_points if req is not None else (0.0, 0.0)
     w = params.request_prior_points
-    share = ((live.unmatched_share() * w + unmatched) / (w + unmatched + matched))
-    first = request_ngram_curve(live.ngram_acceptance_curve(1), req,
-                                prior_blocks=params.request_prior_blocks)[0]
-    return share + (1 - share) * (1 - first)
+    share = 1.0
+    for name in lookups:
+        got = req.by_proposer.get(name) if req is not None else None
+        unmatched, matched = got.match_points if got is not None else (0.0, 0.0)
+        alone = (live.unmatched_share(name) * w + unmatched) / (w + unmatched + matched)
+        first = request_curve(live.curve(name, 1), req, name,
+                              prior_blocks=params.request_prior_blocks)[0]
+        share *= alone + (1 - alone) * (1 - first)
+    return share
 
 
 def _step_costs(costs, batch: int, cost, t_draft: float,

@@ -57,11 +57,12 @@ def plain(t_plain: float, costs_from: str = "live", rows: int = 1) -> dict:
 
 def record(k, rule: str, candidates: Sequence[dict] = (), *, batch: int = 1,
            t_plain: float | None = None, value: float | None = None, min_gain: float = 0.0,
-           busy: bool = False) -> dict:
-    """The decision record of one choice (``k`` an int or a ``Choice``)."""
+           busy: bool = False, model: str | None = None) -> dict:
+    """The decision record of one choice (``k`` an int, the ``model`` proposer's, or a
+    ``Choice``)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}: one of {sorted(RULES)}")
-    proposer = getattr(k, "proposer", "draft")
+    proposer = getattr(k, "proposer", None) or model or "model"
     return {"format": FORMAT, "k": int(k), "proposer": proposer if int(k) else "plain",
             "rule": rule, "batch": int(batch), "t_plain": t_plain, "value": value,
             "min_gain": float(min_gain), "busy": bool(busy), "candidates": list(candidates)}

@@ -119,9 +119,9 @@ class PairCosts:
     def __init__(self, *, ema: float | None = None, params: Parameters = DEFAULTS):
         self.params = params
         self.ema = params.cost_ema if ema is None else ema
-        self.t_draft: float | None = None  # seconds per proposed token
-        self.t_ngram: float | None = None  # prompt lookup's host seconds per proposed token
-        self.t_suffix: float | None = None  # suffix decoding's
+        self.t_draft: float | None = None  # the model proposer's seconds per proposed token
+        # each lookup proposer's host seconds per proposed token, by name
+        self.t_lookup: dict[str, float] = {}
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
         self.t_samples: dict[int, list[float]] = {}  # n → its first live samples (settling)
         self.catch_up = [0.0] * 5  # the draft's catch-up fit's discounted sums (catch_up_sums)
@@ -144,9 +144,10 @@ class PairCosts:
         """An independent copy (a replay that must not feed the original)."""
         with self._lock:
             new = PairCosts(ema=self.ema, params=self.params)
-            for name in ("t_draft", "t_ngram", "t_suffix", "iterations", "_level_ref",
-                         "level_moves", "_busy_until", "_remeasure_at", "held_out", "costs_from"):
+            for name in ("t_draft", "iterations", "_level_ref", "level_moves", "_busy_until",
+                         "_remeasure_at", "held_out", "costs_from"):
                 setattr(new, name, getattr(self, name))
+            new.t_lookup = dict(self.t_lookup)
             new.t_target, new._floor = dict(self.t_target), dict(self._floor)
             new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
             new.catch_up, new._stale = list(self.catch_up), set(self._stale)
@@ -166,10 +167,7 @@ class PairCosts:
 
     def _lookup(self, proposer: str, per_token: float) -> None:
         """A lookup proposer's host seconds per proposed token; under the lock."""
-        if proposer == "suffix":
-            self.t_suffix = self._avg(self.t_suffix, per_token)
-        else:
-            self.t_ngram = self._avg(self.t_ngram, per_token)
+        self.t_lookup[proposer] = self._avg(self.t_lookup.get(proposer), per_token)
 
     def _timed(self, k: int, target_s: float) -> bool:
         """The target's forward of k + 1 tokens through the shape guard (a point below the
@@ -280,9 +278,10 @@ class PairCosts:
             self.version += 1
 
     def warm(self, t_target: Mapping[int, float] | None = None, t_draft: float | None = None,
-             t_ngram: float | None = None, *, probe: bool = False) -> None:
-        """Seed from stored costs where nothing is measured yet; ``t_target`` passes
-        ``shape_guard`` unless ``probe``."""
+             t_lookup: Mapping[str, float] | None = None, *, probe: bool = False) -> None:
+        """Seed from stored costs where nothing is measured yet (``t_lookup``: each lookup
+        proposer's seconds per token, by name); ``t_target`` passes ``shape_guard`` unless
+        ``probe``."""
         floor = self.params.shape_floor
         if t_target and not probe:
             guarded = shape_guard(t_target, floor)
@@ -300,8 +299,9 @@ class PairCosts:
                     self._floor[int(n)] = float(t) / t1
             if t_draft and self.t_draft is None:
                 self.t_draft = float(t_draft)
-            if t_ngram is not None and t_ngram >= 0 and self.t_ngram is None:
-                self.t_ngram = float(t_ngram)
+            for name, t in (t_lookup or {}).items():
+                if t is not None and t >= 0:
+                    self.t_lookup.setdefault(name, float(t))
             for n, t in (t_target or {}).items():
                 self.t_target.setdefault(int(n), float(t))
             if self._level_ref is None and self.t_target.get(1):
@@ -372,15 +372,39 @@ def copy_lives(lives: Mapping[str, LiveStats]) -> dict[str, LiveStats]:
     return {cat: live.copy(costs=copies[id(live.costs)]) for cat, live in lives.items()}
 
 
+class _Acceptance:
+    """One proposer's discounted acceptance counts in one category: position i (0-based) is
+    reached when the proposer proposed it and every earlier one was accepted; accepted[i] /
+    reached[i] is the conditional acceptance. Pooled, and (lookups) per match-length bucket;
+    its blocks ever (stored included, undiscounted); decision points [without, with] a match
+    (lookups); a version bumped on every change."""
+
+    __slots__ = ("accepted", "reached", "by_match", "blocks", "match_points", "version")
+
+    def __init__(self, positions: int):
+        self.accepted, self.reached = [0.0] * positions, [0.0] * positions
+        self.by_match: dict[int, tuple[list[float], list[float]]] = {}
+        self.blocks = 0.0
+        self.match_points = [0.0, 0.0]
+        self.version = 0
+
+    def copy(self) -> _Acceptance:
+        new = _Acceptance(0)
+        new.accepted, new.reached = list(self.accepted), list(self.reached)
+        new.by_match = {n: (list(a), list(r)) for n, (a, r) in self.by_match.items()}
+        new.blocks, new.match_points = self.blocks, list(self.match_points)
+        return new
+
+
 class LiveStats:
-    """Discounted counts of one category's acceptance, beside its pair's costs (``costs``),
-    whose attributes and methods below are read, set and called through this object."""
+    """Discounted counts of one category's acceptance, per proposer by name, beside its pair's
+    costs (``costs``), whose attributes and methods below are read, set and called through
+    this object."""
 
     t_target = _delegated("t_target", "n → T_t(n), seconds (the pair's)")
-    t_draft = _delegated("t_draft", "T_d, seconds per proposed token (the pair's)")
-    t_ngram = _delegated("t_ngram", "prompt lookup's seconds per proposed token (the pair's)")
-    t_suffix = _delegated("t_suffix", "suffix decoding's seconds per proposed token")
-    catch_up = _delegated("catch_up", "the draft's catch-up fit's sums (the pair's)")
+    t_draft = _delegated("t_draft", "T_d, the model proposer's seconds per token (the pair's)")
+    t_lookup = _delegated("t_lookup", "each lookup proposer's seconds per token (the pair's)")
+    catch_up = _delegated("catch_up", "the model's catch-up fit's sums (the pair's)")
     iterations = _delegated("iterations", "timed observations of the pair (its clock)")
     level_moves = _delegated("level_moves", "how often the timing level moved (the pair's)")
     held_out = _delegated("held_out", "shape samples held out (the pair's)")
@@ -408,39 +432,49 @@ class LiveStats:
         self.costs = PairCosts(ema=self.ema, params=params) if costs is None else costs
         self.feed_costs = bool(feed_costs)
         self._tick = costs is None and not feed_costs  # its own clock, no timings
-        # position i (0-based) is reached when the draft proposed it and every earlier one was
-        # accepted: accepted[i] / reached[i] is the conditional acceptance (discounted counts)
-        self.accepted, self.reached = [0.0] * max_positions, [0.0] * max_positions
-        self.draft_blocks = 0.0  # the draft model's blocks ever (stored included), undiscounted
-        # each lookup proposer's own counts: pooled, and per match-length bucket
-        self.ngram_accepted, self.ngram_reached = [0.0] * max_positions, [0.0] * max_positions
-        self.ngram_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        self.suffix_accepted, self.suffix_reached = [0.0] * max_positions, [0.0] * max_positions
-        self.suffix_by_match: dict[int, tuple[list[float], list[float]]] = {}
-        self.match_points = [0.0, 0.0]  # decision points [without, with] an n-gram match
+        self.positions = max_positions
+        self.by_proposer: dict[str, _Acceptance] = {}  # name → its acceptance counts
         self.spent = [0.0, 0.0]  # [seconds, tokens] past prefill, discounted: the rate
         self.bandwidth_utilisation: float | None = None
         self._lock = self.costs._lock  # one lock with the pair's costs
         self._version = 0  # bumped on every change of the acceptance
-        self.counts_version = self.lookup_version = 0  # the draft's, the lookups' counts
 
     @property
     def version(self) -> int:
         """Bumped on every change of the acceptance or of the pair's costs."""
         return self._version + self.costs.version
 
+    def _of(self, name: str) -> _Acceptance:
+        """A proposer's counts, made on first use; under the lock (or before sharing)."""
+        got = self.by_proposer.get(name)
+        if got is None:
+            got = self.by_proposer[name] = _Acceptance(self.positions)
+        return got
+
+    def proposer_version(self, name: str) -> int:
+        """Bumped on every change of a proposer's counts (0 before any)."""
+        got = self.by_proposer.get(name)
+        return 0 if got is None else got.version
+
     # -- feeding ------------------------------------------------------------------------------
-    def observe(self, k: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, k: int, accepted: int, draft_s: float, target_s: float, *,
+                proposer: str | None = "draft") -> None:
+        """An iteration of the model proposer (``proposer``, its name — the built-in draft
+        model's by default; None: the call has none — a block of k with ``accepted`` accepted)
+        or a plain step (k = 0, which discounts the model's counts): its counts, its timing and
+        the target's, and the rate."""
         with self._lock:
-            self._count(self.accepted, self.reached, k, accepted)
-            if k > 0:
-                self.draft_blocks += 1
+            if proposer is not None:
+                acc = self._of(proposer)
+                self._count(acc.accepted, acc.reached, k, accepted)
+                if k > 0:
+                    acc.blocks += 1
+                acc.version += 1
             # a held-out target timing holds out the draft timing too
             kept = self._timed(k, target_s)
             if k > 0 and kept and draft_s == draft_s and draft_s > 0:  # not NaN
                 self.costs._draft(k, draft_s)
             self._spend(draft_s if k else 0.0, target_s, accepted + 1)
-            self.counts_version += 1
             self._version += 1
 
     def _timed(self, k: int, target_s: float) -> bool:
@@ -490,46 +524,38 @@ class LiveStats:
                 self.costs._catch_up(tokens, seconds)
             self._version += 1
 
-    def observe_match(self, matched: bool) -> None:
-        """A decision point at batch 1: did the n-gram proposer have a match there?"""
+    def observe_match(self, matched: bool, *, proposer: str) -> None:
+        """A decision point: did the lookup ``proposer`` have a match there?"""
         with self._lock:
-            self.match_points[0] *= self.discount
-            self.match_points[1] *= self.discount
-            self.match_points[1 if matched else 0] += 1
+            points = self._of(proposer).match_points
+            points[0] *= self.discount
+            points[1] *= self.discount
+            points[1 if matched else 0] += 1
             self._version += 1
 
-    def unmatched_share(self) -> float:
-        """The share of decision points without an n-gram match (``unmatched_prior`` points
-        without one to start)."""
+    def unmatched_share(self, proposer: str) -> float:
+        """The share of decision points without a match of the lookup ``proposer``
+        (``unmatched_prior`` points without one to start)."""
         prior = self.params.unmatched_prior
         with self._lock:
-            without, with_ = self.match_points
+            got = self.by_proposer.get(proposer)
+            without, with_ = got.match_points if got is not None else (0.0, 0.0)
         return (without + prior) / (without + with_ + prior)
 
-    def _lookup(self, proposer: str) -> tuple[list[float], list[float], dict]:
-        """(accepted, reached, by match length) of "ngram" (prompt lookup) or "suffix"."""
-        if proposer == "suffix":
-            return self.suffix_accepted, self.suffix_reached, self.suffix_by_match
-        if proposer != "ngram":
-            raise ValueError(f"not a lookup proposer: {proposer!r} (\"ngram\" or \"suffix\")")
-        return self.ngram_accepted, self.ngram_reached, self.ngram_by_match
-
-    def observe_ngram(self, k: int, accepted: int, lookup_s: float, target_s: float, *,
-                      match: int = 0, proposer: str = "ngram") -> None:
-        """One iteration drafted by a lookup proposer ("ngram" or "suffix"): its acceptance
-        counts, pooled and under its match length (``match``, 0: unknown), its host time per
-        token and the target's timing."""
+    def observe_lookup(self, proposer: str, k: int, accepted: int, lookup_s: float,
+                       target_s: float, *, match: int = 0) -> None:
+        """One iteration drafted by a lookup proposer: its acceptance counts, pooled and
+        under its match length (``match``, 0: unknown), its host time per token and the
+        target's timing."""
         with self._lock:
-            self._count_ngram(k, accepted, match, proposer)
+            self._count_lookup(proposer, k, accepted, match)
             if self.feed_costs and k > 0 and lookup_s == lookup_s and lookup_s >= 0:
                 self.costs._lookup(proposer, lookup_s / k)  # its host time, held out or not
             self._timed(k, target_s)
             self._spend(lookup_s if k else 0.0, target_s, accepted + 1)
-            self.lookup_version += 1
             self._version += 1
 
-    def observe_ngram_shadow(self, match: int, agree: int, seen: int, *,
-                             proposer: str = "ngram") -> None:
+    def observe_shadow(self, proposer: str, match: int, agree: int, seen: int) -> None:
         """A lookup proposer's shadow in an iteration it did not draft: its match was
         ``match`` tokens and the first ``agree`` of its proposed tokens equal the ``seen``
         tokens emitted. Counted as the block that tells exactly that, over at most
@@ -540,128 +566,126 @@ class LiveStats:
         agree = max(0, min(int(agree), seen))
         k, m = (agree + 1, agree) if agree < seen else (seen, seen)
         with self._lock:
-            self._count_ngram(k, m, match, proposer)
-            self.lookup_version += 1
+            self._count_lookup(proposer, k, m, match)
             self._version += 1
 
-    def _count_ngram(self, k: int, m: int, match: int, proposer: str = "ngram") -> None:
+    def _count_lookup(self, proposer: str, k: int, m: int, match: int) -> None:
         """A lookup block into the pooled counts and its match length's; under the lock."""
-        accepted, reached, by_match = self._lookup(proposer)
-        self._count(accepted, reached, k, m)
+        acc = self._of(proposer)
+        self._count(acc.accepted, acc.reached, k, m)
         match = match_bucket(match)
         if match > 0:
-            by = by_match.setdefault(match, ([0.0] * len(reached), [0.0] * len(reached)))
+            size = len(acc.reached)
+            by = acc.by_match.setdefault(match, ([0.0] * size, [0.0] * size))
             self._count(by[0], by[1], k, m)
+        acc.version += 1
 
-    def ngram_counts(self, match: int = 0, *,
-                     proposer: str = "ngram") -> tuple[list[float], list[float]]:
-        """(accepted, reached) per position of a lookup proposer's blocks: all, or (``match``
-        > 0) those of that match's bucket (zeros where none)."""
+    def counts(self, proposer: str, match: int = 0) -> tuple[list[float], list[float]]:
+        """(accepted, reached) per position of a proposer's blocks: all, or (``match`` > 0)
+        those of that match's bucket (zeros where none)."""
         with self._lock:
-            accepted, reached, by_match = self._lookup(proposer)
+            got = self.by_proposer.get(proposer)
+            size = self.positions
+            if got is None:
+                return [0.0] * size, [0.0] * size
             if match > 0:
-                size = len(reached)
-                accepted, reached = by_match.get(match_bucket(match), ([0.0] * size, [0.0] * size))
-            return list(accepted), list(reached)
+                a, r = got.by_match.get(match_bucket(match), ([0.0] * size, [0.0] * size))
+                return list(a), list(r)
+            return list(got.accepted), list(got.reached)
 
-    def ngram_acceptance(self, proposer: str = "ngram") -> float | None:
-        """A lookup proposer's acceptance at its first position (None before it proposed)."""
+    def first_acceptance(self, proposer: str) -> float | None:
+        """A proposer's acceptance at its first position (None before it proposed)."""
         with self._lock:
-            accepted, reached, _ = self._lookup(proposer)
-            return None if reached[0] <= 0 else accepted[0] / reached[0]
+            got = self.by_proposer.get(proposer)
+            if got is None or got.reached[0] <= 0:
+                return None
+            return got.accepted[0] / got.reached[0]
 
-    def observe_unproposed(self, matches: Sequence[float]) -> None:
-        """Positions decoded at k = 0 that the draft's catch-up predicted (greedy 0/1; sampled:
-        the acceptance probability): first-position evidence, without a discount step."""
+    def blocks(self, proposer: str | None) -> float:
+        """A proposer's blocks ever (the store's included), undiscounted."""
+        got = self.by_proposer.get(proposer) if proposer is not None else None
+        return 0.0 if got is None else got.blocks
+
+    def observed(self, proposer: str | None) -> float:
+        """Discounted blocks of a proposer seen (its first position's count): how much
+        evidence there is."""
+        got = self.by_proposer.get(proposer) if proposer is not None else None
+        return 0.0 if got is None else got.reached[0]
+
+    def observe_evidence(self, proposer: str, depth: int, value: float) -> None:
+        """Evidence of a proposer's acceptance at position ``depth`` (greedy 0/1; sampled: the
+        acceptance probability), counted there without a discount step: the model's catch-up
+        predicting a position it had not drafted (depth 0), or the one past a block it had
+        accepted whole (depth: that block's length — what a block one longer would have met;
+        a category drafting short blocks so learns whether longer ones would be accepted)."""
         with self._lock:
-            for v in matches:
-                self.reached[0] += 1
-                self.accepted[0] += min(1.0, max(0.0, float(v)))
-            if matches:
-                self.counts_version += 1
+            acc = self._of(proposer)
+            if 0 <= depth < len(acc.reached):
+                acc.reached[depth] += 1
+                acc.accepted[depth] += min(1.0, max(0.0, float(value)))
+                acc.version += 1
                 self._version += 1
 
-    def observe_beyond(self, depth: int, value: float) -> None:
-        """The draft's prediction one position past a block of ``depth`` tokens it had
-        accepted whole (its next catch-up predicts that position from the target's prefix;
-        greedy 0/1, sampled: the acceptance probability): what a block one longer would have
-        met at position ``depth``, counted there, without a discount step. A category
-        drafting short blocks so learns whether longer ones would be accepted."""
-        with self._lock:
-            if 0 < depth < len(self.reached):
-                self.reached[depth] += 1
-                self.accepted[depth] += min(1.0, max(0.0, float(value)))
-                self.counts_version += 1
-                self._version += 1
-
-    def warm_start(self, accepted_per_position: Sequence[float],
-                   drafted_per_position: Sequence[float], *, weight: float | None = None,
-                   t_draft: float | None = None, t_target: Mapping[int, float] | None = None,
+    def warm_start(self, per_proposer: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                   *, weight: float | None = None, t_draft: float | None = None,
+                   t_target: Mapping[int, float] | None = None,
                    bandwidth_utilisation: float | None = None,
-                   ngram_accepted_per_position: Sequence[float] = (),
-                   ngram_drafted_per_position: Sequence[float] = (),
-                   t_ngram: float | None = None, probe: bool = False) -> None:
-        """Seed from stored history (vLLM-style cumulative counts per position, the n-gram's
-        pooled over match lengths), scaled to at most ``weight`` blocks; ``t_target``,
-        ``t_draft`` and ``t_ngram`` seed the pair's costs (``PairCosts.warm``)."""
+                   t_lookup: Mapping[str, float] | None = None, probe: bool = False) -> None:
+        """Seed from stored history: per proposer by name, vLLM-style cumulative counts per
+        position (accepted, drafted; lookups' pooled over match lengths), scaled to at most
+        ``weight`` blocks; ``t_target``, ``t_draft`` and ``t_lookup`` seed the pair's costs
+        (``PairCosts.warm``)."""
         weight = self.params.stored_weight if weight is None else weight
-        if t_target or t_draft or t_ngram is not None:
-            self.costs.warm(t_target, t_draft, t_ngram, probe=probe)
+        if t_target or t_draft or t_lookup:
+            self.costs.warm(t_target, t_draft, t_lookup, probe=probe)
         with self._lock:
-            self.draft_blocks += _seed(self.accepted, self.reached, accepted_per_position,
-                                       drafted_per_position, weight)
-            _seed(self.ngram_accepted, self.ngram_reached, ngram_accepted_per_position,
-                  ngram_drafted_per_position, weight)
+            for name, (accepted_pp, drafted_pp) in per_proposer.items():
+                acc = self._of(name)
+                acc.blocks += _seed(acc.accepted, acc.reached, accepted_pp, drafted_pp, weight)
+                acc.version += 1
             if bandwidth_utilisation is not None:
                 self.bandwidth_utilisation = bandwidth_utilisation
-            self.counts_version += 1
-            self.lookup_version += 1
             self._version += 1
 
     # -- reading ------------------------------------------------------------------------------
-    def acceptance(self, i: int) -> tuple[float, float]:
-        """Posterior (mean, sd) of the acceptance at draft position i (0-based)."""
+    def acceptance(self, proposer: str, i: int) -> tuple[float, float]:
+        """Posterior (mean, sd) of a proposer's acceptance at position i (0-based)."""
         with self._lock:
-            return self._posteriors(i + 1)[i]
+            acc = self.by_proposer.get(proposer)
+            counts = (acc.accepted, acc.reached) if acc is not None else ((), ())
+            return self._posteriors(i + 1, *counts)[i]
 
-    def acceptance_curve(self, k_max: int, z: float = 0.0) -> list[float]:
-        """Posterior means (+ z standard deviations, clipped to [0, 1]) for positions
-        0 … k_max−1: position 0 is Beta(prior) updated by its counts; each later position's
-        prior, of the same strength, is centred on the position before it, so a rarely reached
-        position is pulled toward its neighbour rather than toward 0.5."""
+    def curve(self, proposer: str, k_max: int, z: float = 0.0, *,
+              match: int = 0) -> list[float]:
+        """Posterior means (+ z standard deviations, clipped to [0, 1]) of a proposer's
+        acceptance at positions 0 … k_max−1: position 0 is Beta(prior) updated by its counts;
+        each later position's prior, of the same strength, is centred on the position before
+        it, so a rarely reached position is pulled toward its neighbour rather than toward
+        0.5. With ``match`` > 0 (a lookup), of blocks from that match's bucket: position i's
+        prior is centred on position 0's estimate after a match of ``match`` + i tokens (once
+        i tokens are accepted the context agrees with the source i tokens further;
+        docs/proposers.md)."""
         with self._lock:
-            posts = self._posteriors(k_max, spread=bool(z))
-        return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
-
-    def ngram_acceptance_curve(self, k_max: int, z: float = 0.0, *,
-                               match: int = 0, proposer: str = "ngram") -> list[float]:
-        """``acceptance_curve`` of a lookup proposer's own counts ("ngram" or "suffix"). With
-        ``match`` > 0, of blocks from that match's bucket: position i's prior is centred on
-        position 0's estimate after a match of ``match`` + i tokens (once i tokens are
-        accepted the context agrees with the source i tokens further; docs/proposers.md)."""
-        with self._lock:
-            accepted, reached, by_match = self._lookup(proposer)
-            if match <= 0:
+            acc = self.by_proposer.get(proposer)
+            accepted, reached = (acc.accepted, acc.reached) if acc is not None else ((), ())
+            if match <= 0 or acc is None:
                 posts = self._posteriors(k_max, accepted, reached, spread=bool(z))
             else:
                 pooled = self._posteriors(1, accepted, reached, spread=False)[0][0]
                 # position 0's estimate after a match in each bucket seen (else the pooled one)
                 firsts = {b: self._posteriors(1, a, r, centres=[pooled], spread=False)[0][0]
-                          for b, (a, r) in by_match.items()}
-                acc, reach = by_match.get(match_bucket(match), ((), ()))
+                          for b, (a, r) in acc.by_match.items()}
+                a_, r_ = acc.by_match.get(match_bucket(match), ((), ()))
                 # position 0: the pooled prior (its own counts are then added, once)
                 centres = [pooled] + [firsts.get(match_bucket(match + i), pooled)
                                       for i in range(1, k_max)]
-                posts = self._posteriors(k_max, acc, reach, centres=centres, spread=bool(z))
+                posts = self._posteriors(k_max, a_, r_, centres=centres, spread=bool(z))
         return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
 
-    def _posteriors(self, k_max: int, accepted=None, reached=None, *,
-                    centres: Sequence[float] = (), spread: bool = True
-                    ) -> list[tuple[float, float]]:
-        """(mean, sd) per position (``acceptance_curve``) of the draft's counts or of
-        ``accepted``/``reached``, centred on ``centres`` where given; under the lock."""
-        accepted = self.accepted if accepted is None else accepted
-        reached = self.reached if reached is None else reached
+    def _posteriors(self, k_max: int, accepted, reached, *, centres: Sequence[float] = (),
+                    spread: bool = True) -> list[tuple[float, float]]:
+        """(mean, sd) per position (``curve``) of ``accepted``/``reached``, centred on
+        ``centres`` where given; under the lock."""
         strength = self.prior[0] + self.prior[1]
         out: list[tuple[float, float]] = []
         mean = self.prior[0] / strength
@@ -676,31 +700,24 @@ class LiveStats:
         return out
 
     def copy(self, *, discount: float | None = None,
-             acceptance_from: LiveStats | None = None,
+             acceptance_from: LiveStats | None = None, proposer: str | None = None,
              costs: PairCosts | None = None) -> LiveStats:
         """A copy of the acceptance. ``costs`` None: it reads this one's ``PairCosts`` without
-        feeding them; else it feeds ``costs``. ``acceptance_from``: take the draft's counts."""
+        feeding them; else it feeds ``costs``. ``acceptance_from``: take ``proposer``'s
+        counts from there."""
         new = LiveStats(discount=self.discount if discount is None else discount,
-                        prior=self.prior, ema=self.ema, max_positions=len(self.reached),
+                        prior=self.prior, ema=self.ema, max_positions=self.positions,
                         params=self.params, costs=self.costs if costs is None else costs,
                         feed_costs=costs is not None)
         with self._lock:
-            for name in ("accepted", "reached", "ngram_accepted", "ngram_reached",
-                         "suffix_accepted", "suffix_reached", "match_points", "spent"):
-                setattr(new, name, list(getattr(self, name)))
-            for name in ("ngram_by_match", "suffix_by_match"):
-                setattr(new, name, {n: (list(a), list(r))
-                                    for n, (a, r) in getattr(self, name).items()})
-            new.draft_blocks = self.draft_blocks
+            new.by_proposer = {n: acc.copy() for n, acc in self.by_proposer.items()}
+            new.spent = list(self.spent)
             new.bandwidth_utilisation = self.bandwidth_utilisation
-        if acceptance_from is not None:
+        if acceptance_from is not None and proposer is not None:
             with acceptance_from._lock:
-                new.accepted = list(acceptance_from.accepted)
-                new.reached = list(acceptance_from.reached)
-                new.draft_blocks = acceptance_from.draft_blocks
+                got = acceptance_from.by_proposer.get(proposer)
+                if got is not None:
+                    new.by_proposer[proposer] = got.copy()
+                else:
+                    new.by_proposer.pop(proposer, None)
         return new
-
-    @property
-    def observed(self) -> float:
-        """Discounted drafting blocks seen: how much evidence there is."""
-        return self.reached[0]

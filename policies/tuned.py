@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .base import Context, EarlyStop, Outcome, Policy, auto_policy, early_stop_of
+from .base import HYBRID, Context, EarlyStop, Outcome, Policy, auto_policy, early_stop_of
 from .params import Parameters
 
 __all__ = ["FAMILIES", "ROW_FAMILIES", "build_policy", "TunedPolicy"]
@@ -49,8 +49,10 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
     params = dict(params)
     early_stop = params.pop("early_stop", None)  # every family: draft-side early stopping
     if family == "fixed":
-        policy: Policy = FixedK(int(params.get("k", 0)), params.get("proposer", "draft"),
-                                int(params.get("min_match", 2)))
+        proposer = params.get("proposer")  # None (or the model's name): the model proposer
+        # a minimum match is the hybrid's alone (a lookup's block needs a match of 1)
+        min_match = int(params.get("min_match", 2)) if proposer == HYBRID else 1
+        policy: Policy = FixedK(int(params.get("k", 0)), proposer, min_match)
     elif family == "table":
         table = params.get("table")
         if not table:

@@ -135,6 +135,14 @@ class CategorySummary:
     ngram_accepted_per_position: tuple[int, ...] = ()
     ngram_drafted_per_position: tuple[int, ...] = ()
     ngram_lookup_s: float = 0.0  # host seconds of its lookups (failed lookups included)
+
+    @property
+    def by_proposer(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """(accepted, drafted) per position of each proposer the sums count, by name."""
+        out = {"draft": (self.accepted_per_position, self.drafted_per_position)}
+        if self.ngram_drafted_per_position:
+            out["ngram"] = (self.ngram_accepted_per_position, self.ngram_drafted_per_position)
+        return out
     # derived
     alpha: float | None = field(init=False)
     alpha_ci95: tuple[float, float] | None = field(init=False)
@@ -445,6 +453,19 @@ class TraceRow(NamedTuple):
     # length, agreeing tokens, draft length; ``autospec.suffix.suffix_trace``); None: not
     # recorded
     suffix_trace: bytes | None = None
+
+    @property
+    def traces(self) -> dict[str, bytes]:
+        """Each proposer's trace by name (``Proposer.replay`` reads its own)."""
+        out = {"draft": self.trace}
+        for name, trace in (("ngram", self.ngram_trace), ("suffix", self.suffix_trace)):
+            if trace:
+                out[name] = trace
+        return out
+
+    @property
+    def extras(self) -> dict[str, dict]:
+        return {"draft": {"confidence": self.confidence}} if self.confidence else {}
 
 
 def _when(t: datetime | float) -> datetime:

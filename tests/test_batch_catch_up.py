@@ -1,7 +1,7 @@
 """The draft model's catch-up at batch > 1. The batched loop resumes the draft model with one
 forward over every row's unseen tokens, padded to the widest row's gap: B × gap slots. That
 forward is the prompt at the first draft block and a stretch's worth after k = 0. The loop
-tells the policy the gap (``Context.draft_gap``) and feeds each catch-up to the statistics'
+tells the policy the gap (``Context.gap``) and feeds each catch-up to the statistics'
 fit. The batch cost model charges it shared over the batch's tokens left, and replay charges
 it the same way. Unpriced, a batch's first draft block took in every prompt for free."""
 
@@ -56,9 +56,9 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
         stats.t_target[n] = t_target(1, n)
     stats.t_draft = T_DRAFT
     costs, policy = grid_costs(), CostModelPolicy(proposers="draft")
-    single = Context(category="c", live=stats, draft_gap=300, remaining=20)
+    single = Context(category="c", live=stats, gap=300, remaining=20)
     assert policy.choose(single) > 0
-    at4 = dict(remaining=20, draft_gap=300)
+    at4 = dict(remaining=20, gap=300)
     assert policy.choose(replace(batch_context(stats, 4, costs), **at4)) == 0
     # the price is the fit at 4 × 300 tokens, less one draft step at B = 4, over 4 × 20 tokens
     ctx = replace(batch_context(stats, 4, costs), **at4)
@@ -66,7 +66,7 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
     assert priced == pytest.approx((B_PER_TOKEN * 1200 - t_draft(4)) / 80)
     assert priced == catch_up_per_token(stats, 300, 80, rows=4, t_draft=t_draft(4))
     # the usual gap after a draft block, more tokens left to pay it back, or no fit yet: drafts
-    for change in (dict(draft_gap=2), dict(remaining=2000)):
+    for change in (dict(gap=2), dict(remaining=2000)):
         ctx = replace(batch_context(stats, 4, costs), **{**at4, **change})
         assert policy.choose(ctx) > 0, change
     cold = warm_stats(0.8)
@@ -81,16 +81,16 @@ def test_beside_the_n_gram_the_batch_shares_the_catch_up_as_batch_1_does():
     stats = fitted(warm_stats(0.8, blocks=50))
     for _ in range(30):  # three quarters of the decision points have a match
         for matched in (True, True, True, False):
-            stats.observe_match(matched)
+            stats.observe_match(matched, proposer="ngram")
     costs, policy = grid_costs(), CostModelPolicy()
-    ctx = replace(batch_context(stats, 4, costs), remaining=50, draft_gap=100,
+    ctx = replace(batch_context(stats, 4, costs), remaining=50, gap=100,
                   proposers=("draft", "ngram"))
     alone = policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
     shared = policy._catch_up(ctx, list(ctx.rows), t_draft(4),
                               ("draft", "ngram"))
     assert alone == pytest.approx((B_PER_TOKEN * 400 - t_draft(4)) / 200)
-    share = stats.unmatched_share()
-    first = stats.ngram_acceptance_curve(1)[0]
+    share = stats.unmatched_share("ngram")
+    first = stats.curve("ngram", 1)[0]
     assert share < 0.4
     assert shared == pytest.approx(alone / (share + (1 - share) * (1 - first)))
 
@@ -103,7 +103,7 @@ class Gaps(Stretches):
         self.seen: list[tuple[int, int]] = []
 
     def choose(self, ctx):
-        self.seen.append((ctx.draft_gap, ctx.batch_size))
+        self.seen.append((ctx.gap, ctx.batch_size))
         return super().choose(ctx)
 
 

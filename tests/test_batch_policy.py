@@ -55,7 +55,7 @@ def warm_stats(alpha: float, blocks: int = 400) -> LiveStats:
     """A category whose every draft position is accepted with probability alpha."""
     stats = LiveStats(discount=1.0)
     cum = [alpha ** (i + 1) for i in range(16)]
-    stats.warm_start([c * blocks for c in cum], [blocks] * 16, weight=blocks)
+    stats.warm_start({"draft": ([c * blocks for c in cum], [blocks] * 16)}, weight=blocks)
     return stats
 
 
@@ -188,7 +188,7 @@ def test_costmodel_speculates_by_each_rows_tokens_left():
 
 def test_min_gain_is_measured_against_plain_batched_decoding():
     stats, costs = warm_stats(0.8), grid_costs()
-    k, s = batch_best_k([stats.acceptance_curve(16)] * 4, t_draft(4), costs.target_cost(4), 16)
+    k, s = batch_best_k([stats.curve("draft", 16)] * 4, t_draft(4), costs.target_cost(4), 16)
     assert k > 0 and s > 1
     assert CostModelPolicy(min_gain=s - 1 - 1e-9).choose(batch_context(stats, 4, costs)) == k
     assert CostModelPolicy(min_gain=s - 1 + 1e-3).choose(batch_context(stats, 4, costs)) == 0
@@ -234,12 +234,12 @@ def test_a_reprobe_whose_catch_up_is_dear_comes_less_often():
     stats.t_target.update({1: 0.22, 2: 0.4})
     stats.t_draft = 0.11
     policy = CostModelPolicy(reprobe_every=64, probe_k=1)
-    cheap = Context(category="c", live=stats, draft_gap=2)
+    cheap = Context(category="c", live=stats, gap=2)
     ks = [policy.choose(cheap) for _ in range(128)]
     assert ks.count(1) == 2 and ks[63] == ks[127] == 1  # the usual cadence
     for g in (40, 60):
         stats.observe_catch_up(g, 0.3 + 0.033 * g)  # C(g) = 0.3 + 0.033 g s
-    dear = Context(category="c", live=stats, draft_gap=60)
+    dear = Context(category="c", live=stats, gap=60)
     # the probe: T_d + T_t(2) - T_t(1), plus the catch-up less the proposal it includes
     probe = 0.11 + (0.4 - 0.22) + (stats.catch_up_cost(60) - 0.11)
     assert probe / 0.22 > 10  # about ten plain steps
@@ -265,7 +265,7 @@ def test_costmodel_with_own_discount_learns_from_each_rows_accepted_count():
         policy.update(ctx, 2, Outcome(drafted=2, accepted=0, accepted_rows=(0, 0),
                                       batch_size=2, draft_time_s=0.04, target_time_s=0.1))
     assert policy.choose(ctx) == 0
-    assert stats.observed == pytest.approx(20)  # the controller's statistics are untouched
+    assert stats.observed("draft") == pytest.approx(20)  # the controller's statistics are untouched
 
 
 # -- BatchCosts -------------------------------------------------------------------------------
@@ -591,10 +591,7 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     step (B tokens for T_t(B, 1)) with the rest of the batch at the draft model's block's rate
     where it pays (T_t(B, 1) / (B · S_B)), else plain's — recomputed here from the record."""
     live = LiveStats()
-    live.warm_start([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8, t_draft=0.03,
-                    t_target={n: 0.2 for n in range(1, 18)}, probe=True,
-                    ngram_accepted_per_position=[400 * ngram_alpha ** (i + 1) for i in range(8)],
-                    ngram_drafted_per_position=[400] * 8, t_ngram=1e-5)
+    live.warm_start({"draft": ([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8), "ngram": ([400 * ngram_alpha ** (i + 1) for i in range(8)], [400] * 8)}, t_draft=0.03, t_target={n: 0.2 for n in range(1, 18)}, probe=True, t_lookup={"ngram": 1e-5})
     costs = BatchCosts()
     costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.02 * max(0, n - 3)) for n in range(1, 18)}
                 for b in (1, 2)}, {1: 0.04, 2: 0.06})
@@ -602,7 +599,7 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     k = CostModelPolicy().choose(Context(
         category="c", k_max=8, batch_size=2, live=live, rows=(live, live),
         categories=("c", "c"), costs=costs, remaining=max(left), remaining_rows=left,
-        proposers=("draft", "ngram"), ngram_matches=(3, 3), why=why))
+        proposers=("draft", "ngram"), matches={"ngram": (3, 3)}, why=why))
     record = why[0]
     t1, cands = record["t_plain"], {c["proposer"]: c for c in record["candidates"]}
     draft = cands["draft"]

@@ -50,13 +50,13 @@ def test_the_loop_counts_the_position_after_a_block_accepted_whole(seed):
     assert reached >= 3  # the test sees some: blocks accepted whole, then a catch-up
     # no block was longer than K: depth K is the catch-up's evidence alone
     assert max(st.k_schedule) == K
-    assert (live.reached[K], live.accepted[K]) == (reached, accepted)
+    assert (live.counts("draft")[1][K], live.counts("draft")[0][K]) == (reached, accepted)
     # replaying the request's trace feeds the same evidence
     sim = {"x": LiveStats(discount=1.0)}
     simulate([("greedy", st.trace)], CallablePolicy(lambda ctx: 0 if ctx.generated % 7 == 3
                                                     else K),
              Costs(0.01, {1: 0.1, 3: 0.1}), category="x", live=sim)
-    assert (sim["x"].reached[K], sim["x"].accepted[K]) == (reached, accepted)
+    assert (sim["x"].counts("draft")[1][K], sim["x"].counts("draft")[0][K]) == (reached, accepted)
 
 
 def test_sampled_blocks_accepted_whole_count_the_acceptance_probability_after_them():
@@ -70,18 +70,17 @@ def test_sampled_blocks_accepted_whole_count_the_acceptance_probability_after_th
     st = spec.last_stats
     reached, accepted = _expected_beyond(st)
     assert reached >= 3
-    assert live.reached[K] == reached
+    assert live.counts("draft")[1][K] == reached
     # the trace holds round(254 β); the statistics β
-    assert live.accepted[K] == pytest.approx(accepted / 254)
-    assert 0 < live.accepted[K] < live.reached[K]
+    assert live.counts("draft")[0][K] == pytest.approx(accepted / 254)
+    assert 0 < live.counts("draft")[0][K] < live.counts("draft")[1][K]
 
 
 def _k_sequence(traces) -> list[int]:
     """The k the cost-model policy chooses per iteration, replaying ``traces`` from a history
     where one block in ten reached depth 1 and few were accepted there."""
     live = LiveStats()
-    live.warm_start([95.0, 2.0], [100.0, 10.0], t_draft=0.03,
-                    t_target={1: 0.1, 2: 0.1, 8: 0.11})
+    live.warm_start({"draft": ([95.0, 2.0], [100.0, 10.0])}, t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
     return chosen_ks(traces, live, CostModelPolicy())
 
 
@@ -97,6 +96,9 @@ def test_a_category_held_at_k1_by_stale_depth_evidence_lengthens_its_blocks(monk
     longer = next(i for i, k in enumerate(with_beyond) if k > 1)
     assert longer < 80, longer
     assert sum(k > 1 for k in with_beyond) > len(with_beyond) // 2
-    monkeypatch.setattr(LiveStats, "observe_beyond", lambda self, depth, value: None)
+    evidence = LiveStats.observe_evidence  # the depth evidence (past depth 0) ignored
+    monkeypatch.setattr(LiveStats, "observe_evidence",
+                        lambda self, name, depth, value: evidence(self, name, depth, value)
+                        if depth == 0 else None)
     without = _k_sequence(traces)
     assert max(without) == 1, without

@@ -78,15 +78,14 @@ def test_a_stored_impossible_curve_is_held_out_at_warm_start():
     history = [0.3 * 0.8 ** i for i in range(16)]  # cumulative rates of the tail above
     bad = {1: 1.329, 2: 1.1, 4: 0.9, 14: 0.338}
     live = LiveStats()
-    live.warm_start([50 * h for h in history], [50.0] * 16, weight=50, t_target=bad,
-                    t_draft=0.07)
+    live.warm_start({"draft": ([50 * h for h in history], [50.0] * 16)}, weight=50, t_target=bad, t_draft=0.07)
     assert sorted(live.t_target) == [1, 2]  # 0.9 and 0.338 are below 0.7 × 1.329
     assert all(t >= SHAPE_FLOOR * live.t_target[1] for t in live.t_target.values())
     ks = run(live, 60, tail)
     assert max(ks) < 8, ks
     # a probe timed every n back to back: its curve is trusted as it is
     probed = LiveStats()
-    probed.warm_start([], [], t_target={1: 0.2, 2: 0.12, 4: 0.13}, t_draft=0.02, probe=True)
+    probed.warm_start({}, t_target={1: 0.2, 2: 0.12, 4: 0.13}, t_draft=0.02, probe=True)
     assert probed.t_target == {1: 0.2, 2: 0.12, 4: 0.13}
     assert probed.cost()(2) == pytest.approx(0.12)
     assert shape_guard(bad) == {1: 1.329, 2: 1.1}
@@ -97,15 +96,14 @@ def test_a_busy_machine_bounds_k_by_acceptance():
     stays within what the acceptance alone justifies (α = 0.13: k = 1), whatever the
     costs say."""
     live = LiveStats()
-    live.warm_start([200 * 0.13 ** (i + 1) for i in range(16)], [200.0] * 16, weight=200,
-                    t_target={1: 1.0, 2: 1.0, 17: 1.0}, t_draft=0.001)  # flat and free
+    live.warm_start({"draft": ([200 * 0.13 ** (i + 1) for i in range(16)], [200.0] * 16)}, weight=200, t_target={1: 1.0, 2: 1.0, 17: 1.0}, t_draft=0.001)  # flat and free
     policy = CostModelPolicy()
     ctx = Context(category="chat", k_max=16, live=live, remaining=500)
     assert policy.choose(ctx) == 3  # quiet costs this cheap buy longer blocks
     for t in (1.0, 3.0, 1.0, 3.0):
         live.observe(0, 0, 0.0, t)
     assert live.busy()
-    assert 0 < policy.choose(ctx) <= acceptance_cap(live.acceptance_curve(16), 16) == 1
+    assert 0 < policy.choose(ctx) <= acceptance_cap(live.curve("draft", 16), 16) == 1
     assert acceptance_cap(0.5, 16) == 3 and acceptance_cap(0.8, 16) == 10
     assert expected_tokens(0.13, 1) > 1
 

@@ -22,7 +22,7 @@ from autospec.policies.costmodel import (
     expected_tokens,
     induced_catch_up,
     interpolate_cost,
-    request_ngram_curve,
+    request_curve,
     saved,
     valued,
 )
@@ -66,11 +66,11 @@ def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
 
 def test_the_unmatched_share_starts_at_all_and_follows_the_traffic():
     live = LiveStats(discount=1.0)
-    assert live.unmatched_share() == 1.0  # unknown: the draft may serve it all
+    assert live.unmatched_share("ngram") == 1.0  # unknown: the draft may serve it all
     for i in range(10):
-        live.observe_match(i % 5 != 0)  # 2 of 10 points without a match
-    assert live.unmatched_share() == pytest.approx((2 + 2) / (10 + 2))
-    assert live.copy().match_points == [2, 8]
+        live.observe_match(i % 5 != 0, proposer="ngram")  # 2 of 10 points without a match
+    assert live.unmatched_share("ngram") == pytest.approx((2 + 2) / (10 + 2))
+    assert live.copy().by_proposer["ngram"].match_points == [2, 8]
 
 
 def test_best_k_charges_the_per_token_share_of_a_catch_up():
@@ -145,13 +145,13 @@ def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
     live = LiveStats(discount=1.0)
     for i in range(80):
         live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
-        live.observe_ngram_shadow(1, int(i % 5 == 0), 1)
+        live.observe_shadow("ngram", 1, int(i % 5 == 0), 1)
     live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
-    live.t_draft, live.t_ngram = 0.075, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.075, 1e-6
     live.spent = [0.15 * 400, 400]  # the category runs at 0.15 s per token
     policy = CostModelPolicy()
-    curve, cost = policy.derived(live, 8)
-    lookup = policy.derived_ngram(live, 8, 1)
+    curve, cost = policy.derived(live, "draft", 8), policy.derived_cost(live)
+    lookup = policy.derived(live, "ngram", 8, 1)
     kd, _ = best_k(curve, 0.075, cost, 8)
     kn, _ = best_k(lookup, 1e-6, cost, 8)
     assert kd > 0 and kn > 0
@@ -162,15 +162,15 @@ def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
     assert (block_saving(curve, kd, 0.075, cost, 0.0, value)
             > block_saving(lookup, kn, 1e-6, cost, 0.0, value) > 0)
     choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
-                                   live=live, proposers=("draft", "ngram"), ngram_match=1,
-                                   draft_gap=1))
+                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)},
+                                   gap=1))
     assert int(choice) == kd and getattr(choice, "proposer", "draft") == "draft"
     # where the lookup's block also saves more (a copy: its tokens hold), it takes the step
     for _ in range(200):
-        live.observe_ngram_shadow(1, 8, 8)
+        live.observe_shadow("ngram", 1, 8, 8)
     choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
-                                   live=live, proposers=("draft", "ngram"), ngram_match=1,
-                                   draft_gap=1))
+                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)},
+                                   gap=1))
     assert getattr(choice, "proposer", "draft") == "ngram"
 
 
@@ -181,9 +181,9 @@ def _chat_like(first_every: int, catch_ups: bool) -> LiveStats:
     live = LiveStats(discount=1.0)
     for i in range(120):
         live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
-        live.observe_ngram_shadow(1, int(i % first_every == 0), 1)
+        live.observe_shadow("ngram", 1, int(i % first_every == 0), 1)
     live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
-    live.t_draft, live.t_ngram = 0.075, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.075, 1e-6
     live.spent = [0.15 * 400, 400]
     if catch_ups:
         for g, c in ((3, 0.12), (4, 0.125), (48, 0.22), (3, 0.115), (50, 0.23)):
@@ -204,7 +204,7 @@ def test_an_n_gram_block_is_charged_the_catch_up_it_causes_the_draft():
     def choose(live):
         return CostModelPolicy().choose(Context(
             category="c", k_max=8, generated=10, remaining=40, live=live,
-            proposers=("draft", "ngram"), ngram_match=1, draft_gap=1))
+            proposers=("draft", "ngram"), matches={"ngram": (1,)}, gap=1))
 
     # n-gram first tokens right 1 in 3: its block saves more than the draft's, less than
     # that once the draft's catch-up after it is counted
@@ -223,7 +223,7 @@ def test_the_request_rate_decides_where_the_category_rate_would_not():
     live.spent = [0.035 * 400, 400]  # the category: 0.035 s per token, T_t(1) = 0.104
     live.t_draft = 0.035  # a draft step a third of the target's, as the default pair on CPU
     ctx = dict(category="c", k_max=8, generated=40, remaining=200, live=live,
-               proposers=("draft", "ngram"), ngram_match=0, draft_gap=1)
+               proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=1)
     policy = CostModelPolicy()
     assert int(policy.choose(Context(**ctx))) == 0
     request = LiveStats(discount=1.0)
@@ -241,21 +241,21 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     live.t_target = {n: 0.1 + 0.02 * n for n in range(1, 18)}  # verification not free
     request = LiveStats(discount=1.0)
     ctx = dict(category="c", k_max=8, generated=20, remaining=44, live=live,
-               proposers=("draft", "ngram"), ngram_match=2, draft_gap=1)
-    cat_curve = live.ngram_acceptance_curve(8, match=2)
-    assert request_ngram_curve(cat_curve, request) == cat_curve
+               proposers=("draft", "ngram"), matches={"ngram": (2,)}, gap=1)
+    cat_curve = live.curve("ngram", 8, match=2)
+    assert request_curve(cat_curve, request, "ngram") == cat_curve
     choice = CostModelPolicy().choose(Context(**ctx, request=request))
     assert getattr(choice, "proposer", "draft") == "ngram" and int(choice) == 8
     for _ in range(10):
-        request.observe_ngram_shadow(2, 0, 1)  # proposed, and the first token was wrong
-    curve = request_ngram_curve(cat_curve, request)
+        request.observe_shadow("ngram", 2, 0, 1)  # proposed, and the first token was wrong
+    curve = request_curve(cat_curve, request, "ngram")
     w = DEFAULTS.request_prior_blocks
     assert curve[0] == pytest.approx(cat_curve[0] * w / (w + 10))
     assert curve[1:] == cat_curve[1:]  # never reached in this request
     choice = CostModelPolicy().choose(Context(**ctx, request=request))
     assert getattr(choice, "proposer", "draft") == "draft"
     policy = CostModelPolicy()
-    far = dict(ctx, draft_gap=300)
+    far = dict(ctx, gap=300)
     assert (policy._catch_up(Context(**far, request=request), [live], live.t_draft,
                              ("draft", "ngram"))
             < policy._catch_up(Context(**far), [live], live.t_draft, ("draft", "ngram")))
@@ -278,14 +278,14 @@ def _measured(match_every: int) -> LiveStats:
     its blocks hold)."""
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 + 0.004 * n for n in range(1, 18)}
-    live.t_draft, live.t_ngram = 0.02, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.02, 1e-6
     for i in range(60):
         live.observe(3, (2, 1, 3, 0)[i % 4], 0.06, 0.116)
-        live.observe_match(i % match_every != 0)
+        live.observe_match(i % match_every != 0, proposer="ngram")
     live.observe_catch_up(300, 0.6)
     live.observe_catch_up(8, 0.03)
     for _ in range(40):  # where it has a match, the n-gram's blocks hold
-        live.observe_ngram_shadow(2, 8, 8)
+        live.observe_shadow("ngram", 2, 8, 8)
     return live
 
 
@@ -300,14 +300,14 @@ def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
     live = _measured(match_every)
     policy = CostModelPolicy()
     ctx = Context(category="c", k_max=8, generated=4, remaining=remaining, live=live,
-                  proposers=("draft", "ngram"), ngram_match=0, draft_gap=gap)
+                  proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=gap)
     choice = policy.choose(ctx)
-    assert (int(choice) > 0) == drafts, (int(choice), live.unmatched_share())
+    assert (int(choice) > 0) == drafts, (int(choice), live.unmatched_share("ngram"))
     if drafts:  # and the k it drafts with serves tokens at the best rate, catch-up included
-        first = live.ngram_acceptance_curve(1)[0]
-        share = live.unmatched_share()
+        first = live.curve("ngram", 1)[0]
+        share = live.unmatched_share("ngram")
         served = remaining * (share + (1 - share) * (1 - first))
-        curve, cost = live.acceptance_curve(8), live.cost(optimistic=True)
+        curve, cost = live.curve("draft", 8), live.cost(optimistic=True)
         per_token = catch_up_per_token(live, gap, served)
         want, _s = best_k(curve, 0.02, cost, 8, per_token=per_token)
         assert int(choice) == want and getattr(choice, "proposer", "draft") == "draft"
@@ -317,7 +317,7 @@ def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
 
 def test_the_draft_alone_charges_its_catch_up_to_the_whole_rest_of_the_request():
     live = _measured(5)
-    ctx = dict(category="c", k_max=8, generated=4, live=live, ngram_match=0, draft_gap=300)
+    ctx = dict(category="c", k_max=8, generated=4, live=live, matches={"ngram": (0,)}, gap=300)
     policy = CostModelPolicy(proposers="draft")  # the n-gram is not this policy's option
     assert int(policy.choose(Context(**ctx, remaining=60, proposers=("draft", "ngram")))) > 0
     assert int(policy.choose(Context(**ctx, remaining=3, proposers=("draft", "ngram")))) == 0
@@ -336,8 +336,10 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
             self.requests: list = []
 
         def choose(self, ctx):
-            self.gaps.append(ctx.draft_gap)
-            self.requests.append((tuple(ctx.request.spent), sum(ctx.request.match_points)))
+            self.gaps.append(ctx.gap)
+            lookup = ctx.request.by_proposer.get("ngram")
+            self.requests.append((tuple(ctx.request.spent),
+                                  sum(lookup.match_points) if lookup else 0.0))
             return super().choose(ctx)
 
     target = tiny("llama", sharpen=30.0)
@@ -366,7 +368,7 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
     assert policy.requests[len(ks) - 1][0][0] >= SLOW * (len(resumed) - 1)  # catch-ups in
     # the n-gram's match was looked at once per decision point (discounted as the counts)
     d = live.discount
-    assert sum(live.match_points) == pytest.approx((1 - d ** len(ks)) / (1 - d))
+    assert sum(live.by_proposer["ngram"].match_points) == pytest.approx((1 - d ** len(ks)) / (1 - d))
     spec.close()
 
 

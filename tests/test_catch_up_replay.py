@@ -161,7 +161,7 @@ class Recorder:
         self.ks, self.i, self.gaps = list(ks), 0, []
 
     def choose(self, ctx) -> int:
-        self.gaps.append(ctx.draft_gap)
+        self.gaps.append(ctx.gap)
         k = self.ks[min(self.i, len(self.ks) - 1)]
         self.i += 1
         return k

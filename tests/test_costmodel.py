@@ -20,6 +20,11 @@ def test_expected_tokens_closed_form_for_constant_alpha(alpha, k):
     assert math.isclose(expected_tokens(alpha, k), closed, rel_tol=1e-12)
 
 
+def derived(policy, live, top: int):
+    """(the draft model's curve, T_t as a function) the policy derived from ``live``."""
+    return policy.derived(live, "draft", top), policy.derived_cost(live)
+
+
 def test_per_position_acceptance_multiplies():
     assert math.isclose(expected_tokens([0.9, 0.5, 0.1], 3), 1 + 0.9 + 0.45 + 0.045)
     assert math.isclose(expected_tokens([0.9, None], 3), 1 + 0.9 + 0.81 + 0.729)
@@ -105,9 +110,9 @@ class _CountingStats:
         class Counting(LiveStats):
             builds = 0
 
-            def acceptance_curve(self, k_max, z=0.0):
+            def curve(self, proposer, k_max, z=0.0, *, match=0):
                 Counting.builds += 1
-                return super().acceptance_curve(k_max, z)
+                return super().curve(proposer, k_max, z, match=match)
 
             def cost(self, optimistic=False):
                 Counting.builds += 1
@@ -118,6 +123,7 @@ class _CountingStats:
 
 def test_the_policy_rebuilds_its_curves_only_when_the_statistics_change():
     from autospec.policies import Context, CostModelPolicy
+    from autospec.policies.live import LiveStats
 
     live = _CountingStats()
     for k, m in [(3, 2), (3, 3), (0, 0), (2, 1), (4, 1)]:
@@ -125,17 +131,17 @@ def test_the_policy_rebuilds_its_curves_only_when_the_statistics_change():
     pol = CostModelPolicy()
     ctx = Context(k_max=8, live=live, remaining=100)
     k1 = pol.choose(ctx)
-    curve, cost = pol.derived(live, 8)
+    curve, cost = derived(pol, live, 8)
     built = type(live).builds
     assert pol.choose(ctx) == k1 and type(live).builds == built  # unchanged: nothing rebuilt
-    assert pol.derived(live, 8) == (curve, cost)
-    assert pol.derived(live, 8)[0] is curve and pol.derived(live, 8)[1] is cost
+    assert derived(pol, live, 8) == (curve, cost)
+    assert derived(pol, live, 8)[0] is curve and derived(pol, live, 8)[1] is cost
     live.observe(3, 0, 0.006, 0.013)  # a new version: rebuilt, from the new statistics
-    new_curve, new_cost = pol.derived(live, 8)
+    new_curve, new_cost = derived(pol, live, 8)
     assert type(live).builds == built + 2 and new_curve is not curve and new_cost is not cost
-    assert new_curve == live.acceptance_curve(8) and new_curve != curve
+    assert new_curve == LiveStats.curve(live, "draft", 8) and new_curve != curve
     assert new_cost(4) == live.cost(optimistic=True)(4)
-    assert pol.derived(live, 5)[0] == live.acceptance_curve(5)  # another length: its own
+    assert derived(pol, live, 5)[0] == LiveStats.curve(live, "draft", 5)  # its own length
 
 
 def test_a_policy_with_derived_curves_copies_and_pickles():
@@ -176,7 +182,7 @@ def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
     assert live.copy().settled(1)
     # a cost warm-started from the store, a probe or a peer category is settled at once
     warm = LiveStats()
-    warm.warm_start([], [], t_target={1: 0.2, 4: 0.3}, t_draft=0.05)
+    warm.warm_start({}, t_target={1: 0.2, 4: 0.3}, t_draft=0.05)
     assert warm.settled(1) and warm.settled(4) and not warm.settled(2)
     warm.observe(0, 0, 0.0, 0.3)
     assert warm.t_target[1] == pytest.approx(0.8 * 0.2 + 0.2 * 0.3)
@@ -193,7 +199,7 @@ def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays
     costs = {1: 1.0, 2: 1.6, 3: 2.6, 4: 3.6, 5: 4.6}
     for t_draft, tried in ((0.3, False), (0.1, True)):
         live = LiveStats()
-        live.warm_start([], [], t_target=costs, t_draft=t_draft)
+        live.warm_start({}, t_target=costs, t_draft=t_draft)
         k, s = best_k(1.0, t_draft, live.cost(optimistic=True), 4)
         assert k == 1 and (s >= 1 + DEFAULTS.trial_gain) == tried and s > 1
         policy = CostModelPolicy(initial_k=3)
@@ -212,19 +218,19 @@ def test_derived_values_follow_what_they_are_derived_from():
     policy, live = CostModelPolicy(), LiveStats()
     for k in (0, 0, 0, 3, 3):
         live.observe(k, 2 if k else 0, 0.004 * k, 0.02 + 0.001 * k)
-    live.observe_ngram(4, 3, 0.0001, 0.025, match=2)
-    curve, cost = policy.derived(live, 8)
-    ngram = policy.derived_ngram(live, 8, 2)
+    live.observe_lookup("ngram", 4, 3, 0.0001, 0.025, match=2)
+    curve, cost = derived(policy, live, 8)
+    ngram = policy.derived(live, "ngram", 8, 2)
 
-    live.observe_ngram(6, 1, 0.0001, 0.03, match=2)  # a lookup block: n = 7 timed
-    curve2, cost2 = policy.derived(live, 8)
+    live.observe_lookup("ngram", 6, 1, 0.0001, 0.03, match=2)  # a lookup block: n = 7 timed
+    curve2, cost2 = derived(policy, live, 8)
     assert curve2 is curve and cost2 is not cost and cost2(7) == live.cost()(7)
-    ngram2 = policy.derived_ngram(live, 8, 2)
+    ngram2 = policy.derived(live, "ngram", 8, 2)
     assert ngram2 is not ngram
-    assert ngram2 == live.ngram_acceptance_curve(8, z=policy.params.z, match=2)
+    assert ngram2 == live.curve("ngram", 8, z=policy.params.z, match=2)
 
     live.observe(3, 0, 0.012, 0.024)  # a draft block: counts and timings
-    curve3, _ = policy.derived(live, 8)
-    assert curve3 is not curve and curve3 == live.acceptance_curve(8, z=policy.params.z)
-    assert policy.derived_ngram(live, 8, 2) is ngram2  # the lookups' counts did not move
-    assert policy.derived(live, 4)[0] == live.acceptance_curve(4, z=policy.params.z)
+    curve3, _ = derived(policy, live, 8)
+    assert curve3 is not curve and curve3 == live.curve("draft", 8, z=policy.params.z)
+    assert policy.derived(live, "ngram", 8, 2) is ngram2  # the lookups' counts did not move
+    assert derived(policy, live, 4)[0] == live.curve("draft", 4, z=policy.params.z)

@@ -87,7 +87,7 @@ def test_last_stats_counts_every_proposer_by_name(models):
     st = spec.last_stats
     lookup, model = st.proposer("ngram"), st.proposer("draft")
     assert lookup.proposed > 0 and model.proposed == 0
-    assert st.proposed == lookup.proposed == st.ngram_drafted
+    assert st.proposed == lookup.proposed == st.proposer("ngram").proposed
     assert st.proposed_accepted == lookup.accepted
     suffix = st.proposer("suffix")  # not asked for: none of its blocks
     assert suffix.blocks == suffix.proposed == 0

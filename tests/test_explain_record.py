@@ -20,10 +20,7 @@ def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02) -> LiveStats
     live = LiveStats()
     cum = [400 * alpha ** (i + 1) for i in range(8)]
     ngram = [400 * ngram_alpha ** (i + 1) for i in range(8)]
-    live.warm_start(cum, [400] * 8, t_draft=t_draft,
-                    t_target={n: 0.2 * (1 + 0.03 * max(0, n - 4)) for n in range(1, 18)},
-                    ngram_accepted_per_position=ngram, ngram_drafted_per_position=[400] * 8,
-                    t_ngram=1e-5, probe=True)
+    live.warm_start({"draft": (cum, [400] * 8), "ngram": (ngram, [400] * 8)}, t_draft=t_draft, t_target={n: 0.2 * (1 + 0.03 * max(0, n - 4)) for n in range(1, 18)}, probe=True, t_lookup={"ngram": 1e-5})
     return live
 
 
@@ -71,12 +68,12 @@ def test_the_record_reproduces_the_decision(alpha, ngram_alpha, match, min_gain)
     policy = CostModelPolicy(min_gain=min_gain, reprobe_every=10 ** 6)
     why: list = []
     ctx = Context(category="code", k_max=8, live=live, remaining=200,
-                  proposers=("draft", "ngram"), ngram_match=match, why=why)
+                  proposers=("draft", "ngram"), matches={"ngram": (match,)}, why=why)
     k = policy.choose(ctx)
     assert len(why) == 1
     record = why[0]
     assert record["format"] == FORMAT and record["rule"] in RULES
-    proposer = proposer_of(k)[0] if k else "plain"
+    proposer = (proposer_of(k)[0] or "draft") if k else "plain"
     assert (record["k"], record["proposer"]) == (int(k), proposer)
     assert record["rule"] == ("best" if k else "off")
     assert recompute(record) == (int(k), proposer)
@@ -143,11 +140,9 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
     assert len(rows) == 5
     t = {n: 0.220 if n <= 4 else 0.220 + 0.015 * (n - 4) for n in range(1, 10)}
     live = LiveStats()
-    live.warm_start([400 * 0.75 ** (i + 1) for i in range(8)], [400] * 8, t_draft=0.030,
-                    t_target=t, ngram_accepted_per_position=[400 * 0.9 ** (i + 1)
-                                                             for i in range(8)],
-                    ngram_drafted_per_position=[400] * 8, t_ngram=0.0001, probe=True)
-    curve, cost = live.acceptance_curve(8), live.cost(optimistic=True)
+    live.warm_start({"draft": ([400 * 0.75 ** (i + 1) for i in range(8)], [400] * 8), "ngram": ([400 * 0.9 ** (i + 1)
+                                                             for i in range(8)], [400] * 8)}, t_draft=0.030, t_target=t, probe=True, t_lookup={"ngram": 0.0001})
+    curve, cost = live.curve("draft", 8), live.cost(optimistic=True)
     for k, tokens, block, spt, s in rows:
         k = int(k)
         assert expected_tokens(curve, k) == pytest.approx(tokens, abs=5e-4)
@@ -160,7 +155,7 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
     for match in (0, 4):
         why: list = []
         k = policy.choose(Context(category="code", k_max=8, live=live, remaining=100,
-                                  proposers=("draft", "ngram"), ngram_match=match, why=why))
+                                  proposers=("draft", "ngram"), matches={"ngram": (match,)}, why=why))
         picks.append((int(k), why[0]["proposer"], round(max(
             c["saved_s"] for c in why[0]["candidates"]), 3)))
     assert picks == [(3, "draft", 0.290), (8, "ngram", 1.032)]
@@ -185,7 +180,7 @@ def test_a_batch_record_recomputes_from_its_own_fields(left, ngram_alpha):
     k = CostModelPolicy().choose(Context(
         category="code", k_max=8, batch_size=batch, rows=(live,) * batch,
         categories=("code",) * batch, costs=costs, remaining=max(left), remaining_rows=left,
-        proposers=("draft", "ngram"), ngram_matches=(4,) * batch, why=why))
+        proposers=("draft", "ngram"), matches={"ngram": (4,) * batch}, why=why))
     (record,) = why
     t1, v, gain = record["t_plain"], record["value"], record["min_gain"]
     assert record["batch"] == batch and record["rule"] in ("best", "off")

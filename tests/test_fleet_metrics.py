@@ -79,7 +79,7 @@ def run_store(tmp_path_factory):
     solo = autospec.Controller(target, None, store=url, metrics=metrics, policy="ngram:4")
     solo.generate(_repetitive(5), max_new_tokens=16, do_sample=False, category="solo",
                   eos_token_id=None)
-    assert solo.last_stats.ngram_drafts > 0 and solo.last_stats.drafts == 0
+    assert solo.last_stats.proposer("ngram").blocks > 0 and solo.last_stats.drafts == 0
     solo.close()
     live = start_http_server(0, metrics=metrics)
     try:

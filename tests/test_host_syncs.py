@@ -124,10 +124,10 @@ def test_one_read_and_no_build_per_iteration(models, monkeypatch, rows, policy, 
     assert not spec.fallbacks
     assert it_long > it_short
     st = spec.last_stats
-    drafted = st.drafted + st.ngram_drafted
+    drafted = st.drafted + st.proposer("ngram").proposed
     assert drafted > 0  # the proposers under test proposed
     if policy != "fixed:3":
-        assert st.ngram_drafted > 0
+        assert st.proposer("ngram").proposed > 0
     per = it_long - it_short
     assert (long.reads - short.reads) / per == 1.0, (long.reads, short.reads, per)
     assert long.builds - short.builds == 0

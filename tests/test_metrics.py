@@ -157,14 +157,14 @@ def test_n_gram_blocks_are_counted_under_their_own_proposer_label(models):
     spec.generate(_repetitive(4), max_new_tokens=24, do_sample=False, category="c",
                   eos_token_id=None)
     st = spec.last_stats
-    assert st.ngram_drafted > 0 and st.drafted > 0
+    assert st.proposer("ngram").proposed > 0 and st.drafted > 0
     ep = start_http_server(0, metrics=m)
     try:
         got = scrape(ep.url)
     finally:
         ep.close()
     for proposer, drafted, accepted in (("draft", st.drafted, st.accepted),
-                                        ("ngram", st.ngram_drafted, st.ngram_accepted)):
+                                        ("ngram", st.proposer("ngram").proposed, st.proposer("ngram").accepted)):
         assert pick(got, "vllm:spec_decode_num_draft_tokens_total", category="c",
                     proposer=proposer) == drafted
         assert pick(got, "vllm:spec_decode_num_accepted_tokens_total", category="c",

@@ -135,11 +135,13 @@ def test_policy_specs_name_the_proposer_and_an_int_still_means_the_draft_model()
     c = as_policy("hybrid:3:1").choose(Context(k_max=2))
     assert (int(c), c.proposer, c.min_match) == (2, "hybrid", 1)
     assert as_policy("hybrid:3").name == "hybrid:3:2"
-    for bad in ("ngram:x", "ngram:3:1", "hybrid:3:0"):
+    c = as_policy("ngram:3:2").choose(Context(k_max=16))  # a lookup's shortest match
+    assert (int(c), c.proposer, c.min_match, c.fallback) == (3, "ngram", 2, False)
+    for bad in ("ngram:x", "hybrid:3:0"):
         with pytest.raises(ValueError, match="bad policy|min_match"):
             as_policy(bad)
     with pytest.raises(ValueError, match="proposer"):
-        Choice(2, "medusa")
+        Choice(2, "")
 
 
 def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():
@@ -147,15 +149,15 @@ def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():
     for _ in range(3):
         live.observe(0, 0, 0.0, 0.1)  # T_t(1), settled
     for _ in range(50):
-        live.observe_ngram(4, 3, 1e-5, 0.1)
+        live.observe_lookup("ngram", 4, 3, 1e-5, 0.1)
     pol = CostModelPolicy()
-    without_draft = Context(k_max=8, live=live, proposers=("ngram",), ngram_match=2)
+    without_draft = Context(k_max=8, live=live, proposers=("ngram",), matches={"ngram": (2,)})
     c = pol.choose(without_draft)
     assert isinstance(c, Choice) and c.proposer == "ngram" and int(c) > 0
-    no_match = Context(k_max=8, live=live, proposers=("ngram",), ngram_match=0)
+    no_match = Context(k_max=8, live=live, proposers=("ngram",), matches={"ngram": (0,)})
     assert int(pol.choose(no_match)) == 0
     # n-gram counts are not the draft model's
-    assert live.reached[0] == 0 and live.ngram_reached[0] == 50 and live.t_draft is None
+    assert live.counts("draft")[1][0] == 0 and live.counts("ngram")[1][0] == 50 and live.t_draft is None
 
 
 # -- exactness, greedy ----------------------------------------------------------------------
@@ -185,8 +187,8 @@ def test_greedy_output_is_generates_token_for_token(pair, policy):
         out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                             do_sample=False)
         assert torch.equal(out, ref), (policy, seed)
-        drafted += spec.last_stats.ngram_drafted
-        accepted += spec.last_stats.ngram_accepted
+        drafted += spec.last_stats.proposer("ngram").proposed
+        accepted += spec.last_stats.proposer("ngram").accepted
     assert 0 < accepted < drafted  # n-gram blocks ran, were accepted and rejected
 
 
@@ -204,7 +206,7 @@ def test_greedy_without_a_draft_model_stops_at_eos_inside_a_block(pair):
     out = spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                         do_sample=False, eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out, ref) and out[0, -1].item() == eos
-    assert spec.last_stats.stop_reason == "eos" and spec.last_stats.ngram_drafted > 0
+    assert spec.last_stats.stop_reason == "eos" and spec.last_stats.proposer("ngram").proposed > 0
 
 
 # -- exactness, sampled ---------------------------------------------------------------------
@@ -246,8 +248,8 @@ def test_sampled_first_two_tokens_follow_the_targets_law(kwargs):
         out = spec.generate(ids, max_new_tokens=2, do_sample=True, generator=g,
                             eos_token_id=None, **kwargs)
         counts[out[0, 6] * V + out[0, 7]] += 1
-        drafted += spec.last_stats.ngram_drafted
-        accepted += spec.last_stats.ngram_accepted
+        drafted += spec.last_stats.proposer("ngram").proposed
+        accepted += spec.last_stats.proposer("ngram").accepted
     assert _chi2_pvalue(counts, law.flatten()) > ALPHA
     assert drafted >= 2000 and accepted < 0.2 * drafted  # the unlikely token was rejected
     # power: the law of emitting the proposal whenever proposed is rejected
@@ -269,7 +271,7 @@ def test_wrap_without_a_draft_model_serves_and_logs(tmp_path):
                               do_sample=False, category="copy")
         assert torch.equal(out, ref_out)
         stats = target._autospec_controller.last_stats
-        assert stats.ngram_drafts > 0 and stats.drafts == 0
+        assert stats.proposer("ngram").blocks > 0 and stats.drafts == 0
         batch = torch.cat([ids, ids], dim=0)  # batch > 1 runs through the batched loop
         ref = target._autospec_controller._original_generate(
             batch, attention_mask=torch.ones_like(batch), max_new_tokens=8, do_sample=False)
@@ -319,8 +321,8 @@ def test_batched_greedy_rows_are_generates_with_the_n_gram_proposer(pair, policy
         assert torch.equal(out, ref), (policy, seed)
         assert not spec.fallbacks
         for st in spec.last_row_stats:
-            drafted += st.ngram_drafted
-            accepted += st.ngram_accepted
+            drafted += st.proposer("ngram").proposed
+            accepted += st.proposer("ngram").accepted
             short += sum(1 for k, used in zip(st.k_schedule, st.proposer_schedule)
                          if used and k < 5)
     assert 0 < accepted <= drafted
@@ -400,5 +402,5 @@ def test_on_a_device_the_prompt_comes_back_with_the_first_sync(pair, monkeypatch
     monkeypatch.setattr(torch.Tensor, "tolist", original)
     st = spec.last_stats
     assert torch.equal(out, ref)
-    assert st.proposer_schedule[0] == 0 and st.ngram_drafts > 0
+    assert st.proposer_schedule[0] is None and st.proposer("ngram").blocks > 0
     assert len(reads) <= st.iterations + 1  # one per iteration (+ the output's)

@@ -22,17 +22,17 @@ COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
 
 def test_shadow_counts_the_block_the_proposer_would_have_drafted():
     live = LiveStats(discount=1.0)
-    live.observe_ngram_shadow(3, 2, 4)  # disagreed at the 3rd token: 3 reached, 2 accepted
-    live.observe_ngram_shadow(3, 4, 4)  # all 4 emitted agree: 4 reached, 4 accepted
-    live.observe_ngram_shadow(1, 0, 1)
-    live.observe_ngram_shadow(0, 5, 5)  # no match, no proposal: nothing
-    live.observe_ngram_shadow(2, 20, 20)  # at most the trace's 16 positions
-    assert live.ngram_reached[:5] == [4, 3, 3, 2, 1]
-    assert live.ngram_accepted[:5] == [3, 3, 2, 2, 1]
-    assert sorted(live.ngram_by_match) == [1, 2, 3]
-    acc, reach = live.ngram_by_match[3]
+    live.observe_shadow("ngram", 3, 2, 4)  # disagreed at the 3rd token: 3 reached, 2 accepted
+    live.observe_shadow("ngram", 3, 4, 4)  # all 4 emitted agree: 4 reached, 4 accepted
+    live.observe_shadow("ngram", 1, 0, 1)
+    live.observe_shadow("ngram", 0, 5, 5)  # no match, no proposal: nothing
+    live.observe_shadow("ngram", 2, 20, 20)  # at most the trace's 16 positions
+    assert live.counts("ngram")[1][:5] == [4, 3, 3, 2, 1]
+    assert live.counts("ngram")[0][:5] == [3, 3, 2, 2, 1]
+    assert sorted(live.by_proposer["ngram"].by_match) == [1, 2, 3]
+    acc, reach = live.by_proposer["ngram"].by_match[3]
     assert (reach[:4], acc[:4]) == ([2, 2, 2, 1], [2, 2, 1, 1])
-    assert live.ngram_by_match[2][1][15:17] == [1, 0]
+    assert live.by_proposer["ngram"].by_match[2][1][15:17] == [1, 0]
     assert live.iterations == 0  # no iteration passed
 
 
@@ -42,19 +42,19 @@ def test_the_policy_prices_the_n_gram_by_the_length_of_its_match():
     one middling proposer)."""
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_ngram = 0.05, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
     for _ in range(30):
-        live.observe_ngram_shadow(1, 0, 1)
-        live.observe_ngram_shadow(3, 8, 8)
-    pooled = live.ngram_acceptance_curve(4)
-    by1, by3 = (live.ngram_acceptance_curve(4, match=n) for n in (1, 3))
+        live.observe_shadow("ngram", 1, 0, 1)
+        live.observe_shadow("ngram", 3, 8, 8)
+    pooled = live.curve("ngram", 4)
+    by1, by3 = (live.curve("ngram", 4, match=n) for n in (1, 3))
     assert by1[0] < 0.1 < pooled[0] < 0.9 < by3[0]
-    assert live.ngram_acceptance_curve(4, match=2)[0] == pytest.approx(pooled[0])  # unseen
+    assert live.curve("ngram", 4, match=2)[0] == pytest.approx(pooled[0])  # unseen
     policy = CostModelPolicy(proposers="ngram")
     ctx = dict(category="c", k_max=8, generated=5, remaining=40, live=live,
                proposers=("draft", "ngram"))
-    at3 = policy.choose(Context(**ctx, ngram_match=3))
-    at1 = policy.choose(Context(**ctx, ngram_match=1))
+    at3 = policy.choose(Context(**ctx, matches={"ngram": (3,)}))
+    at1 = policy.choose(Context(**ctx, matches={"ngram": (1,)}))
     assert int(at3) == 8 and getattr(at3, "proposer", None) == "ngram"
     assert int(at1) == 0
 
@@ -70,23 +70,23 @@ def test_a_copy_run_gets_long_blocks_and_a_chance_hit_short_ones():
     assert [match_bucket(n) for n in (0, 1, 3, 5, 8, 13, 14, 40)] == [0, 1, 3, 4, 6, 9, 14, 14]
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_ngram = 0.05, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
     for i in range(40):
-        live.observe_ngram_shadow(3, (0, 1, 2, 4)[i % 4], 16)
-        live.observe_ngram_shadow(14 + i % 3, 16 if i % 8 else 12, 16)
-    assert live.ngram_acceptance_curve(8, match=15) == live.ngram_acceptance_curve(8, match=14)
+        live.observe_shadow("ngram", 3, (0, 1, 2, 4)[i % 4], 16)
+        live.observe_shadow("ngram", 14 + i % 3, 16 if i % 8 else 12, 16)
+    assert live.curve("ngram", 8, match=15) == live.curve("ngram", 8, match=14)
     policy = CostModelPolicy(proposers="ngram")
     ctx = dict(category="c", k_max=16, generated=5, remaining=60, live=live,
                proposers=("draft", "ngram"))
-    copying = policy.choose(Context(**ctx, ngram_match=14))
-    chance = policy.choose(Context(**ctx, ngram_match=3))
+    copying = policy.choose(Context(**ctx, matches={"ngram": (14,)}))
+    chance = policy.choose(Context(**ctx, matches={"ngram": (3,)}))
     assert getattr(copying, "proposer", None) == "ngram" and int(copying) == 16
     assert 0 < int(chance) <= 4
     request = LiveStats(discount=1.0)
     for _ in range(12):
-        request.observe_ngram_shadow(3, 0, 1)  # this request's chance hits all failed
-    assert int(policy.choose(Context(**ctx, ngram_match=14, request=request))) == 16
-    assert int(policy.choose(Context(**ctx, ngram_match=3, request=request))) < int(chance)
+        request.observe_shadow("ngram", 3, 0, 1)  # this request's chance hits all failed
+    assert int(policy.choose(Context(**ctx, matches={"ngram": (14,)}, request=request))) == 16
+    assert int(policy.choose(Context(**ctx, matches={"ngram": (3,)}, request=request))) < int(chance)
 
 
 def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
@@ -98,18 +98,18 @@ def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
     its own first token's, and with verification flat the policy proposes a long block."""
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 for n in range(1, 18)}  # verification flat to 17 tokens
-    live.t_draft, live.t_ngram = 0.05, 1e-6
+    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
     for i in range(60):
-        live.observe_ngram_shadow(1, int(i % 3 == 0), 1)  # first token right 1/3 of the time
-        live.observe_ngram_shadow(2, int(i % 5 < 3), 1)
-        live.observe_ngram_shadow(14, 16 if i % 10 else 8, 16)  # copies hold
-    curve = live.ngram_acceptance_curve(16, match=1)
+        live.observe_shadow("ngram", 1, int(i % 3 == 0), 1)  # first token right 1/3 of the time
+        live.observe_shadow("ngram", 2, int(i % 5 < 3), 1)
+        live.observe_shadow("ngram", 14, 16 if i % 10 else 8, 16)  # copies hold
+    curve = live.curve("ngram", 16, match=1)
     for i in range(1, 16):  # no evidence of its own past position 0: the longer match's first
-        assert curve[i] == pytest.approx(live.ngram_acceptance_curve(1, match=1 + i)[0])
+        assert curve[i] == pytest.approx(live.curve("ngram", 1, match=1 + i)[0])
     assert curve[0] < 0.4 and 0.55 < curve[1] < 0.65 and curve[13] > 0.95
     policy = CostModelPolicy(proposers="ngram")
     choice = policy.choose(Context(category="c", k_max=16, generated=5, remaining=60,
-                                   live=live, proposers=("draft", "ngram"), ngram_match=1))
+                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)}))
     assert getattr(choice, "proposer", None) == "ngram" and int(choice) >= 12
 
 
@@ -148,7 +148,7 @@ def test_a_new_category_starts_from_the_costs_the_process_measured():
     measured = dict(first.t_target)
     second = spec.live_stats("second")
     assert second.t_target == measured and second.t_draft == first.t_draft
-    assert second.observed == 0  # acceptance is never shared
+    assert second.observed("draft") == 0  # acceptance is never shared
     # settled: the policy's cold rule (plain steps until T_t(1) is settled) does not apply,
     # so no plain iteration re-measures it. Whether the first block then drafts depends on
     # the timings (under load the costs can price drafting out), so that is not asserted.
@@ -175,7 +175,7 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
     assert len(first.t_target) > 1 and first.t_draft
     seen = spec.live_stats("seen")
     assert seen.t_target == first.t_target and seen.t_draft == first.t_draft
-    assert seen.settled(1) and seen.observed == 0
+    assert seen.settled(1) and seen.observed("draft") == 0
     # with T_t(n) at several n and T_d known (asserted above), the cost model's exploration
     # branch (T_d or a second T_t point unknown → initial_k) cannot be taken: the first block
     # is its choice on these costs, which depends on the timings (under load they can price
@@ -207,8 +207,8 @@ def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):
     live = fresh.live_stats("copy")
     fresh.close()
     first = sm.ngram_drafted_per_position[0]
-    assert live.ngram_reached[0] == pytest.approx(min(first, 200))
-    assert live.ngram_accepted[0] / live.ngram_reached[0] == pytest.approx(
+    assert live.counts("ngram")[1][0] == pytest.approx(min(first, 200))
+    assert live.counts("ngram")[0][0] / live.counts("ngram")[1][0] == pytest.approx(
         sm.ngram_accepted_per_position[0] / first)
-    assert live.t_ngram == pytest.approx(sm.ngram_lookup_s_per_token)
-    assert live.draft_blocks == 0  # the draft model's own history is empty: still untried
+    assert live.t_lookup.get("ngram") == pytest.approx(sm.ngram_lookup_s_per_token)
+    assert live.blocks("draft") == 0  # the draft model's own history is empty: still untried

@@ -18,7 +18,7 @@ from test_ngram import _repetitive, _repetitive_batch, _scan
 from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
-import autospec.telemetry as telemetry
+import autospec.engine.proposers.prompt_lookup as telemetry  # where the trace is made
 from autospec.ngram import (
     DEFAULT_MAX_N,
     DEFAULT_MIN_N,
@@ -157,17 +157,18 @@ def test_a_hybrid_request_logs_its_proposers_and_an_exact_trace(models, tmp_path
     # computed once, by the store's writer, not by the request
     assert threads == ["autospec-store-writer"]
     settings = ngram or {"max_n": 3, "min_n": 1}
-    assert st.ngram_settings == settings and st.tokens == out[0].tolist()
+    assert st.extras["ngram"] == settings and callable(st.traces["ngram"])
+    assert st.traces["ngram"]() == ngram_trace(out[0].tolist(), ids.shape[1], **settings)
     with open_store(db) as store, store.session() as s:
         (row,) = queries.recent_requests(s)
     assert set(st.proposer_schedule) == {0, 1}  # both proposers drafted
     assert row.proposer_schedule == bytes(st.proposer_schedule)
-    assert row.ngram == {**settings, "drafts": st.ngram_drafts, "drafted": st.ngram_drafted,
-                         "accepted": st.ngram_accepted,
-                         "accepted_per_position": st.ngram_accepted_per_position,
-                         "drafted_per_position": st.ngram_drafted_per_position,
+    assert row.ngram == {**settings, "drafts": st.proposer("ngram").blocks, "drafted": st.proposer("ngram").proposed,
+                         "accepted": st.proposer("ngram").accepted,
+                         "accepted_per_position": st.proposer("ngram").accepted_per_position,
+                         "drafted_per_position": st.proposer("ngram").proposed_per_position,
                          "lookup_s": pytest.approx(st.ngram_s)}
-    assert 0 < st.ngram_accepted < st.ngram_drafted
+    assert 0 < st.proposer("ngram").accepted < st.proposer("ngram").proposed
     # the draft model's counters are still its own (they were not logged as the n-gram's)
     assert (row.drafts, row.drafted, row.accepted) == (st.drafts, st.drafted, st.accepted)
     assert len(row.ngram_trace) == st.new_tokens == len(row.trace) == 40
@@ -180,7 +181,7 @@ def test_a_hybrid_request_logs_its_proposers_and_an_exact_trace(models, tmp_path
             _, agree = decode_trace_value(row.ngram_trace[pos])
             assert m == min(agree, k), (pos, k, m, row.ngram_trace[pos])
             checked += 1
-    assert checked == st.ngram_drafts > 1
+    assert checked == st.proposer("ngram").blocks > 1
 
 
 def test_the_trace_also_describes_traffic_the_n_gram_never_drafted(models, tmp_path):
@@ -196,7 +197,7 @@ def test_the_trace_also_describes_traffic_the_n_gram_never_drafted(models, tmp_p
     with open_store(db) as store, store.session() as s:
         (row,) = queries.recent_requests(s)
         (sm,) = queries.category_summaries(s)
-    assert st.ngram_drafts == 0 and not any(st.proposer_schedule)
+    assert st.proposer("ngram").blocks == 0 and not any(st.proposer_schedule)
     assert row.proposer_schedule is None
     assert row.ngram["drafts"] == 0 and row.ngram["drafted_per_position"] == []
     assert row.ngram_trace == ngram_trace(out[0].tolist(), ids.shape[1], max_n=3, min_n=1)
@@ -280,10 +281,10 @@ def test_a_batched_request_logs_its_rows_n_gram_record_and_trace(models, tmp_pat
         rows = sorted(queries.recent_requests(s), key=lambda r: r.prompt_tokens)
         (sm,) = queries.category_summaries(s)
     assert len(rows) == 2 and all(r.batch_size == 2 for r in rows)
-    assert sm.ngram_drafts == sum(st.ngram_drafts for st in live) > 0
-    assert sm.ngram_accepted == sum(st.ngram_accepted for st in live)
+    assert sm.ngram_drafts == sum(st.proposer("ngram").blocks for st in live) > 0
+    assert sm.ngram_accepted == sum(st.proposer("ngram").accepted for st in live)
     for row, st in zip(rows, sorted(live, key=lambda st: st.prompt_tokens)):
-        assert row.ngram["drafted"] == st.ngram_drafted and row.ngram["max_n"] == DEFAULT_MAX_N
+        assert row.ngram["drafted"] == st.proposer("ngram").proposed and row.ngram["max_n"] == DEFAULT_MAX_N
         assert bytes(row.proposer_schedule) == bytes(st.proposer_schedule)
         assert row.ngram_trace == ngram_trace(st.tokens, st.prompt_tokens,
                                               max_n=DEFAULT_MAX_N, min_n=DEFAULT_MIN_N)

@@ -43,7 +43,7 @@ def test_two_categories_of_a_controller_share_one_cost_object():
     t_plain = a.t_target[1]
     b = spec.live_stats("b")
     assert b.costs is a.costs is spec.pair_costs
-    assert b.observed == 0 and b.draft_blocks == 0  # acceptance is never shared
+    assert b.observed("draft") == 0 and b.blocks("draft") == 0  # acceptance is never shared
     why = []
     CostModelPolicy().choose(Context(category="b", k_max=8, live=b, remaining=30, why=why))
     (record,) = why
@@ -87,7 +87,7 @@ def test_copies_reference_the_costs_and_replays_copy_them_once():
     assert own.t_target[3] == 0.12 and own.t_draft == 0.01
     ticks = pair.iterations
     own.observe(2, 1, 0.5, 9.0)  # the policy's own feed: acceptance only, no second timing
-    assert pair.iterations == ticks and own.t_target[3] == 0.12 and own.reached[0] > 0
+    assert pair.iterations == ticks and own.t_target[3] == 0.12 and own.counts("draft")[1][0] > 0
     other = LiveStats(costs=pair)
     copies = copy_lives({"x": live, "y": other})  # a replay's start: independent, one pair
     assert copies["x"].costs is copies["y"].costs is not pair

@@ -65,7 +65,7 @@ def test_keyword_overrides_are_parameters_and_unknown_names_are_refused():
 def _untried(t_draft: float) -> LiveStats:
     """A probed category the draft model never drafted on: flat T_t, the prior α = 0.5."""
     live = LiveStats()
-    live.warm_start([], [], t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
+    live.warm_start({}, t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
     return live
 
 
@@ -91,8 +91,7 @@ def test_marginal_bounds_k_on_a_busy_machine():
     picks = {}
     for marginal in (0.1, 0.4):
         live = LiveStats(params=DEFAULTS.but(marginal=marginal))
-        live.warm_start([50, 25, 12.5, 6.25, 3.125, 1.5625], [100] * 6,
-                        t_draft=0.001, t_target={n: 0.2 for n in range(1, 18)}, probe=True)
+        live.warm_start({"draft": ([50, 25, 12.5, 6.25, 3.125, 1.5625], [100] * 6)}, t_draft=0.001, t_target={n: 0.2 for n in range(1, 18)}, probe=True)
         live._busy_until = 10 ** 6  # the guard's state after a level move
         assert live.busy()
         picks[marginal] = CostModelPolicy(marginal=marginal).choose(

@@ -194,7 +194,7 @@ def test_costmodel_finds_an_optimum_hidden_behind_a_step_in_the_cost_curve():
 def _timed(alpha_blocks: int = 0, alpha: float = 0.0) -> LiveStats:
     """LiveStats with a flat measured cost curve (T_d = 0.2 · T_t) and some acceptance."""
     live = LiveStats()
-    live.warm_start([], [], t_draft=0.02, t_target={n: 0.1 for n in range(1, 18)})
+    live.warm_start({}, t_draft=0.02, t_target={n: 0.1 for n in range(1, 18)})
     rng = random.Random(0)
     for _ in range(alpha_blocks):  # blocks of 8, each token accepted with probability alpha
         m = 0
@@ -211,7 +211,7 @@ def test_costmodel_tunable_parameters_do_what_they_say():
     assert free > 3
     assert CostModelPolicy(k_cap=3).choose(ctx) == 3  # a cap
     # the k = 0 switch point: S(k*) here is well below 1 + 5, so it decodes plainly
-    k_star, s_star = best_k(live.acceptance_curve(16), 0.02, {1: 0.1, 17: 0.1}, 16)
+    k_star, s_star = best_k(live.curve("draft", 16), 0.02, {1: 0.1, 17: 0.1}, 16)
     assert CostModelPolicy(min_gain=s_star - 1 + 0.01).choose(ctx) == 0
     assert CostModelPolicy(min_gain=s_star - 1 - 0.01).choose(ctx) == k_star
     # z > 0 reads acceptance optimistically (≥ the mean's k), z < 0 cautiously
@@ -240,7 +240,7 @@ def test_costmodel_with_its_own_discount_keeps_its_own_statistics():
         policy.update(ctx, 4, Outcome(drafted=4, accepted=0, draft_time_s=0.08,
                                       target_time_s=0.1))
     assert policy.choose(ctx) == 0
-    assert live.acceptance(0)[0] > 0.5  # the controller's statistics were not touched
+    assert live.acceptance("draft", 0)[0] > 0.5  # the controller's statistics were not touched
 
 
 def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
@@ -253,25 +253,25 @@ def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
         live.observe(1, int(rng.random() < 0.9), 0.01, 0.1)
     for _ in range(3):
         live.observe(2, 2, 0.01, 0.1)
-    first, _ = live.acceptance(0)
-    assert first == pytest.approx((1 + live.accepted[0]) / (2 + live.reached[0]))
-    curve = live.acceptance_curve(4)
+    first, _ = live.acceptance("draft", 0)
+    assert first == pytest.approx((1 + live.counts("draft")[0][0]) / (2 + live.counts("draft")[1][0]))
+    curve = live.curve("draft", 4)
     flat = (1 + 3) / (2 + 3)
     assert curve[1] == pytest.approx((2 * first + 3) / (2 + 3)) and curve[1] > first > flat
     assert curve[2] == curve[3] == pytest.approx(curve[1])  # never reached: carried on
     # plenty of evidence outweighs the neighbour: a position accepted 30 % of 1000 times
     for _ in range(1000):
         live.observe(2, int(rng.random() < 0.3) + 1, 0.01, 0.1)
-    assert live.acceptance_curve(2)[1] == pytest.approx(0.3, abs=0.04)
+    assert live.curve("draft", 2)[1] == pytest.approx(0.3, abs=0.04)
     # z still moves every point by its own spread, within [0, 1]
-    up, down = live.acceptance_curve(3, z=2.0), live.acceptance_curve(3, z=-2.0)
-    assert all(d < m < u <= 1.0 for d, m, u in zip(down, live.acceptance_curve(3), up))
+    up, down = live.curve("draft", 3, z=2.0), live.curve("draft", 3, z=-2.0)
+    assert all(d < m < u <= 1.0 for d, m, u in zip(down, live.curve("draft", 3), up))
 
 
 def _cold(t_draft: float) -> LiveStats:
     """A probe-only category: T_t flat at 0.16 s up to 17 tokens, T_d as given, no blocks."""
     live = LiveStats()
-    live.warm_start([], [], t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
+    live.warm_start({}, t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
     return live
 
 
@@ -279,13 +279,13 @@ def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
     """The cold holdout run: a probed T_d of 0.56 · T_t(1) against the flat prior α = 0.5
     priced the draft model out before it ran once, so chat and translation never drafted."""
     live = _cold(0.09)
-    assert best_k(live.acceptance_curve(8), 0.09, live.cost(optimistic=True), 8)[0] == 0
+    assert best_k(live.curve("draft", 8), 0.09, live.cost(optimistic=True), 8)[0] == 0
     policy = CostModelPolicy(initial_k=3, cold_start=8)
     ctx = Context(category="chat", k_max=8, live=live)
     assert policy.choose(ctx) == 3  # tried, at initial_k
     live.observe(3, 2, 0.27, 0.16)
     # then its own evidence decides: 2 of 3 accepted pays at c = 0.56 and flat verification
-    assert policy.choose(ctx) == best_k(live.acceptance_curve(8), 0.09,
+    assert policy.choose(ctx) == best_k(live.curve("draft", 8), 0.09,
                                         live.cost(optimistic=True), 8)[0] > 0
     # where it fails it is switched off after the same cold_start blocks
     bad, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8)
@@ -306,8 +306,8 @@ def test_a_draft_that_cannot_pay_or_has_a_forecast_or_history_is_not_tried_cold(
                                  predicted_alpha=0.05)) == 0
     # stored history of 8 blocks at α ≈ 0.1 counts as tried, though the prior still dominates
     stored = _cold(0.09)
-    stored.warm_start([1, 0, 0], [8, 1, 0])
-    assert stored.draft_blocks == 8
+    stored.warm_start({"draft": ([1, 0, 0], [8, 1, 0])})
+    assert stored.blocks("draft") == 8
     assert policy.choose(Context(category="c", k_max=8, live=stored)) == 0
     # and so does the policy's own copy, with its own discount
     own = CostModelPolicy(initial_k=3, cold_start=8, discount=0.9)
@@ -319,10 +319,10 @@ def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
     counter, and the draft model was never re-probed; they count as steps without it."""
     live = _timed(200, 0.05)  # the draft tried and failing; the n-gram matching well
     for _ in range(50):
-        live.observe_ngram(2, 2, 0.0, 0.1, match=3)
+        live.observe_lookup("ngram", 2, 2, 0.0, 0.1, match=3)
     policy = CostModelPolicy(reprobe_every=8, probe_k=1)
     matched = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"),
-                      ngram_match=3)
+                      matches={"ngram": (3,)})
     plain = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"))
     for _ in range(10):
         assert getattr(policy.choose(matched), "proposer", None) == "ngram"
@@ -338,18 +338,18 @@ def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():
     full, request = LiveStats(discount=1.0), LiveStats(discount=1.0, feed_costs=False)
     for ls in (full, request):
         for it in range(40):
-            ls.observe_match(it % 3 == 0)
+            ls.observe_match(it % 3 == 0, proposer="ngram")
             if it % 4 == 0:
-                ls.observe_ngram(5, it % 5, 0.0001, 0.02 * (1 + it // 4 % 2), match=2)
+                ls.observe_lookup("ngram", 5, it % 5, 0.0001, 0.02 * (1 + it // 4 % 2), match=2)
             else:
                 ls.observe(it % 4, it % 3, 0.004 * (it % 4), 0.02 * (1 + it // 4 % 2))
-            ls.observe_ngram_shadow(2, 1, 3)
+            ls.observe_shadow("ngram", 2, 1, 3)
         ls.observe_catch_up(30, 0.05)
-    assert full.t_target and full.t_draft and full.t_ngram and full.catch_up_cost(8)
-    assert (request.t_target, request.t_draft, request.t_ngram) == ({}, None, None)
+    assert full.t_target and full.t_draft and full.t_lookup.get("ngram") and full.catch_up_cost(8)
+    assert (request.t_target, request.t_draft, request.t_lookup) == ({}, None, {})
     assert request.catch_up_cost(8) is None and not request.busy() and full.busy()
     assert request.cost() is None
-    assert (request.accepted, request.reached) == (full.accepted, full.reached)
-    assert request.ngram_counts(2) == full.ngram_counts(2)
-    assert request.match_points == full.match_points
+    assert (request.counts("draft")[0], request.counts("draft")[1]) == (full.counts("draft")[0], full.counts("draft")[1])
+    assert request.counts("ngram", 2) == full.counts("ngram", 2)
+    assert request.by_proposer["ngram"].match_points == full.by_proposer["ngram"].match_points
     assert request.spent == full.spent and request.iterations == full.iterations

@@ -39,14 +39,14 @@ class Reader:
         live, request = ctx.live, ctx.request
         if request.iterations % 6 == 5:
             return 0  # a plain step: the draft's next block starts with a catch-up
-        ngram = live.ngram_acceptance()
-        if ctx.ngram_match >= 2 and (ngram is None or ngram > 0.3):
+        ngram = live.first_acceptance("ngram")
+        if ctx.matches["ngram"][0] >= 2 and (ngram is None or ngram > 0.3):
             return Choice(4, "hybrid", 2)
-        reached, accepted = live.reached[0], live.accepted[0]
+        accepted, reached = (c[0] for c in live.counts("draft"))
         alpha = accepted / reached if reached else 0.5
-        if ctx.draft_gap > 12 and alpha < 0.3:
+        if ctx.gap > 12 and alpha < 0.3:
             return 0
-        unmatched, matched = request.match_points
+        unmatched, matched = request.by_proposer["ngram"].match_points
         return 1 + round(4 * alpha) + (matched > unmatched)
 
     def update(self, ctx, k, outcome):
@@ -56,15 +56,22 @@ class Reader:
 def _schedules(st):
     return (st.k_schedule, st.accepted_schedule, st.proposer_schedule,
             st.drafted, st.accepted, st.drafted_per_position, st.accepted_per_position,
-            st.ngram_drafted, st.ngram_accepted, st.ngram_drafted_per_position)
+            st.proposer("ngram").proposed, st.proposer("ngram").accepted, st.proposer("ngram").proposed_per_position)
 
 
 def _same_counts(live: LiveStats, replayed: LiveStats) -> None:
-    for name in ("accepted", "reached", "ngram_accepted", "ngram_reached"):
-        assert getattr(live, name) == pytest.approx(getattr(replayed, name)), name
-    assert live.match_points == pytest.approx(replayed.match_points)
-    assert sorted(live.ngram_by_match) == sorted(replayed.ngram_by_match)
-    assert live.draft_blocks == replayed.draft_blocks
+    """Every proposer's counts equal, by name: pooled, by match length, match points."""
+    assert sorted(live.by_proposer) == sorted(replayed.by_proposer)
+    for name, got in live.by_proposer.items():
+        want = replayed.by_proposer[name]
+        assert got.accepted == pytest.approx(want.accepted), name
+        assert got.reached == pytest.approx(want.reached), name
+        assert got.match_points == pytest.approx(want.match_points), name
+        assert sorted(got.by_match) == sorted(want.by_match), name
+        for n, (acc, reach) in want.by_match.items():
+            assert got.by_match[n][0] == pytest.approx(acc)
+            assert got.by_match[n][1] == pytest.approx(reach)
+        assert got.blocks == want.blocks, name
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -92,6 +99,6 @@ def test_replay_makes_the_live_runs_decisions_and_counts(tmp_path, rows):
     assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]
     # every kind of iteration happened: draft blocks, lookup blocks, plain steps
     kinds = {(k > 0, p) for st in served for k, p in zip(st.k_schedule, st.proposer_schedule)}
-    assert kinds == {(True, 0), (True, 1), (False, 0)}
+    assert kinds == {(True, "draft"), (True, "ngram"), (False, None)}
     assert res.unobserved_hits == 0
     _same_counts(live, lives["copy"])

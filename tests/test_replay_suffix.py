@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_replay_equals_live import _same_counts
 from test_suffix import _requests
 
 import autospec
 from autospec.policies import Choice, LiveStats, as_policy
 from autospec.store import open_store, queries
-from autospec.traces import PROPOSER_CODES
 from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
 
 NAN = float("nan")
 GRID = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-COSTS = Costs(t_draft=0.01, t_target=GRID, t_ngram=1e-5, t_suffix=1e-5,
+COSTS = Costs(t_draft=0.01, t_target=GRID, t_lookup={"ngram": 1e-5, "suffix": 1e-5},
               target_grid={b: GRID for b in (2, 3)}, draft_grid={b: 0.01 for b in (2, 3)})
 
 
@@ -47,12 +47,12 @@ class Reader:
         live, request = ctx.live, ctx.request
         if request.iterations % 7 == 6:
             return 0  # a plain step: the draft's next block starts with a catch-up
-        suffix = live.ngram_acceptance("suffix")
-        if ctx.suffix_match >= 2 and (suffix is None or suffix > 0.4):
-            return Choice(min(8, ctx.suffix_length), "suffix")
-        if ctx.ngram_match >= 3:
+        suffix = live.first_acceptance("suffix")
+        if ctx.matches["suffix"][0] >= 2 and (suffix is None or suffix > 0.4):
+            return Choice(min(8, ctx.sizes["suffix"][0]), "suffix")
+        if ctx.matches["ngram"][0] >= 3:
             return Choice(3, "ngram")
-        reached, accepted = live.reached[0], live.accepted[0]
+        accepted, reached = (c[0] for c in live.counts("draft"))
         alpha = accepted / reached if reached else 0.5
         return 1 + round(3 * alpha)
 
@@ -67,13 +67,13 @@ class Pinned(LiveStats):
     def __init__(self):
         super().__init__()
         self.t_target = dict(GRID)
-        self.t_draft, self.t_ngram, self.t_suffix = COSTS.t_draft, 1e-5, 1e-5
+        self.t_draft, self.t_lookup = COSTS.t_draft, {"ngram": 1e-5, "suffix": 1e-5}
 
-    def observe(self, k, accepted, draft_s, target_s):
-        super().observe(k, accepted, NAN, NAN)
+    def observe(self, k, accepted, draft_s, target_s, **kwargs):
+        super().observe(k, accepted, NAN, NAN, **kwargs)
 
-    def observe_ngram(self, k, accepted, lookup_s, target_s, **kwargs):
-        super().observe_ngram(k, accepted, NAN, NAN, **kwargs)
+    def observe_lookup(self, proposer, k, accepted, lookup_s, target_s, **kwargs):
+        super().observe_lookup(proposer, k, accepted, NAN, NAN, **kwargs)
 
     def observe_catch_up(self, tokens, seconds):
         pass
@@ -82,22 +82,12 @@ class Pinned(LiveStats):
 def _schedules(st):
     return (st.k_schedule, st.accepted_schedule, st.proposer_schedule,
             st.drafted, st.accepted, st.drafted_per_position, st.accepted_per_position,
-            st.ngram_drafted, st.ngram_accepted, st.suffix_drafts, st.suffix_drafted,
-            st.suffix_accepted, st.suffix_drafted_per_position,
-            st.suffix_accepted_per_position)
+            st.proposer("ngram").proposed, st.proposer("ngram").accepted, st.proposer("suffix").blocks, st.proposer("suffix").proposed,
+            st.proposer("suffix").accepted, st.proposer("suffix").proposed_per_position,
+            st.proposer("suffix").accepted_per_position)
 
 
-def _same_counts(live: LiveStats, replayed: LiveStats) -> None:
-    for name in ("accepted", "reached", "ngram_accepted", "ngram_reached", "suffix_accepted",
-                 "suffix_reached"):
-        assert getattr(live, name) == pytest.approx(getattr(replayed, name)), name
-    for name in ("ngram_by_match", "suffix_by_match"):
-        got, want = getattr(live, name), getattr(replayed, name)
-        assert sorted(got) == sorted(want), name
-        for n, (acc, reach) in want.items():
-            assert got[n][0] == pytest.approx(acc) and got[n][1] == pytest.approx(reach)
-    assert live.match_points == pytest.approx(replayed.match_points)
-    assert live.draft_blocks == replayed.draft_blocks
+
 
 
 def _policy(name):
@@ -134,12 +124,12 @@ def test_replay_makes_the_live_runs_decisions_with_suffix_decoding(tmp_path, nam
     _same_counts(live, lives["sql"])
     # the suffix drafted, most of all on the repeat (its whole output is in the memory)
     codes = [set(st.proposer_schedule) for st in served]
-    assert PROPOSER_CODES["suffix"] in codes[-1 if rows == 1 else -2]
+    assert "suffix" in codes[-1 if rows == 1 else -2]
     repeat = served[-1 if rows == 1 else -2]
-    assert repeat.suffix_accepted >= 0.9 * repeat.suffix_drafted > 0
-    assert res.suffix_drafted == sum(st.suffix_drafted for st in served)
-    assert res.suffix_accepted == sum(st.suffix_accepted for st in served)
+    assert repeat.proposer("suffix").accepted >= 0.9 * repeat.proposer("suffix").proposed > 0
+    assert res.proposer("suffix").proposed == sum(st.proposer("suffix").proposed for st in served)
+    assert res.proposer("suffix").accepted == sum(st.proposer("suffix").accepted for st in served)
     if name == "reader":  # every kind of iteration happened
         kinds = {(k > 0, p) for st in served
                  for k, p in zip(st.k_schedule, st.proposer_schedule)}
-        assert {(True, 0), (True, 2), (False, 0)} <= kinds
+        assert {(True, "draft"), (True, "suffix"), (False, None)} <= kinds

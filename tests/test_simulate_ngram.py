@@ -14,12 +14,12 @@ from autospec.policies import as_policy
 from autospec.traces import TRACE_GREEDY
 from autospec.tune.replay import Costs, simulate
 
-COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}, t_ngram=0.0)
+COSTS = Costs(t_draft=0.01, t_target={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1}, t_lookup={"ngram": 0.0})
 
 
 def row(draft_bits, ngram_values):
-    return SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes(draft_bits),
-                           ngram_trace=bytes(ngram_values), confidence=None, batch_size=1)
+    return SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes(draft_bits), batch_size=1,
+                           traces={"draft": bytes(draft_bits), "ngram": bytes(ngram_values)})
 
 
 def test_trace_values_round_trip():
@@ -37,8 +37,8 @@ def test_ngram_blocks_replay_from_the_trace():
     # iterations: g=0 block of 4 accepts 3 (+1) → g=4; no match: plain → g=5; block accepts 0
     # → g=6; block of min(4, remaining-1=3) accepts 2 → g=9; last: no match, plain → g=10
     assert res.tokens == 10 and res.iterations == 5
-    assert res.ngram_accepted == 3 + 0 + 2 and res.drafted == 0
-    assert res.ngram_drafted == 4 + 4 + 3
+    assert res.proposer("ngram").accepted == 3 + 0 + 2 and res.drafted == 0
+    assert res.proposer("ngram").proposed == 4 + 4 + 3
     assert res.seconds == pytest.approx(5 * 0.1)  # flat verification, free lookups
     assert res.speedup == pytest.approx(2.0)
 
@@ -47,26 +47,26 @@ def test_hybrid_takes_the_draft_where_the_match_is_short():
     draft = [1, 1, 0, 1, 1, 1, 1, 1, 1, 1]
     ng = [encode_trace_value(1, 5)] * 10  # every match is one token long
     long = simulate([row(draft, ng)], as_policy("hybrid:3:2"), COSTS)
-    assert long.ngram_drafted == 0 and long.drafted > 0  # min_match 2: never the n-gram's
+    assert long.proposer("ngram").proposed == 0 and long.drafted > 0  # min_match 2: never the n-gram's
     short = simulate([row(draft, ng)], as_policy("hybrid:3:1"), COSTS)
-    assert short.drafted == 0 and short.ngram_drafted > 0
+    assert short.drafted == 0 and short.proposer("ngram").proposed > 0
 
 
 def test_without_an_ngram_trace_the_policy_sees_the_draft_only():
-    old = SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes([1] * 8), confidence=None,
-                          batch_size=1)
+    old = SimpleNamespace(trace_kind=TRACE_GREEDY, trace=bytes([1] * 8), batch_size=1,
+                          traces={"draft": bytes([1] * 8)})
     res = simulate([old], as_policy("hybrid:3:1"), COSTS)
-    assert res.ngram_drafted == 0 and res.drafted > 0
+    assert res.proposer("ngram").proposed == 0 and res.drafted > 0
     res = simulate([old], as_policy("ngram:3"), COSTS)
-    assert res.ngram_drafted == 0 and res.drafted == 0 and res.tokens == 8  # plain
+    assert res.proposer("ngram").proposed == 0 and res.drafted == 0 and res.tokens == 8  # plain
 
 
 def test_a_pair_without_a_draft_replays_the_ngram_whatever_the_policy_returns():
     ng = [encode_trace_value(2, 4)] * 12
     res = simulate([row([255] * 12, ng)], as_policy(3), COSTS, has_draft=False)
-    assert res.drafted == 0 and res.ngram_drafted > 0
+    assert res.drafted == 0 and res.proposer("ngram").proposed > 0
     auto = simulate([row([255] * 12, ng)], as_policy("auto"), COSTS, has_draft=False)
-    assert auto.ngram_accepted > 0 and auto.speedup > 1.0
+    assert auto.proposer("ngram").accepted > 0 and auto.speedup > 1.0
 
 
 def test_a_cost_model_with_its_own_discount_learns_the_ngram_as_auto_does():
@@ -88,7 +88,7 @@ def test_a_cost_model_with_its_own_discount_learns_the_ngram_as_auto_does():
                                            6: .222, 7: .238, 8: .25, 10: .254, 16: .283})
     auto = simulate(rows, as_policy("auto"), costs)
     trial0 = simulate(rows, build_policy(*params_of(default_params())), costs)
-    assert auto.ngram_drafted > 0  # the traffic is one where lookup pays
-    assert (trial0.ngram_drafted, trial0.drafted, trial0.iterations) == (
-        auto.ngram_drafted, auto.drafted, auto.iterations)
+    assert auto.proposer("ngram").proposed > 0  # the traffic is one where lookup pays
+    assert (trial0.proposer("ngram").proposed, trial0.drafted, trial0.iterations) == (
+        auto.proposer("ngram").proposed, auto.drafted, auto.iterations)
     assert trial0.speedup == pytest.approx(auto.speedup)

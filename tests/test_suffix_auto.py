@@ -4,6 +4,8 @@ the engine feeds them: blocks it proposed, and its shadow where another proposer
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from test_batch_policy import grid_costs
@@ -21,57 +23,60 @@ def _stats(suffix_agree: int, ngram_agree: int) -> LiveStats:
     and prompt lookup's from a 3-token match ``ngram_agree`` (both learned from shadows)."""
     live = LiveStats(discount=1.0)
     live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_ngram, live.t_suffix = 0.05, 1e-6, 1e-6
+    live.t_draft, live.t_lookup = 0.05, {"ngram": 1e-6, "suffix": 1e-6}
     for _ in range(40):
-        live.observe_ngram_shadow(4, suffix_agree, 16, proposer="suffix")
-        live.observe_ngram_shadow(3, ngram_agree, 16)
+        live.observe_shadow("suffix", 4, suffix_agree, 16)
+        live.observe_shadow("ngram", 3, ngram_agree, 16)
     return live
 
 
 CTX = dict(category="c", k_max=16, generated=5, remaining=60,
-           proposers=("draft", "ngram", "suffix"))
+           proposers=("draft", "ngram", "suffix"), whole=("suffix",))
 
 
 def test_the_suffix_proposer_is_counted_apart_by_the_length_of_its_match():
     live = _stats(16, 0)
-    assert live.ngram_acceptance(proposer="suffix") == 1.0
-    assert live.ngram_acceptance() == 0.0  # prompt lookup's own counts are untouched
-    assert sorted(live.suffix_by_match) == [4] and sorted(live.ngram_by_match) == [3]
-    assert live.ngram_acceptance_curve(4, match=4, proposer="suffix")[0] > 0.95
+    assert live.first_acceptance("suffix") == 1.0
+    assert live.first_acceptance("ngram") == 0.0  # prompt lookup's own counts are untouched
+    assert sorted(live.by_proposer["suffix"].by_match) == [4] and sorted(live.by_proposer["ngram"].by_match) == [3]
+    assert live.curve("suffix", 4, match=4)[0] > 0.95
     copy = live.copy()
-    assert copy.suffix_reached == live.suffix_reached and copy.suffix_by_match == \
-        live.suffix_by_match
-    with pytest.raises(ValueError, match="not a lookup proposer"):
-        live.ngram_counts(proposer="draft")
+    assert copy.counts("suffix")[1] == live.counts("suffix")[1]
+    assert copy.by_proposer["suffix"].by_match == live.by_proposer["suffix"].by_match
+
+
+def _lookups(suffix_match: int, suffix_size: int) -> dict:
+    """A Context's lookups at one row: prompt lookup matching 3 tokens, suffix decoding
+    ``suffix_match`` with a draft of ``suffix_size``."""
+    return dict(matches={"ngram": (3,), "suffix": (suffix_match,)},
+                sizes={"ngram": (16,), "suffix": (suffix_size,)})
 
 
 def test_auto_drafts_with_the_suffix_where_it_holds_and_no_longer_than_its_draft():
     live, policy = _stats(16, 1), CostModelPolicy()
-    choice = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
-                                   suffix_length=16))
+    choice = policy.choose(Context(**CTX, live=live, **_lookups(4, 16)))
     assert choice.proposer == "suffix" and int(choice) == 16
     # its draft holds 5 tokens: a longer block would score more tokens for none more kept
-    short = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
-                                  suffix_length=5))
+    short = policy.choose(Context(**CTX, live=live, **_lookups(4, 5)))
     assert short.proposer == "suffix" and int(short) == 5
     # where prompt lookup holds and the suffix does not, prompt lookup drafts
     live = _stats(0, 16)
-    choice = policy.choose(Context(**CTX, live=live, ngram_match=3, suffix_match=4,
-                                   suffix_length=16))
+    choice = policy.choose(Context(**CTX, live=live, **_lookups(4, 16)))
     assert choice.proposer == "ngram" and int(choice) == 16
     # no suffix match now, or a proposer set without it: never the suffix
     live = _stats(16, 1)
-    for policy_, ctx in ((policy, dict(suffix_match=0, suffix_length=0)),
-                         (CostModelPolicy(proposers="draft+ngram"),
-                          dict(suffix_match=4, suffix_length=16))):
-        choice = policy_.choose(Context(**CTX, live=live, ngram_match=3, **ctx))
+    for policy_, ctx in ((policy, _lookups(0, 0)),
+                         (CostModelPolicy(proposers="draft+ngram"), _lookups(4, 16))):
+        choice = policy_.choose(Context(**CTX, live=live, **ctx))
         assert getattr(choice, "proposer", "draft") != "suffix"
 
 
 def test_a_proposer_set_that_names_no_known_proposer_is_refused():
     assert CostModelPolicy(proposers="draft+suffix").proposers == "draft+suffix"
     with pytest.raises(ValueError, match="'draft\\+suffix'"):
-        CostModelPolicy(proposers="draft+lookup")
+        CostModelPolicy(proposers="draft+not a name")
+    with pytest.raises(ValueError, match="'lookup', which no registered proposer is"):
+        autospec.Controller(tiny("llama"), None, store=False, policy="auto:draft+lookup")
 
 
 def test_at_batch_the_suffix_drafts_for_the_rows_it_matches():
@@ -79,12 +84,13 @@ def test_at_batch_the_suffix_drafts_for_the_rows_it_matches():
     policy = CostModelPolicy()
     ctx = Context(category="c", k_max=16, batch_size=4, remaining=48, costs=costs,
                   categories=("c",) * 4, rows=(live,) * 4,
-                  proposers=("draft", "ngram", "suffix"), ngram_matches=(3, 3, 0, 0),
-                  suffix_matches=(4, 4, 4, 0), suffix_lengths=(16, 12, 8, 0))
+                  proposers=("draft", "ngram", "suffix"), whole=("suffix",),
+                  matches={"ngram": (3, 3, 0, 0), "suffix": (4, 4, 4, 0)},
+                  sizes={"ngram": (16,) * 4, "suffix": (16, 12, 8, 0)})
     choice = policy.choose(ctx)
     assert choice.proposer == "suffix" and int(choice) >= 3  # B·(k + 1) ≤ 16 is flat here
-    no_suffix = policy.choose(Context(**{**ctx.__dict__, "suffix_matches": (0,) * 4,
-                                         "suffix_lengths": (0,) * 4}))
+    no_suffix = policy.choose(replace(ctx, matches={"ngram": (3, 3, 0, 0), "suffix": (0,) * 4},
+                                      sizes={"ngram": (16,) * 4, "suffix": (0,) * 4}))
     assert getattr(no_suffix, "proposer", "draft") != "suffix"
 
 
@@ -106,9 +112,9 @@ def test_auto_with_the_suffix_is_generates_and_serves_a_repeated_request_from_me
                             category="tools")
         assert torch.equal(out, ref)
         st = spec.last_stats
-        served.append((st.suffix_drafted, st.suffix_accepted, st.iterations))
+        served.append((st.proposer("suffix").proposed, st.proposer("suffix").accepted, st.iterations))
     # the first request taught the suffix's statistics (its blocks or its shadow) ...
-    assert spec.live["tools"].suffix_reached[0] > 0
+    assert spec.live["tools"].counts("suffix")[1][0] > 0
     # ... and the repeats are drafted from the first one's output (prompt lookup copies
     # too: the tiny target repeats itself), almost all of it kept, in a few iterations
     for drafted, accepted, iterations in served[1:]:
@@ -123,7 +129,7 @@ def test_auto_with_the_suffix_at_batch_is_generates(target):
         spec.generate(ids, max_new_tokens=24, do_sample=False, category="sql")
     ids = torch.cat([reqs[0], reqs[4], reqs[5]])
     rows = batch_is_generates(spec, target, ids, torch.ones_like(ids))
-    assert rows[0].suffix_accepted > 0  # the repeated row, from the memory
+    assert rows[0].proposer("suffix").accepted > 0  # the repeated row, from the memory
 
 
 def test_auto_over_a_proposer_set_is_a_policy_name_and_opens_the_suffix_memory(target):
@@ -131,8 +137,8 @@ def test_auto_over_a_proposer_set_is_a_policy_name_and_opens_the_suffix_memory(t
 
     assert as_policy("auto:draft+suffix").proposers == "draft+suffix"
     assert as_policy("auto:ngram").name == "auto:ngram"
-    with pytest.raises(ValueError, match="auto:SET"):
-        as_policy("auto:lookup")
+    with pytest.raises(ValueError, match="no registered proposer"):
+        autospec.Controller(target, None, store=False, policy="auto:lookup")
     assert autospec.Controller(target, None, store=False, policy="auto:ngram+suffix"
                                ).suffix_memory is not None
     assert autospec.Controller(target, None, store=False, policy="auto:ngram"
@@ -141,7 +147,7 @@ def test_auto_over_a_proposer_set_is_a_policy_name_and_opens_the_suffix_memory(t
     ids = _requests(1, seed=3)[0]
     for _ in range(2):
         spec.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
-        assert spec.last_stats.suffix_drafted == 0
+        assert spec.last_stats.proposer("suffix").proposed == 0
 
 
 def test_a_request_the_suffix_drafted_is_stored_with_its_proposers(target, tmp_path):
@@ -157,11 +163,12 @@ def test_a_request_the_suffix_drafted_is_stored_with_its_proposers(target, tmp_p
                       category="tools")
     st = spec.last_stats
     spec.close()
-    assert 2 in st.proposer_schedule
+    assert "suffix" in st.proposer_schedule
     with open_store(db) as store, store.session() as s:
         rows = queries.recent_requests(s)
     assert len(rows) == 2
-    assert rows[0].proposer_schedule == bytes(st.proposer_schedule)
+    assert rows[0].proposer_schedule == bytes(2 if p == "suffix" else 0
+                                              for p in st.proposer_schedule)
 
 
 def test_a_tuned_suffix_policy_opens_the_suffix_memory(target):
@@ -171,19 +178,19 @@ def test_a_tuned_suffix_policy_opens_the_suffix_memory(target):
     from types import SimpleNamespace
 
     from autospec.policies import as_policy
-    from autospec.policies.base import wants_suffix
+    from autospec.policies.base import wanted
 
     tuned = as_policy("tuned")
     spec = autospec.Controller(target, None, store=False, policy=tuned)
-    assert spec.suffix_memory is None and not wants_suffix(tuned)
+    assert spec.suffix_memory is None and "suffix" not in wanted(tuned)
     row = SimpleNamespace(id=1, category="tools", family="costmodel",
                           params={"proposers": "ngram+suffix"})
     tuned.attach(lambda after: [row] if after < 1 else [])
-    assert wants_suffix(tuned)
+    assert "suffix" in wanted(tuned)
     ids = _requests(1, seed=3)[0]
     for _ in range(2):
         spec.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None,
                       category="tools")
-    assert spec.suffix_memory is not None and spec.last_stats.suffix_drafted > 0
+    assert spec.suffix_memory is not None and spec.last_stats.proposer("suffix").proposed > 0
     tuned.close()
-    assert wants_suffix(as_policy("suffix:3+stop=0.5"))
+    assert "suffix" in wanted(as_policy("suffix:3+stop=0.5"))

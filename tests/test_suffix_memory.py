@@ -201,10 +201,10 @@ def test_another_tenants_request_cannot_draft_from_an_earlier_output(target):
     other = spec.generate(ids, tenant="globex", **kw)
     b = spec.last_stats
     assert torch.equal(first, again) and torch.equal(first, other)
-    assert warm.suffix_accepted == warm.suffix_drafted >= 30
+    assert warm.proposer("suffix").accepted == warm.proposer("suffix").proposed >= 30
     assert warm.iterations < cold.iterations
-    assert (b.iterations, b.suffix_drafted, b.suffix_accepted, b.suffix_drafts) == (
-        cold.iterations, cold.suffix_drafted, cold.suffix_accepted, cold.suffix_drafts)
+    assert (b.iterations, b.proposer("suffix").proposed, b.proposer("suffix").accepted, b.proposer("suffix").blocks) == (
+        cold.iterations, cold.proposer("suffix").proposed, cold.proposer("suffix").accepted, cold.proposer("suffix").blocks)
     assert spec.suffix_memory.categories("acme")["tools"][0] == 2
     assert spec.suffix_memory.categories("globex")["tools"][0] == 1
 

@@ -129,15 +129,15 @@ def test_a_live_request_stores_its_trace_and_its_blocks_accepted_what_it_says(ta
         # replay prices its lookups at the seconds per token they took
         t_suffix = queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "sql")
         assert queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "chat") is None
-    assert t_suffix == pytest.approx(sum(st.suffix_s for *_, st in served)
-                                     / sum(st.suffix_drafted for *_, st in served))
+    assert t_suffix == pytest.approx(sum(st.proposer("suffix").seconds for *_, st in served)
+                                     / sum(st.proposer("suffix").proposed for *_, st in served))
     checked = 0
     for row, (toks, L, before, st) in zip(rows, served, strict=True):
-        assert row.suffix_trace == st.suffix_trace == suffix_trace(toks, L, before, "sql")
-        assert row.suffix == {"drafts": st.suffix_drafts, "drafted": st.suffix_drafted,
-                              "accepted": st.suffix_accepted,
-                              "accepted_per_position": st.suffix_accepted_per_position,
-                              "drafted_per_position": st.suffix_drafted_per_position,
+        assert row.suffix_trace == st.traces.get("suffix") == suffix_trace(toks, L, before, "sql")
+        assert row.suffix == {"drafts": st.proposer("suffix").blocks, "drafted": st.proposer("suffix").proposed,
+                              "accepted": st.proposer("suffix").accepted,
+                              "accepted_per_position": st.proposer("suffix").accepted_per_position,
+                              "drafted_per_position": st.proposer("suffix").proposed_per_position,
                               "lookup_s": pytest.approx(st.suffix_s)}
         assert st.suffix_s > 0
         # exactness: every suffix block held min(k asked, its draft) and accepted as traced
@@ -145,7 +145,7 @@ def test_a_live_request_stores_its_trace_and_its_blocks_accepted_what_it_says(ta
             match, agree, size = decode_suffix_value(row.suffix_trace, pos)
             assert k == min(6, size, 29 - pos) and m == min(agree, k), (pos, k, m)
             checked += 1
-    assert checked == sum(st.suffix_drafts for *_, st in served) > 10
+    assert checked == sum(st.proposer("suffix").blocks for *_, st in served) > 10
     # the repeat found the first request's whole output in the memory: its drafts agree
     # whole, 16 tokens long once the match is (the match grows with the output)
     repeat = _decoded(rows[-1].suffix_trace)

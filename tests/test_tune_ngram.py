@@ -42,27 +42,27 @@ def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, poli
     costs = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
     for row, st in zip(rows, live):
         res = simulate([row], as_policy(policy), costs, k_max=16)
-        assert (res.ngram_drafted, res.ngram_accepted) == (st.ngram_drafted, st.ngram_accepted)
+        assert (res.proposer("ngram").proposed, res.proposer("ngram").accepted) == (st.proposer("ngram").proposed, st.proposer("ngram").accepted)
         assert (res.drafted, res.accepted) == (st.drafted, st.accepted)
         assert res.iterations == st.iterations and res.unobserved_hits == 0
         assert bytes(row.proposer_schedule or bytes(st.iterations)) == bytes(
-            st.proposer_schedule)
-    assert sum(st.ngram_drafted for st in live) > 0 or policy == "fixed:3"
+            1 if p == "ngram" else 0 for p in st.proposer_schedule)
+    assert sum(st.proposer("ngram").proposed for st in live) > 0 or policy == "fixed:3"
     # the n-gram's statistics, pooled and per match length, learned live (its own blocks and
     # its shadow where it did not draft) are what replaying the traces learns
     lives: dict = {}
     simulate(rows, as_policy(policy), costs, k_max=16, live=lives, category="copy")
     got, want = spec.live["copy"], lives["copy"]
-    assert sorted(got.ngram_by_match) == sorted(want.ngram_by_match) != []
-    assert got.ngram_reached == pytest.approx(want.ngram_reached)
-    assert got.ngram_accepted == pytest.approx(want.ngram_accepted)
+    assert sorted(got.by_proposer["ngram"].by_match) == sorted(want.by_proposer["ngram"].by_match) != []
+    assert got.counts("ngram")[1] == pytest.approx(want.counts("ngram")[1])
+    assert got.counts("ngram")[0] == pytest.approx(want.counts("ngram")[0])
     # … and the draft model's (a plain step where the n-gram had no match is the draft
     # model's k = 0 in both: replay once counted it as an empty n-gram block)
-    assert got.reached == pytest.approx(want.reached)
-    assert got.accepted == pytest.approx(want.accepted)
-    for n, (acc, reach) in want.ngram_by_match.items():
-        assert got.ngram_by_match[n][0] == pytest.approx(acc)
-        assert got.ngram_by_match[n][1] == pytest.approx(reach)
+    assert got.counts("draft")[1] == pytest.approx(want.counts("draft")[1])
+    assert got.counts("draft")[0] == pytest.approx(want.counts("draft")[0])
+    for n, (acc, reach) in want.by_proposer["ngram"].by_match.items():
+        assert got.by_proposer["ngram"].by_match[n][0] == pytest.approx(acc)
+        assert got.by_proposer["ngram"].by_match[n][1] == pytest.approx(reach)
 
 
 PAIR = PairInfo("synthetic-target", "synthetic-draft", "float32", "cpu: test")
@@ -111,7 +111,7 @@ def test_tune_chooses_the_proposer_that_pays_per_category(tmp_path):
     assert copy.status == free.status == "tuned"
     assert copy.proposers_searched == ("draft", "ngram", "hybrid")
     # copying traffic: the n-gram proposer (alone or first) drafts nearly everything
-    assert copy.proposer in ("ngram", "hybrid") and copy.ngram_share > 0.8
+    assert copy.proposer in ("ngram", "hybrid") and copy.shares["ngram"] > 0.8
     # nothing repeats: the draft model drafts
-    assert free.proposer in ("draft", "hybrid") and (free.ngram_share or 0.0) < 0.05
+    assert free.proposer in ("draft", "hybrid") and (free.shares["ngram"] or 0.0) < 0.05
     store.close()

@@ -29,7 +29,8 @@ T_D = 0.03  # the draft model costs 30 % of a target forward per token
 def test_the_proposer_space_offers_suffix_sets_where_the_traces_carry_its_trace():
     class Row:
         def __init__(self, ngram, suffix):
-            self.ngram_trace, self.suffix_trace = ngram, suffix
+            self.traces = {"draft": b"\x01"} | ({"ngram": ngram} if ngram else {}) | (
+                {"suffix": suffix} if suffix else {})
 
     def space(rows, has_draft=True):
         costs = Costs(t_draft=0.01 if has_draft else 0.0, t_target=CURVE, has_draft=has_draft)
@@ -90,7 +91,7 @@ def test_tune_picks_suffix_decoding_where_earlier_requests_repeat(tmp_path, caps
     costs = Costs.from_description(res.costs)
     without = evaluate(res.family, res.params,
                        [r._replace(suffix_trace=None) for r in window.train], costs, k_max=16)
-    assert without.suffix_drafted == 0
+    assert without.proposer("suffix").proposed == 0
     assert res.train_tokens_per_s > 1.3 * without.tokens_per_s
     store.close()
     # the command names it

@@ -32,13 +32,13 @@ def test_the_loop_counts_the_catch_up_predictions_of_k0_positions(arch):
     blocks = [(k, m) for k, m in zip(st.k_schedule, st.accepted_schedule) if k]
     gap = list(st.trace[:GAP])
     assert all(v in (0, 1) for v in gap)  # the catch-up observed every k = 0 position
-    assert live.reached[0] == len(blocks) + GAP
-    assert live.accepted[0] == sum(1 for _, m in blocks if m) + sum(gap)
+    assert live.counts("draft")[1][0] == len(blocks) + GAP
+    assert live.counts("draft")[0][0] == sum(1 for _, m in blocks if m) + sum(gap)
     # the simulator replaying the request's trace feeds the same evidence
     sim = {"x": LiveStats(discount=1.0)}
     simulate([("greedy", st.trace)], CallablePolicy(schedule), Costs(0.01, {1: 0.1, 4: 0.1}),
              category="x", live=sim)
-    assert (sim["x"].reached[0], sim["x"].accepted[0]) == (live.reached[0], live.accepted[0])
+    assert (sim["x"].counts("draft")[1][0], sim["x"].counts("draft")[0][0]) == (live.counts("draft")[1][0], live.counts("draft")[0][0])
 
 
 def test_a_category_switched_off_on_stale_evidence_switches_back_on(monkeypatch):
@@ -54,7 +54,10 @@ def test_a_category_switched_off_on_stale_evidence_switches_back_on(monkeypatch)
     on = _switched_on_at(with_catch_up)
     assert on < 120, on
     # control: the same replay with the catch-up evidence ignored stays off far longer
-    monkeypatch.setattr(LiveStats, "observe_unproposed", lambda self, matches: None)
+    evidence = LiveStats.observe_evidence  # the evidence at depth 0 (k = 0 positions) ignored
+    monkeypatch.setattr(LiveStats, "observe_evidence",
+                        lambda self, name, depth, value: evidence(self, name, depth, value)
+                        if depth > 0 else None)
     without = _switched_on_at(_k_sequence(traces))
     assert without > 2 * on, (on, without)
 
@@ -71,7 +74,7 @@ def _k_sequence(traces) -> list[int]:
     """The k the cost-model policy chooses per iteration, replaying ``traces`` from a stale
     history (200 blocks at 10 % acceptance)."""
     live = LiveStats()
-    live.warm_start([20.0], [200.0], t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
+    live.warm_start({"draft": ([20.0], [200.0])}, t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
     return chosen_ks(traces, live, CostModelPolicy(reprobe_every=16))
 
 

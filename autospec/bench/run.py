@@ -489,8 +489,7 @@ class _Runner:
                 rec.update(target_forwards=s.iterations, drafts=c.blocks,
                            drafted=c.proposed, accepted=c.accepted,
                            t_target_1=s.target_time(1),
-                           t_draft=(s.ngram_s / s.ngram_drafted
-                                    if mode.kind == "ngram" and s.ngram_drafted else None),
+                           t_draft=c.seconds / c.proposed if c.proposed else None,
                            t_target_k1=s.target_time(mode.k + 1),
                            k_schedule=list(s.k_schedule),
                            accepted_per_position=list(c.accepted_per_position),
@@ -508,7 +507,8 @@ class _Runner:
                            k_schedule=list(s.k_schedule),
                            accepted_per_position=list(s.accepted_per_position),
                            drafted_per_position=list(s.drafted_per_position),
-                           ngram_drafted=s.ngram_drafted, ngram_accepted=s.ngram_accepted)
+                           lookups={n: [c.proposed, c.accepted] for n, c in s.counts.items()
+                                    if n != s.model and c.proposed} or None)
         return rec
 
     def _timed(self, call, seed: int):

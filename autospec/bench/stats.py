@@ -42,10 +42,15 @@ class RunRecord:
     divergence: dict | None = None  # first difference from plain (greedy), see run_bench
     batch: int = 1  # batch size the request ran at (these records: always 1)
     peak_kv_bytes: int | None = None  # autospec: the loop's peak KV cache, where it reports it
-    # autospec policies: iterations the n-gram proposer drafted (its tokens, accepted ones);
-    # ngram:k modes report the n-gram's counters in drafted/accepted themselves
-    ngram_drafted: int | None = None
-    ngram_accepted: int | None = None
+    # autospec policies: per lookup proposer that drafted, by name, [its tokens proposed,
+    # accepted]; NAME:k modes report their proposer's counters in drafted/accepted themselves
+    lookups: dict[str, list[int]] | None = None
+
+
+def _lookups(record: RunRecord) -> tuple[int, int]:
+    """(tokens proposed, accepted) by every lookup proposer of a run together."""
+    got = (record.lookups or {}).values()
+    return sum(p for p, _ in got), sum(a for _, a in got)
 
 
 def _median(values, scale: float = 1.0) -> float | None:
@@ -223,10 +228,10 @@ def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dic
         "t_target_1_ms": _median((r.t_target_1 for r in runs), 1e3),
         "t_target_k1_ms": _median((r.t_target_k1 for r in runs), 1e3),
         "t_draft_ms": _median((r.t_draft for r in runs), 1e3),
-        "ngram_drafted": sum(r.ngram_drafted or 0 for r in runs) or None,
-        "ngram_acceptance": (sum(r.ngram_accepted or 0 for r in runs)
-                             / sum(r.ngram_drafted or 0 for r in runs)
-                             if any(r.ngram_drafted for r in runs) else None),
+        "lookup_drafted": sum(_lookups(r)[0] for r in runs) or None,
+        "lookup_acceptance": (sum(_lookups(r)[1] for r in runs)
+                              / sum(_lookups(r)[0] for r in runs)
+                              if any(_lookups(r)[0] for r in runs) else None),
         "identical": all(same) if greedy and same else None,
         "k_settled": _settled(runs),
         "divergences": divergences,

@@ -142,7 +142,7 @@ def run(args, parser) -> int:
 _COLUMNS = (  # header, row key, format
     ("category", "category", ""), ("mode", "mode", ""), ("tok/s", "tokens_per_s", ".2f"),
     ("speedup", "speedup", ".2f"), ("alpha", "acceptance", ".3f"),
-    ("ngram a", "ngram_acceptance", ".3f"),
+    ("lookup a", "lookup_acceptance", ".3f"),
     ("mean len", "mean_accepted_length", ".2f"), ("tok/fwd", "tokens_per_forward", ".2f"),
     ("Tt(1) ms", "t_target_1_ms", ".1f"),
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),

@@ -199,14 +199,13 @@ def busy_note(load_before: float | None, load_after: float | None, cores: int, t
 
 def _drafting_summary(s) -> str:
     """What drafted and how well: the draft model's acceptance, mean accepted length and k
-    schedule, and the n-gram proposer's blocks where it drafted (counted apart)."""
-    draft_ks = [k for k, ng in zip(s.k_schedule, s.proposer_schedule or [0] * len(s.k_schedule))
-                if not ng]
+    schedule, and each other proposer's blocks where it drafted (counted apart)."""
+    draft_ks = [k for k, who in zip(s.k_schedule, s.proposer_schedule) if who in (None, s.model)]
     out = (f"acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
            f"{s.mean_accepted_length:.2f}, k used {_k_summary(draft_ks)}")
-    if s.ngram_drafted:
-        out += (f"; n-gram: {s.ngram_drafts} blocks, acceptance "
-                f"{s.ngram_accepted / s.ngram_drafted:.2f}")
+    for name, c in s.counts.items():
+        if name != s.model and c.proposed:
+            out += f"; {name}: {c.blocks} blocks, acceptance {c.acceptance:.2f}"
     return out
 
 

@@ -65,9 +65,11 @@ def run(args, parser) -> int:
     if s is None:
         how = "served by transformers' generate (run with -v for why)"
     elif draft is None:
-        rate = s.ngram_accepted / s.ngram_drafted if s.ngram_drafted else float("nan")
-        how = (f"k={args.k} by prompt lookup (no draft model): {s.ngram_drafts} of "
-               f"{s.iterations} steps found a match, acceptance {fmt(rate, '.2f')}")
+        blocks = sum(c.blocks for c in s.counts.values())
+        proposed = sum(c.proposed for c in s.counts.values())
+        rate = sum(c.accepted for c in s.counts.values()) / proposed if proposed else float("nan")
+        how = (f"k={args.k} by lookups (no draft model): {blocks} of {s.iterations} steps found "
+               f"a match, acceptance {fmt(rate, '.2f')}")
     else:
         how = (f"k={args.k}, acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
                f"{s.mean_accepted_length:.2f}")

@@ -119,11 +119,9 @@ def run(args, parser) -> int:
             f"{fmt(r.plain_holdout_tokens_per_s, '.2f')}"])
         notes.append(f"{r.category[:30]}: {r.family} {params}  (study {r.study})"
                      + (f"\n  proposer: {r.proposer} (searched: "
-                        f"{', '.join(r.proposers_searched)}; n-gram share of drafted tokens "
-                        f"in the replay {fmt(r.ngram_share, '.0%')}"
-                        + (f", suffix share {fmt(r.suffix_share, '.0%')}"
-                           if "suffix" in r.proposers_searched else "") + ")"
-                        if len(r.proposers_searched) > 1 or r.proposer != "draft" else "")
+                        f"{', '.join(r.proposers_searched)}; share of drafted tokens in the "
+                        f"replay: {_shares(r.shares)})"
+                        if len(r.proposers_searched) > 1 else "")
                      + (f"\n  k by batch size: {_k_by_batch(r.k_by_batch)}"
                         if r.k_by_batch and max(r.k_by_batch) > 1 else "")
                      + (f"\n  {r.note}" if r.note else "")
@@ -155,3 +153,8 @@ def _short(v) -> str:
 
 def _ratio(a, b):
     return a / b if a and b else None
+
+
+def _shares(shares: dict) -> str:
+    """Each proposer's share of the tokens drafted, "name 40%" joined."""
+    return ", ".join(f"{name} {fmt(share, '.0%')}" for name, share in shares.items()) or "-"

@@ -100,6 +100,12 @@ class StoredCosts:
     grid_source: str = "not read"
 
     @property
+    def t_lookup(self) -> dict[str, float]:
+        """Each lookup proposer's host seconds per proposed token, by name."""
+        return {n: t for n, t in (("ngram", self.t_ngram), ("suffix", self.t_suffix))
+                if t is not None}
+
+    @property
     def from_probe(self) -> bool:
         """Batch 1's costs are a probe's (exempt from the live shape guard)."""
         return self.probe is not None

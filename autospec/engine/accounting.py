@@ -3,9 +3,10 @@
 Torch-free, and the one place this happens: the live engine calls ``account`` with what it
 measured, trace replay (``autospec.tune.replay``) with what it replayed and priced, so the
 two cannot drift. Per row it counts the block in the row's ``LoopStats``; it feeds each
-row's category statistics and its request's own (``LiveStats``), the batch's forward timings
-to the pair's ``BatchCosts``, and finally ``policy.update`` with the iteration's
-``Outcome``.
+row's category statistics and its request's own (``LiveStats``) — the block under its
+proposer's name, every other proposer's shadow and evidence under theirs — the batch's
+forward timings to the pair's ``BatchCosts``, and finally ``policy.update`` with the
+iteration's ``Outcome``. No proposer is named here: each one's share is keyed by its name.
 
 Timings feed the category statistics only at batch 1 (a batch's forward is not a point of
 the batch-1 cost curve); at every batch size they feed ``BatchCosts``. The prefill (the
@@ -15,10 +16,10 @@ first target forward, over the prompt) is never a cost point: its target time is
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from autospec.engine.stats import PROPOSER_CODES, LoopStats
+from autospec.engine.stats import LoopStats
 from autospec.policies.base import Outcome
 
 __all__ = ["RowStep", "StepTimes", "account"]
@@ -28,28 +29,22 @@ NAN = float("nan")
 
 @dataclass(slots=True)
 class RowStep:
-    """One row's part of an iteration (the engine fills it after the sync, its proposers
-    add what they learned; replay fills it from the traces)."""
+    """One row's part of an iteration (the engine fills it after the sync, every proposer
+    adds what it learned; replay fills it from the traces)."""
 
-    proposer: str | None  # who proposed its block ("draft", "ngram", "suffix"); None: none
+    proposer: str | None  # who proposed its block; None: nobody (a plain step)
     proposed: int  # the block's length
     accepted: int
     emitted: int = 0  # tokens it emitted: accepted + 1, fewer where it stopped
-    lookup: bool = False  # whether prompt lookup serves this row (its match is a fact then)
-    match: int = 0  # prompt lookup's match length at the iteration's start (0: none)
-    # where prompt lookup had a match but did not propose: how many of the tokens it would
-    # have proposed equal the ones emitted (its shadow block); None: no shadow
-    shadow: int | None = None
-    # suffix decoding's match at the iteration's start (0: none, or no suffix proposer) and,
-    # where it had a draft but did not propose, (leading tokens equal to the ones emitted,
-    # tokens compared: at most its draft's length)
-    suffix_match: int = 0
-    suffix_shadow: tuple[int, int] | None = None
-    # positions decoded without the draft model that its catch-up predicted when it resumed
-    unproposed: tuple[float, ...] = ()
-    # the draft model's block before, accepted whole: (its length, what the draft's catch-up
-    # predicted at the position after it; ``LiveStats.observe_beyond``)
-    beyond: tuple[int, float] | None = None
+    # each lookup proposer's match length at the iteration's start (0: none), by name
+    matches: dict[str, int] = field(default_factory=dict)
+    # a lookup that had a draft but did not propose: (its leading tokens equal to the ones
+    # emitted, tokens compared), by name
+    shadows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # evidence of a proposer's own acceptance at a depth, by name: (depth, value: greedy 0/1,
+    # sampled the acceptance probability) — the model's catch-up predicting positions it had
+    # not drafted (depth 0) or the one after a block it had accepted whole (its length)
+    evidence: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     gen: int = 0  # the engine: generated tokens before this iteration
     new: list[int] | None = None  # the engine: the accepted tokens and the next one
 
@@ -63,10 +58,12 @@ class StepTimes:
     target_s: float  # the target forward (NaN: the prefill, or not measured)
     target_cached: int = 0  # tokens the target's cache held before it (batch 1)
     prefill: bool = False
-    draft_s: float = 0.0  # the draft model's proposing forwards (after its catch-up)
+    model: str | None = None  # the model proposer that drafted this iteration, if one did
+    draft_s: float = 0.0  # its proposing forwards (after its catch-up)
     draft_tokens: int = 0  # proposals those forwards made (T_d = draft_s / draft_tokens)
-    catch_up: tuple[int, float] | None = None  # the draft's catch-up: (tokens, seconds)
-    lookup_s: float = 0.0  # host time of the lookups
+    catch_up: tuple[int, float] | None = None  # its catch-up: (tokens, seconds)
+    # host seconds each lookup proposer spent, by name
+    lookup_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, *,
@@ -77,19 +74,17 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     entries are skipped); ``stats``: each row's ``LoopStats`` (None: not kept). Returns the
     ``Outcome`` the policy was given."""
     B = len(rows)
-    drafted, looked_up = False, None  # looked_up: the lookup proposer that served rows
-    for r in rows:
-        if r.proposer == "draft":
-            drafted = True
-        elif r.proposer is not None:
-            looked_up = r.proposer
+    model = times.model
+    served = {r.proposer for r in rows if r.proposer is not None}
+    looked_up = next((n for n in served if n != model), None)  # a lookup that served rows
     per_token = times.draft_s / times.draft_tokens if times.draft_tokens else None
+    lookup_total = sum(times.lookup_s.values())
     if width == 0:
         proposing_s = 0.0
-    elif drafted:
+    elif model in served:
         proposing_s = per_token * width if per_token is not None else NAN
     else:
-        proposing_s = times.lookup_s
+        proposing_s = lookup_total
     timed = times.batch == 1 and not times.prefill
     target_s = times.target_s if timed else NAN
     if stats is not None:
@@ -104,42 +99,41 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
             else:
                 live.observe_catch_up(*times.catch_up)
                 fed.add(pair)
+    evidence = []
     for row, live, request in zip(rows, lives, requests):
-        if live is not None and row.unproposed:
-            live.observe_unproposed(row.unproposed)
-        if live is not None and row.beyond is not None:
-            live.observe_beyond(*row.beyond)
+        for name, found in row.evidence.items():
+            evidence += [(name, d, v) for d, v in found]
+            if live is not None:
+                for depth, value in found:
+                    live.observe_evidence(name, depth, value)
         for x in (live, request):
             if x is None:
                 continue
-            if row.lookup:
-                x.observe_match(row.match > 0)
-            if row.proposer == "ngram":
-                x.observe_ngram(row.proposed, row.accepted, proposing_s if timed else NAN,
-                                target_s, match=row.match)
-            elif row.proposer == "suffix":
-                x.observe_ngram(row.proposed, row.accepted, proposing_s if timed else NAN,
-                                target_s, match=row.suffix_match, proposer="suffix")
-            elif row.proposer == "draft" or width == 0:
-                x.observe(row.proposed, row.accepted, proposing_s if timed else NAN, target_s)
-            if row.shadow is not None and row.proposer != "ngram" and row.match > 0:
-                x.observe_ngram_shadow(row.match, row.shadow, row.emitted)
-            if row.suffix_shadow is not None and row.proposer != "suffix":
-                agree, held = row.suffix_shadow
-                x.observe_ngram_shadow(row.suffix_match, agree, min(held, row.emitted),
-                                       proposer="suffix")
+            for name, match in row.matches.items():
+                x.observe_match(match > 0, proposer=name)
+            who = row.proposer
+            spent = proposing_s if timed else NAN
+            if who is not None and who != model:
+                x.observe_lookup(who, row.proposed, row.accepted,
+                                 times.lookup_s.get(who, 0.0) if timed else NAN, target_s,
+                                 match=row.matches.get(who, 0))
+            elif who is not None or width == 0:  # the model's block, or a plain step
+                x.observe(row.proposed, row.accepted, spent, target_s, proposer=model)
+            for name, (agree, seen) in row.shadows.items():
+                if name != who:
+                    x.observe_shadow(name, row.matches.get(name, 0), agree,
+                                     min(seen, row.emitted))
     if costs is not None and not times.prefill:
         costs.observe(B, width + 1, times.target_s, per_token)
     if B == 1:
-        accepted, per_row, unproposed = rows[0].accepted, (), rows[0].unproposed
+        accepted, per_row = rows[0].accepted, ()
     else:
         per_row = tuple(r.accepted for r in rows)
-        accepted, unproposed = sum(per_row) // B, tuple(v for r in rows for v in r.unproposed)
+        accepted = sum(per_row) // B
     outcome = Outcome(
         drafted=width, accepted=accepted, draft_time_s=proposing_s,
-        target_time_s=NAN if times.prefill else times.target_s, unproposed=unproposed,
-        beyond=tuple(r.beyond for r in rows if r.beyond is not None),
-        accepted_rows=per_row, batch_size=B, proposer=looked_up or "draft")
+        target_time_s=NAN if times.prefill else times.target_s, evidence=tuple(evidence),
+        accepted_rows=per_row, batch_size=B, proposer=looked_up or model)
     policy.update(ctx, width, outcome)
     return outcome
 
@@ -151,13 +145,12 @@ def _count(st: LoopStats, row: RowStep, width: int, times: StepTimes,
     st.iterations += 1
     st.k_schedule.append(row.proposed)
     st.accepted_schedule.append(row.accepted)
-    st.proposer_schedule.append(PROPOSER_CODES.get(row.proposer or "draft", 0))
+    st.proposer_schedule.append(row.proposer if row.proposed > 0 else None)
     if row.proposer is not None and row.proposed > 0:
         st.count_block(row.proposer, row.proposed, row.accepted)
-    if row.proposer == "ngram":
-        st.ngram_s += times.lookup_s / times.batch
-    elif row.proposer == "suffix":
-        st.suffix_s += times.lookup_s / times.batch
+        spent = times.lookup_s.get(row.proposer)
+        if spent:
+            st.counts[row.proposer].seconds += spent / times.batch
     t = times.target_s
     if times.prefill:
         st.prefill_s = t

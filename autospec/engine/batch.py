@@ -10,23 +10,25 @@ Python data to the device.
 
 from __future__ import annotations
 
+import operator
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 
 import torch
 
 from autospec.engine.checks import attention_layout
-from autospec.engine.decide import LOOKUPS
 from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs, static_fits
 from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
 from autospec.engine.slots import SlotCache, kv_bytes_per_token
 from autospec.engine.stats import LoopStats
 from autospec.engine.timing import Clock
 from autospec.policies.live import LiveStats
-from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED, UNOBSERVED
+from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED
 
-__all__ = ["Row", "Batch", "LoopResult", "fit_vocab", "WHY_FIRST", "WHY_EVERY", "WHY_KEPT"]
+__all__ = ["Row", "Batch", "CallView", "LoopResult", "fit_vocab", "WHY_FIRST", "WHY_EVERY",
+           "WHY_KEPT"]
 
 # the iterations whose decision record (``policies.explain``) is kept for the store when the
 # caller did not ask for every one: the first WHY_FIRST, then every WHY_EVERY-th (0-based
@@ -110,8 +112,8 @@ class Batch:
                  stopping_criteria=None, streamer=None, generator=None, k_max: int = 16,
                  target_context: int | None = None, draft_context: int | None = None,
                  output_scores: bool = False, output_logits: bool = False, row_prefix=None,
-                 record_confidence: bool = False, ngram=None, suffix_memory=None,
-                 static_cache: bool = False,
+                 record_confidence: bool = False, memory=None, options=None,
+                 static_cache: bool = False, hidden_states: bool = False,
                  cuda_graphs="auto", explain: str | None = None):
         self.t_start = time.perf_counter()
         B = len(prompts)
@@ -121,8 +123,9 @@ class Batch:
         self.greedy = not sampling.do_sample
         self.max_new, self.min_new = max_new_tokens, min_new_tokens
         self.criteria, self.streamer, self.costs = stopping_criteria, streamer, costs
-        self.k_max, self.record_conf, self.ngram_factory = k_max, record_confidence, ngram
-        self.suffix_memory = suffix_memory  # None: no suffix proposer in this call
+        self.k_max, self.record_conf = k_max, record_confidence
+        self.memory = memory  # the category memory of earlier outputs (None: none)
+        self.options = dict(options or {})  # proposer name → its option (``wrap``'s)
         self.target_context, self.draft_context = target_context, draft_context
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.eos_set = set(eos_token_ids)
@@ -134,6 +137,7 @@ class Batch:
         self.clock = Clock(device)
         self.iteration = 0
         self.call_batch = B
+        self.batch_id = uuid.uuid4().hex if B > 1 else None  # the rows' one call, in the store
         # the decision records kept (``WHY_KEPT[explain]`` says which iterations), each with
         # its "iteration"; keeps_why None: none asked for, no record is built
         if explain not in WHY_KEPT:
@@ -181,7 +185,8 @@ class Batch:
         self.graphs = resolve_graphs(cuda_graphs, device) if static_cache else None
         # static caches serve batch 1, for requests that cannot run past a model's positions
         # (a static cache is allocated whole; a longer request runs eager, said once)
-        self.static = (bool(static_cache) and B == 1
+        # the target's hidden states, for a proposer that drafts from them: eager forwards
+        self.static = (bool(static_cache) and B == 1 and not hidden_states
                        and all(static_fits(m, max(lens) + max_new_tokens + 1)
                                for m in (target, draft) if m is not None))
         self.peak_kv = 0
@@ -210,13 +215,16 @@ class Batch:
             self.tokens = grown
 
     def opened(self) -> None:
-        """The call's proposers are open (``proposers``): what every iteration asks of them,
-        looked up once per call."""
+        """The call's proposers are open (``proposers``, by name, the model proposer first):
+        what every iteration asks of them, looked up once per call."""
         self.proposer_names: tuple[str, ...] = tuple(self.proposers)
-        self.draft_proposer = self.proposers.get("draft")
-        self.suffix_proposer = self.proposers.get("suffix")
-        self.lookup_proposers = tuple((name, p) for name, p in self.proposers.items()
-                                      if name in LOOKUPS)
+        self.model = next((n for n, p in self.proposers.items() if p.kind == "model"), None)
+        self.lookups = tuple((n, p) for n, p in self.proposers.items() if n != self.model)
+        self.whole = tuple(n for n, p in self.lookups if p.whole_draft)
+        self.wants_hidden = any("hidden_states" in p.needs for p in self.proposers.values())
+        if self.wants_hidden and self.static:
+            raise ValueError("a proposer needs the target's hidden states: open it in a call "
+                             "made with hidden_states=True")
 
     def slot_caches(self) -> list[SlotCache]:
         caches = [self.target_slots]
@@ -363,11 +371,8 @@ class Batch:
             st.path = path
             if self.keeps_why is not None:  # the records of the iterations the row ran in
                 st.decisions = [d for d in self.decisions if d["iteration"] < st.iterations]
-            # the draft model's trace (its proposer fills it); unobserved without one
-            st.trace = bytes([UNOBSERVED]) * st.new_tokens
-            if self.record_conf:
-                st.confidence = st.trace
-            for p in self.proposers.values():
+            st.model, st.batch_id = self.model, self.batch_id
+            for p in self.proposers.values():  # each its trace, its extras
                 p.finish(r, st)
             seq = torch.tensor(r.tokens, dtype=torch.long)[None].to(self.device)
             out.append(LoopResult(sequences=seq, stats=st, scores=r.scores, logits=r.logits))
@@ -376,3 +381,33 @@ class Batch:
     def release(self) -> None:
         for cache in self.slot_caches():
             cache.release()
+
+
+class CallView:
+    """What a proposer may read and use of its engine call (a ``Batch``), and nothing else.
+
+    The call: ``rows`` (running, in batch order) and ``all_rows`` (``Row``: its ``index``,
+    ``category``, ``tokens``, ``L``, ``n``, ``limit``), ``device``, ``k_max``, ``greedy``,
+    ``sampling``, ``generator``, ``max_new``, ``record`` (the call records for a store:
+    traces and confidences are wanted), ``memory`` (the category memory of earlier outputs),
+    ``options`` (by proposer name, what ``wrap`` was given for it), ``policy``, the models
+    ``target`` and ``draft``. The device state a model proposer drafts from: ``tokens``
+    [B, cap] (every row's sequence), ``counts``, ``known``, ``n_dev``, ``seen``, ``clock``,
+    ``process`` (generate's logits processing), ``room`` (each row's block limit) and
+    ``open_slots`` (a slot cache of its own)."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, batch: Batch):
+        self._batch = batch
+
+    @property
+    def record(self) -> bool:
+        return self._batch.record_conf
+
+
+for _name in ("rows", "all_rows", "device", "k_max", "greedy", "sampling", "generator",
+              "max_new", "memory", "options", "policy", "target", "draft", "tokens", "counts",
+              "known", "n_dev", "seen", "clock", "process", "room", "open_slots"):
+    setattr(CallView, _name, property(operator.attrgetter(f"_batch.{_name}")))
+del _name

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from autospec.engine.batch import Batch, LoopResult
-from autospec.engine.proposers import PROPOSERS
+from autospec.engine.batch import Batch, CallView, LoopResult
+from autospec.engine.proposers import registered
 from autospec.engine.runners import Forward, crop_cache
 from autospec.engine.sampling import SamplingConfig
 from autospec.engine.step import step
 
-__all__ = ["run", "speculative_generate", "generated_cache", "EngineResult"]
+__all__ = ["run", "speculative_generate", "generated_cache", "usable", "EngineResult"]
 
 
 @dataclass
@@ -41,22 +41,24 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
     per row with its left padding, ``row_prefix``, then its tokens, as generate passes its
     padded row), streamer (batch 1), generator, k_max, target_context, draft_context,
     output_scores, output_logits, row_prefix, record_confidence (the draft's top
-    probability per token, for the store), ngram (prompt lookup's index factory,
-    ``tokens -> index``; default ``NgramIndex``), suffix_memory (``autospec.suffix.
-    SuffixMemory``: the suffix proposer, over the category's earlier outputs), static_cache and cuda_graphs (batch 1:
+    probability per token, for the store), memory (the category memory of earlier outputs,
+    ``autospec.suffix.SuffixMemory``: proposers that need it open with it), options (by
+    proposer name, what ``wrap`` gave it: prompt lookup's index factory, ``tokens -> index``),
+    static_cache and cuda_graphs (batch 1:
     a static KV cache reused across requests, its forwards replayed from CUDA graphs),
     explain ("all": every iteration's decision record, "sample": ``batch.WHY_KEPT``'s sample,
     None: none; on each row's ``LoopStats.decisions``)."""
     B = len(prompts)
+    opening = usable(draft is not None, options.get("memory") is not None)
     batch = Batch(target, draft, prompts, sampling=sampling, policy=policy,
                   max_new_tokens=max_new_tokens, categories=categories or ["default"] * B,
-                  lives=lives or [None] * B, **options)
+                  lives=lives or [None] * B,
+                  hidden_states=any("hidden_states" in c.needs for c in opening.values()),
+                  **options)
     try:
-        if draft is not None:
-            batch.proposers["draft"] = PROPOSERS["draft"](batch)
-        batch.proposers["ngram"] = PROPOSERS["ngram"](batch)
-        if batch.suffix_memory is not None:
-            batch.proposers["suffix"] = PROPOSERS["suffix"](batch)
+        view = CallView(batch)
+        for name, cls in opening.items():
+            batch.proposers[name] = cls(view)
         batch.opened()
         with torch.inference_mode():
             while batch.rows:
@@ -74,6 +76,16 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
         batch.opened()
     return EngineResult(rows=rows, peak_kv_bytes=batch.peak_kv, wall_s=_wall(batch),
                         cache=cache)
+
+
+def usable(has_draft: bool, has_memory: bool) -> dict:
+    """The registered proposers (``autospec.engine.proposers``) a call can open, by name,
+    the model proposer first: those whose needs it meets (the draft model, the category
+    memory; the target's hidden states always)."""
+    have = {"hidden_states"} | ({"draft_model"} if has_draft else set()) | (
+        {"memory"} if has_memory else set())
+    found = {n: c for n, c in registered().items() if set(c.needs) <= have}
+    return dict(sorted(found.items(), key=lambda item: item[1].kind != "model"))
 
 
 def generated_cache(model, sequences: torch.Tensor, pads: list[int]):

@@ -74,10 +74,11 @@ class Forward:
 
     def __call__(self, ids: torch.Tensor, cache, keep: int, *,
                  attention_mask: torch.Tensor | None = None,
-                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [B, n] → logits [B, keep, V] of the last ``keep`` positions. At batch > 1 the
-        loop passes the mask over every cache slot plus the new ones ([B, S + n]) and each
-        token's position ([B, n]): slots may hold padding or rejected drafts."""
+                 position_ids: torch.Tensor | None = None, hidden: bool = False):
+        """ids [B, n] → logits [B, keep, V] of the last ``keep`` positions (``hidden``: and
+        the last layer's hidden states there, [B, keep, d], as a pair). At batch > 1 the loop
+        passes the mask over every cache slot plus the new ones ([B, S + n]) and each token's
+        position ([B, n]): slots may hold padding or rejected drafts."""
         kwargs = {self.cache_kw: cache, "use_cache": True}
         if self.has_keep:
             kwargs["logits_to_keep"] = keep
@@ -85,8 +86,11 @@ class Forward:
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
-        logits = self.model(input_ids=ids, **kwargs).logits
-        return logits if self.has_keep else logits[:, -keep:]  # [B, keep, V]
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(input_ids=ids, **kwargs)
+        logits = out.logits if self.has_keep else out.logits[:, -keep:]  # [B, keep, V]
+        return (logits, out.hidden_states[-1][:, -keep:]) if hidden else logits
 
 
 @functools.lru_cache(maxsize=64)
@@ -113,9 +117,9 @@ class EagerRunner:
         self.dtype = next(model.parameters()).dtype
 
     def run(self, ids: torch.Tensor, keep: int, *, attention_mask=None,
-            position_ids: torch.Tensor | None = None) -> torch.Tensor:
+            position_ids: torch.Tensor | None = None, hidden: bool = False):
         return self.fwd(ids, self.cache, keep, attention_mask=attention_mask,
-                        position_ids=position_ids)
+                        position_ids=position_ids, hidden=hidden)
 
     def crop(self, length: int) -> None:
         crop_cache(self.cache, length)

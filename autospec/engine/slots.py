@@ -25,6 +25,8 @@ gathered to the right (one copy of the cache), so a cache holds at most about
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from autospec.engine.checks import Layout
@@ -91,12 +93,16 @@ class SlotCache:
 
     # -- forwards ----------------------------------------------------------------------------
     def feed(self, tokens: torch.Tensor, known: list[int], known_dev: torch.Tensor,
-             extra: torch.Tensor | None, keep: int, offset: int = 0) -> torch.Tensor:
+             extra: torch.Tensor | None, keep: int, offset: int = 0, hidden: bool = False):
         """Append, per row, the tokens of its sequence it has not cached yet (``tokens``
         [B, cap] holds each row's sequence; the row has ``known[b] + offset`` of them, and
         ``known_dev`` [B] is ``known`` on the device), then the columns of ``extra`` [B, e]
         at the positions after them. Returns the logits of the last ``keep`` slots,
-        [B, keep, V]."""
+        [B, keep, V] — with ``hidden`` (the opt-in hook for proposers that draft from the
+        target's hidden states; an eager runner's), (logits, the last layer's hidden states
+        there [B, keep, d])."""
+        run = self.runner.run if not hidden else functools.partial(self.runner.run,
+                                                                  hidden=True)
         e = 0 if extra is None else extra.shape[1]
         if self.lens_dev is None:  # one contiguous row: host slices, no mask or positions
             start, end = self.lens[0], known[0] + offset
@@ -109,17 +115,17 @@ class SlotCache:
             self.ends[0] = self.slots
             if self.slots > self.peak:
                 self.peak = self.slots
-            return self.runner.run(ids if self.map_ids is None else self.map_ids(ids), keep)
+            return run(ids if self.map_ids is None else self.map_ids(ids), keep)
         width = max(n + offset - c for n, c in zip(known, self.lens))
         upto = known_dev + offset if offset else known_dev
-        out = self._feed_slots(tokens, upto, width, extra, keep)
+        out = self._feed_slots(tokens, upto, width, extra, keep, run)
         self.lens_dev = upto + e if e else upto
         self.lens = [n + offset + e for n in known]
         self.slots += width + e
         self.ends = [self.slots] * self.rows
         return out
 
-    def _feed_slots(self, tokens, known_dev, width: int, extra, keep: int) -> torch.Tensor:
+    def _feed_slots(self, tokens, known_dev, width: int, extra, keep: int, run):
         B, dev = self.rows, self.device
         e = 0 if extra is None else extra.shape[1]
         parts_ids, parts_pos, parts_ok = [], [], []
@@ -142,7 +148,7 @@ class SlotCache:
                 else self.valid)  # other kernels take the padding mask (no sliding windows)
         if self.map_ids is not None:
             ids = self.map_ids(ids)
-        return self.runner.run(ids, keep, attention_mask=mask, position_ids=pos)
+        return run(ids, keep, attention_mask=mask, position_ids=pos)
 
     def _materialise(self) -> None:
         """Every slot so far valid, at its own index's position (a contiguous past)."""

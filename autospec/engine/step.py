@@ -38,19 +38,22 @@ __all__ = ["step", "Iteration"]
 
 @dataclass(slots=True)
 class Iteration:
-    """What the phases of one iteration share."""
+    """What the phases of one iteration share. Proposers read its documented part: ``k``
+    (the block width the model drafts), ``decision.served``, ``trace`` (the model's block,
+    per row, host values), ``accepted`` and ``p`` (device), ``rows_of``, ``time`` and
+    ``spend``."""
 
     ctx: Any  # the policy's Context
     decision: Decision
-    matches: list[int]  # prompt lookup's match length per row, at the start
     marks: list[tuple] = field(default_factory=list)  # (what, count, start, end) on the clock
-    lookup_s: float = 0.0  # host time of lookups
+    lookup_s: dict[str, float] = field(default_factory=dict)  # host time per lookup proposer
     overlay: torch.Tensor | None = None  # [B] rows a lookup proposer served (bool)
     block: Block | None = None  # the combined block
     k: int = 0  # its width: the tokens per row the target scores beyond the one it always does
     lengths: list[int] = field(default_factory=list)  # each row's block length (host)
     raw: torch.Tensor | None = None  # the target's logits [B, k+1, V]
     scores: torch.Tensor | None = None  # processed [B, k+1, V]
+    hidden: torch.Tensor | None = None  # the target's last hidden state [B, k+1, d], if asked
     accepted: torch.Tensor | None = None  # [B] on the device
     # each row's emitted tokens on the device: ``tokens``' first ``accepted`` then ``nxt`` [B]
     # (the recovered or bonus token); nxt None (greedy): ``tokens`` [B, k+1] is the target's
@@ -65,9 +68,18 @@ class Iteration:
     ended: bool = False  # a row finished
 
     def rows_of(self, proposer: str) -> torch.Tensor | None:
-        """[B] bool: the rows ``proposer`` served, where a lookup overlaid others; None: it
-        served every row there is (a model proposer with no overlay)."""
+        """[B] bool: the rows the model proposer served, where a lookup overlaid others;
+        None: it served every row there is (no overlay)."""
         return None if self.overlay is None else ~self.overlay
+
+    def spend(self, proposer: str, seconds: float) -> None:
+        """Host seconds a lookup proposer spent on this iteration."""
+        self.lookup_s[proposer] = self.lookup_s.get(proposer, 0.0) + seconds
+
+    def time(self, what: str, count: int, start, end) -> None:
+        """A model proposer's clock marks: its "catch_up" over ``count`` tokens, or its
+        "draft" of ``count`` proposals."""
+        self.marks.append((what, count, start, end))
 
 
 def step(batch) -> None:
@@ -84,31 +96,24 @@ def step(batch) -> None:
 
 def _decide(batch) -> Iteration:
     """The policy's choice for this iteration, resolved per row."""
-    rows = batch.rows
+    rows, model = batch.rows, batch.model
     batch.known = [r.n for r in rows]  # each running row's tokens as the iteration starts
     batch.reserve(max(batch.known) + batch.k_max + 2)  # its block and next token fit
-    draft, suffix = batch.draft_proposer, batch.suffix_proposer
-    # each lookup proposer's match per row; the policy's Context shows prompt lookup's
-    lookups = {}
-    for name, p in batch.lookup_proposers:
-        lookups[name] = p.matches()
-    zeros = [0] * len(rows)
-    matches = lookups.get("ngram") or zeros
-    gaps = draft.gaps() if draft is not None else zeros
-    suffixes = lookups["suffix"] if suffix is not None else zeros
-    sizes = suffix.sizes() if suffix is not None else zeros
-    views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L, m, g,
-                     r.forecast, s, n)
-             for r, m, g, s, n in zip(rows, matches, gaps, suffixes, sizes)]
+    # what each lookup shows per row (its match now, what its draft holds), the model's gap
+    shown = [(name, p.matches(), p.sizes()) for name, p in batch.lookups]
+    gaps = batch.proposers[model].gaps() if model is not None else None
+    views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L,
+                     {name: m[b] for name, m, _ in shown},
+                     {name: s_[b] for name, _, s_ in shown}, gaps[b] if gaps else 0, r.forecast)
+             for b, r in enumerate(rows)]
     why = [] if batch.iteration >= batch.why_at else None
-    ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names,
-                       has_draft=draft is not None, costs=batch.costs, why=why)
-    decision = decide(batch.policy, ctx, longest=max(batch.known), has_draft=draft is not None,
-                      target_context=batch.target_context, draft_context=batch.draft_context,
-                      lookups=lookups)
+    ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names, model=model,
+                       whole=batch.whole, costs=batch.costs, why=why)
+    decision = decide(batch.policy, ctx, longest=max(batch.known),
+                      target_context=batch.target_context, draft_context=batch.draft_context)
     if why:
         batch.keep_why(why[-1])
-    return Iteration(ctx, decision, matches)
+    return Iteration(ctx, decision)
 
 
 def _verify(batch, it: Iteration) -> None:
@@ -118,13 +123,15 @@ def _verify(batch, it: Iteration) -> None:
     cached = batch.target_slots.lens[0]
     batch.target_slots.mark()
     it.raw = batch.target_slots.feed(batch.tokens, batch.known, batch.counts, block.tokens,
-                                     k + 1)
+                                     k + 1, hidden=batch.wants_hidden)
+    if batch.wants_hidden:
+        it.raw, it.hidden = it.raw
     batch.track_memory()
     it.scores = s_t = batch.process(it.raw, 0, batch.seen, block.tokens)  # [B, k+1, V]
     live_cols = (None if block.lengths is None
                  else torch.arange(k, device=batch.device) < block.lengths[:, None])
-    # the acceptance trace is the draft model's (``it.trace``): built where it served rows
-    traced = "draft" in it.decision.served
+    # the acceptance trace is the model proposer's (``it.trace``): built where it served rows
+    traced = it.decision.runs(batch.model)
     if batch.greedy:  # the rule with one-hot p and q (``verify.greedy_verify``)
         # the accepted tokens are the target's: every row emits a prefix of its argmax
         it.tokens = tgt = s_t.argmax(dim=-1)  # [B, k+1]
@@ -181,8 +188,7 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
             size = sum(t.numel() for t in theirs)
             p_.read(vals[off : off + size])
             off += size
-    lookup = "ngram" in batch.proposer_names
-    who, lengths, matches = it.decision.rows, it.lengths, it.matches
+    who, lengths = it.decision.rows, it.lengths
     steps, it.trace, it.taken = [], [], vals[:B]
     trace = props + B * w
     for b, r in enumerate(batch.rows):
@@ -192,8 +198,7 @@ def _sync(batch, it: Iteration) -> tuple[list[RowStep], StepTimes]:
         new = (vals[props : props + a + 1] if it.nxt is None
                else vals[props : props + a] + [vals[B + b]])
         steps.append(RowStep(proposer=who[b] if lengths[b] else None, proposed=lengths[b],
-                             accepted=a, lookup=lookup, match=matches[b], gen=r.n - r.L,
-                             new=new))
+                             accepted=a, gen=r.n - r.L, new=new))
         props += w
         trace += k
     return steps, _times(batch, it)
@@ -314,5 +319,6 @@ def _times(batch, it: Iteration) -> StepTimes:
     if clock.cuda:
         clock.recycle(t0, t1, *(m for mark in it.marks for m in mark[2:4]))
     return StepTimes(batch=len(batch.rows), call_batch=batch.call_batch, target_s=target_s,
-                     target_cached=cached, prefill=batch.iteration == 0, draft_s=draft_s,
+                     target_cached=cached, prefill=batch.iteration == 0,
+                     model=batch.model if draft_tokens else None, draft_s=draft_s,
                      draft_tokens=draft_tokens, catch_up=catch_up, lookup_s=it.lookup_s)

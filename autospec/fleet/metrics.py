@@ -148,26 +148,21 @@ class Metrics:
 
     def _observe(self, stats, category, target, draft, bandwidth, peak) -> None:
         lv = (short_name(target), category, pair_label(target, draft), PROPOSER)
-        self.drafts.labels(*lv).inc(stats.drafts)
-        self.draft_tokens.labels(*lv).inc(stats.drafted)
-        self.accepted.labels(*lv).inc(stats.accepted)
-        accepted = list(stats.accepted_per_position)
-        drafted = list(stats.drafted_per_position)
-        for pos in range(max(len(accepted), len(drafted))):  # the lists may differ in length
-            self.accepted_pos.labels(*lv, str(pos)).inc(
-                accepted[pos] if pos < len(accepted) else 0)
-            self.drafted_pos.labels(*lv, str(pos)).inc(drafted[pos] if pos < len(drafted) else 0)
-        if getattr(stats, "ngram_drafts", 0):  # the n-gram proposer's own series
-            ng = (*lv[:3], "ngram")
-            self.drafts.labels(*ng).inc(stats.ngram_drafts)
-            self.draft_tokens.labels(*ng).inc(stats.ngram_drafted)
-            self.accepted.labels(*ng).inc(stats.ngram_accepted)
-            n_acc = list(stats.ngram_accepted_per_position)
-            n_dr = list(stats.ngram_drafted_per_position)
-            for pos in range(max(len(n_acc), len(n_dr))):
-                self.accepted_pos.labels(*ng, str(pos)).inc(n_acc[pos] if pos < len(n_acc)
-                                                            else 0)
-                self.drafted_pos.labels(*ng, str(pos)).inc(n_dr[pos] if pos < len(n_dr) else 0)
+        # the model proposer's blocks under the pair's series; every other proposer's (those
+        # that proposed) under its own name's
+        counts = [(lv, stats.proposer(stats.model))]
+        counts += [((*lv[:3], name), c) for name, c in stats.counts.items()
+                   if name != stats.model and c.blocks]
+        for labels, c in counts:
+            self.drafts.labels(*labels).inc(c.blocks)
+            self.draft_tokens.labels(*labels).inc(c.proposed)
+            self.accepted.labels(*labels).inc(c.accepted)
+            accepted, drafted = c.accepted_per_position, c.proposed_per_position
+            for pos in range(max(len(accepted), len(drafted))):  # they may differ in length
+                self.accepted_pos.labels(*labels, str(pos)).inc(
+                    accepted[pos] if pos < len(accepted) else 0)
+                self.drafted_pos.labels(*labels, str(pos)).inc(
+                    drafted[pos] if pos < len(drafted) else 0)
         ks = stats.k_schedule
         off = sum(1 for k in ks if k == 0)
         self.requests.labels(*lv).inc()

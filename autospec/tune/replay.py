@@ -6,25 +6,14 @@ accepted length of a block of k starting at position g is the run of 1s in trace
 replay is exact. A sampled trace holds β per position (the acceptance probability); replay
 gives expectations: E[accepted] = Σ_i Π_{j≤i} β_j.
 
-The n-gram proposer (prompt lookup) replays from the request's n-gram trace (``ngram_trace``,
-see ``autospec.ngram.ngram_trace``): per generated position, the length of the match the
-proposer had there and how many of its proposed tokens equal the output from there on. A
-block of k it starts at position g accepts min(that count, k) — exact for greedy traffic, as
-the draft's trace is; for sampled traffic it counts proposals equal to what was sampled (a
-proposal x is accepted live with probability p(x), so this is an estimate). Where it had no
-match the iteration is a plain step; the hybrid proposer takes the n-gram's block where the
-match has ≥ min_match tokens, else the draft model's. Requests logged without an n-gram trace
-replay the draft model only (their policy sees no n-gram proposer).
-
-Suffix decoding replays from the request's suffix trace (``suffix_trace``, see
-``autospec.suffix.suffix_trace``): per generated position, the match of the draft it had there
-(from the category's memory as the request saw it), how many of its tokens equal the output,
-and how many it held. A block of k it starts at position g holds min(k, that length) and
-accepts min(agreement, block) — exact for greedy traffic where the live loop walked its drafts
-for k_max = 16 (the trace's reach; another k_max may have drafted otherwise); the policy sees
-the match (recorded up to 14 tokens, ``MATCH_REACH``: the cost model's longest bucket) and the
-draft's length, as live. Its lookups cost ``Costs.t_suffix`` per proposed token. Requests
-logged without a suffix trace offer no suffix proposer.
+Every other proposer replays by its own rule (``Proposer.replay`` of its class, in its own
+module: ``autospec.engine.proposers``) over the trace it recorded for the request: prompt
+lookup from its n-gram trace, suffix decoding from its suffix trace (what each would have
+drafted at every generated position, and how much of it the output agreed with), any
+registered proposer from its own. A request logged without a proposer's trace replays without
+that proposer (its policy does not see it). Replay is exact for greedy traffic and an
+estimate for sampled (a lookup's proposal counts as accepted where it equals what was
+sampled; live it is accepted with probability p(x)).
 
 The draft model pays to resume: its first block takes in the prompt, and a block after k = 0
 steps or n-gram blocks takes in what they emitted, in one catch-up forward. At batch 1 replay
@@ -43,57 +32,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
-from autospec.ngram import decode_trace_value
-from autospec.policies.base import early_stop_of, params_of, stops_drafting
+from autospec.policies.base import early_stop_of, params_of
 from autospec.policies.costmodel import interpolate_cost
-from autospec.traces import (
-    TRACE_CATCH_UP_MAX,
-    TRACE_GREEDY,
-    UNOBSERVED,
-    decode_suffix_value,
-    evidence,
-)
+from autospec.traces import TRACE_GREEDY
+
+
+def replay_block(kind: str, trace, g: int, k: int, **kwargs) -> tuple[int, int, bool]:
+    """The draft model's replay rule (``autospec.engine.proposers.draft_model.replay_block``)."""
+    from autospec.engine.proposers.draft_model import replay_block as rule
+
+    return rule(kind, trace, g, k, **kwargs)
 
 __all__ = ["replay_block", "replay_greedy", "expected_accepted", "Costs", "SimResult", "simulate",
            "batch_size_of", "plain_batch_seconds"]
-
-
-def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
-                 early_stop: float | None = None,
-                 rng: random.Random | None = None) -> tuple[int, int, bool]:
-    """One block of k drafted from generated position g, replayed: (drafted, accepted,
-    whether it ran into an unobserved position, counted as a rejection there).
-
-    Greedy traces replay exactly. Sampled ones draw each acceptance from its recorded β with
-    ``rng``. With ``early_stop`` and the request's ``confidence`` bytes, drafting stops where
-    the live loop's rule (``policies.base.stops_drafting``) would: token i's confidence is
-    recorded when tokens 0…i−1 were accepted (the draft ran on the target's prefix). Past the
-    first rejection the live draft runs off that prefix, where nothing was recorded: replay
-    assumes it drafts on, which can only overcount draft cost, never the accepted count."""
-    m, rejected, unobserved = 0, False, False
-    for i in range(k):
-        c = UNOBSERVED
-        if not rejected:
-            v = trace[g + i]
-            if v == UNOBSERVED:
-                unobserved = rejected = True
-            elif v == 1 if kind == TRACE_GREEDY else _draw(rng) < v / 254:
-                m += 1
-            else:
-                rejected = True
-            if confidence is not None:
-                c = confidence[g + i]
-        if early_stop is not None and i + 1 < k and stops_drafting(c, early_stop):
-            return i + 1, m, unobserved
-    return k, m, unobserved
-
-
-def _draw(rng: random.Random | None) -> float:
-    if rng is None:
-        raise ValueError("replaying a sampled trace draws acceptances: pass rng")
-    return rng.random()
 
 
 def replay_greedy(trace: bytes | Sequence[int], k: int | Callable[[int], int],
@@ -145,9 +98,9 @@ class Costs:
     t_target: Mapping[int, float]
     target_grid: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     draft_grid: Mapping[int, float] = field(default_factory=dict)
-    t_ngram: float = 0.0  # seconds per token the n-gram proposer proposes (host lookup time)
-    t_suffix: float = 0.0  # the same for suffix decoding
-    has_draft: bool = True  # False: the pair has no draft model (n-gram proposer alone)
+    # seconds per token each lookup proposer proposes (its host time), by name
+    t_lookup: Mapping[str, float] = field(default_factory=dict)
+    has_draft: bool = True  # False: the pair has no draft model (lookups alone)
     # the execution paths the batch-1 fields and the grid were measured on (None: unknown,
     # taken as the same). Where they differ the grid is read alone, with its own batch 1 if
     # it has one: interpolating between batch 1 on one path and batch 4 on another would put
@@ -232,10 +185,8 @@ class Costs:
             out["t_draft_s_by_b"] = {int(b): s for b, s in self.draft_grid.items()}
         if self.path is not None or self.grid_path is not None:
             out["path"], out["grid_path"] = self.path, self.grid_path
-        if self.t_ngram:
-            out["t_ngram_s"] = self.t_ngram
-        if self.t_suffix:
-            out["t_suffix_s"] = self.t_suffix
+        if any(self.t_lookup.values()):
+            out["t_lookup_s"] = {n: t for n, t in self.t_lookup.items() if t}
         if not self.has_draft:
             out["has_draft"] = False
         if self.catch_up is not None:
@@ -252,11 +203,20 @@ class Costs:
                    draft_grid={int(b): float(s)
                                for b, s in (d.get("t_draft_s_by_b") or {}).items()},
                    path=d.get("path"), grid_path=d.get("grid_path"),
-                   t_ngram=float(d.get("t_ngram_s", 0.0)),
-                   t_suffix=float(d.get("t_suffix_s", 0.0)),
+                   t_lookup={n: float(t) for n, t in _lookup_times(d).items()},
                    has_draft=bool(d.get("has_draft", True)),
                    catch_up=(None if d.get("catch_up_s") is None
                              else (float(d["catch_up_s"][0]), float(d["catch_up_s"][1]))))
+
+
+def _lookup_times(d: Mapping[str, Any]) -> dict[str, float]:
+    """Lookup seconds per token of a description (before the proposers were keyed by name it
+    held prompt lookup's and suffix decoding's under keys of their own)."""
+    out = dict(d.get("t_lookup_s") or {})
+    for name, key in (("ngram", "t_ngram_s"), ("suffix", "t_suffix_s")):
+        if key in d:
+            out.setdefault(name, d[key])
+    return out
 
 
 @dataclass
@@ -268,12 +228,10 @@ class SimResult:
     tokens: int = 0
     seconds: float = 0.0
     iterations: int = 0
-    drafted: int = 0
+    drafted: int = 0  # the model proposer's (the draft model's)
     accepted: int = 0
-    ngram_drafted: int = 0  # the n-gram proposer's share of drafted / accepted
-    ngram_accepted: int = 0
-    suffix_drafted: int = 0  # suffix decoding's share
-    suffix_accepted: int = 0
+    # every proposer's [drafted, accepted], by name (the model's included)
+    by_proposer: dict[str, list[int]] = field(default_factory=dict)
     k_counts: Counter = field(default_factory=Counter)
     unobserved_hits: int = 0  # blocks that ran into an unobserved position (counted rejected)
     # the same batches decoded plainly: one token per running row per step, Σ_t T_t(B_t, 1)
@@ -288,6 +246,14 @@ class SimResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else float("nan")
+
+    def proposer(self, name: str):
+        """One proposer's tokens drafted and accepted in the replay (``.proposed``,
+        ``.accepted``)."""
+        from autospec.engine.stats import ProposerCounts
+
+        proposed, accepted = self.by_proposer.get(name, (0, 0))
+        return ProposerCounts(proposed=proposed, accepted=accepted)
 
     @property
     def speedup(self) -> float:
@@ -321,11 +287,13 @@ def plain_batch_seconds(lengths: Sequence[int], costs: Costs) -> float:
 
 def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
              category: str | Callable[[object], str] = "default", live=None,
-             seed: int = 0, batched: bool = True, has_draft: bool | None = None) -> SimResult:
-    """Replay ``traces`` (objects with ``trace_kind`` and ``trace``, e.g. the store's TraceRow,
-    or (kind, bytes) tuples) under ``policy`` and the cost model, feeding it the outcomes it
-    would have seen. Greedy traces replay exactly; sampled ones draw each acceptance from its
-    recorded β with a seeded RNG. Returns throughput and the plain-decoding baseline.
+             seed: int = 0, batched: bool = True, has_draft: bool | None = None,
+             proposers: Mapping[str, type] | None = None) -> SimResult:
+    """Replay ``traces`` (objects with ``trace_kind``, ``trace`` and ``traces`` by proposer
+    name, e.g. the store's TraceRow, or (kind, bytes[, confidence]) tuples: the draft model's
+    alone) under ``policy`` and the cost model, feeding it the outcomes it would have seen.
+    Greedy traces replay exactly; sampled ones draw each acceptance from its recorded β with
+    a seeded RNG. Returns throughput and the plain-decoding baseline.
 
     Traces logged at batch size B > 1 (``batch_size``) replay in batches: per (B, category),
     in logged order, B traces at a time (a last, incomplete group is a smaller batch). Each
@@ -339,13 +307,18 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
 
     live: a dict category → LiveStats to feed (as the controller does); fresh ones by default,
     every new one referencing one ``PairCosts`` (the given ones', where some are given).
-    has_draft: False for a pair without a draft model (logged with the n-gram proposer alone):
-    the policy then sees the n-gram proposer only (default: ``costs.has_draft``).
+    has_draft: False for a pair without a draft model (logged with lookups alone): the
+    policy then sees the lookups only (default: ``costs.has_draft``). proposers: the
+    proposers replay offers, by name (default: the registry's, ``autospec.engine.proposers``).
     """
     if has_draft is None:
         has_draft = costs.has_draft
+    from autospec.engine.proposers import registered
     from autospec.policies.live import LiveStats, PairCosts
 
+    classes = dict(registered() if proposers is None else proposers)
+    if not has_draft:
+        classes = {n: c for n, c in classes.items() if c.kind != "model"}
     rng = random.Random(seed)
     lives = {} if live is None else live
     # the pair's costs, once, as the controller keeps them: every category's statistics
@@ -362,13 +335,13 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
             stats = lives[cat] = LiveStats(params=params_of(policy), costs=pair)
         b = batch_size_of(row) if batched else 1
         if b == 1:
-            _replay([_Row(row, has_draft)], policy, costs, cat, stats, k_max, rng, res)
+            _replay([_Row(row, classes)], policy, costs, cat, stats, k_max, rng, res)
             continue
         if not costs.batched:
             raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
                              "pass Costs(target_grid=...) or batched=False")
         group = pending.setdefault((b, cat), [])
-        group.append(_Row(row, has_draft))
+        group.append(_Row(row, classes))
         if len(group) == b:
             _replay(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
     for (_b, cat), group in pending.items():
@@ -376,153 +349,68 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     return res
 
 
+class _Logged(NamedTuple):
+    """A (kind, bytes[, confidence]) tuple as a logged request: the model proposer's trace."""
+
+    trace_kind: str
+    trace: bytes
+    traces: dict
+    extras: dict
+    prompt_tokens: int = 0
+
+
+def _as_record(row, model: str | None):
+    if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
+        kind, trace, conf = (*row, None)[:3]
+        if model is None:
+            return _Logged(kind, trace, {}, {})
+        return _Logged(kind, trace, {model: trace},
+                       {model: {"confidence": conf}} if conf is not None else {})
+    return row
+
+
 class _Row:
-    """One request being replayed: its trace and where it stands."""
+    """One request being replayed: where it stands, and each of its proposers' replay."""
 
-    __slots__ = ("kind", "trace", "conf", "ngram", "suffix", "has_draft", "g", "covered",
-                 "prev_k", "gap", "request", "stats", "whole")
+    __slots__ = ("kind", "length", "props", "g", "request", "stats")
 
-    def __init__(self, row, has_draft: bool = True):
-        self.ngram = self.suffix = None
-        self.has_draft = has_draft
-        if isinstance(row, tuple) and not hasattr(row, "trace"):  # (kind, bytes[, conf])
-            self.kind, self.trace, self.conf = (*row, None)[:3]
-        else:
-            self.kind, self.trace = row.trace_kind, row.trace
-            self.conf = getattr(row, "confidence", None)
-            self.ngram = getattr(row, "ngram_trace", None) or None
-            self.suffix = getattr(row, "suffix_trace", None) or None
-        self.g = 0  # generated so far
-        self.covered = 0  # first position the draft has not predicted
-        self.prev_k: int | None = None
-        # its last draft block, accepted whole: (length, the position after it), which the
-        # next catch-up predicts (the live loop's ``RowStep.beyond``)
-        self.whole: tuple[int, int] | None = None
-        # tokens the draft model has not taken in (the live loop's ``draft_gap``): the prompt
-        # before its first block (0 where the trace does not say how long it was)
-        self.gap = int(getattr(row, "prompt_tokens", 0) or 0)
+    def __init__(self, row, classes: Mapping[str, type]):
         from autospec.engine.stats import LoopStats
         from autospec.policies import LiveStats
 
+        model = next((n for n, c in classes.items() if c.kind == "model"), None)
+        record = _as_record(row, model)
+        self.kind, self.length = record.trace_kind, len(record.trace)
+        # each proposer's replay, the model's first (those the request carries a trace of)
+        self.props = {n: rr for n, c in sorted(classes.items(), key=lambda i: i[1].kind != "model")
+                      if (rr := c.replay(record)) is not None}
+        self.g = 0  # generated so far
         # the request's own, as the engine keeps it (its counts and rate; no costs)
         self.request = LiveStats(discount=1.0, feed_costs=False)
-        self.stats = LoopStats()
+        self.stats = LoopStats(model=model if model in self.props else None)
 
     @property
     def remaining(self) -> int:
-        return len(self.trace) - self.g
-
-    @property
-    def proposers(self) -> tuple[str, ...]:
-        """The proposers the live loop had, in its order, as far as the traces tell: the
-        draft model (where the pair has one), prompt lookup, and suffix decoding where the
-        request carries its trace."""
-        if not self.has_draft:
-            names: tuple[str, ...] = ("ngram",)
-        else:
-            names = ("draft", "ngram") if self.ngram is not None else ("draft",)
-        return names + ("suffix",) if self.suffix is not None else names
-
-    def ngram_match(self) -> tuple[int, int]:
-        """(match length, tokens of its block that equal the output) at the current position;
-        (0, 0) without a match (or without an n-gram trace)."""
-        if self.ngram is None or self.g >= len(self.ngram):
-            return 0, 0
-        return decode_trace_value(self.ngram[self.g]) or (0, 0)
-
-    def ngram_step(self, k: int) -> tuple[int, int]:
-        """Replay one n-gram block of (at most) k: (proposed, accepted); (0, 0) without a
-        match (a plain step). The draft model did not see these positions: its next block
-        starts with a catch-up over them, as after k = 0."""
-        matched, agree = self.ngram_match()
-        k = k if matched else 0
-        m = min(agree, k)
-        self.prev_k = 0
-        self.g += m + 1
-        self.gap += m + 1
-        return k, m
-
-    def suffix_now(self) -> tuple[int, int, int]:
-        """(match length, tokens of its draft that equal the output, tokens the draft holds)
-        of suffix decoding at the current position; (0, 0, 0) without a draft (or without a
-        suffix trace)."""
-        if self.suffix is None or self.g >= len(self.trace):
-            return 0, 0, 0
-        return decode_suffix_value(self.suffix, self.g) or (0, 0, 0)
-
-    def suffix_step(self, k: int) -> tuple[int, int]:
-        """Replay one suffix block of (at most) k: (proposed, accepted) — it holds no more
-        than its draft; (0, 0) without one (a plain step). The draft model did not see these
-        positions, as after an n-gram block."""
-        matched, agree, size = self.suffix_now()
-        k = min(k, size) if matched else 0
-        m = min(agree, k)
-        self.prev_k = 0
-        self.g += m + 1
-        self.gap += m + 1
-        return k, m
-
-    def catch_up(self) -> tuple[float, ...]:
-        """The draft model runs this iteration: its first forward takes in what it has not
-        seen (the engine feeds every row's), predicting those positions from the target's
-        prefix. Where it had not drafted them (k = 0, prompt lookup) they are what it learns
-        (``unproposed``); where its last block was accepted whole, the position after it is
-        what a longer block would have met (``beyond``); either way they are covered and its
-        gap is closed. Returns (unproposed, beyond)."""
-        unproposed: tuple = ()
-        start = max(self.covered, self.g - TRACE_CATCH_UP_MAX)
-        greedy = self.kind == TRACE_GREEDY
-        if self.prev_k == 0:
-            unproposed = tuple(evidence(v, greedy)
-                               for v in self.trace[start : self.g] if v != UNOBSERVED)
-        beyond = None
-        if self.whole is not None and start <= self.whole[1] < self.g:
-            v = self.trace[self.whole[1]]
-            if v != UNOBSERVED:
-                beyond = (self.whole[0], evidence(v, greedy))
-        self.whole = None
-        self.covered = max(self.covered, self.g)
-        self.gap = 0
-        return unproposed, beyond
-
-    def step(self, k: int, stop: float | None, rng) -> tuple[int, int, bool]:
-        """Replay one block of (at most) k: (drafted, accepted, unknown). After a draft
-        block the caller sets the gap (``kept``), which depends on the batch's block."""
-        k, m, unknown = replay_block(self.kind, self.trace, self.g, k, confidence=self.conf,
-                                     early_stop=stop, rng=rng)
-        if k > 0:
-            self.covered = self.g + min(m + 1, k)
-        else:
-            self.gap += m + 1
-        self.prev_k = k
-        self.g += m + 1
-        return k, m, unknown
-
-    def kept(self, m: int, width: int) -> None:
-        """The draft model drafted ``width`` tokens for the batch and took in all but its
-        last; it keeps those this row accepted: the target's token is new to it, and its
-        last proposal if it accepted every one it was fed. A block of ``width`` accepted
-        whole leaves the position after it for the next catch-up (``whole``)."""
-        self.gap = m + 1 - min(m, width - 1)
-        if m == width:
-            self.whole = (width, self.g - 1)
+        return self.length - self.g
 
 
 def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
             res: SimResult) -> None:
     """Requests that ran together (one, at batch 1), replayed as the engine ran them: the
     same ``Context``, the same ``decide``, the same ``account`` as ``autospec.engine.step``,
-    with each row's block replayed from its traces and the iteration priced by the cost
-    model: k · T_d(B) + T_t(B, k + 1) at the B rows still running, plus lookup time and the
-    draft model's catch-up beyond its first proposal (C(B · gap) − T_d(B), where the widest
+    with each row's block replayed by its proposer's rule and the iteration priced by the
+    cost model: k · T_d(B) + T_t(B, k + 1) at the B rows still running, plus lookup time and
+    the model's catch-up beyond its first proposal (C(B · gap) − T_d(B), where the widest
     row's gap exceeds 2 tokens). The baseline is plain decoding of the same rows."""
     from autospec.engine.accounting import RowStep, StepTimes, account
     from autospec.engine.decide import RowView, decide, make_context
+    from autospec.engine.proposers import registered
 
     stop = early_stop_of(policy, cat)
     group = len(rows)
     grid = costs.batch_costs if group > 1 else None
-    res.plain_seconds += plain_batch_seconds([len(r.trace) for r in rows], costs)
+    res.plain_seconds += plain_batch_seconds([r.length for r in rows], costs)
+    classes = registered()
     while True:
         running = [r for r in rows if r.remaining > 0]
         if not running:
@@ -530,86 +418,70 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
             return
         b = len(running)
         cost, t_draft = costs.at(b)
-        has_draft = running[0].has_draft
-        shadows = [r.ngram_match() for r in running]  # (match length, agreement) per row
-        # suffix decoding's (match length, agreement, draft length) per row
-        suffixes = [r.suffix_now() for r in running]
+        names = tuple(running[0].props)
+        model = running[0].stats.model
+        whole = tuple(n for n in names if n != model and getattr(classes.get(n), "whole_draft",
+                                                                  False))
+        shown = [{n: rr.now(r.g) for n, rr in r.props.items() if n != model} for r in running]
         views = [RowView(category=cat, live=stats, request=r.request, generated=r.g,
-                         left=r.remaining, match=match, gap=r.gap, suffix=sfx[0],
-                         suffix_length=sfx[2])
-                 for r, (match, _agree), sfx in zip(running, shadows, suffixes)]
-        proposers = running[0].proposers
-        ctx = make_context(views, k_max=k_max, proposers=proposers, has_draft=has_draft,
+                         left=r.remaining, matches={n: v[0] for n, v in now.items()},
+                         sizes={n: v[1] for n, v in now.items()},
+                         gap=r.props[model].gap if model else 0)
+                 for r, now in zip(running, shown)]
+        ctx = make_context(views, k_max=k_max, proposers=names, model=model, whole=whole,
                            costs=grid)
-        lookup = "ngram" in proposers
-        lookups = {"ngram": [m for m, _ in shadows]} if lookup else {}
-        if "suffix" in proposers:
-            lookups["suffix"] = [sfx[0] for sfx in suffixes]
-        d = decide(policy, ctx, longest=0, has_draft=has_draft, lookups=lookups or None)
-        gap = max(r.gap for r in running) if has_draft else 0
+        d = decide(policy, ctx, longest=0)
+        gap = max(r.props[model].gap for r in running) if model else 0
         steps = []
         for r, who, size in zip(running, d.rows, d.lengths):
-            seen = r.catch_up() if d.draft_runs else ((), None)
-            if who == "ngram":
-                k, m = r.ngram_step(size)
-                steps.append((who if k else None, k, m, False, seen))
-            elif who == "suffix":
-                k, m = r.suffix_step(size)
-                steps.append((who if k else None, k, m, False, seen))
-            else:
-                k, m, unknown = r.step(size if who == "draft" else 0, stop, rng)
-                steps.append((who if k else None, k, m, unknown, seen))
+            found = r.props[model].catch_up(r.g) if d.runs(model) else []
+            k, m, unknown = (r.props[who].block(r.g, size, stop=stop if who == model else None,
+                                                rng=rng)
+                             if who is not None else (0, 0, False))
+            steps.append((who if k else None, k, m, unknown, found))
         width = max(k for _who, k, *_ in steps)
-        # the draft model drafts the policy's k for the batch (fewer only where early
-        # stopping stopped every row)
+        # the model drafts the policy's k for the batch (fewer only where early stopping
+        # stopped every row)
         drafted_width = d.k if stop is None else max(
-            (k for who, k, *_ in steps if who == "draft"), default=0)
-        for r, (who, _k, m, *_rest) in zip(running, steps):
-            if who == "draft":
-                r.kept(m, drafted_width)
-        lookup_s = (costs.t_ngram * sum(k for who, k, *_ in steps if who == "ngram")
-                    + costs.t_suffix * sum(k for who, k, *_ in steps if who == "suffix"))
-        drafted = width if d.draft_runs else 0
+            (k for who, k, *_ in steps if who == model), default=0)
+        spent: dict[str, float] = {}
+        for who, k, *_ in steps:
+            if who is not None and who != model:
+                spent[who] = spent.get(who, 0.0) + costs.t_lookup.get(who, 0.0) * k
+        drafted = width if d.runs(model) else 0
         catch_up = None
-        if d.draft_runs and gap > 2 and costs.catch_up is not None:
+        if d.runs(model) and gap > 2 and costs.catch_up is not None:
             catch_up = (b * gap, max(costs.catch_up_seconds(b * gap), t_draft))
             res.seconds += catch_up[1] - t_draft
             res.catch_up_seconds += catch_up[1] - t_draft
         times = StepTimes(batch=b, call_batch=group, target_s=cost(width + 1),
-                          draft_s=drafted * t_draft, draft_tokens=drafted, catch_up=catch_up,
-                          lookup_s=lookup_s)
-        row_steps = [RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
-                             lookup=r.ngram is not None, match=match, shadow=agree,
-                             unproposed=seen[0], beyond=seen[1], suffix_match=sfx[0],
-                             suffix_shadow=_suffix_shadow(sfx, who, m + 1))
-                     for r, (who, k, m, _u, seen), (match, agree), sfx
-                     in zip(running, steps, shadows, suffixes)]
+                          model=model if drafted else None, draft_s=drafted * t_draft,
+                          draft_tokens=drafted, catch_up=catch_up, lookup_s=spent)
+        row_steps = []
+        for r, now, (who, k, m, _u, found) in zip(running, shown, steps):
+            step = RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
+                           matches={n: v[0] for n, v in now.items()})
+            for n, rr in r.props.items():
+                if n != who and n != model and (sh := rr.shadow(r.g, m + 1)) is not None:
+                    step.shadows[n] = sh
+            if found:
+                step.evidence[model] = found
+            row_steps.append(step)
+            for rr in r.props.values():
+                rr.after(r.g, who, k, m, drafted_width if who == model else width)
         account(policy, ctx, width, row_steps, times, lives=[stats] * b,
                 requests=[r.request for r in running], stats=[r.stats for r in running])
-        for (who, k, m, unknown, _u) in steps:
+        for r, (who, k, m, unknown, _f) in zip(running, steps):
+            r.g += m + 1
             res.unobserved_hits += unknown
             res.tokens += m + 1
-            if who == "ngram":
-                res.ngram_drafted += k
-                res.ngram_accepted += m
-            elif who == "suffix":
-                res.suffix_drafted += k
-                res.suffix_accepted += m
-            else:
+            if who is None or who == model:  # the model's and plain steps'
                 res.drafted += k
                 res.accepted += m
+            if who is not None:
+                mine = res.by_proposer.setdefault(who, [0, 0])
+                mine[0] += k
+                mine[1] += m
         res._count(b, width)
         res.row_steps += b
-        res.seconds += times.draft_s + lookup_s + times.target_s
-
-
-def _suffix_shadow(now: tuple[int, int, int], who: str | None,
-                   emitted: int) -> tuple[int, int] | None:
-    """What the live suffix proposer reports where it had a draft and another proposer (or
-    nobody) drafted: (its leading tokens equal to the ``emitted`` ones, the tokens compared —
-    its draft's length or the emitted count, the shorter); None where it drafted, or had no
-    draft."""
-    matched, agree, size = now
-    if not matched or who == "suffix":
-        return None
-    return min(agree, emitted), min(size, emitted)
+        res.seconds += times.draft_s + sum(spent.values()) + times.target_s

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autospec.costs.stored import stored_costs
-from autospec.policies.base import K_LIMIT, batch_bucket
+from autospec.policies.base import HYBRID, K_LIMIT, batch_bucket
 from autospec.policies.params import TUNED
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
@@ -103,10 +103,13 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
     ``early_stop``: also search the draft-side early-stop threshold (off or one of
     ``STOP_GRID``), which replay can only judge on traces that carry the draft's confidence.
     ``table_buckets``: the batch-size buckets a ``table`` trial chooses a k for.
-    ``proposers``: the proposers the traces can replay (``proposer_space``): with the n-gram's
-    (or suffix decoding's) trace a fixed trial also chooses its proposer (draft model, n-gram,
-    hybrid with a minimum match, suffix) and a cost-model trial which set of proposers it
-    weighs (``proposer_sets``)."""
+    ``proposers``: the proposers the traces can replay (``proposer_space``; the model
+    proposer first, where there is one): with a lookup's trace a fixed trial also chooses its
+    proposer (any of them, or "hybrid" with a minimum match) and a cost-model trial which set
+    of proposers it weighs (``proposer_sets``)."""
+    from autospec.engine.proposers import registered
+
+    classes = registered()
     family = trial.suggest_categorical("family", list(families))
     p: dict[str, Any] = {}
     if family == "fixed":
@@ -115,7 +118,7 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
             p["proposer"] = trial.suggest_categorical("fixed.proposer", list(proposers))
             if p["proposer"] == "hybrid":
                 p["min_match"] = trial.suggest_int("fixed.min_match", 1, MATCH_REACH)
-        elif proposers and proposers[0] != "draft":
+        elif proposers and getattr(classes.get(proposers[0]), "kind", "") != "model":
             p["proposer"] = proposers[0]
     elif family == "table":
         p["table"] = table_spec({b: trial.suggest_int(f"table.k{b}", 0, k_max)
@@ -137,7 +140,8 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         sets = proposer_sets(proposers)
         if sets:
             p["proposers"] = trial.suggest_categorical("costmodel.proposers", sets)
-        if "suffix" in proposers:  # nothing to choose without suffix decoding's trace
+        if any(getattr(classes.get(n), "whole_draft", False) for n in proposers):
+            # nothing to choose without a trace of a lookup whose block is its whole draft
             p["suffix_whole"] = trial.suggest_categorical("costmodel.suffix_whole",
                                                           [True, False])
     if early_stop:
@@ -300,10 +304,8 @@ def study_name(pair_id: int, category: str, window: Window, families: Sequence[s
     if costs.catch_up is not None:
         key += f"|catchup{tuple(costs.catch_up)!r}"
     proposers = proposer_space(window, costs)
-    if proposers != ("draft",):
-        key += f"|proposers{proposers!r}|{costs.t_ngram!r}"
-    if "suffix" in proposers:
-        key += f"|{costs.t_suffix!r}"
+    if len(proposers) > 1 or any(costs.t_lookup.values()):
+        key += f"|proposers{proposers!r}|{sorted(costs.t_lookup.items())!r}"
     space = hashlib.sha256(key.encode()).hexdigest()[:6]
     return (f"autospec:pair{pair_id}:{category_key(category)[:12]}:"
             f"{window.first_id}-{window.last_id}:{space}")
@@ -347,8 +349,8 @@ class CategoryResult:
     # the best policy's proposer: "draft", "ngram", "hybrid", "suffix", or a cost model's set
     # ("both", "draft+suffix", ...)
     proposer: str | None = None
-    ngram_share: float | None = None
-    suffix_share: float | None = None
+    # each proposer's share of the tokens drafted in the best policy's replay, by name
+    shares: dict[str, float | None] = field(default_factory=dict)
     note: str = ""
     provenance: dict[str, Any] | None = None  # what is stored with the parameters
 
@@ -415,30 +417,36 @@ def _objective(window: Window, costs: Costs, k_max: int, families, seed: int,
 
 
 def proposer_of_params(family: str, params: dict, space: Sequence[str]) -> str:
-    """The proposer a tuned policy drafts with: a fixed policy's own, a cost model's
-    ``proposers`` ("both": every one the request has, weighed per iteration; or a set such
-    as "draft+suffix"), else the draft model's (the n-gram's for a pair without one)."""
-    if tuple(space) == ("ngram",) or (family not in ("fixed", "costmodel")
-                                      and "draft" not in space):
-        return "ngram"
+    """The proposer a tuned policy drafts with: a fixed policy's own (None: the model's), a
+    cost model's ``proposers`` ("both": every one the request has, weighed per iteration; or
+    a set such as "draft+suffix"), else the first of the space (the model proposer's where
+    there is one)."""
+    first = space[0] if space else "plain"
     if family == "fixed":
-        return params.get("proposer", "draft")
+        return params.get("proposer") or first
     if family == "costmodel":
-        return params.get("proposers", "both" if len(space) > 1 else "draft")
-    return "draft"
+        return params.get("proposers", "both" if len(_named(space)) > 1 else first)
+    return first
 
 
 def proposer_space(window: Window, costs: Costs) -> tuple[str, ...]:
-    """The proposers a study can replay on this window: the n-gram alone for a pair without a
-    draft model; draft model, n-gram and hybrid where the traces carry the n-gram's trace
-    (logged since schema 0006); else the draft model — and suffix decoding besides where they
-    carry its trace (logged since schema 0008, by calls that had the suffix proposer)."""
-    suffix = ("suffix",) if any(getattr(r, "suffix_trace", None) for r in window.train) else ()
-    if not costs.has_draft:
-        return ("ngram", *suffix)
-    if any(getattr(r, "ngram_trace", None) for r in window.train):
-        return ("draft", "ngram", "hybrid", *suffix)
-    return ("draft", *suffix)
+    """The proposers a study can replay on this window, in the registry's order with the model
+    proposer first: the model where the pair has one, every lookup where some request carries
+    its trace (``Proposer.replay``), and "hybrid" (prompt lookup, else the model) where both
+    are there."""
+    from autospec.engine.proposers import registered
+
+    found = [n for n, cls in sorted(registered().items(), key=lambda i: i[1].kind != "model")
+             if (cls.kind != "model" or costs.has_draft)
+             and any(cls.replay(r) is not None for r in window.train)]
+    lookups = [n for n, cls in registered().items() if cls.kind != "model"]
+    if len(found) > 1 and registered()[found[0]].kind == "model" and found[1] == lookups[0]:
+        found.insert(2, HYBRID)  # prompt lookup (the first lookup), else the model
+    return tuple(found)
+
+
+def _named(space: Sequence[str]) -> list[str]:
+    return [p for p in space if p != HYBRID]
 
 
 def proposer_sets(space: Sequence[str]) -> list[str]:
@@ -447,8 +455,8 @@ def proposer_sets(space: Sequence[str]) -> list[str]:
     three — every non-empty set, since the cost model already weighs the proposers of its set
     per iteration and a smaller set only pays where its estimates of one of them mislead,
     which replay tells and the model cannot. Empty with a single proposer (nothing to
-    choose). Without suffix decoding: "both", "draft", "ngram", as before it existed."""
-    names = [p for p in ("draft", "ngram", "suffix") if p in space]
+    choose)."""
+    names = _named(space)
     if len(names) < 2:
         return []
     from itertools import combinations
@@ -622,7 +630,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     path, t_draft, t_target, cost_source = (stored.path, stored.t_draft, stored.t_target,
                                             stored.source)
     # the lookup proposers' host time per proposed token, as their live requests measured
-    t_ngram, t_suffix = stored.t_ngram or 0.0, stored.t_suffix or 0.0
+    t_lookup = stored.t_lookup
     # the draft model's catch-up, fitted to what the pair logged (else to what the probe
     # timed), at the ratio to T_d those same requests (that probe) measured
     catch_up_points, catch_up_t_draft = stored.catch_up, stored.catch_up_t_draft
@@ -639,7 +647,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
 
     has_draft = pair.draft != NO_DRAFT
     if not has_draft:
-        t_draft = 0.0  # the n-gram proposer alone: its lookups are t_ngram
+        t_draft = 0.0  # lookups alone: their time is t_lookup
     if (has_draft and not t_draft) or 1 not in t_target or len(t_target) < 2:
         res.reason = (f"no usable costs for this pair from {cost_source} (need T_t(1), "
                       "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
@@ -651,8 +659,8 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     costs = Costs(t_draft=float(t_draft), t_target=t_target,
                   target_grid={b: c for b, c in grid.items() if b > 1 or not same},
                   draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
-                  path=path, grid_path=queries.BATCH_PATH, t_ngram=t_ngram,
-                  t_suffix=t_suffix, has_draft=has_draft, catch_up=catch_up)
+                  path=path, grid_path=queries.BATCH_PATH, t_lookup=t_lookup,
+                  has_draft=has_draft, catch_up=catch_up)
     if has_draft:
         cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
                         else f"; draft catch-up: {len(catch_up_points)} logged"
@@ -763,10 +771,9 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
     res.k_by_batch = bucketed_k(best_replay)
     res.proposers_searched = proposer_space(window, costs)
     res.proposer = proposer_of_params(family, params, res.proposers_searched)
-    drafted = best_replay.drafted + best_replay.ngram_drafted + best_replay.suffix_drafted
-    res.ngram_share = best_replay.ngram_drafted / drafted if drafted else None
-    if "suffix" in res.proposers_searched:
-        res.suffix_share = best_replay.suffix_drafted / drafted if drafted else None
+    drafted = sum(d for d, _a in best_replay.by_proposer.values())
+    res.shares = {n: best_replay.by_proposer.get(n, [0, 0])[0] / drafted if drafted else None
+                  for n in _named(res.proposers_searched)}
     holdout_figures = None
     if window.holdout:
         # both start from the statistics the tuning part left, as a live controller would

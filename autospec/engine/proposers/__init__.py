@@ -1,35 +1,66 @@
-"""Proposers: who drafts the block the target verifies. One module per proposer, one interface.
+"""Proposers: who drafts the block the target verifies. A proposer is one module: its class,
+registered by name (``register``), is everything the engine, the policy's context, the
+accounting, the store, replay, reports and export know of it. Nothing outside its module
+names it: they iterate the registry.
 
-Call order, per call of the engine: the proposer is made by its ``open`` factory for the call's
-rows (``PROPOSERS[name](batch)``); then, every iteration,
+Two kinds, by how a block is priced and served (``Proposer.kind``):
 
-1. what the policy and ``decide`` read of it: a lookup proposer's ``matches()`` (each row's
-   match length now), a model proposer's ``gaps()`` (tokens each row's cache has not taken
-   in: its next block starts by catching up on them);
+- ``"model"`` — a model drafting k tokens for every row in forwards over the whole batch,
+  from a distribution q (the draft model). Its cache lags the target's: a block after others
+  first catches up on what it has not seen (``gaps``). At most one per call.
+- ``"lookup"`` — proposals that are a function of the context (prompt lookup, suffix
+  decoding, a head over the target's hidden states): per row a draft or none (``matches``,
+  ``sizes``), q one-hot, which keeps the rejection rule exact. Its blocks overlay the model's
+  on the rows it serves.
+
+Call order, per call of the engine (``CallView`` is what a proposer may read of the call):
+the class is instantiated for the call's rows when its ``needs`` are met; then, every
+iteration,
+
+1. what the policy reads of it: ``matches()`` and ``sizes()`` (a lookup's match length and
+   the tokens its draft holds, per row), ``gaps()`` (a model's catch-up, per row);
 2. ``propose(it, rows, lengths)`` — only when ``decide`` assigned it rows: a ``Block`` for
-   every row of the batch (rows it does not serve get length 0), drawn on the device;
+   every row of the batch (rows it does not serve get length 0);
 3. ``sync_parts()`` / ``read(values)`` — device values it wants back ride on the
-   iteration's one host sync (a model's catch-up trace, say), in that order;
-4. ``accept(it, steps)`` — after the sync: what each row accepted and emitted
-   (``accounting.RowStep``), to update its state (roll a cache back to the accepted prefix,
-   extend an index) and to add to each row's step what it learned (``unproposed``,
-   ``shadow``);
+   iteration's one host sync, in that order;
+4. ``accept(it, steps)`` — after the sync, for every row, whether it drafted the row or not:
+   what it emitted (``accounting.RowStep``), to update its state and to add what it learned —
+   its match at the iteration's start (``step.matches``), the block it would have proposed
+   compared with what was emitted where another drafted (``step.shadows``: llama.cpp's
+   ``accept`` for every proposer), evidence of its own acceptance at a depth
+   (``step.evidence``);
 
-and ``select(keep, index)`` when rows leave, ``finish(stats)`` per row at the end,
-``release()`` always. A proposer whose proposals are a deterministic function of the context
-(a lookup) returns ``q = None``: the rejection rule then uses a one-hot q, which keeps the
-output the target's exactly. Adding a proposer is a module with its class and an entry in
-``PROPOSERS``; the step never names one.
+and ``select(keep, index)`` when rows leave, ``finish(row, stats)`` per row at the end (its
+trace into ``stats.traces[name]``), ``release()`` always.
+
+Offline, the class answers without a model: ``replay(record)`` (its per-request replay rule
+over the trace its ``finish`` recorded: ``RowReplay``) and ``export(engine, k)`` (the engine
+setting that matches it, or None). A package outside autospec adds a proposer by calling
+``register`` or through the ``autospec.proposers`` entry point group (a class, or a callable
+returning one).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-__all__ = ["Block", "Proposer", "PROPOSERS", "HostBlocks", "HostLookup"]
+__all__ = ["Block", "Proposer", "RowReplay", "LookupReplay", "HostBlocks", "HostLookup",
+           "register",
+           "unregister", "registered", "get", "model_proposer", "by_code", "KINDS", "NEEDS",
+           "ENTRY_POINTS"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("model", "lookup")
+# what a proposer may need of a call: the draft model; the memory of the category's earlier
+# outputs (``wrap(suffix=...)``); the target's last hidden state at the verified positions
+NEEDS = ("draft_model", "memory", "hidden_states")
+ENTRY_POINTS = "autospec.proposers"
 
 
 @dataclass
@@ -43,6 +74,240 @@ class Block:
     host_lengths: list[int] | None = None  # each row's length, as the host knows it
 
 
+class RowReplay(Protocol):
+    """One proposer over one logged request, replayed (``autospec.tune.replay``): what the
+    live proposer would have shown and done at each generated position ``g``, read from the
+    trace its ``finish`` recorded. A lookup answers ``now`` and ``block``; a model also
+    keeps its catch-up state (``gap``, ``catch_up``, ``after``)."""
+
+    gap: int  # a model: tokens its cache has not taken in (0 for a lookup)
+
+    def now(self, g: int) -> tuple[int, int]:
+        """(match length, tokens its draft holds) at position g ((0, 0): no draft)."""
+
+    def block(self, g: int, k: int, *, stop: float | None, rng) -> tuple[int, int, bool]:
+        """Its block of (at most) k from position g: (proposed, accepted, whether the trace
+        ran out before the block's outcome was known)."""
+
+    def shadow(self, g: int, emitted: int) -> tuple[int, int] | None:
+        """Where another proposer drafted from g and ``emitted`` tokens came out: (its leading
+        tokens equal to them, tokens compared), as the live ``accept`` reports; None: none."""
+
+    def catch_up(self, g: int) -> list[tuple[int, float]]:
+        """A model about to draft at g: the (depth, value) evidence its catch-up yields."""
+
+    def after(self, g: int, who: str | None, proposed: int, accepted: int,
+              width: int) -> None:
+        """The iteration from g is over: ``who`` proposed ``proposed`` tokens of which
+        ``accepted`` were, in a block ``width`` wide."""
+
+
+class LookupReplay:
+    """A lookup proposer over one logged request, from what its trace says at each position:
+    ``read(g)`` → (match length, tokens of its draft that equal the output there, tokens its
+    draft held), None where it had no draft. Its block of k from g holds at most its draft
+    and accepts the agreeing ones; where another drafted, its shadow is the agreeing tokens
+    of those emitted. It has no state of its own across positions."""
+
+    gap = 0
+
+    def __init__(self, read):
+        self.read = read
+
+    def now(self, g: int) -> tuple[int, int]:
+        v = self.read(g)
+        return (v[0], v[2]) if v else (0, 0)
+
+    def block(self, g: int, k: int, *, stop=None, rng=None) -> tuple[int, int, bool]:
+        v = self.read(g)
+        if not v or not v[0]:
+            return 0, 0, False
+        k = min(k, v[2])
+        return k, min(v[1], k), False
+
+    def shadow(self, g: int, emitted: int) -> tuple[int, int] | None:
+        v = self.read(g)
+        if not v or not v[0]:
+            return None
+        return min(v[1], emitted), min(v[2], emitted)
+
+    def catch_up(self, g: int) -> list[tuple[int, float]]:
+        return []
+
+    def after(self, g: int, who, proposed: int, accepted: int, width: int) -> None:
+        pass
+
+
+class Proposer:
+    """The base of every proposer (see the module docstring for the call order). Class
+    attributes describe it to everything that iterates the registry."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str] = "lookup"
+    needs: ClassVar[tuple[str, ...]] = ()
+    # its byte in a request's per-iteration proposer schedule (unique; 255: none)
+    code: ClassVar[int]
+    # a lookup whose block the cost model first offers whole (its draft's own length rule)
+    whole_draft: ClassVar[bool] = False
+    # what its statistics are called in reports (default: the name)
+    title: ClassVar[str] = ""
+
+    def __init__(self, call):
+        self.call = call
+
+    # -- what the policy reads ----------------------------------------------------------
+    def matches(self) -> list[int]:
+        return [0] * len(self.call.rows)
+
+    def sizes(self) -> list[int]:
+        return [self.call.k_max] * len(self.call.rows)
+
+    def gaps(self) -> list[int]:
+        return [0] * len(self.call.rows)
+
+    # -- one iteration -------------------------------------------------------------------
+    def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
+        raise NotImplementedError
+
+    def sync_parts(self) -> list[torch.Tensor]:
+        return []
+
+    def read(self, values: list[int]) -> None:
+        pass
+
+    def accept(self, it, steps) -> None:
+        pass
+
+    def select(self, keep: list[int], index: torch.Tensor) -> None:
+        pass
+
+    def finish(self, row, stats) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    # -- offline -------------------------------------------------------------------------
+    @classmethod
+    def replay(cls, record) -> RowReplay | None:
+        """Its replay rule over one logged request (``record``: the store's ``TraceRow``, with
+        ``traces`` by proposer name, ``trace_kind`` and ``prompt_tokens``); None where the
+        request carries no trace of it (replay then offers it nothing)."""
+        return None
+
+    @classmethod
+    def export(cls, engine: str, k: int) -> dict[str, Any] | None:
+        """The speculation setting of ``engine`` ("vllm", "sglang", "trtllm", "llamacpp")
+        that matches it at lookahead k, or None where the engine has none."""
+        return None
+
+    @classmethod
+    def label(cls) -> str:
+        return cls.title or cls.name
+
+
+# -- the registry ---------------------------------------------------------------------------
+_LOCK = threading.RLock()  # re-entered: the entry points register under it
+_REGISTRY: dict[str, type[Proposer]] = {}
+_loaded = False
+
+
+def register(cls: type[Proposer], *, replace: bool = False) -> type[Proposer]:
+    """Add ``cls`` to the proposers every call may use (usable as a class decorator).
+    ValueError for a bad description, a name or code already taken (``replace``: take the
+    name over), a second model proposer."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+        raise ValueError(f"a proposer's name must be an ASCII identifier, got {name!r}")
+    if name in ("hybrid", "plain", "off", "auto", "fixed", "table"):
+        raise ValueError(f"{name!r} is a policy word: name the proposer otherwise")
+    if cls.kind not in KINDS:
+        raise ValueError(f"proposer {name!r}: kind must be one of {KINDS}, got {cls.kind!r}")
+    unknown = set(cls.needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"proposer {name!r} needs {sorted(unknown)}: a call offers {NEEDS}")
+    code = getattr(cls, "code", None)
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code < 255:
+        raise ValueError(f"proposer {name!r}: code must be an int in 0..254, got {code!r}")
+    with _LOCK:
+        _load_builtins()
+        others = {n: c for n, c in _REGISTRY.items() if n != name or not replace}
+        if name in others:
+            raise ValueError(f"a proposer named {name!r} is registered already "
+                             "(register(..., replace=True) takes its name over)")
+        taken = {c.code: n for n, c in others.items()}
+        if code in taken:
+            raise ValueError(f"proposer {name!r}: code {code} is {taken[code]!r}'s")
+        if cls.kind == "model" and any(c.kind == "model" for c in others.values()):
+            raise ValueError(f"proposer {name!r}: a call has one model proposer, and "
+                             f"{next(n for n, c in others.items() if c.kind == 'model')!r} "
+                             "is registered")
+        _REGISTRY[name] = cls
+    return cls
+
+
+def unregister(name: str) -> type[Proposer]:
+    """Remove a proposer (KeyError if none has that name); returns its class."""
+    with _LOCK:
+        _load_builtins()
+        return _REGISTRY.pop(name)
+
+
+def registered() -> dict[str, type[Proposer]]:
+    """Every registered proposer by name, in registration order: the built-ins, then those
+    of the ``autospec.proposers`` entry points, then those registered in this process."""
+    with _LOCK:
+        _load_builtins()
+        return dict(_REGISTRY)
+
+
+def get(name: str) -> type[Proposer]:
+    found = registered().get(name)
+    if found is None:
+        raise KeyError(f"no proposer named {name!r} is registered (registered: "
+                       f"{', '.join(registered()) or 'none'})")
+    return found
+
+
+def model_proposer() -> str | None:
+    """The registered model proposer's name, if any."""
+    return next((n for n, c in registered().items() if c.kind == "model"), None)
+
+
+def by_code() -> dict[int, str]:
+    """Schedule byte → proposer name."""
+    return {c.code: n for n, c in registered().items()}
+
+
+def _load_builtins() -> None:
+    """The built-in proposers, then the entry points' (once, under the lock)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from .draft_model import DraftModel
+    from .prompt_lookup import PromptLookup
+    from .suffix import SuffixLookup
+
+    for cls in (DraftModel, PromptLookup, SuffixLookup):
+        _REGISTRY[cls.name] = cls
+    try:
+        from importlib.metadata import entry_points
+
+        found = entry_points(group=ENTRY_POINTS)
+    except Exception as e:  # a broken installation must not stop serving
+        log.warning("autospec: could not read the %s entry points: %s", ENTRY_POINTS, e)
+        return
+    for ep in found:
+        try:
+            cls = ep.load()
+            register(cls if isinstance(cls, type) else cls())
+        except Exception as e:
+            log.warning("autospec: the proposer entry point %r could not be registered: %s",
+                        ep.name, e)
+
+
+# -- host lookups -----------------------------------------------------------------------------
 class HostBlocks:
     """Blocks a lookup proposer builds in host memory, on their way to the device: one
     non-blocking copy per iteration it proposes in, from a staging buffer reused by every
@@ -51,11 +316,11 @@ class HostBlocks:
     is the buffer itself, valid for its iteration (nothing reads it after; the next block
     rewrites it). Row b's column 0 holds its length, then its tokens."""
 
-    def __init__(self, batch):
-        stage = torch.zeros(len(batch.rows), batch.k_max + 1, dtype=torch.long)
-        if batch.device.type == "cuda":
+    def __init__(self, call):
+        stage = torch.zeros(len(call.rows), call.k_max + 1, dtype=torch.long)
+        if call.device.type == "cuda":
             stage = stage.pin_memory()
-        self.device = batch.device
+        self.device = call.device
         self.stage, self.host = stage, stage.numpy()  # numpy: writes with no torch op
 
     def block(self, rows: int, k: int, blocks: dict[int, list[int]]) -> Block:
@@ -74,63 +339,9 @@ class HostBlocks:
         return Block(tokens=block[:, 1:], q=None, lengths=block[:, 0], host_lengths=sizes)
 
 
-class HostLookup:
-    """What a lookup proposer in host memory has by default: nothing to read back with the
-    sync, nothing on the device to release, and its blocks staged by ``HostBlocks``."""
+class HostLookup(Proposer):
+    """A lookup proposer in host memory: its blocks staged by ``HostBlocks``."""
 
-    def __init__(self, batch):
-        self.batch = batch
-        self.staging = HostBlocks(batch)
-
-    def sync_parts(self) -> list[torch.Tensor]:
-        return []
-
-    def read(self, values: list[int]) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-
-class Proposer(Protocol):
-    name: str
-
-    def matches(self) -> list[int]: ...  # a lookup proposer
-
-    def gaps(self) -> list[int]: ...  # a model proposer
-
-    def propose(self, it, rows: list[int], lengths: list[int]) -> Block: ...
-
-    def sync_parts(self) -> list[torch.Tensor]: ...
-
-    def read(self, values: list[int]) -> None: ...
-
-    def accept(self, it, steps) -> None: ...
-
-    def select(self, keep: list[int], index: torch.Tensor) -> None: ...
-
-    def finish(self, row: int, stats) -> None: ...
-
-    def release(self) -> None: ...
-
-
-def _draft_model(batch):
-    from .draft_model import DraftModel
-
-    return DraftModel(batch)
-
-
-def _prompt_lookup(batch):
-    from .prompt_lookup import PromptLookup
-
-    return PromptLookup(batch)
-
-
-def _suffix(batch):
-    from .suffix import SuffixLookup
-
-    return SuffixLookup(batch)
-
-
-# name → factory(batch); the names are the ones policies choose by (``policies.Choice``)
-PROPOSERS = {"draft": _draft_model, "ngram": _prompt_lookup, "suffix": _suffix}
+    def __init__(self, call):
+        super().__init__(call)
+        self.staging = HostBlocks(call)

@@ -23,11 +23,11 @@ import torch
 from autospec.engine.sampling import logits_to_probs, sample
 from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
-from autospec.traces import TRACE_CATCH_UP_MAX, UNOBSERVED, Trace, evidence
+from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, Trace, evidence
 
-from . import Block
+from . import Block, Proposer
 
-__all__ = ["DraftModel", "DraftInput"]
+__all__ = ["DraftModel", "DraftInput", "DraftReplay", "replay_block"]
 
 
 class DraftInput:
@@ -62,17 +62,22 @@ def _embedding_rows(model) -> int:
     return model.get_input_embeddings().weight.shape[0]
 
 
-class DraftModel:
+class DraftModel(Proposer):
     name = "draft"
+    kind = "model"
+    needs = ("draft_model",)
+    code = 0
+    title = "the draft model"
 
-    def __init__(self, batch):
-        self.batch = batch
+    def __init__(self, call):
+        super().__init__(call)
+        batch = self.batch = call
         need = max(r.n for r in batch.rows) + batch.max_new + 1
         self.slots = batch.open_slots(batch.draft, need,
                                       map_ids=_draft_input(batch.target, batch.draft))
         self.caches = (self.slots,)
         self.early_stop = early_stop_of(batch.policy, batch.rows[0].category)
-        self.need_top = batch.record_conf or self.early_stop is not None
+        self.need_top = batch.record or self.early_stop is not None
         self.presence = batch.sampling.uses_presence
         self.traces = {r.index: Trace(batch.greedy, batch.max_new) for r in batch.rows}
         # sampling: p at each row's bonus position [B, V], and whether the row's last block
@@ -80,8 +85,10 @@ class DraftModel:
         self.p_bonus = self.bonus = None
         self._known: list[int] = []
         # per row, where its last block was accepted whole: (its length, the generated
-        # position after it), which the next catch-up predicts (``RowStep.beyond``)
+        # position after it), which the next catch-up predicts (depth evidence)
         self._whole: list[tuple[int, int] | None] = [None] * len(batch.rows)
+        # per row index, whether it drafted the row's last iteration (None: none yet)
+        self._drafted: dict[int, bool] = {}
         self._parts: list[torch.Tensor] = []
         self._values: list[int] = []
         self._k = 0
@@ -101,9 +108,9 @@ class DraftModel:
         toks, q, conf, stop_at = self._draft(raw, k)
         k = len(toks)
         proposals = k - 1 if width > 2 else k  # the catch-up forward made the first
-        it.marks.append(("draft", proposals, first, batch.clock.mark()))
+        it.time("draft", proposals, first, batch.clock.mark())
         self._k = k
-        if batch.record_conf:
+        if batch.record:
             self._parts.append(quantize_beta(torch.stack(conf, dim=1)).reshape(-1))
         # each row's block: no longer than it can keep (``decide``), nor than early stopping
         # let it draft
@@ -139,7 +146,7 @@ class DraftModel:
             return raw[:, -1:], start, width
         # the prompt, or a stretch it did not draft: a cost of resuming, not T_d
         first = clock.mark()
-        it.marks.append(("catch_up", len(lens) * width, start, first))
+        it.time("catch_up", len(lens) * width, start, first)
         return raw[:, -1:], first, width
 
     def _draft(self, raw, k: int):
@@ -165,7 +172,7 @@ class DraftModel:
                 tok = sample(q, batch.generator)
                 if self.need_top:
                     top = q.max(dim=-1).values
-            if batch.record_conf:
+            if batch.record:
                 conf.append(top)
             toks.append(tok)
             if seen is not None:
@@ -187,7 +194,7 @@ class DraftModel:
         batch = self.batch
         B, w = raw.shape[:2]
         s = batch.process(raw, -w)
-        probs = s.softmax(dim=-1) if batch.record_conf or not batch.greedy else None
+        probs = s.softmax(dim=-1) if batch.record or not batch.greedy else None
         if batch.greedy:
             at = batch.n_dev[:, None] - w + torch.arange(w, device=batch.device)
             truth = batch.tokens.gather(1, at.clamp_min(0))
@@ -198,7 +205,7 @@ class DraftModel:
                 beta = quantize_beta(torch.minimum(self.p_bonus, probs[:, -1]).sum(-1))
                 vals[:, -1] = torch.where(self.bonus, beta, UNOBSERVED)
         self._parts.insert(0, vals.reshape(-1))
-        if batch.record_conf:
+        if batch.record:
             self._parts.insert(1, quantize_beta(probs.amax(dim=-1)).reshape(-1))
         self._cu_width = w
 
@@ -210,10 +217,12 @@ class DraftModel:
 
     # -- after the sync ----------------------------------------------------------------------
     def accept(self, it, steps) -> None:
-        """Traces, what the catch-up saw, and the cache rolled back to what was accepted."""
-        batch, k, vals = self.batch, self._k, self._values
+        """Traces, what the catch-up saw (evidence of its acceptance: positions it had not
+        drafted, at depth 0; the one after a block it had accepted whole, at its length), and
+        the cache rolled back to what was accepted."""
+        batch, k, vals, name = self.batch, self._k, self._values, self.name
         B = len(batch.rows)
-        ran = self.name in it.decision.served
+        ran = it.decision.runs(name)
         off = 0
         known = max(self._known, default=0) if ran else 0
         if known:
@@ -221,7 +230,7 @@ class DraftModel:
             cu = [vals[off + b * w : off + (b + 1) * w] for b in range(B)]
             off += B * w
             cu_conf = [()] * B
-            if batch.record_conf:
+            if batch.record:
                 cu_conf = [vals[off + b * w : off + (b + 1) * w] for b in range(B)]
                 off += B * w
             for b, (r, step) in enumerate(zip(batch.rows, steps)):
@@ -230,41 +239,44 @@ class DraftModel:
                     continue
                 v, c = cu[b][w - kn :], cu_conf[b][w - kn :]
                 self.traces[r.index].put(step.gen - kn, v, c)
+                found = []
+                if self._drafted.get(r.index) is False:  # the positions were not its own
+                    found += [(0, evidence(x, batch.greedy)) for x in v if x != UNOBSERVED]
                 whole = self._whole[b]
                 if whole is not None and 0 <= whole[1] - (step.gen - kn) < kn:
                     x = v[whole[1] - (step.gen - kn)]
                     if x != UNOBSERVED:
-                        step.beyond = (whole[0], evidence(x, batch.greedy))
-                st = r.stats  # the positions before were not the draft model's: it learns
-                if st.k_schedule and (st.k_schedule[-1] == 0 or st.proposer_schedule[-1]):
-                    step.unproposed = tuple(evidence(x, batch.greedy)
-                                            for x in v if x != UNOBSERVED)
+                        found.append((whole[0], evidence(x, batch.greedy)))
+                if found:
+                    step.evidence[name] = found
+        for r, step in zip(batch.rows, steps):
+            self._drafted[r.index] = step.proposer == name
         block_conf = [()] * B
-        if ran and batch.record_conf:
+        if ran and batch.record:
             block_conf = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
         if not ran:
             self.p_bonus = self.bonus = None  # the next catch-up does not start at a bonus
             return
         for b, (r, step) in enumerate(zip(batch.rows, steps)):
             whole = None
-            if step.proposer == self.name:  # past the first rejection: off the target's prefix
+            if step.proposer == name:  # past the first rejection: off the target's prefix
                 on_prefix = min(step.accepted + 1, step.proposed)
                 self.traces[r.index].put(step.gen, it.trace[b][:on_prefix],
                                          block_conf[b][:on_prefix])
                 if step.accepted == step.proposed == k:
                     whole = (k, step.gen + k)
             self._whole[b] = whole
-        mine = it.rows_of(self.name)
+        mine = it.rows_of(name)
 
         def drop_dev():
             kept = it.accepted.clamp(max=k - 1)
             return (k - 1) - (kept if mine is None else torch.where(mine, kept, 0))
 
         # it keeps the proposals it took in (all but its last) that its own rows accepted
-        self.slots.reject([k - 1 - min(s.accepted, k - 1) if s.proposer == self.name else k - 1
+        self.slots.reject([k - 1 - min(s.accepted, k - 1) if s.proposer == name else k - 1
                            for s in steps], drop_dev)
         self.p_bonus = self.bonus = None
-        if not batch.greedy and any(s.proposer == self.name and s.accepted == k for s in steps):
+        if not batch.greedy and any(s.proposer == name and s.accepted == k for s in steps):
             whole = it.accepted == k
             self.bonus = whole if mine is None else whole & mine
             self.p_bonus = it.p[:, k]
@@ -276,9 +288,119 @@ class DraftModel:
 
     def finish(self, row, stats) -> None:
         trace = self.traces[row.index]
-        stats.trace = trace.finish(stats.new_tokens)
-        if self.batch.record_conf:
-            stats.confidence = trace.finish_confidence(stats.new_tokens)
+        stats.traces[self.name] = trace.finish(stats.new_tokens)
+        if self.batch.record:
+            stats.extras[self.name] = {"confidence": trace.finish_confidence(stats.new_tokens)}
 
     def release(self) -> None:
         self.slots.release()
+
+    @classmethod
+    def replay(cls, record) -> DraftReplay | None:
+        trace = (getattr(record, "traces", None) or {}).get(cls.name)
+        if trace is None:
+            return None
+        extras = (getattr(record, "extras", None) or {}).get(cls.name) or {}
+        return DraftReplay(record.trace_kind, trace, extras.get("confidence"),
+                           int(getattr(record, "prompt_tokens", 0) or 0))
+
+    @classmethod
+    def export(cls, engine: str, k: int) -> dict | None:
+        return {"method": "draft_model"} if engine == "vllm" else {}
+
+
+def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
+                 early_stop: float | None = None, rng=None) -> tuple[int, int, bool]:
+    """One block of k drafted from generated position g, replayed from the draft model's
+    acceptance trace: (drafted, accepted, whether it ran into an unobserved position, counted
+    as a rejection there).
+
+    Greedy traces replay exactly. Sampled ones draw each acceptance from its recorded β with
+    ``rng``. With ``early_stop`` and the request's ``confidence`` bytes, drafting stops where
+    the live loop's rule (``policies.base.stops_drafting``) would: token i's confidence is
+    recorded when tokens 0…i−1 were accepted (the draft ran on the target's prefix). Past the
+    first rejection the live draft runs off that prefix, where nothing was recorded: replay
+    assumes it drafts on, which can only overcount draft cost, never the accepted count."""
+    m, rejected, unobserved = 0, False, False
+    for i in range(k):
+        c = UNOBSERVED
+        if not rejected:
+            v = trace[g + i]
+            if v == UNOBSERVED:
+                unobserved = rejected = True
+            elif v == 1 if kind == TRACE_GREEDY else _draw(rng) < v / 254:
+                m += 1
+            else:
+                rejected = True
+            if confidence is not None:
+                c = confidence[g + i]
+        if early_stop is not None and i + 1 < k and stops_drafting(c, early_stop):
+            return i + 1, m, unobserved
+    return k, m, unobserved
+
+
+def _draw(rng) -> float:
+    if rng is None:
+        raise ValueError("replaying a sampled trace draws acceptances: pass rng")
+    return rng.random()
+
+
+class DraftReplay:
+    """The draft model over one logged request, replayed (``Proposer.replay``): its blocks
+    from the acceptance trace (``replay_block``), and its cache as the live loop keeps it —
+    the prompt to take in before its first block, the tokens others emitted since its last
+    (``gap``), what its next catch-up predicts and learns from (``catch_up``)."""
+
+    def __init__(self, kind: str, trace, confidence, prompt_tokens: int):
+        self.kind, self.trace, self.conf = kind, trace, confidence
+        self.covered = 0  # first position the draft has not predicted
+        self.prev_k: int | None = None  # its last block for this row (0: it did not draft)
+        # its last block, accepted whole: (length, the position after it), which the next
+        # catch-up predicts (depth evidence)
+        self.whole: tuple[int, int] | None = None
+        self.gap = prompt_tokens  # what it has not taken in: the prompt, at first
+
+    def now(self, g: int) -> tuple[int, int]:
+        return 0, 0
+
+    def block(self, g: int, k: int, *, stop: float | None = None, rng=None
+              ) -> tuple[int, int, bool]:
+        return replay_block(self.kind, self.trace, g, k, confidence=self.conf,
+                            early_stop=stop, rng=rng)
+
+    def shadow(self, g: int, emitted: int) -> None:
+        return None
+
+    def catch_up(self, g: int) -> list[tuple[int, float]]:
+        """It drafts at g: its first forward takes in what it has not seen, predicting those
+        positions from the target's prefix. Where it had not drafted them they are evidence
+        at depth 0; where its last block was accepted whole, the position after it is
+        evidence at that block's length; either way they are covered and its gap closed."""
+        found: list[tuple[int, float]] = []
+        start = max(self.covered, g - TRACE_CATCH_UP_MAX)
+        greedy = self.kind == TRACE_GREEDY
+        if self.prev_k == 0:
+            found += [(0, evidence(v, greedy)) for v in self.trace[start:g] if v != UNOBSERVED]
+        if self.whole is not None and start <= self.whole[1] < g:
+            v = self.trace[self.whole[1]]
+            if v != UNOBSERVED:
+                found.append((self.whole[0], evidence(v, greedy)))
+        self.whole = None
+        self.covered = max(self.covered, g)
+        self.gap = 0
+        return found
+
+    def after(self, g: int, who, proposed: int, accepted: int, width: int) -> None:
+        """After its own block it keeps what its row accepted (the target's token is new to
+        it, and its last proposal where it accepted every one it was fed: of ``width`` it
+        drafted for the batch it took in all but the last); after another's, or a plain
+        step, what was emitted is its gap."""
+        if who == DraftModel.name and proposed > 0:
+            self.covered = g + min(accepted + 1, proposed)
+            self.prev_k = proposed
+            self.gap = accepted + 1 - min(accepted, width - 1)
+            if accepted == width:
+                self.whole = (width, g + accepted)
+        else:
+            self.gap += accepted + 1
+            self.prev_k = 0

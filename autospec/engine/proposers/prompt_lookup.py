@@ -11,27 +11,38 @@ rewritten), never by a blocking copy of a Python list.
 
 Where a row had a match but another proposer (or nobody) drafted, the block it would have
 proposed is compared with what was emitted: its *shadow*, free evidence of where it pays.
+
+Its trace (``autospec.ngram.ngram_trace``), computed by the store's writer off the hot path
+from the row's tokens and its settings: per generated position, its match length there and
+how many of its proposed tokens equal the output. Its replay rule reads that (a block of k
+from g accepts min(agreement, k)); engines: vLLM's ``ngram`` method, SGLang's NGRAM, llama.cpp's
+``ngram-simple`` and TensorRT-LLM's NGram (``autospec.fleet.export``).
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from functools import partial
 
 import torch
 
-from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
+from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement, ngram_trace
+from autospec.traces import K_LIMIT, decode_trace_value
 
-from . import Block, HostLookup
+from . import Block, HostLookup, LookupReplay
 
 __all__ = ["PromptLookup"]
 
 
 class PromptLookup(HostLookup):
     name = "ngram"
+    code = 1
+    title = "prompt lookup"
 
-    def __init__(self, batch):
-        super().__init__(batch)
-        self.factory = batch.ngram_factory or NgramIndex
+    def __init__(self, call):
+        super().__init__(call)
+        self.factory = call.options.get(self.name) or NgramIndex
         self.indices = self.by_row = None  # built once the prompts are on the host
         self._matches: list[int] = []
 
@@ -40,40 +51,64 @@ class PromptLookup(HostLookup):
         if self.indices is None:
             self._build()
         self._matches = ([idx.match()[0] for idx in self.indices] if self.indices is not None
-                         else [0] * len(self.batch.rows))
+                         else [0] * len(self.call.rows))
         return self._matches
+
+    def sizes(self) -> list[int]:
+        """Its block is as long as asked (the output of the match is there or not)."""
+        return [K_LIMIT] * len(self.call.rows)
 
     def propose(self, it, rows: list[int], lengths: list[int]) -> Block:
         t0 = time.perf_counter()
         blocks = {b: self.indices[b].propose(lengths[b])[0] for b in rows}
-        it.lookup_s += time.perf_counter() - t0
+        it.spend(self.name, time.perf_counter() - t0)
         return self.staging.block(len(self.indices), max(lengths[b] for b in rows), blocks)
 
     def accept(self, it, steps) -> None:
-        """Each row's index learns what was emitted; rows it did not draft get its shadow."""
+        """Each row's index learns what was emitted; every row's step gets the match the
+        iteration started from, rows it did not draft its shadow."""
         if self.indices is None:
             self._build()  # a device prompt: the index starts once the first sync brought it
+        matches = self._matches
         for b, (idx, step) in enumerate(zip(self.indices, steps)):
-            if step.proposer != self.name and self._matches and self._matches[b]:
-                step.shadow = agreement(idx.propose(len(step.new))[0],
-                                        step.new[: step.emitted])
+            match = matches[b] if matches else 0
+            step.matches[self.name] = match
+            if step.proposer != self.name and match:
+                step.shadows[self.name] = (agreement(idx.propose(len(step.new))[0],
+                                                     step.new[: step.emitted]), step.emitted)
             idx.extend(step.new[: step.emitted])
 
     def _build(self) -> None:
-        if self.indices is None and self.batch.rows[0].tokens is not None:
-            self.indices = [self.factory(list(r.tokens[: r.L])) for r in self.batch.rows]
-            self.by_row = {r.index: idx for r, idx in zip(self.batch.rows, self.indices)}
+        if self.indices is None and self.call.rows[0].tokens is not None:
+            self.indices = [self.factory(list(r.tokens[: r.L])) for r in self.call.rows]
+            self.by_row = {r.index: idx for r, idx in zip(self.call.rows, self.indices)}
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:
         if self.indices is not None:
             self.indices = [self.indices[b] for b in keep]
 
     def finish(self, row, stats) -> None:
-        """What the store's writer computes the row's n-gram trace from (a custom index
-        without the host list leaves it None: no trace rather than a guess)."""
+        """Its trace, for the store's writer to compute off the hot path, and its settings
+        (a custom index without the host list leaves none: no trace rather than a guess)."""
         idx = self.by_row[row.index] if self.by_row is not None else None
         tokens = getattr(idx, "tokens", None)
-        stats.tokens = (tokens[: row.n] if isinstance(tokens, list) and len(tokens) >= row.n
-                        else None)  # a row cut back to its batch's end (emit.settle)
-        stats.ngram_settings = {"max_n": int(getattr(idx, "max_n", DEFAULT_MAX_N)),
-                                "min_n": int(getattr(idx, "min_n", DEFAULT_MIN_N))}
+        max_n = int(getattr(idx, "max_n", DEFAULT_MAX_N))
+        min_n = int(getattr(idx, "min_n", DEFAULT_MIN_N))
+        stats.extras[self.name] = {"max_n": max_n, "min_n": min_n}
+        if isinstance(tokens, list) and len(tokens) >= row.n:  # cut back to its batch's end
+            stats.traces[self.name] = partial(ngram_trace, array("q", tokens[: row.n]), row.L,
+                                              max_n=max_n, min_n=min_n)
+
+    @classmethod
+    def replay(cls, record) -> LookupReplay | None:
+        trace = (getattr(record, "traces", None) or {}).get(cls.name)
+        if not trace:
+            return None
+
+        def read(g: int):
+            if g >= len(trace):
+                return None
+            v = decode_trace_value(trace[g])
+            return None if v is None else (v[0], v[1], K_LIMIT)
+
+        return LookupReplay(read)

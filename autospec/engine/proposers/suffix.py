@@ -26,18 +26,23 @@ import torch
 from autospec.ngram import agreement
 from autospec.suffix import SuffixIndex, best_of, suffix_trace
 from autospec.suffix_memory import SuffixMemory, TenantMemory
+from autospec.traces import lookup_reader
 
-from . import Block, HostLookup
+from . import Block, HostLookup, LookupReplay
 
 __all__ = ["SuffixLookup"]
 
 
 class SuffixLookup(HostLookup):
     name = "suffix"
+    needs = ("memory",)
+    code = 2
+    whole_draft = True  # its draft's own length rule: the cost model offers it whole first
+    title = "suffix decoding"
 
-    def __init__(self, batch):
-        super().__init__(batch)
-        self.memory: SuffixMemory | TenantMemory = batch.suffix_memory
+    def __init__(self, call):
+        super().__init__(call)
+        self.memory: SuffixMemory | TenantMemory = call.memory
         self.indices: list[SuffixIndex] | None = None  # built once the prompts are on the host
         self._lookup_s = 0.0
         self._proposals: list[list[int]] = []  # per row, the block it would propose now
@@ -48,16 +53,17 @@ class SuffixLookup(HostLookup):
         """Each row's suffix match now (0: none), and the draft behind it, walked for
         ``k_max`` tokens and kept for ``propose``, which takes its first tokens: a function
         of the context alone, as the rejection rule needs."""
+        call = self.call
         if self.indices is None:
             self._build()
         if self.indices is None:  # a device prompt: nothing on the host until the first sync
-            self._matches = [0] * len(self.batch.rows)
-            self._proposals = [[] for _ in self.batch.rows]
+            self._matches = [0] * len(call.rows)
+            self._proposals = [[] for _ in call.rows]
             return self._matches
         self._proposals, self._matches = [], []
         t0 = time.perf_counter()
-        for r, idx in zip(self.batch.rows, self.indices):
-            toks, m = best_of(idx, self.memory, r.category, r.tokens, self.batch.k_max)
+        for r, idx in zip(call.rows, self.indices):
+            toks, m = best_of(idx, self.memory, r.category, r.tokens, call.k_max)
             self._proposals.append(toks)
             self._matches.append(m)  # 0 where it has no draft
         self._lookup_s = time.perf_counter() - t0
@@ -72,9 +78,9 @@ class SuffixLookup(HostLookup):
         """Each served row's draft, cut to its length; the block is as wide as the longest
         of them, not as the policy asked: a draft shorter than k (its own length rule) leaves
         no padding for the target to score."""
-        it.lookup_s += self._lookup_s
+        it.spend(self.name, self._lookup_s)
         blocks = {b: self._proposals[b][: lengths[b]] for b in rows}
-        return self.staging.block(len(self.batch.rows), max(map(len, blocks.values())), blocks)
+        return self.staging.block(len(self.call.rows), max(map(len, blocks.values())), blocks)
 
     def accept(self, it, steps) -> None:
         """Each row's own index learns what it emitted; each row's step gets the match the
@@ -86,17 +92,17 @@ class SuffixLookup(HostLookup):
         matches, proposals = self._matches, self._proposals
         for b, (idx, step) in enumerate(zip(self.indices, steps)):
             new = step.new[: step.emitted]
-            if matches and matches[b]:
-                step.suffix_match = matches[b]
-                if step.proposer != self.name:
-                    toks = proposals[b]
-                    step.suffix_shadow = (agreement(toks, new), min(len(toks), len(new)))
+            match = matches[b] if matches else 0
+            step.matches[self.name] = match
+            if match and step.proposer != self.name:
+                toks = proposals[b]
+                step.shadows[self.name] = (agreement(toks, new), min(len(toks), len(new)))
             idx.extend(0, new)
 
     def _build(self) -> None:
-        if self.batch.rows[0].tokens is not None:
+        if self.call.rows[0].tokens is not None:
             self.indices = []
-            for r in self.batch.rows:
+            for r in self.call.rows:
                 idx = SuffixIndex(self.memory.settings)
                 idx.add(r.tokens[: r.L])
                 self.indices.append(idx)
@@ -107,14 +113,25 @@ class SuffixLookup(HostLookup):
             self._proposals = [self._proposals[b] for b in keep] if self._proposals else []
 
     def finish(self, row, stats) -> None:
-        """The row's output joins its category's memory; where the call records for a store
-        (``batch.record_conf``), its trace goes to ``stats.suffix_trace`` — at the first
-        row's finish every row's trace is computed, so that none reads another's output."""
-        if self.batch.record_conf and self._traces is None:
+        """The row's output joins its category's memory; where the call records for a store,
+        its trace goes to ``stats.traces`` — at the first row's finish every row's trace is
+        computed, so that none reads another's output."""
+        call = self.call
+        if call.record and self._traces is None:
             self._traces = {r.index: None if r.tokens is None else suffix_trace(
                 r.tokens[: r.n], r.L, self.memory, r.category, settings=self.memory.settings)
-                for r in self.batch.all_rows}
+                for r in call.all_rows}
         if self._traces is not None:
-            stats.suffix_trace = self._traces.pop(row.index, None)
+            trace = self._traces.pop(row.index, None)
+            if trace is not None:
+                stats.traces[self.name] = trace
         if row.tokens is not None:
             self.memory.remember(row.category, row.tokens[: row.L], row.tokens[row.L : row.n])
+
+    @classmethod
+    def replay(cls, record) -> LookupReplay | None:
+        """Its trace (``autospec.suffix.suffix_trace``): per generated position, the match of
+        the draft it had there (from the category's memory as the request saw it), how many
+        of its tokens equal the output, and how many it held."""
+        trace = (getattr(record, "traces", None) or {}).get(cls.name)
+        return LookupReplay(lookup_reader(trace)) if trace else None
