@@ -23,7 +23,14 @@ import torch
 
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
-from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
+from autospec.policies.base import (
+    Policy,
+    as_policy,
+    draft_needed,
+    params_of,
+    proposer_of,
+    wants_suffix,
+)
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats, PairCosts
 
@@ -74,6 +81,11 @@ class Controller:
         # a category named here counts as given; None: the categoriser's, else "default"
         self.category = None if category is None else _check_category(category)
         self.policy: Policy = as_policy(policy)
+        needs = draft_needed(self.policy) if draft is None else None
+        if needs is not None:
+            raise ValueError(f"{needs}, and this controller has none: pass one "
+                             "(wrap(target, draft)), or a policy that drafts without it "
+                             "('ngram:K', 'suffix:K', 'auto', 'auto:ngram+suffix')")
         if suffix is None and wants_suffix(self.policy):
             from autospec.suffix import SuffixMemory
 
