@@ -234,9 +234,12 @@ def parse_fixed(spec: str) -> Policy:
                                                            else []))):
         raise ValueError(f"bad policy {spec!r}: {form}")
     k, min_match = int(k_text), int(match_text) if match_text else 2
-    if k == 0 and kind != "fixed":
+    lo = 0 if kind == "fixed" else 1
+    if k < lo:
         raise ValueError(f"bad policy {spec!r}: k = 0 drafts nothing ({kind} needs k in "
                          f"1..{K_LIMIT}); plain decoding is 'off' (or 'fixed:0')")
+    if k > K_LIMIT:
+        raise ValueError(f"bad policy {spec!r}: k must be in {lo}..{K_LIMIT}, got {k}")
     try:
         return FixedK(k, FIXED_KINDS[kind], min_match)
     except ValueError as e:
