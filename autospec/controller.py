@@ -473,12 +473,15 @@ class Controller:
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
         """Either a plan for the loop, or (None, why the original generate must serve it)."""
+        for layout in self.layouts:  # a model the engine cannot serve at all: say that
+            if layout.problem is not None:
+                return None, layout.problem
         plan, reason = plan_request(self.model, inputs, generation_config, args, kwargs,
                                     tokenizer=self.tokenizer,
                                     target_context=self.target_context)
-        if plan is not None:  # what the engine's caches can serve (checks.attention_layout)
+        if plan is not None and plan.rows:  # what the engine's caches serve at batch > 1
             for layout in self.layouts:
-                why = layout.problem or (layout.batch_problem() if plan.rows else None)
+                why = layout.batch_problem()
                 if why is not None:
                     return None, why
         return plan, reason
