@@ -135,7 +135,9 @@ def tuned_problem(family: object, params: object, tokens_per_s: object = 0.0) ->
     try:
         build_policy(family, params)
     except Exception as e:  # whatever a hostile row makes the constructor raise
-        return str(e) or type(e).__name__
+        from autospec.textfmt import clip
+
+        return clip(str(e) or type(e).__name__, 200)
     return None
 
 
