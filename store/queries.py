@@ -24,7 +24,16 @@ from sqlalchemy.orm import Session
 from autospec.costs import MIN_FORWARDS
 from autospec.textfmt import named
 
-from .damage import note, rate_problem, request_note, tuned_problem
+from .damage import (
+    counters_problem,
+    less,
+    note,
+    request_counters,
+    request_note,
+    request_problem,
+    stat_counters,
+    tuned_problem,
+)
 from .decisions import unpack as unpack_decisions
 from .record import trace_acceptance
 from .tables import (
@@ -46,7 +55,7 @@ __all__ = [
     "latest_probe", "pair_id", "batch_costs", "live_batch_grid", "MIN_FORWARDS",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
-    "catch_ups", "suffix_lookup_s_per_token", "request_problem",
+    "catch_ups", "suffix_lookup_s_per_token",
 ]
 
 Z95 = 1.959963984540054
@@ -252,8 +261,8 @@ def category_summaries(session: Session, category: str | None = None,
     pooled = path_costs(session, pair_id)
     out = []
     for st, p in session.execute(stmt):
-        counters = _counters(st)
-        problem = _rate_problem(counters)
+        counters = stat_counters(st)
+        problem = counters_problem(counters)
         if problem is not None:  # a damaged row in the store: left out, and said so
             counters = _less_damaged(session, st, counters, problem)
             if counters is None:
@@ -297,54 +306,6 @@ def category_summaries(session: Session, category: str | None = None,
     return out
 
 
-# the counters of a category's statistics that its requests sum into (per-position lists
-# elementwise): what ``damage.rate_problem`` checks, and what a damaged request is taken out of
-_SUMS = ("requests", "prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
-         "accepted", "ngram_drafts", "ngram_drafted", "ngram_accepted", "ngram_lookup_s")
-_LISTS = ("accepted_per_position", "drafted_per_position", "ngram_accepted_per_position",
-          "ngram_drafted_per_position")
-
-
-def _counters(st: CategoryStat) -> dict[str, Any]:
-    """A ``category_stats`` row's counters, as stored (nothing converted before the check)."""
-    out = {name: getattr(st, name) for name in (*_SUMS, *_LISTS)}
-    for name in _SUMS:
-        if name.startswith("ngram_") and out[name] is None:  # 0006's columns: NULL before it
-            out[name] = 0.0 if name == "ngram_lookup_s" else 0
-    return out
-
-
-def _request_counters(r) -> dict[str, Any]:
-    """A ``requests`` row's counters, as ``_counters`` names them (its n-gram counters from
-    its ``ngram``; a value that is not a dict stays in, to fail the check)."""
-    ng = r.ngram if r.ngram is not None else {}
-    get = ng.get if isinstance(ng, dict) else (lambda name, default=None: ng)
-    return dict(requests=1, prompt_tokens=r.prompt_tokens, new_tokens=r.new_tokens,
-                iterations=r.iterations, drafts=r.drafts, drafted=r.drafted,
-                accepted=r.accepted, accepted_per_position=r.accepted_per_position,
-                drafted_per_position=r.drafted_per_position, ngram_drafts=get("drafts", 0),
-                ngram_drafted=get("drafted", 0), ngram_accepted=get("accepted", 0),
-                ngram_lookup_s=get("lookup_s", 0.0),
-                ngram_accepted_per_position=get("accepted_per_position", ()),
-                ngram_drafted_per_position=get("drafted_per_position", ()))
-
-
-def request_problem(r) -> str | None:
-    """Why a ``requests`` row's counters (the draft model's and the n-gram's) are not rates in
-    [0, 1] (``damage.rate_problem``), or None where they are. ``r``: the row, or a result row
-    with its counter columns and ``ngram``."""
-    return _rate_problem(_request_counters(r))
-
-
-def _rate_problem(c: dict[str, Any]) -> str | None:
-    """Why counters (``_counters``) are not acceptance rates in [0, 1]; None where they are."""
-    return (rate_problem(c["drafted"], c["accepted"], c["accepted_per_position"],
-                         c["drafted_per_position"])
-            or rate_problem(c["ngram_drafted"], c["ngram_accepted"],
-                            c["ngram_accepted_per_position"], c["ngram_drafted_per_position"],
-                            who="n-gram "))
-
-
 def _less_damaged(session: Session, st: CategoryStat, counters: dict[str, Any],
                   problem: str) -> dict[str, Any] | None:
     """A damaged ``category_stats`` row (``problem``) read as well as it can be: its counters
@@ -361,19 +322,13 @@ def _less_damaged(session: Session, st: CategoryStat, counters: dict[str, Any],
     try:
         for r in session.execute(stmt.execution_options(yield_per=1000)):
             why = request_problem(r)
-            if why is None:
-                continue
-            rc = _request_counters(r)
-            bad.append((r.id, r.policy, why))
-            for name in _SUMS:
-                left[name] = left[name] - rc[name]
-            for name in _LISTS:
-                have, less = list(left[name] or ()), list(rc[name] or ())
-                left[name] = [v - (less[i] if i < len(less) else 0) for i, v in enumerate(have)]
+            if why is not None:
+                bad.append((r.id, r.policy, why))
+                left = less(left, request_counters(r))
     except (TypeError, ValueError):  # a row too damaged to take out: the whole row goes
         sound = False
     else:
-        sound = bool(bad) and _rate_problem(left) is None
+        sound = bool(bad) and counters_problem(left) is None
     where = f"category {named(st.category)} on pair {st.pair_id}"
     if not sound:
         rows = f" (its damaged request rows: {', '.join(str(b[0]) for b in bad[:5])})" \

@@ -501,7 +501,7 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
 
     from autospec.report.model import RECENT
     from autospec.store import queries
-    from autospec.store.damage import note, request_note
+    from autospec.store.damage import note, request_note, request_problem
     from autospec.store.tables import Request
     from autospec.store.write import category_key
 
@@ -556,7 +556,7 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
     last = math.ceil(epoch(rows[-1].created_at) * 1000) if rows else None
     t = math.ceil(epoch(rows[0].created_at) * 1000) if rows else None
     for r in rows:
-        problem = queries.request_problem(r)
+        problem = request_problem(r)
         if problem is not None:  # a damaged row: left out, and said (damage.note)
             note(request_note(r.id, r.category, r.pair_id, r.policy, problem))
             continue
