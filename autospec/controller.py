@@ -24,7 +24,14 @@ import torch
 
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.stats import LoopStats, merge_stats
-from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wants_suffix
+from autospec.policies.base import (
+    Policy,
+    as_policy,
+    draft_needed,
+    params_of,
+    proposer_of,
+    wants_suffix,
+)
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats, PairCosts
 from autospec.suffix_memory import check_tenant
@@ -79,6 +86,11 @@ class Controller:
         # whose earlier outputs the suffix memory drafts from (None: every untenanted request's)
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.policy: Policy = as_policy(policy)
+        needs = draft_needed(self.policy) if draft is None else None
+        if needs is not None:
+            raise ValueError(f"{needs}, and this controller has none: pass one "
+                             "(wrap(target, draft)), or a policy that drafts without it "
+                             "('ngram:K', 'suffix:K', 'auto', 'auto:ngram+suffix')")
         if suffix is None and wants_suffix(self.policy):
             from autospec.suffix import SuffixMemory
 
@@ -546,12 +558,15 @@ class Controller:
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
         """Either a plan for the loop, or (None, why the original generate must serve it)."""
+        for layout in self.layouts:  # a model the engine cannot serve at all: say that
+            if layout.problem is not None:
+                return None, layout.problem
         plan, reason = plan_request(self.model, inputs, generation_config, args, kwargs,
                                     tokenizer=self.tokenizer,
                                     target_context=self.target_context)
-        if plan is not None:  # what the engine's caches can serve (checks.attention_layout)
+        if plan is not None and plan.rows:  # what the engine's caches serve at batch > 1
             for layout in self.layouts:
-                why = layout.problem or (layout.batch_problem() if plan.rows else None)
+                why = layout.batch_problem()
                 if why is not None:
                     return None, why
         return plan, reason

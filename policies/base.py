@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT
+from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT, MATCH_REACH
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "PROPOSERS", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix", "params_of"]
+           "stops_drafting", "K_LIMIT", "check_k", "wants_suffix", "params_of", "parse_fixed",
+           "draft_needed", "FIXED_KINDS"]
 # K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere (docs/policy.md).
 
 
@@ -106,8 +107,10 @@ class Choice(int):
     def __new__(cls, k: int, proposer: str = "draft", min_match: int = 2):
         if proposer not in PROPOSERS:
             raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
+        if (isinstance(min_match, bool) or not isinstance(min_match, int)
+                or not 1 <= min_match <= MATCH_REACH):
+            raise ValueError(f"min_match must be an int in 1..{MATCH_REACH} (match lengths are "
+                             f"measured up to {MATCH_REACH}), got {min_match!r}")
         obj = super().__new__(cls, k)
         obj.proposer, obj.min_match = proposer, min_match
         return obj
@@ -168,16 +171,13 @@ def as_policy(spec) -> Policy:
     from .table import TablePolicy
     from .tuned import TunedPolicy
 
-    def fixed(k: int, proposer: str = "draft", min_match: int = 2) -> Policy:
-        try:
-            return FixedK(k, proposer, min_match)
-        except ValueError as e:
-            raise ValueError(f"bad policy {spec!r}: {e}") from None
-
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
     if isinstance(spec, int):
-        return fixed(spec)
+        try:
+            return FixedK(spec)
+        except ValueError as e:
+            raise ValueError(f"bad policy {spec!r}: {e}") from None
     if isinstance(spec, str) and "+stop=" in spec:
         base, _, threshold = spec.partition("+stop=")
         try:
@@ -190,19 +190,8 @@ def as_policy(spec) -> Policy:
                  "bandit": ThompsonBandit, "auto": auto_policy, "tuned": TunedPolicy}
         if name in named:
             return named[name]()
-        kind, _, rest = name.partition(":")
-        if kind in ("fixed", "ngram", "hybrid", "suffix"):
-            k_text, _, match_text = rest.partition(":")
-            try:
-                if kind != "hybrid" and match_text:
-                    raise ValueError
-                k, min_match = int(k_text), int(match_text) if match_text else 2
-            except ValueError:
-                raise ValueError(
-                    f"bad policy {spec!r}: expected 'fixed:K', 'ngram:K', 'suffix:K' or "
-                    "'hybrid:K[:M]' (K draft tokens, M the shortest n-gram match used before "
-                    "the draft model)") from None
-            return fixed(k, "draft" if kind == "fixed" else kind, min_match)
+        if name.partition(":")[0] in FIXED_KINDS:
+            return parse_fixed(spec)
         if name.startswith("auto:"):
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
@@ -221,6 +210,59 @@ def as_policy(spec) -> Policy:
     if callable(spec):
         return CallablePolicy(spec)
     raise TypeError(f"cannot use {type(spec).__name__} as a policy")
+
+
+# the specs of a fixed k from one proposer: ``KIND:K`` (``hybrid:K[:M]``) → the proposer
+FIXED_KINDS = {"fixed": "draft", "ngram": "ngram", "suffix": "suffix", "hybrid": "hybrid"}
+
+
+def parse_fixed(spec: str) -> Policy:
+    """The one parser of ``"fixed:K"``, ``"ngram:K"``, ``"suffix:K"`` and ``"hybrid:K[:M]"``
+    (policy specs, and bench's modes): K and M in ASCII digits; K in 0 … ``K_LIMIT`` for
+    ``fixed`` (0: plain decoding) and in 1 … ``K_LIMIT`` where the spec names a proposer (a
+    block of 0 drafts nothing: that is ``"off"``); M, the shortest n-gram match the hybrid
+    uses before the draft model, in 1 … ``MATCH_REACH`` (default 2). ValueError naming the
+    spec and the rule otherwise."""
+    from .fixed import FixedK
+
+    kind, _, rest = spec.strip().lower().partition(":")
+    k_text, _, match_text = rest.partition(":")
+    form = ("expected 'fixed:K', 'ngram:K', 'suffix:K' or 'hybrid:K[:M]' (K draft tokens "
+            "in ASCII digits, M the shortest n-gram match used before the draft model)")
+    if kind not in FIXED_KINDS or (kind != "hybrid" and match_text) or not all(
+            t.isascii() and t.isdigit() for t in (k_text, *([match_text] if match_text
+                                                           else []))):
+        raise ValueError(f"bad policy {spec!r}: {form}")
+    k, min_match = int(k_text), int(match_text) if match_text else 2
+    lo = 0 if kind == "fixed" else 1
+    if k < lo:
+        raise ValueError(f"bad policy {spec!r}: k = 0 drafts nothing ({kind} needs k in "
+                         f"1..{K_LIMIT}); plain decoding is 'off' (or 'fixed:0')")
+    if k > K_LIMIT:
+        raise ValueError(f"bad policy {spec!r}: k must be in {lo}..{K_LIMIT}, got {k}")
+    try:
+        return FixedK(k, FIXED_KINDS[kind], min_match)
+    except ValueError as e:
+        raise ValueError(f"bad policy {spec!r}: {e}") from None
+
+
+def draft_needed(policy) -> str | None:
+    """Why ``policy`` cannot serve a controller without a draft model, or None: it names the
+    draft model — a fixed k ≥ 1 from it (an int k, ``"fixed:K"``), the hybrid (its blocks
+    without a match are the draft model's) or an ``"auto:SET"`` whose set has ``draft`` —
+    also inside ``"+stop=P"``. Policies that choose among the proposers a call has
+    (``auto``, ``costmodel``, ``bandit`` …) need none."""
+    inner = getattr(policy, "inner", None)
+    if inner is not None:
+        return draft_needed(inner)
+    name = getattr(policy, "name", repr(policy))
+    proposer, k = getattr(policy, "proposer", None), getattr(policy, "k", None)
+    if proposer == "hybrid" or (proposer == "draft" and isinstance(k, int) and k > 0):
+        return f"policy {name!r} drafts with the draft model"
+    proposers = getattr(policy, "proposers", None)
+    if isinstance(proposers, str) and "draft" in proposers.split("+"):
+        return f"policy {name!r} chooses among proposers that include the draft model"
+    return None
 
 
 class EarlyStop:
