@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from autospec.engine.plan import Plan, plan_request
+from autospec.engine.proposers import refusal
 from autospec.engine.stats import LoopStats, merge_stats
 from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wanted
 from autospec.policies.fixed import FixedK
@@ -80,6 +81,9 @@ class Controller:
         # whose earlier outputs the suffix memory drafts from (None: every untenanted request's)
         self.tenant = None if tenant is None else check_tenant(tenant)
         self.policy: Policy = as_policy(policy)
+        why = refusal(self.policy, has_draft=draft is not None)
+        if why is not None:
+            raise ValueError(why)
         if suffix is None and _needs_memory(self.policy):
             from autospec.suffix import SuffixMemory
 
@@ -543,12 +547,15 @@ class Controller:
     # -- request analysis ------------------------------------------------------------------
     def _plan(self, inputs, generation_config, args, kwargs):
         """Either a plan for the loop, or (None, why the original generate must serve it)."""
+        for layout in self.layouts:  # a model the engine cannot serve at all: say that
+            if layout.problem is not None:
+                return None, layout.problem
         plan, reason = plan_request(self.model, inputs, generation_config, args, kwargs,
                                     tokenizer=self.tokenizer,
                                     target_context=self.target_context)
-        if plan is not None:  # what the engine's caches can serve (checks.attention_layout)
+        if plan is not None and plan.rows:  # what the engine's caches serve at batch > 1
             for layout in self.layouts:
-                why = layout.problem or (layout.batch_problem() if plan.rows else None)
+                why = layout.batch_problem()
                 if why is not None:
                     return None, why
         return plan, reason
@@ -665,17 +672,14 @@ def _fixed(k: int, choice) -> FixedK:
 def _needs_memory(policy) -> bool:
     """Whether a policy drafts with a proposer that needs the category memory (a
     ``"suffix:K"`` policy), so that a controller opens it; a name no proposer is registered
-    under is refused (ValueError)."""
+    under is refused (ValueError, ``refusal``)."""
     from autospec.engine.proposers import registered
 
+    why = refusal(policy, has_draft=True)
+    if why is not None:
+        raise ValueError(why)
     known = registered()
-    names = wanted(policy)
-    unknown = sorted(names - set(known))
-    if unknown:
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} drafts with "
-                         f"{', '.join(map(repr, unknown))}, which no registered proposer is "
-                         f"(registered: {', '.join(known)})")
-    return any("memory" in known[n].needs for n in names)
+    return any(n is not None and "memory" in known[n].needs for n in wanted(policy))
 
 
 def _ngram_factory(ngram):

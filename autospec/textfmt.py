@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["table", "fmt", "human_bytes", "visible", "VisibleStream"]
+__all__ = ["table", "fmt", "human_bytes", "visible", "VisibleStream", "clip", "named"]
 
 # shown by name; every other control character as \xNN / \uNNNN
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -47,6 +47,18 @@ class VisibleStream:
 
     def __getattr__(self, name: str):  # flush, isatty, encoding, fileno, ...
         return getattr(self.stream, name)
+
+
+def clip(text: object, n: int) -> str:
+    """``str(text)`` in at most ``n`` characters: cut with "…" where longer."""
+    text = str(text)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def named(text: object, n: int = 60) -> str:
+    """A stored or scraped name (a category, a label's value) inside a message: quoted,
+    control characters escaped (``repr``), at most ``n`` characters of it."""
+    return repr(clip(text, n))
 
 
 def fmt(x, spec: str) -> str:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT
+from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT, MATCH_REACH
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "HYBRID", "proposer_of", "batch_bucket", "early_stop_of",
-           "stops_drafting", "K_LIMIT", "check_k", "wanted", "params_of"]
+           "stops_drafting", "K_LIMIT", "check_k", "wanted", "params_of", "parse_fixed"]
 # K_LIMIT (autospec.traces): the one limit on the lookahead k, everywhere (docs/policy.md).
 
 
@@ -113,8 +113,10 @@ class Choice(int):
                 fallback: bool = False):
         if not isinstance(proposer, str) or not proposer:
             raise ValueError(f"proposer must be a proposer's name, got {proposer!r}")
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
+        if (isinstance(min_match, bool) or not isinstance(min_match, int)
+                or not 1 <= min_match <= MATCH_REACH):
+            raise ValueError(f"min_match must be an int in 1..{MATCH_REACH} (match lengths are "
+                             f"measured up to {MATCH_REACH}), got {min_match!r}")
         obj = super().__new__(cls, k)
         obj.proposer, obj.min_match = proposer, min_match
         obj.fallback = bool(fallback) or proposer == HYBRID
@@ -180,16 +182,13 @@ def as_policy(spec) -> Policy:
     from .table import TablePolicy
     from .tuned import TunedPolicy
 
-    def fixed(k: int, proposer: str | None = None, min_match: int = 1) -> Policy:
-        try:
-            return FixedK(k, proposer, min_match)
-        except ValueError as e:
-            raise ValueError(f"bad policy {spec!r}: {e}") from None
-
     if isinstance(spec, bool):
         raise TypeError("policy must be an int k, a name or a policy object, not a bool")
     if isinstance(spec, int):
-        return fixed(spec)
+        try:
+            return FixedK(spec)
+        except ValueError as e:
+            raise ValueError(f"bad policy {spec!r}: {e}") from None
     if isinstance(spec, str) and "+stop=" in spec:
         base, _, threshold = spec.partition("+stop=")
         try:
@@ -203,21 +202,8 @@ def as_policy(spec) -> Policy:
         if name in named:
             return named[name]()
         kind, _, rest = name.partition(":")
-        if rest and kind not in ("auto", "table") and kind.isidentifier():
-            # "fixed:K" (the model proposer), "NAME:K[:M]" (a registered proposer, M its
-            # shortest match), "hybrid:K[:M]" (prompt lookup, else the model; M default 2)
-            k_text, _, match_text = rest.partition(":")
-            try:
-                if kind == "fixed" and match_text:
-                    raise ValueError
-                k = int(k_text)
-                min_match = int(match_text) if match_text else 2 if kind == HYBRID else 1
-            except ValueError:
-                raise ValueError(
-                    f"bad policy {spec!r}: expected 'fixed:K' (the draft model), 'NAME:K[:M]' "
-                    "(a proposer by name, e.g. 'ngram:4', 'suffix:8'; M the shortest match it "
-                    "proposes at) or 'hybrid:K[:M]' (K draft tokens)") from None
-            return fixed(k, None if kind == "fixed" else kind, min_match)
+        if rest and kind not in ("auto", "table"):
+            return parse_fixed(spec)
         if name.startswith("auto:"):
             try:
                 return CostModelPolicy(name=name, proposers=name.split(":", 1)[1])
@@ -236,6 +222,39 @@ def as_policy(spec) -> Policy:
     if callable(spec):
         return CallablePolicy(spec)
     raise TypeError(f"cannot use {type(spec).__name__} as a policy")
+
+
+def parse_fixed(spec: str) -> Policy:
+    """The one parser of a fixed k from one proposer (policy specs, and bench's modes):
+    ``"fixed:K"`` (the model proposer, the draft model; K in 0 … ``K_LIMIT``, 0: plain
+    decoding), ``"NAME:K[:M]"`` (a proposer by its registered name — ``"ngram:4"``,
+    ``"suffix:8"`` — K in 1 … ``K_LIMIT``: a block of 0 drafts nothing, that is ``"off"``; M,
+    the shortest match it proposes at, default 1) and ``"hybrid:K[:M]"`` (prompt lookup where
+    its match has at least M tokens, default 2, else the draft model). K and M in ASCII
+    digits, M in 1 … ``MATCH_REACH``. ValueError naming the spec and the rule otherwise; a
+    name no proposer is registered under is refused where a controller opens the policy."""
+    from .fixed import FixedK
+
+    kind, _, rest = spec.strip().lower().partition(":")
+    k_text, _, match_text = rest.partition(":")
+    form = ("expected 'fixed:K', 'NAME:K[:M]' (a proposer by name: 'ngram:4', 'suffix:8') or "
+            "'hybrid:K[:M]' (K draft tokens in ASCII digits, M the shortest match used)")
+    if (not kind.isidentifier() or not kind.isascii() or (kind == "fixed" and match_text)
+            or not all(t.isascii() and t.isdigit()
+                       for t in (k_text, *([match_text] if match_text else [])))):
+        raise ValueError(f"bad policy {spec!r}: {form}")
+    k = int(k_text)
+    min_match = int(match_text) if match_text else 2 if kind == HYBRID else 1
+    lo = 0 if kind == "fixed" else 1
+    if k < lo:
+        raise ValueError(f"bad policy {spec!r}: k = 0 drafts nothing ({kind} needs k in "
+                         f"1..{K_LIMIT}); plain decoding is 'off' (or 'fixed:0')")
+    if k > K_LIMIT:
+        raise ValueError(f"bad policy {spec!r}: k must be in {lo}..{K_LIMIT}, got {k}")
+    try:
+        return FixedK(k, None if kind == "fixed" else kind, min_match)
+    except ValueError as e:
+        raise ValueError(f"bad policy {spec!r}: {e}") from None
 
 
 class EarlyStop:
@@ -291,13 +310,17 @@ def auto_policy() -> Policy:
     return CostModelPolicy(name="auto")
 
 
-def wanted(policy) -> set[str]:
+def wanted(policy) -> set[str | None]:
     """The proposers a policy drafts with by name (itself, the policy it wraps, a tuned
     policy's), so that a controller checks them against the registry and opens what they
-    need (a ``"suffix:K"`` policy: the category memory); "hybrid" is not a name."""
-    out: set[str] = set()
-    proposer = getattr(policy, "proposer", None)
-    if isinstance(proposer, str) and proposer != HYBRID:
+    need (a ``"suffix:K"`` policy: the category memory); None stands for the model proposer
+    (a fixed k ≥ 1 of the draft model's: an int k, ``"fixed:K"``; the hybrid's fallback).
+    Policies that choose among the proposers a call has (``auto``, ``bandit`` …) want none."""
+    out: set[str | None] = set()
+    proposer, k = getattr(policy, "proposer", "none"), getattr(policy, "k", 0)
+    if proposer == HYBRID or (proposer is None and isinstance(k, int) and k > 0):
+        out.add(None)
+    elif isinstance(proposer, str) and proposer != "none":
         out.add(proposer)
     proposers = getattr(policy, "proposers", None)
     if isinstance(proposers, str) and proposers != "both":

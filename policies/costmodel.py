@@ -397,6 +397,10 @@ class CostModelPolicy:
             raise ValueError(f"proposers must be 'both' (every one the request has), a "
                              f"proposer's name ('draft', 'ngram', 'suffix', …) or several "
                              f"joined by '+' ('draft+suffix'), got {proposers!r}")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"proposers {proposers!r} names {', '.join(repeated)} more than "
+                             "once: name each proposer once")
         self.params = (DEFAULTS if params is None else params).but(**overrides)
         self.name = name
         self.proposers = proposers

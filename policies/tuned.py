@@ -70,8 +70,10 @@ class TunedPolicy:
     """Per category, the policy of the newest tuned parameters for this pair.
 
     ``attach(fetch)``: ``fetch(after_id)`` returns the tuned rows newer than ``after_id``
-    (``id``, ``category``, ``family``, ``params``), newest first; a thread applies them every
-    ``refresh_s`` seconds (``reload``), and a failed fetch keeps those in force. A category
+    (``id``, ``category``, ``family``, ``params``, and ``problem``: why a damaged row cannot
+    be applied, None otherwise), newest first; a thread applies them every ``refresh_s``
+    seconds (``reload``). A failed fetch keeps those in force; a row that cannot be applied
+    is logged once and passed over (the next fetch starts after it). A category
     nobody tuned gets ``fallback`` (``auto``); a batch, its most common category's policy."""
 
     name = "tuned"
@@ -126,7 +128,12 @@ class TunedPolicy:
             return 0
         applied = 0
         for row in reversed(rows):  # oldest first, so the newest wins
+            # a damaged row (the fetcher says why) is passed over, logged once: the poll
+            # reads on from past its id, and the row in force stays
+            problem = getattr(row, "problem", None)
             try:
+                if problem is not None:
+                    raise ValueError(problem)
                 policy = build_policy(row.family, row.params)
             except (TypeError, ValueError) as e:
                 log.warning("autospec: ignoring tuned parameters #%d for %r: %s", row.id,

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from autospec.traces import UNOBSERVED, decode_suffix_value, decode_trace_value
 
+from .damage import note, rate_problem, request_note
 from .tables import Request
 from .write import category_key
 
@@ -143,7 +144,8 @@ def _bucket_expr(dialect: str, bucket_s: int):
 
 def alpha_over_time(session: Session, category: str | None = None, pair_id: int | None = None,
                     bucket_s: int = 3600) -> list[TimeBucket]:
-    """Acceptance per time bucket, oldest first; buckets without requests are absent."""
+    """Acceptance per time bucket, oldest first; buckets without requests are absent, and so
+    are requests with more tokens accepted than drafted (damaged rows)."""
     if bucket_s < 1:
         raise ValueError("bucket_s must be >= 1")
     dialect = session.get_bind().dialect.name
@@ -151,6 +153,9 @@ def alpha_over_time(session: Session, category: str | None = None, pair_id: int 
     stmt = _filtered(select(bucket, func.count(), func.sum(Request.new_tokens),
                             func.sum(Request.drafted), func.sum(Request.accepted)),
                      category, pair_id)
+    # a damaged row (more accepted than drafted, written by an older release or by hand) is
+    # not counted: the summaries say which rows they leave out
+    stmt = stmt.where(Request.accepted >= 0, Request.accepted <= Request.drafted)
     stmt = stmt.group_by(bucket).order_by(bucket)
     return [TimeBucket(datetime.fromtimestamp(int(b) * bucket_s, timezone.utc), int(n),
                        int(tok or 0), int(dr or 0), int(acc or 0))
@@ -354,13 +359,21 @@ class IngestedAcceptance:
 def ingested_acceptance(session: Session, category: str | None = None,
                         pair_id: int | None = None) -> list[IngestedAcceptance]:
     """Per source (the records' policy, e.g. "vllm (ingested)"), the counters of the records
-    that ``autospec ingest`` wrote, in order of first ingest; [] where there are none."""
-    stmt = _filtered(select(Request.policy, Request.new_tokens, Request.drafts,
-                            Request.drafted, Request.accepted, Request.accepted_per_position,
+    that ``autospec ingest`` wrote, in order of first ingest; [] where there are none. A
+    record whose counters are not a rate in [0, 1] (``damage.rate_problem``: written before
+    ingest refused them, or by hand) is left out and noted."""
+    stmt = _filtered(select(Request.id, Request.category, Request.pair_id, Request.policy,
+                            Request.new_tokens, Request.drafts, Request.drafted,
+                            Request.accepted, Request.accepted_per_position,
                             Request.drafted_per_position), category, pair_id)
     stmt = stmt.where(Request.stop_reason == INGESTED).order_by(Request.id)
     sums: dict[str, list] = {}
-    for policy, new, drafts, drafted, accepted, acc_pos, dr_pos in session.execute(stmt):
+    for (rid, cat, pid, policy, new, drafts, drafted, accepted, acc_pos,
+         dr_pos) in session.execute(stmt):
+        problem = rate_problem(drafted, accepted, acc_pos, dr_pos)
+        if problem is not None:
+            note(request_note(rid, cat, pid, policy, problem))
+            continue
         row = sums.setdefault(policy, [0, 0, 0, 0, 0, Counter(), Counter()])
         row[0] += 1
         row[1] += new or 0

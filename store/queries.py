@@ -10,6 +10,7 @@ Conventions (vLLM's): a *draft* is one drafting iteration; *drafted* the tokens 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Iterator
@@ -17,11 +18,22 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
 from autospec.costs import MIN_FORWARDS
+from autospec.textfmt import named
 
+from .damage import (
+    counters_problem,
+    less,
+    note,
+    request_counters,
+    request_note,
+    request_problem,
+    stat_counters,
+    tuned_problem,
+)
 from .decisions import unpack as unpack_decisions
 from .record import trace_acceptance
 from .tables import (
@@ -56,6 +68,8 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     correlated, so read it as a lower bound on the real uncertainty."""
     if trials <= 0:
         return None
+    if not 0 <= successes <= trials:
+        raise ValueError(f"{successes} successes in {trials} trials: not a proportion")
     p = successes / trials
     denom = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denom
@@ -255,6 +269,12 @@ def category_summaries(session: Session, category: str | None = None,
     pooled = path_costs(session, pair_id)
     out = []
     for st, p in session.execute(stmt):
+        counters = stat_counters(st)
+        problem = counters_problem(counters)
+        if problem is not None:  # a damaged row in the store: left out, and said so
+            counters = _less_damaged(session, st, counters, problem)
+            if counters is None:
+                continue
         known = by_path.get((st.category_key, st.pair_id), {})
         chosen = path
         if chosen is _SERVED:
@@ -272,25 +292,60 @@ def category_summaries(session: Session, category: str | None = None,
         else:  # a path this category never ran on (or unknown beside known ones): no costs
             timing = dict(draft_s=0.0, draft_forwards=0, target_s_sum_by_n={},
                           target_count_by_n={})
+        c = counters
         out.append(CategorySummary(
-            category=st.category, pair=PairRow.of(p), requests=st.requests,
-            prompt_tokens=st.prompt_tokens, new_tokens=st.new_tokens,
-            iterations=st.iterations, drafts=st.drafts, drafted=st.drafted,
-            accepted=st.accepted, accepted_per_position=tuple(st.accepted_per_position),
-            drafted_per_position=tuple(st.drafted_per_position), **timing,
+            category=st.category, pair=PairRow.of(p), requests=c["requests"],
+            prompt_tokens=c["prompt_tokens"], new_tokens=c["new_tokens"],
+            iterations=c["iterations"], drafts=c["drafts"], drafted=c["drafted"],
+            accepted=c["accepted"], accepted_per_position=tuple(c["accepted_per_position"] or ()),
+            drafted_per_position=tuple(c["drafted_per_position"] or ()), **timing,
             k_counts=_ints(st.k_counts),
             wall_s=st.wall_s, prefill_s=st.prefill_s, bandwidth_bytes=st.bandwidth_bytes,
             bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
             nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
             nvml_sm_util_sum=st.nvml_sm_util_sum, nvml_sm_util_n=st.nvml_sm_util_n,
             first_seen=st.first_seen, last_seen=st.last_seen, path=chosen,
-            ngram_drafts=st.ngram_drafts or 0, ngram_drafted=st.ngram_drafted or 0,
-            ngram_accepted=st.ngram_accepted or 0,
-            ngram_accepted_per_position=tuple(st.ngram_accepted_per_position or ()),
-            ngram_drafted_per_position=tuple(st.ngram_drafted_per_position or ()),
-            ngram_lookup_s=st.ngram_lookup_s or 0.0))
+            ngram_drafts=c["ngram_drafts"], ngram_drafted=c["ngram_drafted"],
+            ngram_accepted=c["ngram_accepted"],
+            ngram_accepted_per_position=tuple(c["ngram_accepted_per_position"] or ()),
+            ngram_drafted_per_position=tuple(c["ngram_drafted_per_position"] or ()),
+            ngram_lookup_s=c["ngram_lookup_s"]))
     out.sort(key=lambda s: (-s.requests, s.category, s.pair.id))
     return out
+
+
+def _less_damaged(session: Session, st: CategoryStat, counters: dict[str, Any],
+                  problem: str) -> dict[str, Any] | None:
+    """A damaged ``category_stats`` row (``problem``) read as well as it can be: its counters
+    less those of its requests whose own counters break the rule (each one noted), where what
+    is left keeps the rule and counts a request; else None, and the row is noted as left out.
+    Runs only on a damaged row (it reads the category's requests)."""
+    cols = (Request.id, Request.policy, Request.prompt_tokens, Request.new_tokens,
+            Request.iterations, Request.drafts, Request.drafted, Request.accepted,
+            Request.accepted_per_position, Request.drafted_per_position, Request.ngram)
+    stmt = (select(*cols).where(Request.category_key == st.category_key,
+                                Request.pair_id == st.pair_id).order_by(Request.id))
+    left = dict(counters)
+    bad: list[tuple[int, str, str]] = []
+    try:
+        for r in session.execute(stmt.execution_options(yield_per=1000)):
+            why = request_problem(r)
+            if why is not None:
+                bad.append((r.id, r.policy, why))
+                left = less(left, request_counters(r))
+    except (TypeError, ValueError):  # a row too damaged to take out: the whole row goes
+        sound = False
+    else:
+        sound = bool(bad) and counters_problem(left) is None
+    where = f"category {named(st.category)} on pair {st.pair_id}"
+    if not sound:
+        rows = f" (its damaged request rows: {', '.join(str(b[0]) for b in bad[:5])})" \
+            if bad else ""
+        note(f"{where}: its statistics hold {problem}{rows}; left out")
+        return None
+    for rid, policy, why in bad:
+        note(request_note(rid, st.category, st.pair_id, policy, why))
+    return left if left["requests"] > 0 else None  # nothing else: nothing to show
 
 
 @dataclass(frozen=True)
@@ -742,25 +797,63 @@ class TunedRow:
     tokens_per_s: float
     baseline_tokens_per_s: float | None
     provenance: dict[str, Any]
+    # why the row cannot be applied (``damage.tuned_problem``; None: it can). ``tuned_params``
+    # returns sound rows only; ``tuned_fetcher`` hands damaged ones on as well, so that the
+    # live policy logs each one once and reads past it
+    problem: str | None = None
 
-    @classmethod
-    def of(cls, t: TunedParams) -> TunedRow:
-        return cls(t.id, t.created_at, t.category, t.pair_id, t.family, dict(t.params),
-                   t.tokens_per_s, t.baseline_tokens_per_s, dict(t.provenance))
+    @property
+    def note(self) -> str:
+        """What a reader says when it leaves this (damaged) row out."""
+        return (f"tuned parameters #{self.id} (category {named(self.category)} on pair "
+                f"{self.pair_id}, family {named(self.family, 30)}): {self.problem}; left out")
 
 
-def tuned_params(session: Session, category: str | None = None, pair_id: int | None = None,
-                 *, latest_only: bool = True, after_id: int = 0) -> list[TunedRow]:
-    """Tuning results, newest first; ``latest_only``: the one in force per (category, pair).
-    ``after_id``: only rows newer than that id (cheap polling for the live "tuned" policy)."""
-    stmt = select(TunedParams).where(TunedParams.id > after_id).order_by(TunedParams.id.desc())
+# the JSON columns are read as text and parsed row by row: one row that does not parse must
+# not fail the query for every other row
+_TUNED_COLUMNS = (TunedParams.id, TunedParams.created_at, TunedParams.category,
+                  TunedParams.pair_id, TunedParams.family,
+                  cast(TunedParams.params, Text).label("params"), TunedParams.tokens_per_s,
+                  TunedParams.baseline_tokens_per_s,
+                  cast(TunedParams.provenance, Text).label("provenance"))
+_NOT_JSON = object()
+
+
+def _parsed(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return _NOT_JSON
+
+
+def _tuned_row(r) -> TunedRow:
+    params, provenance = _parsed(r.params), _parsed(r.provenance)
+    problem = ("its parameters are not valid JSON" if params is _NOT_JSON
+               else tuned_problem(r.family, params, r.tokens_per_s))
+    base = r.baseline_tokens_per_s
+    return TunedRow(
+        r.id, r.created_at, r.category, r.pair_id, r.family,
+        dict(params) if problem is None else {}, r.tokens_per_s,
+        base if isinstance(base, (int, float)) and math.isfinite(base) else None,
+        provenance if isinstance(provenance, dict) else {}, problem)
+
+
+def _tuned_rows(session: Session, category: str | None, pair_id: int | None,
+                after_id: int) -> list[TunedRow]:
+    """Every tuned row (newer than ``after_id``), newest first, damaged ones included."""
+    stmt = (select(*_TUNED_COLUMNS).where(TunedParams.id > after_id)
+            .order_by(TunedParams.id.desc()))
     if category is not None:
         stmt = stmt.where(TunedParams.category_key == category_key(category))
     if pair_id is not None:
         stmt = stmt.where(TunedParams.pair_id == pair_id)
-    rows = [TunedRow.of(t) for t in session.scalars(stmt)]
-    if not latest_only:
-        return rows
+    return [_tuned_row(r) for r in session.execute(stmt)]
+
+
+def _latest(rows: list[TunedRow]) -> list[TunedRow]:
+    """The first (newest) row per (category, pair)."""
     seen: set[tuple[str, int]] = set()
     out = []
     for r in rows:
@@ -770,10 +863,28 @@ def tuned_params(session: Session, category: str | None = None, pair_id: int | N
     return out
 
 
+def tuned_params(session: Session, category: str | None = None, pair_id: int | None = None,
+                 *, latest_only: bool = True, after_id: int = 0) -> list[TunedRow]:
+    """Tuning results, newest first; ``latest_only``: the one in force per (category, pair).
+    ``after_id``: only rows newer than that id (cheap polling for the live "tuned" policy).
+    A row that cannot be applied (``TunedRow.problem``: parameters that are not a JSON object
+    a policy can be built from) is left out and noted (``damage.note``): the newest sound
+    row of a (category, pair) is the one in force."""
+    rows = []
+    for r in _tuned_rows(session, category, pair_id, after_id):
+        if r.problem is not None:
+            note(r.note)
+        else:
+            rows.append(r)
+    return _latest(rows) if latest_only else rows
+
+
 def tuned_fetcher(store, pair):
     """``fetch(after_id)`` for ``policies.TunedPolicy.attach``: the tuned rows of ``pair`` (a
-    PairInfo) in ``store`` newer than ``after_id``, newest first; none while nothing was
-    logged for the pair (its id is looked up until it exists)."""
+    PairInfo) in ``store`` newer than ``after_id``, newest first — the newest sound row per
+    category, and every damaged row (``TunedRow.problem``), which the policy logs once and
+    reads past; none while nothing was logged for the pair (its id is looked up until it
+    exists)."""
     pid: int | None = None
 
     def fetch(after_id: int) -> list[TunedRow]:
@@ -783,7 +894,10 @@ def tuned_fetcher(store, pair):
                 pid = pair_id(s, pair)
                 if pid is None:
                     return []  # nothing logged for this pair yet, so nothing tuned
-            return tuned_params(s, pair_id=pid, after_id=after_id)
+            rows = _tuned_rows(s, None, pid, after_id)
+        damaged = [r for r in rows if r.problem is not None]
+        return sorted(_latest([r for r in rows if r.problem is None]) + damaged,
+                      key=lambda r: -r.id)
 
     return fetch
 

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from autospec.traces import PROPOSER_CODES, suffix_trace_error
 
+from .damage import rate_problem
 from .decisions import check as check_decisions
 from .decisions import pack as pack_decisions
 from .record import (
@@ -220,6 +221,16 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "
                          f"{len(rec.trace)}: one per generated position")
     suffix = _lookup_counters("suffix", rec.suffix, SUFFIX_KEYS)
+    # acceptance is a rate: what a reader would have to leave out is refused here
+    problem = rate_problem(rec.drafted, rec.accepted, lists["accepted_per_position"],
+                           lists["drafted_per_position"])
+    for who, counters in (("n-gram ", ngram), ("suffix ", suffix)):
+        if problem is None and counters is not None:
+            problem = rate_problem(counters["drafted"], counters["accepted"],
+                                   counters["accepted_per_position"],
+                                   counters["drafted_per_position"], who=who)
+    if problem is not None:
+        raise ValueError(f"the record's counters contradict each other: {problem}")
     suffix_trace = (None if rec.suffix_trace is None
                     else _blob("suffix_trace", rec.suffix_trace))
     if suffix_trace is not None:

@@ -28,7 +28,7 @@ from transformers import (
 import autospec
 from autospec.engine.checks import attention_layout
 
-from conftest import noisy_copy
+from conftest import noisy_copy, tiny
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -111,6 +111,49 @@ def test_layers_the_engine_cannot_roll_back_go_to_generate_with_a_reason(caplog)
     assert spec.fallbacks == {layout.problem: 1}
     assert layout.problem in caplog.text
     spec.close()
+
+
+def _t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(
+        vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=3))
+
+
+def _bart():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    return BartForConditionalGeneration(BartConfig(
+        vocab_size=97, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=3, decoder_start_token_id=2, forced_eos_token_id=None))
+
+
+@pytest.mark.parametrize("build_model", [_t5, _bart], ids=["t5", "bart"])
+def test_an_encoder_decoder_target_is_wrapped_and_served_by_its_own_generate(
+        build_model, tmp_path, caplog):
+    torch.manual_seed(0)
+    model = build_model().eval()
+    ids = torch.randint(4, 97, (2, 8), generator=torch.Generator().manual_seed(0))
+    ref = model.generate(ids, do_sample=False, max_new_tokens=6)
+    spec = autospec.wrap(model, store=f"sqlite:///{tmp_path / 'a.db'}")  # no refusal at wrap
+    try:
+        with caplog.at_level(logging.INFO, logger="autospec.controller"):
+            first = model.generate(ids, do_sample=False, max_new_tokens=6)
+            again = model.generate(ids[:1], do_sample=False, max_new_tokens=6)
+    finally:
+        autospec.unwrap(model)
+    assert torch.equal(first, ref) and torch.equal(again, ref[:1])
+    (reason,) = spec.fallbacks
+    assert "is an encoder-decoder model" in reason and spec.fallbacks[reason] == 2
+    assert caplog.text.count(reason) == 1  # logged once for the kind of request
+
+
+def test_an_encoder_decoder_draft_is_refused_at_wrap():
+    with pytest.raises(autospec.PairMismatchError, match="the draft is an encoder-decoder"):
+        autospec.Controller(tiny(), _t5(), store=False)
 
 
 def test_only_masking_kernels_serve_sliding_windows_at_batch():

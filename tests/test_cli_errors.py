@@ -37,6 +37,12 @@ BAD = [
     (["categorize"], "ACTION"),
     (["nosuchcommand"], "invalid choice"),
     ([], "COMMAND"),
+    # a store's ids are 64-bit signed integers: one past them is refused, not an overflow
+    (["explain", "--request", "9223372036854775808"], "fit a 64-bit signed integer"),
+    (["export", "--engine", "vllm", "--pair-id", "9" * 30], "fit a 64-bit signed integer"),
+    (["report", "--pair-id", "9223372036854775808"], "fit a 64-bit signed integer"),
+    (["tune", "--pair-id", "-1"], "--pair-id: must be in 1..9223372036854775807"),
+    (["categorize", "fit", "--pair-id", "99999999999999999999"], "64-bit"),
 ]
 
 

@@ -288,7 +288,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys):
         (["explain", "--db", "nosuchdialect://x/y", "--last"], "unknown database kind"),
         (["explain", "--db", url], "one of the arguments --request --last is required"),
         (["explain", "--db", url, "--last", "--request", "1"], "not allowed with"),
-        (["explain", "--db", url, "--request", "x"], "invalid int value"),
+        (["explain", "--db", url, "--request", "x"], "expected an integer, got 'x'"),
     ]
     for argv, says in cases:
         code, out = _run(argv, capsys)

@@ -78,16 +78,21 @@ def test_a_baseline_scrape_adds_only_the_difference(tmp_path):
     url = f"sqlite:///{tmp_path / 'b.db'}"
     later = tmp_path / "later.txt"
     text = FIXTURE.read_text()
-    # the same engines later: every spec-decode counter of engine 0 grew by 1000 / per pos 10
-    later.write_text(re.sub(
-        r'(vllm:spec_decode_num_\w+\{engine="0"[^}]*\}) (\S+)',
-        lambda m: f"{m.group(1)} {float(m.group(2)) + (10 if 'per_pos' in m.group(1) else 1000)}",
-        text))
+    # the same engines later: engine 0 ran 1000 more drafts of 3 tokens, 1500 of them accepted
+    bump = {"drafts_total": 1000, "draft_tokens_total": 3000, "accepted_tokens_total": 1500,
+            "0": 700, "1": 500, "2": 300}  # accepted per position
+
+    def grown(m):
+        pos = re.search(r'position="(\d)"', m.group(2))
+        return (f"vllm:spec_decode_num_{m.group(1)}{m.group(2)} "
+                f"{float(m.group(3)) + bump.get(pos.group(1) if pos else m.group(1), 0)}")
+    later.write_text(re.sub(r'vllm:spec_decode_num_(\w+)(\{engine="0"[^}]*\}) (\S+)', grown,
+                            text))
     assert main(["ingest", "--db", url, "--prometheus", str(later), "--baseline",
                  str(FIXTURE), "--category", "c"]) == 0
     sm = summary(url, "c")
-    assert (sm.drafts, sm.drafted, sm.accepted) == (1000, 1000, 1000)
-    assert list(sm.accepted_per_position) == [10, 10, 10]
+    assert (sm.drafts, sm.drafted, sm.accepted) == (1000, 3000, 1500)
+    assert list(sm.accepted_per_position) == [700, 500, 300]
 
 
 def test_autospecs_own_live_scrape_ingests_to_the_same_counts(tmp_path):
@@ -401,3 +406,93 @@ def test_sglang_k_from_the_command_line_where_the_scrape_lacks_it(tmp_path, caps
     with pytest.raises(SystemExit):
         main(["ingest", "--db", url, "--prometheus", str(path), "--category", "c", "--k", "5"])
     assert "--k 5 disagrees" in capsys.readouterr().err
+
+
+# -- counters that contradict each other, duplicates, fractions, absurd labels ----------------
+@pytest.mark.parametrize("kwargs, says", [
+    # 500 accepted of 400 draft tokens: 125 %
+    (dict(drafts="100", draft_tokens="400", accepted="500",
+          per_pos=(("0", "100"), ("1", "100"), ("2", "100"), ("3", "100"), ("4", "100"))),
+     "500 accepted tokens of 400 draft tokens"),
+    # a position accepted more often than there were drafts
+    (dict(accepted="5", per_pos=(("0", "3"), ("1", "2"))),
+     "position 0 counts 3 accepted tokens in 2 drafts"),
+    # a later position accepted more often than the one before it
+    (dict(accepted="3", per_pos=(("0", "1"), ("1", "2"))),
+     "more than position 0's 1"),
+    # positions that do not sum to the accepted tokens
+    (dict(accepted="4", per_pos=(("0", "2"), ("1", "1"))),
+     "per position sum to 3, the accepted tokens counter says 4"),
+    # fewer draft tokens than drafts
+    (dict(drafts="20", draft_tokens="10", accepted="3", per_pos=()), "20 drafts proposed 10"),
+], ids=["accepted>drafted", "position>drafts", "increasing", "sum", "drafts>tokens"])
+def test_counters_that_contradict_each_other_are_refused(tmp_path, capsys, kwargs, says):
+    err = _refused(tmp_path, capsys, _scrape(**kwargs))
+    assert "the counters disagree" in err and says in err, err
+
+
+def test_counters_that_contradict_each_other_after_the_baseline_are_refused(tmp_path, capsys):
+    # each scrape agrees with itself; position 1 counts less in the later one
+    earlier, later = tmp_path / "earlier.txt", tmp_path / "later.txt"
+    earlier.write_text(_scrape(drafts="2", draft_tokens="10", accepted="2",
+                               per_pos=(("0", "1"), ("1", "1"))))
+    later.write_text(_scrape(drafts="4", draft_tokens="20", accepted="4",
+                             per_pos=(("0", "4"), ("1", "0"))))
+    with pytest.raises(SystemExit) as e:
+        main(["ingest", "--db", str(tmp_path / "x.db"), "--prometheus", str(later),
+              "--baseline", str(earlier), "--category", "c"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "position 1 is -1" in err and not (tmp_path / "x.db").exists()
+
+
+def test_a_series_listed_twice_is_refused_not_summed(tmp_path, capsys):
+    text = _scrape() + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 2\n'
+    err = _refused(tmp_path, capsys, text)
+    assert 'num_drafts_total{engine="0",model_name="m"} appears twice' in err
+
+
+def test_a_fractional_count_is_refused_not_rounded(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, _scrape(accepted="2.6", per_pos=(("0", "2"), ("1", "1"))))
+    assert "has the value 2.6: a count is a whole number" in err
+
+
+@pytest.mark.parametrize("k", ["999", "0", "65"])
+def test_a_k_outside_the_controllers_range_is_refused(tmp_path, capsys, k):
+    path = tmp_path / "old.txt"
+    path.write_text(_sglang(gauge=None))
+    with pytest.raises(SystemExit) as e:
+        main(["ingest", "--db", str(tmp_path / "k.db"), "--prometheus", str(path),
+              "--category", "c", "--k", k])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "--k: must be in 1..64" in err
+    assert not (tmp_path / "k.db").exists()
+
+
+def test_the_largest_k_is_accepted(tmp_path):
+    path = tmp_path / "old.txt"
+    path.write_text(_sglang(gauge=None))
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    assert main(["ingest", "--db", url, "--prometheus", str(path), "--category", "c",
+                 "--k", "64"]) == 0
+    assert summary(url, "c").drafted == 600 * 64
+
+
+def test_an_absurd_model_name_is_refused_and_long_names_are_cut_in_what_is_printed(
+        tmp_path, capsys):
+    from autospec.fleet.ingest import MAX_NAME
+
+    huge = "m" * 100_000
+    err = _refused(tmp_path, capsys, _scrape().replace('model_name="m"', f'model_name="{huge}"'))
+    assert f"100000 characters long, more than the {MAX_NAME}" in err and len(err) < 400
+    # two models, both long: the choice is offered with the names cut short
+    two = _scrape() + _scrape().replace('model_name="m"', f'model_name="{huge}"')
+    err = _refused(tmp_path, capsys, two)
+    assert "choose one with --model" in err and len(err) < 400
+    path = tmp_path / "ok.txt"
+    path.write_text(_scrape())
+    long_category = "c" * 100_000
+    assert main(["ingest", "--db", f"sqlite:///{tmp_path / 'ok.db'}", "--prometheus",
+                 str(path), "--category", long_category]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ingested m (vllm)") and len(out) < 400

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_replay_equals_live import _same_counts
 from test_suffix import _requests
 
 import autospec
@@ -29,6 +28,7 @@ from autospec.store import open_store, queries
 from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
+from test_replay_equals_live import _same_counts
 
 NAN = float("nan")
 GRID = {n: 0.1 + 0.01 * n for n in range(1, 18)}

@@ -45,7 +45,8 @@ from autospec.bench.stats import (
     head_to_head,
     summarize_batches,
 )
-from autospec.policies.base import K_LIMIT
+from autospec.engine.proposers import refusal
+from autospec.policies.base import K_LIMIT, parse_fixed
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,13 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
             new = [Mode(kind)]
         elif k == "k":
             new = [Mode(kind, x) for x in ks]
-        elif k.isdigit() and (int(k) >= 1 or kind == "autospec"):  # autospec:0 = its loop, no draft
+        elif kind in ("autospec", *LOOKUP_KINDS) and k:  # the policy spec's rule: one parser
+            try:  # autospec:0 = its loop, no draft (fixed:0); ngram:0 / suffix:0 are refused
+                policy = parse_fixed(f"{'fixed' if kind == 'autospec' else kind}:{k}")
+            except ValueError as e:
+                raise ValueError(f"bad mode {spec!r}: {str(e).split(': ', 1)[-1]}") from None
+            new = [Mode(kind, policy.k)]
+        elif k.isascii() and k.isdigit() and int(k) >= 1:
             if int(k) > K_LIMIT:
                 raise ValueError(f"bad mode {spec!r}: k must be at most {K_LIMIT}")
             new = [Mode(kind, int(k))]
@@ -344,6 +351,7 @@ class _Runner:
     def __init__(self, target, draft, tokenizer, *, draft_tokenizer, modes, sample, sampling,
                  store=None):
         from autospec.controller import Controller
+        from autospec.policies import as_policy
 
         ks = [m.k for m in modes if m.kind == "autospec"]
         # not wrap(): the target's generate stays transformers' own for the other modes
@@ -359,6 +367,10 @@ class _Runner:
                     self.unsupported[m] = "no draft model (--draft none)"
         for m in (m for m in modes if m.kind == "policy"):
             name, tagged = m.policy.removesuffix(SUFFIX_TAG), m.policy.endswith(SUFFIX_TAG)
+            why = refusal(as_policy(name), has_draft=draft is not None)
+            if why is not None:
+                self.unsupported[m] = f"no draft model (--draft none): {why.split(', and')[0]}"
+                continue
             try:
                 self.policy_ctrls[m] = Controller(target, draft, policy=name,
                                                   suffix=True if tagged else None,

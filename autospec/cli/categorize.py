@@ -12,7 +12,7 @@ import sys
 from datetime import datetime
 
 from autospec.cli.common import fraction as _fraction
-from autospec.cli.common import open_store_or_die, parse_when
+from autospec.cli.common import open_store_or_die, parse_when, row_id
 from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
 
@@ -39,7 +39,7 @@ def register(sub, parents) -> None:
                     "metrics.")
     fit.add_argument("--db", metavar="URL", help=db_help)
     fit.add_argument("--name", default="default", help="categoriser name (default: default)")
-    fit.add_argument("--pair-id", type=int, help="only requests of this model pair (see "
+    fit.add_argument("--pair-id", type=row_id, help="only requests of this model pair (see "
                                                  "`autospec stats --json`)")
     fit.add_argument("--since", type=parse_when, metavar="WHEN",
                      help="only requests from WHEN on (ISO date/time, UTC unless a zone is "

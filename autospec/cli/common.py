@@ -5,6 +5,7 @@ refuses input (``autospec: error: …`` on stderr, exit status 2)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import sys
@@ -16,8 +17,8 @@ from autospec.policies.base import K_LIMIT  # the one limit on k (torch-free)
 
 __all__ = ["die", "parse_when", "positive_int", "fraction", "k_value", "k_max_value",
            "seconds", "ranged", "batch_sizes",
-           "OneLineParser", "Parents", "parents", "setup", "load", "gen_kwargs", "env_line", "open_store_or_die",
-           "DEFAULT_PAIR", "K_LIMIT"]
+           "OneLineParser", "Parents", "parents", "setup", "load", "gen_kwargs", "env_line",
+           "open_store_or_die", "skipped_said", "row_id", "DEFAULT_PAIR", "K_LIMIT"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_PAIR = "qwen2.5-coder"
@@ -86,6 +87,14 @@ def integer_in(text: str, lo: int, hi: int, note: str = "") -> int:
     if not lo <= value <= hi:
         raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}{note}, got {value}")
     return value
+
+
+ROW_ID_MAX = 2**63 - 1  # the store's ids are 64-bit signed integers (BIGINT)
+
+
+def row_id(text: str) -> int:
+    """A store row's id (a request, a pair): an integer in 1..2^63 − 1."""
+    return integer_in(text, 1, ROW_ID_MAX, " (ids fit a 64-bit signed integer)")
 
 
 def k_value(text: str) -> int:
@@ -266,6 +275,23 @@ def gen_kwargs(args) -> dict:
 def env_line(env) -> str:
     return (f"device {env['device']}, dtype {str(env['dtype']).removeprefix('torch.')}, "
             f"{env['threads']} threads")
+
+
+@contextlib.contextmanager
+def skipped_said():
+    """Collect what the store's readers leave out in the block (damaged rows:
+    ``autospec.store.damage``) and say each one after it, one ``autospec: warning: skipped``
+    line on stderr (stdout may carry JSON or an export). Yields the list: a command that shows
+    the notes itself empties it."""
+    from autospec.store.damage import collecting  # no SQLAlchemy
+    from autospec.textfmt import visible
+
+    with collecting() as notes:
+        try:
+            yield notes
+        finally:
+            for note in notes:
+                print(visible(f"autospec: warning: skipped {note}"), file=sys.stderr)
 
 
 def open_store_or_die(url: str | None, *, read_only: bool = False):

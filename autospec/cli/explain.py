@@ -12,7 +12,7 @@ import math
 import sys
 import textwrap
 
-from autospec.cli.common import die, open_store_or_die
+from autospec.cli.common import die, open_store_or_die, row_id, skipped_said
 from autospec.textfmt import table
 
 HOW_TO_KEEP = ("a request keeps its decision records when it runs with the store on (a sample: "
@@ -30,7 +30,7 @@ def register(sub, parents) -> None:
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                "autospec.db in the cache directory)")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--request", metavar="ID", type=int, help="the request's id")
+    which.add_argument("--request", metavar="ID", type=row_id, help="the request's id")
     which.add_argument("--last", action="store_true",
                        help="the latest request with decision records")
     p.add_argument("--category", help="with --last: the latest of this category; with "
@@ -40,6 +40,11 @@ def register(sub, parents) -> None:
 
 
 def run(args, parser) -> int:
+    with skipped_said():
+        return _run(args)
+
+
+def _run(args) -> int:
     from autospec.store import queries
 
     store = open_store_or_die(args.db, read_only=True)

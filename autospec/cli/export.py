@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autospec.cli.common import k_value, positive_int
+from autospec.cli.common import k_value, positive_int, row_id, skipped_said
 
 
 def register(sub, parents) -> None:
@@ -23,7 +23,7 @@ def register(sub, parents) -> None:
     p.add_argument("--engine", required=True, choices=("vllm", "sglang", "trtllm", "llamacpp"))
     p.add_argument("--category", help="the workload's category (needed when the store has "
                                       "several)")
-    p.add_argument("--pair-id", type=int, help="the model pair (see `autospec stats --json`)")
+    p.add_argument("--pair-id", type=row_id, help="the model pair (see `autospec stats --json`)")
     p.add_argument("--source", choices=("auto", "costmodel", "tuned"), default="auto",
                    help="whose k: the tuned policy's table where stored, else the cost "
                         "model's (auto); or either one")
@@ -75,7 +75,7 @@ def run(args, parser) -> int:
     if args.build_checker:
         return build_checker(args.engine)
     store = open_store_or_die(args.db, read_only=True)
-    with store:
+    with store, skipped_said() as skipped:
         try:
             plan = plan_for(store, category=args.category, pair_id=args.pair_id,
                             source=args.source, max_batch=args.max_batch,
@@ -84,6 +84,7 @@ def run(args, parser) -> int:
                             k=args.k)
         except ExportError as e:
             die(str(e))
+        skipped.clear()  # the plan's warnings say them
     try:
         text = render(plan, args.engine, batch=args.batch)
     except ExportError as e:

@@ -40,7 +40,9 @@ def run(args, parser) -> int:
     env = setup(args)
     target, draft, tok, dtok = load(args, parser, env, allow_no_draft=True)
     try:  # a draft that cannot serve the target, a chat prompt without a template
-        ctrl = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=dtok, policy=args.k,
+        # without a draft model, k is prompt lookup's (a fixed k names the draft model)
+        policy = args.k if draft is not None or args.k == 0 else f"ngram:{args.k}"
+        ctrl = autospec.wrap(target, draft, tokenizer=tok, draft_tokenizer=dtok, policy=policy,
                              k_max=max(16, args.k))
         ids = encode_prompt(tok, Prompt("cli", args.prompt, args.chat)).to(env["device"])
     except ValueError as e:

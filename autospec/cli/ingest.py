@@ -14,8 +14,13 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def register(sub, parents) -> None:
-    from autospec.cli.common import positive_int
-    from autospec.fleet.ingest import ENGINES, MAX_POSITIONS, MAX_SCRAPE_BYTES  # torch-free
+    from autospec.cli.common import k_max_value
+    from autospec.fleet.ingest import (  # torch-free
+        ENGINES,
+        MAX_NAME,
+        MAX_POSITIONS,
+        MAX_SCRAPE_BYTES,
+    )
 
     p = sub.add_parser(
         "ingest", help="record a vLLM or SGLang metrics scrape's acceptance counters in the "
@@ -28,9 +33,13 @@ def register(sub, parents) -> None:
                     "ingest an "
                     "engine once, or pass --baseline (an earlier scrape) to add only the "
                     "traffic since. Refused, with nothing written: a scrape over "
-                    f"{MAX_SCRAPE_BYTES / 2**20:g} MiB, a counter that is NaN, infinite or "
-                    "negative, and a per-position sample beyond position "
-                    f"{MAX_POSITIONS - 1} or beyond what the scrape's draft counters allow.")
+                    f"{MAX_SCRAPE_BYTES / 2**20:g} MiB, a series listed twice, a counter "
+                    "that is NaN, infinite, negative or fractional, a model_name over "
+                    f"{MAX_NAME} characters, a per-position sample beyond position "
+                    f"{MAX_POSITIONS - 1} or beyond what the scrape's draft counters allow, "
+                    "and counters that contradict each other (more accepted than drafted, "
+                    "a position accepted more often than there were drafts or than the "
+                    "position before it, positions that do not sum to the accepted tokens).")
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                "autospec.db in the cache directory)")
     p.add_argument("--prometheus", required=True, metavar="FILE|URL", help="the scrape")
@@ -41,9 +50,10 @@ def register(sub, parents) -> None:
                    help="whose metrics: vllm (vllm:spec_decode_*), sglang "
                         "(sglang:spec_verify_calls_total and the token counters), or auto: "
                         "vLLM's where present, else SGLang's")
-    p.add_argument("--k", type=positive_int, metavar="K",
+    p.add_argument("--k", type=k_max_value, metavar="K",
                    help="SGLang: the draft length it ran (--speculative-num-steps of a chain), "
-                        "where the scrape has no sglang:spec_num_draft_tokens gauge")
+                        "where the scrape has no sglang:spec_num_draft_tokens gauge (1.."
+                        f"{MAX_POSITIONS})")
     p.add_argument("--model", help="the model_name label to read (default: the only one)")
     p.add_argument("--label", type=_label, action="append", default=[], metavar="NAME=VALUE",
                    help="only samples with this label (repeatable), e.g. engine=0")
@@ -60,6 +70,7 @@ def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
     from autospec.fleet.ingest import IngestError, parse_scrape, read_scrape, to_record
     from autospec.store import write_records
+    from autospec.textfmt import clip, named
 
     labels = dict(args.label)
     try:
@@ -87,7 +98,7 @@ def run(args, parser) -> int:
     acc = record.accepted / record.drafted if record.drafted else float("nan")
     where = (f"over {len(record.accepted_per_position)} positions" if counters.engine == "vllm"
              else f"at k = {counters.k}, per position unknown (SGLang does not count it)")
-    print(f"ingested {counters.model} ({counters.engine}): {record.drafts} drafts, "
+    print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {record.drafts} drafts, "
           f"{record.drafted} draft tokens, {record.accepted} accepted ({acc:.1%}) {where} as "
-          f"category {args.category!r}")
+          f"category {named(args.category)}")
     return 0

@@ -76,14 +76,16 @@ def run(args, parser) -> int:
 def _backfill(args, store, die) -> int:
     import sys
 
+    from autospec.cli.common import skipped_said
     from autospec.fleet.metrics import backfill
 
     try:
-        if args.backfill == "-":
-            n = backfill(store, sys.stdout, step=args.step, category=args.category)
-        else:
-            with open(args.backfill, "w", encoding="utf-8") as f:
-                n = backfill(store, f, step=args.step, category=args.category)
+        with skipped_said():
+            if args.backfill == "-":
+                n = backfill(store, sys.stdout, step=args.step, category=args.category)
+            else:
+                with open(args.backfill, "w", encoding="utf-8") as f:
+                    n = backfill(store, f, step=args.step, category=args.category)
     except OSError as e:
         die(f"cannot write {args.backfill}: {e}")
     finally:

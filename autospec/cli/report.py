@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autospec.cli.common import die, open_store_or_die
+from autospec.cli.common import die, open_store_or_die, row_id, skipped_said
 
 
 def register(sub, parents) -> None:
@@ -23,7 +23,7 @@ def register(sub, parents) -> None:
                                                 "into DIR (default: --format text/json to "
                                                 "stdout, html to ./autospec-report.html)")
     p.add_argument("--category", help="only this category")
-    p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats "
+    p.add_argument("--pair-id", type=row_id, help="only this model pair (see `autospec stats "
                                                "--json`)")
     p.set_defaults(run=run, parser=p)
 
@@ -32,6 +32,11 @@ _EXT = {"text": "txt", "html": "html", "json": "json"}
 
 
 def run(args, parser) -> int:
+    with skipped_said() as skipped:  # the report lists them too (its "skipped" lines)
+        return _run(args, skipped)
+
+
+def _run(args, skipped: list[str]) -> int:
     from autospec.report import build_report, render_html, render_json, render_text
 
     store = open_store_or_die(args.db, read_only=True)
@@ -40,6 +45,8 @@ def run(args, parser) -> int:
     renderers = {"text": render_text, "html": render_html, "json": render_json}
     if args.out is None and args.format != "html":
         sys.stdout.write(renderers[args.format](report))
+        if args.format == "text":
+            skipped.clear()  # said in the text itself
         return 0
     if args.out is None:
         targets = {"html": Path("autospec-report.html")}

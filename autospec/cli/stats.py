@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from autospec.cli.common import open_store_or_die
-from autospec.textfmt import fmt, human_bytes, table
+from autospec.cli.common import open_store_or_die, skipped_said
+from autospec.textfmt import clip, fmt, human_bytes, table
 
 
 def register(sub, parents) -> None:
@@ -24,6 +24,11 @@ def register(sub, parents) -> None:
 
 
 def run(args, parser) -> int:
+    with skipped_said() as skipped:
+        return _run(args, skipped)
+
+
+def _run(args, skipped: list[str]) -> int:
     from autospec.costs.stored import stored_costs
     from autospec.report import batch_summary, estimate_speedup
     from autospec.store import history, queries
@@ -57,7 +62,8 @@ def run(args, parser) -> int:
         print()
         return 0
     if not summaries:
-        print(f"no requests logged in {store.url} yet")
+        print(f"no statistics to show in {store.url}: what it holds was left out (skipped)"
+              if skipped else f"no requests logged in {store.url} yet")
         return 0
     acc, costs, batch, pairs = [], [], [], {}
     for sm, d in zip(summaries, out):
@@ -67,7 +73,7 @@ def run(args, parser) -> int:
         t_k1 = sm.t_target_s_by_n.get(k_used + 1) if k_used is not None else None
         est = d["speedup_estimate"]
         pairs[sm.pair.id] = sm.pair
-        cat, pid = _clip(sm.category), str(sm.pair.id)
+        cat, pid = clip(sm.category, 21), str(sm.pair.id)
         acc.append([cat, pid, str(sm.requests), str(sm.new_tokens),
                     fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
                     per_pos or "-", fmt(sm.ngram_alpha, ".2f"),
@@ -124,10 +130,6 @@ def _rate(a: float | None) -> str:
     """A rate in [0, 1] in four columns at most: ".85", "1.00", "-"."""
     text = fmt(a, ".2f")
     return text[1:] if text.startswith("0.") else text
-
-
-def _clip(name: str, n: int = 21) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 def _wrap(text: str, width: int = 100) -> str:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 import sys
 
-from autospec.cli.common import K_LIMIT, die, k_max_value, open_store_or_die, parse_when, seconds
+from autospec.cli.common import (
+    K_LIMIT,
+    die,
+    k_max_value,
+    open_store_or_die,
+    parse_when,
+    row_id,
+    seconds,
+    skipped_said,
+)
 from autospec.cli.common import fraction as _fraction
 from autospec.cli.common import positive_int as _positive_int
 from autospec.textfmt import fmt, table
@@ -29,7 +38,7 @@ def register(sub, parents) -> None:
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                 "autospec.db in the cache directory)")
     p.add_argument("--category", help="only this category (default: every category)")
-    p.add_argument("--pair-id", type=int, help="only this model pair (see `autospec stats`)")
+    p.add_argument("--pair-id", type=row_id, help="only this model pair (see `autospec stats`)")
     p.add_argument("--trials", type=_positive_int, default=100, help="trials per study, all workers "
                                                            "together (default 100)")
     p.add_argument("--timeout", type=seconds, help="seconds per study and worker (> 0)")
@@ -84,7 +93,7 @@ def run(args, parser) -> int:
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     try:
-        with store:
+        with store, skipped_said():
             results = tune(store, category=args.category, pair_id=args.pair_id,
                            trials=args.trials, timeout=args.timeout, workers=args.workers,
                            min_traces=args.min_traces, min_positions=args.min_positions,

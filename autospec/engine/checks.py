@@ -39,12 +39,14 @@ def check_pair(target, draft, *, tokenizer=None, draft_tokenizer=None, match_dra
                 f"the {role} must be a transformers causal LM (e.g. AutoModelForCausalLM), got "
                 f"{type(m).__name__}: call autospec.wrap(target_model, draft_model), or "
                 "autospec.load_pair() for the default pair")
-        if getattr(m.config, "is_encoder_decoder", False):
-            raise PairMismatchError(f"the {role} is an encoder-decoder model; autospec "
-                                    "speculates for decoder-only causal LMs")
         if not hasattr(m, "generate"):
             raise PairMismatchError(f"the {role} ({type(m).__name__}) is not a generative model")
-    if draft is None:  # the n-gram proposer alone: nothing to match
+    if draft is not None and _encoder_decoder(draft):
+        raise PairMismatchError("the draft is an encoder-decoder model; autospec drafts with "
+                                "decoder-only causal LMs (or with no draft model: wrap(target))")
+    if draft is None or _encoder_decoder(target):
+        # the n-gram proposer alone: nothing to match; an encoder-decoder target: its
+        # requests go to its own generate (``attention_layout`` gives the reason)
         return
     if target is draft:
         log.info("autospec: draft is the target itself: every draft token will be accepted")
@@ -76,6 +78,10 @@ def check_pair(target, draft, *, tokenizer=None, draft_tokenizer=None, match_dra
                                     "match_draft=True")
         log.warning("autospec: %s: moving the draft to the target's device and dtype", what)
         draft.to(device=t_param.device, dtype=t_param.dtype)
+
+
+def _encoder_decoder(model) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
 def _compare_tokenizers(a, b) -> None:
@@ -137,9 +143,9 @@ def attention_layout(model, role: str = "target") -> Layout:
       sliding cache drops what a rejected block needs back), and windows are applied by the
       attention masks: at batch 1 by the model's own, at B > 1 by the engine's, built from
       each slot's position (holes left by rejected drafts must not count as tokens);
-    - anything else (recurrent or linear-attention layers, chunked attention, layers that share
-      another's cache): not served; such requests go to the original ``generate``, with this
-      reason logged.
+    - anything else (encoder-decoder models such as T5 and BART, recurrent or linear-attention
+      layers, chunked attention, layers that share another's cache): not served; such
+      requests go to the original ``generate``, with this reason logged.
 
     Remembered per model and attention implementation (every request asks)."""
     key = (role, getattr(model.config, "_attn_implementation", None))
@@ -157,6 +163,10 @@ def _layout(model, role: str) -> Layout:
     """The layout of ``model`` read from its config (see ``attention_layout``)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     attention = getattr(cfg, "_attn_implementation", None) or "eager"
+    if _encoder_decoder(model):
+        return Layout(attention=attention,
+                      problem=f"the {role} ({type(model).__name__}) is an encoder-decoder model "
+                              "(autospec speculates for decoder-only causal LMs)")
     params = inspect.signature(model.forward).parameters
     if "past_key_values" not in params and "cache" not in params:
         return Layout(attention=attention,

@@ -189,7 +189,9 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     if not work:
         raise ExportError("no workload in the store" + (f" for category {category!r}"
                                                         if category else "")
-                          + ": serve some traffic (or `autospec ingest`) first")
+                          + (f" to read: {len(report.skipped)} damaged row(s) left out "
+                             "(the warnings name them)" if report.skipped else
+                             ": serve some traffic (or `autospec ingest`) first"))
     if len(work) > 1:
         names = ", ".join(f"{w.category!r} (pair {w.pair['id']})" for w in work[:8])
         raise ExportError(f"{len(work)} workloads in the store — choose one with --category "
@@ -266,6 +268,9 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
         es = tuned.params.get("early_stop")
         if isinstance(es, (int, float)) and not isinstance(es, bool):
             plan.early_stop = float(es)
+    # damaged rows the report's readers left out (counters outside [0, 1], tuned rows that
+    # cannot be applied), one warning each
+    plan.warnings += [f"skipped {n}" for n in report.skipped]
     measured = f"{plan.hardware} ({plan.dtype}), pair {plan.target} / {plan.draft}"
     if engine_hardware is not None and engine_hardware != plan.hardware:
         plan.warnings.append(f"the cost curve was measured on {plan.hardware}, the engine "

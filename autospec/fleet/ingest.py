@@ -33,13 +33,19 @@ included; ``k`` where a scrape lacks it). From those:
   (the report's per-position view and the cost model's k then rest on other records of the
   category, or say they have none) — nothing is spread over positions by assumption.
 
-What is refused, with one line naming the sample (``IngestError``): a scrape larger than
-``MAX_SCRAPE_BYTES`` (read no further than that); a counter value that is not a finite number
-≥ 0 (NaN, ±Inf, a negative count, one beyond 2^53); a per-position sample whose ``position`` label is negative,
-at or beyond ``MAX_POSITIONS`` (autospec's k limit: no engine setting autospec exports drafts
-further), or beyond what the scrape's own counters allow — every draft proposes at least one
-token, so the longest draft has at most ``draft tokens − drafts + 1`` tokens and a position
-past that was never drafted.
+What is refused, with one line naming the sample (``IngestError``), nothing written: a scrape
+larger than ``MAX_SCRAPE_BYTES`` (read no further than that); a series that appears twice (the
+text format allows each name and label set once: two would be summed into a count no engine
+made); a counter value that is not a whole number ≥ 0 (NaN, ±Inf, a negative or fractional
+count, one beyond 2^53); a ``model_name`` longer than ``MAX_NAME`` characters; a per-position
+sample whose ``position`` label is negative, at or beyond ``MAX_POSITIONS`` (autospec's k
+limit: no engine setting autospec exports drafts further), or beyond what the scrape's own
+counters allow — every draft proposes at least one token, so the longest draft has at most
+``draft tokens − drafts + 1`` tokens and a position past that was never drafted; and counters
+that contradict each other (``check_counters``: more tokens accepted than drafted, a position
+accepted more often than there were drafts or than the position before it, per-position
+counts that do not sum to the accepted tokens). Scraped names in messages are cut short
+(``autospec.textfmt.named``).
 """
 
 from __future__ import annotations
@@ -51,11 +57,12 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from autospec.policies.base import K_LIMIT
+from autospec.textfmt import clip, named
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "IngestError",
-           "MAX_SCRAPE_BYTES", "MAX_POSITIONS", "ENGINES"]
+__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "check_counters",
+           "IngestError", "MAX_SCRAPE_BYTES", "MAX_POSITIONS", "MAX_NAME", "ENGINES"]
 
 # a vLLM /metrics page is tens of kB (a few MB with many models and histograms); past this it
 # is not a scrape (or not one to read whole): refused, not read on
@@ -64,6 +71,9 @@ MAX_SCRAPE_BYTES = 32 * 1024 * 1024
 MAX_COUNT = 2.0 ** 53
 # draft positions a scrape may count (0 … MAX_POSITIONS − 1): autospec's one limit on k
 MAX_POSITIONS = K_LIMIT
+# the longest model_name label read (it names the pair's target in the store): a Hub id or a
+# path is far shorter; past this it is not a model's name
+MAX_NAME = 1024
 
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -151,10 +161,16 @@ def parse_scrape(text: str, model: str | None = None,
     wanted = {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS, GENERATION, PROMPT, SGL_VERIFY,
               SGL_GENERATION, SGL_PROMPT, SGL_REQUESTS, SGL_DRAFT_TOKENS}
     samples = []
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for fam in families:
         for s in fam.samples:
             if s.name.endswith("_created") or _base(s.name) not in wanted:
                 continue
+            series = (s.name, tuple(sorted(s.labels.items())))
+            if series in seen:
+                raise IngestError(f"{_named(s)} appears twice in the scrape: the text format "
+                                  "has each series once (nothing was written)")
+            seen.add(series)
             if labels and any(s.labels.get(k) != v for k, v in labels.items()):
                 continue
             samples.append(s)
@@ -167,20 +183,27 @@ def parse_scrape(text: str, model: str | None = None,
         what = (f"no {DRAFTS} counter" if engine == "vllm" else f"no {SGL_VERIFY}_total counter")
         raise IngestError(f"{what} in the scrape (was speculative decoding on?"
                           + (" SGLang needs --enable-metrics" if engine == "sglang" else "")
-                          + ")" + (f" with labels {labels}" if labels else ""))
+                          + ")" + (f" with labels {_labels(labels)}" if labels else ""))
     if model is None:
         if len(models) > 1:
             raise IngestError(f"the scrape has {len(models)} models: choose one with --model "
-                              f"({', '.join(models)})")
+                              f"({_models(models)})")
         model = models[0]
     elif model not in models:
-        raise IngestError(f"no spec-decode counters for model {model!r} in the scrape (it has "
-                          f"{', '.join(models)})")
+        raise IngestError(f"no spec-decode counters for model {named(model)} in the scrape "
+                          f"(it has {_models(models)})")
+    if len(model) > MAX_NAME:
+        raise IngestError(f"the scrape's model_name {named(model)} is {len(model)} characters "
+                          f"long, more than the {MAX_NAME} a model's name may have (nothing "
+                          "was written)")
     mine = [s for s in samples if s.labels.get("model_name", "") == model]
     for s in mine:
         if not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNT):
             raise IngestError(f"{_named(s)} has the value {s.value}: a counter is a finite "
                               "number ≥ 0 (the scrape is refused, nothing was written)")
+        if s.value != math.floor(s.value):
+            raise IngestError(f"{_named(s)} has the value {s.value}: a count is a whole "
+                              "number (the scrape is refused, nothing was written)")
     if engine == "sglang":
         return _sglang(mine, model, k)
     return _vllm(mine, model)
@@ -214,14 +237,51 @@ def _vllm(samples, model: str) -> SpecCounters:
             prompt = (prompt or 0) + int(round(s.value))
     width = max(per_pos) + 1 if per_pos else 0
     longest = out.draft_tokens - out.drafts + 1  # every draft proposes at least one token
-    if out.drafts > 0 and width > longest:
+    if 0 < out.drafts <= out.draft_tokens and width > longest:  # else check_counters says
         raise IngestError(
             f"{PER_POS} has position {width - 1}, but the scrape's {out.draft_tokens} draft "
             f"tokens in {out.drafts} drafts allow positions 0..{longest - 1} at most: the "
             "counters disagree (nothing was written)")
     out.accepted_per_position = [int(round(per_pos.get(i, 0))) for i in range(width)]
     out.generation_tokens, out.prompt_tokens = gen, prompt
-    return out
+    return check_counters(out)
+
+
+def check_counters(c: SpecCounters) -> SpecCounters:
+    """``c`` if its counters agree with each other, else IngestError saying where they do not:
+    every count ≥ 0 (a difference from a baseline included), a draft proposes at least one
+    token, no more tokens accepted than drafted, and per position (where the engine counts it):
+    at most one accepted token per draft, no position accepted more often than the one before
+    it (a draft's token is accepted only after every earlier one), the positions summing to
+    the accepted tokens."""
+    def disagree(what: str) -> IngestError:
+        return IngestError(f"the counters disagree: {what} (nothing was written)")
+
+    pos = c.accepted_per_position
+    counts = {"drafts": c.drafts, "draft tokens": c.draft_tokens, "accepted tokens": c.accepted,
+              **{f"position {i}": a for i, a in enumerate(pos)}}
+    below = [name for name, v in counts.items() if v < 0]
+    if below:
+        raise disagree(f"{below[0]} is {counts[below[0]]} (the counters went down since the "
+                       "baseline scrape?)")
+    if c.drafts > c.draft_tokens:
+        raise disagree(f"{c.drafts} drafts proposed {c.draft_tokens} draft tokens, and every "
+                       "draft proposes at least one")
+    if c.accepted > c.draft_tokens:
+        raise disagree(f"{c.accepted} accepted tokens of {c.draft_tokens} draft tokens, an "
+                       f"acceptance of {c.accepted / max(c.draft_tokens, 1):.0%}")
+    for i, a in enumerate(pos):
+        if a > c.drafts:
+            raise disagree(f"position {i} counts {a} accepted tokens in {c.drafts} drafts, "
+                           "at most one per draft")
+        if i and a > pos[i - 1]:
+            raise disagree(f"position {i} counts {a} accepted tokens, more than position "
+                           f"{i - 1}'s {pos[i - 1]} (a draft's token is accepted only after "
+                           "every earlier one)")
+    if pos and sum(pos) != c.accepted:
+        raise disagree(f"the accepted tokens per position sum to {sum(pos)}, the accepted "
+                       f"tokens counter says {c.accepted}")
+    return c
 
 
 def _sglang(samples, model: str, k: int | None) -> SpecCounters:
@@ -249,8 +309,8 @@ def _sglang(samples, model: str, k: int | None) -> SpecCounters:
         raise IngestError(f"the scrape has no {SGL_DRAFT_TOKENS} gauge (an older SGLang, or "
                           "no decode logged yet): give the draft length with --k "
                           "(--speculative-num-steps of a chain)")
-    if k >= MAX_POSITIONS:
-        raise IngestError(f"a draft length of {k} is beyond autospec's {MAX_POSITIONS - 1}")
+    if k > MAX_POSITIONS:
+        raise IngestError(f"a draft length of {k} is beyond autospec's {MAX_POSITIONS}")
     missing = [n for n in (SGL_GENERATION, SGL_REQUESTS) if n not in sums]
     if missing:
         raise IngestError(f"the scrape has {SGL_VERIFY}_total but no "
@@ -267,9 +327,17 @@ def _sglang(samples, model: str, k: int | None) -> SpecCounters:
 
 
 def _named(sample) -> str:
-    """A sample as the scrape writes it: ``name{label="value",…}``."""
-    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-    return f"{sample.name}{{{labels}}}"
+    """A sample as the scrape writes it, ``name{label="value",…}``, each value cut short."""
+    return f"{clip(sample.name, 80)}{{{_labels(sample.labels)}}}"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{clip(k, 40)}="{clip(v, 60)}"' for k, v in sorted(labels.items())[:8])
+
+
+def _models(models: list[str]) -> str:
+    shown = ", ".join(named(m) for m in models[:10])
+    return shown + (f" and {len(models) - 10} more" if len(models) > 10 else "")
 
 
 def read_scrape(source: str, timeout: float = 10.0, limit: int = MAX_SCRAPE_BYTES) -> str:
@@ -299,6 +367,7 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
 
     if c.drafts <= 0:
         raise IngestError("the scrape counts no drafts for this model: nothing to ingest")
+    check_counters(c)  # again: a difference from a baseline may not agree
     width = len(c.accepted_per_position)
     return RequestRecord(
         pair=PairInfo(target=target or c.model, draft=draft, dtype=dtype, hardware=hardware),

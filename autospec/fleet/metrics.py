@@ -496,18 +496,20 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
 
     from autospec.report.model import RECENT
     from autospec.store import queries
+    from autospec.store.damage import note, request_note, request_problem
     from autospec.store.tables import Request
     from autospec.store.write import category_key
 
     if not step > 0:
         raise ValueError(f"step must be positive, got {step!r}")
-    cols = (Request.created_at, Request.category_key, Request.pair_id, Request.category,
+    cols = (Request.id, Request.created_at, Request.category_key, Request.pair_id,
+            Request.category,
             Request.new_tokens, Request.prompt_tokens, Request.iterations, Request.drafts,
             Request.drafted, Request.accepted, Request.accepted_per_position,
             Request.drafted_per_position, Request.k_schedule, Request.wall_s,
             Request.prefill_s, Request.target_s_by_n, Request.target_s_by_bn,
             Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s,
-            Request.batch_size, Request.ngram)
+            Request.batch_size, Request.ngram, Request.policy)
     stmt = select(*cols).order_by(Request.created_at, Request.id)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
@@ -549,6 +551,10 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
     last = math.ceil(epoch(rows[-1].created_at) * 1000) if rows else None
     t = math.ceil(epoch(rows[0].created_at) * 1000) if rows else None
     for r in rows:
+        problem = request_problem(r)
+        if problem is not None:  # a damaged row: left out, and said (damage.note)
+            note(request_note(r.id, r.category, r.pair_id, r.policy, problem))
+            continue
         at = epoch(r.created_at) * 1000
         while t < at:  # the steps this request comes after
             emit(t / 1000)

@@ -349,16 +349,21 @@ def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
 def build_report(source, *, category: str | None = None, pair_id: int | None = None,
                  recent: int = RECENT, max_buckets: int = 48, store_url: str | None = None
                  ) -> Report:
-    """The report's numbers, from a ``Store`` or an open ``Session`` (read-only)."""
+    """The report's numbers, from a ``Store`` or an open ``Session`` (read-only). Rows the
+    store's readers leave out (damaged ones) are listed in ``Report.skipped``."""
     from sqlalchemy.orm import Session
+
+    from autospec.store.damage import collecting
 
     if isinstance(source, Session):
         cm = contextlib.nullcontext(source)
         url = store_url or str(source.get_bind().url.render_as_string(hide_password=True))
     else:
         cm, url = source.session(), store_url or source.url
-    with cm as s:
-        return _build(s, url, category, pair_id, recent, max_buckets)
+    with cm as s, collecting() as skipped:
+        report = _build(s, url, category, pair_id, recent, max_buckets)
+    report.skipped = list(skipped)
+    return report
 
 
 def _build(s, url, category, pair_id, recent, max_buckets) -> Report:

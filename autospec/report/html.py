@@ -39,7 +39,7 @@ from autospec.report.text import (
     proposers_headline,
     source_rows,
 )
-from autospec.textfmt import fmt, human_bytes, visible
+from autospec.textfmt import clip, fmt, human_bytes, visible
 
 # -- html ---------------------------------------------------------------------------------------
 
@@ -59,10 +59,6 @@ code{background:#f4f4f4;padding:0 3px}
 
 def _h(x: object) -> str:
     return escape(str(x), quote=True)
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _pair_html(p: dict) -> str:
@@ -298,7 +294,7 @@ def _why_html(w, category: str) -> list[str]:
     the kept decision records, and one record's candidates."""
     from autospec.report.why import CANDIDATE_HEADER, candidate_rows, why_detail, why_headline
 
-    out = [f"<h3>Why this k</h3><p><b>{_h(why_headline(w, _clip(category, 60)))}</b>.</p>"]
+    out = [f"<h3>Why this k</h3><p><b>{_h(why_headline(w, clip(category, 60)))}</b>.</p>"]
     out += [f"<p class=\"small\">{_h(line)}</p>" for line in why_detail(w)]
     rows = candidate_rows(w.example) if w.example is not None else []
     if rows:
@@ -318,14 +314,18 @@ def render_html(report: Report) -> str:
            "<h1>autospec report</h1>",
            f"<p class=\"small\">store <code>{_h(report.store)}</code>, generated "
            f"{_h(report.generated_at.strftime('%Y-%m-%d %H:%M:%S UTC'))}</p>"]
+    out += [f"<p class=\"small\">skipped: {_h(visible(note))}</p>" for note in report.skipped]
     if not report.workloads:
-        out.append("<p>No traffic logged yet: the store holds no requests"
+        out.append("<p>Nothing to report: what the store holds was left out (skipped).</p>"
+                   if report.skipped else
+                   "<p>No traffic logged yet: the store holds no requests"
                    + (" matching these filters" if any(report.filters.values()) else "")
-                   + ".</p></body></html>")
+                   + ".</p>")
+        out.append("</body></html>")
         return "".join(out)
     out.append(_html_table(
         ["category", "pair", "requests", "tokens", "α", "k in force", "speedup", "verdict"],
-        [[_clip(visible(w.category), 60), str(w.pair["id"]), str(w.traffic.requests),
+        [[clip(visible(w.category), 60), str(w.pair["id"]), str(w.traffic.requests),
           str(w.traffic.new_tokens),
           fmt(w.acceptance.alpha, ".3f"),
           "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
@@ -337,7 +337,7 @@ def render_html(report: Report) -> str:
     for w in report.workloads:
         a, v, p, sp, t = w.acceptance, w.verification, w.policy, w.speedup, w.traffic
         ci = a.alpha_ci95
-        out += [f"<h2 title=\"{_h(visible(w.category))}\">{_h(_clip(visible(w.category), 120))} "
+        out += [f"<h2 title=\"{_h(visible(w.category))}\">{_h(clip(visible(w.category), 120))} "
                 f"<span class=\"small\">pair {w.pair['id']}</span></h2>",
                 f"<p class=\"small\">{_pair_html(w.pair)}</p>",
                 f"<div class=\"verdict {_verdict_class(w.verdict)}\">{_h(w.verdict.text)}</div>",

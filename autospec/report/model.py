@@ -247,6 +247,9 @@ class Report:
     generated_at: datetime
     filters: dict[str, Any]
     workloads: list[Workload] = field(default_factory=list)
+    # what the store held that could not be read and was left out (damaged rows: counters
+    # outside [0, 1], tuned parameters no policy can be built from), one line each
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO strings, int keys as strings."""

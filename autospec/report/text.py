@@ -20,7 +20,7 @@ from autospec.report.model import (
     Verification,
     Workload,
 )
-from autospec.textfmt import fmt, human_bytes, table, visible
+from autospec.textfmt import clip, fmt, human_bytes, table, visible
 
 # -- text ---------------------------------------------------------------------------------------
 
@@ -156,10 +156,6 @@ def _short_verdict(w: Workload) -> str:
     if v.kind in ("low_acceptance", "compute_bound"):
         short = ("off: " if v.switched_off else "loses: ") + short
     return short
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 _NBSP = "\u00a0"  # holds a `command` together while wrapping; a space again afterwards
@@ -330,7 +326,7 @@ def why_text(w, category: str) -> list[str]:
     record's candidates with their expected seconds per token (``autospec explain``)."""
     from autospec.report.why import CANDIDATE_HEADER, candidate_rows, why_detail, why_headline
 
-    out = ["", *_wrap("6. " + why_headline(w, _clip(category, 40)))]
+    out = ["", *_wrap("6. " + why_headline(w, clip(category, 40)))]
     for line in why_detail(w):
         out += _wrap("   " + line)
     rows = candidate_rows(w.example) if w.example is not None else []
@@ -371,11 +367,15 @@ def render_text(report: Report) -> str:
                     if v is not None)
     if flt:
         lines.append(f"filters: {flt}")
-    if not report.workloads:
+    lines += [f"skipped: {visible(note)}" for note in report.skipped]
+    if not report.workloads and report.skipped:
+        lines.append("\nnothing to report: what the store holds was left out (skipped)")
+    elif not report.workloads:
         lines.append("\nno traffic logged yet: no requests in the store"
                      + (" match these filters" if flt else ""))
+    if not report.workloads:
         return "\n".join(_fit(lines)) + "\n"
-    rows = [[str(i), _clip(visible(w.category), 28), str(w.pair["id"]),
+    rows = [[str(i), clip(visible(w.category), 28), str(w.pair["id"]),
              str(w.traffic.requests), str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
              "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
              _summary_speedup(w, short=True),

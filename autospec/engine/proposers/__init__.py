@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 __all__ = ["Block", "Proposer", "RowReplay", "LookupReplay", "HostBlocks", "HostLookup",
-           "register",
+           "register", "refusal",
            "unregister", "registered", "get", "model_proposer", "by_code", "KINDS", "NEEDS",
            "ENTRY_POINTS"]
 
@@ -277,6 +277,25 @@ def model_proposer() -> str | None:
 def by_code() -> dict[int, str]:
     """Schedule byte → proposer name."""
     return {c.code: n for n, c in registered().items()}
+
+
+def refusal(policy, *, has_draft: bool) -> str | None:
+    """Why ``policy`` cannot serve a controller, or None: a proposer it names is not
+    registered, or needs the draft model and the controller has none (a fixed k ≥ 1 of the
+    model's, the hybrid, an ``"auto:SET"`` naming it)."""
+    from autospec.policies.base import wanted
+
+    known, names = registered(), wanted(policy)
+    name = getattr(policy, "name", repr(policy))
+    unknown = sorted(n for n in names if n is not None and n not in known)
+    if unknown:
+        return (f"policy {name!r} drafts with {', '.join(map(repr, unknown))}, which no "
+                f"registered proposer is (registered: {', '.join(known)})")
+    if not has_draft and any(n is None or "draft_model" in known[n].needs for n in names):
+        return (f"policy {name!r} drafts with the draft model, and this controller has none: "
+                "pass one (wrap(target, draft)), or a policy that drafts without it "
+                "('ngram:K', 'suffix:K', 'auto', 'auto:ngram+suffix')")
+    return None
 
 
 def _load_builtins() -> None:
