@@ -13,12 +13,10 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from autospec.engine.slots import kv_bytes_per_token  # the slot cache's unit
-from autospec.traces import UNOBSERVED
 
 log = logging.getLogger(__name__)
 
@@ -311,38 +309,36 @@ class RequestTelemetry:
 
     def record(self, stats, *, category: str, policy: str, greedy: bool,
                prompt_text: str | None = None, output_text: str | None = None):
-        from autospec.store.record import RequestRecord
+        from autospec.store.record import ProposerRecord, RequestRecord
 
         achieved = achieved_bandwidth(self.target_bytes, self.kv_per_token,
                                       stats.target_forwards)
         mem_busy, sm = self.nvml.window(stats.started_at, stats.started_at + stats.wall_s)
-        # the store's columns before per-proposer rows (the stage between): the model's
-        # counters in the request's own, prompt lookup's and suffix decoding's in theirs
-        ngram = _lookup_columns(stats, "ngram")
-        if ngram is not None:
-            ngram.update(stats.extras.get("ngram") or {})
-        suffix = _lookup_columns(stats, "suffix") if "suffix" in stats.traces else None
-        strace = stats.traces.get("suffix")
-        schedule = [{"ngram": 1, "suffix": 2}.get(p, 0) for p in stats.proposer_schedule]
-        deferred = stats.traces.get("ngram")
-        finish = None if ngram is None or not callable(deferred) else partial(
-            _finish_ngram_trace, deferred)
-        trace = stats.trace or bytes([UNOBSERVED]) * stats.new_tokens
-        confidence = (stats.extras.get(stats.model) or {}).get("confidence") if stats.model \
-            else None
+        from autospec.engine.proposers import registered
+
+        kinds = {name: cls.kind for name, cls in registered().items()}
+        # every proposer the call had (its counts, its trace, what else it recorded)
+        proposers = {}
+        for name in {*stats.counts, *stats.traces, *stats.extras}:
+            c, extras = stats.proposer(name), dict(stats.extras.get(name) or {})
+            confidence = extras.pop("confidence", None)
+            proposers[name] = ProposerRecord(
+                kind=kinds.get(name, "model" if name == stats.model else "lookup"),
+                blocks=c.blocks, proposed=c.proposed, accepted=c.accepted,
+                proposed_per_position=list(c.proposed_per_position),
+                accepted_per_position=list(c.accepted_per_position), seconds=c.seconds,
+                trace=stats.traces.get(name), confidence=confidence, settings=extras or None)
         return RequestRecord(
             pair=self.pair, category=category, policy=policy, greedy=greedy,
             prompt_tokens=stats.prompt_tokens, new_tokens=stats.new_tokens,
-            iterations=stats.iterations, drafts=stats.drafts, drafted=stats.drafted,
-            accepted=stats.accepted, accepted_per_position=list(stats.accepted_per_position),
-            drafted_per_position=list(stats.drafted_per_position),
+            iterations=stats.iterations, proposers=proposers,
+            proposer_schedule=list(stats.proposer_schedule) if proposers else None,
             k_schedule=bytes(min(k, 255) for k in stats.k_schedule),
             accepted_schedule=bytes(min(m, 255) for m in stats.accepted_schedule),
             wall_s=stats.wall_s, prefill_s=stats.prefill_s, draft_s=stats.draft_s,
             draft_forwards=stats.draft_forwards,
             target_s_by_n={n: list(v) for n, v in stats.target_s_by_n.items()},
-            trace_kind=stats.trace_kind, trace=trace, stop_reason=stats.stop_reason,
-            confidence=confidence or (trace if self.pair.draft == NO_DRAFT else None),
+            trace_kind=stats.trace_kind, stop_reason=stats.stop_reason,
             bandwidth_bytes_per_s=achieved, bandwidth_peak_bytes_per_s=self._peak(achieved),
             nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
             prompt_text=prompt_text, output_text=output_text,
@@ -355,14 +351,11 @@ class RequestTelemetry:
                           in getattr(stats, "draft_s_by_b", {}).items()} or None,
             # the runners' path (autospec.engine.runners.path_name): costs are kept per path
             path=getattr(stats, "path", "") or None,
-            ngram=ngram, proposer_schedule=bytes(schedule) if any(schedule) else None,
-            suffix=suffix, suffix_trace=strace,
             # batch 1's catch-up forwards (the batched loop times its draft per batch)
             draft_catch_ups=(list(getattr(stats, "draft_catch_ups", ()))
                              if getattr(stats, "batch_size", 1) == 1
                              and self.pair.draft != NO_DRAFT else None),
-            decisions=getattr(stats, "decisions", None),
-            finish=finish,
+            decisions=getattr(stats, "decisions", None), batch_id=stats.batch_id,
         )
 
     def _peak(self, achieved: float | None) -> float | None:
@@ -373,23 +366,6 @@ class RequestTelemetry:
 
     def close(self) -> None:
         self.nvml.close()
-
-
-def _lookup_columns(stats, name: str) -> dict | None:
-    """A lookup proposer's counters as the store's JSON column holds them (None: the call did
-    not have it)."""
-    if name not in stats.counts and name not in stats.traces and name not in stats.extras:
-        return None
-    c = stats.proposer(name)
-    return {"drafts": c.blocks, "drafted": c.proposed, "accepted": c.accepted,
-            "accepted_per_position": list(c.accepted_per_position),
-            "drafted_per_position": list(c.proposed_per_position), "lookup_s": c.seconds}
-
-
-def _finish_ngram_trace(compute, record):
-    """A record's deferred work (``RequestRecord.finish``): its n-gram trace."""
-    record.ngram_trace = compute()
-    return record
 
 
 def _model_name(model) -> str:

@@ -19,12 +19,14 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=500)
     a = ap.parse_args(argv)
 
-    from autospec.engine.stats import LoopStats
+    from autospec.engine.stats import LoopStats, ProposerCounts
     from autospec.fleet.metrics import Metrics
 
     m = Metrics()
-    st = LoopStats(drafts=200, drafted=800, accepted=500,
-                   accepted_per_position=[150, 120, 100, 80, 50], drafted_per_position=[200] * 5,
+    st = LoopStats(counts={"draft": ProposerCounts(
+                       blocks=200, proposed=800, accepted=500,
+                       accepted_per_position=[150, 120, 100, 80, 50],
+                       proposed_per_position=[200] * 5)}, model="draft",
                    k_schedule=[4] * 250, new_tokens=700, wall_s=2.0)
 
     def call():

@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from sqlalchemy import select
 
-from autospec.store import open_store
+from autospec.store import open_store, queries
 from autospec.store.tables import Request
 from autospec.traces import NGRAM_NONE, decode_suffix_value, decode_trace_value
 
@@ -122,6 +122,9 @@ def main(argv=None) -> None:
     with open_store(args.url, read_only=True) as store, store.session() as s:
         rows = list(s.scalars(select(Request).where(Request.greedy).order_by(Request.id)))
         s.expunge_all()
+        # each request's proposers' traces, by name (``request_proposers``)
+        traces = {i: {n: p.trace for n, p in got.items()}
+                  for i, got in queries.request_proposers(s, [r.id for r in rows]).items()}
     cost = Cost(rows)
     measured_draft = cost.t_draft
     if args.draft_ratio is not None:
@@ -129,7 +132,7 @@ def main(argv=None) -> None:
     runs: dict[str, list] = defaultdict(list)
     for r in rows:
         if r.new_tokens >= args.min_tokens:
-            runs[r.policy + ("+suffix" if r.suffix_trace else "")].append(r)
+            runs[r.policy + ("+suffix" if traces.get(r.id, {}).get("suffix") else "")].append(r)
     draft_runs, suffix_runs, ngram_runs = (runs.get(name, []) for name in
                                            ("auto:draft", "auto+suffix", "auto:ngram"))
     if not (draft_runs and len(draft_runs) == len(suffix_runs) == len(ngram_runs)):
@@ -148,7 +151,9 @@ def main(argv=None) -> None:
         row = {"plain": prefill + (n - 1) * cost(1), "auto:draft": d.wall_s,
                "auto+suffix": x.wall_s, "auto:ngram": g.wall_s}
         for name, allowed in SETS.items():
-            row[name] = row[f"oracle {name}"] = prefill + oracle(n, d.trace, x.suffix_trace, g.ngram_trace, allowed, cost)
+            row[name] = row[f"oracle {name}"] = prefill + oracle(
+                n, traces[d.id]["draft"], traces[x.id]["suffix"], traces[g.id]["ngram"], allowed,
+                cost)
         by_cat[d.category].append(row)
     print(f"{'category':14s} {'requests':>8s}  speedup over plain (median per request) of "
           "what ran and of the oracles; auto:draft's wall ÷ each oracle's; oracle ÷ oracle")

@@ -12,9 +12,8 @@ the whole store — and say which:
   every few seconds does not repeat itself).
 - ``rate_problem`` is the one rule for drafted / accepted counters (what makes them a rate);
   ``write.validate_record`` refuses a record that breaks it, and readers skip a row that does
-  (``request_problem``: a request row, the draft model's counters and the n-gram's;
-  ``counters_problem``: a category's sums, ``stat_counters``, which ``less`` takes a damaged
-  request out of).
+  (``request_problem``: one proposer's row of a request; ``counters_problem``: one
+  proposer's sums of a category, which ``less`` takes a damaged request's row out of).
 - ``tuned_problem`` is why a stored tuning result cannot be applied.
 
 No SQLAlchemy and no torch here: the values are plain Python.
@@ -34,8 +33,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 __all__ = ["collecting", "note", "rate_problem", "tuned_problem", "is_count", "request_note",
-           "stat_counters", "request_counters", "counters_problem", "request_problem", "less",
-           "SUMS", "LISTS"]
+           "proposer_counters", "counters_problem", "request_problem", "less", "SUMS", "LISTS"]
 
 _COLLECTORS: contextvars.ContextVar[tuple[list[str], ...]] = contextvars.ContextVar(
     "autospec_store_skipped", default=())
@@ -112,58 +110,34 @@ def _counts(values: object) -> list[int] | None:
     return [int(v) for v in values] if all(is_count(v) for v in values) else None
 
 
-# the counters of a category's statistics that its requests sum into (per-position lists
-# elementwise): what ``rate_problem`` checks, and what a damaged request is taken out of
-SUMS = ("requests", "prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
-        "accepted", "ngram_drafts", "ngram_drafted", "ngram_accepted", "ngram_lookup_s")
-LISTS = ("accepted_per_position", "drafted_per_position", "ngram_accepted_per_position",
-         "ngram_drafted_per_position")
+# a proposer's counters (a request's row, or a category's sums: ``request_proposers``,
+# ``category_proposers``): what ``rate_problem`` checks, and what a damaged request's row is
+# taken out of its category's sums by (per-position lists elementwise)
+SUMS = ("blocks", "proposed", "accepted", "seconds")
+LISTS = ("proposed_per_position", "accepted_per_position")
 
 
-def stat_counters(st) -> dict[str, Any]:
-    """A ``category_stats`` row's counters, as stored (nothing converted before the check)."""
-    out = {name: getattr(st, name) for name in (*SUMS, *LISTS)}
-    for name in SUMS:
-        if name.startswith("ngram_") and out[name] is None:  # 0006's columns: NULL before it
-            out[name] = 0.0 if name == "ngram_lookup_s" else 0
-    return out
+def proposer_counters(row) -> dict[str, Any]:
+    """A proposer row's counters, as stored (nothing converted before the check)."""
+    return {name: getattr(row, name) for name in (*SUMS, *LISTS)}
 
 
-def request_counters(r) -> dict[str, Any]:
-    """A ``requests`` row's counters, as ``stat_counters`` names them (its n-gram counters from
-    its ``ngram``; a value that is not a dict stays in, to fail the check)."""
-    ng = r.ngram if r.ngram is not None else {}
-    get = ng.get if isinstance(ng, dict) else (lambda name, default=None: ng)
-    return dict(requests=1, prompt_tokens=r.prompt_tokens, new_tokens=r.new_tokens,
-                iterations=r.iterations, drafts=r.drafts, drafted=r.drafted,
-                accepted=r.accepted, accepted_per_position=r.accepted_per_position,
-                drafted_per_position=r.drafted_per_position, ngram_drafts=get("drafts", 0),
-                ngram_drafted=get("drafted", 0), ngram_accepted=get("accepted", 0),
-                ngram_lookup_s=get("lookup_s", 0.0),
-                ngram_accepted_per_position=get("accepted_per_position", ()),
-                ngram_drafted_per_position=get("drafted_per_position", ()))
+def counters_problem(c: dict[str, Any], who: str = "") -> str | None:
+    """Why a proposer's counters (``proposer_counters``) are not an acceptance rate in
+    [0, 1]; None where they are. ``who``: its name, for the message."""
+    return rate_problem(c["proposed"], c["accepted"], c["accepted_per_position"],
+                        c["proposed_per_position"], who=f"{who} " if who else "")
 
 
-def request_problem(r) -> str | None:
-    """Why a ``requests`` row's counters (the draft model's and the n-gram's) are not rates in
-    [0, 1] (``rate_problem``), or None where they are. ``r``: the row, or a result row
-    with its counter columns and ``ngram``."""
-    return counters_problem(request_counters(r))
-
-
-def counters_problem(c: dict[str, Any]) -> str | None:
-    """Why counters (``stat_counters``) are not acceptance rates in [0, 1]; None where they
-    are."""
-    return (rate_problem(c["drafted"], c["accepted"], c["accepted_per_position"],
-                         c["drafted_per_position"])
-            or rate_problem(c["ngram_drafted"], c["ngram_accepted"],
-                            c["ngram_accepted_per_position"], c["ngram_drafted_per_position"],
-                            who="n-gram "))
+def request_problem(row) -> str | None:
+    """Why a request's proposer row (``request_proposers``, with its ``proposer``) is not a
+    rate in [0, 1] (``rate_problem``), or None where it is."""
+    return counters_problem(proposer_counters(row), getattr(row, "proposer", ""))
 
 
 def less(counters: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     """``counters`` with ``part`` (a request's) taken out, per-position lists elementwise."""
-    out = {name: counters[name] - part[name] for name in SUMS}
+    out = {name: (counters[name] or 0) - (part[name] or 0) for name in SUMS}
     for name in LISTS:
         have, minus = list(counters[name] or ()), list(part[name] or ())
         out[name] = [v - (minus[i] if i < len(minus) else 0) for i, v in enumerate(have)]

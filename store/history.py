@@ -12,9 +12,9 @@ of Unix seconds, written per dialect).
 - ``recent_activity``: the policies and k of the latest requests (the policy in force).
 - ``forward_spread``: how much the latest requests' T_t(n) forwards scatter (the summaries
   keep only sums and counts), read from at most ``limit`` rows.
-- ``ngram_profile``: what the n-gram proposer would have done on the latest greedy requests,
-  from their n-gram traces (at most ``limit`` rows): how often it had a match, and how far
-  its proposals agreed with the output there.
+- ``lookup_profile``: what a lookup proposer would have done on the latest greedy requests,
+  from its traces (read by its own replay rule, ``autospec.engine.proposers``): how often it
+  had a draft, how long it was, and how far the output agreed with it.
 - ``ingested_acceptance``: the acceptance counters of the records ``autospec ingest`` wrote
   (an engine's scrapes), per engine, so the report can set an engine's acceptance by position
   beside autospec's own for the same category. It reads those records only (one per ingested
@@ -28,18 +28,18 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, Integer, case, cast, func, literal_column, select
+from sqlalchemy import BigInteger, Integer, case, cast, exists, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from autospec.traces import UNOBSERVED, decode_suffix_value, decode_trace_value
+from autospec.traces import UNOBSERVED
 
 from .damage import note, rate_problem, request_note
-from .tables import Request
+from .tables import Request, RequestProposer
 from .write import category_key
 
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
-           "ForwardSpread", "forward_spread", "NgramProfile", "ngram_profile", "SuffixProfile", "suffix_profile",
+           "ForwardSpread", "forward_spread", "LookupProfile", "lookup_profile",
            "IngestedAcceptance", "ingested_acceptance", "INGESTED"]
 
 INGESTED = "ingested"  # the stop_reason of a record ``autospec ingest`` wrote (no request)
@@ -85,15 +85,15 @@ def plain_vs_speculative(session: Session, category: str | None = None,
     0005) — plain requests on one execution path against speculative ones on another would
     credit speculation with the path's speed, so the report compares within a path.
 
-    A request is plain when it drafted nothing with either proposer: ``drafted`` (the draft
-    model's, Σ k over its blocks) and its n-gram record's ``drafted`` are both 0 (counting only
-    the draft model's would put a prompt-lookup request's speed on the plain side).
+    A request is plain when none of its proposers proposed a token (counting only the draft
+    model's would put a prompt-lookup request's speed on the plain side).
     ``batch_size``: only requests
     that ran at that batch size (default 1; None: all). A row of a batched call shares its
     forwards and its wall time with the other rows, so its tokens/s is not comparable with a
     batch-1 request's: mixing them would credit or blame speculation for the batch size."""
-    ngram_drafted = func.coalesce(Request.ngram["drafted"].as_integer(), 0)
-    plain = case(((Request.drafted == 0) & (ngram_drafted == 0), 1), else_=0).label("plain")
+    proposed = exists().where(RequestProposer.request_id == Request.id,
+                              RequestProposer.proposed > 0)
+    plain = case((proposed, 0), else_=1).label("plain")
     keys = (Request.category_key, Request.pair_id, *((Request.path,) if by_path else ()))
     stmt = _filtered(select(*keys, plain, func.count(), func.sum(Request.new_tokens),
                             func.sum(Request.wall_s)), category, pair_id, batch_size)
@@ -150,12 +150,15 @@ def alpha_over_time(session: Session, category: str | None = None, pair_id: int 
         raise ValueError("bucket_s must be >= 1")
     dialect = session.get_bind().dialect.name
     bucket = _bucket_expr(dialect, int(bucket_s)).label("bucket")
+    model = RequestProposer
     stmt = _filtered(select(bucket, func.count(), func.sum(Request.new_tokens),
-                            func.sum(Request.drafted), func.sum(Request.accepted)),
+                            func.sum(model.proposed), func.sum(model.accepted)),
                      category, pair_id)
-    # a damaged row (more accepted than drafted, written by an older release or by hand) is
-    # not counted: the summaries say which rows they leave out
-    stmt = stmt.where(Request.accepted >= 0, Request.accepted <= Request.drafted)
+    # the model proposer's acceptance (the draft model's); a damaged row (more accepted than
+    # proposed, written by an older release or by hand) is not counted: the summaries say
+    # which rows they leave out
+    stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
+    stmt = stmt.where(model.accepted >= 0, model.accepted <= model.proposed)
     stmt = stmt.group_by(bucket).order_by(bucket)
     return [TimeBucket(datetime.fromtimestamp(int(b) * bucket_s, timezone.utc), int(n),
                        int(tok or 0), int(dr or 0), int(acc or 0))
@@ -232,70 +235,16 @@ def forward_spread(session: Session, category: str | None = None, pair_id: int |
 
 
 @dataclass(frozen=True)
-class NgramProfile:
-    """The n-gram proposer over the latest greedy requests' traces (schema 0006)."""
-
-    requests: int
-    positions: int  # generated positions their traces cover
-    matched: int  # positions where the proposer had a match
-    agree: Counter  # tokens its proposal had in common with the output → positions (matched)
-    draft_observed: int = 0  # the same requests' draft traces: positions observed
-    draft_matched: int = 0  # … where the draft's token was the target's
-
-    @property
-    def draft_alpha(self) -> float | None:
-        """The draft model's acceptance on these requests, from its trace (any k ran)."""
-        return self.draft_matched / self.draft_observed if self.draft_observed else None
-
-    @property
-    def match_rate(self) -> float | None:
-        return self.matched / self.positions if self.positions else None
-
-    def conditional(self, k_max: int = 16) -> list[float | None]:
-        """P(proposed token i accepted | the i − 1 before it were), i = 1 … k_max, where it
-        had a match: under greedy verification a block accepts its agreeing prefix."""
-        out: list[float | None] = []
-        for i in range(k_max):
-            reached = sum(c for a, c in self.agree.items() if a >= i)
-            out.append(sum(c for a, c in self.agree.items() if a > i) / reached
-                       if reached else None)
-        return out
-
-
-def ngram_profile(session: Session, category: str | None = None, pair_id: int | None = None,
-                  limit: int = 200) -> NgramProfile | None:
-    """The n-gram traces of the latest ``limit`` greedy batch-1 requests; None when none of
-    them carries one (logged before 0006). Sampled requests are left out: their trace counts
-    agreement with what was sampled, not what the rule would have accepted."""
-    stmt = _filtered(select(Request.ngram_trace, Request.trace), category, pair_id, 1)
-    stmt = (stmt.where(Request.greedy.is_(True), Request.ngram_trace.is_not(None))
-            .order_by(Request.id.desc()).limit(limit))
-    n = positions = matched = observed = right = 0
-    agree: Counter = Counter()
-    for trace, draft_trace in session.execute(stmt):
-        n += 1
-        for v in bytes(draft_trace):
-            if v != UNOBSERVED:
-                observed += 1
-                right += v == 1
-        for v in bytes(trace):
-            positions += 1
-            got = decode_trace_value(v)
-            if got is not None:
-                matched += 1
-                agree[got[1]] += 1
-    return NgramProfile(n, positions, matched, agree, observed, right) if n else None
-
-
-@dataclass(frozen=True)
-class SuffixProfile:
-    """Suffix decoding over the latest greedy requests' suffix traces (schema 0008): at each
-    generated position where it had a draft, how many tokens the draft held and how many of
-    them the output agreed with."""
+class LookupProfile:
+    """A lookup proposer over the latest greedy requests' traces: at each generated position
+    where it had a draft, how many tokens the draft held and how many of them the output
+    agreed with; and the same requests' model trace (the draft model's acceptance there)."""
 
     requests: int
     positions: int  # generated positions their traces cover
     cells: Counter  # (agreeing tokens, draft length) → positions where it had a draft
+    draft_observed: int = 0  # the same requests' model traces: positions observed
+    draft_matched: int = 0  # … where the draft's token was the target's
 
     @property
     def matched(self) -> int:
@@ -305,11 +254,26 @@ class SuffixProfile:
     def match_rate(self) -> float | None:
         return self.matched / self.positions if self.positions else None
 
+    @property
+    def draft_alpha(self) -> float | None:
+        """The draft model's acceptance on these requests, from its trace (any k ran)."""
+        return self.draft_matched / self.draft_observed if self.draft_observed else None
+
+    def conditional(self, k_max: int = 16) -> list[float | None]:
+        """P(proposed token i accepted | the i − 1 before it were), i = 1 … k_max, where it
+        had a draft that long: under greedy verification a block accepts its agreeing prefix."""
+        out: list[float | None] = []
+        for i in range(k_max):
+            reached = sum(c for (a, n), c in self.cells.items() if a >= i and n > i)
+            out.append(sum(c for (a, n), c in self.cells.items() if a > i and n > i) / reached
+                       if reached else None)
+        return out
+
     def block(self, k: int, cost) -> tuple[float, float]:
-        """(E[tokens], E[seconds of the target]) of a suffix block of at most k tokens where
-        it has a draft: it holds min(k, length) tokens and, under greedy verification,
-        accepts min(agreement, k) of them plus the token the target adds; the target scores
-        the block and that token (``cost(n)``: T_t(n))."""
+        """(E[tokens], E[seconds of the target]) of its block of at most k tokens where it has
+        a draft: it holds min(k, length) tokens and, under greedy verification, accepts
+        min(agreement, k) of them plus the token the target adds; the target scores the block
+        and that token (``cost(n)``: T_t(n))."""
         n = self.matched
         if not n:
             return 1.0, cost(1)
@@ -321,25 +285,32 @@ class SuffixProfile:
         return tokens / n, seconds / n
 
 
-def suffix_profile(session: Session, category: str | None = None, pair_id: int | None = None,
-                   limit: int = 200) -> SuffixProfile | None:
-    """The suffix traces of the latest ``limit`` greedy batch-1 requests; None when none of
-    them carries one (no suffix proposer, or logged before 0008). Sampled requests are left
-    out, as for ``ngram_profile``."""
-    stmt = _filtered(select(Request.suffix_trace), category, pair_id, 1)
-    stmt = (stmt.where(Request.greedy.is_(True), Request.suffix_trace.is_not(None))
-            .order_by(Request.id.desc()).limit(limit))
-    n = positions = 0
+def lookup_profile(rows, proposer: str, replay, limit: int = 200) -> LookupProfile | None:
+    """The profile of ``proposer`` over the greedy batch-1 rows of ``rows`` (the store's
+    ``TraceRow``s, newest last) that carry its trace, the latest ``limit`` of them;
+    ``replay``: its class's replay rule (``Proposer.replay``), whose ``read(g)`` gives
+    (match, agreeing tokens, draft length) per position. None where none carries one.
+    Sampled requests are left out: their trace counts agreement with what was sampled, not
+    what the rule would have accepted."""
+    mine = [r for r in rows if r.trace_kind == "greedy" and r.batch_size == 1
+            and proposer in r.traces][-limit:]
+    n = positions = observed = right = 0
     cells: Counter = Counter()
-    for (trace,) in session.execute(stmt):
+    for row in mine:
+        rule = replay(row)
+        if rule is None:
+            continue
         n += 1
-        trace = bytes(trace)
-        for p in range(len(trace) // 2):
+        for v in row.trace:
+            if v != UNOBSERVED:
+                observed += 1
+                right += v == 1
+        for g in range(row.new_tokens or len(row.trace)):
             positions += 1
-            got = decode_suffix_value(trace, p)
-            if got is not None:
+            got = rule.read(g)
+            if got is not None and got[0]:
                 cells[(got[1], got[2])] += 1
-    return SuffixProfile(n, positions, cells) if n else None
+    return LookupProfile(n, positions, cells, observed, right) if n else None
 
 
 @dataclass(frozen=True)
@@ -362,10 +333,12 @@ def ingested_acceptance(session: Session, category: str | None = None,
     that ``autospec ingest`` wrote, in order of first ingest; [] where there are none. A
     record whose counters are not a rate in [0, 1] (``damage.rate_problem``: written before
     ingest refused them, or by hand) is left out and noted."""
+    model = RequestProposer
     stmt = _filtered(select(Request.id, Request.category, Request.pair_id, Request.policy,
-                            Request.new_tokens, Request.drafts, Request.drafted,
-                            Request.accepted, Request.accepted_per_position,
-                            Request.drafted_per_position), category, pair_id)
+                            Request.new_tokens, model.blocks, model.proposed,
+                            model.accepted, model.accepted_per_position,
+                            model.proposed_per_position), category, pair_id)
+    stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
     stmt = stmt.where(Request.stop_reason == INGESTED).order_by(Request.id)
     sums: dict[str, list] = {}
     for (rid, cat, pid, policy, new, drafts, drafted, accepted, acc_pos,

@@ -80,17 +80,36 @@ def upgrade(engine: Engine) -> None:
     ensure_wal(engine)
     if not needed:
         return
-    with engine.execution_options(autospec_write=True).connect() as conn, conn.begin():
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
-        current = current_revision(conn)  # again, under the lock: another process may be first
-        if not _check(current):
-            return
-        log.info("upgrading store schema %s → %s", ",".join(current) or "(empty)",
-                 head_revision())
-        cfg = _config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    with engine.execution_options(autospec_write=True).connect() as conn:
+        # SQLite rebuilds a table to alter it (Alembic's batch mode): with foreign keys
+        # enforced, dropping the old copy would cascade into the rows that reference it. As
+        # SQLite's own procedure for schema changes has it, enforcement is off while the
+        # migrations run (set outside the transaction: inside, the pragma does nothing), the
+        # keys are checked before committing, and enforcement is back on after.
+        raw = conn.connection.dbapi_connection if engine.dialect.name == "sqlite" else None
+        if raw is not None:
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                if engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
+                current = current_revision(conn)  # again, under the lock: another may be first
+                if not _check(current):
+                    return
+                log.info("upgrading store schema %s → %s", ",".join(current) or "(empty)",
+                         head_revision())
+                cfg = _config()
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+                if raw is not None:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise StoreError(f"the schema upgrade would leave {len(broken)} row(s) "
+                                         f"pointing at nothing (first: {tuple(broken[0])}); "
+                                         "nothing was changed")
+        finally:
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")
 
 
 def check_writable(engine: Engine) -> None:

@@ -28,22 +28,23 @@ from .damage import (
     counters_problem,
     less,
     note,
-    request_counters,
+    proposer_counters,
     request_note,
     request_problem,
-    stat_counters,
     tuned_problem,
 )
 from .decisions import unpack as unpack_decisions
-from .record import trace_acceptance
+from .record import UNOBSERVED, trace_acceptance
 from .tables import (
     Categorizer,
     CategoryPath,
+    CategoryProposer,
     CategoryStat,
     Pair,
     PairCost,
     Probe,
     Request,
+    RequestProposer,
     TunedParams,
 )
 from .write import category_key, pair_key
@@ -55,7 +56,7 @@ __all__ = [
     "latest_probe", "pair_id", "batch_costs", "live_batch_grid", "MIN_FORWARDS",
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
-    "catch_ups", "suffix_lookup_s_per_token",
+    "catch_ups", "lookup_seconds_per_token", "ProposerSums", "request_proposers",
 ]
 
 Z95 = 1.959963984540054
@@ -108,7 +109,94 @@ class PairRow:
 
 
 @dataclass(frozen=True)
-class CategorySummary:
+class ProposerSums:
+    """One proposer's counters, a request's (``request_proposers``, with its trace) or a
+    category's sums (``category_proposers``), and what derives from them."""
+
+    name: str
+    kind: str  # "model" or "lookup"
+    blocks: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_per_position: tuple[int, ...] = ()
+    accepted_per_position: tuple[int, ...] = ()
+    seconds: float = 0.0  # host seconds proposing
+    trace: bytes | None = None  # a request's: what its replay rule reads
+    confidence: bytes | None = None  # a request's model: top probability per position
+    settings: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, row, **counters) -> ProposerSums:
+        """From a row of ``request_proposers`` or ``category_proposers`` (``counters``: the
+        counters to take instead of the row's, where some were taken out)."""
+        c = counters or proposer_counters(row)
+        return cls(name=row.proposer, kind=row.kind, blocks=int(c["blocks"]),
+                   proposed=int(c["proposed"]), accepted=int(c["accepted"]),
+                   proposed_per_position=tuple(c["proposed_per_position"] or ()),
+                   accepted_per_position=tuple(c["accepted_per_position"] or ()),
+                   seconds=float(c["seconds"] or 0.0),
+                   trace=_bytes(getattr(row, "trace", None)),
+                   confidence=_bytes(getattr(row, "confidence", None)),
+                   settings=getattr(row, "settings", None))
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def alpha_ci95(self) -> tuple[float, float] | None:
+        return wilson_interval(self.accepted, self.proposed)
+
+    @property
+    def acceptance_by_position(self) -> tuple[float | None, ...]:
+        return tuple(a / d if d else None
+                     for a, d in zip(self.accepted_per_position, self.proposed_per_position))
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return 1 + self.accepted / self.blocks if self.blocks else None
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        """Host seconds per token it proposed (a lookup's T_propose; None: none proposed)."""
+        return self.seconds / self.proposed if self.proposed else None
+
+
+def _bytes(value) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+class _ModelFigures:
+    """The model proposer's figures (the draft model's: the headline acceptance) read off
+    ``proposers`` by the kinds the store keeps (zeros and None where there is none)."""
+
+    @property
+    def model(self) -> ProposerSums | None:
+        return next((p for p in self.proposers.values() if p.kind == "model"), None)
+
+    @property
+    def drafts(self) -> int:
+        return self.model.blocks if self.model else 0
+
+    @property
+    def drafted(self) -> int:
+        return self.model.proposed if self.model else 0
+
+    @property
+    def accepted(self) -> int:
+        return self.model.accepted if self.model else 0
+
+    @property
+    def accepted_per_position(self) -> tuple[int, ...]:
+        return self.model.accepted_per_position if self.model else ()
+
+    @property
+    def drafted_per_position(self) -> tuple[int, ...]:
+        return self.model.proposed_per_position if self.model else ()
+
+
+@dataclass(frozen=True)
+class CategorySummary(_ModelFigures):
     """Running sums of one (category, pair) and the figures derived from them."""
 
     category: str
@@ -117,11 +205,6 @@ class CategorySummary:
     prompt_tokens: int
     new_tokens: int
     iterations: int
-    drafts: int
-    drafted: int
-    accepted: int
-    accepted_per_position: tuple[int, ...]
-    drafted_per_position: tuple[int, ...]
     draft_s: float
     draft_forwards: int
     target_s_sum_by_n: dict[int, float]
@@ -142,21 +225,9 @@ class CategorySummary:
     # derives from them) come from: one path only (``category_summaries``); None: unknown,
     # the requests logged before paths were stored
     path: str | None = None
-    # the n-gram proposer's iterations (0006), apart from the draft model's counters above
-    ngram_drafts: int = 0
-    ngram_drafted: int = 0
-    ngram_accepted: int = 0
-    ngram_accepted_per_position: tuple[int, ...] = ()
-    ngram_drafted_per_position: tuple[int, ...] = ()
-    ngram_lookup_s: float = 0.0  # host seconds of its lookups (failed lookups included)
-
-    @property
-    def by_proposer(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-        """(accepted, drafted) per position of each proposer the sums count, by name."""
-        out = {"draft": (self.accepted_per_position, self.drafted_per_position)}
-        if self.ngram_drafted_per_position:
-            out["ngram"] = (self.ngram_accepted_per_position, self.ngram_drafted_per_position)
-        return out
+    # every proposer's sums, by name (``category_proposers``): the model's (the draft
+    # model's, the headline figures below) and each lookup's
+    proposers: dict[str, ProposerSums] = field(default_factory=dict)
     # derived
     alpha: float | None = field(init=False)
     alpha_ci95: tuple[float, float] | None = field(init=False)
@@ -169,21 +240,16 @@ class CategorySummary:
     bandwidth_utilisation: float | None = field(init=False)  # achieved / peak
     nvml_mem_busy_pct: float | None = field(init=False)  # mean over requests
     nvml_sm_util_pct: float | None = field(init=False)
-    ngram_alpha: float | None = field(init=False)  # its accepted / drafted
-    ngram_acceptance_by_position: tuple[float | None, ...] = field(init=False)
-    # lookup seconds per token it drafted: the n-gram proposer's T_d (None: it never drafted)
-    ngram_lookup_s_per_token: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        put("alpha", self.accepted / self.drafted if self.drafted else None)
-        put("alpha_ci95", wilson_interval(self.accepted, self.drafted))
-        put("acceptance_by_position", tuple(
-            a / d if d else None
-            for a, d in zip(self.accepted_per_position, self.drafted_per_position)))
-        put("mean_accepted_length", 1 + self.accepted / self.drafts if self.drafts else None)
+        model = self.model
+        put("alpha", model.alpha if model else None)
+        put("alpha_ci95", model.alpha_ci95 if model else None)
+        put("acceptance_by_position", model.acceptance_by_position if model else ())
+        put("mean_accepted_length", model.mean_accepted_length if model else None)
         put("t_draft_s", self.draft_s / self.draft_forwards if self.draft_forwards else None)
         put("t_target_s_by_n", {n: s / self.target_count_by_n[n]
                                 for n, s in self.target_s_sum_by_n.items()
@@ -197,13 +263,13 @@ class CategorySummary:
             if self.nvml_mem_busy_n else None)
         put("nvml_sm_util_pct", self.nvml_sm_util_sum / self.nvml_sm_util_n
             if self.nvml_sm_util_n else None)
-        put("ngram_alpha", self.ngram_accepted / self.ngram_drafted
-            if self.ngram_drafted else None)
-        put("ngram_acceptance_by_position", tuple(
-            a / d if d else None
-            for a, d in zip(self.ngram_accepted_per_position, self.ngram_drafted_per_position)))
-        put("ngram_lookup_s_per_token", self.ngram_lookup_s / self.ngram_drafted
-            if self.ngram_drafted else None)
+
+    @property
+    def by_proposer(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """(accepted, proposed) per position of every proposer, by name (what a policy's
+        statistics warm from: ``LiveStats.warm_start``)."""
+        return {n: (p.accepted_per_position, p.proposed_per_position)
+                for n, p in self.proposers.items()}
 
     @property
     def pair_id(self) -> int:
@@ -268,13 +334,8 @@ def category_summaries(session: Session, category: str | None = None,
     by_path = _paths_served(session, category, pair_id)
     pooled = path_costs(session, pair_id)
     out = []
+    sums = _category_proposers(session, category, pair_id)
     for st, p in session.execute(stmt):
-        counters = stat_counters(st)
-        problem = counters_problem(counters)
-        if problem is not None:  # a damaged row in the store: left out, and said so
-            counters = _less_damaged(session, st, counters, problem)
-            if counters is None:
-                continue
         known = by_path.get((st.category_key, st.pair_id), {})
         chosen = path
         if chosen is _SERVED:
@@ -292,47 +353,62 @@ def category_summaries(session: Session, category: str | None = None,
         else:  # a path this category never ran on (or unknown beside known ones): no costs
             timing = dict(draft_s=0.0, draft_forwards=0, target_s_sum_by_n={},
                           target_count_by_n={})
-        c = counters
+        proposers = {}
+        for row in sums.get((st.category_key, st.pair_id), ()):
+            counters = proposer_counters(row)
+            problem = counters_problem(counters, row.proposer)
+            if problem is not None:  # a damaged row in the store: left out, and said so
+                counters = _less_damaged(session, st, row, counters, problem)
+                if counters is None:
+                    continue
+            proposers[row.proposer] = ProposerSums.of(row, **counters)
         out.append(CategorySummary(
-            category=st.category, pair=PairRow.of(p), requests=c["requests"],
-            prompt_tokens=c["prompt_tokens"], new_tokens=c["new_tokens"],
-            iterations=c["iterations"], drafts=c["drafts"], drafted=c["drafted"],
-            accepted=c["accepted"], accepted_per_position=tuple(c["accepted_per_position"] or ()),
-            drafted_per_position=tuple(c["drafted_per_position"] or ()), **timing,
-            k_counts=_ints(st.k_counts),
+            category=st.category, pair=PairRow.of(p), requests=st.requests,
+            prompt_tokens=st.prompt_tokens, new_tokens=st.new_tokens,
+            iterations=st.iterations, **timing, k_counts=_ints(st.k_counts),
             wall_s=st.wall_s, prefill_s=st.prefill_s, bandwidth_bytes=st.bandwidth_bytes,
             bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
             nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
             nvml_sm_util_sum=st.nvml_sm_util_sum, nvml_sm_util_n=st.nvml_sm_util_n,
             first_seen=st.first_seen, last_seen=st.last_seen, path=chosen,
-            ngram_drafts=c["ngram_drafts"], ngram_drafted=c["ngram_drafted"],
-            ngram_accepted=c["ngram_accepted"],
-            ngram_accepted_per_position=tuple(c["ngram_accepted_per_position"] or ()),
-            ngram_drafted_per_position=tuple(c["ngram_drafted_per_position"] or ()),
-            ngram_lookup_s=c["ngram_lookup_s"]))
+            proposers=proposers))
     out.sort(key=lambda s: (-s.requests, s.category, s.pair.id))
     return out
 
 
-def _less_damaged(session: Session, st: CategoryStat, counters: dict[str, Any],
-                  problem: str) -> dict[str, Any] | None:
-    """A damaged ``category_stats`` row (``problem``) read as well as it can be: its counters
-    less those of its requests whose own counters break the rule (each one noted), where what
-    is left keeps the rule and counts a request; else None, and the row is noted as left out.
-    Runs only on a damaged row (it reads the category's requests)."""
-    cols = (Request.id, Request.policy, Request.prompt_tokens, Request.new_tokens,
-            Request.iterations, Request.drafts, Request.drafted, Request.accepted,
-            Request.accepted_per_position, Request.drafted_per_position, Request.ngram)
-    stmt = (select(*cols).where(Request.category_key == st.category_key,
-                                Request.pair_id == st.pair_id).order_by(Request.id))
+def _category_proposers(session: Session, category: str | None, pair_id: int | None
+                        ) -> dict[tuple[str, int], list[CategoryProposer]]:
+    """The ``category_proposers`` rows by (category_key, pair_id), sorted by name."""
+    stmt = select(CategoryProposer).order_by(CategoryProposer.proposer)
+    if category is not None:
+        stmt = stmt.where(CategoryProposer.category_key == category_key(category))
+    if pair_id is not None:
+        stmt = stmt.where(CategoryProposer.pair_id == pair_id)
+    out: dict[tuple[str, int], list[CategoryProposer]] = {}
+    for row in session.scalars(stmt):
+        out.setdefault((row.category_key, row.pair_id), []).append(row)
+    return out
+
+
+def _less_damaged(session: Session, st: CategoryStat, row: CategoryProposer,
+                  counters: dict[str, Any], problem: str) -> dict[str, Any] | None:
+    """A damaged ``category_proposers`` row (``problem``) read as well as it can be: its
+    counters less those of its requests' rows of that proposer whose own counters break the
+    rule (each one noted), where what is left keeps the rule; else None, and the row is noted
+    as left out. Runs only on a damaged row (it reads the category's requests)."""
+    stmt = (select(RequestProposer, Request.policy)
+            .join(Request, Request.id == RequestProposer.request_id)
+            .where(Request.category_key == st.category_key, Request.pair_id == st.pair_id,
+                   RequestProposer.proposer == row.proposer)
+            .order_by(Request.id))
     left = dict(counters)
     bad: list[tuple[int, str, str]] = []
     try:
-        for r in session.execute(stmt.execution_options(yield_per=1000)):
+        for r, policy in session.execute(stmt.execution_options(yield_per=1000)):
             why = request_problem(r)
             if why is not None:
-                bad.append((r.id, r.policy, why))
-                left = less(left, request_counters(r))
+                bad.append((r.request_id, policy, why))
+                left = less(left, proposer_counters(r))
     except (TypeError, ValueError):  # a row too damaged to take out: the whole row goes
         sound = False
     else:
@@ -341,16 +417,18 @@ def _less_damaged(session: Session, st: CategoryStat, counters: dict[str, Any],
     if not sound:
         rows = f" (its damaged request rows: {', '.join(str(b[0]) for b in bad[:5])})" \
             if bad else ""
-        note(f"{where}: its statistics hold {problem}{rows}; left out")
+        note(f"{where}: its statistics of {named(row.proposer, 64)} hold {problem}{rows}; "
+             "left out")
         return None
     for rid, policy, why in bad:
         note(request_note(rid, st.category, st.pair_id, policy, why))
-    return left if left["requests"] > 0 else None  # nothing else: nothing to show
+    return left
 
 
 @dataclass(frozen=True)
-class RequestRow:
-    """One stored request, as the runtime recorded it (times as aware UTC datetimes)."""
+class RequestRow(_ModelFigures):
+    """One stored request, as the runtime recorded it (times as aware UTC datetimes), with its
+    proposers' rows by name (``proposers``; the model's figures read off them)."""
 
     id: int
     created_at: datetime
@@ -361,15 +439,9 @@ class RequestRow:
     prompt_tokens: int
     new_tokens: int
     iterations: int
-    drafts: int
-    drafted: int
-    accepted: int
-    accepted_per_position: list[int]
-    drafted_per_position: list[int]
     k_schedule: bytes
     accepted_schedule: bytes
     trace_kind: str
-    trace: bytes
     wall_s: float
     prefill_s: float
     draft_s: float
@@ -385,37 +457,69 @@ class RequestRow:
     category_source: str = "given"
     features: bytes | None = None
     predicted_alpha: float | None = None
-    confidence: bytes | None = None
     batch_size: int = 1  # rows of the batch the request started in
     # forwards at batch B > 1: (B, n) → [seconds]; B → [seconds per proposed token]
     target_s_by_bn: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     draft_s_by_b: dict[int, list[float]] = field(default_factory=dict)
     path: str | None = None  # the execution path (None: unknown, logged before 0005)
-    # the n-gram proposer (0006; None: not recorded): its counters and settings, per
-    # iteration 1 = it drafted, per generated position what it would have matched
-    ngram: dict[str, Any] | None = None
-    proposer_schedule: bytes | None = None
-    ngram_trace: bytes | None = None
-    # the draft model's catch-up forwards (0007; None: not recorded): (tokens, seconds)
+    # the model's catch-up forwards (0007; None: not recorded): (tokens, seconds)
     draft_catch_ups: list[tuple[int, float]] | None = None
-    # suffix decoding (0008; None: not recorded): its counters and its trace
-    suffix: dict[str, Any] | None = None
-    suffix_trace: bytes | None = None
+    # its proposers' rows, by name (0011), and who drafted each iteration (a name; None: a
+    # plain step; the list None where the store has no schedule)
+    proposers: dict[str, ProposerSums] = field(default_factory=dict)
+    proposer_schedule: list[str | None] | None = None
+    batch_id: str | None = None  # the batched call it ran in (None: batch 1)
+
+    @property
+    def trace(self) -> bytes:
+        """The model proposer's acceptance trace (unobserved throughout without one)."""
+        model = self.model
+        if model is not None and model.trace is not None:
+            return model.trace
+        return bytes([UNOBSERVED]) * self.new_tokens
+
+    @property
+    def confidence(self) -> bytes | None:
+        return self.model.confidence if self.model else None
 
     @classmethod
-    def of(cls, r: Request) -> RequestRow:
-        values = {name: getattr(r, name) for name in cls.__dataclass_fields__}
+    def of(cls, r: Request, proposers: dict[str, ProposerSums]) -> RequestRow:
+        names = {f for f in cls.__dataclass_fields__ if f not in ("proposers",
+                                                                   "proposer_schedule")}
+        values = {name: getattr(r, name) for name in names}
         values["target_s_by_n"] = _ints(r.target_s_by_n)
         values["batch_size"] = r.batch_size or 1
         values["target_s_by_bn"] = _pairs(r.target_s_by_bn)
         values["draft_s_by_b"] = _ints(r.draft_s_by_b)
         if r.draft_catch_ups is not None:
             values["draft_catch_ups"] = [(int(g), float(c)) for g, c in r.draft_catch_ups]
-        for name in ("k_schedule", "accepted_schedule", "trace", "features", "confidence",
-                     "proposer_schedule", "ngram_trace", "suffix_trace"):
+        for name in ("k_schedule", "accepted_schedule", "features"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
-        return cls(**values)
+        return cls(**values, proposers=proposers,
+                   proposer_schedule=schedule_names(r.proposer_schedule, proposers))
+
+
+def schedule_names(stored: bytes | None, proposers) -> list[str | None] | None:
+    """A stored ``proposer_schedule`` (per iteration the 1-based index of the drafting
+    proposer among the request's, sorted by name; 0: nobody) as names (None: a plain step).
+    None where nothing was stored: every iteration the model's, or plain."""
+    if stored is None:
+        return None
+    names = sorted(proposers)
+    return [names[b - 1] if 0 < b <= len(names) else None for b in bytes(stored)]
+
+
+def request_proposers(session: Session, ids) -> dict[int, dict[str, ProposerSums]]:
+    """The ``request_proposers`` rows of these requests: request id → name → its row."""
+    out: dict[int, dict[str, ProposerSums]] = {}
+    ids = list(ids)
+    for at in range(0, len(ids), 500):
+        stmt = (select(RequestProposer).where(RequestProposer.request_id.in_(ids[at:at + 500]))
+                .order_by(RequestProposer.request_id, RequestProposer.proposer))
+        for row in session.scalars(stmt):
+            out.setdefault(row.request_id, {})[row.proposer] = ProposerSums.of(row)
+    return out
 
 
 @dataclass(frozen=True)
@@ -484,43 +588,45 @@ def recent_requests(session: Session, category: str | None = None,
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
         stmt = stmt.where(Request.pair_id == pair_id)
-    return [RequestRow.of(r) for r in session.scalars(stmt)]
+    rows = list(session.scalars(stmt))
+    props = request_proposers(session, [r.id for r in rows])
+    return [RequestRow.of(r, props.get(r.id, {})) for r in rows]
 
 
 class TraceRow(NamedTuple):
-    """What the simulator replays: the acceptance trace and the schedule actually run."""
+    """What the simulator replays: each proposer's trace by name (``Proposer.replay`` reads
+    its own: ``autospec.engine.proposers``), its extras (the model's confidences, a lookup's
+    settings), and the schedule actually run."""
 
     trace_kind: str
-    trace: bytes
+    traces: dict[str, bytes]
     k_schedule: bytes
     accepted_schedule: bytes
     id: int = 0
     created_at: datetime | None = None
     category: str = ""
-    confidence: bytes | None = None  # the draft's top probability per position (records)
     batch_size: int = 1  # rows of the batch the request started in
-    # the n-gram proposer (0006): its trace (match length and agreeing tokens per position,
-    # ``autospec.ngram.ngram_trace``) and which iterations it drafted; None before 0006
-    ngram_trace: bytes | None = None
-    proposer_schedule: bytes | None = None
-    prompt_tokens: int = 0  # the draft model's first catch-up takes these in (replay)
-    # suffix decoding (0008): what it would have drafted at every generated position (match
-    # length, agreeing tokens, draft length; ``autospec.suffix.suffix_trace``); None: not
-    # recorded
-    suffix_trace: bytes | None = None
+    proposer_schedule: list[str | None] | None = None  # who drafted each iteration
+    prompt_tokens: int = 0  # the model's first catch-up takes these in (replay)
+    new_tokens: int = 0  # generated positions (0: the length of its model's trace)
+    extras: dict[str, dict] = {}
+    kinds: dict[str, str] = {}  # each proposer's kind ("model", "lookup")
+    batch_id: str | None = None  # the batched call it ran in (None: batch 1)
 
     @property
-    def traces(self) -> dict[str, bytes]:
-        """Each proposer's trace by name (``Proposer.replay`` reads its own)."""
-        out = {"draft": self.trace}
-        for name, trace in (("ngram", self.ngram_trace), ("suffix", self.suffix_trace)):
-            if trace:
-                out[name] = trace
-        return out
+    def model(self) -> str | None:
+        """Its model proposer's name, if it had one."""
+        return next((n for n, k in self.kinds.items() if k == "model"), None)
 
     @property
-    def extras(self) -> dict[str, dict]:
-        return {"draft": {"confidence": self.confidence}} if self.confidence else {}
+    def trace(self) -> bytes:
+        """The model proposer's acceptance trace (unobserved throughout without one)."""
+        got = self.traces.get(self.model) if self.model else None
+        return got if got is not None else bytes([UNOBSERVED]) * self.new_tokens
+
+    @property
+    def confidence(self) -> bytes | None:
+        return (self.extras.get(self.model) or {}).get("confidence") if self.model else None
 
 
 def _when(t: datetime | float) -> datetime:
@@ -535,10 +641,10 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     ``since`` (inclusive) / ``until`` (exclusive): aware datetimes or Unix times.
     ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first).
     ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
-    stmt = select(Request.trace_kind, Request.trace, Request.k_schedule,
-                  Request.accepted_schedule, Request.id, Request.created_at, Request.category,
-                  Request.confidence, Request.batch_size, Request.ngram_trace,
-                  Request.proposer_schedule, Request.prompt_tokens, Request.suffix_trace)
+    stmt = select(Request.trace_kind, Request.k_schedule, Request.accepted_schedule,
+                  Request.id, Request.created_at, Request.category, Request.batch_size,
+                  Request.proposer_schedule, Request.prompt_tokens, Request.new_tokens,
+                  Request.batch_id)
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -558,12 +664,27 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     elif limit is not None:
         stmt = stmt.limit(limit)
     stmt = stmt.order_by(Request.id)
-    for (kind, trace, ks, acc, rid, created, cat, conf, batch, ng, props,
-         prompt, sfx) in session.execute(stmt.execution_options(yield_per=500)):
-        yield TraceRow(kind, bytes(trace), bytes(ks), bytes(acc), rid, created, cat,
-                       None if conf is None else bytes(conf), batch or 1,
-                       None if ng is None else bytes(ng), None if props is None else bytes(props),
-                       prompt or 0, None if sfx is None else bytes(sfx))
+    chunk: list = []
+    for row in session.execute(stmt.execution_options(yield_per=500)):
+        chunk.append(row)
+        if len(chunk) == 500:
+            yield from _trace_rows(session, chunk)
+            chunk = []
+    yield from _trace_rows(session, chunk)
+
+
+def _trace_rows(session: Session, rows: list) -> Iterator[TraceRow]:
+    """``TraceRow``s of these request rows, their proposers' rows read in one query."""
+    props = request_proposers(session, [r.id for r in rows])
+    for (kind, ks, acc, rid, created, cat, batch, sched, prompt, new, batch_id) in rows:
+        mine = props.get(rid, {})
+        extras = {n: {**(p.settings or {}),
+                      **({"confidence": p.confidence} if p.confidence is not None else {})}
+                  for n, p in mine.items()}
+        yield TraceRow(kind, {n: p.trace for n, p in mine.items() if p.trace is not None},
+                       bytes(ks), bytes(acc), rid, created, cat, batch or 1,
+                       schedule_names(sched, mine), prompt or 0, new or 0, extras,
+                       {n: p.kind for n, p in mine.items()}, batch_id)
 
 
 @dataclass(frozen=True)
@@ -654,21 +775,22 @@ def catch_ups(session: Session, pair_id: int, *, path: str | None = None, recent
     return points, (draft_s / forwards if forwards >= min_forwards else None)
 
 
-def suffix_lookup_s_per_token(session: Session, pair_id: int, category: str, *,
-                              recent: int = 1000) -> float | None:
-    """Suffix decoding's host seconds per token it proposed, over the latest ``recent``
-    requests of (category, pair) that had it (its ``suffix`` counters, 0008): what replay
-    prices its lookups at. None before it proposed a token."""
-    stmt = (select(Request.suffix)
-            .where(Request.pair_id == pair_id,
-                   Request.category_key == category_key(category),
-                   Request.suffix.is_not(None))
-            .order_by(Request.id.desc()).limit(recent))
-    seconds, drafted = 0.0, 0
-    for (counters,) in session.execute(stmt):
-        seconds += float((counters or {}).get("lookup_s") or 0.0)
-        drafted += int((counters or {}).get("drafted") or 0)
-    return seconds / drafted if drafted else None
+def lookup_seconds_per_token(session: Session, pair_id: int, category: str | None = None
+                             ) -> dict[str, float]:
+    """Each lookup proposer's host seconds per token it proposed, by name, over every request
+    of the pair (of ``category``, where given) that had it (``category_proposers``): what
+    replay prices its lookups at. A proposer that never proposed a token is left out."""
+    stmt = (select(CategoryProposer.proposer, CategoryProposer.seconds,
+                   CategoryProposer.proposed)
+            .where(CategoryProposer.pair_id == pair_id, CategoryProposer.kind == "lookup"))
+    if category is not None:
+        stmt = stmt.where(CategoryProposer.category_key == category_key(category))
+    seconds: dict[str, float] = {}
+    proposed: dict[str, int] = {}
+    for name, s_, n in session.execute(stmt):
+        seconds[name] = seconds.get(name, 0.0) + float(s_ or 0.0)
+        proposed[name] = proposed.get(name, 0) + int(n or 0)
+    return {n: seconds[n] / proposed[n] for n in seconds if proposed[n] > 0}
 
 
 def catch_up_source(session: Session, pair_id: int, *, path: str | None = None,
@@ -954,8 +1076,11 @@ def feature_rows(session: Session, *, pair_id: int | None = None,
                  limit: int | None = None) -> Iterator[FeatureRow]:
     """Requests that stored features, oldest first (streamed). ``sources``: which category
     provenance to include (default: only categories the caller gave, i.e. real labels)."""
+    model = (select(RequestProposer.request_id, RequestProposer.trace)
+             .where(RequestProposer.kind == "model").subquery())
     stmt = (select(Request.id, Request.created_at, Request.category, Request.category_source,
-                   Request.pair_id, Request.features, Request.trace_kind, Request.trace)
+                   Request.pair_id, Request.features, Request.trace_kind, model.c.trace)
+            .outerjoin(model, model.c.request_id == Request.id)
             .where(Request.features.is_not(None)).order_by(Request.id))
     if pair_id is not None:
         stmt = stmt.where(Request.pair_id == pair_id)
@@ -970,4 +1095,4 @@ def feature_rows(session: Session, *, pair_id: int | None = None,
     for rid, created, cat, src, pid, feats, kind, trace in session.execute(
             stmt.execution_options(yield_per=1000)):
         yield FeatureRow(rid, created, cat, src, pid, bytes(feats),
-                         trace_acceptance(kind, bytes(trace)))
+                         None if trace is None else trace_acceptance(kind, bytes(trace)))

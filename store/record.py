@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PairInfo", "RequestRecord", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED",
-           "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "NGRAM_KEYS", "SUFFIX_KEYS",
-           "CATEGORY_SOURCES", "trace_acceptance", "check_category"]
+__all__ = ["PairInfo", "RequestRecord", "ProposerRecord", "TRACE_GREEDY", "TRACE_SAMPLED",
+           "UNOBSERVED", "TRACE_CATCH_UP_MAX", "NGRAM_NONE", "MATCH_REACH", "PROPOSER_KINDS",
+           "CATEGORY_SOURCES", "trace_acceptance", "check_category", "check_proposer_name"]
 
 from autospec.traces import (  # noqa: E402  (the one definition: torch-free)
     MATCH_REACH,
@@ -24,12 +24,8 @@ from autospec.traces import (  # noqa: E402  (the one definition: torch-free)
     UNOBSERVED,
 )
 
-# a request's n-gram counters (``RequestRecord.ngram``)
-NGRAM_KEYS = ("max_n", "min_n", "drafts", "drafted", "accepted", "accepted_per_position",
-              "drafted_per_position", "lookup_s")
-# a request's suffix-decoding counters (``RequestRecord.suffix``)
-SUFFIX_KEYS = NGRAM_KEYS[2:]
 CATEGORY_SOURCES = ("given", "auto", "default")
+PROPOSER_KINDS = ("model", "lookup")  # a proposer's kind (``autospec.engine.proposers``)
 
 CATEGORY_RULE = ("a category is a non-blank string of any Unicode text except NUL (U+0000) and "
                  "lone surrogates")
@@ -58,6 +54,37 @@ def check_category(category: object) -> str:
     return category
 
 
+def check_proposer_name(name: object) -> str:
+    """A proposer's name as the store keys it: an ASCII identifier of at most 64 characters
+    (``autospec.engine.proposers.register`` holds every registered one to the same rule)."""
+    if not isinstance(name, str) or not name.isascii() or not name.isidentifier() or len(
+            name) > 64:
+        raise ValueError(f"a proposer's name must be an ASCII identifier of at most 64 "
+                         f"characters, got {name!r}")
+    return name
+
+
+@dataclass(slots=True)
+class ProposerRecord:
+    """One proposer's share of a request (a row of ``request_proposers``): its kind ("model"
+    or "lookup"), its blocks (iterations it proposed in), tokens proposed and accepted, per
+    position i (0-based) how many of its blocks reached i and how many accepted it, the host
+    seconds it spent proposing, and what its replay rule reads: its trace (bytes, in its own
+    encoding, or a callable returning them that the writer runs off the hot path; None: not
+    recorded), the model's confidence per generated position, its settings (JSON-ready)."""
+
+    kind: str
+    blocks: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    trace: Any = None
+    confidence: bytes | None = None
+    settings: dict[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class PairInfo:
     """Identifies a model pair on a kind of hardware; rows are shared by every request."""
@@ -70,7 +97,7 @@ class PairInfo:
     draft_param_bytes: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     pair: PairInfo
     category: str
@@ -79,11 +106,6 @@ class RequestRecord:
     prompt_tokens: int
     new_tokens: int
     iterations: int
-    drafts: int
-    drafted: int
-    accepted: int
-    accepted_per_position: list[int]
-    drafted_per_position: list[int]
     k_schedule: bytes  # one byte per iteration: the k run
     accepted_schedule: bytes  # one byte per iteration: accepted count
     wall_s: float
@@ -91,8 +113,9 @@ class RequestRecord:
     draft_s: float
     draft_forwards: int
     target_s_by_n: dict[int, list[float]]  # tokens scored → forward times (s)
-    trace_kind: str
-    trace: bytes  # one byte per generated position (see TRACE_*)
+    trace_kind: str  # how its proposers' traces encode acceptance (see TRACE_*)
+    # every proposer the request had, by name: its counters, its trace (``ProposerRecord``)
+    proposers: dict[str, ProposerRecord] = field(default_factory=dict)
     stop_reason: str = ""
     bandwidth_bytes_per_s: float | None = None  # achieved by the target's forwards
     bandwidth_peak_bytes_per_s: float | None = None
@@ -104,7 +127,6 @@ class RequestRecord:
     category_source: str = "given"  # "given" (by the caller), "auto" (categoriser), "default"
     features: bytes | None = None  # hashed prompt-token n-grams (autospec.categorize.categorizer)
     predicted_alpha: float | None = None  # the categoriser's acceptance forecast
-    confidence: bytes | None = None  # per generated position, as the trace (see above)
     # Batched generate: one record per row. ``batch_size`` is the batch the row started in;
     # its forwards are listed by the batch they ran at: ``target_s_by_bn`` ((B, n) → seconds
     # of a forward scoring n tokens per row) and ``draft_s_by_b`` (B → seconds per proposed
@@ -119,47 +141,33 @@ class RequestRecord:
     # and cost queries read one path. None: unknown (every request logged before 0005); such a
     # request counts for acceptance and counters, never for costs.
     path: str | None = None
-    # The n-gram (prompt-lookup) proposer (0006). Its iterations are not in drafts, drafted,
-    # accepted or the per-position lists above (those stay the draft model's); k_schedule and
-    # accepted_schedule hold every iteration. ``ngram``: {"max_n", "min_n" (the index's
-    # settings), "drafts", "drafted", "accepted", "accepted_per_position",
-    # "drafted_per_position" (its iterations, counted as the draft model's are), "lookup_s"
-    # (host seconds of its lookups)}; None: unknown (batch > 1, or logged before 0006).
-    # ``proposer_schedule``: one byte per iteration, beside k_schedule: 1 the n-gram proposer
-    # drafted it, 2 suffix decoding, 0 the draft model (or nobody, k = 0)
-    # (``autospec.traces.PROPOSER_CODES``); None when no iteration was a lookup's.
-    # ``ngram_trace``: one byte per generated position, as the trace (see NGRAM_NONE;
-    # ``autospec.ngram.ngram_trace``); None: not computed.
-    ngram: dict[str, Any] | None = None
-    proposer_schedule: bytes | None = None
-    ngram_trace: bytes | None = None
+    # Who drafted each iteration: the name of a proposer in ``proposers``, or None (a plain
+    # step); the store keeps it as one byte per iteration (``requests.proposer_schedule``).
+    proposer_schedule: list[str | None] | None = None
     # The draft model's catch-up forwards (0007): (tokens it took in, seconds) for each forward
     # over more than 2 tokens it had not seen — the prompt at its first use, and what k = 0 or
     # the n-gram proposer emitted since. The points of the pair's C(g), which the live policy
     # prices resuming the draft with and replay charges (``queries.catch_ups``). None: not
     # recorded (batch > 1, or logged before 0007); [] none happened.
     draft_catch_ups: list[tuple[int, float]] | None = None
-    # Suffix decoding (0008), where the call had the suffix proposer. ``suffix``: its
-    # counters, as ``ngram``'s without the settings ({"drafts", "drafted", "accepted",
-    # "accepted_per_position", "drafted_per_position", "lookup_s": host seconds of its
-    # lookups in the iterations it drafted}); its blocks are not in the draft model's counters.
-    # ``suffix_trace``: SUFFIX_TRACE_WIDTH bytes per generated position, what it would have
-    # drafted there from the category's memory as the request saw it (match length, agreeing
-    # tokens, draft length; ``autospec.suffix.suffix_trace``) — numbers only, no tokens.
-    # None: not recorded (no suffix proposer, or logged before 0008).
-    suffix: dict[str, Any] | None = None
-    suffix_trace: bytes | None = None
     # The policy's decision records (0009): ``autospec.policies.explain`` records of the
     # iterations kept, each with its "iteration" (``LoopStats.decisions``); stored compressed
     # (``store.decisions``). None: none kept.
     decisions: list[dict[str, Any]] | None = None
+    # the id of the batched generate call the row ran in (None: batch 1)
+    batch_id: str | None = None
     # Deferred work: a callable taking the record and returning the finished record (or None:
     # finished in place), run once by the store before validating it, on the writer thread
-    # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``. Work too slow
-    # for the request's thread goes here (the n-gram trace). A failure in it counts as an
-    # invalid record (logged, counted, the record skipped), never reaching ``generate``.
+    # (``StoreWriter``), or by ``validate_record`` for a direct ``Store.write``; a proposer's
+    # trace given as a callable is computed there too. Work too slow for the request's thread
+    # goes here (prompt lookup's trace). A failure in it counts as an invalid record (logged,
+    # counted, the record skipped), never reaching ``generate``.
     finish: Callable[[RequestRecord], RequestRecord | None] | None = field(
         default=None, repr=False, compare=False)
+
+    def model(self) -> tuple[str, ProposerRecord] | None:
+        """(name, record) of its model proposer (the draft model), if it had one."""
+        return next(((n, p) for n, p in self.proposers.items() if p.kind == "model"), None)
 
 
 def trace_acceptance(kind: str, trace: bytes) -> float | None:

@@ -23,14 +23,15 @@ Layout (the Alembic migrations in ``migrations/versions`` create exactly this):
   one S(k). Rows logged before 0005 have path NULL (unknown): they count in
   ``category_stats`` (acceptance, counters, and its timing sums, which are all paths
   together and no cost source) but in no path's costs.
-- the n-gram (prompt-lookup) proposer (0006): requests carry its counters and settings
-  (``ngram``), which iterations it drafted (``proposer_schedule``) and its trace
-  (``ngram_trace``: what it would have matched at every generated position); category_stats
-  its running sums (``ngram_*``). Its iterations are not in the draft model's counters.
-- suffix decoding (0008): requests carry its counters (``suffix``) and its trace
-  (``suffix_trace``: what it would have drafted at every generated position, from the
-  category's memory as the request saw it). No running sums: ``category_stats`` does not
-  count its blocks.
+- proposers (0011; ``autospec.engine.proposers``): every proposer a request had is a row of
+  ``request_proposers`` keyed by (request, proposer name): its kind ("model": the draft
+  model; "lookup"), its counters (blocks, tokens proposed and accepted, per position; host
+  seconds), its trace (what its replay rule reads), the model's confidences, its settings.
+  A request's ``proposer_schedule`` names who drafted each iteration as an index into its
+  proposers sorted by name (1-based; 0: nobody, a plain step). ``category_proposers`` holds
+  the running sums per (category, pair, proposer). Before 0011 the draft model's counters
+  and trace were columns of ``requests``/``category_stats``, prompt lookup's (0006) and
+  suffix decoding's (0008) columns of their own: 0011 moved every one into these rows.
 - decision records (0009): requests carry the policy's reasons for the iterations kept
   (``decisions``: every iteration with ``generate(explain=True)``, else a sample), one
   compressed JSON array (``store.decisions``); ``autospec explain`` prints them.
@@ -65,8 +66,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Pair", "Request", "CategoryStat", "PairCost", "CategoryPath", "Probe", "TunedParams", "Categorizer",
-           "UTCDateTime", "VERSION_TABLE"]
+__all__ = ["Base", "Pair", "Request", "RequestProposer", "CategoryStat", "CategoryProposer",
+           "PairCost", "CategoryPath", "Probe", "TunedParams", "Categorizer", "UTCDateTime",
+           "VERSION_TABLE"]
 
 # Our own Alembic version table: Optuna's RDB storage (which may share the database) keeps its
 # schema revision in the default ``alembic_version``.
@@ -139,16 +141,11 @@ class Request(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     new_tokens: Mapped[int] = mapped_column(Integer)
     iterations: Mapped[int] = mapped_column(Integer)
-    drafts: Mapped[int] = mapped_column(Integer)
-    drafted: Mapped[int] = mapped_column(Integer)
-    accepted: Mapped[int] = mapped_column(Integer)
-    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
-    drafted_per_position: Mapped[list[int]] = mapped_column(JSON)
-    # one byte per iteration / per generated position
+    # one byte per iteration
     k_schedule: Mapped[bytes]
     accepted_schedule: Mapped[bytes]
+    # how its proposers' traces encode acceptance: "greedy" (0/1) or "sampled" (β)
     trace_kind: Mapped[str] = mapped_column(String(16))
-    trace: Mapped[bytes]
     # timings (seconds)
     wall_s: Mapped[float]
     prefill_s: Mapped[float]
@@ -169,8 +166,6 @@ class Request(Base):
                                                  server_default="given")
     features: Mapped[bytes | None]  # hashed prompt-token n-grams (autospec.categorize.categorizer)
     predicted_alpha: Mapped[float | None]  # the categoriser's acceptance forecast
-    # the draft's top probability per generated position (see records; 0003)
-    confidence: Mapped[bytes | None]
     # batched speculation (0004): rows of the batch the request ran in; its forwards at
     # batch > 1 (kept out of target_s_by_n, which is batch 1's curve)
     batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -178,22 +173,38 @@ class Request(Base):
     draft_s_by_b: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)  # "B" → [s/token]
     # the execution path its forwards ran on (0005; NULL: unknown, logged before 0005)
     path: Mapped[str | None] = mapped_column(String(64))
-    # the n-gram proposer (0006; NULL: not recorded: batch > 1, or logged before 0006):
-    # its counters and settings (records.RequestRecord.ngram), per iteration 1 = it drafted
-    # (NULL also when it drafted none), per generated position what it would have matched
-    ngram: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # per iteration who drafted: the index of its proposer among the request's, sorted by
+    # name, 1-based (0: nobody, a plain step); NULL: every iteration the model's or plain
     proposer_schedule: Mapped[bytes | None]
-    ngram_trace: Mapped[bytes | None]
     # the draft model's catch-up forwards (0007): [[tokens, seconds], ...]; NULL: not recorded
     draft_catch_ups: Mapped[list[list[float]] | None] = mapped_column(JSON)
-    # suffix decoding (0008; NULL: no suffix proposer in the call, or logged before 0008): its
-    # counters (records.RequestRecord.suffix) and per generated position what it would have
-    # drafted (match length, agreeing tokens, draft length: autospec.suffix.suffix_trace)
-    suffix: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    suffix_trace: Mapped[bytes | None]
     # the policy's decision records of the kept iterations (0009; NULL: none kept, or logged
     # before 0009): one zlib-compressed JSON array (store.decisions, policies.explain)
     decisions: Mapped[bytes | None]
+    # the rows of one batched generate call share it (0011; NULL: batch 1, or before 0011)
+    batch_id: Mapped[str | None] = mapped_column(String(32))
+
+
+class RequestProposer(Base):
+    """One proposer's share of one request (0011): the rows of a request, by proposer name."""
+
+    __tablename__ = "request_proposers"
+
+    request_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("requests.id", name="fk_request_proposers_request",
+                               ondelete="CASCADE"), primary_key=True)
+    proposer: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "model" or "lookup"
+    blocks: Mapped[int] = mapped_column(Integer, default=0)
+    proposed: Mapped[int] = mapped_column(Integer, default=0)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    proposed_per_position: Mapped[list[int]] = mapped_column(JSON)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(default=0.0)  # host seconds proposing
+    # what its replay rule reads (its own encoding; NULL: not recorded)
+    trace: Mapped[bytes | None]
+    confidence: Mapped[bytes | None]  # the model's top probability per generated position
+    settings: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # e.g. prompt lookup's n
 
 
 class CategoryStat(Base):
@@ -209,11 +220,6 @@ class CategoryStat(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     new_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     iterations: Mapped[int] = mapped_column(BigInteger, default=0)
-    drafts: Mapped[int] = mapped_column(BigInteger, default=0)
-    drafted: Mapped[int] = mapped_column(BigInteger, default=0)
-    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
-    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)  # summed elementwise
-    drafted_per_position: Mapped[list[int]] = mapped_column(JSON)
     draft_s: Mapped[float] = mapped_column(default=0.0)
     draft_forwards: Mapped[int] = mapped_column(BigInteger, default=0)
     target_s_sum_by_n: Mapped[dict[str, float]] = mapped_column(JSON)  # "n" → Σ seconds
@@ -232,14 +238,24 @@ class CategoryStat(Base):
     nvml_sm_util_n: Mapped[int] = mapped_column(BigInteger, default=0)
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
-    # the n-gram proposer's iterations (0006), counted apart from the draft model's above
-    ngram_drafts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    ngram_drafted: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    ngram_accepted: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # summed elementwise; NULL: no n-gram iteration yet
-    ngram_accepted_per_position: Mapped[list[int] | None] = mapped_column(JSON)
-    ngram_drafted_per_position: Mapped[list[int] | None] = mapped_column(JSON)
-    ngram_lookup_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
+
+
+class CategoryProposer(Base):
+    """One proposer's sums over every request of one (category, pair) (0011)."""
+
+    __tablename__ = "category_proposers"
+
+    category_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pair_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("pairs.id", name="fk_category_proposers_pair"), primary_key=True)
+    proposer: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    blocks: Mapped[int] = mapped_column(BigInteger, default=0)
+    proposed: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
+    proposed_per_position: Mapped[list[int]] = mapped_column(JSON)  # summed elementwise
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(default=0.0)
 
 
 class PairCost(Base):

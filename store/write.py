@@ -20,29 +20,30 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from autospec.traces import PROPOSER_CODES, suffix_trace_error
-
 from .damage import rate_problem
 from .decisions import check as check_decisions
 from .decisions import pack as pack_decisions
 from .record import (
     CATEGORY_SOURCES,
-    NGRAM_KEYS,
-    SUFFIX_KEYS,
+    PROPOSER_KINDS,
     TRACE_GREEDY,
     TRACE_SAMPLED,
     PairInfo,
+    ProposerRecord,
     RequestRecord,
     check_category,
+    check_proposer_name,
 )
 from .tables import (
     Categorizer,
     CategoryPath,
+    CategoryProposer,
     CategoryStat,
     Pair,
     PairCost,
     Probe,
     Request,
+    RequestProposer,
     TunedParams,
     utcnow,
 )
@@ -58,13 +59,11 @@ __all__ = [
     "add_categorizer",
 ]
 
-_COUNTERS = ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted", "accepted",
-             "draft_forwards")
+_COUNTERS = ("prompt_tokens", "new_tokens", "iterations", "draft_forwards")
 _OPTIONAL_FLOATS = ("bandwidth_bytes_per_s", "bandwidth_peak_bytes_per_s",
                     "nvml_mem_busy_pct", "nvml_sm_util_pct", "predicted_alpha")
-# the n-gram proposer's counters in a record's ``ngram`` → their category_stats sums
-_NGRAM_SUMS = {"drafts": "ngram_drafts", "drafted": "ngram_drafted",
-               "accepted": "ngram_accepted", "lookup_s": "ngram_lookup_s"}
+# a proposer's counters, summed per (category, pair, proposer)
+_PROPOSER_SUMS = ("blocks", "proposed", "accepted", "seconds")
 
 
 def category_key(category: str) -> str:
@@ -128,45 +127,80 @@ def validate_record(rec: RequestRecord) -> RequestRecord:
 
 
 def _finished(rec: RequestRecord) -> RequestRecord:
-    """``rec`` after its deferred work (``RequestRecord.finish``), if any."""
+    """``rec`` after its deferred work (``RequestRecord.finish``, then each proposer's trace
+    given as a callable), if any."""
     work = rec.finish if isinstance(rec, RequestRecord) else None
-    if work is None:
-        return rec
     try:
-        done = work(rec)
+        if work is not None:
+            done = work(rec)
+            rec = rec if done is None else done
+        proposers = getattr(rec, "proposers", None)
+        if isinstance(proposers, Mapping) and any(
+                callable(getattr(p, "trace", None)) for p in proposers.values()):
+            rec = replace(rec, proposers={
+                name: replace(p, trace=p.trace()) if callable(getattr(p, "trace", None)) else p
+                for name, p in proposers.items()})
     except Exception as exc:
         raise ValueError(f"the record's deferred work failed: {type(exc).__name__}: "
                          f"{exc}") from exc
-    return rec if done is None else done
+    return rec
 
 
-def _lookup_counters(field: str, value: object, keys: Sequence[str]) -> dict[str, Any] | None:
-    """A record's counters of a lookup proposer (``ngram``: ``NGRAM_KEYS``; ``suffix``:
-    ``SUFFIX_KEYS``), normalised: every key (missing counters 0, missing settings None)."""
-    if value is None:
+def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
+    """A record's proposer row, checked and normalised: its name and kind, its counters a
+    rate (``damage.rate_problem``), its trace so many bytes per generated position, its
+    confidence one byte per position, its settings a dict."""
+    check_proposer_name(name)
+    if not isinstance(p, ProposerRecord):
+        raise ValueError(f"proposers[{name!r}] must be a ProposerRecord, got "
+                         f"{type(p).__name__}")
+    if p.kind not in PROPOSER_KINDS:
+        raise ValueError(f"proposers[{name!r}].kind must be one of {PROPOSER_KINDS}, "
+                         f"got {p.kind!r}")
+    counts = {f: _count(f"proposers[{name!r}].{f}", getattr(p, f))
+              for f in ("blocks", "proposed", "accepted")}
+    lists = {f: [_count(f"proposers[{name!r}].{f}[{i}]", v)
+                 for i, v in enumerate(getattr(p, f) or ())]
+             for f in ("proposed_per_position", "accepted_per_position")}
+    problem = rate_problem(counts["proposed"], counts["accepted"],
+                           lists["accepted_per_position"], lists["proposed_per_position"],
+                           who=f"{name} ")
+    if problem is not None:
+        raise ValueError(f"the record's counters contradict each other: {problem}")
+    trace = None if p.trace is None else _blob(f"proposers[{name!r}].trace", p.trace)
+    if trace is not None and (len(trace) % positions if positions else len(trace)):
+        raise ValueError(f"proposers[{name!r}].trace has {len(trace)} bytes for "
+                         f"{positions} generated positions: a whole number per position")
+    confidence = (None if p.confidence is None
+                  else _blob(f"proposers[{name!r}].confidence", p.confidence))
+    if confidence is not None and len(confidence) != positions:
+        raise ValueError(f"proposers[{name!r}].confidence has {len(confidence)} bytes for "
+                         f"{positions} generated positions: one per position")
+    if p.settings is not None and not isinstance(p.settings, Mapping):
+        raise ValueError(f"proposers[{name!r}].settings must be a dict or None, got "
+                         f"{type(p.settings).__name__}")
+    return ProposerRecord(kind=p.kind, **counts, **lists,
+                          seconds=_seconds(f"proposers[{name!r}].seconds", p.seconds),
+                          trace=trace, confidence=confidence,
+                          settings=None if p.settings is None else dict(p.settings))
+
+
+def _schedule(rec: RequestRecord, names: Sequence[str]) -> bytes | None:
+    """``rec.proposer_schedule`` (a name or None per iteration) as the store keeps it: the
+    index of each name among ``names`` (sorted), 1-based, 0 for a plain step; None where it
+    is absent."""
+    sched = rec.proposer_schedule
+    if sched is None:
         return None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{field} must be a dict of {', '.join(keys)}, got "
-                         f"{type(value).__name__}")
-    unknown = set(value) - set(keys)
+    if len(sched) != len(rec.k_schedule):
+        raise ValueError(f"proposer_schedule must name one proposer (or None) per iteration "
+                         f"({len(rec.k_schedule)}), got {len(sched)}")
+    index = {n: i + 1 for i, n in enumerate(names)}
+    unknown = {p for p in sched if p is not None and p not in index}
     if unknown:
-        raise ValueError(f"{field} has unknown keys {sorted(map(str, unknown))}; it takes "
-                         f"{', '.join(keys)}")
-    out: dict[str, Any] = {}
-    for name in ("max_n", "min_n"):
-        if name not in keys:
-            continue
-        v = value.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{field}[{name!r}] must be a positive int or None, got {v!r}")
-        out[name] = v
-    for name in ("drafts", "drafted", "accepted"):
-        out[name] = _count(f"{field}[{name!r}]", value.get(name, 0))
-    for name in ("accepted_per_position", "drafted_per_position"):
-        out[name] = [_count(f"{field}[{name!r}][{i}]", v)
-                     for i, v in enumerate(value.get(name) or ())]
-    out["lookup_s"] = _seconds(f"{field}['lookup_s']", value.get("lookup_s", 0.0))
-    return out
+        raise ValueError(f"proposer_schedule names {sorted(map(str, unknown))}, which the "
+                         f"record has no counters of (it has {', '.join(names) or 'none'})")
+    return bytes(0 if p is None else index[p] for p in sched)
 
 
 def _validated(rec: RequestRecord) -> RequestRecord:
@@ -181,9 +215,20 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     check_category(rec.category)
     for name in _COUNTERS:
         _count(name, getattr(rec, name))
-    lists = {}
-    for name in ("accepted_per_position", "drafted_per_position"):
-        lists[name] = [_count(f"{name}[{i}]", v) for i, v in enumerate(getattr(rec, name))]
+    if not isinstance(rec.proposers, Mapping):
+        raise ValueError(f"proposers must be a dict of name → ProposerRecord, got "
+                         f"{type(rec.proposers).__name__}")
+    proposers = {name: _proposer(name, p, rec.new_tokens)
+                 for name, p in sorted(rec.proposers.items())}
+    if sum(p.kind == "model" for p in proposers.values()) > 1:
+        raise ValueError("a request has at most one model proposer, got "
+                         f"{[n for n, p in proposers.items() if p.kind == 'model']}")
+    _schedule(rec, list(proposers))  # checked here, encoded by ``_request_row``
+    batch_id = rec.batch_id
+    if batch_id is not None and (not isinstance(batch_id, str) or not batch_id.isalnum()
+                                 or len(batch_id) > 32):
+        raise ValueError(f"batch_id must be up to 32 letters and digits, or None, "
+                         f"got {batch_id!r}")
     if rec.trace_kind not in (TRACE_GREEDY, TRACE_SAMPLED):
         raise ValueError(f"trace_kind must be {TRACE_GREEDY!r} or {TRACE_SAMPLED!r}, "
                          f"got {rec.trace_kind!r}")
@@ -202,41 +247,7 @@ def _validated(rec: RequestRecord) -> RequestRecord:
         raise ValueError(f"category_source must be one of {CATEGORY_SOURCES}, "
                          f"got {rec.category_source!r}")
     features = None if rec.features is None else _blob("features", rec.features)
-    confidence = None if rec.confidence is None else _blob("confidence", rec.confidence)
-    if confidence is not None and len(confidence) != len(rec.trace):
-        raise ValueError(f"confidence has {len(confidence)} bytes for a trace of "
-                         f"{len(rec.trace)}: one per generated position")
     path = check_path(rec.path)
-    ngram = _lookup_counters("ngram", rec.ngram, NGRAM_KEYS)
-    proposers = (None if rec.proposer_schedule is None
-                 else _blob("proposer_schedule", rec.proposer_schedule))
-    if proposers is not None and (len(proposers) != len(rec.k_schedule)
-                                  or not set(proposers) <= set(PROPOSER_CODES.values())):
-        raise ValueError(f"proposer_schedule must hold one byte per iteration "
-                         f"({len(rec.k_schedule)}), each "
-                         f"{', '.join(f'{c} ({n})' for n, c in PROPOSER_CODES.items())}; got "
-                         f"{len(proposers)} bytes, values {sorted(set(proposers))}")
-    ngram_trace = None if rec.ngram_trace is None else _blob("ngram_trace", rec.ngram_trace)
-    if ngram_trace is not None and len(ngram_trace) != len(rec.trace):
-        raise ValueError(f"ngram_trace has {len(ngram_trace)} bytes for a trace of "
-                         f"{len(rec.trace)}: one per generated position")
-    suffix = _lookup_counters("suffix", rec.suffix, SUFFIX_KEYS)
-    # acceptance is a rate: what a reader would have to leave out is refused here
-    problem = rate_problem(rec.drafted, rec.accepted, lists["accepted_per_position"],
-                           lists["drafted_per_position"])
-    for who, counters in (("n-gram ", ngram), ("suffix ", suffix)):
-        if problem is None and counters is not None:
-            problem = rate_problem(counters["drafted"], counters["accepted"],
-                                   counters["accepted_per_position"],
-                                   counters["drafted_per_position"], who=who)
-    if problem is not None:
-        raise ValueError(f"the record's counters contradict each other: {problem}")
-    suffix_trace = (None if rec.suffix_trace is None
-                    else _blob("suffix_trace", rec.suffix_trace))
-    if suffix_trace is not None:
-        wrong = suffix_trace_error(suffix_trace, len(rec.trace))
-        if wrong is not None:
-            raise ValueError(f"suffix_trace is not a suffix trace of this request: {wrong}")
     catch_ups = _catch_ups(rec.draft_catch_ups)
     decisions = check_decisions(rec.decisions)
     batch = rec.batch_size
@@ -247,17 +258,15 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     by_b = {key[0]: [_seconds(f"draft_s_by_b[{key[0]}]", t) for t in times]
             for key, times in _keyed(rec.draft_s_by_b, "draft_s_by_b", 1).items()}
     return replace(
-        rec, **lists, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy),
+        rec, **optional, target_s_by_n=by_n, greedy=bool(rec.greedy), proposers=proposers,
         batch_size=batch, target_s_by_bn=by_bn or None, draft_s_by_b=by_b or None, path=path,
         policy=_clean_text(str(rec.policy)), stop_reason=_clean_text(rec.stop_reason or ""),
         prompt_text=_clean_text(rec.prompt_text), output_text=_clean_text(rec.output_text),
-        k_schedule=_blob("k_schedule", rec.k_schedule), trace=_blob("trace", rec.trace),
+        k_schedule=_blob("k_schedule", rec.k_schedule),
         accepted_schedule=_blob("accepted_schedule", rec.accepted_schedule),
         wall_s=_seconds("wall_s", rec.wall_s), prefill_s=_seconds("prefill_s", rec.prefill_s),
-        draft_s=_seconds("draft_s", rec.draft_s), features=features, confidence=confidence,
-        ngram=ngram, proposer_schedule=proposers, ngram_trace=ngram_trace,
-        draft_catch_ups=catch_ups, suffix=suffix, suffix_trace=suffix_trace,
-        decisions=decisions, finish=None)
+        draft_s=_seconds("draft_s", rec.draft_s), features=features,
+        draft_catch_ups=catch_ups, decisions=decisions, batch_id=batch_id, finish=None)
 
 
 def _catch_ups(value) -> list[tuple[int, float]] | None:
@@ -335,11 +344,10 @@ def _utc(t: float) -> datetime:
 
 def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
     row = {name: getattr(rec, name) for name in (
-        *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "accepted_per_position",
-        "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind", "trace",
-        "wall_s", "prefill_s", "draft_s", "prompt_text", "output_text", "stop_reason",
-        "category_source", "features", "confidence", "path", "ngram", "proposer_schedule",
-        "ngram_trace", "suffix", "suffix_trace")}
+        *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "k_schedule",
+        "accepted_schedule", "trace_kind", "wall_s", "prefill_s", "draft_s", "prompt_text",
+        "output_text", "stop_reason", "category_source", "features", "path", "batch_id")}
+    row["proposer_schedule"] = _schedule(rec, sorted(rec.proposers))
     row["decisions"] = pack_decisions(rec.decisions)
     row["draft_catch_ups"] = (None if rec.draft_catch_ups is None
                               else [[g, c] for g, c in rec.draft_catch_ups])
@@ -373,10 +381,8 @@ class _Delta:
 
     category: str
     sums: Counter = field(default_factory=Counter)
-    accepted_per_position: Counter = field(default_factory=Counter)  # position → count
-    drafted_per_position: Counter = field(default_factory=Counter)
-    ngram_accepted_per_position: Counter = field(default_factory=Counter)  # the n-gram's
-    ngram_drafted_per_position: Counter = field(default_factory=Counter)
+    # per proposer: (its kind, its summed counters, per position proposed and accepted)
+    proposers: dict[str, tuple[str, Counter, Counter, Counter]] = field(default_factory=dict)
     target_s_sum_by_n: Counter = field(default_factory=Counter)  # n → seconds
     target_count_by_n: Counter = field(default_factory=Counter)  # n → forwards
     k_counts: Counter = field(default_factory=Counter)  # k → iterations
@@ -394,15 +400,13 @@ class _Delta:
         for name in (*_COUNTERS, "draft_s", "wall_s", "prefill_s"):
             if not (batched and name in ("draft_s", "draft_forwards")):
                 sums[name] += getattr(rec, name)
-        self.accepted_per_position.update(dict(enumerate(rec.accepted_per_position)))
-        self.drafted_per_position.update(dict(enumerate(rec.drafted_per_position)))
-        if rec.ngram is not None:  # the n-gram proposer's iterations, apart from the draft's
-            for key, name in _NGRAM_SUMS.items():
-                sums[name] += rec.ngram[key]
-            self.ngram_accepted_per_position.update(
-                dict(enumerate(rec.ngram["accepted_per_position"])))
-            self.ngram_drafted_per_position.update(
-                dict(enumerate(rec.ngram["drafted_per_position"])))
+        for name, p in rec.proposers.items():
+            kind, counts, proposed, accepted = self.proposers.setdefault(
+                name, (p.kind, Counter(), Counter(), Counter()))
+            for f in _PROPOSER_SUMS:
+                counts[f] += getattr(p, f)
+            proposed.update(dict(enumerate(p.proposed_per_position)))
+            accepted.update(dict(enumerate(p.accepted_per_position)))
         target_s = 0.0
         for n, ts in rec.target_s_by_n.items():
             if not batched:
@@ -438,21 +442,12 @@ def _fold_stats(session: Session, pair_id: int, key: str, delta: _Delta) -> None
     transaction already serialises writers), so concurrent writers never lose increments."""
     first, last = _utc(delta.first), _utc(delta.last)
     _insert_ignoring_conflict(session, CategoryStat, dict(
-        category_key=key, pair_id=pair_id, category=delta.category,
-        accepted_per_position=[], drafted_per_position=[], target_s_sum_by_n={},
+        category_key=key, pair_id=pair_id, category=delta.category, target_s_sum_by_n={},
         target_count_by_n={}, k_counts={}, first_seen=first, last_seen=last),
         ["category_key", "pair_id"])
     row, changes = _locked_row(session, CategoryStat, category_key=key, pair_id=pair_id)
     for name, value in delta.sums.items():
         changes[name] = (row[name] or 0) + value
-    changes["accepted_per_position"] = _add_lists(row["accepted_per_position"] or [],
-                                                  _list(delta.accepted_per_position))
-    changes["drafted_per_position"] = _add_lists(row["drafted_per_position"] or [],
-                                                 _list(delta.drafted_per_position))
-    for name in ("ngram_accepted_per_position", "ngram_drafted_per_position"):
-        add = _list(getattr(delta, name))
-        if add:  # NULL until the n-gram proposer first drafts
-            changes[name] = _add_lists(row[name] or [], add)
     for name in ("target_s_sum_by_n", "target_count_by_n", "k_counts"):
         changes[name] = _add_maps(row[name] or {}, _map(getattr(delta, name)))
     if delta.peak is not None:
@@ -461,6 +456,19 @@ def _fold_stats(session: Session, pair_id: int, key: str, delta: _Delta) -> None
     changes["first_seen"] = min(row["first_seen"], first)
     changes["last_seen"] = max(row["last_seen"], last)
     _write_row(session, CategoryStat, changes, category_key=key, pair_id=pair_id)
+    for name, (kind, counts, proposed, accepted) in sorted(delta.proposers.items()):
+        where = dict(category_key=key, pair_id=pair_id, proposer=name)
+        _insert_ignoring_conflict(session, CategoryProposer, dict(
+            where, kind=kind, blocks=0, proposed=0, accepted=0, proposed_per_position=[],
+            accepted_per_position=[], seconds=0.0), ["category_key", "pair_id", "proposer"])
+        prow, pchanges = _locked_row(session, CategoryProposer, **where)
+        for f in _PROPOSER_SUMS:
+            pchanges[f] = (prow[f] or 0) + counts[f]
+        pchanges["proposed_per_position"] = _add_lists(prow["proposed_per_position"] or [],
+                                                       _list(proposed))
+        pchanges["accepted_per_position"] = _add_lists(prow["accepted_per_position"] or [],
+                                                       _list(accepted))
+        _write_row(session, CategoryProposer, pchanges, **where)
 
 
 def _locked_row(session: Session, table, **key) -> tuple[Mapping[str, Any], dict]:
@@ -499,9 +507,20 @@ def write_records(session: Session, records: Iterable[RequestRecord],
         used[pair] = known[pair] if pair in known else get_or_create_pair(session, pair)
     if not recs:
         return used
-    # render_nulls: one executemany for the batch (else rows group by which values are None)
-    session.execute(insert(Request).execution_options(render_nulls=True),
-                    [_request_row(r, used[r.pair]) for r in recs])
+    # render_nulls: one executemany for the batch (else rows group by which values are None);
+    # the ids in the records' order, for their proposers' rows
+    ids = session.scalars(
+        insert(Request).returning(Request.id, sort_by_parameter_order=True)
+        .execution_options(render_nulls=True),
+        [_request_row(r, used[r.pair]) for r in recs]).all()
+    rows = [dict(request_id=rid, proposer=name, kind=p.kind, blocks=p.blocks,
+                 proposed=p.proposed, accepted=p.accepted,
+                 proposed_per_position=p.proposed_per_position,
+                 accepted_per_position=p.accepted_per_position, seconds=p.seconds,
+                 trace=p.trace, confidence=p.confidence, settings=p.settings)
+            for rid, r in zip(ids, recs) for name, p in r.proposers.items()]
+    if rows:
+        session.execute(insert(RequestProposer).execution_options(render_nulls=True), rows)
     deltas: dict[tuple[str, int], _Delta] = {}
     for r in recs:
         k = (category_key(r.category), used[r.pair])

@@ -29,6 +29,8 @@ from autospec.store import (
 from autospec.store.migrate import current_revision, head_revision
 from autospec.store.tables import VERSION_TABLE, Base, CategoryStat, Request
 
+from records import blocks, draft, lookup
+
 PG_URL = os.environ.get("AUTOSPEC_TEST_POSTGRES_URL")
 REQUIRE_PG = os.environ.get("AUTOSPEC_REQUIRE_POSTGRES") == "1"
 BACKENDS = ["sqlite", "postgresql"]
@@ -49,7 +51,6 @@ def make_record(rng: random.Random, *, category: str | None = None,
     iterations = rng.randint(1, 12)
     ks = [rng.randint(1, 8) for _ in range(iterations)]
     acc = [rng.randint(0, k) for k in ks]
-    width = max(ks)
     greedy = rng.random() < 0.5
     new_tokens = sum(acc) + iterations
     by_n: dict[int, list[float]] = defaultdict(list)
@@ -59,15 +60,12 @@ def make_record(rng: random.Random, *, category: str | None = None,
         pair=pair or rng.choice(PAIRS), category=category or rng.choice(CATEGORIES),
         policy=rng.choice(["fixed(4)", "adaptive", "off"]), greedy=greedy,
         prompt_tokens=rng.randint(1, 500), new_tokens=new_tokens, iterations=iterations,
-        drafts=iterations, drafted=sum(ks), accepted=sum(acc),
-        accepted_per_position=[sum(a > i for a in acc) for i in range(width)],
-        drafted_per_position=[sum(k > i for k in ks) for i in range(width)],
+        proposers=draft(trace=bytes(rng.choice((0, 1, 255)) if greedy else rng.randint(0, 255)
+                                    for _ in range(new_tokens)), **blocks(ks, acc)),
         k_schedule=bytes(ks), accepted_schedule=bytes(acc), wall_s=rng.uniform(0.01, 2.0),
         prefill_s=rng.uniform(0.001, 0.1), draft_s=rng.uniform(0.001, 0.5),
         draft_forwards=sum(ks), target_s_by_n=dict(by_n),
         trace_kind="greedy" if greedy else "sampled",
-        trace=bytes(rng.choice((0, 1, 255)) if greedy else rng.randint(0, 255)
-                    for _ in range(new_tokens)),
         stop_reason=rng.choice(["eos", "max_new_tokens", "stop_string"]),
         bandwidth_bytes_per_s=rng.choice([None, rng.uniform(1e9, 4e12)]),
         bandwidth_peak_bytes_per_s=rng.choice([None, 4.8e12]),
@@ -86,11 +84,15 @@ def expected_stats(records) -> dict[tuple[str, PairInfo], dict]:
                            ts=Counter(), tc=Counter(), k=Counter(), first=math.inf,
                            last=-math.inf))
         e["requests"] += 1
-        for name in ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
-                     "accepted", "draft_forwards", "draft_s", "wall_s", "prefill_s"):
+        for name in ("prompt_tokens", "new_tokens", "iterations", "draft_forwards", "draft_s",
+                     "wall_s", "prefill_s"):
             e[name] += getattr(r, name)
-        e["acc"].update(dict(enumerate(r.accepted_per_position)))
-        e["dr"].update(dict(enumerate(r.drafted_per_position)))
+        m = r.proposers["draft"]  # the headline figures are the model proposer's
+        e["drafts"] += m.blocks
+        e["drafted"] += m.proposed
+        e["accepted"] += m.accepted
+        e["acc"].update(dict(enumerate(m.accepted_per_position)))
+        e["dr"].update(dict(enumerate(m.proposed_per_position)))
         for n, ts in r.target_s_by_n.items():
             e["ts"][n] += sum(ts)
             e["tc"][n] += len(ts)
@@ -212,7 +214,10 @@ def count_requests(store) -> int:
 def test_round_trip_keeps_every_field(store):
     rng = random.Random(1)
     recs = [make_record(rng, category=c, text_too=True) for c in CATEGORIES]
-    recs[0].trace = bytes(range(256))  # every byte value survives
+    recs[0].proposers["draft"].trace = bytes(range(256))  # every byte value survives
+    recs[1].proposers.update(lookup("ngram", trace=bytes((0, 7, 255)[i % 3] for i in range(recs[1].new_tokens)),
+                                    settings={"max_n": 3},
+                                    **blocks([2, 0, 3], [1, 0, 3]), seconds=0.25))
     store.write(recs)
     with store.session() as s:
         rows = {r.category: r for r in queries.recent_requests(s, limit=10)}
@@ -221,13 +226,21 @@ def test_round_trip_keeps_every_field(store):
     for rec in recs:
         row = rows[rec.category]
         for name in ("category", "policy", "greedy", "prompt_tokens", "new_tokens",
-                     "iterations", "drafts", "drafted", "accepted", "accepted_per_position",
-                     "drafted_per_position", "k_schedule", "accepted_schedule", "trace_kind",
-                     "trace", "wall_s", "prefill_s", "draft_s", "draft_forwards",
+                     "iterations", "k_schedule", "accepted_schedule", "trace_kind",
+                     "wall_s", "prefill_s", "draft_s", "draft_forwards",
                      "target_s_by_n", "bandwidth_bytes_per_s", "bandwidth_peak_bytes_per_s",
                      "nvml_mem_busy_pct", "nvml_sm_util_pct", "prompt_text", "output_text",
                      "stop_reason"):
             assert getattr(row, name) == getattr(rec, name), name
+        assert set(row.proposers) == set(rec.proposers)
+        for pname, want in rec.proposers.items():  # every proposer's row, its trace included
+            got = row.proposers[pname]
+            assert (got.name, got.kind) == (pname, want.kind)
+            for name in ("blocks", "proposed", "accepted", "seconds", "trace", "confidence",
+                         "settings"):
+                assert getattr(got, name) == getattr(want, name), (pname, name)
+            for name in ("proposed_per_position", "accepted_per_position"):
+                assert list(getattr(got, name)) == getattr(want, name), (pname, name)
         assert row.created_at.tzinfo is not None
         assert row.created_at.timestamp() == pytest.approx(rec.created_at, abs=1e-5)
     assert len(rows[LONG].category) == 10_000
@@ -271,15 +284,16 @@ def test_empty_category_is_refused_directly_and_counted_by_the_writer(store):
 def test_confidence_round_trips_and_must_match_the_trace(store):
     rng = random.Random(8)
     rec, bare = make_record(rng), make_record(rng)
-    rec.confidence = bytes((7 * i) % 256 for i in range(len(rec.trace)))
+    conf = bytes((7 * i) % 256 for i in range(rec.new_tokens))
+    rec.proposers["draft"].confidence = conf
     store.write([rec, bare])
     with store.session() as s:
         rows = {r.id: r for r in queries.traces(s)}
-        assert [r.confidence for r in rows.values()] == [rec.confidence, None]
-        assert queries.recent_requests(s, limit=2)[1].confidence == rec.confidence
+        assert [r.confidence for r in rows.values()] == [conf, None]
+        assert queries.recent_requests(s, limit=2)[1].proposers["draft"].confidence == conf
     short = make_record(rng)
-    short.confidence = bytes(len(short.trace) - 1)
-    with pytest.raises(ValueError, match="one per generated position"):
+    short.proposers["draft"].confidence = bytes(short.new_tokens - 1)
+    with pytest.raises(ValueError, match="one per position"):
         store.write([short])
 
 
@@ -294,16 +308,17 @@ def test_traces_filter_by_category_pair_and_time(store):
     with store.session() as s:
         pid = {p.target: p.id for p in queries.pairs(s)}[PAIRS[0].target]
         got = list(queries.traces(s, category="code", pair_id=pid))
-        assert [t.trace for t in got] == [r.trace for r in old + new]
-        kind, trace, ks, acc = got[0][:4]
-        assert (kind, trace, ks, acc) == (old[0].trace_kind, old[0].trace, old[0].k_schedule,
-                                          old[0].accepted_schedule)
+        assert [t.trace for t in got] == [r.proposers["draft"].trace for r in old + new]
+        kind, traces, ks, acc = got[0][:4]
+        assert (kind, traces, ks, acc) == (old[0].trace_kind,
+                                           {"draft": old[0].proposers["draft"].trace},
+                                           old[0].k_schedule, old[0].accepted_schedule)
         assert got[0].category == "code" and got[0].created_at.timestamp() == 1_000_000.0
         assert len(list(queries.traces(s, category="code", since=2_000_000.0))) == 5
         assert len(list(queries.traces(s, category="code", until=2_000_000.0))) == len(old)
         assert len(list(queries.traces(s, limit=4))) == 4
         latest = list(queries.traces(s, category="code", limit=3, newest=True))
-        assert [t.trace for t in latest] == [r.trace for r in new[-3:]]
+        assert [t.trace for t in latest] == [r.proposers["draft"].trace for r in new[-3:]]
         assert list(queries.traces(s, category="nobody")) == []
 
 
@@ -362,8 +377,9 @@ def test_a_newer_schema_is_refused_and_left_unchanged(url, tmp_path):
 
 def test_summary_figures_follow_the_vllm_convention_and_weight_bandwidth_by_time(store):
     rec = make_record(random.Random(6), category="math")
-    rec.drafts, rec.drafted, rec.accepted = 4, 10, 6
-    rec.accepted_per_position, rec.drafted_per_position = [4, 2, 0], [4, 4, 2]
+    m = rec.proposers["draft"]
+    m.blocks, m.proposed, m.accepted = 4, 10, 6
+    m.accepted_per_position, m.proposed_per_position = [4, 2, 0], [4, 4, 2]
     rec.draft_s, rec.draft_forwards = 0.5, 10
     rec.target_s_by_n = {3: [0.1, 0.3], 4: [0.2]}
     rec.k_schedule = bytes([3, 3, 2, 2])

@@ -15,8 +15,9 @@ from autospec.costs.stored import stored_costs
 from autospec.store import PairInfo, add_probe, open_store, queries
 from autospec.store.migrate import _config, current_revision, head_revision
 from autospec.store.tables import VERSION_TABLE, Request
-from autospec.store.write import _request_row, get_or_create_pair
+from autospec.store.write import get_or_create_pair
 
+from legacy_rows import request_row_0010, stats_columns_0010
 from test_store import BACKENDS, PAIRS, fresh_url, make_record
 
 
@@ -109,8 +110,10 @@ def test_batched_rows_add_counters_but_keep_their_timings_out_of_the_batch_one_c
     with store.session() as s:
         (sm,) = queries.category_summaries(s, category="code")
     assert sm.requests == 4
-    for name in ("new_tokens", "iterations", "drafts", "drafted", "accepted"):
+    for name in ("new_tokens", "iterations"):
         assert getattr(sm, name) == sum(getattr(r, name) for r in every), name
+    for name, field_ in (("drafts", "blocks"), ("drafted", "proposed"), ("accepted", "accepted")):
+        assert getattr(sm, name) == sum(getattr(r.proposers["draft"], field_) for r in every)
     assert sm.wall_s == pytest.approx(sum(r.wall_s for r in every))
     # timings: batch 1's only
     assert sm.target_count_by_n == {n: len(ts) for n, ts in single.target_s_by_n.items()}
@@ -228,9 +231,9 @@ def _create_at(url: str, revision: str) -> None:
 
 
 def _legacy_stats(conn, table, pair_id: int, records) -> None:
-    """The ``category_stats`` row this code folds ``records`` into, written into an older
-    schema's ``table`` (reflected) through ``conn``, without the columns that schema lacks
-    (the ORM models are the head's: their fold cannot run on an older table)."""
+    """The ``category_stats`` row of ``records`` as schema 0010 folded them, written into an
+    older schema's ``table`` (reflected) through ``conn``, without the columns that schema
+    lacks (the ORM models are the head's: their fold cannot run on an older table)."""
     from autospec.store.tables import Base, CategoryStat
     from autospec.store.write import _Delta, _fold_stats, category_key
 
@@ -244,16 +247,18 @@ def _legacy_stats(conn, table, pair_id: int, records) -> None:
         s.flush()
         row = dict(s.execute(select(CategoryStat.__table__)).mappings().one())
     scratch.dispose()
+    row.update(stats_columns_0010(records))
     conn.execute(insert(table).values({k: v for k, v in row.items() if k in table.c}))
 
 
 def _insert_legacy(conn, table, rec, absent: tuple[str, ...]) -> tuple[int, dict, dict]:
-    """Write ``rec`` into an older schema's requests ``table`` (its pair first): the row
-    without the columns ``absent`` that schema lacks. (pair id, row, what was left out)."""
+    """Write ``rec`` into an older schema's requests ``table`` (its pair first): the row as
+    schema 0010 kept it (``legacy_rows``), without the columns ``absent`` that schema lacks.
+    (pair id, row, what was left out)."""
     with Session(conn) as s:
         pid = get_or_create_pair(s, rec.pair)
         s.flush()
-    row = _request_row(rec, pid)
+    row = request_row_0010(rec, pid)
     dropped = {name: row.pop(name) for name in absent}
     conn.execute(insert(table).values(**row))
     return pid, row, dropped
@@ -301,7 +306,8 @@ def test_a_0003_database_is_upgraded_in_place_and_its_rows_read_as_batch_one(url
             costs = queries.batch_costs(s, pid)
         assert got.batch_size == 1 and trace.batch_size == 1
         assert got.target_s_by_bn == {} and got.draft_s_by_b == {}
-        assert got.trace == rec.trace and got.target_s_by_n == rec.target_s_by_n
+        assert got.trace == rec.proposers["draft"].trace
+        assert got.target_s_by_n == rec.target_s_by_n
         # a probe from before 0005 timed bare forwards on an unknown path: no path's costs
         assert got.path is None
         assert costs == ({}, {}, "none")

@@ -45,7 +45,7 @@ from autospec.bench.stats import (
     head_to_head,
     summarize_batches,
 )
-from autospec.engine.proposers import refusal
+from autospec.engine.proposers import get, lookups, refusal
 from autospec.policies.base import K_LIMIT, parse_fixed
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def encode_prompt(tokenizer, prompt: Prompt):
 # -- modes --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mode:
-    kind: str  # "plain" | "hf-assisted" | "hf-lookup" | "autospec" | "ngram" | "suffix" | "policy"
+    kind: str  # "plain" | "hf-assisted" | "hf-lookup" | "autospec" | "policy" | a lookup's name
     k: int | None = None  # None: plain, or transformers' own default (schedule, or lookup k)
     policy: str | None = None  # kind "policy": a policy name for autospec.wrap(policy=...)
 
@@ -165,8 +165,9 @@ def parse_ks(text: str, k_limit: int = K_LIMIT) -> list[int]:
     return sorted(set(ks))
 
 
-MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec", "ngram", "suffix")
-LOOKUP_KINDS = ("ngram", "suffix")  # autospec's lookup proposers at a fixed k
+# and NAME:k, a registered lookup proposer alone at a fixed k (``ngram``, ``suffix``, and any
+# a package registers: ``autospec.engine.proposers.lookups``)
+MODE_KINDS = ("plain", "hf-assisted", "hf-lookup", "autospec")
 # policy:NAME+suffix: the policy in a controller that has the suffix proposer too (its memory
 # starting empty each pass, as the suffix:k modes')
 SUFFIX_TAG = "+suffix"
@@ -187,15 +188,16 @@ def parse_modes(specs: Iterable[str], ks: Sequence[int]) -> list[Mode]:
             if Mode("policy", policy=k) not in modes:
                 modes.append(Mode("policy", policy=k))
             continue
-        if kind not in MODE_KINDS:
+        if kind not in (*MODE_KINDS, *lookups()):
             raise ValueError(f"unknown mode {spec!r}: use plain, hf-assisted, hf-assisted:k, "
-                             "hf-lookup, hf-lookup:k, autospec:k, ngram:k, suffix:k, policy:NAME, or a "
-                             "number in place of k")
+                             "hf-lookup, hf-lookup:k, autospec:k, policy:NAME, or a lookup "
+                             f"proposer's NAME:k ({', '.join(lookups())}), a number in "
+                             "place of k")
         if kind == "plain" or (kind in ("hf-assisted", "hf-lookup") and not k):
             new = [Mode(kind)]
         elif k == "k":
             new = [Mode(kind, x) for x in ks]
-        elif kind in ("autospec", *LOOKUP_KINDS) and k:  # the policy spec's rule: one parser
+        elif kind != "hf-assisted" and kind != "hf-lookup" and k:  # the policy spec's rule: one parser
             try:  # autospec:0 = its loop, no draft (fixed:0); ngram:0 / suffix:0 are refused
                 policy = parse_fixed(f"{'fixed' if kind == 'autospec' else kind}:{k}")
             except ValueError as e:
@@ -380,10 +382,12 @@ class _Runner:
                     raise
                 # a policy this autospec does not know yet: report it, run the others
                 self.unsupported[m] = str(e)
-        # suffix modes: one controller each, whose memory holds the outputs of its own earlier
-        # requests of this pass only (``new_pass``): requests in order, earlier ones help later
-        self.suffix_ctrls = {m: Controller(target, draft, suffix=True, **opts)
-                             for m in modes if m.kind == "suffix"}
+        # modes of a lookup that needs the category's memory (suffix decoding): one controller
+        # each, whose memory holds the outputs of its own earlier requests of this pass only
+        # (``new_pass``): requests in order, earlier ones help later
+        lookup_names = lookups()
+        self.memory_ctrls = {m: Controller(target, draft, suffix=True, **opts) for m in modes
+                             if m.kind in lookup_names and "memory" in get(m.kind).needs}
         self._category_lists = True  # until the controller refuses a list of categories
         # transformers' generate even if the caller wrapped the target (an instance attribute)
         self.generate = type(target).generate.__get__(target)
@@ -406,11 +410,11 @@ class _Runner:
                         for m in modes if m.kind == "hf-assisted"}
 
     def new_pass(self) -> None:
-        """A new pass over the prompts: the suffix modes forget what earlier passes emitted
-        (a repeat of a prompt would otherwise find its own output)."""
+        """A new pass over the prompts: the modes with a memory forget what earlier passes
+        emitted (a repeat of a prompt would otherwise find its own output)."""
         from autospec.suffix import SuffixMemory
 
-        for ctrl in (*self.suffix_ctrls.values(), *self.policy_ctrls.values()):
+        for ctrl in (*self.memory_ctrls.values(), *self.policy_ctrls.values()):
             if ctrl.suffix_memory is not None:
                 ctrl.suffix_memory = SuffixMemory(ctrl.suffix_memory.settings)
 
@@ -428,7 +432,7 @@ class _Runner:
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(self.device)
         kw = dict(self.kwargs, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
         counts, hooks = [0, 0], []
-        ctrl = self.policy_ctrls.get(mode) or self.suffix_ctrls.get(mode) or self.ctrl
+        ctrl = self.policy_ctrls.get(mode) or self.memory_ctrls.get(mode) or self.ctrl
         fallbacks = dict(ctrl.fallbacks)
         if mode.kind in ("autospec", "policy"):
             gen = torch.Generator(self.device).manual_seed(seed) if self.sample else None
@@ -450,7 +454,7 @@ class _Runner:
                 lambda *_: counts.__setitem__(0, counts[0] + 1))]
             look = HF_LOOKUP_K if mode.k is None else mode.k
             call = lambda: self.generate(prompt_lookup_num_tokens=look, **kw)  # noqa: E731
-        elif mode.kind in LOOKUP_KINDS:  # autospec's n-gram or suffix proposer at a fixed k
+        elif mode.kind in lookups():  # one of autospec's lookup proposers at a fixed k
             from autospec.policies import Choice
 
             def call():
@@ -480,7 +484,7 @@ class _Runner:
             eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
             rows = [until_stop(row, eos) for row in out[:, ids.shape[1]:].tolist()]
             rec = {"new_tokens": sum(map(len, rows)), "wall_s": wall, "rows": rows}
-            if mode.kind in ("autospec", "policy", *LOOKUP_KINDS):
+            if mode.kind in ("autospec", "policy", *lookups()):
                 rec.update(batch_stats(ctrl.last_stats))
                 if ctrl.last_stats is None:
                     rec["fallback"] = next((why for why, n in ctrl.fallbacks.items()
@@ -494,7 +498,7 @@ class _Runner:
                        accepted=max(0, min(counts[1], len(tokens) - counts[0])))
         elif mode.kind == "hf-lookup":  # proposals are not forwards: tokens per forward only
             rec.update(target_forwards=counts[0])
-        elif mode.kind in LOOKUP_KINDS:
+        elif mode.kind in lookups():
             s = ctrl.last_stats
             if s is not None:  # the lookup proposer's own counters in the acceptance columns
                 c = s.proposer(mode.kind)

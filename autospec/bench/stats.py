@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from autospec.engine.proposers import lookups
+
 __all__ = ["RunRecord", "BatchRecord", "aggregate", "summarize_batches", "batch_records_of",
            "first_divergence", "oracle", "head_to_head", "OVERALL"]
 
@@ -111,7 +113,7 @@ def head_to_head(records: Sequence[RunRecord], rows: Sequence[dict], *,
                     if m.startswith("autospec:") and int(m.split(":")[1]) > 0))
     baselines = [(fixed[0][2], "fixed-k")] if fixed else []
     baselines += [(m, "prompt-lookup") for m in dict.fromkeys(r.mode for r in records)
-                  if m.split(":")[0] in ("hf-lookup", "ngram", "suffix")]
+                  if m.split(":")[0] in ("hf-lookup", *lookups())]
     by = {(r.mode, r.prompt_index, r.repeat): r for r in records if r.batch == 1}
     out = []
     for mode in dict.fromkeys(r.mode for r in records if r.mode.startswith("policy:")):
@@ -172,8 +174,9 @@ def oracle(records: Sequence[RunRecord], k_max: int = 16):
     that decoded at k = 0). None when the costs needed are missing."""
     from autospec.policies.costmodel import best_k, conditional_from_cumulative
 
+    lookup_names = lookups()
     records = [r for r in records
-               if not r.mode.startswith(("ngram", "suffix"))]  # the draft model's
+               if r.mode.split(":")[0] not in lookup_names]  # the draft model's
     acc, dr = Counter(), Counter()
     for r in records:
         for i, (a, d) in enumerate(zip(r.accepted_per_position, r.drafted_per_position)):

@@ -27,11 +27,12 @@ def register(sub, parents) -> None:
     p.add_argument("--source", choices=("auto", "costmodel", "tuned"), default="auto",
                    help="whose k: the tuned policy's table where stored, else the cost "
                         "model's (auto); or either one")
-    p.add_argument("--proposer", choices=("auto", "draft", "ngram", "suffix"), default="auto",
-                   help="what drafts: the draft model, the n-gram proposer (prompt lookup, "
-                        "no draft model), suffix decoding (vLLM's method suffix), or auto: "
-                        "the lookup proposer the report (section 5) finds pays, else the "
-                        "draft model")
+    p.add_argument("--proposer", default="auto", metavar="NAME",
+                   help="what drafts: a registered proposer's name — draft (the draft "
+                        "model), ngram (prompt lookup, no draft model), suffix (vLLM's "
+                        "method suffix) or one a package registers — or auto: the lookup "
+                        "proposer the report (section 5) finds pays, else the draft model. "
+                        "A proposer the engine has no setting for is refused")
     p.add_argument("--k", type=k_value, metavar="K",
                    help="export this k at every batch size instead of the measured choice "
                         "(0: no speculation); the header keeps the measured choice and the "
@@ -82,7 +83,7 @@ def run(args, parser) -> int:
                             engine_hardware=args.engine_hardware,
                             engine_model=args.engine_model, proposer=args.proposer,
                             k=args.k)
-        except ExportError as e:
+        except ValueError as e:  # ExportError, or a proposer that is not registered
             die(str(e))
         skipped.clear()  # the plan's warnings say them
     try:

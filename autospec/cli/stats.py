@@ -76,7 +76,7 @@ def _run(args, skipped: list[str]) -> int:
         cat, pid = clip(sm.category, 21), str(sm.pair.id)
         acc.append([cat, pid, str(sm.requests), str(sm.new_tokens),
                     fmt(sm.alpha, ".3f") + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else ""),
-                    per_pos or "-", fmt(sm.ngram_alpha, ".2f"),
+                    per_pos or "-", _lookups_cell(sm),
                     fmt(sm.mean_accepted_length, ".2f"), "-" if k_used is None else str(k_used)])
         costs.append([cat, pid, sm.path or "unknown", fmt(_ms(sm.t_target_s_by_n.get(1)), ".0f"),
                       fmt(_ms(t_k1), ".0f"), fmt(_ms(sm.t_draft_s), ".0f"),
@@ -86,7 +86,7 @@ def _run(args, skipped: list[str]) -> int:
                       "-" if est is None else f"{est['speedup']:.2f}x @k={est['k']}"])
         batch.append([cat, pid, _batch_cell(d["batch"]), _off_cell(d["batch"])])
     print(table(["category", "pair", "reqs", "tokens", "alpha [95% CI]", "by position",
-                 "ngram a", "len", "k"], acc, left=2))
+                 "lookups a", "len", "k"], acc, left=2))
     print()
     print(table(["category", "pair", "path", "Tt(1) ms", "Tt(k+1) ms", "Td ms",
                  "bandwidth (of peak)", "S(k) est."], costs, left=3))
@@ -98,9 +98,9 @@ def _run(args, skipped: list[str]) -> int:
               f"  on     {pair.dtype}, {pair.hardware}")
     print(_wrap(
         f"store {store.url}. alpha = accepted / drafted (Wilson interval); by position: alpha "
-        "at the first four draft positions; ngram a = the n-gram (prompt-lookup) proposer's "
-        "accepted / drafted, its iterations counted apart from the draft model's (- if it "
-        "never drafted); len = mean accepted length, counting the bonus token; k = the k run "
+        "at the first four draft positions; lookups a = each lookup proposer's accepted / "
+        "drafted (ngram: prompt lookup, suffix: suffix decoding), its blocks counted apart "
+        "from the draft model's (- if none drafted); len = mean accepted length, counting the bonus token; k = the k run "
         "most often by the latest 200 requests at batch 1 (- if none ran at batch 1); "
         "costs are the path's (execution path the requests ran on); S(k) = cost-model speedup "
         "incl. the draft's cost (T_t(1) from a probe when requests never ran k = 0: run "
@@ -124,6 +124,13 @@ def _off_cell(b: dict) -> str:
         return "-"
     ks = " ".join(f"{bs}:{'-' if k is None else k}" for bs, k in b["k_by_batch"].items())
     return ks + (f" (off from {b['crossover']})" if b["crossover"] is not None else "")
+
+
+def _lookups_cell(sm) -> str:
+    """Each lookup proposer's acceptance that drafted, by name ("ngram .41 suffix .62")."""
+    cells = [f"{name} {p.alpha:.2f}" for name, p in sorted(sm.proposers.items())
+             if p.kind == "lookup" and p.alpha is not None]
+    return " ".join(cells) or "-"
 
 
 def _rate(a: float | None) -> str:

@@ -91,19 +91,13 @@ class StoredCosts:
     catch_up: list[tuple[int, float]] = field(default_factory=list)
     catch_up_t_draft: float | None = None
     catch_up_source: str = "not read"
-    # the lookup proposers' host seconds per proposed token (part "lookups"; None: never ran)
-    t_ngram: float | None = None
-    t_suffix: float | None = None
+    # each lookup proposer's host seconds per proposed token, by name (part "lookups"; a
+    # proposer that never proposed a token is absent)
+    t_lookup: dict[str, float] = field(default_factory=dict)
     # batch > 1 (part "grid"): T_t(B, n), T_d(B) on the batched loop's path, and their source
     grid: dict[int, dict[int, float]] = field(default_factory=dict)
     draft_grid: dict[int, float] = field(default_factory=dict)
     grid_source: str = "not read"
-
-    @property
-    def t_lookup(self) -> dict[str, float]:
-        """Each lookup proposer's host seconds per proposed token, by name."""
-        return {n: t for n, t in (("ngram", self.t_ngram), ("suffix", self.t_suffix))
-                if t is not None}
 
     @property
     def from_probe(self) -> bool:
@@ -151,9 +145,8 @@ def stored_costs(session, pair_id: int, category: str | None = None, *, path=SER
       then used (the report's and stats' per-workload reads);
     - ``"catch_up"``: the draft model's catch-up on that path (``queries.catch_up_source``:
       logged, else the probe's; any path's where none is known);
-    - ``"lookups"``: the n-gram proposer's lookup seconds per proposed token (the category's
-      counters) and suffix decoding's (``queries.suffix_lookup_s_per_token``; a category's
-      only);
+    - ``"lookups"``: each lookup proposer's host seconds per proposed token, by name
+      (``queries.lookup_seconds_per_token``: the category's proposer rows, or the pair's);
     - ``"grid"``: T_t(B, n), T_d(B) on the batched loop's path: "auto" as every reader sees it
       (``grid.batch_grid``: the probe's shape at the live level), "live" the live medians
       alone (``queries.live_batch_grid``), "probe" the probe's grid alone
@@ -178,7 +171,6 @@ def stored_costs(session, pair_id: int, category: str | None = None, *, path=SER
                 if {"batch1", "catch_up"} & set(parts) else None)
         if path is None and "batch1" in parts:
             out["source"] = "none (no timings of a known execution path)"
-    sums = None
     if "batch1" in parts and "source" not in out:
         probe = queries.latest_probe(session, pair_id, path) if source != "live" else None
         one = batch_one(probe.payload if probe is not None else None, {}, {}, None, 0)
@@ -199,14 +191,7 @@ def stored_costs(session, pair_id: int, category: str | None = None, *, path=SER
                                                    min_forwards=min_forwards)
         out.update(catch_up=points, catch_up_t_draft=t_d, catch_up_source=src)
     if "lookups" in parts:
-        if sums is None:
-            sums = ([summary] if summary is not None else
-                    queries.category_summaries(session, category=category, pair_id=pair_id))
-        lookup_s = sum(sm.ngram_lookup_s for sm in sums)
-        drafted = sum(sm.ngram_drafted for sm in sums)
-        out["t_ngram"] = lookup_s / drafted if drafted else None
-        out["t_suffix"] = (queries.suffix_lookup_s_per_token(session, pair_id, category)
-                           if category is not None else None)
+        out["t_lookup"] = queries.lookup_seconds_per_token(session, pair_id, category)
     if "grid" in parts:
         if source == "auto":
             out.update(zip(("grid", "draft_grid", "grid_source"),

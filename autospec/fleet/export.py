@@ -82,41 +82,25 @@ import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from autospec.fleet.engines import ARCTIC_PACKAGE
-from autospec.suffix import SuffixSettings
-
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "EXPORT_PROPOSERS", "ExportPlan", "NgramPlan", "plan_for", "render",
-           "ExportError"]
+__all__ = ["ENGINES", "ExportPlan", "plan_for", "render", "ExportError", "export_proposers"]
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM",
                 "llamacpp": "llama.cpp"}
-EXPORT_PROPOSERS = ("auto", "draft", "ngram", "suffix")
+
+
+def export_proposers() -> tuple[str, ...]:
+    """What ``--proposer`` takes: "auto" (the one the report finds pays) or a registered
+    proposer's name (``autospec.engine.proposers``)."""
+    from autospec.engine.proposers import registered
+
+    return ("auto", *registered())
 
 
 class ExportError(ValueError):
     """The store cannot answer what the export needs (no such workload, several to choose)."""
-
-
-@dataclass
-class NgramPlan:
-    """The n-gram (prompt-lookup) proposer for one workload, as the report's section 5
-    (``autospec.report.build.proposers_view``) priced it, with the settings it ran with."""
-
-    k: int | None  # the cost model's k for it (None: no cost curve to price it with)
-    speedup: float | None  # its estimated speedup over plain decoding at that k
-    draft: tuple[int, float] | None  # (k, S) of the draft model alone, the same way
-    pays: str  # which proposer pays: "draft", "ngram", "hybrid" or "plain"
-    margin: float | None  # S of the one that pays over the next best
-    match_rate: float | None  # share of generated positions where it had a match (traces)
-    conditional: list[float | None]  # P(i-th proposed accepted | match, i-1 were) (traces)
-    trace_requests: int  # greedy requests those traces come from
-    live_drafted: int  # tokens it drafted live
-    live_alpha: float | None  # their acceptance
-    max_n: int  # longest suffix matched (the requests' logged settings)
-    min_n: int  # shortest
 
 
 @dataclass
@@ -139,9 +123,11 @@ class ExportPlan:
     early_stop: float | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    proposer: str = "draft"  # "draft" (the draft model), "ngram" (prompt lookup), "suffix"
-    ngram: NgramPlan | None = None  # what the store knows of the n-gram proposer, if anything
+    proposer: str = "draft"  # the exported proposer's name (the draft model's by default)
+    settings: dict | None = None  # what its latest requests logged of it (None: nothing)
+    proposers: object = None  # the report's section 5 (``report.model.Proposers``), if any
     forced_k: int | None = None  # the k asked for (--k) instead of the measured choice
+    k: int = 0  # the one k of engines that take one (``render``'s batch size's)
 
     def k_at(self, batch: int) -> int:
         k = self.table[0][1]
@@ -171,17 +157,19 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              proposer: str = "auto", k: int | None = None) -> ExportPlan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
-    stored, else the cost model). ``proposer``: "draft" (the draft model), "ngram" (prompt
-    lookup; an error if the store cannot price it), "suffix" (suffix decoding, priced on the
-    requests' suffix traces; vLLM only) or "auto" (the lookup proposer the report's section 5
-    finds pays, else the draft model). ``k``: this k at every
-    batch size instead of the measured choice (0: no speculation); the header keeps the
-    measured choice and the cost model's estimate at this k, where it has them."""
+    stored, else the cost model). ``proposer``: a registered proposer's name — the model (the
+    draft model), or a lookup priced on its requests' traces by the report's section 5 (an
+    error if it cannot be) — or "auto" (the lookup section 5 finds pays, else the draft
+    model). ``k``: this k at every batch size instead of the measured choice (0: no
+    speculation); the header keeps the measured choice and the cost model's estimate at this
+    k, where it has them."""
+    from autospec.engine.proposers import model_proposer, registered
     from autospec.policies.base import K_LIMIT
     from autospec.report import build_report
 
-    if proposer not in EXPORT_PROPOSERS:
-        raise ValueError(f"proposer must be one of {', '.join(EXPORT_PROPOSERS)}, got {proposer!r}")
+    if proposer not in export_proposers():
+        raise ValueError(f"proposer must be one of {', '.join(export_proposers())}, got "
+                         f"{proposer!r}")
     if k is not None and not 0 <= k <= K_LIMIT:
         raise ValueError(f"k must be in 0..{K_LIMIT}, got {k!r}")
     report = build_report(store, category=category, pair_id=pair_id)
@@ -197,57 +185,46 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
         raise ExportError(f"{len(work)} workloads in the store — choose one with --category "
                           f"(and --pair-id): {names}")
     w = work[0]
-    ng = _ngram_plan(store, w)
-    sx = w.proposers.suffix if w.proposers is not None else None
-    if proposer == "suffix" and sx is None and k is None:
-        raise ExportError("the store has no suffix traces for this workload to price suffix "
-                          "decoding with: serve it with the suffix proposer on "
-                          "(`wrap(..., suffix=True)`) and this store, greedy, or export "
-                          "--proposer ngram / draft")
-    if proposer == "ngram":
-        if ng is None:
-            raise ExportError("the store has nothing on the n-gram proposer for this workload "
-                              "(no n-gram traces, no n-gram blocks): serve greedy traffic with "
-                              "this version of autospec first, or export --proposer draft")
-        if k is None and ng.k is None and ng.match_rate == 0 and not ng.live_drafted:
-            raise ExportError(f"the n-gram proposer never found a match in this workload's "
-                              f"{ng.trace_requests} traced requests: nothing to draft from; "
-                              f"export --proposer draft")
-        if k is None and ng.k is None:
-            raise ExportError("the cost model cannot price the n-gram proposer for this "
-                              "workload yet: measure T_t(n) first (`autospec probe`), or "
-                              "export --proposer draft")
-    use_ngram = proposer == "ngram" or (proposer == "auto" and ng is not None
-                                        and ng.pays == "ngram" and ng.k is not None)
-    use_suffix = proposer == "suffix" or (proposer == "auto" and sx is not None
-                                          and w.proposers.pays == "suffix")
+    pr = w.proposers
+    model = model_proposer()
+    classes = registered()
+    chosen = proposer
+    if proposer == "auto":
+        chosen = pr.pays if pr is not None and pr.pays in pr.lookups else model
+    lookup = None
+    if chosen != model:
+        lookup = pr.lookups.get(chosen) if pr is not None else None
+        title = classes[chosen].label()
+        if lookup is None and k is None:
+            raise ExportError(f"the store has nothing on {title} for this workload (no trace "
+                              f"of it, no block of it): serve greedy traffic with it and this "
+                              f"store first, or export --proposer {model or 'auto'}")
+        if lookup is not None and k is None and lookup.best is None:
+            if lookup.match_rate == 0 and not lookup.live_proposed:
+                raise ExportError(f"{title} never had a draft in this workload's "
+                                  f"{lookup.trace_requests} traced requests: nothing to "
+                                  f"draft from; export --proposer {model or 'auto'}")
+            raise ExportError(f"the cost model cannot price {title} for this workload yet: "
+                              "measure T_t(n) first (`autospec probe`), or export --proposer "
+                              f"{model or 'auto'}")
     base = dict(category=w.category, target=w.pair["target"], draft=w.pair["draft"],
                 hardware=w.pair["hardware"], dtype=w.pair["dtype"],
                 requests=w.traffic.requests, first_seen=w.traffic.first_seen,
                 last_seen=w.traffic.last_seen)
-    if use_suffix:
-        plan = ExportPlan(**base, source="cost model, suffix decoding on the requests' suffix "
-                          "traces (report section 5)", grid_source=None, proposer="suffix",
-                          ngram=ng)
-        if sx is not None:
-            plan.table = [(1, int(sx[0]), sx[1])]
-            plan.notes.append(f"suffix decoding is priced at batch 1 (from "
-                              f"{w.proposers.suffix_requests} requests' suffix traces, a draft "
-                              f"at {w.proposers.suffix_match_rate:.0%} of positions): one k, "
-                              f"the most a draft may hold")
-        if proposer == "suffix" and w.proposers is not None and w.proposers.pays != "suffix":
-            plan.notes.append(f"exported as asked (--proposer suffix), but the report finds "
-                              f"that {_PAYS[w.proposers.pays]} pays for this workload")
-    elif use_ngram:
-        plan = ExportPlan(**base, source="cost model, n-gram proposer (report section 5)",
-                    grid_source=None, proposer="ngram", ngram=ng)
-        if ng.k is not None:
-            plan.table = [(1, int(ng.k), ng.speedup)]
-            plan.notes.append("the n-gram proposer is priced at batch 1 (its acceptance from "
-                              "the requests' n-gram traces): one k")
-        if proposer == "ngram" and ng.pays != "ngram":
-            plan.notes.append(f"exported as asked (--proposer ngram), but the report finds "
-                              f"that {_PAYS[ng.pays]} pays for this workload")
+    if chosen != model:
+        plan = ExportPlan(**base, source=f"cost model, {classes[chosen].label()} on the "
+                          "requests' traces (report section 5)", grid_source=None,
+                          proposer=chosen, proposers=pr)
+        if lookup is not None and lookup.best is not None:
+            plan.table = [(1, int(lookup.best[0]), lookup.best[1])]
+            plan.notes.append(f"{lookup.title} is priced at batch 1 (from "
+                              f"{lookup.trace_requests} requests' traces"
+                              + (f", a draft at {lookup.match_rate:.0%} of positions"
+                                 if lookup.match_rate is not None else "")
+                              + "): one k, the most a block may hold")
+        if proposer != "auto" and pr is not None and pr.pays != chosen:
+            plan.notes.append(f"exported as asked (--proposer {chosen}), but the report finds "
+                              f"that {_pays(pr)} pays for this workload")
     else:
         try:
             plan = _draft_plan(w, base, source)
@@ -256,15 +233,17 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                 raise
             plan = ExportPlan(**base, source="", grid_source=None)  # k as asked, below
             plan.notes.append(f"no measured k to compare with: {e}")
-        plan.ngram = ng
-        if proposer == "auto" and ng is not None and ng.pays == "hybrid":
-            plan.notes.append("the hybrid (n-gram where it matches, else the draft model) pays "
-                              "most, which no engine runs: the draft model's settings")
+        plan.proposer, plan.proposers = model or "draft", pr
+        if proposer == "auto" and pr is not None and pr.pays == "hybrid":
+            plan.notes.append("the hybrid (prompt lookup where it matches, else the draft "
+                              "model) pays most, which no engine runs: the draft model's "
+                              "settings")
+    plan.settings = _settings(store, w.category, w.pair["id"], plan.proposer)
     plan.max_batch = max(max_batch or 0, plan.table[-1][0] if plan.table else 1)
     if k is not None:
         _force_k(plan, w, k)
     tuned = w.policy.tuned
-    if tuned is not None and plan.proposer == "draft":
+    if tuned is not None and plan.proposer == model:
         es = tuned.params.get("early_stop")
         if isinstance(es, (int, float)) and not isinstance(es, bool):
             plan.early_stop = float(es)
@@ -290,15 +269,15 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
 def _force_k(plan: ExportPlan, w, k: int) -> None:
     """``plan`` with ``k`` at every batch size (``--k``), the measured choice kept in its
     source line, and the cost model's speedup at ``k`` (batch 1) where it has one."""
-    if plan.proposer == "suffix":
-        sx = w.proposers.suffix if w.proposers is not None else None
-        s = sx[1] if sx is not None and sx[0] == k else None
-    elif plan.proposer == "ngram":
-        ng = plan.ngram
-        s = ng.speedup if ng.k == k else None
-        if ng.match_rate == 0 and not ng.live_drafted:
-            plan.notes.append(f"the n-gram proposer never found a match in this workload's "
-                              f"{ng.trace_requests} traced requests")
+    pr = plan.proposers
+    lookup = pr.lookups.get(plan.proposer) if pr is not None else None
+    if lookup is not None:
+        s = lookup.best[1] if lookup.best is not None and lookup.best[0] == k else None
+        if lookup.match_rate == 0 and not lookup.live_proposed:
+            plan.notes.append(f"{lookup.title} never had a draft in this workload's "
+                              f"{lookup.trace_requests} traced requests")
+    elif pr is not None and plan.proposer in pr.lookups:
+        s = None
     else:
         s = 1.0 if k == 0 else w.speedup.curve.get(k)
     measured = (", ".join(f"B={b}: k={kb}" for b, kb, _ in plan.table)
@@ -312,9 +291,10 @@ def _force_k(plan: ExportPlan, w, k: int) -> None:
                           f"here (S≈{s:.2f}× at batch 1)")
 
 
-_PAYS = {"draft": "the draft model", "ngram": "the n-gram proposer", "hybrid": "the hybrid",
-         "suffix": "suffix decoding",
-         "plain": "neither (plain decoding)"}
+def _pays(pr) -> str:
+    from autospec.report.text import proposer_name
+
+    return proposer_name(pr, pr.pays)
 
 
 def _draft_plan(w, base: dict, source: str) -> ExportPlan:
@@ -364,42 +344,25 @@ def _draft_plan(w, base: dict, source: str) -> ExportPlan:
     return plan
 
 
-def _ngram_plan(store, w) -> NgramPlan | None:
-    """The report's section 5 for workload ``w`` (None: it knows nothing of the n-gram
-    proposer), with the n-gram settings of the workload's latest requests that logged them."""
-    pr = w.proposers
-    if pr is None:
-        return None
-    max_n, min_n = _ngram_settings(store, w.category, w.pair["id"])
-    return NgramPlan(
-        k=pr.ngram[0] if pr.ngram is not None else None,
-        speedup=pr.ngram[1] if pr.ngram is not None else None,
-        draft=pr.draft, pays=pr.pays, margin=pr.margin, match_rate=pr.match_rate,
-        conditional=list(pr.ngram_conditional), trace_requests=pr.trace_requests,
-        live_drafted=pr.ngram_live_drafted, live_alpha=pr.ngram_live_alpha,
-        max_n=max_n, min_n=min_n)
-
-
-def _ngram_settings(store, category: str, pair_id: int, limit: int = 50) -> tuple[int, int]:
-    """(max_n, min_n) of the latest requests that logged them (``requests.ngram``), else
-    autospec.ngram's defaults."""
+def _settings(store, category: str, pair_id: int, proposer: str,
+              limit: int = 50) -> dict | None:
+    """What the workload's latest requests logged of ``proposer``'s settings
+    (``request_proposers.settings``), the newest that has any; None where none did."""
     from sqlalchemy import select
 
-    from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N
-    from autospec.store.tables import Request
+    from autospec.store.tables import Request, RequestProposer
     from autospec.store.write import category_key
 
-    stmt = (select(Request.ngram)
+    stmt = (select(RequestProposer.settings)
+            .join(Request, Request.id == RequestProposer.request_id)
             .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
-                   Request.ngram.is_not(None))
+                   RequestProposer.proposer == proposer, RequestProposer.settings.is_not(None))
             .order_by(Request.id.desc()).limit(limit))
     with store.session() as s:
         for (settings,) in s.execute(stmt):
-            mx = settings.get("max_n") if isinstance(settings, dict) else None
-            mn = settings.get("min_n") if isinstance(settings, dict) else None
-            if isinstance(mx, int) and mx >= 1:
-                return mx, mn if isinstance(mn, int) and 1 <= mn <= mx else min(DEFAULT_MIN_N, mx)
-    return DEFAULT_MAX_N, DEFAULT_MIN_N
+            if isinstance(settings, dict) and settings:
+                return settings
+    return None
 
 
 def _short(name: str) -> str:
@@ -414,21 +377,11 @@ def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
         f"pair: target {plan.target}, draft {plan.draft}; hardware {plan.hardware} "
         f"({plan.dtype})",
     ]
-    ng = plan.ngram
-    if plan.proposer == "suffix":
-        d = SuffixSettings()
-        lines.append(f"proposer: suffix decoding (no draft model), autospec's suffix settings "
-                     f"(its defaults, Arctic's: tree depth {d.max_depth}, spec factor "
-                     f"{d.max_spec_factor:g}, min token probability {d.min_token_prob:g}; "
-                     f"{d.max_requests} cached requests per category); vLLM needs "
-                     f"{ARCTIC_PACKAGE} beside it")
-    elif plan.proposer == "ngram":
-        lines.append(f"proposer: the n-gram proposer (prompt lookup, no draft model), suffixes "
-                     f"of {ng.max_n} down to {ng.min_n} tokens (the requests' logged settings)")
-    else:
-        lines.append("proposer: the draft model")
-    if ng is not None:
-        lines += _ngram_lines(ng)
+    from autospec.engine.proposers import get
+
+    lines.append(f"proposer: {get(plan.proposer).describe(plan.settings)}")
+    if plan.proposers is not None:
+        lines += _section5_lines(plan.proposers)
     lines += [
         f"k from: {plan.source}; costs: "
         f"{plan.grid_source or 'T_t(n) at batch 1'}",
@@ -450,69 +403,28 @@ def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
     return [prefix + line for line in lines]
 
 
-def _ngram_lines(ng: NgramPlan) -> list[str]:
+def _section5_lines(pr) -> list[str]:
     """Provenance of the proposer choice: the report's section 5 numbers."""
-    head = f"which proposer pays (report section 5): {_PAYS[ng.pays]}"
-    if ng.margin is not None:
-        head += f", {ng.margin:.2f}× the next best"
-    est = []
-    if ng.draft is not None:
-        est.append(f"draft model k={ng.draft[0]} S≈{ng.draft[1]:.2f}×")
-    if ng.k is not None and ng.speedup is not None:
-        est.append(f"n-gram k={ng.k} S≈{ng.speedup:.2f}×")
+    from autospec.report.text import estimates, proposers_headline
+
+    head = f"which proposer pays (report section 5): {proposers_headline(pr)}"
+    est = [f"{who} {k} S≈{x}" for who, k, x in estimates(pr)]
     out = [head + (f" ({'; '.join(est)})" if est else "")]
-    measured = []
-    if ng.match_rate is not None:
-        measured.append(f"match at {ng.match_rate:.0%} of generated positions "
-                        f"({ng.trace_requests} greedy requests' n-gram traces)")
-    by_pos = [f"{a:.2f}" if a is not None else "-" for a in ng.conditional]
-    if any(a is not None for a in ng.conditional):
-        measured.append("acceptance by position where matched " + " ".join(by_pos))
-    if ng.live_drafted:
-        measured.append(f"live: {ng.live_drafted} drafted, α={ng.live_alpha:.3f}"
-                        if ng.live_alpha is not None else f"live: {ng.live_drafted} drafted")
-    if measured:
-        out.append("n-gram measured: " + "; ".join(measured))
+    for lk in pr.lookups.values():
+        measured = []
+        if lk.match_rate is not None:
+            measured.append(f"a draft at {lk.match_rate:.0%} of generated positions "
+                            f"({lk.trace_requests} greedy requests' traces)")
+        if any(a is not None for a in lk.conditional):
+            measured.append("acceptance by position where it had one " + " ".join(
+                f"{a:.2f}" if a is not None else "-" for a in lk.conditional))
+        if lk.live_proposed:
+            measured.append(f"live: {lk.live_proposed} proposed, α={lk.live_alpha:.3f}"
+                            if lk.live_alpha is not None
+                            else f"live: {lk.live_proposed} proposed")
+        if measured:
+            out.append(f"{lk.title} measured: " + "; ".join(measured))
     return out
-
-
-def vllm_suffix_config(plan: ExportPlan) -> dict | None:
-    """vLLM's ``method: "suffix"`` (Arctic Inference's suffix tree): k is the most a draft may
-    hold (vLLM's num_speculative_tokens; its drafts are as long as their match earns, as
-    autospec's), the tree and cache bounds autospec's."""
-    k = plan.k_at(1)
-    if k == 0:
-        return None
-    d = SuffixSettings()
-    return {"method": "suffix", "num_speculative_tokens": k,
-            "suffix_decoding_max_tree_depth": d.max_depth,
-            "suffix_decoding_max_cached_requests": d.max_requests,
-            "suffix_decoding_max_spec_factor": float(d.max_spec_factor),
-            "suffix_decoding_min_token_prob": float(d.min_token_prob)}
-
-
-def vllm_ngram_config(plan: ExportPlan) -> dict:
-    ng = plan.ngram
-    return {"method": "ngram", "num_speculative_tokens": plan.k_at(1),
-            "prompt_lookup_max": ng.max_n, "prompt_lookup_min": ng.min_n}
-
-
-def trtllm_ngram_config(plan: ExportPlan) -> dict:
-    # per-request matches of the newest occurrence, as autospec's prompt lookup
-    return {"decoding_type": "NGram", "max_draft_len": plan.k_at(1),
-            "max_matching_ngram_size": plan.ngram.max_n, "is_keep_all": True,
-            "is_use_oldest": False, "is_public_pool": False}
-
-
-def sglang_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
-    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
-            "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth",
-            "1"]
-
-
-def llamacpp_ngram_flags(plan: ExportPlan, k: int) -> list[str]:
-    return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(plan.ngram.max_n),
-            "--spec-ngram-simple-size-m", str(k)]
 
 
 # What vLLM does with num_speculative_tokens_per_batch_size, from its source and one
@@ -529,35 +441,6 @@ VLLM_SCHEDULE_NOTE = (
 )
 
 
-def vllm_config(plan: ExportPlan) -> dict | None:
-    ranges = plan.ranges()
-    k_max = max(k for *_, k in ranges)
-    if k_max == 0:
-        return None
-    cfg = {"model": plan.draft, "method": "draft_model", "num_speculative_tokens": k_max}
-    if len(ranges) > 1:
-        cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
-    return cfg
-
-
-def trtllm_config(plan: ExportPlan) -> dict | None:
-    ranges = [r for r in plan.ranges()]
-    k_first = ranges[0][2]
-    if k_first == 0:
-        return None
-    schedule = {}
-    for _, end, k in ranges:
-        schedule[end] = min(k, k_first)  # no value may exceed max_draft_len (= the first)
-    # trailing k = 0 ranges are implicit (above the last key speculation is off)
-    while len(schedule) > 1 and schedule[max(schedule)] == 0:
-        del schedule[max(schedule)]
-    cfg = {"decoding_type": "Draft_Target", "speculative_model": plan.draft,
-           "max_draft_len": k_first}
-    if len(ranges) > 1 or plan.max_batch > 1:
-        cfg["draft_len_schedule"] = schedule
-    return cfg
-
-
 def _yaml(value, indent: int = 0) -> list[str]:
     """A tiny YAML writer for the nested dicts of ints and strings exported here."""
     pad = "  " * indent
@@ -572,28 +455,36 @@ def _yaml(value, indent: int = 0) -> list[str]:
 
 
 def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
-    """The engine's configuration text. ``batch``: for engines that take one k (SGLang,
-    llama.cpp), the batch size whose k to use."""
+    """The engine's configuration text: the exported proposer's setting for it
+    (``Proposer.export``). ``batch``: for engines that take one k (SGLang, llama.cpp), the
+    batch size whose k to use. ExportError, in one line naming the proposer, where the engine
+    has nothing like it."""
+    from autospec.engine.proposers import get
+
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if plan.proposer == "suffix" and engine != "vllm":
-        raise ExportError(f"suffix decoding is not supported by {ENGINE_NAMES[engine]}: its "
-                          f"nearest option is prompt lookup (export --proposer ngram), which "
-                          f"copies from the request itself, not from earlier requests")
+    cls = get(plan.proposer)
+    plan.k = plan.k_at(batch)
+    setting = cls.export(engine, plan)
+    if setting is None:
+        raise ExportError(f"{cls.label()} ({plan.proposer!r}) is not supported by "
+                          f"{ENGINE_NAMES[engine]}: no speculation method of it matches; "
+                          f"export another --proposer")
     head = _header(plan, engine)
     if engine == "vllm":
-        cfg = {"ngram": vllm_ngram_config, "suffix": vllm_suffix_config}.get(
-            plan.proposer, vllm_config)(plan)
         cmd = ["vllm", "serve", plan.target]
-        if cfg is None:
+        head += [f"# {n}" for n in setting.notes]
+        if setting.config is None:
             head.append("# speculation does not pay at any batch size: serve without it")
         else:
-            if "num_speculative_tokens_per_batch_size" in cfg:
+            if "num_speculative_tokens_per_batch_size" in setting.config:
                 head += [f"# {line}" for line in VLLM_SCHEDULE_NOTE]
-            cmd += ["--speculative-config", json.dumps(cfg, separators=(", ", ": "))]
+            cmd += ["--speculative-config",
+                    json.dumps(setting.config, separators=(", ", ": "))]
         return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])
     if engine == "trtllm":
-        cfg = trtllm_ngram_config(plan) if plan.proposer == "ngram" else trtllm_config(plan)
+        cfg = setting.config
+        head += [f"# {n}" for n in setting.notes]
         head.append(f"# use: trtllm-serve {plan.target} --extra_llm_api_options THIS_FILE")
         if cfg is None:
             head.append("# speculation does not pay at batch 1: no speculative_config")
@@ -602,35 +493,12 @@ def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
             head.append(f"# above B={max(cfg.get('draft_len_schedule', {1: 0}))} "
                         f"TensorRT-LLM runs without speculation (not measured beyond)")
         return "\n".join([*head, *_yaml({"speculative_config": cfg}), ""])
-    k = plan.k_at(batch)
     head.append(f"# one k for this engine: the k at batch size {batch}")
-    if engine == "sglang":
-        cmd = ["python", "-m", "sglang.launch_server", "--model-path", plan.target]
-        if k > 0 and plan.proposer == "ngram":
-            cmd += sglang_ngram_flags(plan, k)
-            head.append("# a chain of k tokens (BFS breadth 1), as autospec drafts; "
-                        "--speculative-num-draft-tokens counts the verified token too (k + 1)")
-            head.append(f"# SGLang matches suffixes in a trie of n-grams (up to "
-                        f"--speculative-ngram-max-trie-depth tokens), not autospec's "
-                        f"{plan.ngram.max_n}-to-{plan.ngram.min_n}-token suffixes: it takes no "
-                        f"suffix bounds, so expect other matches than measured")
-        elif k > 0:
-            cmd += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
-                    plan.draft, "--speculative-num-steps", str(k), "--speculative-eagle-topk",
-                    "1", "--speculative-num-draft-tokens", str(k + 1)]
-        else:
-            head.append("# speculation does not pay here: serve without it")
-        return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])
-    cmd = ["llama-server", "-m", plan.target]
-    if k > 0 and plan.proposer == "ngram":
-        cmd += llamacpp_ngram_flags(plan, k)
-        head.append(f"# llama.cpp's ngram-simple matches one suffix length (n = "
-                    f"{plan.ngram.max_n}) and does not fall back to shorter ones as autospec's "
-                    f"lookup does: expect fewer matches than measured")
-    elif k > 0:
-        cmd += ["-md", plan.draft, "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
-        if plan.early_stop is not None:
-            cmd += ["--spec-draft-p-min", f"{plan.early_stop:g}"]
+    head += [f"# {n}" for n in setting.notes]
+    cmd = (["python", "-m", "sglang.launch_server", "--model-path", plan.target]
+           if engine == "sglang" else ["llama-server", "-m", plan.target])
+    if setting.flags:
+        cmd += setting.flags
     else:
         head.append("# speculation does not pay here: serve without it")
     return "\n".join(["#!/bin/sh", *head, shlex.join(cmd) + ' "$@"', ""])

@@ -363,7 +363,8 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
               draft: str = "unknown", dtype: str = "unknown", hardware: str = "unknown",
               engine: str | None = None, created_at: float | None = None):
     """One ``RequestRecord`` carrying the counters (no trace, no timings)."""
-    from autospec.store.record import TRACE_GREEDY, PairInfo, RequestRecord
+    from autospec.engine.proposers import model_proposer
+    from autospec.store.record import TRACE_GREEDY, PairInfo, ProposerRecord, RequestRecord
 
     if c.drafts <= 0:
         raise IngestError("the scrape counts no drafts for this model: nothing to ingest")
@@ -375,9 +376,11 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
         prompt_tokens=c.prompt_tokens or 0,
         new_tokens=c.generation_tokens if c.generation_tokens is not None
         else c.drafts + c.accepted,
-        iterations=c.drafts, drafts=c.drafts, drafted=c.draft_tokens, accepted=c.accepted,
-        accepted_per_position=list(c.accepted_per_position),
-        drafted_per_position=[c.drafts] * width,
+        iterations=c.drafts,
+        proposers={model_proposer(): ProposerRecord(
+            kind="model", blocks=c.drafts, proposed=c.draft_tokens, accepted=c.accepted,
+            accepted_per_position=list(c.accepted_per_position),
+            proposed_per_position=[c.drafts] * width, trace=b"")},
         k_schedule=b"", accepted_schedule=b"", wall_s=0.0, prefill_s=0.0, draft_s=0.0,
-        draft_forwards=0, target_s_by_n={}, trace_kind=TRACE_GREEDY, trace=b"",
+        draft_forwards=0, target_s_by_n={}, trace_kind=TRACE_GREEDY,
         stop_reason="ingested", created_at=created_at if created_at is not None else time.time())

@@ -12,7 +12,8 @@ built for vLLM read autospec too (vllm-project/vllm, ``vllm/v1/spec_decode/metri
 
 vLLM labels them ``model_name`` (and ``engine``); autospec labels them ``model_name`` (the
 target), ``category``, ``pair`` (``target/draft``, short names) and ``proposer`` (``draft``;
-the acceptance counters also under ``ngram`` for blocks the prompt-lookup proposer drafted).
+the acceptance counters also under each lookup proposer's name — ``ngram``, ``suffix`` — for
+the blocks it drafted).
 Since autospec changes k per iteration, it adds what vLLM's fixed k makes unnecessary:
 ``autospec:spec_decode_num_draft_tokens_per_pos`` (drafted tokens by position: acceptance at
 position i is accepted_per_pos / draft_tokens_per_pos). Besides: k in force, iterations and
@@ -313,8 +314,8 @@ STORE_METRIC_NAMES = (
 class StoreCollector:
     """A prometheus_client collector that reads the store's per-(category, pair) aggregates
     on every scrape: the live exporter's counters (summed over every process that ever wrote
-    the store; the draft model's blocks under ``proposer="draft"``, the n-gram proposer's
-    under ``proposer="ngram"``, as ``Metrics`` labels them), the k in force (the k the recent
+    the store; the draft model's blocks under ``proposer="draft"``, each lookup proposer's
+    under its own name, as ``Metrics`` labels them), the k in force (the k the recent
     requests ran most), the speculation-off share, tokens/s, bandwidth against peak, and the
     cost model's speedup estimate, also per batch size — all as ``autospec report`` computes
     them (``autospec.report.build_report``). The store is only read; a failing read is
@@ -427,10 +428,10 @@ def _add_summary(fam: dict, sm, w, timestamp: float | None = None) -> None:
 
     drafting(lv, sm.drafts, sm.drafted, sm.accepted, sm.accepted_per_position,
              sm.drafted_per_position)
-    if sm.ngram_drafts:  # the n-gram proposer's blocks, as the live metrics count them
-        drafting([*lv[:3], "ngram", lv[4]], sm.ngram_drafts, sm.ngram_drafted,
-                 sm.ngram_accepted, sm.ngram_accepted_per_position,
-                 sm.ngram_drafted_per_position)
+    for name, ps in sorted(sm.proposers.items()):  # every other proposer that proposed, under
+        if ps.kind != "model" and ps.blocks:      # its own name, as the live metrics count
+            drafting([*lv[:3], name, lv[4]], ps.blocks, ps.proposed, ps.accepted,
+                     ps.accepted_per_position, ps.proposed_per_position)
     add("requests", lv, sm.requests)
     add("iterations", lv, sm.iterations)
     off = sm.k_counts.get(0, 0)
@@ -496,28 +497,33 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
 
     from autospec.report.model import RECENT
     from autospec.store import queries
-    from autospec.store.damage import note, request_note, request_problem
-    from autospec.store.tables import Request
+    from autospec.store.damage import LISTS, SUMS, note, request_note, request_problem
+    from autospec.store.tables import Request, RequestProposer
     from autospec.store.write import category_key
 
     if not step > 0:
         raise ValueError(f"step must be positive, got {step!r}")
     cols = (Request.id, Request.created_at, Request.category_key, Request.pair_id,
-            Request.category,
-            Request.new_tokens, Request.prompt_tokens, Request.iterations, Request.drafts,
-            Request.drafted, Request.accepted, Request.accepted_per_position,
-            Request.drafted_per_position, Request.k_schedule, Request.wall_s,
-            Request.prefill_s, Request.target_s_by_n, Request.target_s_by_bn,
-            Request.bandwidth_bytes_per_s, Request.bandwidth_peak_bytes_per_s,
-            Request.batch_size, Request.ngram, Request.policy)
+            Request.category, Request.new_tokens, Request.prompt_tokens, Request.iterations,
+            Request.k_schedule, Request.wall_s, Request.prefill_s, Request.target_s_by_n,
+            Request.target_s_by_bn, Request.bandwidth_bytes_per_s,
+            Request.bandwidth_peak_bytes_per_s, Request.batch_size, Request.policy)
     stmt = select(*cols).order_by(Request.created_at, Request.id)
+    # every request's proposer rows, counters only (the traces stay unread)
+    pstmt = select(RequestProposer.request_id, RequestProposer.proposer, RequestProposer.kind,
+                   *(getattr(RequestProposer, c) for c in (*SUMS, *LISTS)))
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
+        pstmt = pstmt.join(Request, Request.id == RequestProposer.request_id).where(
+            Request.category_key == category_key(category))
     with store.session() as s:
         pairs = {p.id: p for p in queries.pairs(s)}
         names = {(category_key(sm.category), sm.pair.id): sm.category  # the stats row's
                  for sm in queries.category_summaries(s, category=category)}
         rows = list(s.execute(stmt))
+        proposers: dict[int, list] = {}
+        for pr in s.execute(pstmt):
+            proposers.setdefault(pr.request_id, []).append(pr)
 
     def epoch(t) -> float:
         return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
@@ -531,27 +537,27 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             _add_summary(fam, queries.CategorySummary(
                 category=names.get((key, pid), a["category"]), pair=pairs[pid],
                 requests=a["requests"], prompt_tokens=a["prompt_tokens"],
-                new_tokens=a["new_tokens"], iterations=a["iterations"], drafts=a["drafts"],
-                drafted=a["drafted"], accepted=a["accepted"],
-                accepted_per_position=_as_list(a["acc"]),
-                drafted_per_position=_as_list(a["dra"]), draft_s=0.0, draft_forwards=0,
-                target_s_sum_by_n={}, target_count_by_n={}, k_counts=dict(a["k"]),
-                wall_s=a["wall_s"], prefill_s=a["prefill_s"],
+                new_tokens=a["new_tokens"], iterations=a["iterations"], draft_s=0.0,
+                draft_forwards=0, target_s_sum_by_n={}, target_count_by_n={},
+                k_counts=dict(a["k"]), wall_s=a["wall_s"], prefill_s=a["prefill_s"],
                 bandwidth_bytes=a["bw_bytes"], bandwidth_s=a["bw_s"],
                 bandwidth_peak_bytes_per_s=a["peak"], nvml_mem_busy_sum=0.0,
                 nvml_mem_busy_n=0, nvml_sm_util_sum=0.0, nvml_sm_util_n=0,
-                first_seen=seen[0], last_seen=seen[1], ngram_drafts=a["ng_drafts"],
-                ngram_drafted=a["ng_drafted"], ngram_accepted=a["ng_accepted"],
-                ngram_accepted_per_position=_as_list(a["ng_acc"]),
-                ngram_drafted_per_position=_as_list(a["ng_dra"]),
-                ngram_lookup_s=a["ng_lookup_s"]), _k_only(a["recent_k"]), ts)
+                first_seen=seen[0], last_seen=seen[1],
+                proposers={name: queries.ProposerSums(
+                    name=name, kind=p["kind"], blocks=p["blocks"], proposed=p["proposed"],
+                    accepted=p["accepted"], seconds=p["seconds"],
+                    proposed_per_position=_as_list(p["proposed_per_position"]),
+                    accepted_per_position=_as_list(p["accepted_per_position"]))
+                    for name, p in a["proposers"].items()}), _k_only(a["recent_k"]), ts)
 
     # Prometheus keeps milliseconds: every step is a whole one, the last one rounded up
     step_ms = max(1, round(step * 1000))
     last = math.ceil(epoch(rows[-1].created_at) * 1000) if rows else None
     t = math.ceil(epoch(rows[0].created_at) * 1000) if rows else None
     for r in rows:
-        problem = request_problem(r)
+        mine = proposers.get(r.id, ())
+        problem = next((p for p in map(request_problem, mine) if p is not None), None)
         if problem is not None:  # a damaged row: left out, and said (damage.note)
             note(request_note(r.id, r.category, r.pair_id, r.policy, problem))
             continue
@@ -561,24 +567,21 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             t += step_ms
         a = sums.setdefault((r.category_key, r.pair_id), dict(
             category=r.category, requests=0, prompt_tokens=0, new_tokens=0, iterations=0,
-            drafts=0, drafted=0, accepted=0, acc=Counter(), dra=Counter(), k=Counter(),
-            wall_s=0.0, prefill_s=0.0, bw_bytes=0.0, bw_s=0.0, peak=None,
+            k=Counter(), wall_s=0.0, prefill_s=0.0, bw_bytes=0.0, bw_s=0.0, peak=None,
             first=r.created_at, last=r.created_at, recent=deque(), recent_k=Counter(),
-            ng_drafts=0, ng_drafted=0, ng_accepted=0, ng_lookup_s=0.0, ng_acc=Counter(),
-            ng_dra=Counter()))
+            proposers={}))
         a["requests"] += 1
-        for name in ("prompt_tokens", "new_tokens", "iterations", "drafts", "drafted",
-                     "accepted", "wall_s", "prefill_s"):
+        for name in ("prompt_tokens", "new_tokens", "iterations", "wall_s", "prefill_s"):
             a[name] += getattr(r, name)
-        a["acc"].update(dict(enumerate(r.accepted_per_position or ())))
-        a["dra"].update(dict(enumerate(r.drafted_per_position or ())))
+        for pr in mine:  # every proposer's sums, as the store folds them
+            p = a["proposers"].setdefault(pr.proposer, dict(
+                kind=pr.kind, **{c: 0 for c in SUMS}, **{c: Counter() for c in LISTS}))
+            for c in SUMS:
+                p[c] += getattr(pr, c) or 0
+            for c in LISTS:
+                p[c].update(dict(enumerate(getattr(pr, c) or ())))
         ks = Counter(bytes(r.k_schedule or b""))
         a["k"].update(ks)
-        if r.ngram is not None:  # the n-gram proposer's own sums, as the store folds them
-            for key in ("drafts", "drafted", "accepted", "lookup_s"):
-                a[f"ng_{key}"] += r.ngram[key]
-            a["ng_acc"].update(dict(enumerate(r.ngram["accepted_per_position"])))
-            a["ng_dra"].update(dict(enumerate(r.ngram["drafted_per_position"])))
         if r.batch_size == 1:  # k in force: the latest RECENT requests at batch 1
             a["recent"].append(ks)
             a["recent_k"].update(ks)

@@ -34,6 +34,7 @@ from autospec.report.model import (
     Acceptance,
     Batch,
     BatchPoint,
+    LookupEstimate,
     PolicyInForce,
     Proposers,
     Rate,
@@ -319,31 +320,27 @@ def _verdict(acc: Acceptance, ver: Verification, pol: PolicyInForce, sp: Speedup
 
 
 def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
-    """The headline for a workload that prompt lookup serves: where the n-gram proposer (or
-    the hybrid) is the one that pays (section 5) and it has drafted live traffic, the verdict
-    says so. The draft model's own verdict (section 3) stays in the text after it: judged
-    alone, the draft of a workload served by prompt lookup has drafted little ("not enough
-    traffic yet") although speculation pays there."""
-    if props is None or props.pays not in ("ngram", "hybrid", "suffix"):
+    """The headline for a workload a lookup proposer serves: where one (or the hybrid) is
+    the one that pays (section 5) and traffic shows it — its live blocks, or the traces of
+    more than one request — the verdict says so. The draft model's own verdict (section 3)
+    stays in the text after it: judged alone, the draft of a workload served by prompt lookup
+    has drafted little ("not enough traffic yet") although speculation pays there."""
+    if props is None or (props.pays not in props.lookups and props.pays != "hybrid"):
         return verdict
-    if props.pays == "suffix":
-        if props.suffix_requests < 2:  # one request's trace is not traffic yet
-            return verdict
-        k, s = props.suffix
-        how = f"suffix decoding at k ≤ {k}"
-    elif props.ngram_live_drafted < MIN_DRAFTED:
+    lookup = props.lookups.get(props.hybrid_of if props.pays == "hybrid" else props.pays)
+    if lookup is None or (lookup.live_proposed < MIN_DRAFTED and lookup.trace_requests < 2):
         return verdict
-    elif props.pays == "ngram":
-        k, s = props.ngram
-        how = f"prompt lookup (n-gram) at k = {k}"
-    else:
+    if props.pays == "hybrid":
         k, k2, s = props.hybrid
-        how = f"prompt lookup at k = {k}, the draft model at k = {k2} where it has no match"
+        how = (f"{lookup.title} at k = {k}, the draft model at k = {k2} where it has no "
+               "draft")
+    else:
+        k, s = lookup.best
+        how = f"{lookup.title} at k ≤ {k}"
     if s < PAYS:
         return verdict
     return Verdict("pays", f"speculation pays here: {how}, {s:.2f}× (estimated, section 5); "
-                   f"the draft model alone: {verdict.text}",
-                   figure=(s, {"ngram": "n-gram"}.get(props.pays, props.pays)))
+                   f"the draft model alone: {verdict.text}", figure=(s, props.pays))
 
 
 def build_report(source, *, category: str | None = None, pair_id: int | None = None,
@@ -384,10 +381,9 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         pid = sm.pair.id
         if pid not in grids:  # the pair's batch grid, once
             grids[pid] = stored_costs(s, pid, parts={"grid"})
-        suffix = history.suffix_profile(s, sm.category, pid, limit=recent)
+        profiles = _lookup_profiles(s, sm.category, pid, recent)
         # batch 1 on the path the summary's costs are on (its probe, else its live points)
-        costs = stored_costs(s, pid, sm.category, summary=sm,
-                             parts={"batch1"} | ({"lookups"} if suffix is not None else set()))
+        costs = stored_costs(s, pid, sm.category, summary=sm, parts={"batch1", "lookups"})
         probe = costs.probe
         curve, src, t_draft = _shown(costs)
         recent_act = history.recent_activity(s, sm.category, pid, limit=recent)
@@ -426,9 +422,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                            tuned=pol.tuned,
                            requests_by_batch=by_batch.get((category_key(sm.category), pid)),
                            drafted=sm.drafted)
-        props = proposers_view(sm, history.ngram_profile(s, sm.category, pid, limit=recent),
-                               alphas, curve, t_draft, k_max=k_max, suffix=suffix,
-                               t_suffix=costs.t_suffix)
+        props = proposers_view(sm, profiles, alphas, curve, t_draft, k_max=k_max,
+                               t_lookup=costs.t_lookup)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
         why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
@@ -472,82 +467,108 @@ def by_source(sm, ingested) -> list[SourceAcceptance]:
     return [own, *engines] if own.records > 0 else engines  # no own requests: no own row
 
 
-def proposers_view(sm, profile, alphas, curve: dict[int, float], t_draft: float | None, *,
-                   k_max: int = K_MAX, suffix=None, t_suffix: float | None = None
-                   ) -> Proposers | None:
+def _lookup_profiles(s, category: str, pair_id: int, recent: int) -> dict:
+    """Each registered lookup proposer's profile (``history.LookupProfile``) over the latest
+    ``recent`` greedy batch-1 requests that carry its trace, by name (those with none left
+    out). Its own replay rule reads its trace (``autospec.engine.proposers``)."""
+    from autospec.engine.proposers import registered
+    from autospec.store import history, queries
+
+    lookups = {n: c for n, c in registered().items() if c.kind != "model"}
+    if not lookups:
+        return {}
+    rows = list(queries.traces(s, category, pair_id, limit=4 * recent, newest=True))
+    out = {}
+    for name, cls in lookups.items():
+        got = history.lookup_profile(rows, name, cls.replay, limit=recent)
+        if got is not None:
+            out[name] = got
+    return out
+
+
+def proposers_view(sm, profiles: dict, alphas, curve: dict[int, float],
+                   t_draft: float | None, *, k_max: int = K_MAX,
+                   t_lookup: dict[str, float] | None = None) -> Proposers | None:
     """Which proposer pays for this workload (``Proposers``), or None when nothing is known of
-    the lookup proposers (no n-gram or suffix trace, no live n-gram block). Per iteration the
-    n-gram has a match with probability r (its traces' match rate); S of a policy is
-    E[tokens per iteration] · T_t(1) / E[seconds per iteration]:
-    - n-gram alone (k): (r·E_ng[N](k) + 1 − r) · T_t(1) / (r·(k·t_ng + T_t(k+1)) + (1 − r)·T_t(1));
-    - suffix decoding alone (k), from its traces (``suffix``: ``history.SuffixProfile``) the
-      same way, each drafting position's block min(k, its draft's length) tokens long and
-      accepting min(agreement, that) (greedy: exact), its lookups at ``t_suffix`` a token;
-    - hybrid (k1, k2): the n-gram's block of k1 where it matches, the draft model's of k2 where
-      it does not (k2 = 0: plain there);
-    - draft model alone: ``best_k`` as everywhere else."""
-    live_drafted = int(getattr(sm, "ngram_drafted", 0) or 0)
-    if profile is None and not live_drafted and suffix is None:
+    any lookup proposer (no trace of one, no live block). Per iteration a lookup has a draft
+    with probability r (its traces' share of positions); S of a policy is E[tokens per
+    iteration] · T_t(1) / E[seconds per iteration]:
+    - a lookup alone (k): (r·E[N](k) + 1 − r) · T_t(1) / (r·(k·t + T_t(k+1)) + (1 − r)·T_t(1)),
+      E[N] and the block's T_t from its traces (``LookupProfile.block``: each drafting
+      position's block min(k, its draft) tokens long, accepting min(agreement, that); greedy:
+      exact), or from its live blocks' acceptance by position where there are enough;
+    - the hybrid (k1, k2), over the first registered lookup (prompt lookup): its block of k1
+      where it has a draft, the model's of k2 where not (k2 = 0: plain there);
+    - the model alone: ``best_k`` as everywhere else."""
+    from autospec.engine.proposers import registered
+
+    classes = registered()
+    model = sm.model.name if sm.model is not None else None
+    names = [n for n in (*profiles, *(n for n, p in sm.proposers.items()
+                                      if p.kind == "lookup" and p.proposed))
+             if n != model]
+    names = list(dict.fromkeys(names))
+    if not names:
         return None
-    live_alpha = (sm.ngram_accepted / live_drafted) if live_drafted else None
-    live_by_pos = conditional_from_cumulative(
-        list(getattr(sm, "ngram_acceptance_by_position", None) or []))
-    # the n-gram's acceptance at the points where blocks start: its live blocks where there
-    # are enough (as the draft model's estimate reads its live counters), else its traces.
-    # The traces count every generated position, so long copy runs weigh in by their length
-    # and an estimate from them runs high where live blocks exist to read instead.
-    live_enough = live_drafted >= MIN_DRAFTED and any(a is not None for a in live_by_pos)
-    traced = profile.conditional(k_max) if profile is not None else []
-    ng_alphas = live_by_pos if live_enough else traced
-    r = profile.match_rate if profile is not None else None
-    draft = ngram = hybrid = None
-    if not alphas and profile is not None and profile.draft_alpha is not None:
-        alphas = [profile.draft_alpha]  # nothing drafted live: the draft's traces say
-    if 1 in curve and len(curve) >= 2:
-        cost = interpolate_cost(curve)
-        t1 = cost(1)
-        t_ng = float(getattr(sm, "ngram_lookup_s_per_token", None) or 0.0)
-        if t_draft and alphas:
-            draft = best_k(alphas, t_draft, cost, k_max)
-        if r is not None and any(a is not None for a in ng_alphas):
-            ng = [(k, expected_tokens(ng_alphas, k), k * t_ng + cost(k + 1))
-                  for k in range(1, k_max + 1)]
-            ngram = max(((k, (r * e + 1 - r) * t1 / (r * c + (1 - r) * t1)) for k, e, c in ng),
-                        key=lambda x: x[1])
-            if t_draft and alphas:
-                dr = [(0, 1.0, t1)] + [(k, expected_tokens(alphas, k), k * t_draft + cost(k + 1))
-                                        for k in range(1, k_max + 1)]
-                hybrid = max(((k1, k2, (r * e1 + (1 - r) * e2) * t1 / (r * c1 + (1 - r) * c2))
-                              for k1, e1, c1 in ng for k2, e2, c2 in dr), key=lambda x: x[2])
-    suffix_k = None
-    if suffix is not None and suffix.matched and 1 in curve and len(curve) >= 2:
-        cost = interpolate_cost(curve)
-        t1, rs, ts = cost(1), suffix.match_rate, float(t_suffix or 0.0)
+    have_curve = 1 in curve and len(curve) >= 2
+    cost = interpolate_cost(curve) if have_curve else None
+    draft_trace_alpha = next((p.draft_alpha for p in profiles.values()
+                              if p.draft_alpha is not None), None)
+    if not alphas and draft_trace_alpha is not None:
+        alphas = [draft_trace_alpha]  # nothing drafted live: the draft's traces say
+    draft = best_k(alphas, t_draft, cost, k_max) if cost and t_draft and alphas else None
+    lookups: dict[str, LookupEstimate] = {}
+    blocks: dict[str, tuple[float, list]] = {}  # name → (r, [(k, E[N], seconds)])
+    for name in names:
+        profile, live = profiles.get(name), sm.proposers.get(name)
+        live_proposed = live.proposed if live is not None else 0
+        live_by_pos = conditional_from_cumulative(
+            list(live.acceptance_by_position) if live is not None else [])
+        enough = live_proposed >= MIN_DRAFTED and any(a is not None for a in live_by_pos)
+        traced = profile.conditional(k_max) if profile is not None else []
+        r = profile.match_rate if profile is not None else None
+        t = float((t_lookup or {}).get(name) or 0.0)
         best = None
-        for k in range(1, k_max + 1):
-            e, c = suffix.block(k, cost)
-            s = (rs * e + 1 - rs) * t1 / (rs * (c + k * ts) + (1 - rs) * t1)
-            if best is None or s > best[1]:
-                best = (k, s)
-        suffix_k = best
+        if cost is not None and r is not None:
+            t1 = cost(1)
+            rows = []
+            for k in range(1, k_max + 1):
+                if enough:
+                    e, c = expected_tokens(live_by_pos, k), cost(k + 1)
+                else:
+                    e, c = profile.block(k, cost)
+                rows.append((k, e, k * t + c))
+            blocks[name] = (r, rows)
+            best = max(((k, (r * e + 1 - r) * t1 / (r * c + (1 - r) * t1))
+                        for k, e, c in rows), key=lambda x: x[1])
+        cls = classes.get(name)
+        lookups[name] = LookupEstimate(
+            name, cls.label() if cls is not None else name,
+            profile.requests if profile is not None else 0, r, traced[:8], live_proposed,
+            live.alpha if live is not None else None, live_by_pos[:8],
+            "live blocks" if enough else "traces", best, t or None)
+    hybrid_of = next((n for n, c in classes.items() if c.kind == "lookup"), None)
+    hybrid = None
+    if hybrid_of in blocks and cost is not None and t_draft and alphas:
+        r, ng = blocks[hybrid_of]
+        t1 = cost(1)
+        dr = [(0, 1.0, t1)] + [(k, expected_tokens(alphas, k), k * t_draft + cost(k + 1))
+                                for k in range(1, k_max + 1)]
+        hybrid = max(((k1, k2, (r * e1 + (1 - r) * e2) * t1 / (r * c1 + (1 - r) * c2))
+                      for k1, e1, c1 in ng for k2, e2, c2 in dr), key=lambda x: x[2])
     options = {"plain": 1.0}
-    if draft is not None:
-        options["draft"] = draft[1]
-    if suffix_k is not None:
-        options["suffix"] = suffix_k[1]
-    if ngram is not None:
-        options["ngram"] = ngram[1]
-    if hybrid is not None and hybrid[1] > 0:  # k2 = 0 is the n-gram alone: not a third way
+    if draft is not None and model is not None:
+        options[model] = draft[1]
+    for name, est in lookups.items():
+        if est.best is not None:
+            options[name] = est.best[1]
+    if hybrid is not None and hybrid[1] > 0:  # k2 = 0 is the lookup alone: not a third way
         options["hybrid"] = hybrid[2]
     ranked = sorted(options.items(), key=lambda x: -x[1])
     pays = ranked[0][0]
     margin = ranked[0][1] / ranked[1][1] if len(ranked) > 1 and ranked[1][1] > 0 else None
-    return Proposers(profile.requests if profile is not None else 0, r, traced[:8],
-                     live_drafted, live_alpha, live_by_pos[:8], draft, ngram, hybrid, pays,
-                     margin, profile.draft_alpha if profile is not None else None,
-                     "live blocks" if live_enough else "traces", suffix_k,
-                     suffix.match_rate if suffix is not None else None,
-                     suffix.requests if suffix is not None else 0)
+    return Proposers(draft, lookups, hybrid, pays, margin, draft_trace_alpha,
+                     model or "draft", hybrid_of)
 
 
 def requests_by_batch(s, *, category: str | None = None, pair_id: int | None = None

@@ -35,6 +35,8 @@ from autospec.report.text import (
     _when,
     _x,
     cost_points,
+    estimates,
+    lookup_lines,
     proposer_rows,
     proposers_headline,
     source_rows,
@@ -262,25 +264,9 @@ def _proposers_html(pr, a) -> list[str]:
     """Which proposer pays, the estimates behind it, and acceptance by position per
     proposer (the same numbers as the text's section 5)."""
     out = [f"<h3>Proposers</h3><p><b>{_h(proposers_headline(pr))}</b>."]
-    if pr.match_rate is not None:
-        out.append(f" The n-gram proposer had a match at {pr.match_rate:.0%} of generated "
-                   f"positions ({pr.trace_requests} greedy requests' n-gram traces).")
-    if pr.suffix_match_rate is not None:
-        out.append(f" Suffix decoding had a draft at {pr.suffix_match_rate:.0%} of generated "
-                   f"positions ({pr.suffix_requests} greedy requests' suffix traces).")
+    out += [f" {_h(line)}." for line in lookup_lines(pr)]
     out.append("</p>")
-    est = []
-    if pr.draft is not None:
-        est.append(["draft model", f"k = {pr.draft[0]}", _x(pr.draft[1])])
-    if pr.suffix is not None:
-        est.append(["suffix decoding (plain where no draft; acceptance from its traces)",
-                    f"k ≤ {pr.suffix[0]}", _x(pr.suffix[1])])
-    if pr.ngram is not None:
-        est.append([f"n-gram (plain where no match; acceptance from its {pr.ngram_source})",
-                    f"k = {pr.ngram[0]}", _x(pr.ngram[1])])
-    if pr.hybrid is not None and pr.hybrid[1] > 0:
-        est.append(["hybrid", f"n-gram k = {pr.hybrid[0]}, draft k = {pr.hybrid[1]}",
-                    _x(pr.hybrid[2])])
+    est = [list(e) for e in estimates(pr)]
     if est:
         out.append(_html_table(["proposer", "k", "estimated speedup"], est))
     out.append("<p class=\"small\">Acceptance by draft position, conditional on the ones "

@@ -194,32 +194,39 @@ class Batch:
 
 
 @dataclass
-class Proposers:
-    """Which proposer pays for this workload — the draft model, the n-gram proposer (prompt
-    lookup: plain steps where it has no match) or the hybrid (n-gram where it matches, else
-    the draft model) — by the cost model on the measured costs, with the n-gram's acceptance
-    read from the latest greedy requests' n-gram traces (exact for greedy traffic)."""
+class LookupEstimate:
+    """One lookup proposer over a workload: its drafts at the generated positions of the
+    latest greedy requests' traces (read by its own replay rule; exact for greedy traffic),
+    its live blocks, and what it is estimated to pay alone."""
 
-    trace_requests: int  # requests whose n-gram traces the figures come from
-    match_rate: float | None  # share of generated positions where the n-gram had a match
-    ngram_conditional: list[float | None]  # P(i-th proposed token accepted | match, i-1 were)
-    ngram_live_drafted: int  # tokens the n-gram proposer drafted live (any policy)
-    ngram_live_alpha: float | None  # their acceptance
-    ngram_live_by_position: list[float | None]  # live rates by position
-    draft: tuple[int, float] | None  # (k, S): the draft model alone
-    ngram: tuple[int, float] | None  # (k, S): the n-gram alone
-    hybrid: tuple[int, int, float] | None  # (k of the n-gram, k of the draft, S)
-    pays: str  # "draft", "ngram", "hybrid", "suffix" or "plain"
+    name: str
+    title: str  # what reports call it
+    trace_requests: int  # requests whose traces the figures come from
+    match_rate: float | None  # share of generated positions where it had a draft
+    conditional: list[float | None]  # P(i-th proposed token accepted | a draft, i-1 were)
+    live_proposed: int  # tokens it proposed live (any policy)
+    live_alpha: float | None  # their acceptance
+    live_by_position: list[float | None]  # live rates by position
+    source: str  # where its estimate's acceptance comes from: "live blocks" or "traces"
+    best: tuple[int, float] | None  # (k, S) alone: plain where it has no draft
+    seconds_per_token: float | None = None  # its host seconds per proposed token
+
+
+@dataclass
+class Proposers:
+    """Which proposer pays for this workload — the model proposer (the draft model), a lookup
+    proposer alone (plain steps where it has no draft), or the hybrid (prompt lookup where
+    it matches, else the draft model) — by the cost model on the measured costs."""
+
+    draft: tuple[int, float] | None  # (k, S): the model proposer alone
+    lookups: dict[str, LookupEstimate]  # every lookup something is known of, by name
+    hybrid: tuple[int, int, float] | None  # (k of the lookup, k of the model, S)
+    pays: str  # the model's name, a lookup's, "hybrid" or "plain"
     margin: float | None  # S of the one that pays over the next best (plain counts as 1)
-    draft_trace_alpha: float | None = None  # the draft's acceptance on the same requests'
+    draft_trace_alpha: float | None = None  # the model's acceptance on the same requests'
     # traces (position 1; used for its estimate where nothing was drafted live)
-    ngram_source: str = "traces"  # the n-gram estimate's acceptance: "live blocks" or "traces"
-    # suffix decoding, where the requests logged suffix traces (schema 0008): (k, S) alone
-    # (plain where it has no draft), the share of positions where it had one, and how many
-    # requests' traces say so
-    suffix: tuple[int, float] | None = None
-    suffix_match_rate: float | None = None
-    suffix_requests: int = 0
+    model: str | None = "draft"  # the model proposer's name
+    hybrid_of: str | None = None  # the lookup the hybrid takes where it matches
 
 
 @dataclass

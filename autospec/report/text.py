@@ -279,40 +279,55 @@ def _s_curve(curve: dict[int, float], per_row: int = 12) -> list[str]:
             for i in range(0, len(ks), per_row)]
 
 
-PROPOSER_NAMES = {"draft": "the draft model", "ngram": "the n-gram proposer (prompt lookup)",
-                  "hybrid": "the hybrid (n-gram where it matches, else the draft model)",
-                  "suffix": "suffix decoding", "plain": "neither (plain decoding)"}
+def proposer_name(pr: Proposers, name: str) -> str:
+    """What the report calls a proposer (or "hybrid", "plain")."""
+    if name == "plain":
+        return "neither (plain decoding)"
+    if name == "hybrid":
+        of = pr.lookups.get(pr.hybrid_of)
+        return f"the hybrid ({of.title if of else 'prompt lookup'} where it has a draft, else " \
+               "the draft model)"
+    if name == pr.model:
+        return "the draft model"
+    est = pr.lookups.get(name)
+    return est.title if est is not None else name
 
 
 def proposers_headline(pr: Proposers) -> str:
     """Which proposer pays, and by how much, in one line."""
-    head = f"{PROPOSER_NAMES[pr.pays]} pays"
+    head = f"{proposer_name(pr, pr.pays)} pays"
     if pr.margin is not None:
         head += f", {pr.margin:.2f}× the next best"
     return head
 
 
+def lookup_lines(pr: Proposers) -> list[str]:
+    """Per lookup with traces: where it had a draft, from how many requests' traces."""
+    return [f"{est.title} had a draft at {est.match_rate:.0%} of generated positions "
+            f"({est.trace_requests} greedy requests' traces)"
+            for est in pr.lookups.values() if est.match_rate is not None]
+
+
+def estimates(pr: Proposers) -> list[tuple[str, str, str]]:
+    """(proposer, k, estimated speedup) per way of serving the workload (section 5)."""
+    out = []
+    if pr.draft is not None:
+        out.append(("draft model", f"k = {pr.draft[0]}", _x(pr.draft[1])))
+    for est in pr.lookups.values():
+        if est.best is not None:
+            out.append((f"{est.title} (plain where no draft; acceptance from its "
+                        f"{est.source})", f"k ≤ {est.best[0]}", _x(est.best[1])))
+    if pr.hybrid is not None and pr.hybrid[1] > 0:
+        out.append(("hybrid", f"{proposer_name(pr, pr.hybrid_of)} k = {pr.hybrid[0]}, "
+                    f"draft k = {pr.hybrid[1]}", _x(pr.hybrid[2])))
+    return out
+
+
 def proposers_text(pr: Proposers, a: Acceptance) -> list[str]:
     """Section 5: acceptance by position per proposer, and which one pays."""
     out = ["\n5. proposers: " + proposers_headline(pr)]
-    if pr.match_rate is not None:
-        out.append(f"   n-gram match at {pr.match_rate:.0%} of generated positions "
-                   f"({pr.trace_requests} greedy requests' n-gram traces)")
-    if pr.suffix_match_rate is not None:
-        out.append(f"   suffix decoding had a draft at {pr.suffix_match_rate:.0%} of generated "
-                   f"positions ({pr.suffix_requests} greedy requests' suffix traces)")
-    est = []
-    if pr.draft is not None:
-        est.append(f"draft model k = {pr.draft[0]}: {_x(pr.draft[1])}")
-    if pr.suffix is not None:
-        est.append(f"suffix k ≤ {pr.suffix[0]} (plain where no draft; acceptance from its "
-                   f"traces): {_x(pr.suffix[1])}")
-    if pr.ngram is not None:
-        est.append(f"n-gram k = {pr.ngram[0]} (plain where no match; acceptance from its "
-                   f"{pr.ngram_source}): {_x(pr.ngram[1])}")
-    if pr.hybrid is not None and pr.hybrid[1] > 0:
-        est.append(f"hybrid n-gram k = {pr.hybrid[0]} / draft k = {pr.hybrid[1]}: "
-                   f"{_x(pr.hybrid[2])}")
+    out += [f"   {line}" for line in lookup_lines(pr)]
+    est = [f"{who} {k}: {x}" for who, k, x in estimates(pr)]
     if est:
         out += _wrap("   estimated speedup vs plain decoding: " + "; ".join(est))
     out.append("   acceptance by draft position (conditional: given the ones before were "
@@ -340,10 +355,11 @@ def why_text(w, category: str) -> list[str]:
 
 def proposer_rows(pr: Proposers, a: Acceptance) -> tuple[list[str], list[list[str]]]:
     """(headers, rows): conditional acceptance by draft position per proposer — the draft
-    model's live counters (or its traces' rate where it never drafted), the n-gram's traces
-    where it matched, and its live blocks if any ran."""
-    width = min(8, max(len(a.conditional), len(pr.ngram_conditional),
-                       len(pr.ngram_live_by_position), 1))
+    model's live counters (or its traces' rate where it never drafted), each lookup's
+    traces where it had a draft, and its live blocks if any ran."""
+    width = min(8, max([len(a.conditional), 1, *(len(e.conditional) for e in
+                                                  pr.lookups.values()),
+                        *(len(e.live_by_position) for e in pr.lookups.values())]))
 
     def cells(values):
         return [fmt(values[i], ".2f") if i < len(values) else "-" for i in range(width)]
@@ -351,10 +367,13 @@ def proposer_rows(pr: Proposers, a: Acceptance) -> tuple[list[str], list[list[st
     rows = [["draft model (live)", *cells(a.conditional)]]
     if not any(v is not None for v in a.conditional) and pr.draft_trace_alpha is not None:
         rows = [["draft model (traces)", *cells([pr.draft_trace_alpha])]]
-    rows.append(["n-gram where matched (traces)", *cells(pr.ngram_conditional)])
-    if pr.ngram_live_drafted:
-        rows.append([f"n-gram live ({pr.ngram_live_drafted} drafted)",
-                     *cells(pr.ngram_live_by_position)])
+    for est in pr.lookups.values():
+        if est.trace_requests:
+            rows.append([f"{est.title} where it had a draft (traces)",
+                         *cells(est.conditional)])
+        if est.live_proposed:
+            rows.append([f"{est.title} live ({est.live_proposed} proposed)",
+                         *cells(est.live_by_position)])
     return ["proposer", *(str(i + 1) for i in range(width))], rows
 
 

@@ -380,7 +380,9 @@ class _Row:
 
         model = next((n for n, c in classes.items() if c.kind == "model"), None)
         record = _as_record(row, model)
-        self.kind, self.length = record.trace_kind, len(record.trace)
+        # generated positions: the record's count, else its model trace's length
+        self.kind = record.trace_kind
+        self.length = getattr(record, "new_tokens", 0) or len(record.trace)
         # each proposer's replay, the model's first (those the request carries a trace of)
         self.props = {n: rr for n, c in sorted(classes.items(), key=lambda i: i[1].kind != "model")
                       if (rr := c.replay(record)) is not None}

@@ -40,7 +40,7 @@ from autospec.policies.params import TUNED
 from autospec.policies.table import TablePolicy
 from autospec.policies.tuned import ROW_FAMILIES as POLICY_FAMILIES
 from autospec.policies.tuned import build_policy
-from autospec.traces import MATCH_REACH, SUFFIX_TRACE_WIDTH, UNOBSERVED
+from autospec.traces import MATCH_REACH, UNOBSERVED
 from autospec.tune.replay import Costs, SimResult, batch_size_of, simulate
 
 __all__ = ["TuneError", "CategoryResult", "suggest", "evaluate", "tune", "DEFAULT_PARAMS",
@@ -263,13 +263,15 @@ def load_window(session, category: str, pair_id: int, *, since=None, until=None,
 
 
 def observed_positions(traces: Sequence) -> int:
-    """Positions some proposer's trace observed: the draft model's, or a lookup's (every
-    position: the n-gram's and suffix decoding's traces record whether it had a match there
-    too)."""
-    return sum(max(sum(1 for v in t.trace if v != UNOBSERVED),
-                   len(getattr(t, "ngram_trace", None) or b""),
-                   len(getattr(t, "suffix_trace", None) or b"") // SUFFIX_TRACE_WIDTH)
-               for t in traces)
+    """Positions some proposer's trace observed: the model's (its positions not
+    ``UNOBSERVED``), or a lookup's (every generated position: a lookup's trace records
+    whether it had a match there too)."""
+    def one(t) -> int:
+        lookup = any(t.kinds.get(n) == "lookup" and tr for n, tr in t.traces.items())
+        return max(sum(1 for v in t.trace if v != UNOBSERVED),
+                   t.new_tokens if lookup else 0)
+
+    return sum(one(t) for t in traces)
 
 
 def confidence_share(traces: Sequence) -> float:
@@ -342,12 +344,10 @@ class CategoryResult:
     # the k the best policy ran most at each batch-size bucket (``batch_bucket``) in the
     # replay of the tuning part: its batch-size → k table, whatever its family
     k_by_batch: dict[int, int] | None = None
-    # the proposers searched (``proposer_space``) and, in the replay of the tuning part, the
-    # share of drafted tokens the best policy took from the n-gram proposer and from suffix
-    # decoding
+    # the proposers searched (``proposer_space``)
     proposers_searched: tuple[str, ...] = ("draft",)
-    # the best policy's proposer: "draft", "ngram", "hybrid", "suffix", or a cost model's set
-    # ("both", "draft+suffix", ...)
+    # the best policy's proposer: a registered proposer's name, "hybrid", or a cost model's
+    # set ("draft+suffix", ...)
     proposer: str | None = None
     # each proposer's share of the tokens drafted in the best policy's replay, by name
     shares: dict[str, float | None] = field(default_factory=dict)

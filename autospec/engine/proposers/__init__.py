@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
 
 __all__ = ["Block", "Proposer", "RowReplay", "LookupReplay", "HostBlocks", "HostLookup",
-           "register", "refusal",
-           "unregister", "registered", "get", "model_proposer", "by_code", "KINDS", "NEEDS",
+           "EngineSetting", "register", "refusal",
+           "unregister", "registered", "get", "model_proposer", "lookups", "by_code", "KINDS", "NEEDS",
            "ENTRY_POINTS"]
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,18 @@ class Block:
     lengths: torch.Tensor | None  # [B] each row's length (0: not served); None: k everywhere
     covers_all: bool = False  # it served every row (a model); lookups overlay their rows on it
     host_lengths: list[int] | None = None  # each row's length, as the host knows it
+
+
+@dataclass
+class EngineSetting:
+    """What a proposer exports to a serving engine at lookahead k (``Proposer.export``):
+    vLLM's ``--speculative-config`` and TensorRT-LLM's ``speculative_config`` (``config``; None:
+    speculation off), SGLang's and llama.cpp's command-line ``flags``, and lines for the
+    export's header (``notes``: what differs from autospec's proposer)."""
+
+    config: dict[str, Any] | None = None
+    flags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class RowReplay(Protocol):
@@ -196,14 +208,22 @@ class Proposer:
         return None
 
     @classmethod
-    def export(cls, engine: str, k: int) -> dict[str, Any] | None:
+    def export(cls, engine: str, plan) -> EngineSetting | None:
         """The speculation setting of ``engine`` ("vllm", "sglang", "trtllm", "llamacpp")
-        that matches it at lookahead k, or None where the engine has none."""
+        that matches it, for the export's ``plan`` (``autospec.fleet.export.ExportPlan``:
+        its k per batch size, ``plan.k`` the one k of engines that take one, the models, the
+        proposer's logged ``settings``), or None where the engine has nothing like it (the
+        export then refuses with one line naming it)."""
         return None
 
     @classmethod
     def label(cls) -> str:
         return cls.title or cls.name
+
+    @classmethod
+    def describe(cls, settings: dict[str, Any] | None) -> str:
+        """The export header's line on it, with the ``settings`` its requests logged."""
+        return cls.label()
 
 
 # -- the registry ---------------------------------------------------------------------------
@@ -272,6 +292,11 @@ def get(name: str) -> type[Proposer]:
 def model_proposer() -> str | None:
     """The registered model proposer's name, if any."""
     return next((n for n, c in registered().items() if c.kind == "model"), None)
+
+
+def lookups() -> tuple[str, ...]:
+    """The registered lookup proposers' names, in registration order."""
+    return tuple(n for n, c in registered().items() if c.kind == "lookup")
 
 
 def by_code() -> dict[int, str]:

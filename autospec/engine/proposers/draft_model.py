@@ -25,7 +25,7 @@ from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
 from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, Trace, evidence
 
-from . import Block, Proposer
+from . import Block, EngineSetting, Proposer
 
 __all__ = ["DraftModel", "DraftInput", "DraftReplay", "replay_block"]
 
@@ -305,8 +305,48 @@ class DraftModel(Proposer):
                            int(getattr(record, "prompt_tokens", 0) or 0))
 
     @classmethod
-    def export(cls, engine: str, k: int) -> dict | None:
-        return {"method": "draft_model"} if engine == "vllm" else {}
+    def export(cls, engine: str, plan) -> EngineSetting:
+        """vLLM's ``draft_model`` method with a per-batch-size schedule
+        (``num_speculative_tokens_per_batch_size``, first range from 1); TensorRT-LLM's
+        ``Draft_Target`` with ``draft_len_schedule`` (no value above ``max_draft_len``, the
+        first); SGLang's STANDALONE (a chain: top-k 1, k + 1 draft tokens with the verified
+        one); llama.cpp's ``-md`` with ``--spec-draft-n-max`` (and the tuned early stop)."""
+        ranges = plan.ranges()
+        if engine == "vllm":
+            k_max = max(k for *_, k in ranges)
+            if k_max == 0:
+                return EngineSetting()
+            cfg = {"model": plan.draft, "method": "draft_model", "num_speculative_tokens": k_max}
+            if len(ranges) > 1:
+                cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
+            return EngineSetting(cfg)
+        if engine == "trtllm":
+            k_first = ranges[0][2]
+            if k_first == 0:
+                return EngineSetting()
+            schedule = {}
+            for _, end, k in ranges:
+                schedule[end] = min(k, k_first)  # none may exceed max_draft_len (the first)
+            # trailing k = 0 ranges are implicit (above the last key speculation is off)
+            while len(schedule) > 1 and schedule[max(schedule)] == 0:
+                del schedule[max(schedule)]
+            cfg = {"decoding_type": "Draft_Target", "speculative_model": plan.draft,
+                   "max_draft_len": k_first}
+            if len(ranges) > 1 or plan.max_batch > 1:
+                cfg["draft_len_schedule"] = schedule
+            return EngineSetting(cfg)
+        k = plan.k
+        if k <= 0:
+            return EngineSetting()
+        if engine == "sglang":
+            return EngineSetting(flags=[
+                "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                plan.draft, "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(k + 1)])
+        flags = ["-md", plan.draft, "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
+        if plan.early_stop is not None:
+            flags += ["--spec-draft-p-min", f"{plan.early_stop:g}"]
+        return EngineSetting(flags=flags)
 
 
 def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,

@@ -30,7 +30,7 @@ import torch
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement, ngram_trace
 from autospec.traces import K_LIMIT, decode_trace_value
 
-from . import Block, HostLookup, LookupReplay
+from . import Block, EngineSetting, HostLookup, LookupReplay
 
 __all__ = ["PromptLookup"]
 
@@ -112,3 +112,49 @@ class PromptLookup(HostLookup):
             return None if v is None else (v[0], v[1], K_LIMIT)
 
         return LookupReplay(read)
+
+    @classmethod
+    def export(cls, engine: str, plan) -> EngineSetting:
+        """Prompt lookup in each engine, its suffix lengths the requests' logged ones
+        (``plan.settings``; autospec.ngram's defaults where none): vLLM's ``ngram`` method
+        (``prompt_lookup_max``/``_min``); TensorRT-LLM's NGram (``max_matching_ngram_size`` =
+        max_n, the newest occurrence); SGLang's NGRAM (a chain: BFS breadth 1; it takes no
+        suffix bounds); llama.cpp's ``ngram-simple`` (one suffix length, max_n)."""
+        settings = plan.settings or {}
+        max_n = int(settings.get("max_n") or DEFAULT_MAX_N)
+        min_n = int(settings.get("min_n") or min(DEFAULT_MIN_N, max_n))
+        k = plan.k
+        if k <= 0:
+            return EngineSetting()
+        if engine == "vllm":
+            return EngineSetting({"method": "ngram", "num_speculative_tokens": k,
+                                  "prompt_lookup_max": max_n, "prompt_lookup_min": min_n})
+        if engine == "trtllm":
+            return EngineSetting({"decoding_type": "NGram", "max_draft_len": k,
+                                  "max_matching_ngram_size": max_n, "is_keep_all": True,
+                                  "is_use_oldest": False, "is_public_pool": False})
+        if engine == "sglang":
+            return EngineSetting(
+                flags=["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
+                       str(k + 1), "--speculative-ngram-min-bfs-breadth", "1",
+                       "--speculative-ngram-max-bfs-breadth", "1"],
+                notes=["a chain of k tokens (BFS breadth 1), as autospec drafts; "
+                       "--speculative-num-draft-tokens counts the verified token too (k + 1)",
+                       f"SGLang matches suffixes in a trie of n-grams (up to "
+                       f"--speculative-ngram-max-trie-depth tokens), not autospec's "
+                       f"{max_n}-to-{min_n}-token suffixes: it takes no suffix bounds, so "
+                       f"expect other matches than measured"])
+        return EngineSetting(
+            flags=["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(max_n),
+                   "--spec-ngram-simple-size-m", str(k)],
+            notes=[f"llama.cpp's ngram-simple matches one suffix length (n = {max_n}) and "
+                   f"does not fall back to shorter ones as autospec's lookup does: expect "
+                   f"fewer matches than measured"])
+
+    @classmethod
+    def describe(cls, settings) -> str:
+        settings = settings or {}
+        max_n = int(settings.get("max_n") or DEFAULT_MAX_N)
+        min_n = int(settings.get("min_n") or min(DEFAULT_MIN_N, max_n))
+        return (f"prompt lookup (no draft model), suffixes of {max_n} down to {min_n} tokens "
+                f"(the requests' logged settings)")

@@ -24,11 +24,11 @@ import time
 import torch
 
 from autospec.ngram import agreement
-from autospec.suffix import SuffixIndex, best_of, suffix_trace
+from autospec.suffix import SuffixIndex, SuffixSettings, best_of, suffix_trace
 from autospec.suffix_memory import SuffixMemory, TenantMemory
 from autospec.traces import lookup_reader
 
-from . import Block, HostLookup, LookupReplay
+from . import Block, EngineSetting, HostLookup, LookupReplay
 
 __all__ = ["SuffixLookup"]
 
@@ -135,3 +135,29 @@ class SuffixLookup(HostLookup):
         of its tokens equal the output, and how many it held."""
         trace = (getattr(record, "traces", None) or {}).get(cls.name)
         return LookupReplay(lookup_reader(trace)) if trace else None
+
+    @classmethod
+    def export(cls, engine: str, plan) -> EngineSetting | None:
+        """vLLM's ``suffix`` method (Arctic Inference's suffix tree: k is the most a draft
+        may hold, its drafts as long as their match earns, as autospec's; the tree and cache
+        bounds autospec's). The other engines have no cross-request suffix cache: None."""
+        if engine != "vllm":
+            return None
+        if plan.k <= 0:
+            return EngineSetting()
+        d = SuffixSettings()
+        return EngineSetting({"method": "suffix", "num_speculative_tokens": plan.k,
+                              "suffix_decoding_max_tree_depth": d.max_depth,
+                              "suffix_decoding_max_cached_requests": d.max_requests,
+                              "suffix_decoding_max_spec_factor": float(d.max_spec_factor),
+                              "suffix_decoding_min_token_prob": float(d.min_token_prob)})
+
+    @classmethod
+    def describe(cls, settings) -> str:
+        from autospec.fleet.engines import ARCTIC_PACKAGE
+
+        d = SuffixSettings()
+        return (f"suffix decoding (no draft model), autospec's suffix settings (its defaults, "
+                f"Arctic's: tree depth {d.max_depth}, spec factor {d.max_spec_factor:g}, min "
+                f"token probability {d.min_token_prob:g}; {d.max_requests} cached requests per "
+                f"category); vLLM needs {ARCTIC_PACKAGE} beside it")

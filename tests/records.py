@@ -1,0 +1,31 @@
+"""Building a request's proposer rows in tests: the draft model's, a lookup's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autospec.store.record import ProposerRecord
+
+
+def blocks(ks: Sequence[int], acc: Sequence[int]) -> dict:
+    """The counters of blocks of ``ks`` tokens with ``acc`` accepted (a ``ProposerRecord``'s
+    keyword arguments): blocks, tokens proposed and accepted, and by position."""
+    ks, acc = [k for k in ks if k], [a for k, a in zip(ks, acc) if k]
+    width = max(ks, default=0)
+    return dict(blocks=len(ks), proposed=sum(ks), accepted=sum(acc),
+                proposed_per_position=[sum(k > i for k in ks) for i in range(width)],
+                accepted_per_position=[sum(a > i for a in acc) for i in range(width)])
+
+
+def draft(*, trace: bytes | None = b"", confidence: bytes | None = None, **counters
+          ) -> dict[str, ProposerRecord]:
+    """``proposers=`` of a request that had the draft model (``counters``: ``blocks(...)``'s
+    or ``ProposerRecord``'s own keywords)."""
+    return {"draft": ProposerRecord(kind="model", trace=trace, confidence=confidence,
+                                    **counters)}
+
+
+def lookup(name: str, *, trace: bytes | None = b"", settings: dict | None = None, **counters
+           ) -> dict[str, ProposerRecord]:
+    """``proposers=`` entry of a lookup proposer (``ngram``, ``suffix``, …)."""
+    return {name: ProposerRecord(kind="lookup", trace=trace, settings=settings, **counters)}
