@@ -58,7 +58,9 @@ class StepTimes:
     target_s: float  # the target forward (NaN: the prefill, or not measured)
     target_cached: int = 0  # tokens the target's cache held before it (batch 1)
     prefill: bool = False
-    model: str | None = None  # the model proposer that drafted this iteration, if one did
+    # the call's model proposer (None: the call has none), whether or not it drafted here (a
+    # block whose one proposal came with its catch-up has no proposing forwards of its own)
+    model: str | None = None
     draft_s: float = 0.0  # its proposing forwards (after its catch-up)
     draft_tokens: int = 0  # proposals those forwards made (T_d = draft_s / draft_tokens)
     catch_up: tuple[int, float] | None = None  # its catch-up: (tokens, seconds)

@@ -320,5 +320,5 @@ def _times(batch, it: Iteration) -> StepTimes:
         clock.recycle(t0, t1, *(m for mark in it.marks for m in mark[2:4]))
     return StepTimes(batch=len(batch.rows), call_batch=batch.call_batch, target_s=target_s,
                      target_cached=cached, prefill=batch.iteration == 0,
-                     model=batch.model if draft_tokens else None, draft_s=draft_s,
+                     model=batch.model, draft_s=draft_s,
                      draft_tokens=draft_tokens, catch_up=catch_up, lookup_s=it.lookup_s)

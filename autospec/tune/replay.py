@@ -457,7 +457,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
             res.seconds += catch_up[1] - t_draft
             res.catch_up_seconds += catch_up[1] - t_draft
         times = StepTimes(batch=b, call_batch=group, target_s=cost(width + 1),
-                          model=model if drafted else None, draft_s=drafted * t_draft,
+                          model=model, draft_s=drafted * t_draft,
                           draft_tokens=drafted, catch_up=catch_up, lookup_s=spent)
         row_steps = []
         for r, now, (who, k, m, _u, found) in zip(running, shown, steps):
