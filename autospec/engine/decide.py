@@ -116,7 +116,7 @@ def check_choice(policy, choice, k_max: int) -> int:
     bug in the policy, reported with its name and what it returned."""
     if type(choice) is int or type(choice) is Choice:  # the usual answers, checked fast
         if choice >= 0:
-            return choice if choice <= k_max else k_max
+            return int(choice) if choice <= k_max else k_max
     name = getattr(policy, "name", type(policy).__name__)
     if isinstance(choice, bool) or not isinstance(choice, numbers.Integral):
         raise TypeError(f"policy {name!r} returned {choice!r} ({type(choice).__name__}) from "

@@ -292,13 +292,18 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     """Replay ``traces`` (objects with ``trace_kind``, ``trace`` and ``traces`` by proposer
     name, e.g. the store's TraceRow, or (kind, bytes[, confidence]) tuples: the draft model's
     alone) under ``policy`` and the cost model, feeding it the outcomes it would have seen.
-    Greedy traces replay exactly; sampled ones draw each acceptance from its recorded β with
-    a seeded RNG. Returns throughput and the plain-decoding baseline.
+    A block the logged run also ran (the same proposer from the same position, at most as
+    long) takes the logged outcome; any other block its proposer's replay rule: greedy
+    traces replay exactly, sampled ones draw each acceptance from its recorded β with a
+    seeded RNG. So the logged policy replays its own run exactly, sampled or greedy. Returns
+    throughput and the plain-decoding baseline.
 
-    Traces logged at batch size B > 1 (``batch_size``) replay in batches: per (B, category),
-    in logged order, B traces at a time (a last, incomplete group is a smaller batch). Each
-    iteration the policy chooses one k for the batch, every row replays its block from its own
-    trace, rows leave when they reach their length, and the iteration costs
+    Traces logged at batch size B > 1 (``batch_size``) replay in batches: the rows of one
+    batched call together, as they ran (``batch_id``; its rows' categories may differ, each
+    row then feeding its own category's statistics); rows logged without one per (B,
+    category), in logged order, B traces at a time (a last, incomplete group is a smaller
+    batch). Each iteration the policy chooses one k for the batch, every row replays its
+    block from its own trace, rows leave when they reach their length, and the iteration costs
     k · T_d(B) + T_t(B, k + 1) at the B rows still running; the baseline is plain batched
     decoding of the same batches. A batch replays when its group is full (or at the end), so
     the policy sees requests in logged order as far as batching allows; traces at batch 1
@@ -335,17 +340,21 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
             stats = lives[cat] = LiveStats(params=params_of(policy), costs=pair)
         b = batch_size_of(row) if batched else 1
         if b == 1:
-            _replay([_Row(row, classes)], policy, costs, cat, stats, k_max, rng, res)
+            _replay([_Row(row, classes, cat, stats)], policy, costs, k_max, rng, res)
             continue
         if not costs.batched:
             raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
                              "pass Costs(target_grid=...) or batched=False")
-        group = pending.setdefault((b, cat), [])
-        group.append(_Row(row, classes))
+        # the rows of one batched call together, as they ran (its id); rows logged before
+        # the store kept one: B at a time per (B, category)
+        batch_id = getattr(row, "batch_id", None)
+        key = ("call", batch_id) if batch_id else (b, cat)
+        group = pending.setdefault(key, [])
+        group.append(_Row(row, classes, cat, stats))
         if len(group) == b:
-            _replay(pending.pop((b, cat)), policy, costs, cat, stats, k_max, rng, res)
-    for (_b, cat), group in pending.items():
-        _replay(group, policy, costs, cat, lives[cat], k_max, rng, res)
+            _replay(pending.pop(key), policy, costs, k_max, rng, res)
+    for group in pending.values():
+        _replay(group, policy, costs, k_max, rng, res)
     return res
 
 
@@ -370,11 +379,14 @@ def _as_record(row, model: str | None):
 
 
 class _Row:
-    """One request being replayed: where it stands, and each of its proposers' replay."""
+    """One request being replayed: where it stands, each of its proposers' replay, its
+    category and that category's statistics (``live``), and what the logged run did at each
+    position an iteration of it started from (``logged``: position → (proposer, k,
+    accepted))."""
 
-    __slots__ = ("kind", "length", "props", "g", "request", "stats")
+    __slots__ = ("kind", "length", "props", "g", "request", "stats", "cat", "live", "logged")
 
-    def __init__(self, row, classes: Mapping[str, type]):
+    def __init__(self, row, classes: Mapping[str, type], cat: str = "default", live=None):
         from autospec.engine.stats import LoopStats
         from autospec.policies import LiveStats
 
@@ -390,14 +402,38 @@ class _Row:
         # the request's own, as the engine keeps it (its counts and rate; no costs)
         self.request = LiveStats(discount=1.0, feed_costs=False)
         self.stats = LoopStats(model=model if model in self.props else None)
+        self.cat, self.live = cat, live
+        self.logged = _logged_blocks(record, self.stats.model)
+
+    def outcome(self, who: str, k: int, m: int, unknown: bool) -> tuple[int, bool]:
+        """(accepted, unknown) of a block of k by ``who`` from here: the logged run's where it
+        ran a block of at least k by ``who`` from this position (the first k positions'
+        acceptances are the same events: exact for sampled traces too), else the rule's."""
+        logged = self.logged.get(self.g)
+        if logged is not None and logged[0] == who and k <= logged[1]:
+            return min(logged[2], k), False
+        return m, unknown
 
     @property
     def remaining(self) -> int:
         return self.length - self.g
 
 
-def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int, rng,
-            res: SimResult) -> None:
+def _logged_blocks(record, model: str | None) -> dict[int, tuple[str | None, int, int]]:
+    """Position → (proposer, k, accepted) of each block the logged run started there (none
+    where the record has no schedule, e.g. a bare trace)."""
+    ks = bytes(getattr(record, "k_schedule", b"") or b"")
+    acc = bytes(getattr(record, "accepted_schedule", b"") or b"")
+    who = getattr(record, "proposer_schedule", None)
+    out, g = {}, 0
+    for i, (k, m) in enumerate(zip(ks, acc)):
+        if k:
+            out[g] = (who[i] if who is not None and i < len(who) else model, k, m)
+        g += m + 1
+    return out
+
+
+def _replay(rows: list[_Row], policy, costs: Costs, k_max: int, rng, res: SimResult) -> None:
     """Requests that ran together (one, at batch 1), replayed as the engine ran them: the
     same ``Context``, the same ``decide``, the same ``account`` as ``autospec.engine.step``,
     with each row's block replayed by its proposer's rule and the iteration priced by the
@@ -408,9 +444,11 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
     from autospec.engine.decide import RowView, decide, make_context
     from autospec.engine.proposers import registered
 
-    stop = early_stop_of(policy, cat)
+    stop = early_stop_of(policy, rows[0].cat)  # as the live call: its first row's category
     group = len(rows)
     grid = costs.batch_costs if group > 1 else None
+    for r in rows:
+        r.stats.batch_size = group
     res.plain_seconds += plain_batch_seconds([r.length for r in rows], costs)
     classes = registered()
     while True:
@@ -425,7 +463,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
         whole = tuple(n for n in names if n != model and getattr(classes.get(n), "whole_draft",
                                                                   False))
         shown = [{n: rr.now(r.g) for n, rr in r.props.items() if n != model} for r in running]
-        views = [RowView(category=cat, live=stats, request=r.request, generated=r.g,
+        views = [RowView(category=r.cat, live=r.live, request=r.request, generated=r.g,
                          left=r.remaining, matches={n: v[0] for n, v in now.items()},
                          sizes={n: v[1] for n, v in now.items()},
                          gap=r.props[model].gap if model else 0)
@@ -440,6 +478,8 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
             k, m, unknown = (r.props[who].block(r.g, size, stop=stop if who == model else None,
                                                 rng=rng)
                              if who is not None else (0, 0, False))
+            if k:
+                m, unknown = r.outcome(who, k, m, unknown)
             steps.append((who if k else None, k, m, unknown, found))
         width = max(k for _who, k, *_ in steps)
         # the model drafts the policy's k for the batch (fewer only where early stopping
@@ -471,7 +511,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, cat: str, stats, k_max: int,
             row_steps.append(step)
             for rr in r.props.values():
                 rr.after(r.g, who, k, m, drafted_width if who == model else width)
-        account(policy, ctx, width, row_steps, times, lives=[stats] * b,
+        account(policy, ctx, width, row_steps, times, lives=[r.live for r in running],
                 requests=[r.request for r in running], stats=[r.stats for r in running])
         for r, (who, k, m, unknown, _f) in zip(running, steps):
             r.g += m + 1
