@@ -8,7 +8,7 @@ running at ρ seconds per token, b finishes it sooner than a plain step by
     saved_b = T_t(1) + (E[N_b] − 1) · ρ − C_b        (plain decoding: 0)
 
 Each proposer's k minimises C_b / E[N_b] (ρ at its own rate: the ratio S(k) = E[N] · T_t(1) /
-C); ``decide`` takes, among the blocks that pay (S at ρ ≥ 1 + min_gain), the one that saves
+C); ``best_offer`` takes, among the blocks that pay (S at ρ ≥ 1 + min_gain), the one that saves
 the most. Exploration is one rule, ``CostModelPolicy._probe``: where the draft model's
 evidence is missing or stale, its block is priced at perfect acceptance (the bound) and a
 short one competes in the same decision.
@@ -37,7 +37,7 @@ from .base import K_LIMIT, Choice, batch_bucket
 from .params import DEFAULTS, Parameters
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
-           "catch_up_per_token", "Block", "block", "rows_block", "saved", "valued", "decide",
+           "catch_up_per_token", "Offer", "offer", "rows_offer", "saved", "valued", "best_offer",
            "induced_catch_up", "request_curve", "batch_finish_k",
            "conditional_from_cumulative", "acceptance_cap", "CostModelPolicy"]
 
@@ -175,7 +175,7 @@ def speedup(k: int, acceptance, t_draft: float,
             per_token: float = 0.0) -> float:
     """S(k) = E[N] · T_t(1) / (k · T_d + T_t(k + 1) + E[N] · per_token); S(0) = 1."""
     cost = _as_cost(t_target)
-    return valued(block("model", acceptance, k, t_draft, cost, per_token), cost(1)) if k else 1.0
+    return valued(offer("model", acceptance, k, t_draft, cost, per_token), cost(1)) if k else 1.0
 
 
 def best_k(acceptance, t_draft: float, t_target, k_max: int,
@@ -187,7 +187,7 @@ def best_k(acceptance, t_draft: float, t_target, k_max: int,
 
 
 # -- the one decision -------------------------------------------------------------------------
-class Block(NamedTuple):
+class Offer(NamedTuple):
     """A candidate block: E[N] ``tokens`` for ``seconds`` = k · T_propose + T_t(k + 1) +
     E[N] · per_token; ``induced``: seconds it adds to another proposer's next step (a lookup
     block's share of the draft model's catch-up)."""
@@ -199,23 +199,23 @@ class Block(NamedTuple):
     induced: float = 0.0
 
 
-def block(proposer: str, acceptance, k: int, t_propose: float, cost: Callable[[int], float],
-          per_token: float = 0.0) -> Block:
+def offer(proposer: str, acceptance, k: int, t_propose: float, cost: Callable[[int], float],
+          per_token: float = 0.0) -> Offer:
     """The block of k a proposer with per-position ``acceptance`` drafts."""
-    return rows_block(proposer, [acceptance], k, t_propose, cost, per_token)
+    return rows_offer(proposer, [acceptance], k, t_propose, cost, per_token)
 
 
-def rows_block(proposer: str, curves: Sequence, k: int, t_propose: float,
-               cost: Callable[[int], float], per_token: float = 0.0) -> Block:
+def rows_offer(proposer: str, curves: Sequence, k: int, t_propose: float,
+               cost: Callable[[int], float], per_token: float = 0.0) -> Offer:
     """The block of k for rows accepting along ``curves`` (one per row), in batch tokens:
     Σ E[N_i] − B + 1 (what it yields beyond a plain step's B, plus that step's one; E[N] at
     one row) for k · T_p + T_t(k + 1) + Σ E[N_i] · per_token."""
     tokens = sum(expected_tokens(c, k) for c in curves)
-    return Block(proposer, k, tokens - (len(curves) - 1),
+    return Offer(proposer, k, tokens - (len(curves) - 1),
                  k * t_propose + cost(k + 1) + tokens * per_token)
 
 
-def valued(b: Block, t_plain: float, rate: float | None = None) -> float:
+def valued(b: Offer, t_plain: float, rate: float | None = None) -> float:
     """S of ``b`` against one plain step when the tokens past its first are worth ``rate``
     seconds each (None: T_t(1), the ratio S(k)): (T_t(1) + (E[N] − 1) · ρ) / C."""
     if rate is None:
@@ -223,15 +223,15 @@ def valued(b: Block, t_plain: float, rate: float | None = None) -> float:
     return (t_plain + (b.tokens - 1) * rate) / b.seconds
 
 
-def saved(b: Block, t_plain: float, rate: float | None = None) -> float:
+def saved(b: Offer, t_plain: float, rate: float | None = None) -> float:
     """Seconds ``b`` saves against plain steps with the rest running at ``rate``:
     T_t(1) + (E[N] − 1) · ρ − C − induced."""
     rate = t_plain if rate is None else rate
     return t_plain + (b.tokens - 1) * rate - b.seconds - b.induced
 
 
-def decide(blocks: Sequence[Block], t_plain: float, rate: float | None,
-           min_gain: float) -> Block | None:
+def best_offer(blocks: Sequence[Offer], t_plain: float, rate: float | None,
+           min_gain: float) -> Offer | None:
     """The one decision: among the blocks that pay (``valued`` ≥ 1 + ``min_gain``), the one
     that saves the most seconds (the first among ties); None: a plain step."""
     best, most = None, -math.inf
@@ -515,7 +515,7 @@ class CostModelPolicy:
         collects every candidate priced. Batch 1 is a batch of one row: a block is priced in
         batch tokens (Σ E[N_i] − B + 1: what it yields beyond a plain step's B, plus that
         step's one), each proposer's k is its best (the draft model's: the k that finishes
-        the rows soonest), and ``decide`` takes the block that saves the most."""
+        the rows soonest), and ``best_offer`` takes the block that saves the most."""
         p, proposers = self.params, self._allowed(context)
         pr = self._prices(context, top, proposers)
         if not isinstance(pr, _Prices):
@@ -531,11 +531,11 @@ class CostModelPolicy:
             """A busy machine's costs are not decided by: k within what acceptance justifies."""
             return min(top, acceptance_cap(curve, top, p.marginal)) if pr.busy else top
 
-        def offer(name, curves, b, cap, t_propose, per_token, source):
+        def record(name, curves, b, cap, t_propose, per_token, source):
             """The proposer's block ``b`` (None: no k paid) into the record, which then shows
             its block of best S within ``cap``, so it says by how much it missed."""
             if why is not None:
-                shown = b or max((rows_block(name, curves, j, t_propose, cost, per_token)
+                shown = b or max((rows_offer(name, curves, j, t_propose, cost, per_token)
                                   for j in range(1, max(1, cap) + 1)),
                                  key=lambda c: valued(c, t1, per_row))
                 why["candidates"].append(explain.candidate(
@@ -547,7 +547,7 @@ class CostModelPolicy:
                     costs_from=pr.origin))
             return b
 
-        blocks: list[Block] = []
+        blocks: list[Offer] = []
         model = context.model
         drafts = model is not None and model in proposers
         if drafts and pr.measured:
@@ -559,11 +559,11 @@ class CostModelPolicy:
                 k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
             else:
                 k = best_k(curves[0], pr.t_draft, cost, cap, per_token=per_token)[0]
-            b = rows_block(model, curves, k, pr.t_draft, cost, per_token) if k else None
+            b = rows_offer(model, curves, k, pr.t_draft, cost, per_token) if k else None
             s = valued(b, t1, per_row) if b and n > 1 else 0.0
             if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
                 rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
-            offer(model, curves, b, cap, pr.t_draft, per_token, source)
+            record(model, curves, b, cap, pr.t_draft, per_token, source)
             blocks += [b] if b else []
         draft_pays = bool(blocks) and valued(blocks[0], t1, rate) >= 1 + p.min_gain
         requests = _per_row(context, "requests", context.request)
@@ -584,7 +584,7 @@ class CostModelPolicy:
             k = 0
             if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
                 k = min(max(size for _, size in now), cap)
-                if valued(rows_block(name, curves, k, t_lookup, cost), t1, per_row) <= 1:
+                if valued(rows_offer(name, curves, k, t_lookup, cost), t1, per_row) <= 1:
                     k = 0  # its whole draft does not pay: the k of best S instead
             if not k:
                 k = batch_best_k(curves, t_lookup, cost, cap)[0]
@@ -593,10 +593,10 @@ class CostModelPolicy:
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
-            b = rows_block(name, curves, k, t_lookup, cost)._replace(induced=induced) if k else None
-            offer(name, curves, b, cap, t_lookup, 0.0, source)
+            b = rows_offer(name, curves, k, t_lookup, cost)._replace(induced=induced) if k else None
+            record(name, curves, b, cap, t_lookup, 0.0, source)
             blocks += [b] if b else []
-        best = decide(blocks, t1, rate, p.min_gain)
+        best = best_offer(blocks, t1, rate, p.min_gain)
         rule = "best" if best is not None else "off"
         if why is not None:
             why["value"] = rate
@@ -605,8 +605,8 @@ class CostModelPolicy:
             if probe is not None:  # the draft model's block at perfect acceptance
                 k, why_probe = probe
                 perfect = [[1.0] * k] * n
-                b = rows_block(model, perfect, k, pr.t_draft or 0.0, cost)
-                offer(model, perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
+                b = rows_offer(model, perfect, k, pr.t_draft or 0.0, cost)
+                record(model, perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
                 if best is None or saved(b, t1, rate) > saved(best, t1, rate):
                     best, rule = b, why_probe
         # iterations without the draft model (at batch > 1: plain steps), for the re-probe

@@ -16,12 +16,12 @@ import autospec
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.costmodel import (
     best_k,
-    block,
+    best_offer,
     catch_up_per_token,
-    decide,
     expected_tokens,
     induced_catch_up,
     interpolate_cost,
+    offer,
     request_curve,
     saved,
     valued,
@@ -34,13 +34,13 @@ from conftest import noisy_copy, prompt, tiny
 def valued_speedup(curve, k, t_propose, cost, per_token, value):
     """S of the proposer's block of k valued at ``value`` seconds per token past its first."""
     cost = interpolate_cost(cost) if isinstance(cost, dict) else cost
-    return valued(block("draft", curve, k, t_propose, cost, per_token), cost(1), value)
+    return valued(offer("draft", curve, k, t_propose, cost, per_token), cost(1), value)
 
 
 def block_saving(curve, k, t_propose, cost, per_token, value):
     """Seconds the proposer's block of k saves with the rest at ``value`` per token."""
     cost = interpolate_cost(cost) if isinstance(cost, dict) else cost
-    return saved(block("draft", curve, k, t_propose, cost, per_token), cost(1), value)
+    return saved(offer("draft", curve, k, t_propose, cost, per_token), cost(1), value)
 
 
 def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
@@ -118,20 +118,20 @@ def test_decide_takes_the_paying_block_that_saves_the_most_seconds():
     most seconds saved wins (the first among ties); none paying is a plain step."""
     cost = interpolate_cost({n: 0.1 + 0.005 * n for n in range(1, 10)})
     t1 = cost(1)
-    cheap = block("ngram", [0.3] * 8, 2, 1e-6, cost)  # the best ratio, few tokens
-    dear = block("draft", [0.8] * 8, 4, 0.02, cost)  # more seconds saved
+    cheap = offer("ngram", [0.3] * 8, 2, 1e-6, cost)  # the best ratio, few tokens
+    dear = offer("draft", [0.8] * 8, 4, 0.02, cost)  # more seconds saved
     assert valued(cheap, t1) > 1 and valued(dear, t1) > 1
     assert saved(dear, t1) > saved(cheap, t1) > 0
-    assert decide([cheap, dear], t1, None, 0.0) is dear
+    assert best_offer([cheap, dear], t1, None, 0.0) is dear
     # the draft's block charged a catch-up it would cause elsewhere drops below the lookup's
     charged = dear._replace(induced=saved(dear, t1) - saved(cheap, t1) + 1e-3)
-    assert decide([cheap, charged], t1, None, 0.0) is cheap
+    assert best_offer([cheap, charged], t1, None, 0.0) is cheap
     # a gain neither reaches: plain decoding
     gain = max(valued(cheap, t1), valued(dear, t1))
-    assert decide([cheap, dear], t1, None, gain) is None
+    assert best_offer([cheap, dear], t1, None, gain) is None
     # at a rate far below T_t(1) (copies run almost free) the dear block no longer pays
-    assert valued(dear, t1, 0.01) < 1 and decide([dear], t1, 0.01, 0.0) is None
-    assert decide([dear, dear], t1, None, 0.0) is dear and decide([], t1, None, 0.0) is None
+    assert valued(dear, t1, 0.01) < 1 and best_offer([dear], t1, 0.01, 0.0) is None
+    assert best_offer([dear, dear], t1, None, 0.0) is dear and best_offer([], t1, None, 0.0) is None
 
 
 def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():

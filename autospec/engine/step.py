@@ -40,7 +40,7 @@ __all__ = ["step", "Iteration"]
 class Iteration:
     """What the phases of one iteration share. Proposers read its documented part: ``k``
     (the block width the model drafts), ``decision.served``, ``trace`` (the model's block,
-    per row, host values), ``accepted`` and ``p`` (device), ``rows_of``, ``time`` and
+    per row, host values), ``accepted`` and ``p`` (device), ``model_rows``, ``time`` and
     ``spend``."""
 
     ctx: Any  # the policy's Context
@@ -67,7 +67,7 @@ class Iteration:
     taken: list[int] = field(default_factory=list)  # per row: its accepted count (host)
     ended: bool = False  # a row finished
 
-    def rows_of(self, proposer: str) -> torch.Tensor | None:
+    def model_rows(self) -> torch.Tensor | None:
         """[B] bool: the rows the model proposer served, where a lookup overlaid others;
         None: it served every row there is (no overlay)."""
         return None if self.overlay is None else ~self.overlay

@@ -266,7 +266,7 @@ class DraftModel(Proposer):
                 if step.accepted == step.proposed == k:
                     whole = (k, step.gen + k)
             self._whole[b] = whole
-        mine = it.rows_of(name)
+        mine = it.model_rows()
 
         def drop_dev():
             kept = it.accepted.clamp(max=k - 1)
