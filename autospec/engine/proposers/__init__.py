@@ -49,6 +49,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from autospec.traces import trace_length_problem
+
 __all__ = ["Block", "Proposer", "RowReplay", "LookupReplay", "HostBlocks", "HostLookup",
            "EngineSetting", "register", "refusal",
            "unregister", "registered", "get", "model_proposer", "lookups", "by_code", "KINDS", "NEEDS",
@@ -215,6 +217,14 @@ class Proposer:
         proposer's logged ``settings``), or None where the engine has nothing like it (the
         export then refuses with one line naming it)."""
         return None
+
+    @classmethod
+    def trace_problem(cls, trace: bytes, positions: int) -> str | None:
+        """What is wrong with ``trace`` as its trace (``finish``'s, in its own encoding) of a
+        request that generated ``positions`` tokens; None: nothing. The store refuses a record
+        whose trace its proposer refuses (``autospec.store.write``), so replay never reads one
+        its rule cannot. By default: a whole number of bytes per position (or none)."""
+        return trace_length_problem(trace, positions)
 
     @classmethod
     def label(cls) -> str:
