@@ -34,7 +34,8 @@ and ``select(keep, index)`` when rows leave, ``finish(row, stats)`` per row at t
 trace into ``stats.traces[name]``), ``release()`` always.
 
 Offline, the class answers without a model: ``replay(record)`` (its per-request replay rule
-over the trace its ``finish`` recorded: ``RowReplay``) and ``export(engine, k)`` (the engine
+over the trace its ``finish`` recorded: ``RowReplay``), ``trace_problem(trace, positions)``
+(what the store refuses of a trace in its encoding) and ``export(engine, k)`` (the engine
 setting that matches it, or None). A package outside autospec adds a proposer by calling
 ``register`` or through the ``autospec.proposers`` entry point group (a class, or a callable
 returning one).
