@@ -18,7 +18,8 @@ __all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "
            "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
-           "suffix_trace_error", "Trace", "lookup_trace", "lookup_reader"]
+           "suffix_trace_error", "trace_length_problem", "Trace", "lookup_trace",
+           "lookup_reader"]
 
 # the largest lookahead k anything accepts (the API, the store's per-position counters)
 K_LIMIT = 64
@@ -134,6 +135,19 @@ def lookup_reader(trace: bytes):
         return decode_suffix_value(trace, g) if 0 <= g < positions else None
 
     return read
+
+
+def trace_length_problem(trace: bytes | Sequence[int], positions: int,
+                         width: int | None = None) -> str | None:
+    """What is wrong with the length of a proposer's trace of a request that generated
+    ``positions`` tokens (None: nothing): ``width`` bytes per position (None: any whole
+    number of bytes per position), or none at all (empty: nothing recorded)."""
+    n = len(trace)
+    if n == 0 or (n == width * positions if width is not None
+                  else positions and n % positions == 0):
+        return None
+    per = "a whole number" if width is None else str(width)
+    return f"{n} bytes for {positions} generated positions: {per} per position"
 
 
 def suffix_trace_error(trace: bytes | Sequence[int], positions: int) -> str | None:

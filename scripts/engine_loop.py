@@ -260,7 +260,7 @@ def _trim(xs: list) -> list[int]:
 def verify(db: str, category: str, before: str, after: str) -> None:
     from sqlalchemy import select
 
-    from autospec.store import open_store
+    from autospec.store import open_store, queries
     from autospec.store.tables import Request
     from autospec.store.write import category_key
 
@@ -271,16 +271,19 @@ def verify(db: str, category: str, before: str, after: str) -> None:
     diff_pos = [x - y for x, y in zip(pad(a["accepted_per_position"]),
                                       pad(b["accepted_per_position"]))]
     with open_store(db, read_only=True) as st, st.session() as s:
-        row = s.execute(select(Request.drafts, Request.drafted, Request.accepted,
-                               Request.accepted_per_position)
-                        .where(Request.category_key == category_key(category),
-                               Request.stop_reason == "ingested")
-                        .order_by(Request.id.desc()).limit(1)).first()
-    if row is None:
+        rid = s.scalar(select(Request.id)
+                       .where(Request.category_key == category_key(category),
+                              Request.stop_reason == "ingested")
+                       .order_by(Request.id.desc()).limit(1))
+        rows = {} if rid is None else queries.request_proposers(s, [rid]).get(rid, {})
+    if rid is None:
         sys.exit(f"category {category!r}: no ingested record in the store")
     scraped = (int(diff["num_drafts"]), int(diff["num_draft_tokens"]),
                int(diff["num_accepted_tokens"]), _trim(diff_pos))
-    stored = (row.drafts, row.drafted, row.accepted, _trim(row.accepted_per_position))
+    # the engine's counters are the draft model's row (none: nothing counted)
+    m = next((p for p in rows.values() if p.kind == "model"), None)
+    stored = ((m.blocks, m.proposed, m.accepted, _trim(m.accepted_per_position)) if m
+              else (0, 0, 0, []))
     fmt_ = "drafts {}, draft tokens {}, accepted {}, accepted per position {}"
     print(f"category {category!r}: scrape after − before: {fmt_.format(*scraped)}")
     print(f"category {category!r}: ingested record:       {fmt_.format(*stored)}")

@@ -20,6 +20,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from autospec.traces import trace_length_problem
+
 from .damage import rate_problem
 from .decisions import check as check_decisions
 from .decisions import pack as pack_decisions
@@ -168,9 +170,10 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
     if problem is not None:
         raise ValueError(f"the record's counters contradict each other: {problem}")
     trace = None if p.trace is None else _blob(f"proposers[{name!r}].trace", p.trace)
-    if trace is not None and (len(trace) % positions if positions else len(trace)):
-        raise ValueError(f"proposers[{name!r}].trace has {len(trace)} bytes for "
-                         f"{positions} generated positions: a whole number per position")
+    problem = None if trace is None else _trace_problem(name, trace, positions)
+    if problem is not None:
+        raise ValueError(f"proposers[{name!r}].trace is not a {name} trace of this request: "
+                         f"{problem}")
     confidence = (None if p.confidence is None
                   else _blob(f"proposers[{name!r}].confidence", p.confidence))
     if confidence is not None and len(confidence) != positions:
@@ -183,6 +186,21 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
                           seconds=_seconds(f"proposers[{name!r}].seconds", p.seconds),
                           trace=trace, confidence=confidence,
                           settings=None if p.settings is None else dict(p.settings))
+
+
+def _trace_problem(name: str, trace: bytes, positions: int) -> str | None:
+    """What its proposer's own rule finds wrong with a trace (``Proposer.trace_problem``: its
+    encoding's length and values), where ``name`` is registered in this process; else a whole
+    number of bytes per generated position. Empty (nothing recorded) is always well formed,
+    and reads no registry: the engine's registry (and torch) is imported only for a record
+    that carries a trace, which the engine made."""
+    if not trace:
+        return None
+    from autospec.engine.proposers import registered
+
+    cls = registered().get(name)
+    return cls.trace_problem(trace, positions) if cls is not None else trace_length_problem(
+        trace, positions)
 
 
 def _schedule(rec: RequestRecord, names: Sequence[str]) -> bytes | None:

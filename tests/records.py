@@ -29,3 +29,19 @@ def lookup(name: str, *, trace: bytes | None = b"", settings: dict | None = None
            ) -> dict[str, ProposerRecord]:
     """``proposers=`` entry of a lookup proposer (``ngram``, ``suffix``, …)."""
     return {name: ProposerRecord(kind="lookup", trace=trace, settings=settings, **counters)}
+
+
+def trace_row(trace_kind: str, trace: bytes | None, *, lookups: dict[str, bytes] | None = None,
+              **fields):
+    """A ``TraceRow`` (what replay reads) of a request that had the draft model with
+    acceptance ``trace`` (None: no draft model) and the lookup proposers ``lookups`` (name →
+    trace); ``fields``: the row's others (category, batch_size, prompt_tokens, …)."""
+    from autospec.store.queries import TraceRow
+
+    traces = {} if trace is None else {"draft": bytes(trace)}
+    kinds = {} if trace is None else {"draft": "model"}
+    for name, t in (lookups or {}).items():
+        traces[name], kinds[name] = bytes(t), "lookup"
+    fields.setdefault("k_schedule", b"")
+    fields.setdefault("accepted_schedule", b"")
+    return TraceRow(trace_kind, traces, kinds=kinds, **fields)

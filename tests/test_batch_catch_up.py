@@ -23,6 +23,7 @@ from autospec.traces import TRACE_GREEDY
 from autospec.tune.replay import Costs, simulate
 
 from conftest import noisy_copy, tiny
+from records import trace_row
 from test_batch_exact import batch
 
 B_PER_TOKEN = 0.001  # the catch-up fit below: C(g) = 1 ms per token taken in
@@ -181,9 +182,8 @@ def _costs(catch_up=LINE) -> Costs:
 
 
 def _row(prompt_tokens: int, trace, ngram=None) -> TraceRow:
-    return TraceRow(TRACE_GREEDY, bytes(trace), b"", b"", category="c", batch_size=2,
-                    prompt_tokens=prompt_tokens, ngram_trace=None if ngram is None
-                    else bytes(ngram))
+    return trace_row(TRACE_GREEDY, trace, lookups=None if ngram is None else {"ngram": ngram},
+                     category="c", batch_size=2, prompt_tokens=prompt_tokens)
 
 
 def test_replay_at_batch_charges_every_rows_gap_padded_to_the_widest():

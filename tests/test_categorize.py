@@ -44,6 +44,8 @@ from autospec.cli.common import parse_when
 from autospec.store import PairInfo, RequestRecord, open_store, queries
 from autospec.store.queries import FeatureRow
 
+from records import blocks, draft
+
 ACCURACY = 0.90  # the stated accuracy on the labelled synthetic corpus
 V = 5000
 PAIR = PairInfo("org/target-1.5b", "org/draft-0.5b", "float32", "cpu: test")
@@ -103,12 +105,11 @@ def make_record(tokens, category, alpha, created_at, rng, *, key, source="given"
     acc = [int(trace[i:i + 4].sum()) for i in range(0, 64, 4)]
     return RequestRecord(
         pair=pair, category=category, policy="fixed(4)", greedy=True,
-        prompt_tokens=len(tokens), new_tokens=64, iterations=16, drafts=16, drafted=64,
-        accepted=sum(acc), accepted_per_position=[sum(a > i for a in acc) for i in range(4)],
-        drafted_per_position=[16] * 4, k_schedule=bytes([4] * 16),
-        accepted_schedule=bytes(acc), wall_s=0.5, prefill_s=0.01, draft_s=0.1,
-        draft_forwards=64, target_s_by_n={5: [0.01] * 16}, trace_kind="greedy",
-        trace=trace.tobytes(), created_at=created_at, category_source=source,
+        prompt_tokens=len(tokens), new_tokens=64, iterations=16,
+        proposers=draft(trace=trace.tobytes(), **blocks([4] * 16, acc)),
+        k_schedule=bytes([4] * 16), accepted_schedule=bytes(acc), wall_s=0.5, prefill_s=0.01,
+        draft_s=0.1, draft_forwards=64, target_s_by_n={5: [0.01] * 16}, trace_kind="greedy",
+        created_at=created_at, category_source=source,
         features=prompt_features(tokens, key))
 
 

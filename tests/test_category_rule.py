@@ -14,6 +14,7 @@ from autospec.store.record import PairInfo, RequestRecord
 from autospec.store.write import validate_record
 
 from conftest import noisy_copy, prompt, tiny
+from records import draft
 
 BAD = ["a\x00b", "", "   ", "\ud800x", 3, None]
 
@@ -54,11 +55,11 @@ def test_generate_refuses_what_the_store_refuses(wrapped, bad):
     target, _ = wrapped
     pair = PairInfo(target="t", draft="d", dtype="float32", hardware="cpu")
     record = RequestRecord(pair=pair, category=bad, policy="fixed(1)", greedy=True,
-                           prompt_tokens=8, new_tokens=1, iterations=1, drafts=0, drafted=0,
-                           accepted=0, accepted_per_position=[], drafted_per_position=[],
+                           prompt_tokens=8, new_tokens=1, iterations=1,
+                           proposers=draft(trace=b"\xff"),
                            k_schedule=b"\x00", accepted_schedule=b"\x00", wall_s=0.1,
                            prefill_s=0.1, draft_s=0.0, draft_forwards=0,
-                           target_s_by_n={}, trace_kind="greedy", trace=b"\xff")
+                           target_s_by_n={}, trace_kind="greedy")
     with pytest.raises(ValueError, match="category"):
         validate_record(record)
     with pytest.raises(ValueError, match="category"):

@@ -543,8 +543,8 @@ def test_ngram_and_hf_lookup_modes_run_identical_and_count_their_own_drafts(mode
     assert ng["acceptance"] is not None and 0.0 <= ng["acceptance"] <= 1.0
     assert 1.0 <= ng["tokens_per_forward"] <= 4.0
     assert 1.0 <= rows["hf-lookup:3"]["tokens_per_forward"] <= 4.0
-    assert rows["autospec:3"]["ngram_drafted"] is None  # the draft model alone
-    assert rows["policy:hybrid:3:1"]["ngram_drafted"]  # the hybrid used the n-gram
+    assert rows["autospec:3"]["lookups"] == {}  # the draft model alone
+    assert rows["policy:hybrid:3:1"]["lookups"]["ngram"]["drafted"]  # the hybrid used the n-gram
     # the draft model's oracle is not fed the n-gram's acceptance
     only_ngram = [r for r in res.records if r.mode == "ngram:3"]
     from autospec.bench.stats import oracle
@@ -577,11 +577,12 @@ def test_bench_without_a_draft_model_reports_what_needs_one(saved_pair, tmp_path
     # the table shows the n-gram's acceptance of a policy mode (it drafts by n-gram alone)
     auto = next(r for r in data["rows"] if r["mode"] == "policy:auto"
                 and r["category"] == "overall")
-    assert auto["ngram_acceptance"] is not None
+    ngram = auto["lookups"]["ngram"]["acceptance"]
+    assert ngram is not None
     assert "ngram a" in next(line for line in out.splitlines() if line.startswith("category"))
     line = next(line for line in out.splitlines() if line.startswith("overall")
                 and "policy:auto" in line)
-    assert f"{auto['ngram_acceptance']:.3f}" in line.split()
+    assert f"{ngram:.3f}" in line.split()
 
 
 def test_cli_generate_without_a_draft_model(saved_pair, capsys):
@@ -595,17 +596,22 @@ def test_cli_generate_without_a_draft_model(saved_pair, capsys):
 
 def test_demo_line_counts_the_n_gram_apart_from_the_draft_model():
     from autospec.cli.demo import _drafting_summary
-    from autospec.engine.stats import LoopStats
+    from autospec.engine.stats import LoopStats, ProposerCounts
 
-    st = LoopStats(prompt_tokens=4, k_schedule=[2, 9, 2, 0], proposer_schedule=[0, 1, 0, 0],
-                   drafts=2, drafted=4, accepted=3, ngram_drafts=1, ngram_drafted=9,
-                   ngram_accepted=6)
+    st = LoopStats(prompt_tokens=4, k_schedule=[2, 9, 2, 0], accepted_schedule=[1, 6, 2, 0],
+                   proposer_schedule=["draft", "ngram", "draft", None], model="draft",
+                   proposers=("draft", "ngram"))
+    for who, k, m in zip(st.proposer_schedule, st.k_schedule, st.accepted_schedule):
+        if who is not None:
+            st.count_block(who, k, m)
+    assert (st.drafts, st.drafted, st.accepted) == (2, 4, 3)
     line = _drafting_summary(st)
     assert line.startswith("acceptance 0.75, mean accepted length 2.50, k used 0×1, 2×2;")
-    assert line.endswith("n-gram: 1 blocks, acceptance 0.67")
-    st.ngram_drafts = st.ngram_drafted = st.ngram_accepted = 0
-    st.proposer_schedule = [0, 0, 0, 0]
-    assert "n-gram" not in _drafting_summary(st) and "9×1" in _drafting_summary(st)
+    assert line.endswith("ngram: 1 blocks, acceptance 0.67")
+    # prompt lookup opened but never drafted: not shown, and every block is the model's
+    st.counts["ngram"] = ProposerCounts()
+    st.proposer_schedule = ["draft", "draft", "draft", None]
+    assert "ngram" not in _drafting_summary(st) and "9×1" in _drafting_summary(st)
 
 
 # -- the suffix proposer's modes ------------------------------------------------------------

@@ -145,19 +145,15 @@ def test_the_loop_closes_on_the_small_pair_with_a_labelled_mix(tmp_path):
         assert f"vLLM served category '{c}': 2 requests" in text
         assert f"category '{c}': equal" in text
 
-    from sqlalchemy import select
-
     from autospec.report import build_report
-    from autospec.store import open_store
-    from autospec.store.tables import Request
+    from autospec.store import open_store, queries
 
     url = f"sqlite:///{work / 'loop.db'}"
     with open_store(url, read_only=True) as st:
-        with st.session() as s:
-            rows = s.execute(select(Request.category, Request.policy, Request.drafts,
-                                    Request.drafted, Request.accepted,
-                                    Request.accepted_per_position)
-                             .where(Request.stop_reason == "ingested")).all()
+        with st.session() as s:  # the ingested records: counters on the draft model's row
+            rows = [r for r in queries.recent_requests(s, limit=10_000)
+                    if r.stop_reason == "ingested"]
+        assert all(r.model is not None and r.model.name == "draft" for r in rows)
         assert sorted(r.category for r in rows) == sorted(CATEGORIES)  # one each
         for r in rows:
             before, after = (_counters((work / f"{w}-{r.category}.txt").read_text())

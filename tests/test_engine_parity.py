@@ -91,8 +91,18 @@ def test_last_stats_counts_every_proposer_by_name(models):
     assert st.proposed_accepted == lookup.accepted
     suffix = st.proposer("suffix")  # not asked for: none of its blocks
     assert suffix.blocks == suffix.proposed == 0
-    assert st.by_proposer == {"draft": model, "ngram": lookup, "suffix": suffix}
+    # every proposer the call had, by name: not the draft model's (no draft model) nor
+    # suffix decoding's (no memory to open it with)
+    assert st.by_proposer == {"ngram": lookup}
     assert sum(lookup.proposed_per_position) >= lookup.proposed // 4
+    # with a suffix memory the call opens suffix decoding too: listed, with zeros, though
+    # the policy never asked it for a block
+    spec = autospec.Controller(target, store=False, policy="ngram:4", suffix=True)
+    spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                  do_sample=False)
+    st = spec.last_stats
+    assert st.proposer("ngram").proposed > 0 and st.proposer("suffix").proposed == 0
+    assert st.by_proposer == {"ngram": st.proposer("ngram"), "suffix": suffix}
 
 
 @pytest.mark.parametrize("answer,error", [

@@ -15,6 +15,7 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_sta
 from autospec.store import PairInfo, open_store, queries
 from autospec.store.record import ProposerRecord
 from autospec.store.write import validate_record
+from autospec.traces import NGRAM_NONE, NGRAM_TRACE_K, encode_trace_value
 
 from legacy_rows import stats_columns_0010
 from records import blocks, draft, lookup
@@ -31,7 +32,16 @@ def url(request, tmp_path):
 
 
 def _lookup_trace(rng: random.Random, n: int, width: int = 1) -> bytes:
-    return bytes(rng.randrange(256) for _ in range(n * width))
+    """Any byte a position for prompt lookup's trace; for suffix decoding's (width 2) a pair
+    its encoding holds: (match and agreement, draft length) or (NGRAM_NONE, 0)."""
+    if width == 1:
+        return bytes(rng.randrange(256) for _ in range(n))
+    out = []
+    for _ in range(n):
+        size = rng.randint(0, NGRAM_TRACE_K)
+        out += [encode_trace_value(rng.randint(1, 24), rng.randint(0, size)), size] if size \
+            else [NGRAM_NONE, 0]
+    return bytes(out)
 
 
 def _records() -> list:

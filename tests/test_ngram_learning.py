@@ -202,13 +202,16 @@ def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):
     target = _serve_copies(url, "ngram:4")[0].model
     with open_store(url) as store, store.session() as s:
         (sm,) = queries.category_summaries(s, category="copy")
-    assert sm.ngram_drafted_per_position and sm.ngram_drafted_per_position[0] > 0
+    ngram = sm.proposers["ngram"]
+    assert ngram.kind == "lookup"
+    assert ngram.proposed_per_position and ngram.proposed_per_position[0] > 0
     fresh = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="auto")
     live = fresh.live_stats("copy")
     fresh.close()
-    first = sm.ngram_drafted_per_position[0]
+    first = ngram.proposed_per_position[0]
     assert live.counts("ngram")[1][0] == pytest.approx(min(first, 200))
     assert live.counts("ngram")[0][0] / live.counts("ngram")[1][0] == pytest.approx(
-        sm.ngram_accepted_per_position[0] / first)
-    assert live.t_lookup.get("ngram") == pytest.approx(sm.ngram_lookup_s_per_token)
+        ngram.accepted_per_position[0] / first)
+    assert ngram.seconds_per_token > 0
+    assert live.t_lookup.get("ngram") == pytest.approx(ngram.seconds_per_token)
     assert live.blocks("draft") == 0  # the draft model's own history is empty: still untried

@@ -22,7 +22,6 @@ from autospec.traces import (
     MATCH_REACH,
     NGRAM_NONE,
     NGRAM_TRACE_K,
-    PROPOSER_CODES,
     SUFFIX_TRACE_WIDTH,
     decode_suffix_value,
     encode_trace_value,
@@ -30,6 +29,7 @@ from autospec.traces import (
 )
 
 from conftest import tiny
+from records import lookup
 from test_store import BACKENDS, PAIRS, fresh_url, make_record
 
 
@@ -54,7 +54,7 @@ def test_the_target_scores_no_wider_than_the_longest_suffix_draft(target):
                       category="sql")
     st = spec.last_stats
     short = [k for k, p in zip(st.k_schedule, st.proposer_schedule)
-             if p == PROPOSER_CODES["suffix"] and k < 8]
+             if p == "suffix" and k < 8]
     assert short  # drafts shorter than the policy's k
     # one forward per iteration after the prefill, timed under the width it scored
     scored = Counter(k + 1 for k in st.k_schedule[1:])
@@ -103,7 +103,7 @@ def _suffix_firsts(stats):
     pos = 0
     for k, m, who in zip(stats.k_schedule, stats.accepted_schedule, stats.proposer_schedule,
                          strict=True):
-        if who == PROPOSER_CODES["suffix"]:
+        if who == "suffix":
             yield k, m, pos
         pos += m + 1
 
@@ -127,28 +127,29 @@ def test_a_live_request_stores_its_trace_and_its_blocks_accepted_what_it_says(ta
     with open_store(url) as store, store.session() as s:
         rows = queries.recent_requests(s)[::-1]
         # replay prices its lookups at the seconds per token they took
-        t_suffix = queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "sql")
-        assert queries.suffix_lookup_s_per_token(s, rows[0].pair_id, "chat") is None
+        t_suffix = queries.lookup_seconds_per_token(s, rows[0].pair_id, "sql")["suffix"]
+        assert "suffix" not in queries.lookup_seconds_per_token(s, rows[0].pair_id, "chat")
     assert t_suffix == pytest.approx(sum(st.proposer("suffix").seconds for *_, st in served)
                                      / sum(st.proposer("suffix").proposed for *_, st in served))
     checked = 0
     for row, (toks, L, before, st) in zip(rows, served, strict=True):
-        assert row.suffix_trace == st.traces.get("suffix") == suffix_trace(toks, L, before, "sql")
-        assert row.suffix == {"drafts": st.proposer("suffix").blocks, "drafted": st.proposer("suffix").proposed,
-                              "accepted": st.proposer("suffix").accepted,
-                              "accepted_per_position": st.proposer("suffix").accepted_per_position,
-                              "drafted_per_position": st.proposer("suffix").proposed_per_position,
-                              "lookup_s": pytest.approx(st.suffix_s)}
-        assert st.suffix_s > 0
+        stored, live = row.proposers["suffix"], st.proposer("suffix")
+        assert stored.trace == st.traces.get("suffix") == suffix_trace(toks, L, before, "sql")
+        assert stored.kind == "lookup"
+        assert (stored.blocks, stored.proposed, stored.accepted, stored.accepted_per_position,
+                stored.proposed_per_position, stored.seconds) == (
+            live.blocks, live.proposed, live.accepted, tuple(live.accepted_per_position),
+            tuple(live.proposed_per_position), pytest.approx(live.seconds))
+        assert live.seconds > 0
         # exactness: every suffix block held min(k asked, its draft) and accepted as traced
         for k, m, pos in _suffix_firsts(st):
-            match, agree, size = decode_suffix_value(row.suffix_trace, pos)
+            match, agree, size = decode_suffix_value(stored.trace, pos)
             assert k == min(6, size, 29 - pos) and m == min(agree, k), (pos, k, m)
             checked += 1
     assert checked == sum(st.proposer("suffix").blocks for *_, st in served) > 10
     # the repeat found the first request's whole output in the memory: its drafts agree
     # whole, 16 tokens long once the match is (the match grows with the output)
-    repeat = _decoded(rows[-1].suffix_trace)
+    repeat = _decoded(rows[-1].proposers["suffix"].trace)
     assert all(v[1] == v[2] > 0 for v in repeat[:14]) and repeat[3][2] == NGRAM_TRACE_K
 
 
@@ -164,14 +165,14 @@ def test_rows_of_one_call_are_traced_against_the_memory_the_call_started_from(ta
     rows = spec.last_row_stats
     spec.close()
     alone = suffix_trace(out[0].tolist(), ids.shape[1], SuffixMemory(), "tools")
-    assert rows[0].suffix_trace == rows[1].suffix_trace == alone
+    assert rows[0].traces["suffix"] == rows[1].traces["suffix"] == alone
     assert spec.suffix_memory.categories()["tools"][0] == 2  # both joined it afterwards
 
 
 # -- the store --------------------------------------------------------------------------------
 def _suffix_record(rng, positions=None):
     rec = make_record(rng, category="sql", pair=PAIRS[1])
-    n = len(rec.trace)
+    n = rec.new_tokens
     values = []
     for _ in range(n):
         if rng.random() < 0.3:
@@ -179,45 +180,65 @@ def _suffix_record(rng, positions=None):
         else:
             size = rng.randint(1, NGRAM_TRACE_K)
             values += [encode_trace_value(rng.randint(1, 24), rng.randint(0, size)), size]
-    rec.suffix_trace = bytes(values)
-    rec.suffix = {"drafts": 2, "drafted": 7, "accepted": 5, "accepted_per_position": [2, 2, 1],
-                  "drafted_per_position": [2, 2, 2, 1], "lookup_s": 0.0004}
+    rec.proposers.update(lookup("suffix", trace=bytes(values), blocks=2, proposed=7,
+                                accepted=5, accepted_per_position=[2, 2, 1],
+                                proposed_per_position=[2, 2, 2, 1], seconds=0.0004))
     return rec
+
+
+def _suffix_of(row):
+    """A stored request's suffix row as (counters, trace); None without one."""
+    p = row.proposers.get("suffix")
+    return None if p is None else (
+        (p.kind, p.blocks, p.proposed, p.accepted, list(p.accepted_per_position),
+         list(p.proposed_per_position), p.seconds), p.trace)
 
 
 def test_a_record_with_a_suffix_trace_round_trips(url):
     recs = [_suffix_record(random.Random(i)) for i in range(3)]
-    recs[2].suffix = recs[2].suffix_trace = None  # a call without the suffix proposer
+    del recs[2].proposers["suffix"]  # a call without the suffix proposer
     with open_store(url) as store:
         store.write(recs)
         with store.session() as s:
             rows = queries.recent_requests(s)[::-1]
             traced = list(queries.traces(s))
-    assert [r.suffix_trace for r in rows] == [r.suffix_trace for r in recs]
-    assert [t.suffix_trace for t in traced] == [r.suffix_trace for r in recs]
-    assert rows[0].suffix == recs[0].suffix and rows[2].suffix is None
+    assert [_suffix_of(r) for r in rows] == [_suffix_of(r) for r in recs[:2]] + [None]
+    assert [t.traces.get("suffix") for t in traced] == [
+        recs[0].proposers["suffix"].trace, recs[1].proposers["suffix"].trace, None]
+    assert all(t.kinds.get("suffix") == "lookup" for t in traced[:2])
+    # the draft model's row beside it, untouched
+    assert [r.trace for r in rows] == [r.proposers["draft"].trace for r in recs]
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("suffix_trace", b"\x00", "suffix_trace is not a suffix trace of this request: 1 bytes"),
-    ("suffix_trace", "x", "must be bytes"),
-    ("suffix_trace", "corrupt:none-with-length", "position 1 holds \\(255, 3\\)"),
-    ("suffix_trace", "corrupt:agree-past-length", "position 1 holds"),
-    ("suffix_trace", "corrupt:long-draft", "position 1 holds"),
-    ("suffix", {"drafts": -1}, "suffix\\['drafts'\\] must be a non-negative int"),
-    ("suffix", {"max_n": 3}, "suffix has unknown keys \\['max_n'\\]"),
-    ("suffix", [1], "suffix must be a dict"),
+    ("trace", b"\x00", "proposers\\['suffix'\\].trace is not a suffix trace of this request: 1 bytes"),
+    ("trace", "half", "2 per position"),  # one byte a position: a whole number, not its own
+    ("trace", "x", "must be bytes"),
+    ("trace", "corrupt:none-with-length", "position 1 holds \\(255, 3\\)"),
+    ("trace", "corrupt:agree-past-length", "position 1 holds"),
+    ("trace", "corrupt:long-draft", "position 1 holds"),
+    ("blocks", -1, "proposers\\['suffix'\\].blocks must be a non-negative int"),
+    ("settings", [("max_n", 3)], "proposers\\['suffix'\\].settings must be a dict"),
+    ("kind", "tree", "proposers\\['suffix'\\].kind must be one of"),
+    (None, [1], "proposers\\['suffix'\\] must be a ProposerRecord"),
 ])
 def test_a_malformed_suffix_record_is_refused(field, value, match):
     rec = _suffix_record(random.Random(5))
     validate_record(rec)
-    if isinstance(value, str) and value.startswith("corrupt:"):
-        bad = bytearray(rec.suffix_trace + bytes(4))[: SUFFIX_TRACE_WIDTH * len(rec.trace)]
+    trace, n = rec.proposers["suffix"].trace, rec.new_tokens
+    assert n >= 2  # position 1 is there to corrupt
+    if value == "half":
+        value = trace[::SUFFIX_TRACE_WIDTH]
+    elif isinstance(value, str) and value.startswith("corrupt:"):
+        bad = bytearray(trace + bytes(4))[: SUFFIX_TRACE_WIDTH * n]
         bad[2:4] = {"none-with-length": (NGRAM_NONE, 3),
                     "agree-past-length": (encode_trace_value(2, 5), 4),
                     "long-draft": (encode_trace_value(2, 5), NGRAM_TRACE_K + 1)}[value[8:]]
         value = bytes(bad)
-    setattr(rec, field, value)
+    if field is None:
+        rec.proposers["suffix"] = value
+    else:
+        setattr(rec.proposers["suffix"], field, value)
     with pytest.raises(ValueError, match=match):
         validate_record(rec)
 
@@ -235,14 +256,17 @@ def test_a_0007_database_is_upgraded_in_place_and_back(url):
     engine.dispose()
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0010",)
+            assert current_revision(conn) == (head_revision(),) == ("0011",)
         new = _suffix_record(random.Random(4))
         st.write([new])
         with st.session() as s:
-            got = [(r.suffix, r.suffix_trace) for r in queries.recent_requests(s)]
-        assert got == [(new.suffix, new.suffix_trace), (None, None)]  # the old row: not recorded
+            got = [_suffix_of(r) for r in queries.recent_requests(s)]
+        assert got == [_suffix_of(new), None]  # the old row: not recorded
     _downgrade(url, "0007").dispose()
     insp = inspect(create_engine(url))
     assert not {"suffix", "suffix_trace"} & {c["name"] for c in insp.get_columns("requests")}
-    with open_store(url) as st, st.session() as s:  # upgraded again: the columns are back empty
-        assert all(r.suffix_trace is None for r in queries.recent_requests(s))
+    with open_store(url) as st, st.session() as s:  # upgraded again: no suffix row is back
+        rows = queries.recent_requests(s)
+        assert [set(r.proposers) for r in rows] == [{"draft"}, {"draft"}]
+        assert [r.trace for r in rows] == [new.proposers["draft"].trace,
+                                           old.proposers["draft"].trace]

@@ -49,10 +49,20 @@ class RunRecord:
     lookups: dict[str, list[int]] | None = None
 
 
-def _lookups(record: RunRecord) -> tuple[int, int]:
-    """(tokens proposed, accepted) by every lookup proposer of a run together."""
-    got = (record.lookups or {}).values()
-    return sum(p for p, _ in got), sum(a for _, a in got)
+def _lookups(runs: Sequence[RunRecord]) -> dict[str, dict]:
+    """Per lookup proposer that drafted in ``runs`` (autospec policies), by name, in the
+    registry's order: its tokens proposed (``drafted``) and accepted / proposed
+    (``acceptance``), each apart from the draft model's and from the other lookups'."""
+    proposed: Counter = Counter()
+    accepted: Counter = Counter()
+    for r in runs:
+        for name, (p, a) in (r.lookups or {}).items():
+            proposed[name] += p
+            accepted[name] += a
+    order = {n: i for i, n in enumerate(lookups())}
+    return {n: {"drafted": proposed[n], "acceptance": accepted[n] / proposed[n]}
+            for n in sorted(proposed, key=lambda n: (order.get(n, len(order)), n))
+            if proposed[n]}
 
 
 def _median(values, scale: float = 1.0) -> float | None:
@@ -68,7 +78,9 @@ def aggregate(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
     that it stays fair when (sampled) outputs differ in length. acceptance: pooled accepted /
     drafted. mean_accepted_length: 1 + accepted / drafting iterations (counts the bonus
     token; autospec only). tokens_per_forward: new tokens / target forwards, which also counts
-    iterations that did not draft, and is known for transformers' modes too.
+    iterations that did not draft, and is known for transformers' modes too. lookups: per
+    lookup proposer that drafted beside a policy's draft model, by name, its own tokens
+    drafted and acceptance (a NAME:k mode's are its acceptance columns).
     """
     plain = {(r.prompt_index, r.repeat): r for r in records if r.mode == "plain"}
     cats = list(dict.fromkeys(r.category for r in records))
@@ -231,10 +243,7 @@ def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dic
         "t_target_1_ms": _median((r.t_target_1 for r in runs), 1e3),
         "t_target_k1_ms": _median((r.t_target_k1 for r in runs), 1e3),
         "t_draft_ms": _median((r.t_draft for r in runs), 1e3),
-        "lookup_drafted": sum(_lookups(r)[0] for r in runs) or None,
-        "lookup_acceptance": (sum(_lookups(r)[1] for r in runs)
-                              / sum(_lookups(r)[0] for r in runs)
-                              if any(_lookups(r)[0] for r in runs) else None),
+        "lookups": _lookups(runs),  # name → {"drafted", "acceptance"}
         "identical": all(same) if greedy and same else None,
         "k_settled": _settled(runs),
         "divergences": divergences,

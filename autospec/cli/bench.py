@@ -142,7 +142,6 @@ def run(args, parser) -> int:
 _COLUMNS = (  # header, row key, format
     ("category", "category", ""), ("mode", "mode", ""), ("tok/s", "tokens_per_s", ".2f"),
     ("speedup", "speedup", ".2f"), ("alpha", "acceptance", ".3f"),
-    ("lookup a", "lookup_acceptance", ".3f"),
     ("mean len", "mean_accepted_length", ".2f"), ("tok/fwd", "tokens_per_forward", ".2f"),
     ("Tt(1) ms", "t_target_1_ms", ".1f"),
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),
@@ -222,10 +221,22 @@ def _divergence_notes(batches, dtype: str | None) -> list[str]:
 def format_table(result) -> str:
     """A fixed-width table of a BenchResult's rows, its settings, and divergences from plain;
     then, when batch sizes beyond 1 ran, the per-batch-size table."""
-    rows = [[("-" if row[key] is None else ("yes" if row[key] else "NO")
-              if key == "identical" else fmt(row[key], spec))
-             for _, key, spec in _COLUMNS] for row in result.rows]
-    lines = [table([h for h, _, _ in _COLUMNS], rows, left=2)] if rows else []
+    # after alpha, one "NAME a" column per lookup proposer that drafted beside a policy's
+    # draft model in any row: its own acceptance
+    names = list(dict.fromkeys(n for row in result.rows for n in row.get("lookups") or {}))
+    columns = [*_COLUMNS[:5], *((f"{n} a", ("lookups", n), ".3f") for n in names),
+               *_COLUMNS[5:]]
+
+    def cell(row: dict, key, spec: str) -> str:
+        if isinstance(key, tuple):  # ("lookups", NAME)
+            got = (row.get("lookups") or {}).get(key[1])
+            return "-" if got is None else fmt(got["acceptance"], spec)
+        if row[key] is None:
+            return "-"
+        return ("yes" if row[key] else "NO") if key == "identical" else fmt(row[key], spec)
+
+    rows = [[cell(row, key, spec) for _, key, spec in columns] for row in result.rows]
+    lines = [table([h for h, _, _ in columns], rows, left=2)] if rows else []
     m = result.meta
     lines += [
         "",
@@ -234,10 +245,10 @@ def format_table(result) -> str:
         f"{m['prompts']} prompts x {_repeats(m)}, at most {m['max_new_tokens']} new "
         f"tokens, {'sampling' if m['sample'] else 'greedy'}; tok/s and speedup (vs plain, same "
         "request and repeat, per token) are medians; alpha = accepted / drafted; mean len = 1 + "
-        "accepted per drafting step; tok/fwd = new tokens per target forward; ngram:k and "
-        "hf-lookup modes draft by prompt lookup (alpha: the n-gram proposals'); ngram a = "
-        "accepted / drafted of autospec's n-gram blocks (policy modes that draft by both: "
-        "alpha is then the draft model's alone)",
+        "accepted per drafting step; tok/fwd = new tokens per target forward; a lookup's "
+        "NAME:k modes (ngram:k, suffix:k …) and hf-lookup draft by that lookup alone (alpha: "
+        "its proposals'); NAME a = accepted / drafted of the blocks of lookup proposer NAME "
+        "in a policy mode (alpha is then the draft model's alone)",
     ]
     lines += [_head_to_head_line(h) for h in result.head_to_head if "batch" not in h]
     skipped = {b["mode"]: b["reason"] for b in result.batches

@@ -67,11 +67,15 @@ def run(args, parser) -> int:
     if s is None:
         how = "served by transformers' generate (run with -v for why)"
     elif draft is None:
+        from autospec.engine.proposers import registered
+
+        known = registered()  # the lookups the call had, by their titles ("prompt lookup")
+        by = ", ".join(known[n].label() if n in known else n for n in s.by_proposer)
         blocks = sum(c.blocks for c in s.counts.values())
         proposed = sum(c.proposed for c in s.counts.values())
         rate = sum(c.accepted for c in s.counts.values()) / proposed if proposed else float("nan")
-        how = (f"k={args.k} by lookups (no draft model): {blocks} of {s.iterations} steps found "
-               f"a match, acceptance {fmt(rate, '.2f')}")
+        how = (f"k={args.k} by {by or 'lookups'} (no draft model): {blocks} of {s.iterations} "
+               f"steps found a match, acceptance {fmt(rate, '.2f')}")
     else:
         how = (f"k={args.k}, acceptance {fmt(s.acceptance, '.2f')}, mean accepted length "
                f"{s.mean_accepted_length:.2f}")

@@ -371,7 +371,7 @@ class Batch:
             st.path = path
             if self.keeps_why is not None:  # the records of the iterations the row ran in
                 st.decisions = [d for d in self.decisions if d["iteration"] < st.iterations]
-            st.model, st.batch_id = self.model, self.batch_id
+            st.model, st.batch_id, st.proposers = self.model, self.batch_id, self.proposer_names
             for p in self.proposers.values():  # each its trace, its extras
                 p.finish(r, st)
             seq = torch.tensor(r.tokens, dtype=torch.long)[None].to(self.device)

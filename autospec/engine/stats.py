@@ -65,11 +65,14 @@ class LoopStats:
     counts: dict[str, ProposerCounts] = field(default_factory=dict)
     # the call's model proposer (None: none): the one whose forwards ``draft_s`` times
     model: str | None = None
+    # every proposer the call opened, by name, the model first (those that never proposed
+    # too: ``by_proposer`` lists them with zeros)
+    proposers: tuple[str, ...] = ()
     # per iteration: this row's block length, its accepted count, who proposed it (a
-    # proposer's ``code``; ``PLAIN``: nobody, a plain step)
+    # proposer's name; None: nobody, a plain step)
     k_schedule: list[int] = field(default_factory=list)
     accepted_schedule: list[int] = field(default_factory=list)
-    proposer_schedule: list[int] = field(default_factory=list)
+    proposer_schedule: list[str | None] = field(default_factory=list)
     new_tokens: int = 0
     prompt_tokens: int = 0
     prefill_s: float = 0.0  # first target forward (prompt + first block)
@@ -111,8 +114,9 @@ class LoopStats:
 
     @property
     def by_proposer(self) -> dict[str, ProposerCounts]:
-        """Every proposer's counts the call had, by name."""
-        return dict(self.counts)
+        """Every proposer's counts the call had, by name (zeros where one never proposed)."""
+        return {name: self.proposer(name) for name in dict.fromkeys(
+            (*self.proposers, *self.counts))}
 
     @property
     def proposed(self) -> int:
@@ -206,7 +210,7 @@ def merge_stats(rows: list[LoopStats]) -> LoopStats:
         for name, counts in st.counts.items():
             out.counts.setdefault(name, ProposerCounts()).merge(counts)
     longest = max(rows, key=lambda st: st.iterations)
-    out.model, out.batch_id = longest.model, longest.batch_id
+    out.model, out.batch_id, out.proposers = longest.model, longest.batch_id, longest.proposers
     out.iterations, out.k_schedule = longest.iterations, list(longest.k_schedule)
     out.target_s_by_bn = dict(longest.target_s_by_bn)
     out.draft_s_by_b = dict(longest.draft_s_by_b)

@@ -34,7 +34,8 @@ and ``select(keep, index)`` when rows leave, ``finish(row, stats)`` per row at t
 trace into ``stats.traces[name]``), ``release()`` always.
 
 Offline, the class answers without a model: ``replay(record)`` (its per-request replay rule
-over the trace its ``finish`` recorded: ``RowReplay``) and ``export(engine, k)`` (the engine
+over the trace its ``finish`` recorded: ``RowReplay``), ``trace_problem(trace, positions)``
+(what the store refuses of a trace in its encoding) and ``export(engine, k)`` (the engine
 setting that matches it, or None). A package outside autospec adds a proposer by calling
 ``register`` or through the ``autospec.proposers`` entry point group (a class, or a callable
 returning one).
@@ -48,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
+
+from autospec.traces import trace_length_problem
 
 __all__ = ["Block", "Proposer", "RowReplay", "LookupReplay", "HostBlocks", "HostLookup",
            "EngineSetting", "register", "refusal",
@@ -215,6 +218,14 @@ class Proposer:
         proposer's logged ``settings``), or None where the engine has nothing like it (the
         export then refuses with one line naming it)."""
         return None
+
+    @classmethod
+    def trace_problem(cls, trace: bytes, positions: int) -> str | None:
+        """What is wrong with ``trace`` as its trace (``finish``'s, in its own encoding) of a
+        request that generated ``positions`` tokens; None: nothing. The store refuses a record
+        whose trace its proposer refuses (``autospec.store.write``), so replay never reads one
+        its rule cannot. By default: a whole number of bytes per position (or none)."""
+        return trace_length_problem(trace, positions)
 
     @classmethod
     def label(cls) -> str:

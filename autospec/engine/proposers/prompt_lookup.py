@@ -28,7 +28,7 @@ from functools import partial
 import torch
 
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement, ngram_trace
-from autospec.traces import K_LIMIT, decode_trace_value
+from autospec.traces import K_LIMIT, decode_trace_value, trace_length_problem
 
 from . import Block, EngineSetting, HostLookup, LookupReplay
 
@@ -98,6 +98,11 @@ class PromptLookup(HostLookup):
         if isinstance(tokens, list) and len(tokens) >= row.n:  # cut back to its batch's end
             stats.traces[self.name] = partial(ngram_trace, array("q", tokens[: row.n]), row.L,
                                               max_n=max_n, min_n=min_n)
+
+    @classmethod
+    def trace_problem(cls, trace: bytes, positions: int) -> str | None:
+        """One byte per position (``autospec.ngram.ngram_trace``), or none at all."""
+        return trace_length_problem(trace, positions, 1)
 
     @classmethod
     def replay(cls, record) -> LookupReplay | None:

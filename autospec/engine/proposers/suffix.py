@@ -26,7 +26,12 @@ import torch
 from autospec.ngram import agreement
 from autospec.suffix import SuffixIndex, SuffixSettings, best_of, suffix_trace
 from autospec.suffix_memory import SuffixMemory, TenantMemory
-from autospec.traces import lookup_reader
+from autospec.traces import (
+    SUFFIX_TRACE_WIDTH,
+    lookup_reader,
+    suffix_trace_error,
+    trace_length_problem,
+)
 
 from . import Block, EngineSetting, HostLookup, LookupReplay
 
@@ -127,6 +132,13 @@ class SuffixLookup(HostLookup):
                 stats.traces[self.name] = trace
         if row.tokens is not None:
             self.memory.remember(row.category, row.tokens[: row.L], row.tokens[row.L : row.n])
+
+    @classmethod
+    def trace_problem(cls, trace: bytes, positions: int) -> str | None:
+        """``SUFFIX_TRACE_WIDTH`` bytes per position, each position's pair one its encoding
+        holds (``autospec.traces.suffix_trace_error``), or none at all."""
+        return trace_length_problem(trace, positions, SUFFIX_TRACE_WIDTH) or (
+            suffix_trace_error(trace, positions) if trace else None)
 
     @classmethod
     def replay(cls, record) -> LookupReplay | None:
