@@ -74,10 +74,10 @@ def test_served_live_greedy_identical_and_weighed_by_auto(setting, tmp_path, row
         # every iteration it drafted is marked with its name
         assert all(("phrasebook" in st.proposer_schedule) == (st.proposer("phrasebook").blocks
                                                               > 0) for st in served)
-        if policy == "auto":  # weighed beside the draft model: both drafted, the book most
+        if policy == "auto":  # weighed beside the draft model (on measured timings): both
             drafted = {n: sum(st.proposer(n).proposed for st in served)
                        for n in ("draft", "phrasebook")}
-            assert drafted["phrasebook"] > drafted["draft"] > 0, drafted
+            assert drafted["phrasebook"] > 0 and drafted["draft"] > 0, drafted
         spec.close()
 
 
