@@ -22,6 +22,7 @@ from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED
 from autospec.tune.replay import Costs
 from autospec.tune.study import DEFAULT_PARAMS, TuneError, evaluate, load_window, params_of, tune
 
+from records import draft
 from test_store import fresh_url
 
 PAIR = PairInfo("synthetic-target", "synthetic-draft", "float32", "cpu: test")
@@ -44,12 +45,11 @@ def record(rng: random.Random, alpha: float, *, n: int = 96, category: str = "co
                                                  for v in trace)
     return RequestRecord(
         pair=pair, category=category, policy="off", greedy=not sampled, prompt_tokens=16,
-        new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
-        drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
+        new_tokens=n, iterations=n, proposers=draft(trace=trace, confidence=conf),
+        k_schedule=bytes(n), accepted_schedule=bytes(n),
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
         target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_SAMPLED if sampled else TRACE_GREEDY,
-        trace=trace, created_at=at,
-        confidence=conf, path="eager")
+        created_at=at, path="eager")
 
 
 def make_store(path: Path | str, traffic: dict[str, tuple[float, int]], seed: int = 0,
