@@ -28,8 +28,11 @@ DRAFT_GRID = {4: 0.012, 16: 0.02}
 COSTS = Costs(T_D, FLAT_1, GRID, DRAFT_GRID)
 
 
-def row(trace, batch: int = 1, category: str = "code") -> TraceRow:
-    return TraceRow(TRACE_GREEDY, bytes(trace), b"", b"", category=category, batch_size=batch)
+def row(trace, batch: int = 1, category: str = "code", kind: str = TRACE_GREEDY,
+        **fields) -> TraceRow:
+    """A logged request that had the draft model alone, with this trace."""
+    return TraceRow(kind, {"draft": bytes(trace)}, b"", b"", category=category,
+                    batch_size=batch, kinds={"draft": "model"}, **fields)
 
 
 def iid(rng: random.Random, alpha: float, n: int) -> list[int]:
