@@ -93,7 +93,7 @@ def test_replay_makes_the_live_runs_decisions_and_counts(tmp_path, rows):
     spec.close()
     with open_store(url) as store, store.session() as s:
         logged = list(queries.traces(s))
-    assert len(logged) == 3 * rows and all(r.ngram_trace for r in logged)
+    assert len(logged) == 3 * rows and all(r.traces.get("ngram") for r in logged)
     lives = {}
     res = simulate(logged, Reader(), COSTS, live=lives, category="copy")
     assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]
