@@ -56,7 +56,8 @@ class Reader:
 def _schedules(st):
     return (st.k_schedule, st.accepted_schedule, st.proposer_schedule,
             st.drafted, st.accepted, st.drafted_per_position, st.accepted_per_position,
-            st.proposer("ngram").proposed, st.proposer("ngram").accepted, st.proposer("ngram").proposed_per_position)
+            st.proposer("ngram").proposed, st.proposer("ngram").accepted,
+            st.proposer("ngram").proposed_per_position)
 
 
 def _same_counts(live: LiveStats, replayed: LiveStats) -> None:

@@ -43,7 +43,8 @@ def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, poli
     costs = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
     for row, st in zip(rows, live):
         res = simulate([row], as_policy(policy), costs, k_max=16)
-        assert (res.proposer("ngram").proposed, res.proposer("ngram").accepted) == (st.proposer("ngram").proposed, st.proposer("ngram").accepted)
+        replayed, served = res.proposer("ngram"), st.proposer("ngram")
+        assert (replayed.proposed, replayed.accepted) == (served.proposed, served.accepted)
         assert (res.drafted, res.accepted) == (st.drafted, st.accepted)
         assert res.iterations == st.iterations and res.unobserved_hits == 0
         # who proposed each iteration, as the store keeps it (by name, None: a plain step)
@@ -55,7 +56,8 @@ def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, poli
     lives: dict = {}
     simulate(rows, as_policy(policy), costs, k_max=16, live=lives, category="copy")
     got, want = spec.live["copy"], lives["copy"]
-    assert sorted(got.by_proposer["ngram"].by_match) == sorted(want.by_proposer["ngram"].by_match) != []
+    assert sorted(got.by_proposer["ngram"].by_match) == sorted(
+        want.by_proposer["ngram"].by_match) != []
     assert got.counts("ngram")[1] == pytest.approx(want.counts("ngram")[1])
     assert got.counts("ngram")[0] == pytest.approx(want.counts("ngram")[0])
     # … and the draft model's (a plain step where the n-gram had no match is the draft
