@@ -43,9 +43,9 @@ refuses with a line naming the engine and its nearest option, prompt lookup.
 The n-gram (prompt-lookup) proposer, exported where the report's section 5 finds that it pays
 for the workload (``autospec.report.build.proposers_view``: its k and estimated speedup, from
 the requests' n-gram traces and the T_t(n) curve; ``--proposer auto``) or when asked
-(``--proposer ngram``). Its suffix lengths are the requests' logged settings
-(``requests.ngram`` ``max_n``/``min_n``; autospec.ngram's 3/1 where none is logged). One k:
-the report prices it at batch 1.
+(``--proposer ngram``). Its suffix lengths are the requests' logged settings (its
+``request_proposers.settings``, ``max_n``/``min_n``; autospec.ngram's 3/1 where none is
+logged). One k: the report prices it at batch 1.
 
 - vLLM — ``--speculative-config`` JSON ``{"method": "ngram", "num_speculative_tokens": k,
   "prompt_lookup_max": max_n, "prompt_lookup_min": min_n}`` (vllm-project/vllm
