@@ -13,6 +13,7 @@ import random
 import pytest
 from sqlalchemy import MetaData, create_engine, select
 from test_draft_cost import Stretches
+from test_simulate_batch import row as trace_row
 from test_store_batch import _create_at, _downgrade, _insert_legacy
 
 import autospec
@@ -20,10 +21,8 @@ from autospec.policies import LiveStats
 from autospec.policies.live import catch_up_line, catch_up_sums
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
-from autospec.store.queries import TraceRow
 from autospec.store.tables import Request
 from autospec.store.write import validate_record
-from autospec.traces import TRACE_GREEDY
 from autospec.tune.replay import Costs, simulate
 from autospec.tune.study import catch_up_fit
 
@@ -181,7 +180,7 @@ def _costs(catch_up=LINE) -> Costs:
 def test_replay_charges_the_prompt_and_each_resumption_and_tells_the_policy():
     # 12 generated tokens, the draft right everywhere but position 4; prompt of 50 tokens
     trace = bytes([1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1])
-    row = TraceRow(TRACE_GREEDY, trace, b"", b"", prompt_tokens=50)
+    row = trace_row(trace, prompt_tokens=50)
     # k = 3 (accepts 3: g 0 → 4), k = 0 twice (g 4 → 6), k = 3 (accepts 3: 6 → 10),
     # k = 3 → clipped to remaining − 1 = 1 (10 → 12)
     policy = Recorder([3, 0, 0, 3, 3])
@@ -197,7 +196,7 @@ def test_replay_charges_the_prompt_and_each_resumption_and_tells_the_policy():
 
 
 def test_replay_feeds_the_charged_catch_ups_to_the_policys_statistics():
-    row = TraceRow(TRACE_GREEDY, bytes([1] * 20), b"", b"", prompt_tokens=30)
+    row = trace_row(bytes([1] * 20), prompt_tokens=30)
     live = {}
     simulate([row], Recorder([0, 0, 0, 3]), _costs(), k_max=8, category="c", live=live)
     g = 30 + 3

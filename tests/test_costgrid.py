@@ -14,6 +14,7 @@ from autospec.store.record import RequestRecord
 from autospec.telemetry import RequestTelemetry
 
 from conftest import noisy_copy, tiny
+from records import draft
 
 BATCHES = (1, 4, 16)
 
@@ -33,9 +34,8 @@ def _batched_row(pair, i: int, *, batch: int = 16, forwards: int = 16,
     each scored token adds 0.8× one."""
     return RequestRecord(
         pair=pair, category=category, policy="auto", greedy=True, prompt_tokens=8,
-        new_tokens=16, iterations=16, drafts=0, drafted=0, accepted=0,
-        accepted_per_position=[], drafted_per_position=[], k_schedule=bytes(16),
-        accepted_schedule=bytes(16), trace_kind="greedy", trace=b"", wall_s=1.0,
+        new_tokens=16, iterations=16, proposers=draft(trace=b""), k_schedule=bytes(16),
+        accepted_schedule=bytes(16), trace_kind="greedy", wall_s=1.0,
         prefill_s=0.01, draft_s=0.0, draft_forwards=0, target_s_by_n={},
         created_at=1_700_000_000.0 + i, batch_size=batch, path="eager",
         target_s_by_bn={(batch, n): [0.05 + 0.04 * (n - 1)] * forwards for n in range(1, 6)},

@@ -19,6 +19,7 @@ from autospec.store.migrate import current_revision, head_revision
 from autospec.store.tables import CategoryPath, PairCost, Request
 
 from conftest import noisy_copy, prompt, tiny
+from records import blocks, draft
 from test_store import BACKENDS, fresh_url
 
 PAIR = PairInfo("t-model", "d-model", "bfloat16", "cpu: test")
@@ -38,18 +39,15 @@ def record(path: str | None, curve: dict[int, float], t_draft: float, *, forward
     """A batch-1 request whose forwards cost exactly ``curve`` (n → seconds) on ``path``."""
     ks = [n - 1 for n in curve for _ in range(forwards)]
     accs = list(ks)
-    width = max(ks)
     return RequestRecord(
         pair=pair, category=category, policy="fixed", greedy=True, prompt_tokens=10,
-        new_tokens=sum(accs) + len(ks), iterations=len(ks), drafts=sum(k > 0 for k in ks),
-        drafted=sum(ks), accepted=sum(accs),
-        accepted_per_position=[sum(a > i for a in accs) for i in range(width)],
-        drafted_per_position=[sum(k > i for k in ks) for i in range(width)],
+        new_tokens=sum(accs) + len(ks), iterations=len(ks),
+        proposers=draft(trace=bytes(1 for _ in range(sum(accs) + len(ks))),
+                        **blocks(ks, accs)),
         k_schedule=bytes(ks), accepted_schedule=bytes(accs), wall_s=1.0, prefill_s=0.0,
         draft_s=sum(ks) * t_draft, draft_forwards=sum(ks),
         target_s_by_n={n: [t] * forwards for n, t in curve.items()}, trace_kind="greedy",
-        trace=bytes(1 for _ in range(sum(accs) + len(ks))), created_at=time.time(),
-        path=path)
+        created_at=time.time(), path=path)
 
 
 def _batch1(c):

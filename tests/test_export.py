@@ -272,7 +272,8 @@ def check_ngram_exports(texts: dict[str, str], k: int, max_n: int, min_n: int) -
         max_n, k)
     assert "-md" not in ll  # no draft model
     for text in texts.values():  # provenance: the proposer, which pays, its measured acceptance
-        assert "proposer: the n-gram proposer" in text and "n-gram measured:" in text
+        assert "proposer: prompt lookup (no draft model)" in text
+        assert "prompt lookup measured:" in text
         assert f"suffixes of {max_n} down to {min_n} tokens" in text
 
 
@@ -292,7 +293,9 @@ def proposer_store(tmp_path):
     url = f"sqlite:///{tmp_path / 'p.db'}"
     st = open_store(url)
     recs = [_record(rng, "copy", 0.05, 1.0, 1.0e9 + i) for i in range(30)]
-    recs = [replace(r, ngram={**r.ngram, **NGRAM_SETTINGS}) for r in recs]
+    recs = [replace(r, proposers={**r.proposers, "ngram": replace(
+        r.proposers["ngram"], settings={**r.proposers["ngram"].settings, **NGRAM_SETTINGS})})
+        for r in recs]
     recs += [_record(rng, "free", 0.8, 0.0, 1.0e9 + 100 + i) for i in range(30)]
     recs += [_record(rng, "mixed", 0.9, 0.15, 1.0e9 + 200 + i) for i in range(30)]
     st.write(recs)
@@ -316,15 +319,16 @@ def test_auto_exports_the_ngram_proposer_where_the_report_finds_it_pays(proposer
     url = proposer_store
     copy, free = section5(url, "copy"), section5(url, "free")
     assert copy.pays == "ngram" and free.pays == "draft"  # the report's verdicts
+    ngram = copy.lookups["ngram"]
     engines = ("vllm", "trtllm", "sglang", "llamacpp")
     texts = {e: export(url, e, tmp_path, "--category", "copy") for e in engines}
-    check_ngram_exports(texts, copy.ngram[0], NGRAM_SETTINGS["max_n"],
+    check_ngram_exports(texts, ngram.best[0], NGRAM_SETTINGS["max_n"],
                         NGRAM_SETTINGS["min_n"])
     for text in texts.values():  # the report's numbers, not recomputed ones
-        assert f"B=1: k={copy.ngram[0]}, S≈{copy.ngram[1]:.2f}×" in text
-        assert f"which proposer pays (report section 5): the n-gram proposer, " \
+        assert f"B=1: k={ngram.best[0]}, S≈{ngram.best[1]:.2f}×" in text
+        assert f"which proposer pays (report section 5): prompt lookup pays, " \
                f"{copy.margin:.2f}×" in text
-        assert f"match at {copy.match_rate:.0%} of generated positions" in text
+        assert f"a draft at {ngram.match_rate:.0%} of generated positions" in text
     # where the draft model pays, auto exports the draft model's configuration
     text = export(url, "vllm", tmp_path, "--category", "free")
     cfg = check_vllm(text)
@@ -343,14 +347,14 @@ def test_the_proposer_option_overrides_the_choice(proposer_store, synthetic, tmp
     assert '"method": "ngram"' not in text and "proposer: the draft model" in text
     # --proposer ngram where it does not pay: exported as asked, and the header says so
     mixed = section5(url, "mixed")
-    assert mixed.pays != "ngram" and mixed.ngram is not None
+    assert mixed.pays != "ngram" and mixed.lookups["ngram"].best is not None
     texts = {e: export(url, e, tmp_path, "--category", "mixed", "--proposer", "ngram")
              for e in ("vllm", "trtllm", "sglang", "llamacpp")}
-    check_ngram_exports(texts, mixed.ngram[0], 3, 1)
+    check_ngram_exports(texts, mixed.lookups["ngram"].best[0], 3, 1)
     assert all("exported as asked (--proposer ngram)" in t for t in texts.values())
     # nothing to export: never a match, or no n-gram record at all (one error line each)
-    for db, extra, message in [(url, ["--category", "free"], "never found a match"),
-                               (synthetic[0], [], "nothing on the n-gram proposer")]:
+    for db, extra, message in [(url, ["--category", "free"], "never had a draft"),
+                               (synthetic[0], [], "nothing on prompt lookup")]:
         capsys.readouterr()  # the warnings of the exports above
         with pytest.raises(SystemExit) as e:
             main(["export", "--db", db, "--engine", "vllm", "--proposer", "ngram", *extra])
@@ -386,14 +390,15 @@ def test_ngram_export_from_a_tiny_model_run(tmp_path):
                   res.to_dict())
     with open_store(url, read_only=True) as st, st.session() as s:
         (sm,) = queries.category_summaries(s)
-    assert sm.ngram_drafted > 0  # the run drafted by prompt lookup
+    live = sm.proposers["ngram"]
+    assert live.proposed > 0  # the run drafted by prompt lookup
     pr = section5(url, "rep")
-    assert pr is not None and pr.ngram is not None
+    assert pr is not None and pr.lookups["ngram"].best is not None
     texts = {e: export(url, e, tmp_path, "--proposer", "ngram")
              for e in ("vllm", "trtllm", "sglang", "llamacpp")}
-    check_ngram_exports(texts, pr.ngram[0], 4, 2)  # the run's logged suffix lengths
+    check_ngram_exports(texts, pr.lookups["ngram"].best[0], 4, 2)  # the run's logged settings
     for text in texts.values():  # the live counters, as the store sums them
-        assert f"live: {sm.ngram_drafted} drafted, α={sm.ngram_accepted / sm.ngram_drafted:.3f}" \
+        assert f"live: {live.proposed} proposed, α={live.accepted / live.proposed:.3f}" \
             in text and "org/tiny-target" in text
     # auto: what the report's section 5 says pays
     auto = export(url, "vllm", tmp_path)
@@ -424,7 +429,7 @@ def test_k_exports_the_k_asked_for_with_the_measured_choice_in_the_header(
     text = export(proposer_store, "vllm", tmp_path, "--category", "free", "--proposer",
                   "ngram", "--k", "3")
     assert check_vllm_ngram(text)["num_speculative_tokens"] == 3
-    assert "never found a match" in text and "--k 3, as asked" in text
+    assert "never had a draft" in text and "--k 3, as asked" in text
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["export", "--db", url, "--engine", "vllm", "--k", "65"])

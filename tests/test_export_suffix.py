@@ -41,8 +41,9 @@ def test_the_report_prices_suffix_decoding_on_its_traces(suffix_store):
     store, _ = suffix_store
     (w,) = build_report(store).workloads
     pr = w.proposers
-    assert pr.suffix_requests == 12 and 0 < pr.suffix_match_rate <= 1
-    k, s = pr.suffix
+    suffix = pr.lookups["suffix"]
+    assert suffix.trace_requests == 12 and 0 < suffix.match_rate <= 1
+    k, s = suffix.best
     assert pr.pays == "suffix" and s > 1.5 and s > (pr.draft[1] if pr.draft else 1)
     text = render_text(build_report(store))
     assert "suffix decoding pays" in text and "suffix decoding had a draft at" in text
@@ -86,8 +87,14 @@ def test_suffix_needs_its_traces(tmp_path):
     ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
     spec.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, category="c")
     spec.close()
-    with open_store(url) as store, pytest.raises(ExportError, match="no suffix traces"):
-        plan_for(store, category="c", proposer="suffix")
+    with open_store(url) as store:
+        with pytest.raises(ExportError, match="nothing on suffix decoding .*no trace of it"
+                           ) as e:
+            plan_for(store, category="c", proposer="suffix")
+        # what to export instead: what the pair served with, never a draft model it lacks
+        assert str(e.value).endswith("or export --proposer ngram")
+        with pytest.raises(ExportError, match="has no draft model.*--proposer ngram"):
+            plan_for(store, category="c", proposer="draft")
 
 
 def test_vllm_accepts_the_suffix_export_and_refuses_a_broken_one(suffix_store, monkeypatch):

@@ -56,7 +56,8 @@ class Reader:
 def _schedules(st):
     return (st.k_schedule, st.accepted_schedule, st.proposer_schedule,
             st.drafted, st.accepted, st.drafted_per_position, st.accepted_per_position,
-            st.proposer("ngram").proposed, st.proposer("ngram").accepted, st.proposer("ngram").proposed_per_position)
+            st.proposer("ngram").proposed, st.proposer("ngram").accepted,
+            st.proposer("ngram").proposed_per_position)
 
 
 def _same_counts(live: LiveStats, replayed: LiveStats) -> None:
@@ -93,7 +94,7 @@ def test_replay_makes_the_live_runs_decisions_and_counts(tmp_path, rows):
     spec.close()
     with open_store(url) as store, store.session() as s:
         logged = list(queries.traces(s))
-    assert len(logged) == 3 * rows and all(r.ngram_trace for r in logged)
+    assert len(logged) == 3 * rows and all(r.traces.get("ngram") for r in logged)
     lives = {}
     res = simulate(logged, Reader(), COSTS, live=lives, category="copy")
     assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]

@@ -82,12 +82,10 @@ class Pinned(LiveStats):
 def _schedules(st):
     return (st.k_schedule, st.accepted_schedule, st.proposer_schedule,
             st.drafted, st.accepted, st.drafted_per_position, st.accepted_per_position,
-            st.proposer("ngram").proposed, st.proposer("ngram").accepted, st.proposer("suffix").blocks, st.proposer("suffix").proposed,
+            st.proposer("ngram").proposed, st.proposer("ngram").accepted,
+            st.proposer("suffix").blocks, st.proposer("suffix").proposed,
             st.proposer("suffix").accepted, st.proposer("suffix").proposed_per_position,
             st.proposer("suffix").accepted_per_position)
-
-
-
 
 
 def _policy(name):
@@ -116,7 +114,8 @@ def test_replay_makes_the_live_runs_decisions_with_suffix_decoding(tmp_path, nam
     spec.close()
     with open_store(url) as store, store.session() as s:
         logged = list(queries.traces(s))
-    assert len(logged) == len(served) and all(r.suffix_trace and r.ngram_trace for r in logged)
+    assert len(logged) == len(served) and all(r.traces.get("suffix") and r.traces.get("ngram")
+                                            for r in logged)
     lives = {"sql": Pinned()} if pinned else {}
     res = simulate(logged, _policy(name), COSTS, live=lives, category="sql", k_max=16)
     assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]

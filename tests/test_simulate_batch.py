@@ -15,9 +15,11 @@ from autospec.policies import Context, FixedK, as_policy, build_policy
 from autospec.policies.table import TablePolicy
 from autospec.store import add_probe, open_store, queries
 from autospec.store.queries import TraceRow
-from autospec.traces import TRACE_GREEDY
+from autospec.traces import TRACE_GREEDY, UNOBSERVED
 from autospec.tune.replay import Costs, SimResult, plain_batch_seconds, simulate
 from autospec.tune.study import evaluate, tune
+
+from records import draft
 
 # batch 1 and batch 4: verification flat in n (memory-bound); batch 16: linear in n
 T_D = 0.01
@@ -28,8 +30,11 @@ DRAFT_GRID = {4: 0.012, 16: 0.02}
 COSTS = Costs(T_D, FLAT_1, GRID, DRAFT_GRID)
 
 
-def row(trace, batch: int = 1, category: str = "code") -> TraceRow:
-    return TraceRow(TRACE_GREEDY, bytes(trace), b"", b"", category=category, batch_size=batch)
+def row(trace, batch: int = 1, category: str = "code", kind: str = TRACE_GREEDY,
+        **fields) -> TraceRow:
+    """A logged request that had the draft model alone, with this trace."""
+    return TraceRow(kind, {"draft": bytes(trace)}, b"", b"", category=category,
+                    batch_size=batch, kinds={"draft": "model"}, **fields)
 
 
 def iid(rng: random.Random, alpha: float, n: int) -> list[int]:
@@ -229,3 +234,37 @@ def test_the_table_is_not_searched_without_a_batch_dimension(tmp_path):
         (res,) = tune(store, trials=6, seed=0, write=False)
     assert res.status == "tuned" and not res.table_searched and res.batch_sizes == {1: 40}
     assert "table" not in res.provenance["families"]
+
+
+# -- a draft model's trace that does not cover the request ---------------------------------------
+
+def test_a_request_stored_without_its_draft_trace_replays_without_the_draft_model(tmp_path):
+    """The store takes a draft model's row with an empty trace (nothing recorded; a row
+    migrated from before 0011 can hold one): replay runs its positions as plain steps, the
+    draft model offered nothing there, as for a request logged without a trace of it."""
+    rng = random.Random(0)
+    bare = replace(record(rng, 0.9, at=1.0e9), proposers=draft(trace=b""))
+    full = record(rng, 0.9, at=1.0e9 + 1)
+    with open_store(tmp_path / "e.db") as store:
+        store.write([bare, full])
+        with store.session() as s:
+            rows = list(queries.traces(s))
+    assert [r.new_tokens for r in rows] == [96, 96] and not rows[0].traces.get("draft")
+    both = simulate(rows, FixedK(4), COSTS)
+    alone = simulate(rows[1:], FixedK(4), COSTS)
+    assert both.tokens == 2 * 96 and both.unobserved_hits == alone.unobserved_hits == 0
+    assert both.proposer("draft").proposed == alone.proposer("draft").proposed > 0
+    assert both.k_counts[0] == alone.k_counts[0] + 96  # the bare request: plain steps
+
+
+def test_positions_past_the_end_of_a_draft_trace_replay_as_unobserved():
+    """A trace shorter than the request's generated positions: its blocks past the trace's
+    end meet unobserved positions (counted rejected, as an unobserved byte is), and every
+    position is still replayed."""
+    short = row([1] * 6, new_tokens=10)
+    res = simulate([short], FixedK(3), COSTS)
+    assert res.tokens == 10 and res.unobserved_hits >= 1
+    # the observed part replays as the whole trace would: 3 accepted, then 2 before its end
+    whole = simulate([row([1] * 6 + [UNOBSERVED] * 4, new_tokens=10)], FixedK(3), COSTS)
+    assert (res.accepted, res.unobserved_hits, res.seconds) == (
+        whole.accepted, whole.unobserved_hits, whole.seconds)

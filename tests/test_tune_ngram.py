@@ -21,6 +21,7 @@ from autospec.tune.replay import Costs, simulate
 from autospec.tune.study import tune
 
 from conftest import noisy_copy, tiny
+from records import draft, lookup
 
 
 @pytest.mark.parametrize("policy", ["ngram:4", "hybrid:3:1", "fixed:3"])
@@ -38,22 +39,25 @@ def test_replaying_the_stored_traces_gives_what_the_live_loop_did(tmp_path, poli
     spec.close()
     with open_store(url) as store, store.session() as s:
         rows = list(queries.traces(s))
-    assert len(rows) == 3 and all(r.ngram_trace for r in rows)
+    assert len(rows) == 3 and all(r.traces.get("ngram") for r in rows)
     costs = Costs(t_draft=0.01, t_target={1: 0.1, 17: 0.2})
     for row, st in zip(rows, live):
         res = simulate([row], as_policy(policy), costs, k_max=16)
-        assert (res.proposer("ngram").proposed, res.proposer("ngram").accepted) == (st.proposer("ngram").proposed, st.proposer("ngram").accepted)
+        replayed, served = res.proposer("ngram"), st.proposer("ngram")
+        assert (replayed.proposed, replayed.accepted) == (served.proposed, served.accepted)
         assert (res.drafted, res.accepted) == (st.drafted, st.accepted)
         assert res.iterations == st.iterations and res.unobserved_hits == 0
-        assert bytes(row.proposer_schedule or bytes(st.iterations)) == bytes(
-            1 if p == "ngram" else 0 for p in st.proposer_schedule)
+        # who proposed each iteration, as the store keeps it (by name, None: a plain step)
+        assert row.proposer_schedule == list(st.proposer_schedule)
+        assert len(row.proposer_schedule) == st.iterations
     assert sum(st.proposer("ngram").proposed for st in live) > 0 or policy == "fixed:3"
     # the n-gram's statistics, pooled and per match length, learned live (its own blocks and
     # its shadow where it did not draft) are what replaying the traces learns
     lives: dict = {}
     simulate(rows, as_policy(policy), costs, k_max=16, live=lives, category="copy")
     got, want = spec.live["copy"], lives["copy"]
-    assert sorted(got.by_proposer["ngram"].by_match) == sorted(want.by_proposer["ngram"].by_match) != []
+    assert sorted(got.by_proposer["ngram"].by_match) == sorted(
+        want.by_proposer["ngram"].by_match) != []
     assert got.counts("ngram")[1] == pytest.approx(want.counts("ngram")[1])
     assert got.counts("ngram")[0] == pytest.approx(want.counts("ngram")[0])
     # … and the draft model's (a plain step where the n-gram had no match is the draft
@@ -79,13 +83,12 @@ def _record(rng, category: str, draft_alpha: float, copy_share: float, at: float
                   for _ in range(n))
     return RequestRecord(
         pair=PAIR, category=category, policy="off", greedy=True, prompt_tokens=16,
-        new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
-        drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
+        new_tokens=n, iterations=n, k_schedule=bytes(n), accepted_schedule=bytes(n),
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
-        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace,
-        created_at=at, path="eager", ngram_trace=ngram, proposer_schedule=None,
-        ngram={"max_n": 3, "min_n": 1, "drafts": 0, "drafted": 0, "accepted": 0,
-               "accepted_per_position": [], "drafted_per_position": [], "lookup_s": 0.0})
+        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, created_at=at,
+        path="eager", proposer_schedule=None,
+        proposers={**draft(trace=trace),
+                   **lookup("ngram", trace=ngram, settings={"max_n": 3, "min_n": 1})})
 
 
 def copy_and_free_store(path, per_category: int, seed: int):

@@ -43,9 +43,9 @@ refuses with a line naming the engine and its nearest option, prompt lookup.
 The n-gram (prompt-lookup) proposer, exported where the report's section 5 finds that it pays
 for the workload (``autospec.report.build.proposers_view``: its k and estimated speedup, from
 the requests' n-gram traces and the T_t(n) curve; ``--proposer auto``) or when asked
-(``--proposer ngram``). Its suffix lengths are the requests' logged settings
-(``requests.ngram`` ``max_n``/``min_n``; autospec.ngram's 3/1 where none is logged). One k:
-the report prices it at batch 1.
+(``--proposer ngram``). Its suffix lengths are the requests' logged settings (its
+``request_proposers.settings``, ``max_n``/``min_n``; autospec.ngram's 3/1 where none is
+logged). One k: the report prices it at batch 1.
 
 - vLLM — ``--speculative-config`` JSON ``{"method": "ngram", "num_speculative_tokens": k,
   "prompt_lookup_max": max_n, "prompt_lookup_min": min_n}`` (vllm-project/vllm
@@ -166,6 +166,7 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     from autospec.engine.proposers import model_proposer, registered
     from autospec.policies.base import K_LIMIT
     from autospec.report import build_report
+    from autospec.telemetry import NO_DRAFT
 
     if proposer not in export_proposers():
         raise ValueError(f"proposer must be one of {', '.join(export_proposers())}, got "
@@ -186,27 +187,31 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                           f"(and --pair-id): {names}")
     w = work[0]
     pr = w.proposers
-    model = model_proposer()
+    # the pair's model proposer: none where it was served without a draft model
+    model = model_proposer() if w.pair["draft"] != NO_DRAFT else None
     classes = registered()
     chosen = proposer
     if proposer == "auto":
         chosen = pr.pays if pr is not None and pr.pays in pr.lookups else model
+    if chosen is None or (chosen != model and classes[chosen].kind == "model"):
+        raise ExportError(f"this workload's pair has no draft model (served with lookups "
+                          f"alone): {_instead(pr, None, None) or 'serve it with a lookup'}")
     lookup = None
     if chosen != model:
         lookup = pr.lookups.get(chosen) if pr is not None else None
         title = classes[chosen].label()
+        instead = _instead(pr, chosen, model) or "serve it with another proposer"
         if lookup is None and k is None:
             raise ExportError(f"the store has nothing on {title} for this workload (no trace "
                               f"of it, no block of it): serve greedy traffic with it and this "
-                              f"store first, or export --proposer {model or 'auto'}")
+                              f"store first, or {instead}")
         if lookup is not None and k is None and lookup.best is None:
             if lookup.match_rate == 0 and not lookup.live_proposed:
                 raise ExportError(f"{title} never had a draft in this workload's "
                                   f"{lookup.trace_requests} traced requests: nothing to "
-                                  f"draft from; export --proposer {model or 'auto'}")
+                                  f"draft from; {instead}")
             raise ExportError(f"the cost model cannot price {title} for this workload yet: "
-                              "measure T_t(n) first (`autospec probe`), or export --proposer "
-                              f"{model or 'auto'}")
+                              f"measure T_t(n) first (`autospec probe`), or {instead}")
     base = dict(category=w.category, target=w.pair["target"], draft=w.pair["draft"],
                 hardware=w.pair["hardware"], dtype=w.pair["dtype"],
                 requests=w.traffic.requests, first_seen=w.traffic.first_seen,
@@ -233,7 +238,7 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                 raise
             plan = ExportPlan(**base, source="", grid_source=None)  # k as asked, below
             plan.notes.append(f"no measured k to compare with: {e}")
-        plan.proposer, plan.proposers = model or "draft", pr
+        plan.proposer, plan.proposers = model, pr
         if proposer == "auto" and pr is not None and pr.pays == "hybrid":
             plan.notes.append("the hybrid (prompt lookup where it matches, else the draft "
                               "model) pays most, which no engine runs: the draft model's "
@@ -289,6 +294,14 @@ def _force_k(plan: ExportPlan, w, k: int) -> None:
     if s is not None and s < 1:
         plan.notes.append(f"the cost model estimates that k={k} is slower than plain decoding "
                           f"here (S≈{s:.2f}× at batch 1)")
+
+
+def _instead(pr, chosen: str | None, model: str | None) -> str | None:
+    """What to export instead of ``chosen``: the pair's model proposer, if it has one, and
+    the lookups the report knows something of for this workload ("export --proposer …")."""
+    names = [n for n in (model, *(pr.lookups if pr is not None else ()))
+             if n is not None and n != chosen]
+    return "export " + " or ".join(f"--proposer {n}" for n in names) if names else None
 
 
 def _pays(pr) -> str:
@@ -454,6 +467,21 @@ def _yaml(value, indent: int = 0) -> list[str]:
     return out
 
 
+def _nearest(plan: ExportPlan, engine: str) -> str | None:
+    """The registered proposers of the same kind as the plan's that ``engine`` runs (their
+    ``export`` gives a setting), as "TITLE (export --proposer NAME)"; None: none."""
+    from dataclasses import replace
+
+    from autospec.engine.proposers import get, registered
+
+    kind = get(plan.proposer).kind
+    found = [f"{cls.label()} (export --proposer {name})"
+             for name, cls in registered().items()
+             if name != plan.proposer and cls.kind == kind
+             and cls.export(engine, replace(plan, proposer=name, settings=None)) is not None]
+    return " or ".join(found) or None
+
+
 def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
     """The engine's configuration text: the exported proposer's setting for it
     (``Proposer.export``). ``batch``: for engines that take one k (SGLang, llama.cpp), the
@@ -467,9 +495,11 @@ def render(plan: ExportPlan, engine: str, *, batch: int = 1) -> str:
     plan.k = plan.k_at(batch)
     setting = cls.export(engine, plan)
     if setting is None:
+        near = _nearest(plan, engine)
         raise ExportError(f"{cls.label()} ({plan.proposer!r}) is not supported by "
                           f"{ENGINE_NAMES[engine]}: no speculation method of it matches; "
-                          f"export another --proposer")
+                          + (f"its nearest option there: {near}" if near
+                             else "export another --proposer"))
     head = _header(plan, engine)
     if engine == "vllm":
         cmd = ["vllm", "serve", plan.target]

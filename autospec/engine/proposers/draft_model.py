@@ -298,7 +298,7 @@ class DraftModel(Proposer):
     @classmethod
     def replay(cls, record) -> DraftReplay | None:
         trace = (getattr(record, "traces", None) or {}).get(cls.name)
-        if trace is None:
+        if not trace:  # none recorded: the request replays without it, as without a row
             return None
         extras = (getattr(record, "extras", None) or {}).get(cls.name) or {}
         return DraftReplay(record.trace_kind, trace, extras.get("confidence"),
@@ -365,14 +365,15 @@ def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
     for i in range(k):
         c = UNOBSERVED
         if not rejected:
-            v = trace[g + i]
+            # past the trace's end (a request logged with fewer positions): nothing observed
+            v = trace[g + i] if g + i < len(trace) else UNOBSERVED
             if v == UNOBSERVED:
                 unobserved = rejected = True
             elif v == 1 if kind == TRACE_GREEDY else _draw(rng) < v / 254:
                 m += 1
             else:
                 rejected = True
-            if confidence is not None:
+            if confidence is not None and g + i < len(confidence):
                 c = confidence[g + i]
         if early_stop is not None and i + 1 < k and stops_drafting(c, early_stop):
             return i + 1, m, unobserved
