@@ -37,6 +37,8 @@ from autospec.store import (
 )
 from autospec.store.history import bucket_seconds
 
+from records import blocks, draft
+
 log = logging.getLogger(__name__)
 
 T0 = 1_700_000_000.25  # a fixed epoch (…:20.25 UTC), away from bucket boundaries
@@ -50,7 +52,6 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
            bandwidth: float | None = None) -> RequestRecord:
     """A request whose wall time is exactly what its iterations cost:
     Σ (k·T_d + T_t(k+1)); ``t_target(n)`` gives T_t(n)."""
-    width = max(ks) if ks else 0
     by_n: dict[int, list[float]] = defaultdict(list)
     for k in ks:
         by_n[k + 1].append(t_target(k + 1))
@@ -58,13 +59,12 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
     wall = drafted * t_draft + sum(sum(v) for v in by_n.values())
     return RequestRecord(
         pair=pair, category=category, policy=policy, greedy=True, prompt_tokens=10,
-        new_tokens=sum(accs) + len(ks), iterations=len(ks), drafts=sum(k > 0 for k in ks),
-        drafted=drafted, accepted=sum(accs),
-        accepted_per_position=[sum(a > i for a in accs) for i in range(width)],
-        drafted_per_position=[sum(k > i for k in ks) for i in range(width)],
+        new_tokens=sum(accs) + len(ks), iterations=len(ks),
+        proposers=draft(trace=bytes(1 for _ in range(sum(accs) + len(ks))),
+                        **blocks(ks, accs)),
         k_schedule=bytes(ks), accepted_schedule=bytes(accs), wall_s=wall, prefill_s=0.0,
         draft_s=drafted * t_draft, draft_forwards=drafted, target_s_by_n=dict(by_n),
-        trace_kind="greedy", trace=bytes(1 for _ in range(sum(accs) + len(ks))),
+        trace_kind="greedy",
         bandwidth_bytes_per_s=bandwidth, bandwidth_peak_bytes_per_s=4.8e12 if bandwidth
         else None, created_at=created_at, path="eager")
 
@@ -106,8 +106,8 @@ def expected(records, bucket_of=None):
                 lambda: [0, 0, 0]), order=[]))
         e["requests"] += 1
         e["new_tokens"] += r.new_tokens
-        e["drafted"] += r.drafted
-        e["accepted"] += r.accepted
+        e["drafted"] += r.proposers["draft"].proposed
+        e["accepted"] += r.proposers["draft"].accepted
         e["k"].update(r.k_schedule)
         e["order"].append(r)
         if r.batch_size != 1:  # measured speedups compare batch-1 requests only
@@ -151,8 +151,8 @@ def check_against_rows(rep, records) -> None:
         for r in e["order"]:
             cell = buckets[math.floor(r.created_at / b)]
             cell[0] += 1
-            cell[1] += r.drafted
-            cell[2] += r.accepted
+            cell[1] += r.proposers["draft"].proposed
+            cell[2] += r.proposers["draft"].accepted
         assert [(h["start"].timestamp(), h["requests"], h["drafted"], h["accepted"])
                 for h in w.history] == [(i * b, *v) for i, v in sorted(buckets.items())]
         for h in w.history:
