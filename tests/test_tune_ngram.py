@@ -21,6 +21,7 @@ from autospec.tune.replay import Costs, simulate
 from autospec.tune.study import tune
 
 from conftest import noisy_copy, tiny
+from records import draft, lookup
 
 
 @pytest.mark.parametrize("policy", ["ngram:4", "hybrid:3:1", "fixed:3"])
@@ -79,13 +80,12 @@ def _record(rng, category: str, draft_alpha: float, copy_share: float, at: float
                   for _ in range(n))
     return RequestRecord(
         pair=PAIR, category=category, policy="off", greedy=True, prompt_tokens=16,
-        new_tokens=n, iterations=n, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
-        drafted_per_position=[], k_schedule=bytes(n), accepted_schedule=bytes(n),
+        new_tokens=n, iterations=n, k_schedule=bytes(n), accepted_schedule=bytes(n),
         wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
-        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, trace=trace,
-        created_at=at, path="eager", ngram_trace=ngram, proposer_schedule=None,
-        ngram={"max_n": 3, "min_n": 1, "drafts": 0, "drafted": 0, "accepted": 0,
-               "accepted_per_position": [], "drafted_per_position": [], "lookup_s": 0.0})
+        target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY, created_at=at,
+        path="eager", proposer_schedule=None,
+        proposers={**draft(trace=trace),
+                   **lookup("ngram", trace=ngram, settings={"max_n": 3, "min_n": 1})})
 
 
 def copy_and_free_store(path, per_category: int, seed: int):

@@ -529,7 +529,10 @@ def proposers_view(sm, profiles: dict, alphas, curve: dict[int, float],
         r = profile.match_rate if profile is not None else None
         t = float((t_lookup or {}).get(name) or 0.0)
         best = None
-        if cost is not None and r is not None:
+        # an estimate needs evidence of its acceptance: enough live blocks, or a draft at
+        # some traced position (never plain decoding's 1.0 under the lookup's name)
+        evidence = enough or any(a is not None for a in traced)
+        if cost is not None and r is not None and evidence:
             t1 = cost(1)
             rows = []
             for k in range(1, k_max + 1):
