@@ -161,6 +161,22 @@ class ProposerSums:
         """Host seconds per token it proposed (a lookup's T_propose; None: none proposed)."""
         return self.seconds / self.proposed if self.proposed else None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: its counters, settings and the figures derived from them (its trace and
+        confidences, bytes, are not)."""
+        out = {f: getattr(self, f) for f in ("name", "kind", "blocks", "proposed", "accepted",
+                                             "seconds", "settings")}
+        out.update(proposed_per_position=list(self.proposed_per_position),
+                   accepted_per_position=list(self.accepted_per_position),
+                   **{f: getattr(self, f) for f in _DERIVED})
+        out["acceptance_by_position"] = list(self.acceptance_by_position)
+        return out
+
+
+# what ``ProposerSums.to_dict`` adds to its counters
+_DERIVED = ("alpha", "alpha_ci95", "acceptance_by_position", "mean_accepted_length",
+            "seconds_per_token")
+
 
 def _bytes(value) -> bytes | None:
     return None if value is None else bytes(value)
@@ -281,6 +297,7 @@ class CategorySummary(_ModelFigures):
         for name in ("first_seen", "last_seen"):
             out[name] = getattr(self, name).isoformat()
         out["pair"]["created_at"] = self.pair.created_at.isoformat()
+        out["proposers"] = {name: p.to_dict() for name, p in self.proposers.items()}
         return out
 
 

@@ -9,6 +9,7 @@ over the committed requests.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+
+from autospec.textfmt import clip
 
 from .damage import rate_problem
 from .decisions import check as check_decisions
@@ -179,6 +182,12 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
     if p.settings is not None and not isinstance(p.settings, Mapping):
         raise ValueError(f"proposers[{name!r}].settings must be a dict or None, got "
                          f"{type(p.settings).__name__}")
+    if p.settings is not None:
+        try:  # checked here: a value no backend can store would fail the writer's whole batch
+            json.dumps(dict(p.settings), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"proposers[{name!r}].settings must be JSON (strings, finite "
+                             f"numbers, lists, dicts): {exc}") from None
     return ProposerRecord(kind=p.kind, **counts, **lists,
                           seconds=_seconds(f"proposers[{name!r}].seconds", p.seconds),
                           trace=trace, confidence=confidence,
@@ -192,6 +201,10 @@ def _schedule(rec: RequestRecord, names: Sequence[str]) -> bytes | None:
     sched = rec.proposer_schedule
     if sched is None:
         return None
+    if not isinstance(sched, (list, tuple)) or not all(
+            p is None or isinstance(p, str) for p in sched):
+        raise ValueError(f"proposer_schedule must be a list of proposer names (None: a plain "
+                         f"step), one per iteration, or None; got {clip(repr(sched), 80)}")
     if len(sched) != len(rec.k_schedule):
         raise ValueError(f"proposer_schedule must name one proposer (or None) per iteration "
                          f"({len(rec.k_schedule)}), got {len(sched)}")
