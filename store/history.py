@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from autospec.traces import UNOBSERVED
 
-from .damage import note, rate_problem, request_note
+from .damage import note, request_note, request_problem
 from .tables import Request, RequestProposer
 from .write import category_key
 
@@ -331,22 +331,21 @@ def ingested_acceptance(session: Session, category: str | None = None,
                         pair_id: int | None = None) -> list[IngestedAcceptance]:
     """Per source (the records' policy, e.g. "vllm (ingested)"), the counters of the records
     that ``autospec ingest`` wrote, in order of first ingest; [] where there are none. A
-    record whose counters are not a rate in [0, 1] (``damage.rate_problem``: written before
+    record whose counters are not a rate in [0, 1] (``damage.request_problem``: written before
     ingest refused them, or by hand) is left out and noted."""
     model = RequestProposer
     stmt = _filtered(select(Request.id, Request.category, Request.pair_id, Request.policy,
-                            Request.new_tokens, model.blocks, model.proposed,
-                            model.accepted, model.accepted_per_position,
-                            model.proposed_per_position), category, pair_id)
+                            Request.new_tokens, model), category, pair_id)
     stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
     stmt = stmt.where(Request.stop_reason == INGESTED).order_by(Request.id)
     sums: dict[str, list] = {}
-    for (rid, cat, pid, policy, new, drafts, drafted, accepted, acc_pos,
-         dr_pos) in session.execute(stmt):
-        problem = rate_problem(drafted, accepted, acc_pos, dr_pos)
+    for rid, cat, pid, policy, new, m in session.execute(stmt):
+        problem = request_problem(m)  # the text every reader says of this row
         if problem is not None:
             note(request_note(rid, cat, pid, policy, problem))
             continue
+        drafts, drafted, accepted = m.blocks, m.proposed, m.accepted
+        acc_pos, dr_pos = m.accepted_per_position, m.proposed_per_position
         row = sums.setdefault(policy, [0, 0, 0, 0, 0, Counter(), Counter()])
         row[0] += 1
         row[1] += new or 0

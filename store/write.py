@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from autospec.textfmt import clip
 
-from .damage import rate_problem
+from .damage import rate_problem, trace_problem
 from .decisions import check as check_decisions
 from .decisions import pack as pack_decisions
 from .record import (
@@ -171,9 +171,9 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
     if problem is not None:
         raise ValueError(f"the record's counters contradict each other: {problem}")
     trace = None if p.trace is None else _blob(f"proposers[{name!r}].trace", p.trace)
-    if trace is not None and (len(trace) % positions if positions else len(trace)):
-        raise ValueError(f"proposers[{name!r}].trace has {len(trace)} bytes for "
-                         f"{positions} generated positions: a whole number per position")
+    problem = None if trace is None else trace_problem(len(trace), positions)
+    if problem is not None:
+        raise ValueError(f"proposers[{name!r}].trace {problem} (None: not recorded)")
     confidence = (None if p.confidence is None
                   else _blob(f"proposers[{name!r}].confidence", p.confidence))
     if confidence is not None and len(confidence) != positions:

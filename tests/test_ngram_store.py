@@ -435,6 +435,8 @@ def _not_a_row(rec):
     (_set("record", "proposer_schedule", "xyz"), "must be a list of proposer names"),
     (_set("record", "proposer_schedule", [1, 0, 1]), "must be a list of proposer names"),
     (_set("ngram", "trace", b"\x00"), r"proposers\['ngram'\]\.trace has 1 bytes"),
+    (_set("ngram", "trace", b""), r"proposers\['ngram'\]\.trace is empty for"),
+    (_set("draft", "trace", b""), r"proposers\['draft'\]\.trace is empty for"),
     (_set("ngram", "kind", "oracle"), "kind must be one of"),
     (_set("ngram", "blocks", -1), "non-negative int"),
     (_set("ngram", "seconds", float("nan")), "finite"),
