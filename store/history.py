@@ -28,8 +28,18 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, Integer, case, cast, exists, func, literal_column, select
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    case,
+    cast,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+from sqlalchemy.orm import Session, aliased
 
 from autospec.traces import UNOBSERVED
 
@@ -150,16 +160,19 @@ def alpha_over_time(session: Session, category: str | None = None, pair_id: int 
         raise ValueError("bucket_s must be >= 1")
     dialect = session.get_bind().dialect.name
     bucket = _bucket_expr(dialect, int(bucket_s)).label("bucket")
-    model = RequestProposer
+    model = aliased(RequestProposer)
     stmt = _filtered(select(bucket, func.count(), func.sum(Request.new_tokens),
                             func.sum(model.proposed), func.sum(model.accepted)),
                      category, pair_id)
-    # the model proposer's acceptance (the draft model's); a damaged row (more accepted than
-    # proposed, written by an older release or by hand) is not counted: the summaries say
-    # which rows they leave out
-    stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
-    stmt = stmt.where(model.accepted >= 0, model.accepted <= model.proposed)
-    stmt = stmt.group_by(bucket).order_by(bucket)
+    # the model proposer's acceptance (the draft model's; none, counting the requests and
+    # their tokens, where the request had no model). A request with a damaged proposer row
+    # (more accepted than proposed, written by an older release or by hand) is not counted:
+    # the summaries leave it out whole and say which
+    stmt = stmt.outerjoin(model, (model.request_id == Request.id) & (model.kind == "model"))
+    damaged = exists().where(RequestProposer.request_id == Request.id,
+                             or_(RequestProposer.accepted < 0,
+                                 RequestProposer.accepted > RequestProposer.proposed))
+    stmt = stmt.where(~damaged).group_by(bucket).order_by(bucket)
     return [TimeBucket(datetime.fromtimestamp(int(b) * bucket_s, timezone.utc), int(n),
                        int(tok or 0), int(dr or 0), int(acc or 0))
             for b, n, tok, dr, acc in session.execute(stmt) if b is not None]

@@ -37,7 +37,7 @@ from autospec.store import (
 )
 from autospec.store.history import bucket_seconds
 
-from records import blocks, draft
+from records import blocks, draft, lookup
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +340,43 @@ def test_batched_rows_do_not_enter_the_batch_1_verdict(store):
     assert w.policy.k_in_force == 3 and w.policy.recent_requests == 12
     assert w.verdict.kind == "pays" and not w.verdict.switched_off, w.verdict
     assert "over the latest 12 batch-1 requests" in render_text(rep)
+
+
+def test_a_workload_without_a_draft_model_has_its_history(store):
+    """Requests that only prompt lookup served (a pair without a draft model: no model row)
+    count in the report's history buckets, their requests and tokens, with no drafted
+    tokens of a model; a request whose lookup row is damaged (more accepted than proposed,
+    written by hand) is left out of them, as out of every sum."""
+    from dataclasses import replace
+
+    from sqlalchemy import select, update
+
+    from autospec.store import queries
+    from autospec.store.tables import CategoryProposer, Request, RequestProposer
+
+    bare = PairInfo("org/target-7b", "none (n-gram)", "bfloat16", "cpu: 2 threads")
+    recs = []
+    for i in range(6):
+        ks, accs = [3, 0, 2], [2, 0, 1]
+        rec = record(bare, "solo", ks, accs, t_target=lambda n: 0.1, created_at=T0 + i,
+                     policy="ngram:3")
+        recs.append(replace(rec, proposer_schedule=["ngram", None, "ngram"],
+                            proposers=lookup("ngram", trace=bytes(rec.new_tokens),
+                                             **blocks(ks, accs))))
+    write(store, recs)
+    with store.begin() as s:  # in its row and in its category's sums, as ingest once wrote
+        damaged = s.scalar(select(Request.id).order_by(Request.id.desc()).limit(1))
+        s.execute(update(RequestProposer).where(RequestProposer.request_id == damaged)
+                  .values(accepted=99))
+        s.execute(update(CategoryProposer).values(accepted=CategoryProposer.accepted + 96))
+    (w,) = build_report(store).workloads
+    assert [(h["requests"], h["new_tokens"], h["drafted"]) for h in w.history] == [
+        (5, 5 * recs[0].new_tokens, 0)]
+    assert w.traffic.requests == 5 and any(f"request {damaged} " in n
+                                          for n in build_report(store).skipped)
+    with store.session() as s:
+        (sm,) = queries.category_summaries(s)
+    assert sm.proposers["ngram"].proposed == 5 * 5 and "draft" not in sm.proposers
 
 
 def test_cli_formats_out_dir_and_filters(store, tmp_path, capsys, monkeypatch):
