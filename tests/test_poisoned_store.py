@@ -137,7 +137,8 @@ def test_a_poisoned_row_is_left_out_of_its_categorys_statistics_and_named(synthe
     assert sm["accepted_per_position"] == list(before.accepted_per_position)
     assert sm["proposers"]["draft"]["accepted"] == before.accepted
     lines = said(err)
-    assert len(lines) == 2 and all("50000 draft tokens accepted of 400 drafted" in ln for ln in lines)
+    assert len(lines) == 2
+    assert all("50000 draft tokens accepted of 400 drafted" in ln for ln in lines)
     assert f"request {mixed} (category 'code' on pair 1" in lines[0]
     assert f"request {alone} (category 'chat' on pair 1" in lines[1]
     assert all(ln.endswith("; left out") for ln in lines)

@@ -1,6 +1,6 @@
 """Engine telemetry into the store: a vLLM or SGLang metrics scrape (Prometheus text exposition
-format) becomes one request-less record of a category's statistics — its spec-decode counters (drafts,
-draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
+format) becomes one request-less record of a category's statistics — its spec-decode counters
+(drafts, draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
 ``export`` work for traffic an engine served. No traces: replay and tuning need autospec's own
 requests.
 

@@ -493,7 +493,8 @@ def proposers_view(sm, profiles: dict, alphas, curve: dict[int, float],
     any lookup proposer (no trace of one, no live block). Per iteration a lookup has a draft
     with probability r (its traces' share of positions); S of a policy is E[tokens per
     iteration] · T_t(1) / E[seconds per iteration]:
-    - a lookup alone (k): (r·E[N](k) + 1 − r) · T_t(1) / (r·(k·t + T_t(k+1)) + (1 − r)·T_t(1)),
+    - a lookup alone (k):
+      (r·E[N](k) + 1 − r) · T_t(1) / (r·(k·t + T_t(k+1)) + (1 − r)·T_t(1)),
       E[N] and the block's T_t from its traces (``LookupProfile.block``: each drafting
       position's block min(k, its draft) tokens long, accepting min(agreement, that); greedy:
       exact), or from its live blocks' acceptance by position where there are enough;
