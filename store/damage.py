@@ -33,7 +33,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 __all__ = ["collecting", "note", "rate_problem", "tuned_problem", "is_count", "request_note",
-           "proposer_counters", "counters_problem", "request_problem", "less", "SUMS", "LISTS"]
+           "proposer_counters", "counters_problem", "request_problem", "less", "SUMS", "LISTS",
+           "trace_problem"]
 
 _COLLECTORS: contextvars.ContextVar[tuple[list[str], ...]] = contextvars.ContextVar(
     "autospec_store_skipped", default=())
@@ -99,6 +100,19 @@ def rate_problem(drafted: object, accepted: object, accepted_per_position: objec
         d = drf[i] if i < len(drf) else 0
         if a > d:
             return f"{a} {who}tokens accepted of {d} drafted at position {i}"
+    return None
+
+
+def trace_problem(size: int, positions: int) -> str | None:
+    """Why a proposer's trace of ``size`` bytes cannot be a request's of ``positions``
+    generated positions, or None where it can: a whole number of bytes per position, at
+    least one (its replay rule reads each position's; an empty trace of a request that
+    generated tokens would have it read past the end)."""
+    if size % positions if positions else size:
+        return (f"has {size} bytes for {positions} generated positions: a whole number per "
+                "position")
+    if positions and not size:
+        return f"is empty for {positions} generated positions: at least one byte per position"
     return None
 
 

@@ -52,7 +52,8 @@ __all__ = ["Store", "StoreError", "StoreUnusable", "StoreTooNew", "StoreReadOnly
 log = logging.getLogger(__name__)
 
 DB_FILENAME = "autospec.db"
-_EXAMPLES = "e.g. sqlite:///path/to/autospec.db, a plain file path, or postgresql+psycopg://user:password@host:5432/dbname"
+_EXAMPLES = ("e.g. sqlite:///path/to/autospec.db, a plain file path, or "
+             "postgresql+psycopg://user:password@host:5432/dbname")
 _PG_LOCK_ID = 0x6175746F73706563 & 0x7FFFFFFFFFFFFFFF  # "autospec": serialises migrations
 
 

@@ -28,12 +28,22 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, Integer, case, cast, exists, func, literal_column, select
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    case,
+    cast,
+    exists,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+from sqlalchemy.orm import Session, aliased
 
 from autospec.traces import UNOBSERVED
 
-from .damage import note, rate_problem, request_note
+from .damage import note, request_note, request_problem
 from .tables import Request, RequestProposer
 from .write import category_key
 
@@ -150,16 +160,19 @@ def alpha_over_time(session: Session, category: str | None = None, pair_id: int 
         raise ValueError("bucket_s must be >= 1")
     dialect = session.get_bind().dialect.name
     bucket = _bucket_expr(dialect, int(bucket_s)).label("bucket")
-    model = RequestProposer
+    model = aliased(RequestProposer)
     stmt = _filtered(select(bucket, func.count(), func.sum(Request.new_tokens),
                             func.sum(model.proposed), func.sum(model.accepted)),
                      category, pair_id)
-    # the model proposer's acceptance (the draft model's); a damaged row (more accepted than
-    # proposed, written by an older release or by hand) is not counted: the summaries say
-    # which rows they leave out
-    stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
-    stmt = stmt.where(model.accepted >= 0, model.accepted <= model.proposed)
-    stmt = stmt.group_by(bucket).order_by(bucket)
+    # the model proposer's acceptance (the draft model's; none, counting the requests and
+    # their tokens, where the request had no model). A request with a damaged proposer row
+    # (more accepted than proposed, written by an older release or by hand) is not counted:
+    # the summaries leave it out whole and say which
+    stmt = stmt.outerjoin(model, (model.request_id == Request.id) & (model.kind == "model"))
+    damaged = exists().where(RequestProposer.request_id == Request.id,
+                             or_(RequestProposer.accepted < 0,
+                                 RequestProposer.accepted > RequestProposer.proposed))
+    stmt = stmt.where(~damaged).group_by(bucket).order_by(bucket)
     return [TimeBucket(datetime.fromtimestamp(int(b) * bucket_s, timezone.utc), int(n),
                        int(tok or 0), int(dr or 0), int(acc or 0))
             for b, n, tok, dr, acc in session.execute(stmt) if b is not None]
@@ -331,22 +344,21 @@ def ingested_acceptance(session: Session, category: str | None = None,
                         pair_id: int | None = None) -> list[IngestedAcceptance]:
     """Per source (the records' policy, e.g. "vllm (ingested)"), the counters of the records
     that ``autospec ingest`` wrote, in order of first ingest; [] where there are none. A
-    record whose counters are not a rate in [0, 1] (``damage.rate_problem``: written before
+    record whose counters are not a rate in [0, 1] (``damage.request_problem``: written before
     ingest refused them, or by hand) is left out and noted."""
     model = RequestProposer
     stmt = _filtered(select(Request.id, Request.category, Request.pair_id, Request.policy,
-                            Request.new_tokens, model.blocks, model.proposed,
-                            model.accepted, model.accepted_per_position,
-                            model.proposed_per_position), category, pair_id)
+                            Request.new_tokens, model), category, pair_id)
     stmt = stmt.join(model, (model.request_id == Request.id) & (model.kind == "model"))
     stmt = stmt.where(Request.stop_reason == INGESTED).order_by(Request.id)
     sums: dict[str, list] = {}
-    for (rid, cat, pid, policy, new, drafts, drafted, accepted, acc_pos,
-         dr_pos) in session.execute(stmt):
-        problem = rate_problem(drafted, accepted, acc_pos, dr_pos)
+    for rid, cat, pid, policy, new, m in session.execute(stmt):
+        problem = request_problem(m)  # the text every reader says of this row
         if problem is not None:
             note(request_note(rid, cat, pid, policy, problem))
             continue
+        drafts, drafted, accepted = m.blocks, m.proposed, m.accepted
+        acc_pos, dr_pos = m.accepted_per_position, m.proposed_per_position
         row = sums.setdefault(policy, [0, 0, 0, 0, 0, Counter(), Counter()])
         row[0] += 1
         row[1] += new or 0

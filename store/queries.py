@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, cast, or_, select
 from sqlalchemy.orm import Session
 
 from autospec.costs import MIN_FORWARDS
@@ -31,9 +31,11 @@ from .damage import (
     proposer_counters,
     request_note,
     request_problem,
+    trace_problem,
     tuned_problem,
 )
 from .decisions import unpack as unpack_decisions
+from .history import INGESTED
 from .record import UNOBSERVED, trace_acceptance
 from .tables import (
     Categorizer,
@@ -161,6 +163,24 @@ class ProposerSums:
         """Host seconds per token it proposed (a lookup's T_propose; None: none proposed)."""
         return self.seconds / self.proposed if self.proposed else None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: its counters, settings and the figures derived from them (its trace and
+        confidences, bytes, are not)."""
+        out = {f: getattr(self, f) for f in ("name", "kind", "blocks", "proposed", "accepted",
+                                             "seconds", "settings")}
+        out.update(proposed_per_position=list(self.proposed_per_position),
+                   accepted_per_position=list(self.accepted_per_position),
+                   **{f: getattr(self, f) for f in _DERIVED})
+        out["acceptance_by_position"] = list(self.acceptance_by_position)
+        return out
+
+
+# the model proposer's counters ``CategorySummary.to_dict`` gives at its top level
+_HEADLINE = ("drafts", "drafted", "accepted", "accepted_per_position", "drafted_per_position")
+# what ``ProposerSums.to_dict`` adds to its counters
+_DERIVED = ("alpha", "alpha_ci95", "acceptance_by_position", "mean_accepted_length",
+            "seconds_per_token")
+
 
 def _bytes(value) -> bytes | None:
     return None if value is None else bytes(value)
@@ -281,6 +301,10 @@ class CategorySummary(_ModelFigures):
         for name in ("first_seen", "last_seen"):
             out[name] = getattr(self, name).isoformat()
         out["pair"]["created_at"] = self.pair.created_at.isoformat()
+        out["proposers"] = {name: p.to_dict() for name, p in self.proposers.items()}
+        for name in _HEADLINE:  # the model proposer's, as its figures beside them
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
 
@@ -353,19 +377,21 @@ def category_summaries(session: Session, category: str | None = None,
         else:  # a path this category never ran on (or unknown beside known ones): no costs
             timing = dict(draft_s=0.0, draft_forwards=0, target_s_sum_by_n={},
                           target_count_by_n={})
-        proposers = {}
-        for row in sums.get((st.category_key, st.pair_id), ()):
-            counters = proposer_counters(row)
-            problem = counters_problem(counters, row.proposer)
-            if problem is not None:  # a damaged row in the store: left out, and said so
-                counters = _less_damaged(session, st, row, counters, problem)
-                if counters is None:
-                    continue
-            proposers[row.proposer] = ProposerSums.of(row, **counters)
+        rows = sums.get((st.category_key, st.pair_id), [])
+        totals = {name: getattr(st, name) for name in _TOTALS}
+        counters = {row.proposer: proposer_counters(row) for row in rows}
+        damaged = {n: problem for n, c in counters.items()
+                   if (problem := counters_problem(c, n)) is not None}
+        if damaged:  # a damaged row in the store: left out, and said so
+            kept = _less_damaged(session, st, totals, counters, damaged)
+            if kept is None:
+                continue  # its only requests were damaged: nothing to show
+            totals, counters = kept
+        proposers = {row.proposer: ProposerSums.of(row, **counters[row.proposer])
+                     for row in rows if row.proposer in counters}
         out.append(CategorySummary(
-            category=st.category, pair=PairRow.of(p), requests=st.requests,
-            prompt_tokens=st.prompt_tokens, new_tokens=st.new_tokens,
-            iterations=st.iterations, **timing, k_counts=_ints(st.k_counts),
+            category=st.category, pair=PairRow.of(p), **totals, **timing,
+            k_counts=_ints(st.k_counts),
             wall_s=st.wall_s, prefill_s=st.prefill_s, bandwidth_bytes=st.bandwidth_bytes,
             bandwidth_s=st.bandwidth_s, bandwidth_peak_bytes_per_s=st.bandwidth_peak_bytes_per_s,
             nvml_mem_busy_sum=st.nvml_mem_busy_sum, nvml_mem_busy_n=st.nvml_mem_busy_n,
@@ -390,39 +416,63 @@ def _category_proposers(session: Session, category: str | None, pair_id: int | N
     return out
 
 
-def _less_damaged(session: Session, st: CategoryStat, row: CategoryProposer,
-                  counters: dict[str, Any], problem: str) -> dict[str, Any] | None:
-    """A damaged ``category_proposers`` row (``problem``) read as well as it can be: its
-    counters less those of its requests' rows of that proposer whose own counters break the
-    rule (each one noted), where what is left keeps the rule; else None, and the row is noted
-    as left out. Runs only on a damaged row (it reads the category's requests)."""
-    stmt = (select(RequestProposer, Request.policy)
+# a category's totals of its requests (``category_stats``) that a damaged request is taken
+# out of, beside its proposers' counters
+_TOTALS = ("requests", "prompt_tokens", "new_tokens", "iterations")
+
+
+def _less_damaged(session: Session, st: CategoryStat, totals: dict[str, Any],
+                  counters: dict[str, dict[str, Any]], damaged: dict[str, str]
+                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
+    """A category whose proposers' sums are damaged (``damaged``: name → problem) read as
+    well as it can be: each request with a proposer row that breaks the rule is left out
+    whole — its totals and every one of its proposers' counters taken out (each such request
+    noted). A proposer's sums still damaged after that are left out and noted. Returns the
+    (totals, counters) left, or None where no request is left (nothing to show). Runs only
+    on a damaged category (it reads the category's requests)."""
+    stmt = (select(RequestProposer, Request.policy,
+                   *(getattr(Request, name) for name in _TOTALS[1:]))
             .join(Request, Request.id == RequestProposer.request_id)
-            .where(Request.category_key == st.category_key, Request.pair_id == st.pair_id,
-                   RequestProposer.proposer == row.proposer)
-            .order_by(Request.id))
-    left = dict(counters)
+            .where(Request.category_key == st.category_key, Request.pair_id == st.pair_id)
+            .order_by(Request.id, RequestProposer.proposer))
+    left_totals, left = dict(totals), {n: dict(c) for n, c in counters.items()}
     bad: list[tuple[int, str, str]] = []
+
+    def take_out(rid: int, mine: list) -> None:
+        why = next((p for p in (request_problem(r) for r, *_ in mine) if p is not None), None)
+        if why is None:
+            return
+        _, policy, *values = mine[0]
+        bad.append((rid, policy, why))
+        for name, value in zip(_TOTALS, (1, *values)):
+            left_totals[name] = (left_totals[name] or 0) - (value or 0)
+        for r, *_ in mine:
+            if r.proposer in left:
+                left[r.proposer] = less(left[r.proposer], proposer_counters(r))
+
     try:
-        for r, policy in session.execute(stmt.execution_options(yield_per=1000)):
-            why = request_problem(r)
-            if why is not None:
-                bad.append((r.request_id, policy, why))
-                left = less(left, proposer_counters(r))
-    except (TypeError, ValueError):  # a row too damaged to take out: the whole row goes
-        sound = False
-    else:
-        sound = bool(bad) and counters_problem(left) is None
+        rid, mine = None, []
+        for row in session.execute(stmt.execution_options(yield_per=1000)):
+            if row[0].request_id != rid and mine:
+                take_out(rid, mine)
+                mine = []
+            rid = row[0].request_id
+            mine.append(tuple(row))
+        if mine:
+            take_out(rid, mine)
+    except (TypeError, ValueError):  # a row too damaged to take out: no request is
+        left_totals, left, bad = dict(totals), {n: dict(c) for n, c in counters.items()}, []
     where = f"category {named(st.category)} on pair {st.pair_id}"
-    if not sound:
-        rows = f" (its damaged request rows: {', '.join(str(b[0]) for b in bad[:5])})" \
-            if bad else ""
-        note(f"{where}: its statistics of {named(row.proposer, 64)} hold {problem}{rows}; "
-             "left out")
-        return None
+    for name, problem in damaged.items():
+        if counters_problem(left[name]) is not None or not bad:
+            rows = (f" (its damaged request rows: {', '.join(str(b[0]) for b in bad[:5])})"
+                    if bad else "")
+            note(f"{where}: its statistics of {named(name, 64)} hold {problem}{rows}; "
+                 "left out")
+            del left[name]
     for rid, policy, why in bad:
         note(request_note(rid, st.category, st.pair_id, policy, why))
-    return left
+    return (left_totals, left) if left_totals["requests"] > 0 else None
 
 
 @dataclass(frozen=True)
@@ -640,11 +690,16 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     """Stored traces, oldest first, streamed (keep the session open while iterating).
     ``since`` (inclusive) / ``until`` (exclusive): aware datetimes or Unix times.
     ``newest=True`` with ``limit``: the latest ``limit`` traces (still yielded oldest first).
-    ``id_range``: request ids first … last, inclusive (a window pinned exactly)."""
+    ``id_range``: request ids first … last, inclusive (a window pinned exactly).
+    The records ``autospec ingest`` wrote (an engine's counters, no trace) are not requests
+    to replay: left out. A request whose proposer's trace cannot be its own (not a whole,
+    non-zero number of bytes per generated position: ``damage.trace_problem``; an older
+    release's or a hand-written row) is left out and noted."""
     stmt = select(Request.trace_kind, Request.k_schedule, Request.accepted_schedule,
                   Request.id, Request.created_at, Request.category, Request.batch_size,
                   Request.proposer_schedule, Request.prompt_tokens, Request.new_tokens,
-                  Request.batch_id)
+                  Request.batch_id, Request.pair_id, Request.policy)
+    stmt = stmt.where(or_(Request.stop_reason.is_(None), Request.stop_reason != INGESTED))
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
     if pair_id is not None:
@@ -676,8 +731,15 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
 def _trace_rows(session: Session, rows: list) -> Iterator[TraceRow]:
     """``TraceRow``s of these request rows, their proposers' rows read in one query."""
     props = request_proposers(session, [r.id for r in rows])
-    for (kind, ks, acc, rid, created, cat, batch, sched, prompt, new, batch_id) in rows:
+    for (kind, ks, acc, rid, created, cat, batch, sched, prompt, new, batch_id, pid,
+         policy) in rows:
         mine = props.get(rid, {})
+        problem = next((f"its {name} trace {why}" for name, p in mine.items()
+                        if p.trace is not None and new
+                        and (why := trace_problem(len(p.trace), new)) is not None), None)
+        if problem is not None:  # a damaged row: left out, and said so
+            note(request_note(rid, cat, pid, policy, problem))
+            continue
         extras = {n: {**(p.settings or {}),
                       **({"confidence": p.confidence} if p.confidence is not None else {})}
                   for n, p in mine.items()}

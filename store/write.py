@@ -9,6 +9,7 @@ over the committed requests.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,9 +21,10 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from autospec.textfmt import clip
 from autospec.traces import trace_length_problem
 
-from .damage import rate_problem
+from .damage import rate_problem, trace_problem
 from .decisions import check as check_decisions
 from .decisions import pack as pack_decisions
 from .record import (
@@ -170,8 +172,11 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
     if problem is not None:
         raise ValueError(f"the record's counters contradict each other: {problem}")
     trace = None if p.trace is None else _blob(f"proposers[{name!r}].trace", p.trace)
+    problem = None if trace is None else trace_problem(len(trace), positions)
+    if problem is not None:  # its length: what every replay rule reads per position
+        raise ValueError(f"proposers[{name!r}].trace {problem} (None: not recorded)")
     problem = None if trace is None else _trace_problem(name, trace, positions)
-    if problem is not None:
+    if problem is not None:  # its encoding, by its proposer's own rule
         raise ValueError(f"proposers[{name!r}].trace is not a {name} trace of this request: "
                          f"{problem}")
     confidence = (None if p.confidence is None
@@ -182,6 +187,12 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
     if p.settings is not None and not isinstance(p.settings, Mapping):
         raise ValueError(f"proposers[{name!r}].settings must be a dict or None, got "
                          f"{type(p.settings).__name__}")
+    if p.settings is not None:
+        try:  # checked here: a value no backend can store would fail the writer's whole batch
+            json.dumps(dict(p.settings), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"proposers[{name!r}].settings must be JSON (strings, finite "
+                             f"numbers, lists, dicts): {exc}") from None
     return ProposerRecord(kind=p.kind, **counts, **lists,
                           seconds=_seconds(f"proposers[{name!r}].seconds", p.seconds),
                           trace=trace, confidence=confidence,
@@ -210,6 +221,10 @@ def _schedule(rec: RequestRecord, names: Sequence[str]) -> bytes | None:
     sched = rec.proposer_schedule
     if sched is None:
         return None
+    if not isinstance(sched, (list, tuple)) or not all(
+            p is None or isinstance(p, str) for p in sched):
+        raise ValueError(f"proposer_schedule must be a list of proposer names (None: a plain "
+                         f"step), one per iteration, or None; got {clip(repr(sched), 80)}")
     if len(sched) != len(rec.k_schedule):
         raise ValueError(f"proposer_schedule must name one proposer (or None) per iteration "
                          f"({len(rec.k_schedule)}), got {len(sched)}")

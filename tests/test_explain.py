@@ -256,7 +256,7 @@ def test_a_0008_database_is_upgraded_in_place_keeping_its_rows(tmp_path, capsys)
     assert code == 2 and "older than this autospec reads" in out.err
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0010",)
+            assert current_revision(conn) == (head_revision(),) == ("0011",)
         new = make_record(random.Random(4), category="code", pair=PAIRS[1])
         new.decisions = [_auto_record(0)]
         st.write([new])
@@ -265,7 +265,7 @@ def test_a_0008_database_is_upgraded_in_place_keeping_its_rows(tmp_path, capsys)
             assert [queries.request_decisions(s, r.id).decisions for r in rows] == [
                 None, new.decisions]
     assert (rows[0].k_schedule, rows[0].trace, rows[0].new_tokens) == (
-        old.k_schedule, old.trace, old.new_tokens)  # what was logged is kept
+        old.k_schedule, old.proposers["draft"].trace, old.new_tokens)  # what was logged is kept
     code, out = _run(["explain", "--db", url, "--request", str(rows[0].id)], capsys)
     assert code == 2 and "has no decision records" in out.err and "explain=True" in out.err
     _downgrade(url, "0008").dispose()

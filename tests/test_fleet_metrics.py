@@ -74,7 +74,7 @@ def run_store(tmp_path_factory):
                     eos_token_id=None)
     loop = hybrid.last_stats
     hybrid.close()
-    assert loop.ngram_drafts > 0 and loop.drafts > 0
+    assert loop.proposer("ngram").blocks > 0 and loop.drafts > 0
     # and without a draft model at all: prompt lookup only
     solo = autospec.Controller(target, None, store=url, metrics=metrics, policy="ngram:4")
     solo.generate(_repetitive(5), max_new_tokens=16, do_sample=False, category="solo",
@@ -115,25 +115,25 @@ def test_the_command_serves_the_store_and_matches_the_live_counters(run_store):
         assert hw == {sm.pair.hardware}
     # the n-gram proposer's blocks: its own series, equal to the store's, the live scrape's
     # and the loop's own counts
-    sm = sums["rep"]
-    assert (sm.ngram_drafts, sm.ngram_drafted, sm.ngram_accepted) == (
-        loop.ngram_drafts, loop.ngram_drafted, loop.ngram_accepted)
+    sm, mine = sums["rep"].proposers["ngram"], loop.proposer("ngram")
+    assert (sm.blocks, sm.proposed, sm.accepted) == (mine.blocks, mine.proposed, mine.accepted)
     ng = dict(category="rep", pair="t/d", proposer="ngram", model_name="t")
-    for name, value in [("vllm:spec_decode_num_drafts_total", loop.ngram_drafts),
-                        ("vllm:spec_decode_num_draft_tokens_total", loop.ngram_drafted),
-                        ("vllm:spec_decode_num_accepted_tokens_total", loop.ngram_accepted)]:
+    for name, value in [("vllm:spec_decode_num_drafts_total", mine.blocks),
+                        ("vllm:spec_decode_num_draft_tokens_total", mine.proposed),
+                        ("vllm:spec_decode_num_accepted_tokens_total", mine.accepted)]:
         assert pick(fleet, name, **ng) == value == pick(live, name, **ng), name
     for name, counts in [("vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                          loop.ngram_accepted_per_position),
+                          mine.accepted_per_position),
                          ("autospec:spec_decode_num_draft_tokens_per_pos_total",
-                          loop.ngram_drafted_per_position)]:
+                          mine.proposed_per_position)]:
         for pos, c in enumerate(counts):
             assert pick(fleet, name, position=pos, **ng) == c == pick(live, name, position=pos,
                                                                       **ng), (name, pos)
-    solo = sums["solo"]
-    for name, value in [("vllm:spec_decode_num_drafts_total", solo.ngram_drafts),
-                        ("vllm:spec_decode_num_draft_tokens_total", solo.ngram_drafted),
-                        ("vllm:spec_decode_num_accepted_tokens_total", solo.ngram_accepted)]:
+    solo = sums["solo"].proposers["ngram"]
+    assert "draft" not in sums["solo"].proposers  # no draft model: no model row
+    for name, value in [("vllm:spec_decode_num_drafts_total", solo.blocks),
+                        ("vllm:spec_decode_num_draft_tokens_total", solo.proposed),
+                        ("vllm:spec_decode_num_accepted_tokens_total", solo.accepted)]:
         assert value > 0 or name.endswith("accepted_tokens_total")
         assert pick(fleet, name, category="solo", proposer="ngram") == value == pick(
             live, name, category="solo", proposer="ngram"), name

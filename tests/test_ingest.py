@@ -41,9 +41,17 @@ def test_a_vllm_scrape_round_trips_into_the_category(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'i.db'}"
     assert main(["ingest", "--db", url, "--prometheus", str(FIXTURE), "--category", "chat",
                  "--hardware", "cuda: NVIDIA H200", "--draft", "Qwen/Qwen2.5-0.5B-Instruct"]) == 0
-    assert "ingested Qwen/Qwen2.5-7B-Instruct" in capsys.readouterr().out
+    said = capsys.readouterr().out
     f = fixture_sums()
+    assert f"ingested Qwen/Qwen2.5-7B-Instruct (vllm): 19500 drafts, " \
+        f"{f['vllm:spec_decode_num_draft_tokens_total']:.0f} draft tokens" in said
     sm = summary(url, "chat")
+    # one proposer row, the model's (the engine's drafter), with counters and no trace: a
+    # scrape is no request to replay
+    with open_store(url, read_only=True) as st, st.session() as s:
+        (row,) = queries.recent_requests(s)
+        assert list(queries.traces(s)) == []
+    assert set(row.proposers) == {"draft"} and row.proposers["draft"].trace is None
     assert sm.drafts == f["vllm:spec_decode_num_drafts_total"] == 19500
     assert sm.drafted == f["vllm:spec_decode_num_draft_tokens_total"]
     assert sm.accepted == f["vllm:spec_decode_num_accepted_tokens_total"]

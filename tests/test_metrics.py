@@ -122,11 +122,13 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
     """Two processes count under PROMETHEUS_MULTIPROC_DIR; a third serves the sum."""
     worker = textwrap.dedent("""
         import sys
-        from autospec.engine.stats import LoopStats
+        from autospec.engine.stats import LoopStats, ProposerCounts
         from autospec.fleet.metrics import Metrics
         n = int(sys.argv[1])
-        st = LoopStats(drafts=n, drafted=3 * n, accepted=2 * n, accepted_per_position=[n, n],
-                       drafted_per_position=[n, n], k_schedule=[3] * n, new_tokens=5, wall_s=1.0)
+        draft = ProposerCounts(blocks=n, proposed=3 * n, accepted=2 * n,
+                               accepted_per_position=[n, n], proposed_per_position=[n, n])
+        st = LoopStats(model="draft", counts={"draft": draft}, k_schedule=[3] * n,
+                       new_tokens=5, wall_s=1.0)
         Metrics().observe(st, category="c", target="t", draft="d")
     """)
     reader = textwrap.dedent("""

@@ -26,7 +26,13 @@ from autospec.fleet.ingest import SpecCounters, to_record
 from autospec.policies.tuned import TunedPolicy
 from autospec.store import add_probe, add_tuned_params, damage, open_store, queries
 from autospec.store.record import PairInfo
-from autospec.store.tables import CategoryStat, Request, TunedParams, utcnow
+from autospec.store.tables import (
+    CategoryProposer,
+    Request,
+    RequestProposer,
+    TunedParams,
+    utcnow,
+)
 from autospec.store.write import category_key, get_or_create_pair, write_records
 
 from conftest import noisy_copy, prompt, tiny
@@ -57,16 +63,21 @@ def poison_scrape(url: str, category: str, pair: PairInfo) -> int:
     good = to_record(SpecCounters("m", 100, 400, 300, [100, 90, 70, 40]), category=category,
                      target=pair.target, draft=pair.draft, dtype=pair.dtype,
                      hardware=pair.hardware)
+    (name,) = good.proposers  # the engine's drafter: the model proposer's row
     with open_store(url) as st, st.begin() as s:
         write_records(s, [good])
         rid = s.scalar(select(Request.id).order_by(Request.id.desc()).limit(1))
-        s.execute(update(Request).where(Request.id == rid).values(**POISON))
-        stat = s.get(CategoryStat, (category_key(category), get_or_create_pair(s, pair)))
-        stat.accepted += POISON["accepted"] - good.accepted
+        s.execute(update(RequestProposer).where(RequestProposer.request_id == rid,
+                                                RequestProposer.proposer == name)
+                  .values(**POISON))
+        stat = s.get(CategoryProposer, (category_key(category), get_or_create_pair(s, pair),
+                                        name))
+        mine = good.proposers[name]
+        stat.accepted += POISON["accepted"] - mine.accepted
         stat.accepted_per_position = [
             a + p - g for a, p, g in zip(stat.accepted_per_position,
                                          POISON["accepted_per_position"],
-                                         good.accepted_per_position)]
+                                         mine.accepted_per_position)]
     return rid
 
 
@@ -124,8 +135,10 @@ def test_a_poisoned_row_is_left_out_of_its_categorys_statistics_and_named(synthe
     assert (sm["requests"], sm["drafted"], sm["accepted"]) == (
         before.requests, before.drafted, before.accepted)
     assert sm["accepted_per_position"] == list(before.accepted_per_position)
+    assert sm["proposers"]["draft"]["accepted"] == before.accepted
     lines = said(err)
-    assert len(lines) == 2 and all("50000 tokens accepted of 400 drafted" in ln for ln in lines)
+    assert len(lines) == 2
+    assert all("50000 draft tokens accepted of 400 drafted" in ln for ln in lines)
     assert f"request {mixed} (category 'code' on pair 1" in lines[0]
     assert f"request {alone} (category 'chat' on pair 1" in lines[1]
     assert all(ln.endswith("; left out") for ln in lines)
@@ -162,12 +175,36 @@ def test_every_reader_of_counters_survives_and_names_the_row(synthetic, tmp_path
 
 def test_a_record_whose_counters_contradict_each_other_is_refused_at_write(url):
     rec = make_record(random.Random(3), category="code")
-    rec.accepted = rec.drafted + 1
+    rec.proposers["draft"].accepted = rec.proposers["draft"].proposed + 1
     with open_store(url) as st:
         with pytest.raises(ValueError, match="contradict each other"):
             st.write([rec])
         with st.session() as s:
             assert queries.category_summaries(s) == []
+
+
+def test_a_trace_too_short_for_its_request_is_left_out_of_replay_and_named(url, capsys):
+    """A request row whose model trace holds fewer bytes than the positions it generated (an
+    older release's, or written by hand; the write path refuses one) would have replay read
+    past its end: ``traces`` leaves it out and names it, and ``tune`` goes on with the rest.
+    An ingested scrape (counters, no trace) is no request to replay: not read either."""
+    recs = [make_record(random.Random(i), category="code") for i in range(3)]
+    pair = recs[0].pair
+    with open_store(url) as st:
+        st.write([*recs, to_record(SpecCounters("m", 100, 400, 300, [100, 90, 70, 40]),
+                                   category="code", target=pair.target, draft=pair.draft,
+                                   dtype=pair.dtype, hardware=pair.hardware)])
+        with st.begin() as s:
+            short = s.scalar(select(Request.id).order_by(Request.id).limit(1))
+            s.execute(update(RequestProposer).where(RequestProposer.request_id == short)
+                      .values(trace=b"\x01"))
+        with damage.collecting() as notes, st.session() as s:
+            ids = [row.id for row in queries.traces(s)]
+    assert len(ids) == 2 and short not in ids  # the short one and the scrape left out
+    (line,) = notes
+    assert f"request {short} " in line and "its draft trace has 1 bytes for" in line
+    code, out, err = run(["tune", "--db", url, "--dry-run", "--trials", "2"], capsys)
+    assert code in (0, 2) and f"request {short} " in err
 
 
 def test_the_wilson_interval_refuses_a_proportion_above_one():

@@ -37,6 +37,8 @@ from autospec.store import (
 )
 from autospec.store.history import bucket_seconds
 
+from records import blocks, draft, lookup
+
 log = logging.getLogger(__name__)
 
 T0 = 1_700_000_000.25  # a fixed epoch (…:20.25 UTC), away from bucket boundaries
@@ -50,7 +52,6 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
            bandwidth: float | None = None) -> RequestRecord:
     """A request whose wall time is exactly what its iterations cost:
     Σ (k·T_d + T_t(k+1)); ``t_target(n)`` gives T_t(n)."""
-    width = max(ks) if ks else 0
     by_n: dict[int, list[float]] = defaultdict(list)
     for k in ks:
         by_n[k + 1].append(t_target(k + 1))
@@ -58,13 +59,12 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
     wall = drafted * t_draft + sum(sum(v) for v in by_n.values())
     return RequestRecord(
         pair=pair, category=category, policy=policy, greedy=True, prompt_tokens=10,
-        new_tokens=sum(accs) + len(ks), iterations=len(ks), drafts=sum(k > 0 for k in ks),
-        drafted=drafted, accepted=sum(accs),
-        accepted_per_position=[sum(a > i for a in accs) for i in range(width)],
-        drafted_per_position=[sum(k > i for k in ks) for i in range(width)],
+        new_tokens=sum(accs) + len(ks), iterations=len(ks),
+        proposers=draft(trace=bytes(1 for _ in range(sum(accs) + len(ks))),
+                        **blocks(ks, accs)),
         k_schedule=bytes(ks), accepted_schedule=bytes(accs), wall_s=wall, prefill_s=0.0,
         draft_s=drafted * t_draft, draft_forwards=drafted, target_s_by_n=dict(by_n),
-        trace_kind="greedy", trace=bytes(1 for _ in range(sum(accs) + len(ks))),
+        trace_kind="greedy",
         bandwidth_bytes_per_s=bandwidth, bandwidth_peak_bytes_per_s=4.8e12 if bandwidth
         else None, created_at=created_at, path="eager")
 
@@ -106,8 +106,8 @@ def expected(records, bucket_of=None):
                 lambda: [0, 0, 0]), order=[]))
         e["requests"] += 1
         e["new_tokens"] += r.new_tokens
-        e["drafted"] += r.drafted
-        e["accepted"] += r.accepted
+        e["drafted"] += r.proposers["draft"].proposed
+        e["accepted"] += r.proposers["draft"].accepted
         e["k"].update(r.k_schedule)
         e["order"].append(r)
         if r.batch_size != 1:  # measured speedups compare batch-1 requests only
@@ -151,8 +151,8 @@ def check_against_rows(rep, records) -> None:
         for r in e["order"]:
             cell = buckets[math.floor(r.created_at / b)]
             cell[0] += 1
-            cell[1] += r.drafted
-            cell[2] += r.accepted
+            cell[1] += r.proposers["draft"].proposed
+            cell[2] += r.proposers["draft"].accepted
         assert [(h["start"].timestamp(), h["requests"], h["drafted"], h["accepted"])
                 for h in w.history] == [(i * b, *v) for i, v in sorted(buckets.items())]
         for h in w.history:
@@ -340,6 +340,43 @@ def test_batched_rows_do_not_enter_the_batch_1_verdict(store):
     assert w.policy.k_in_force == 3 and w.policy.recent_requests == 12
     assert w.verdict.kind == "pays" and not w.verdict.switched_off, w.verdict
     assert "over the latest 12 batch-1 requests" in render_text(rep)
+
+
+def test_a_workload_without_a_draft_model_has_its_history(store):
+    """Requests that only prompt lookup served (a pair without a draft model: no model row)
+    count in the report's history buckets, their requests and tokens, with no drafted
+    tokens of a model; a request whose lookup row is damaged (more accepted than proposed,
+    written by hand) is left out of them, as out of every sum."""
+    from dataclasses import replace
+
+    from sqlalchemy import select, update
+
+    from autospec.store import queries
+    from autospec.store.tables import CategoryProposer, Request, RequestProposer
+
+    bare = PairInfo("org/target-7b", "none (n-gram)", "bfloat16", "cpu: 2 threads")
+    recs = []
+    for i in range(6):
+        ks, accs = [3, 0, 2], [2, 0, 1]
+        rec = record(bare, "solo", ks, accs, t_target=lambda n: 0.1, created_at=T0 + i,
+                     policy="ngram:3")
+        recs.append(replace(rec, proposer_schedule=["ngram", None, "ngram"],
+                            proposers=lookup("ngram", trace=bytes(rec.new_tokens),
+                                             **blocks(ks, accs))))
+    write(store, recs)
+    with store.begin() as s:  # in its row and in its category's sums, as ingest once wrote
+        damaged = s.scalar(select(Request.id).order_by(Request.id.desc()).limit(1))
+        s.execute(update(RequestProposer).where(RequestProposer.request_id == damaged)
+                  .values(accepted=99))
+        s.execute(update(CategoryProposer).values(accepted=CategoryProposer.accepted + 96))
+    (w,) = build_report(store).workloads
+    assert [(h["requests"], h["new_tokens"], h["drafted"]) for h in w.history] == [
+        (5, 5 * recs[0].new_tokens, 0)]
+    assert w.traffic.requests == 5 and any(f"request {damaged} " in n
+                                          for n in build_report(store).skipped)
+    with store.session() as s:
+        (sm,) = queries.category_summaries(s)
+    assert sm.proposers["ngram"].proposed == 5 * 5 and "draft" not in sm.proposers
 
 
 def test_cli_formats_out_dir_and_filters(store, tmp_path, capsys, monkeypatch):

@@ -20,6 +20,8 @@ from autospec.report import build_report, render_html, render_json
 from autospec.store import add_probe, add_tuned_params, open_store, write_records
 from autospec.store.write import get_or_create_pair
 
+from records import draft
+
 BATCHES = (1, 2, 4, 8, 16, 32)
 BASE, SLOPE, FREE = 0.05, 0.004, 16  # T_t(B, n) = BASE + SLOPE · max(0, B·n − FREE)
 K_MAX = 8  # the report's K_MAX (the records never run a larger k)
@@ -62,9 +64,10 @@ def requests(seed: int = 0):
 
 def acceptance(recs) -> list[float]:
     """Conditional acceptance by position from the rows: P(i accepted | i − 1 accepted)."""
-    width = max(len(r.drafted_per_position) for r in recs)
-    acc = [sum(r.accepted_per_position[i] for r in recs) for i in range(width)]
-    drafted = [sum(r.drafted_per_position[i] for r in recs) for i in range(width)]
+    model = [r.proposers["draft"] for r in recs]
+    width = max(len(m.proposed_per_position) for m in model)
+    acc = [sum(m.accepted_per_position[i] for m in model) for i in range(width)]
+    drafted = [sum(m.proposed_per_position[i] for m in model) for i in range(width)]
     cum = [a / d for a, d in zip(acc, drafted)]
     return [c / p for c, p in zip(cum, [1.0, *cum])]
 
@@ -290,8 +293,8 @@ def test_stats_k_is_batch_ones_not_the_mix_of_every_batch_size(store, tmp_path, 
 
     recs = [r for r in requests() if r.batch_size == 1]
     off = [replace(recs[0], batch_size=16, k_schedule=bytes(24), accepted_schedule=bytes(24),
-                   iterations=24, drafts=0, drafted=0, accepted=0, accepted_per_position=[],
-                   drafted_per_position=[], target_s_by_n={}, draft_s=0.0, draft_forwards=0,
+                   iterations=24, proposers=draft(trace=recs[0].proposers["draft"].trace),
+                   target_s_by_n={}, draft_s=0.0, draft_forwards=0,
                    target_s_by_bn={(16, 1): [t_target(16, 1)] * 24}, created_at=T0 + 10**5 + i)
            for i in range(60)]
     with store.begin() as s:

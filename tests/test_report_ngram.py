@@ -26,23 +26,26 @@ def test_the_proposer_that_pays_per_workload(store):
     report = build_report(store)
     by_cat = {w.category: w.proposers for w in report.workloads}
     copy, free = by_cat["copy"], by_cat["free"]
+    ngram = copy.lookups["ngram"]
     # copy: a match at ~90 % of positions, agreeing on 8 tokens each time
-    assert copy.match_rate == pytest.approx(0.9, abs=0.05)
-    assert copy.ngram_conditional[:8] == [1.0] * 8
+    assert ngram.match_rate == pytest.approx(0.9, abs=0.05)
+    assert ngram.conditional[:8] == [1.0] * 8
     assert copy.pays in ("ngram", "hybrid") and copy.margin > 1.0
     # the n-gram's estimate, from its definition
     cost = interpolate_cost(CURVE)
-    r, t1 = copy.match_rate, cost(1)
-    k = copy.ngram[0]
-    e = expected_tokens(copy.ngram_conditional, k)
-    assert copy.ngram[1] == pytest.approx((r * e + 1 - r) * t1 / (r * cost(k + 1) + (1 - r) * t1))
-    assert copy.ngram[1] > copy.draft[1]
-    # free: no match anywhere, the draft model pays
-    assert free.match_rate == 0.0 and free.ngram is None and free.pays == "draft"
+    r, t1 = ngram.match_rate, cost(1)
+    k = ngram.best[0]
+    e = expected_tokens(ngram.conditional, k)
+    assert ngram.best[1] == pytest.approx((r * e + 1 - r) * t1 / (r * cost(k + 1) + (1 - r) * t1))
+    assert ngram.best[1] > copy.draft[1]
+    # free: no match anywhere, so no estimate for the n-gram (not plain decoding's 1.0 under
+    # its name), and the draft model pays
+    assert free.lookups["ngram"].match_rate == 0.0 and free.lookups["ngram"].best is None
+    assert free.pays == "draft" and free.hybrid is None
     text = render_text(report)
-    assert "5. proposers: the n-gram proposer" in text or "5. proposers: the hybrid" in text
+    assert "5. proposers: prompt lookup pays" in text or "5. proposers: the hybrid" in text
     assert "5. proposers: the draft model pays" in text
-    assert "n-gram where matched (traces)" in text
+    assert "prompt lookup where it had a draft (traces)" in text
     assert all(len(line) <= 100 for line in text.splitlines())
     html = render_html(report)
     assert "<h3>Proposers</h3>" in html and "estimated speedup" in html
@@ -65,13 +68,15 @@ def test_traffic_served_by_prompt_lookup_is_speculative_and_headlined(tmp_path):
     for a in live[:-1]:
         reached.append(reached[-1] * a)
     accepted = [r * a for r, a in zip(reached, live)]
-    served = [replace(_record(rng, "copy", 0.4, 0.9, 1.0e9 + i), policy="ngram:4",
-                      wall_s=n * CURVE[1] / 2.5,
-                      ngram={"max_n": 3, "min_n": 1, "drafts": 48, "drafted": 192,
-                             "accepted": round(sum(accepted)),
-                             "accepted_per_position": [round(a) for a in accepted],
-                             "drafted_per_position": [48] * 4, "lookup_s": 0.0})
-              for i in range(6)]
+    served = []
+    for i in range(6):
+        rec = _record(rng, "copy", 0.4, 0.9, 1.0e9 + i)
+        blocks = replace(rec.proposers["ngram"], blocks=48, proposed=192,
+                         accepted=round(sum(accepted)),
+                         accepted_per_position=[round(a) for a in accepted],
+                         proposed_per_position=[48] * 4, seconds=0.0)
+        served.append(replace(rec, policy="ngram:4", wall_s=n * CURVE[1] / 2.5,
+                              proposers={**rec.proposers, "ngram": blocks}))
     plain = [_record(rng, "copy", 0.4, 0.9, 1.0e9 + 10 + i) for i in range(4)]
     st.write(served + plain)
     try:
@@ -81,21 +86,23 @@ def test_traffic_served_by_prompt_lookup_is_speculative_and_headlined(tmp_path):
         (w,) = build_report(st).workloads
         assert w.speedup.measured == pytest.approx(2.5)
         pr = w.proposers
-        assert pr.ngram_source == "live blocks" and pr.ngram_live_drafted == 6 * 192
+        ngram = pr.lookups["ngram"]
+        assert ngram.source == "live blocks" and ngram.live_proposed == 6 * 192
         cost = interpolate_cost(CURVE)
-        r, t1, k = pr.match_rate, cost(1), pr.ngram[0]
-        e = expected_tokens(pr.ngram_live_by_position, k)
-        assert pr.ngram[1] == pytest.approx((r * e + 1 - r) * t1 / (r * cost(k + 1)
-                                                                  + (1 - r) * t1))
-        assert pr.ngram[1] < 0.8 * (r * 9 + 1 - r) * t1 / (r * cost(9) + (1 - r) * t1)
+        r, t1, k = ngram.match_rate, cost(1), ngram.best[0]
+        e = expected_tokens(ngram.live_by_position, k)
+        assert ngram.best[1] == pytest.approx((r * e + 1 - r) * t1 / (r * cost(k + 1)
+                                                                     + (1 - r) * t1))
+        assert ngram.best[1] < 0.8 * (r * 9 + 1 - r) * t1 / (r * cost(9) + (1 - r) * t1)
         assert w.verdict.kind == "pays" and "prompt lookup" in w.verdict.text
         assert "the draft model alone: plain decoding only so far" in w.verdict.text
         text = render_text(build_report(st))
         assert "acceptance from its live blocks" in text
         # the summary's speedup is the one the verdict rests on, not the draft model's
-        assert w.verdict.figure == (pytest.approx(pr.ngram[1]), "n-gram")
-        assert f"{pr.ngram[1]:.2f}× n-gram est." in text
-        assert f"{pr.ngram[1]:.2f}× (n-gram, estimated)" in render_html(build_report(st))
+        # … named as the registry names the proposer
+        assert w.verdict.figure == (pytest.approx(ngram.best[1]), "ngram")
+        assert f"{ngram.best[1]:.2f}× ngram est." in text
+        assert f"{ngram.best[1]:.2f}× (ngram, estimated)" in render_html(build_report(st))
     finally:
         st.close()
 
@@ -105,8 +112,8 @@ def test_workloads_without_any_ngram_record_have_no_section(tmp_path):
 
     rng = random.Random(2)
     st = open_store(f"sqlite:///{tmp_path / 'old.db'}")
-    st.write([replace(_record(rng, "old", 0.7, 0.5, 1.0e9 + i), ngram_trace=None, ngram=None)
-              for i in range(5)])
+    recs = [_record(rng, "old", 0.7, 0.5, 1.0e9 + i) for i in range(5)]
+    st.write([replace(r, proposers={"draft": r.proposers["draft"]}) for r in recs])
     try:
         (w,) = build_report(st).workloads
         assert w.proposers is None and "5. proposers" not in render_text(build_report(st))

@@ -211,7 +211,7 @@ def test_a_record_with_a_suffix_trace_round_trips(url):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("trace", b"\x00", "proposers\\['suffix'\\].trace is not a suffix trace of this request: 1 bytes"),
+    ("trace", b"\x00", "proposers\\['suffix'\\].trace has 1 bytes"),
     ("trace", "half", "2 per position"),  # one byte a position: a whole number, not its own
     ("trace", "x", "must be bytes"),
     ("trace", "corrupt:none-with-length", "position 1 holds \\(255, 3\\)"),

@@ -133,7 +133,7 @@ def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_pa
     fresh = autospec.Controller(target, target, store=url, policy="auto")
     live = fresh.live_stats("default")
     fresh.close()
-    assert live.acceptance(0)[0] > 0.9  # acceptance history carried over
+    assert live.acceptance("draft", 0)[0] > 0.9  # acceptance history carried over
     # no probe: T_t(4) (k = 3, dozens of forwards) counts; the prefill-sized ones do not
     assert 4 in live.t_target and all(n != 1 for n in live.t_target)
     with open_store(url) as store, store.begin() as s:
@@ -151,11 +151,14 @@ def test_a_batched_row_records_its_batch_size_and_timings_by_batch(models, tmp_p
 
     tel = RequestTelemetry(*models, measure_peak=False)
     plain = LoopStats(new_tokens=3, iterations=1, k_schedule=[0], accepted_schedule=[0],
-                      trace=b"\xff\xff\xff", trace_kind="greedy", wall_s=0.1,
-                      target_s_by_n={1: [0.01]}, target_forwards=[(10, 0.01)])
+                      proposer_schedule=[None], model="draft",
+                      traces={"draft": b"\xff\xff\xff"}, trace_kind="greedy",
+                      wall_s=0.1, target_s_by_n={1: [0.01]}, target_forwards=[(10, 0.01)])
     row = LoopStats(new_tokens=3, iterations=1, k_schedule=[2], accepted_schedule=[2],
-                    trace=b"\x01\x01\xff", trace_kind="greedy", wall_s=0.1,
-                    target_forwards=[(10, 0.02)])
+                    proposer_schedule=["draft"], model="draft",
+                    traces={"draft": b"\x01\x01\xff"}, trace_kind="greedy",
+                    wall_s=0.1, target_forwards=[(10, 0.02)])
+    row.count_block("draft", 2, 2)
     # the batched loop's fields (LoopStats gains them with issue 10; set here either way)
     row.batch_size = 4
     row.target_s_by_bn = {(4, 3): [0.02], (2, 1): [0.015]}
@@ -175,3 +178,6 @@ def test_a_batched_row_records_its_batch_size_and_timings_by_batch(models, tmp_p
     assert got[1].target_s_by_bn == {(2, 1): [0.015], (4, 3): [0.02]}
     assert got[1].draft_s_by_b == {4: [0.003, 0.004]}
     assert sm.requests == 2 and sm.target_count_by_n == {1: 1}  # batch 1's forward only
+    # counters count at every batch size: the batched row's block is the draft model's
+    assert (sm.drafts, sm.drafted, sm.accepted) == (1, 2, 2)
+    assert [r.proposer_schedule for r in got] == [[None], ["draft"]]

@@ -95,11 +95,11 @@ def run(args, parser) -> int:
                 write_records(s, [record])
         except ValueError as e:
             die(f"cannot record the scrape: {e}")
-    _name, got = record.model()  # the engine's counters: the draft model's row
-    acc = got.accepted / got.proposed if got.proposed else float("nan")
-    where = (f"over {len(got.accepted_per_position)} positions" if counters.engine == "vllm"
+    _, m = record.model()  # the engine's drafter: the model proposer's row
+    acc = m.accepted / m.proposed if m.proposed else float("nan")
+    where = (f"over {len(m.accepted_per_position)} positions" if counters.engine == "vllm"
              else f"at k = {counters.k}, per position unknown (SGLang does not count it)")
-    print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {got.blocks} drafts, "
-          f"{got.proposed} draft tokens, {got.accepted} accepted ({acc:.1%}) {where} as "
+    print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {m.blocks} drafts, "
+          f"{m.proposed} draft tokens, {m.accepted} accepted ({acc:.1%}) {where} as "
           f"category {named(args.category)}")
     return 0

@@ -100,7 +100,8 @@ def _run(args, skipped: list[str]) -> int:
         f"store {store.url}. alpha = accepted / drafted (Wilson interval); by position: alpha "
         "at the first four draft positions; lookups a = each lookup proposer's accepted / "
         "drafted (ngram: prompt lookup, suffix: suffix decoding), its blocks counted apart "
-        "from the draft model's (- if none drafted); len = mean accepted length, counting the bonus token; k = the k run "
+        "from the draft model's (- if none drafted); len = mean accepted length, counting "
+        "the bonus token; k = the k run "
         "most often by the latest 200 requests at batch 1 (- if none ran at batch 1); "
         "costs are the path's (execution path the requests ran on); S(k) = cost-model speedup "
         "incl. the draft's cost (T_t(1) from a probe when requests never ran k = 0: run "
@@ -127,7 +128,7 @@ def _off_cell(b: dict) -> str:
 
 
 def _lookups_cell(sm) -> str:
-    """Each lookup proposer's acceptance that drafted, by name ("ngram .41 suffix .62")."""
+    """Each lookup proposer's acceptance that drafted, by name ("ngram 0.41 suffix 0.62")."""
     cells = [f"{name} {p.alpha:.2f}" for name, p in sorted(sm.proposers.items())
              if p.kind == "lookup" and p.alpha is not None]
     return " ".join(cells) or "-"

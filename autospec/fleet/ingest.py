@@ -1,6 +1,6 @@
 """Engine telemetry into the store: a vLLM or SGLang metrics scrape (Prometheus text exposition
-format) becomes one request-less record of a category's statistics — its spec-decode counters (drafts,
-draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
+format) becomes one request-less record of a category's statistics — its spec-decode counters
+(drafts, draft tokens, accepted tokens, accepted tokens per position) — so that ``report`` and
 ``export`` work for traffic an engine served. No traces: replay and tuning need autospec's own
 requests.
 
@@ -380,7 +380,7 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
         proposers={model_proposer(): ProposerRecord(
             kind="model", blocks=c.drafts, proposed=c.draft_tokens, accepted=c.accepted,
             accepted_per_position=list(c.accepted_per_position),
-            proposed_per_position=[c.drafts] * width, trace=b"")},
+            proposed_per_position=[c.drafts] * width, trace=None)},  # none: a scrape
         k_schedule=b"", accepted_schedule=b"", wall_s=0.0, prefill_s=0.0, draft_s=0.0,
         draft_forwards=0, target_s_by_n={}, trace_kind=TRACE_GREEDY,
         stop_reason="ingested", created_at=created_at if created_at is not None else time.time())

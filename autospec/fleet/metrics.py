@@ -510,8 +510,10 @@ def backfill(store, out, *, step: float = 60.0, category: str | None = None) -> 
             Request.bandwidth_peak_bytes_per_s, Request.batch_size, Request.policy)
     stmt = select(*cols).order_by(Request.created_at, Request.id)
     # every request's proposer rows, counters only (the traces stay unread)
-    pstmt = select(RequestProposer.request_id, RequestProposer.proposer, RequestProposer.kind,
-                   *(getattr(RequestProposer, c) for c in (*SUMS, *LISTS)))
+    # (by name within a request: its first damaged row is the one every reader names)
+    pstmt = (select(RequestProposer.request_id, RequestProposer.proposer, RequestProposer.kind,
+                    *(getattr(RequestProposer, c) for c in (*SUMS, *LISTS)))
+             .order_by(RequestProposer.request_id, RequestProposer.proposer))
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
         pstmt = pstmt.join(Request, Request.id == RequestProposer.request_id).where(

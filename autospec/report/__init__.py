@@ -20,9 +20,10 @@ plain words, and the batch dimension (``Batch``): from the pair's cost grid T_t(
 which verification is still memory-bound, the k the cost model picks at each batch size for
 this workload's acceptance (every row of the batch this workload) with its predicted speedup
 over plain batched decoding, the batch size from which it switches speculation off, the k a
-tuned table uses, and the requests' logged batch sizes. ``build_report`` (``build``) returns numbers (``model``); ``render_text`` (``text``),
-``render_html`` (``html``, plots from ``svg``) and ``render_json`` (``model``) present them;
-the command is ``autospec.cli.report``. It reads only the store (no torch), aggregating in SQL
+tuned table uses, and the requests' logged batch sizes. ``build_report`` (``build``) returns
+numbers (``model``); ``render_text`` (``text``), ``render_html`` (``html``, plots from
+``svg``) and ``render_json`` (``model``) present them; the command is
+``autospec.cli.report``. It reads only the store (no torch), aggregating in SQL
 (``autospec.store.history``), so it runs beside a serving process on any store size.
 """
 
@@ -60,7 +61,8 @@ from autospec.report.model import (
 from autospec.report.text import render_text
 
 __all__ = [
-    "Report", "Workload", "Traffic", "Acceptance", "SourceAcceptance", "Verification", "PolicyInForce", "Tuning",
+    "Report", "Workload", "Traffic", "Acceptance", "SourceAcceptance", "Verification",
+    "PolicyInForce", "Tuning",
     "Speedup", "Verdict", "Batch", "BatchPoint", "K_MAX", "MIN_DRAFTED", "MIN_FORWARDS",
     "MIN_POSITION_DRAFTED", "PROBE_BATCH_HINT",
     "build_report", "batch_view", "batch_grid", "batch_summary", "at_live_level", "cost_inputs",

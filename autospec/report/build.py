@@ -493,7 +493,8 @@ def proposers_view(sm, profiles: dict, alphas, curve: dict[int, float],
     any lookup proposer (no trace of one, no live block). Per iteration a lookup has a draft
     with probability r (its traces' share of positions); S of a policy is E[tokens per
     iteration] · T_t(1) / E[seconds per iteration]:
-    - a lookup alone (k): (r·E[N](k) + 1 − r) · T_t(1) / (r·(k·t + T_t(k+1)) + (1 − r)·T_t(1)),
+    - a lookup alone (k):
+      (r·E[N](k) + 1 − r) · T_t(1) / (r·(k·t + T_t(k+1)) + (1 − r)·T_t(1)),
       E[N] and the block's T_t from its traces (``LookupProfile.block``: each drafting
       position's block min(k, its draft) tokens long, accepting min(agreement, that); greedy:
       exact), or from its live blocks' acceptance by position where there are enough;
@@ -529,7 +530,10 @@ def proposers_view(sm, profiles: dict, alphas, curve: dict[int, float],
         r = profile.match_rate if profile is not None else None
         t = float((t_lookup or {}).get(name) or 0.0)
         best = None
-        if cost is not None and r is not None:
+        # an estimate needs evidence of its acceptance: enough live blocks, or a draft at
+        # some traced position (never plain decoding's 1.0 under the lookup's name)
+        evidence = enough or any(a is not None for a in traced)
+        if cost is not None and r is not None and evidence:
             t1 = cost(1)
             rows = []
             for k in range(1, k_max + 1):

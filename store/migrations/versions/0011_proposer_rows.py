@@ -13,8 +13,9 @@ into its row "draft" (kind "model"; a pair logged without a draft model — its 
 nobody, 1 prompt lookup, 2 suffix decoding) becomes an index into the request's proposers
 sorted by name, 1-based, 0 for a plain step (a 0 byte where k was 0; the draft model's
 otherwise). Per (category, pair): the draft model's sums and prompt lookup's (``ngram_*``)
-into their rows (suffix decoding had no running sums). Every value is kept; the old columns
-are dropped.
+into their rows; suffix decoding had no running sums, so its rows are added up from its
+requests' (a category's sums are its requests', for every proposer). Every value is kept; the
+old columns are dropped.
 
 Downgrade puts them back from the rows ("draft", "ngram", "suffix"; another proposer's rows
 have no column to go to and are dropped with the tables).
@@ -36,6 +37,10 @@ depends_on = None
 
 NO_DRAFT = "none (n-gram)"  # the draft's name in the pair row of a pair without one
 _LOOKUPS = {"ngram": 1, "suffix": 2}  # the old schedule's codes
+# lookups 0010 kept no category sums of (only each request's counters): their
+# ``category_proposers`` rows are summed from the request rows, so that a category's sums are
+# its requests' as for every other proposer
+_UNSUMMED = ("suffix",)
 _REQUEST_COLUMNS = (
     ("drafts", sa.Integer()), ("drafted", sa.Integer()), ("accepted", sa.Integer()),
     ("accepted_per_position", sa.JSON()), ("drafted_per_position", sa.JSON()),
@@ -55,7 +60,7 @@ def _table(name: str, *columns) -> sa.TableClause:
 
 
 _requests_old = _table("requests", ("id", sa.BigInteger()), ("pair_id", sa.BigInteger()),
-                       ("k_schedule", sa.LargeBinary()),
+                       ("category_key", sa.String()), ("k_schedule", sa.LargeBinary()),
                        ("proposer_schedule", sa.LargeBinary()), *_REQUEST_COLUMNS)
 _stats_old = _table("category_stats", ("category_key", sa.String()),
                     ("pair_id", sa.BigInteger()), *_STAT_COLUMNS)
@@ -93,6 +98,17 @@ def _schedule(old: bytes | None, ks: bytes, names: list[str]) -> bytes | None:
         name = code_of.get(code)
         out.append(0 if k == 0 or name not in index else index[name])
     return bytes(out)
+
+
+def _add(sums: dict, row: dict) -> None:
+    """``row``'s counters (a request's proposer row) added into ``sums``."""
+    for name in ("blocks", "proposed", "accepted", "seconds"):
+        sums[name] = sums.get(name, 0) + row[name]
+    for name in ("proposed_per_position", "accepted_per_position"):
+        have, more = sums.setdefault(name, []), row[name]
+        have.extend([0] * (len(more) - len(have)))
+        for i, v in enumerate(more):
+            have[i] += v
 
 
 def _request_rows_of(r, drafted: bool) -> list[dict]:
@@ -157,6 +173,7 @@ def upgrade() -> None:
     drafted = {r.id for r in bind.execute(sa.select(_pairs.c.id, _pairs.c.draft))
                if r.draft != NO_DRAFT}
     sched = _table("requests", ("id", sa.BigInteger()), ("proposer_schedule", sa.LargeBinary()))
+    unsummed: dict[tuple, dict] = {}  # (category_key, pair_id, proposer) → its sums
     last = None
     while True:  # a page of requests at a time: a large store's traces never all in memory
         stmt = sa.select(_requests_old).order_by(_requests_old.c.id).limit(_PAGE)
@@ -170,6 +187,10 @@ def upgrade() -> None:
         for r in page:
             mine = _request_rows_of(r, r["pair_id"] in drafted)
             rows += [dict(request_id=r["id"], **row) for row in mine]
+            for row in mine:
+                if row["proposer"] in _UNSUMMED:
+                    _add(unsummed.setdefault((r["category_key"], r["pair_id"],
+                                              row["proposer"]), {}), row)
             names = sorted(row["proposer"] for row in mine)
             value = _schedule(_bytes(r["proposer_schedule"]), bytes(r["k_schedule"] or b""),
                               names)
@@ -195,6 +216,8 @@ def upgrade() -> None:
                              accepted_per_position=list(r["ngram_accepted_per_position"]
                                                         or []),
                              seconds=float(r["ngram_lookup_s"] or 0.0)))
+    for (key, pid, name), mine in sorted(unsummed.items()):
+        sums.append(dict(category_key=key, pair_id=pid, proposer=name, kind="lookup", **mine))
     if sums:
         bind.execute(sa.insert(_category_rows), sums)
     with op.batch_alter_table("requests") as batch:
