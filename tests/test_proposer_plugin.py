@@ -235,6 +235,10 @@ class unregistered:
 def test_without_suffix_decoding_everything_else_runs(setting, tmp_path, capsys):
     target, draft, ids, mask, ref, _ = setting
     url = f"sqlite:///{tmp_path / 'n.db'}"
+    spec = autospec.Controller(target, draft, store=url, policy="auto", suffix=True)
+    for rows in (1, 3):  # the store holds suffix decoding's rows from before
+        _generate(spec, ids[:rows], mask[:rows])
+    spec.close()
     with unregistered("suffix"):
         assert "suffix" not in registered()
         spec = autospec.Controller(target, draft, store=url, policy="auto")
@@ -251,6 +255,8 @@ def test_without_suffix_decoding_everything_else_runs(setting, tmp_path, capsys)
             (res,) = tune(store, trials=6, families=("fixed",), seed=0, write=False,
                           min_traces=3, min_positions=50)
             assert res.status == "tuned" and "suffix" not in res.proposers_searched
+            with store.session() as s:  # its rows stay, read by name
+                assert "suffix" in queries.category_summaries(s)[0].proposers
         for argv in (["report", "--db", url], ["stats", "--db", url],
                      ["explain", "--db", url, "--last"],
                      ["export", "--db", url, "--engine", "vllm", "--proposer", "draft"]):
