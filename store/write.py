@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -201,15 +202,16 @@ def _proposer(name: str, p: object, positions: int) -> ProposerRecord:
 
 def _trace_problem(name: str, trace: bytes, positions: int) -> str | None:
     """What its proposer's own rule finds wrong with a trace (``Proposer.trace_problem``: its
-    encoding's length and values), where ``name`` is registered in this process; else a whole
-    number of bytes per generated position. Empty (nothing recorded) is always well formed,
-    and reads no registry: the engine's registry (and torch) is imported only for a record
-    that carries a trace, which the engine made."""
+    encoding's length and values), where ``name`` is registered in this process (its
+    registry loaded: where the engine made the record); else a whole number of bytes per
+    generated position. Empty is left to ``damage.trace_problem``."""
     if not trace:
         return None
-    from autospec.engine.proposers import registered
-
-    cls = registered().get(name)
+    # the registry as this process has it, never imported here: the engine (and torch) is
+    # loaded wherever a record with a trace was made, and importing torch from the writer's
+    # flush at interpreter exit can crash the interpreter
+    engine = sys.modules.get("autospec.engine.proposers")
+    cls = engine.registered().get(name) if engine is not None else None
     return cls.trace_problem(trace, positions) if cls is not None else trace_length_problem(
         trace, positions)
 

@@ -17,7 +17,7 @@ def blocks(ks: Sequence[int], acc: Sequence[int]) -> dict:
                 accepted_per_position=[sum(a > i for a in acc) for i in range(width)])
 
 
-def draft(*, trace: bytes | None = b"", confidence: bytes | None = None, **counters
+def draft(*, trace: bytes | None = None, confidence: bytes | None = None, **counters
           ) -> dict[str, ProposerRecord]:
     """``proposers=`` of a request that had the draft model (``counters``: ``blocks(...)``'s
     or ``ProposerRecord``'s own keywords)."""
@@ -25,7 +25,7 @@ def draft(*, trace: bytes | None = b"", confidence: bytes | None = None, **count
                                     **counters)}
 
 
-def lookup(name: str, *, trace: bytes | None = b"", settings: dict | None = None, **counters
+def lookup(name: str, *, trace: bytes | None = None, settings: dict | None = None, **counters
            ) -> dict[str, ProposerRecord]:
     """``proposers=`` entry of a lookup proposer (``ngram``, ``suffix``, …)."""
     return {name: ProposerRecord(kind="lookup", trace=trace, settings=settings, **counters)}

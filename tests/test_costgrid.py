@@ -34,7 +34,7 @@ def _batched_row(pair, i: int, *, batch: int = 16, forwards: int = 16,
     each scored token adds 0.8× one."""
     return RequestRecord(
         pair=pair, category=category, policy="auto", greedy=True, prompt_tokens=8,
-        new_tokens=16, iterations=16, proposers=draft(trace=b""), k_schedule=bytes(16),
+        new_tokens=16, iterations=16, proposers=draft(trace=None), k_schedule=bytes(16),
         accepted_schedule=bytes(16), trace_kind="greedy", wall_s=1.0,
         prefill_s=0.01, draft_s=0.0, draft_forwards=0, target_s_by_n={},
         created_at=1_700_000_000.0 + i, batch_size=batch, path="eager",

@@ -19,8 +19,6 @@ from autospec.traces import TRACE_GREEDY, UNOBSERVED
 from autospec.tune.replay import Costs, SimResult, plain_batch_seconds, simulate
 from autospec.tune.study import evaluate, tune
 
-from records import draft
-
 # batch 1 and batch 4: verification flat in n (memory-bound); batch 16: linear in n
 T_D = 0.01
 FLAT_1 = {n: 0.10 + 0.001 * (n - 1) for n in range(1, 17)}
@@ -238,18 +236,18 @@ def test_the_table_is_not_searched_without_a_batch_dimension(tmp_path):
 
 # -- a draft model's trace that does not cover the request ---------------------------------------
 
-def test_a_request_stored_without_its_draft_trace_replays_without_the_draft_model(tmp_path):
-    """The store takes a draft model's row with an empty trace (nothing recorded; a row
-    migrated from before 0011 can hold one): replay runs its positions as plain steps, the
-    draft model offered nothing there, as for a request logged without a trace of it."""
+def test_a_request_without_its_draft_trace_replays_without_the_draft_model(tmp_path):
+    """A draft model's row whose trace is empty (nothing recorded; the store refuses one
+    now, but a row migrated from before 0011 can hold one): replay runs its positions as
+    plain steps, the draft model offered nothing there, as for a request logged without a
+    trace of it."""
     rng = random.Random(0)
-    bare = replace(record(rng, 0.9, at=1.0e9), proposers=draft(trace=b""))
-    full = record(rng, 0.9, at=1.0e9 + 1)
     with open_store(tmp_path / "e.db") as store:
-        store.write([bare, full])
+        store.write([record(rng, 0.9, at=1.0e9)])
         with store.session() as s:
-            rows = list(queries.traces(s))
-    assert [r.new_tokens for r in rows] == [96, 96] and not rows[0].traces.get("draft")
+            (full,) = queries.traces(s)
+    bare = full._replace(traces={"draft": b""})
+    rows = [bare, full]
     both = simulate(rows, FixedK(4), COSTS)
     alone = simulate(rows[1:], FixedK(4), COSTS)
     assert both.tokens == 2 * 96 and both.unobserved_hits == alone.unobserved_hits == 0
