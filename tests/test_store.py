@@ -5,6 +5,7 @@ its absence into a failure). Real databases throughout, no mocks."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import os
 import random
@@ -214,7 +215,8 @@ def count_requests(store) -> int:
 def test_round_trip_keeps_every_field(store):
     rng = random.Random(1)
     recs = [make_record(rng, category=c, text_too=True) for c in CATEGORIES]
-    recs[0].proposers["draft"].trace = bytes(range(256))  # every byte value survives
+    recs[0].new_tokens = 256  # one trace byte per position, and every byte value survives
+    recs[0].proposers["draft"].trace = bytes(range(256))
     recs[1].proposers.update(lookup("ngram", trace=bytes((0, 7, 255)[i % 3] for i in range(recs[1].new_tokens)),
                                     settings={"max_n": 3},
                                     **blocks([2, 0, 3], [1, 0, 3]), seconds=0.25))
@@ -279,6 +281,17 @@ def test_empty_category_is_refused_directly_and_counted_by_the_writer(store):
     assert (st.written, st.failures, st.rejected) == (1, 2, 2)
     assert "category" in st.last_error
     assert count_requests(store) == 1
+
+
+def test_the_draft_models_trace_holds_one_byte_per_position(store):
+    """Checked by its proposer's rule where the process has the registry loaded (where the
+    engine made the record); loaded here, as a serving process has it."""
+    importlib.import_module("autospec.engine.proposers")
+    rec = make_record(random.Random(9))
+    rec.proposers["draft"].trace = bytes(2 * rec.new_tokens)  # a whole number, but not its own
+    with pytest.raises(ValueError, match=r"not a draft trace of this request: .* 1 per position"):
+        store.write([rec])
+    assert count_requests(store) == 0
 
 
 def test_confidence_round_trips_and_must_match_the_trace(store):

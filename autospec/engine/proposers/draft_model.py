@@ -23,7 +23,14 @@ import torch
 from autospec.engine.sampling import logits_to_probs, sample
 from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
-from autospec.traces import TRACE_CATCH_UP_MAX, TRACE_GREEDY, UNOBSERVED, Trace, evidence
+from autospec.traces import (
+    TRACE_CATCH_UP_MAX,
+    TRACE_GREEDY,
+    UNOBSERVED,
+    Trace,
+    evidence,
+    trace_length_problem,
+)
 
 from . import Block, EngineSetting, Proposer
 
@@ -294,6 +301,11 @@ class DraftModel(Proposer):
 
     def release(self) -> None:
         self.slots.release()
+
+    @classmethod
+    def trace_problem(cls, trace: bytes, positions: int) -> str | None:
+        """Its acceptance trace: one byte per generated position (what replay reads at g)."""
+        return trace_length_problem(trace, positions, width=1)
 
     @classmethod
     def replay(cls, record) -> DraftReplay | None:
