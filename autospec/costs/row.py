@@ -9,8 +9,8 @@ token by name. The guard, per row: a point n > 1 below ``shape_floor`` · T_t(B,
 and T_t(B, 1) re-measured; recent plain steps move the level (every other point and T_d are
 carried to it and replaced at their next sample); scattered timings or a move mark the row
 busy for ``busy_hold`` of its iterations. ``iterations``, one tick per observation, is its
-clock. At batch 1 this is what ``PairCosts`` was; at B > 1 a row's points are the live
-evidence the table reads the batch grid by.
+clock. At batch 1 the cost model reads a row's own points; at B > 1 they are the live
+evidence the table reads its batch grid by.
 """
 
 from __future__ import annotations
