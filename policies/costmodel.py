@@ -504,11 +504,12 @@ class CostModelPolicy:
             key = (tuple(sorted(set(_per_row(context, "categories", context.category)))),
                    batch_bucket(batch))
             steps = lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic)  # noqa: E731
+            live = next((r for r in rows if r is not None), None)
         else:
-            rate, key, steps = self._rate(rows[0], costs, context, proposers), context.category, None
+            live, key, steps = rows[0], context.category, None
+            rate = self._rate(live, costs, context, proposers)
         return _Prices(rows, cost(1), cost, t_draft, costs.known(), rate, costs.busy(),
-                       costs.cost_origin(), key, next((r for r in rows if r is not None), None),
-                       steps, costs)
+                       costs.cost_origin(), key, live, steps, costs)
 
     def _choose(self, context, top: int, why: dict | None) -> tuple[int, str]:
         """(k, the rule that decided it: ``policies.explain.RULES``); ``why`` (where asked)

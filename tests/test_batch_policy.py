@@ -309,13 +309,13 @@ def test_one_measured_batch_size_says_nothing_about_another():
 
 
 def test_live_points_replace_warm_values_then_average():
-    costs = CostTable(params=DEFAULTS.but(cost_ema=0.5), live=False)
+    costs = CostTable(params=DEFAULTS.but(cost_ema=0.5))  # a live loop's: it reads its rows
     costs.warm_grid(PATH, {4: {1: 1.0, 2: 1.0}}, {4: 1.0})
     row = costs.at(PATH, 4)
     version = row.version
     row.observe(0, 0.2)
     row.observe(1, NAN, 0.01)  # a draft timing alone
-    assert row.version > version
+    assert row.version > version  # what the policy derived from the grid is rebuilt
     target, draft = costs.snapshot(PATH)
     assert target[4] == {1: 0.2, 2: 1.0} and draft[4] == 0.01
     row.observe(0, 0.4)

@@ -28,6 +28,7 @@ log = logging.getLogger("autospec.costs.row")
 __all__ = ["CostRow", "shape_guard", "spread", "catch_up_sums", "catch_up_line", "usable"]
 
 NAN = float("nan")
+INF = float("inf")
 
 
 def usable(x) -> bool:
@@ -107,7 +108,7 @@ class CostRow:
     ``_``-methods run under the table's lock."""
 
     def __init__(self, table, path: str | None, batch: int):
-        self._table, self._path = table, table._path(path)
+        self._table, self._path, self._lock = table, table._path(path), table._lock
         self.path, self.batch = path, int(batch)
         self.params = table.params
         self.ema = self.params.cost_ema
@@ -129,12 +130,13 @@ class CostRow:
         self.level_moves = self._busy_until = self.held_out = 0
         self._floor: dict[int, float] = {}  # n → a probe's T_t(n) / T_t(1) below shape_floor
         self.costs_from: str | None = None  # the warm costs' source: "probe", "store", None
+        self._version = 0  # bumped on every observation and warm start of this row
 
     def _copy(self, table) -> CostRow:
         """An independent copy in ``table`` (``CostTable.copy``); under the lock."""
         new = CostRow(table, self.path, self.batch)
         for name in ("t_draft", "iterations", "_level_ref", "level_moves", "_busy_until",
-                     "_remeasure_at", "held_out", "costs_from"):
+                     "_remeasure_at", "held_out", "costs_from", "_version"):
             setattr(new, name, getattr(self, name))
         new.t_lookup, new.t_target, new._floor = (dict(self.t_lookup), dict(self.t_target),
                                                   dict(self._floor))
@@ -145,9 +147,12 @@ class CostRow:
         return new
 
     @property
-    def version(self) -> int:
-        """Bumped on every change of this row's path (its rows, grid or catch-up fit)."""
-        return self._path.version
+    def version(self):
+        """Changes whenever what ``cost`` reads may have: at batch 1 this row (every
+        observation, every warm start), at B > 1 the path's grid or its rows' live points."""
+        if self.batch == 1:
+            return self._version
+        return self._table._grid_key(self._path)
 
     @property
     def catch_up(self) -> list[float]:
@@ -163,12 +168,13 @@ class CostRow:
         token it proposed. A held-out target timing holds out the draft's too; a lookup's
         time counts either way. Returns whether the target's timing was kept (None: there
         was none)."""
-        with self._table._lock:
-            for name, per_token in (lookups or {}).items():
-                if per_token == per_token and per_token >= 0:
-                    self.t_lookup[name] = self._avg(self.t_lookup.get(name), per_token)
+        with self._lock:
+            if lookups:
+                for name, per_token in lookups.items():
+                    if per_token == per_token and per_token >= 0:
+                        self.t_lookup[name] = self._avg(self.t_lookup.get(name), per_token)
             kept = self._timed(k, target_s)
-            if k > 0 and kept is not False and usable(draft_s):
+            if k > 0 and kept is not False and draft_s is not None and 0 < draft_s < INF:
                 self._draft(k, draft_s)
         return kept
 
@@ -177,11 +183,10 @@ class CostRow:
         the widest row's gap at batch B) into the path's fit; unusable ones are ignored."""
         if tokens <= 0 or not seconds == seconds or seconds <= 0:
             return
-        with self._table._lock:
+        with self._lock:
             path = self._path
             path.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
                                           path.catch_up)
-            path.version += 1
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.ema) * old + self.ema * new
@@ -191,11 +196,13 @@ class CostRow:
         average from its first sample; at B > 1 (whose first forwards run slow) the median of
         its first samples, then the average. Where the level moved, it replaces the carried
         one."""
-        old = None if 0 in self._stale else self.t_draft
+        old = self.t_draft
         if 0 in self._stale:
+            old = None
             self._stale.discard(0)
             self.d_samples = []
         self.measured.add(0)
+        self._path.points += 1
         if self.batch == 1:
             self.t_draft = self._avg(old, draft_s / k)
         else:
@@ -206,7 +213,7 @@ class CostRow:
         """The target's forward of k + 1 tokens through the shape guard (a point below the
         floor is held out and T_t(1) re-measured, or clamped within ``remeasure_every`` of the
         last re-measure), and the iteration; False where held out, None where not timed."""
-        kept = True if usable(target_s) else None
+        kept = True if target_s is not None and 0 < target_s < INF else None
         if kept:
             n, it, p = k + 1, self.iterations, self.params
             recent = self._recent.get(n)
@@ -242,8 +249,9 @@ class CostRow:
                                                      p.cost_settle, self.ema)
                 if n == 1:
                     self._check_level()
+                self._path.points += 1
         self.iterations += 1
-        self._path.version += 1
+        self._version += 1
         return kept
 
     def _check_level(self) -> None:
@@ -287,7 +295,7 @@ class CostRow:
                          "measured again", sorted(set(map(int, t_target)) - set(guarded)),
                          floor)
             t_target = guarded
-        with self._table._lock:
+        with self._lock:
             if t_target:
                 self.costs_from = "probe" if probe else "store"
             t1 = t_target.get(1) if t_target and probe else None
@@ -303,24 +311,23 @@ class CostRow:
                 self.t_target.setdefault(int(n), float(t))
             if self._level_ref is None and self.t_target.get(1):
                 self._level_ref = self.t_target[1]
-            self._path.version += 1
+            self._version += 1
 
     def warm_catch_up(self, points) -> None:
         """Seed the path's catch-up fit from logged catch-ups ((tokens, seconds), oldest
         first) where none was measured yet."""
-        with self._table._lock:
+        with self._lock:
             path = self._path
             if path.catch_up[0]:
                 return
             path.catch_up = catch_up_sums(points, self.params.catch_up_discount)
-            path.version += 1
 
     # -- reading --------------------------------------------------------------------------------
     def busy(self) -> bool:
         """Whether this row's timings say the machine is busy: 3 or more of one n scatter
         within ``scatter_window``, or the level moved or a shape was held out within
         ``busy_hold``."""
-        with self._table._lock:
+        with self._lock:
             it, p = self.iterations, self.params
             if it < self._busy_until:
                 return True
@@ -342,7 +349,7 @@ class CostRow:
 
     def settled(self, n: int) -> bool:
         """Whether this row's T_t(n) is warm-started or has ``cost_settle`` live samples."""
-        with self._table._lock:
+        with self._lock:
             first = self.t_samples.get(n)
             return n in self.t_target and (first is None
                                            or len(first) >= self.params.cost_settle)
@@ -354,7 +361,7 @@ class CostRow:
         if self.batch == 1:
             return self.settled(1)
         table = self._table
-        return 1 in table.target_points(self.path, self.batch) and table.baseline_live(
+        return table._has_level(self.path, self.batch) and table.baseline_live(
             self.path, self.batch)
 
     def cost(self, optimistic: bool = False):
@@ -363,7 +370,7 @@ class CostRow:
         probe's own floor where lower); B > 1: the table's batch grid at B."""
         if self.batch > 1:
             return self._table.target_cost(self.path, self.batch, optimistic=optimistic)
-        with self._table._lock:
+        with self._lock:
             curve, floors = dict(self.t_target), self._floor
         if not curve:
             return None
@@ -391,7 +398,7 @@ class CostRow:
         if self.draft_cost() is None:
             return False
         if self.batch > 1:
-            return len(self._table.target_points(self.path, self.batch)) >= 2
+            return self._table._points_known(self.path, self.batch) >= 2
         return len(self.t_target) >= 2
 
     def lookup_cost(self, proposer: str) -> float | None:
@@ -405,7 +412,7 @@ class CostRow:
         """Seconds for the model proposer to take in ``tokens`` unseen tokens (B × gap) and
         propose its first one: the path's fit (``catch_up_line``), never below T_d(B); None
         before any catch-up."""
-        with self._table._lock:
+        with self._lock:
             line = catch_up_line(self._path.catch_up, self.params.catch_up_spread)
         return None if line is None else max(line[0] + line[1] * tokens,
                                              self.draft_cost() or 0.0)

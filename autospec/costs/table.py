@@ -38,17 +38,18 @@ __all__ = ["CostTable", "CostRow", "grid_points", "grid_draft"]
 
 class _Path:
     """What a table holds per execution path: its rows by B, the warm grid, the catch-up fit,
-    the version (bumped on every change) and the grid reads cached at it."""
+    how often the grid and the rows' live points changed, and the grid reads cached by
+    those."""
 
-    __slots__ = ("rows", "warm_t", "warm_d", "catch_up", "version", "cache")
+    __slots__ = ("rows", "warm_t", "warm_d", "catch_up", "grid", "points", "cache")
 
     def __init__(self):
         self.rows: dict[int, CostRow] = {}
         self.warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (grid)
         self.warm_d: dict[int, float] = {}  # B → seconds per proposed token (grid)
         self.catch_up = [0.0] * 5  # the model's catch-up fit's discounted sums
-        self.version = 0
-        self.cache: dict[int, tuple[int, tuple]] = {}  # B → (version, grid read at B)
+        self.grid = self.points = 0  # bumped when the grid, a row's live points change
+        self.cache: dict[int, tuple] = {}  # B → (key, grid read at B)
 
 
 class CostTable:
@@ -98,7 +99,7 @@ class CostTable:
                 mine = new._path(key)
                 mine.warm_t = {b: dict(ns) for b, ns in path.warm_t.items()}
                 mine.warm_d, mine.catch_up = dict(path.warm_d), list(path.catch_up)
-                mine.version = path.version
+                mine.grid, mine.points = path.grid, path.points
                 mine.rows = {b: row._copy(new) for b, row in path.rows.items()}
         return new
 
@@ -116,7 +117,7 @@ class CostTable:
             for b, t in (draft or {}).items():
                 if int(b) >= 1 and usable(t):
                     p.warm_d[int(b)] = float(t)
-            p.version += 1
+            p.grid += 1
 
     def target_points(self, path: str | None, batch: int) -> dict[int, float]:
         """n → T_t(B, n) on ``path`` where the grid has a value at ``batch``; may be empty."""
@@ -133,13 +134,17 @@ class CostTable:
         """T_d(B) on ``path``: live at B, else the grid's calibrated by the live timing nearest
         in batch size, else live across batch sizes (not live: the grid's where it has one)."""
         with self._lock:
-            p = self._paths.get(path)
-            if p is None:
-                return None
-            live = {}
-            if self.live or not p.warm_d:  # replay's grid is the truth where it has one
-                live = {b: d for b, r in p.rows.items() if (d := r.live_points()[1]) is not None}
-            return grid_draft(p.warm_d, live, int(batch))
+            return self._read(path, int(batch))[3]
+
+    def _has_level(self, path: str | None, batch: int) -> bool:
+        """Whether the grid read at ``batch`` has T_t(B, 1)."""
+        with self._lock:
+            return 1 in self._read(path, int(batch))[0]
+
+    def _points_known(self, path: str | None, batch: int) -> int:
+        """How many n the grid read at ``batch`` has."""
+        with self._lock:
+            return len(self._read(path, int(batch))[0])
 
     def baseline_live(self, path: str | None, batch: int) -> bool:
         """Whether T_t(B, 1) rests on ``cost_settle`` live samples from B's bucket (always,
@@ -187,25 +192,37 @@ class CostTable:
                     draft[b] = d
             return target, draft
 
+    def _grid_key(self, p: _Path) -> tuple[int, int]:
+        """What a grid read of ``p`` depends on: its grid, and its rows' live points where they
+        are read (a live table's, or one without a grid: replay's grid is the truth)."""
+        return p.grid, (p.points if self.live or not (p.warm_t or p.warm_d) else -1)
+
     def _read(self, path: str | None, batch: int) -> tuple:
-        """(points, optimistic cost, linear cost) at ``batch`` on ``path``, cached per
-        version; under the lock."""
+        """(points, optimistic cost, linear cost, T_d) at ``batch`` on ``path``, cached until
+        what they are read from changes; under the lock."""
         p = self._paths.get(path)
         if p is None:
-            return {}, None, None
+            return {}, None, None, None
+        key = self._grid_key(p)
         hit = p.cache.get(batch)
-        if hit is not None and hit[0] == p.version:
+        if hit is not None and hit[0] == key:
             return hit[1]
-        live = {}
-        if self.live or not p.warm_t:  # replay's grid is the truth where it has one
-            live = {b: pts for b, r in p.rows.items() if (pts := r.live_points()[0])}
-        points = grid_points(p.warm_t, live, batch,
+        live_t: dict[int, dict[int, float]] = {}
+        live_d: dict[int, float] = {}
+        if key[1] >= 0:
+            for b, r in p.rows.items():
+                pts, d = r.live_points()
+                if pts:
+                    live_t[b] = pts
+                if d is not None:
+                    live_d[b] = d
+        points = grid_points(p.warm_t, live_t, batch,
                              floor=self.params.shape_floor if self.live else None)
         noise = self.params.cost_noise
         entry = ((points, interpolate_cost(points, optimistic=True, noise=noise),
                   interpolate_cost(points, optimistic=False, noise=noise))
-                 if points else ({}, None, None))
-        p.cache[batch] = (p.version, entry)
+                 if points else ({}, None, None)) + (grid_draft(p.warm_d, live_d, batch),)
+        p.cache[batch] = (key, entry)
         return entry
 
     def __repr__(self) -> str:

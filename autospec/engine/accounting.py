@@ -120,7 +120,7 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
                     x.observe_shadow(name, row.matches.get(name, 0), agree,
                                      min(seen, row.emitted))
     if costs is not None:
-        _feed(costs, width, rows, times, model in served, per_token)
+        _feed(costs, width, rows, times, served, per_token)
     if B == 1:
         accepted, per_row = rows[0].accepted, ()
     else:
@@ -134,23 +134,26 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     return outcome
 
 
-def _feed(costs, width: int, rows: Sequence[RowStep], times: StepTimes, drafted: bool,
+def _feed(costs, width: int, rows: Sequence[RowStep], times: StepTimes, served: set,
           per_token: float | None) -> None:
     """The iteration's timings into its cost row, once: the target's forward over width + 1
     tokens per row, the model proposer's seconds for its block where it served rows, each
     serving lookup's host seconds per token of its longest block, the model's catch-up."""
+    model = times.model
     if times.prefill:
         costs.observe(width, NAN)
     else:
-        lookups = {}
-        for r in rows:
-            who = r.proposer
-            if who is not None and who != times.model and r.proposed > 0 and (
-                    r.proposed > lookups.get(who, (0, 0.0))[0]):
-                lookups[who] = (r.proposed, times.lookup_s.get(who, 0.0))
+        lookups = None
+        if served and (len(served) > 1 or model not in served):  # a lookup served rows
+            longest: dict[str, int] = {}
+            for r in rows:
+                if r.proposer in served and r.proposer != model:
+                    longest[r.proposer] = max(longest.get(r.proposer, 0), r.proposed)
+            lookups = {name: times.lookup_s.get(name, 0.0) / k
+                       for name, k in longest.items() if k > 0}
         costs.observe(width, times.target_s,
-                      per_token * width if drafted and per_token is not None else NAN,
-                      {name: s / k for name, (k, s) in lookups.items()})
+                      per_token * width if model in served and per_token is not None else NAN,
+                      lookups)
     if times.catch_up is not None:
         costs.observe_catch_up(*times.catch_up)
 
