@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from autospec.costs.row import shape_guard, spread
+from autospec.costs.rules import shape_guard, spread
 from autospec.costs.stored import stored_costs
 from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy

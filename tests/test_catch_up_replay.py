@@ -16,7 +16,7 @@ from test_draft_cost import Stretches
 from test_store_batch import _create_at, _downgrade, _insert_legacy
 
 import autospec
-from autospec.costs.row import catch_up_line, catch_up_sums
+from autospec.costs.rules import catch_up_line, catch_up_sums
 from autospec.costs.table import CostTable
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision

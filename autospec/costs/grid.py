@@ -11,7 +11,7 @@ well above or below what the traffic's rows cost.
 from __future__ import annotations
 
 from autospec.costs import MIN_FORWARDS
-from autospec.costs.row import shape_guard, usable
+from autospec.costs.rules import shape_guard, usable
 from autospec.costs.table import grid_draft, grid_points
 
 __all__ = ["MIN_FORWARDS", "at_live_level", "batch_grid"]

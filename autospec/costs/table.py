@@ -31,7 +31,8 @@ from autospec.policies.base import batch_bucket
 from autospec.policies.costmodel import interpolate_cost
 from autospec.policies.params import DEFAULTS, Parameters
 
-from .row import CostRow, usable
+from .row import CostRow
+from .rules import usable
 
 __all__ = ["CostTable", "CostRow", "grid_points", "grid_draft"]
 

@@ -110,7 +110,7 @@ class Costs:
     path: str | None = None
     grid_path: str | None = None
     # the draft model's catch-up C(g) = a + b·g seconds to take in g tokens it has not seen
-    # and propose its first (``costs.row.catch_up_line``, fitted to logged catch-ups);
+    # and propose its first (``costs.rules.catch_up_line``, fitted to logged catch-ups);
     # None: not charged (nothing logged, or costs from before it was recorded)
     catch_up: tuple[float, float] | None = None
 

@@ -601,7 +601,7 @@ def catch_up_fit(points, live_t_draft: float | None, t_draft: float
     (T_d of the costs replay uses over T_d of the requests that logged them) so that C(g) / T_d
     holds as it was measured; unscaled where the logging requests measured no T_d. None
     without a catch-up."""
-    from autospec.costs.row import catch_up_line, catch_up_sums
+    from autospec.costs.rules import catch_up_line, catch_up_sums
 
     line = catch_up_line(catch_up_sums(points))
     if line is None:
