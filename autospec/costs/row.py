@@ -293,7 +293,7 @@ class CostRow:
         if self.batch == 1:
             return self.settled(1)
         table = self._table
-        return table._has_level(self.path, self.batch) and table.baseline_live(
+        return 1 in table.grid(self.path, self.batch)[0] and table.baseline_live(
             self.path, self.batch)
 
     def cost(self, optimistic: bool = False):
@@ -330,7 +330,7 @@ class CostRow:
         if self.draft_cost() is None:
             return False
         if self.batch > 1:
-            return self._table._points_known(self.path, self.batch) >= 2
+            return len(self._table.grid(self.path, self.batch)[0]) >= 2
         return len(self.t_target) >= 2
 
     def lookup_cost(self, proposer: str) -> float | None:

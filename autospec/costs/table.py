@@ -75,11 +75,12 @@ class CostTable:
         got = self._paths.get(path)
         row = got.rows.get(batch) if got is not None else None
         if row is None:
+            batch = max(1, int(batch))
             with self._lock:
                 rows = self._path(path).rows
                 row = rows.get(batch)
                 if row is None:
-                    row = rows[batch] = CostRow(self, path, max(1, int(batch)))
+                    row = rows[batch] = CostRow(self, path, batch)
         return row
 
     def rows(self) -> list[CostRow]:
@@ -120,32 +121,25 @@ class CostTable:
                     p.warm_d[int(b)] = float(t)
             p.grid += 1
 
+    def grid(self, path: str | None, batch: int) -> tuple:
+        """The batch grid read at ``batch`` on ``path``: (n → T_t(B, n), T_t(B, ·) optimistic
+        and linear as functions of n, T_d(B)); the points are the table's, read them only."""
+        with self._lock:
+            return self._read(path, int(batch))
+
     def target_points(self, path: str | None, batch: int) -> dict[int, float]:
         """n → T_t(B, n) on ``path`` where the grid has a value at ``batch``; may be empty."""
-        with self._lock:
-            return dict(self._read(path, int(batch))[0])
+        return dict(self.grid(path, batch)[0])
 
     def target_cost(self, path: str | None, batch: int, *, optimistic: bool = True):
         """T_t(B, ·) on ``path`` as a function of n (``interpolate_cost`` of
         ``target_points``), or None."""
-        with self._lock:
-            return self._read(path, int(batch))[1 if optimistic else 2]
+        return self.grid(path, batch)[1 if optimistic else 2]
 
     def draft_cost(self, path: str | None, batch: int) -> float | None:
         """T_d(B) on ``path``: live at B, else the grid's calibrated by the live timing nearest
         in batch size, else live across batch sizes (not live: the grid's where it has one)."""
-        with self._lock:
-            return self._read(path, int(batch))[3]
-
-    def _has_level(self, path: str | None, batch: int) -> bool:
-        """Whether the grid read at ``batch`` has T_t(B, 1)."""
-        with self._lock:
-            return 1 in self._read(path, int(batch))[0]
-
-    def _points_known(self, path: str | None, batch: int) -> int:
-        """How many n the grid read at ``batch`` has."""
-        with self._lock:
-            return len(self._read(path, int(batch))[0])
+        return self.grid(path, batch)[3]
 
     def baseline_live(self, path: str | None, batch: int) -> bool:
         """Whether T_t(B, 1) rests on ``cost_settle`` live samples from B's bucket (always,
