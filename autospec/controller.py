@@ -22,12 +22,14 @@ from dataclasses import replace
 
 import torch
 
+from autospec.costs.table import CostTable
 from autospec.engine.plan import Plan, plan_request
 from autospec.engine.proposers import refusal
+from autospec.engine.runners import path_name
 from autospec.engine.stats import LoopStats, merge_stats
 from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wanted
 from autospec.policies.fixed import FixedK
-from autospec.policies.live import LiveStats, PairCosts
+from autospec.policies.live import LiveStats
 from autospec.suffix_memory import check_tenant
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Controller", "wrap", "unwrap", "K_LIMIT"]
 
 from autospec.policies.base import K_LIMIT  # noqa: E402, I001 -- the one limit on k
+
+BATCHED = path_name(False)  # the execution path a batched call runs on
 
 class Controller:
     """Speculative ``generate`` for one target/draft pair."""
@@ -46,7 +50,7 @@ class Controller:
                  cuda_graphs="auto", metrics=False, ngram=None, suffix=None,
                  tenant: str | None = None):
         from autospec.engine.checks import check_pair
-        from autospec.engine.runners import path_name, resolve_graphs
+        from autospec.engine.runners import resolve_graphs
 
         k_max = _check_k_max(k_max)
         check_pair(model, draft, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer,
@@ -96,8 +100,12 @@ class Controller:
         self.target_context = _context_length(model)
         self.draft_context = None if draft is None else _context_length(draft)
         self.log_text = log_text
-        self.live: dict[str, LiveStats] = {}  # per category: acceptance, live
-        self._pair_costs: PairCosts | None = None  # the pair's costs, which they reference
+        self.live: dict[str, LiveStats] = {}  # per category: acceptance and rate, live
+        # the pair's costs per (execution path, batch size), shared by every category; the
+        # paths whose batch-1 row was warmed from the store, and whether the grid was
+        self.costs = CostTable(params=params_of(self.policy))
+        self._warmed: set[str] = set()
+        self._grid_warmed = False
         self.store = self.writer = self.telemetry = self._release_store = None
         self.store_failures = 0  # the store's failures: at wrap, and queueing records
         self.store_unusable: str | None = None  # why serving runs without telemetry
@@ -340,11 +348,13 @@ class Controller:
         cats = category if isinstance(category, list) else [category] * len(rows)
         resolved = [self._categorise(c, ids) for c, (ids, _) in zip(cats, rows)]
         names = [r[0] for r in resolved]
+        lives = [self.live_stats(c) for c in names]
+        if plan.rows:
+            self._warm_batched(names[0])
         res = run(
             self.model, self.draft, [ids for ids, _ in rows], sampling=plan.sampling,
             policy=policy, max_new_tokens=plan.max_new_tokens, categories=names,
-            lives=[self.live_stats(c) for c in names],
-            costs=self.batch_costs() if plan.rows else None,
+            lives=lives, costs=self.costs,
             forecasts=[None if k is not None else r[3] for r in resolved],
             min_new_tokens=plan.min_new_tokens, eos_token_ids=plan.eos,
             stopping_criteria=plan.stopping_criteria, streamer=streamer, generator=generator,
@@ -403,69 +413,57 @@ class Controller:
         return (not plan.rows and not plan.pad_prefix.shape[1] and not self.static_cache
                 and not self.layouts[0].sliding)
 
-    def batch_costs(self):
-        """The pair's T_t(B, n) and T_d(B), live, warmed once from the store's grid as every
-        reader sees it (``costs.stored.stored_costs``: the probe's shape at the level earlier
-        batches measured, else their live points)."""
-        costs = getattr(self, "_batch_costs", None)
-        if costs is not None:
-            return costs
-        from autospec.policies.batchcosts import BatchCosts
-
+    def _warm_batched(self, category: str) -> None:
+        """Once, at the first batched call: the pair's batch grid on the batched loop's path
+        (eager), warmed from the store as every reader sees it (``costs.stored.stored_costs``:
+        the probe's shape at the level earlier batches measured, else their live points),
+        and that path's batch-1 row (a batched call's one-row tail runs there) where it is
+        not this controller's own."""
+        if self._grid_warmed:
+            return
         with self._lock:
-            if getattr(self, "_batch_costs", None) is None:
-                costs = BatchCosts(live=True,  # the store's grid, recalibrated live
-                                   shape_floor=params_of(self.policy).shape_floor)
-                if self.store is not None:
-                    from autospec.costs.stored import stored_costs
-                    from autospec.store import queries
+            if self._grid_warmed:
+                return
+            self._grid_warmed = True
+            if self.store is None:
+                return
+            from autospec.costs.stored import stored_costs
+            from autospec.store import queries
 
-                    try:
-                        with self.store.session() as s:
-                            pid = queries.pair_id(s, self.telemetry.pair)
-                            if pid is not None:  # as the report reads it: the live level
-                                stored = stored_costs(s, pid, parts={"grid"})
-                                costs.warm(stored.grid, stored.draft_grid)
-                    except Exception as e:
-                        log.warning("autospec: could not warm batch costs from the store: %s",
-                                    e)
-                self._batch_costs = costs
-        return self._batch_costs
+            try:
+                with self.store.session() as s:
+                    pid = queries.pair_id(s, self.telemetry.pair)
+                    if pid is None:
+                        return
+                    stored = stored_costs(s, pid, parts={"grid"})  # as the report reads it
+                    self.costs.warm_grid(BATCHED, stored.grid, stored.draft_grid)
+                    if BATCHED not in self._warmed:
+                        self._warm_row(s, pid, category, BATCHED)
+            except Exception as e:
+                log.warning("autospec: could not warm batch costs from the store: %s", e)
 
     def live_stats(self, category: str) -> LiveStats:
-        """The category's live statistics, created on first use and warmed from the store:
-        its own acceptance, beside the pair's costs (``pair_costs``), which every category
-        references."""
+        """The category's live statistics (its acceptance and rate), created on first use and
+        warmed from the store; the first category's read also warms the pair's batch-1 costs
+        on this controller's path (``costs``, which every category shares)."""
         live = self.live.get(category)
         if live is None:
             with self._lock:
                 live = self.live.get(category)
                 if live is None:
-                    first = self._pair_costs is None
-                    if first:
-                        self._pair_costs = PairCosts(params=params_of(self.policy))
-                    live = LiveStats(params=params_of(self.policy), costs=self._pair_costs)
-                    self._warm(category, live, costs=first)
+                    live = LiveStats(params=params_of(self.policy))
+                    self._warm(category, live)
                     self.live[category] = live
         return live
 
-    @property
-    def pair_costs(self) -> PairCosts | None:
-        """The pair's batch-1 costs on this controller's path (T_t(n), T_d, the lookups'
-        time, the draft's catch-up fit, the busy-machine guard): one object, fed by every
-        category's timings and read by every category's decisions. Warmed from the store
-        once, with the first category (None before any request)."""
-        return self._pair_costs
-
-    def _warm(self, category: str, live: LiveStats, *, costs: bool = True) -> None:
+    def _warm(self, category: str, live: LiveStats) -> None:
         """History of this category and pair from the store (a read, once per category;
-        WAL readers never wait on writers): the category's acceptance, and with ``costs``
-        (the first category: the pair's costs are warmed once, then measured live, so a
-        later category starts from what the process measured) the pair's costs. Failures
-        only cost the warm start."""
+        WAL readers never wait on writers): the category's acceptance, and, where this
+        controller's path is not warmed yet, its batch-1 costs (``_warm_row``: warmed once,
+        then measured live, so a later category starts from what the process measured).
+        Failures only cost the warm start."""
         if self.store is None:
             return
-        from autospec.costs.stored import stored_costs
         from autospec.store import queries
 
         try:
@@ -474,22 +472,29 @@ class Controller:
                 if pid is None:
                     return
                 sums = queries.category_summaries(s, category=category, pair_id=pid)
-                # costs from one path (the one this controller runs) and one source (the
-                # probe if any, else well-measured live points), so their ratios hold; live
-                # timings then replace them as they come in. The draft's catch-up cost is the
-                # pair's: priced from the first resumption (logged catch-ups, else the probe's)
-                c = (stored_costs(s, pid, category, path=self.path,
-                                  parts={"batch1", "catch_up", "lookups"}) if costs else None)
-            if c is not None:
-                live.warm_catch_up(c.catch_up)
-                # a probe's curve is exempt from the shape guard (every n timed back to
-                # back); a live one passes it again here, whoever stored it
-                live.costs.warm(c.t_target, c.t_draft, c.t_lookup, probe=c.from_probe)
+                if self.path not in self._warmed:
+                    self._warm_row(s, pid, category, self.path)
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.by_proposer, bandwidth_utilisation=sm.bandwidth_utilisation)
         except Exception as e:
             log.warning("autospec: could not warm category %r from the store: %s", category, e)
+
+    def _warm_row(self, session, pid: int, category: str, path: str) -> None:
+        """The pair's batch-1 row on ``path`` from the store, once: T_t(n) and T_d from one
+        source (the probe if any, else well-measured live points) so their ratios hold, live
+        timings then replacing them; the draft's catch-up fit (logged catch-ups, else the
+        probe's); the lookups' time (``category``'s)."""
+        from autospec.costs.stored import stored_costs
+
+        self._warmed.add(path)
+        c = stored_costs(session, pid, category, path=path,
+                         parts={"batch1", "catch_up", "lookups"})
+        row = self.costs.at(path, 1)
+        row.warm_catch_up(c.catch_up)
+        # a probe's curve is exempt from the shape guard (every n timed back to back); a
+        # live one passes it again here, whoever stored it
+        row.warm(c.t_target, c.t_draft, c.t_lookup, probe=c.from_probe)
 
     def _categorise(self, category: str | None, input_ids: torch.Tensor):
         """(category, how it was set, prompt features, predicted acceptance). Features are

@@ -13,14 +13,13 @@ from .base import (
     batch_bucket,
     proposer_of,
 )
-from .batchcosts import BatchCosts
 from .costmodel import CostModelPolicy
 from .fixed import FixedK
 from .heuristic import Heuristic
-from .live import LiveStats, PairCosts
+from .live import LiveStats
 from .table import TablePolicy
 from .tuned import TunedPolicy, build_policy
 
-__all__ = ["BatchCosts", "CallablePolicy", "Choice", "HYBRID", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
-           "LiveStats", "PairCosts", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
+__all__ = ["CallablePolicy", "Choice", "HYBRID", "proposer_of", "Context", "CostModelPolicy", "FixedK", "Heuristic",
+           "LiveStats", "Outcome", "Policy", "TablePolicy", "ThompsonBandit", "TunedPolicy",
            "as_policy", "auto_policy", "batch_bucket", "build_policy"]

@@ -49,11 +49,13 @@ class Context:
     batch_size: int = 1
     generated: int = 0  # tokens generated so far in this request
     remaining: int = 1  # tokens this request may still generate
-    live: Any = None  # the category's LiveStats (acceptance posterior, timings), if any
+    live: Any = None  # the category's LiveStats (its acceptance and rate), if any
     predicted_alpha: float | None = None  # this request's acceptance forecast (categoriser)
     categories: tuple[str, ...] = ()  # each row's category
     rows: tuple = ()  # each row's category's LiveStats
-    costs: Any = None  # the controller's BatchCosts
+    # the pair's costs at this iteration's execution path and batch size: the row of the
+    # controller's cost table (``autospec.costs.table.CostTable.at``); None: none measured
+    costs: Any = None
     remaining_rows: tuple[int, ...] = ()  # each row's tokens left (empty: ``remaining``)
     # the proposers this request can use, by name (``autospec.engine.proposers``), and the
     # one of them that is a model (the draft model: drafts every row from a distribution,
@@ -66,8 +68,8 @@ class Context:
     sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     whole: tuple[str, ...] = ()  # lookups whose block is first offered whole (their draft)
     gap: int = 0  # tokens the model proposer has not seen (its catch-up; the widest row's)
-    # this request's own LiveStats (feed_costs=False): its rate, match points, lookup blocks
-    # and shadow; per row in ``requests``, as the forecasts in ``predicted_alphas``
+    # this request's own LiveStats: its rate, match points, lookup blocks and shadow; per row
+    # in ``requests``, as the forecasts in ``predicted_alphas``
     request: Any = None
     requests: tuple = ()
     predicted_alphas: tuple[float | None, ...] = ()

@@ -244,16 +244,17 @@ def best_offer(blocks: Sequence[Offer], t_plain: float, rate: float | None,
     return best
 
 
-def induced_catch_up(live, gap: int, tokens: float) -> float:
+def induced_catch_up(costs, gap: int, tokens: float) -> float:
     """Seconds a lookup block emitting ``tokens`` adds to the draft model's next step where a
     draft block was the alternative: C(gap + tokens) against that step's own cost (T_d after
-    a draft block; C(gap) when it was behind already). 0 while no catch-up was measured."""
-    if live is None:
+    a draft block; C(gap) when it was behind already), by ``costs`` (the pair's at this path
+    and batch size, a ``CostRow``). 0 while no catch-up was measured."""
+    if costs is None:
         return 0.0
-    after = live.catch_up_cost(max(1, round(gap + tokens)))
+    after = costs.catch_up_cost(max(1, round(gap + tokens)))
     if after is None:
         return 0.0
-    before = (live.t_draft or 0.0) if gap <= 2 else (live.catch_up_cost(gap) or 0.0)
+    before = (costs.draft_cost() or 0.0) if gap <= 2 else (costs.catch_up_cost(gap) or 0.0)
     return max(0.0, after - before)
 
 
@@ -286,19 +287,19 @@ def held(curve: Sequence[float], size: int) -> list[float]:
     return list(curve[:size]) + [0.0] * max(0, len(curve) - size)
 
 
-def catch_up_per_token(live, gap: int, served: float, *, rows: int = 1,
+def catch_up_per_token(costs, gap: int, served: float, *, rows: int = 1,
                        t_draft: float | None = None) -> float:
     """The draft model's catch-up over the ``gap`` tokens it has not seen, less the one
-    proposal it replaces (T_d), per token of the ``served`` it will then serve; 0 for the
-    usual gap of one or two tokens and while no catch-up was measured. At batch (``rows`` > 1,
-    ``gap`` the widest row's) one forward of rows × gap slots, less one draft step of the
-    batch (``t_draft``, T_d(B))."""
-    if gap <= 2 or live is None:
+    proposal it replaces (T_d), per token of the ``served`` it will then serve, by ``costs``
+    (a ``CostRow``); 0 for the usual gap of one or two tokens and while no catch-up was
+    measured. At batch (``rows`` > 1, ``gap`` the widest row's) one forward of rows × gap
+    slots, less one draft step of the batch (``t_draft``, T_d(B))."""
+    if gap <= 2 or costs is None:
         return 0.0
-    cost = live.catch_up_cost(gap * max(1, rows))
+    cost = costs.catch_up_cost(gap * max(1, rows))
     if cost is None:
         return 0.0
-    step = live.t_draft if t_draft is None else t_draft
+    step = costs.draft_cost() if t_draft is None else t_draft
     return max(0.0, cost - (step or 0.0)) / max(1.0, served)
 
 
@@ -375,15 +376,18 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
 
 
 # what a decision prices by (``_prices``): rows' statistics, T_t(1), T_t(n), T_d, both measured?,
-# ρ (None: T_t(1)), busy?, the costs' origin, the probe's key and statistics, the step costs
-_Prices = namedtuple("_Prices", "rows t1 cost t_draft measured rate busy origin key live steps")
+# ρ (None: T_t(1)), busy?, the costs' origin, the probe's key and statistics, the step costs,
+# the costs (the ``CostRow`` of the iteration's path and batch size)
+_Prices = namedtuple("_Prices",
+                     "rows t1 cost t_draft measured rate busy origin key live steps costs")
 
 
 class CostModelPolicy:
     """``auto``: the block that finishes the work in front of it soonest (the module's one
-    objective, docs/policy.md), from the category's acceptance and the pair's measured costs
-    (batch 1's from the statistics, B > 1's from the controller's ``BatchCosts``), decided by
-    one function at every batch size (``_choose``) with one exploration rule (``_probe``).
+    objective, docs/policy.md), from the category's acceptance (its ``LiveStats``) and the
+    pair's measured costs (``Context.costs``: the row of the controller's ``CostTable`` at
+    the iteration's path and batch size), decided by one function at every batch size
+    (``_choose``) with one exploration rule (``_probe``).
 
     ``params``: every number it decides by (``policies.params.Parameters``); keyword
     arguments override single fields (``CostModelPolicy(z=0.5)``). ``proposers``: "both"
@@ -408,7 +412,7 @@ class CostModelPolicy:
         # the draft model, and the LiveStats.level_moves seen last
         self._off, self._moves = {}, {}
         self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
-        # per LiveStats: the curves and costs derived from it, with the version they are of
+        # per LiveStats (and CostRow): the curves (costs) derived, with the version they are of
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
 
@@ -438,10 +442,11 @@ class CostModelPolicy:
         return self._memo(live, (proposer, match, top), live.proposer_version(proposer),
                           lambda: live.curve(proposer, top, z=self.params.z, match=match))
 
-    def derived_cost(self, live) -> Callable[[int], float] | None:
-        """T_t as a function from ``live``, rebuilt when anything changed (``version``)."""
-        return self._memo(live, "cost", live.version,
-                          lambda: live.cost(optimistic=self.params.optimistic))
+    def derived_cost(self, costs) -> Callable[[int], float] | None:
+        """T_t(B, ·) as a function from ``costs`` (a ``CostRow``), rebuilt when its path's
+        costs changed (``version``)."""
+        return self._memo(costs, "cost", costs.version,
+                          lambda: costs.cost(optimistic=self.params.optimistic))
 
     def _row_stats(self, context) -> list:
         """Each row's statistics to decide by (batch 1: ``context.live``): the controller's,
@@ -477,38 +482,34 @@ class CostModelPolicy:
 
     def _prices(self, context, top: int, proposers) -> _Prices | tuple[int, str]:
         """What the decision prices by (``_Prices``), or (k, rule) where nothing can be priced
-        yet: plain steps until T_t(1) is settled at this batch size ("baseline"), a block at
-        ``initial_k`` without statistics ("no-stats")."""
-        p = self.params
-        if _batched(context):
-            batch, costs = context.batch_size, context.costs
-            points = costs.target_points(batch) if hasattr(costs, "target_points") else None
-            cost = costs.target_cost(batch, optimistic=p.optimistic)
-            if (cost is None or (points is not None and 1 not in points)
-                    or not getattr(costs, "baseline_live", lambda b: True)(batch)):
-                return 0, "baseline"  # plain batched decoding at this B measures it
-            rows, t_draft = self._row_stats(context), costs.draft_cost(batch)
-            return _Prices(rows, cost(1), cost, t_draft,
-                           t_draft is not None and (points is None or len(points) >= 2),
-                           cost(1) / len(rows), False, "batch",
-                           (tuple(sorted(set(_per_row(context, "categories", context.category)))),
-                            batch_bucket(batch)),
-                           next((r for r in rows if r is not None), None),
-                           lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic))
-        (live,) = self._row_stats(context)
-        if live is None:
+        yet: a block at ``initial_k`` without statistics at batch 1 ("no-stats"), plain steps
+        until T_t(B, 1) can be decided by ("baseline": ``CostRow.ready``). Every cost is read
+        from ``context.costs``, at batch 1 and at B > 1 alike."""
+        p, costs, batched = self.params, context.costs, _batched(context)
+        rows = None if batched else self._row_stats(context)
+        if rows is not None and rows[0] is None:
             k = min(p.initial_k, top)
             model = context.model if context.model in proposers else None
             lookup = next((n for n in proposers if n != model), None)
             if model is None and lookup is None:
                 return 0, "no-stats"
             return (k if model is not None else Choice(k, lookup)), "no-stats"
-        if not live.settled(1):
-            return 0, "baseline"
-        return _Prices([live], live.t_target[1], self.derived_cost(live), live.t_draft,
-                       live.t_draft is not None and len(live.t_target) >= 2,
-                       self._rate(live, context, proposers), live.busy(), live.cost_origin(),
-                       context.category, live, None)
+        if costs is None or not costs.ready():
+            return 0, "baseline"  # plain steps at this path and batch size measure it
+        rows = self._row_stats(context) if rows is None else rows
+        cost, t_draft = self.derived_cost(costs), costs.draft_cost()
+        if batched:
+            batch = context.batch_size
+            rate = cost(1) / len(rows)
+            key = (tuple(sorted(set(_per_row(context, "categories", context.category)))),
+                   batch_bucket(batch))
+            steps = lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic)  # noqa: E731
+            live = next((r for r in rows if r is not None), None)
+        else:
+            live, key, steps = rows[0], context.category, None
+            rate = self._rate(live, costs, context, proposers)
+        return _Prices(rows, cost(1), cost, t_draft, costs.known(), rate, costs.busy(),
+                       costs.cost_origin(), key, live, steps, costs)
 
     def _choose(self, context, top: int, why: dict | None) -> tuple[int, str]:
         """(k, the rule that decided it: ``policies.explain.RULES``); ``why`` (where asked)
@@ -579,7 +580,7 @@ class CostModelPolicy:
                 curves.append(held(request_curve(
                     self.derived(live, name, top, match), req, name, match,
                     prior_blocks=p.request_prior_blocks), size))
-                t_lookup = max(t_lookup, live.t_lookup.get(name) or 0.0)
+                t_lookup = pr.costs.lookup_cost(name) or 0.0
             cap = capped(curves[0])
             k = 0
             if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
@@ -589,7 +590,7 @@ class CostModelPolicy:
             if not k:
                 k = batch_best_k(curves, t_lookup, cost, cap)[0]
             # where a paying draft block is the alternative, it pays the draft's catch-up
-            induced = (induced_catch_up(rows[0], getattr(context, "gap", 0),
+            induced = (induced_catch_up(pr.costs, getattr(context, "gap", 0),
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
@@ -656,7 +657,7 @@ class CostModelPolicy:
         At batch > 1 per (categories, batch-size bucket), by the first row's statistics.
         """
         p, key, live = self.params, pr.key, pr.live
-        moves = getattr(live, "level_moves", 0)
+        moves = pr.costs.moves()
         moved, self._moves[key] = moves != self._moves.get(key, 0), moves
         t_draft = pr.t_draft or 0.0
         rule, k = None, 0
@@ -673,13 +674,13 @@ class CostModelPolicy:
             k, wait = min(p.probe_k, top), p.reprobe_every
             if pr.t1:
                 dear = k * t_draft + max(0.0, pr.cost(k + 1) - pr.t1) + catch_up_per_token(
-                    live, getattr(context, "gap", 0), 1.0, rows=len(pr.rows),
+                    pr.costs, getattr(context, "gap", 0), 1.0, rows=len(pr.rows),
                     t_draft=t_draft)
                 wait = max(wait, math.ceil(wait * (dear / pr.t1) / p.reprobe_steps - 1e-9))
             rule = "reprobe" if moved or self._off.get(key, 0) + 1 >= wait else None
         return (k, rule) if rule is not None and k > 0 else None
 
-    def _rate(self, live, context, proposers) -> float | None:
+    def _rate(self, live, costs, context, proposers) -> float | None:
         """ρ, what a token past a block's first is worth (seconds): with several proposers,
         the rate the request runs at (its own, pulled toward its category's by
         ``request_prior_tokens`` tokens), never above T_t(1); None (T_t(1)) with one
@@ -687,7 +688,7 @@ class CostModelPolicy:
         if len(proposers) < 2 or self.proposers != "both":
             return None
         rate = live.seconds_per_token()
-        t1 = live.t_target.get(1)
+        t1 = costs.t_target.get(1)
         if rate is None or t1 is None:
             return None
         req = getattr(context, "request", None)
@@ -697,15 +698,12 @@ class CostModelPolicy:
 
     def _catch_up(self, context, rows: Sequence, t_draft: float | None, proposers) -> float:
         """The draft model's catch-up per token it is expected to serve: one forward over the
-        ``rows`` × the widest row's gap (``context.gap``) by the pair's catch-up fit, less
-        one draft step (``t_draft``), shared over the rows' tokens left, each row's times its
-        share beside prompt lookup (``_draft_share``; all of them alone)."""
-        gap = getattr(context, "gap", 0)
-        if gap <= 2:
-            return 0.0
-        fit = next((live for live in rows
-                    if live is not None and live.catch_up_cost(gap) is not None), None)
-        if fit is None:
+        ``rows`` × the widest row's gap (``context.gap``) by the path's catch-up fit
+        (``context.costs``), less one draft step (``t_draft``), shared over the rows' tokens
+        left, each row's times its share beside prompt lookup (``_draft_share``; all of them
+        alone)."""
+        gap, fit = getattr(context, "gap", 0), context.costs
+        if gap <= 2 or fit is None or fit.catch_up_cost(gap) is None:
             return 0.0
         share = 1.0
         lookups = [n for n in proposers if n != context.model]
@@ -765,8 +763,8 @@ def _draft_share(live, context, lookups: Sequence[str], params: Parameters = DEF
 def _step_costs(costs, batch: int, cost, t_draft: float,
                 optimistic: bool) -> Callable[[int, int], float]:
     """step(b, k): one iteration of b rows at k, k · T_d(b) + T_t(b, k + 1) (k = 0: T_t(b, 1)),
-    read at ``batch`` and the powers of two below it, linear in b between them; a size
-    ``costs`` has nothing for is priced at ``batch``'s."""
+    read at ``batch`` and the powers of two below it (on the path's grid: ``costs.across``),
+    linear in b between them; a size the grid has nothing for is priced at ``batch``'s."""
     anchors = sorted({batch, *(1 << i for i in range(batch.bit_length()) if 1 << i < batch)})
     anchored = set(anchors)
     per_b: dict[int, tuple] = {batch: (cost, t_draft)}
@@ -775,7 +773,7 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
     def at(b: int, k: int) -> float:
         got = per_b.get(b)
         if got is None:
-            tc, td = costs.target_cost(b, optimistic=optimistic), costs.draft_cost(b)
+            tc, td = costs.across(b, optimistic=optimistic)
             got = per_b[b] = (tc or cost, td if td is not None else t_draft)
         return got[0](k + 1) + k * got[1] if k else got[0](1)
 
@@ -797,7 +795,7 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
 
 
 def _batched(context) -> bool:
-    """A batch the batch cost model can decide for: rows and the costs at batch sizes."""
+    """A batch the batch cost model decides for: more than one row, and costs for it."""
     return (getattr(context, "batch_size", 1) > 1 and bool(getattr(context, "rows", ()))
             and getattr(context, "costs", None) is not None)
 

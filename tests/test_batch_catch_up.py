@@ -1,22 +1,31 @@
 """The draft model's catch-up at batch > 1. The batched loop resumes the draft model with one
 forward over every row's unseen tokens, padded to the widest row's gap: B × gap slots. That
 forward is the prompt at the first draft block and a stretch's worth after k = 0. The loop
-tells the policy the gap (``Context.gap``) and feeds each catch-up to the statistics'
-fit. The batch cost model charges it shared over the batch's tokens left, and replay charges
-it the same way. Unpriced, a batch's first draft block took in every prompt for free."""
+tells the policy the gap (``Context.gap``) and feeds each catch-up, in the tokens it took in,
+to its path's fit in the pair's cost table. The batch cost model charges it shared over the
+batch's tokens left, and replay charges it the same way. Unpriced, a batch's first draft
+block took in every prompt for free."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from test_batch_policy import T_DRAFT, batch_context, grid_costs, t_draft, t_target, warm_stats
+from test_batch_policy import (
+    PATH,
+    T_DRAFT,
+    batch_context,
+    grid_costs,
+    t_draft,
+    t_target,
+    warm_stats,
+)
 from test_catch_up_replay import Recorder  # a fixed k schedule, recording each gap
 from test_draft_cost import Stretches
 
 import autospec
 from autospec.ngram import NGRAM_NONE, encode_trace_value
-from autospec.policies import Context, CostModelPolicy, LiveStats
+from autospec.policies import Context, CostModelPolicy
 from autospec.policies.costmodel import batch_best_k, catch_up_per_token, expected_tokens
 from autospec.store.queries import TraceRow
 from autospec.traces import TRACE_GREEDY
@@ -29,10 +38,11 @@ from test_batch_exact import batch
 B_PER_TOKEN = 0.001  # the catch-up fit below: C(g) = 1 ms per token taken in
 
 
-def fitted(stats: LiveStats) -> LiveStats:
+def fitted(costs):
+    """``costs`` (a cost table) with its path's catch-up fit measured."""
     for g in (10, 100, 400, 1000):
-        stats.observe_catch_up(g, B_PER_TOKEN * g)
-    return stats
+        costs.at(PATH).observe_catch_up(g, B_PER_TOKEN * g)
+    return costs
 
 
 def test_batch_best_k_charges_the_per_token_share_of_a_catch_up():
@@ -52,12 +62,13 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
     """At batch 1 and at batch 4 the verification forward costs the same (flat up to 16 scored
     tokens), but the batch's catch-up takes in 4 rows' gaps. The same gap and tokens left that
     pay back one row's catch-up do not pay back four."""
-    stats = fitted(warm_stats(0.8))
+    stats = warm_stats(0.8)
+    costs, policy = fitted(grid_costs()), CostModelPolicy(proposers="draft")
+    one = costs.at(PATH, 1)
     for n in range(1, 17):
-        stats.t_target[n] = t_target(1, n)
-    stats.t_draft = T_DRAFT
-    costs, policy = grid_costs(), CostModelPolicy(proposers="draft")
-    single = Context(category="c", live=stats, gap=300, remaining=20)
+        one.t_target[n] = t_target(1, n)
+    one.t_draft = T_DRAFT
+    single = Context(category="c", live=stats, costs=one, gap=300, remaining=20)
     assert policy.choose(single) > 0
     at4 = dict(remaining=20, gap=300)
     assert policy.choose(replace(batch_context(stats, 4, costs), **at4)) == 0
@@ -65,13 +76,13 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
     ctx = replace(batch_context(stats, 4, costs), **at4)
     priced = policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
     assert priced == pytest.approx((B_PER_TOKEN * 1200 - t_draft(4)) / 80)
-    assert priced == catch_up_per_token(stats, 300, 80, rows=4, t_draft=t_draft(4))
+    assert priced == catch_up_per_token(ctx.costs, 300, 80, rows=4, t_draft=t_draft(4))
     # the usual gap after a draft block, more tokens left to pay it back, or no fit yet: drafts
     for change in (dict(gap=2), dict(remaining=2000)):
         ctx = replace(batch_context(stats, 4, costs), **{**at4, **change})
         assert policy.choose(ctx) > 0, change
     cold = warm_stats(0.8)
-    ctx = replace(batch_context(cold, 4, costs), **at4)
+    ctx = replace(batch_context(cold, 4, grid_costs()), **at4)
     assert policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",)) == 0.0
     assert policy.choose(ctx) > 0
 
@@ -79,11 +90,11 @@ def test_the_catch_up_that_pays_at_batch_1_does_not_at_batch_4():
 def test_beside_the_n_gram_the_batch_shares_the_catch_up_as_batch_1_does():
     """With the n-gram proposer allowed, the draft model serves only the share of the tokens
     where the n-gram has no match (the category's): its catch-up is paid off over fewer."""
-    stats = fitted(warm_stats(0.8, blocks=50))
+    stats = warm_stats(0.8, blocks=50)
     for _ in range(30):  # three quarters of the decision points have a match
         for matched in (True, True, True, False):
             stats.observe_match(matched, proposer="ngram")
-    costs, policy = grid_costs(), CostModelPolicy()
+    costs, policy = fitted(grid_costs()), CostModelPolicy()
     ctx = replace(batch_context(stats, 4, costs), remaining=50, gap=100,
                   proposers=("draft", "ngram"))
     alone = policy._catch_up(ctx, list(ctx.rows), t_draft(4), ("draft",))
@@ -132,7 +143,7 @@ def test_the_batched_loop_tells_the_widest_gap_and_feeds_each_catch_up():
     assert len(resumed) >= 3 and all(g > 2 for g, _b in resumed)
     assert after_block and all(g <= 2 for g in after_block)
     # each resumption fed one catch-up of the rows running × the widest gap to the fit
-    live = spec.live["c"]
+    live = spec.costs.at("eager", 3)  # the path's fit, whichever batch size reads it
     weights = [0.98 ** (len(resumed) - 1 - i) for i in range(len(resumed))]
     assert live.catch_up[0] == pytest.approx(sum(weights))
     assert live.catch_up[1] == pytest.approx(sum(w * b * g
@@ -200,9 +211,9 @@ def test_replay_at_batch_charges_every_rows_gap_padded_to_the_widest():
     assert bare.catch_up_seconds == 0.0
     assert res.seconds - bare.seconds == pytest.approx(charged)
     assert res.tokens == bare.tokens == 24
-    live = {}
-    simulate(rows, Recorder([3, 0, 0, 3, 3]), _costs(), k_max=8, category="c", live=live)
-    assert live["c"].catch_up[1] == pytest.approx(0.98 * 100 + 8)  # B × gap, discounted
+    table = _costs().table()
+    simulate(rows, Recorder([3, 0, 0, 3, 3]), _costs(), k_max=8, category="c", table=table)
+    assert table.at(None, 2).catch_up[1] == pytest.approx(0.98 * 100 + 8)  # B × gap
 
 
 def test_an_n_gram_row_the_draft_caught_up_on_starts_its_gap_over():

@@ -1,6 +1,6 @@
 """Policies at batch > 1: the batch cost model on synthetic costs (verification flat at batch 1,
-compute-bound at batch 16), BatchCosts across batch sizes, the table policy, the bandit's
-batch-size buckets."""
+compute-bound at batch 16), the cost table's batch grid across batch sizes, the table policy,
+the bandit's batch-size buckets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from autospec.costs.table import CostTable
 from autospec.policies import (
-    BatchCosts,
     Context,
     CostModelPolicy,
     Heuristic,
@@ -33,6 +33,8 @@ from autospec.policies.params import DEFAULTS
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 T_DRAFT = 0.02
+PATH = "eager"  # the execution path every table here keeps its costs under
+NAN = float("nan")
 
 
 def t_target(batch: int, n: int) -> float:
@@ -44,10 +46,10 @@ def t_draft(batch: int) -> float:
     return T_DRAFT * max(1.0, batch / 32)
 
 
-def grid_costs() -> BatchCosts:
-    costs = BatchCosts()
-    costs.warm({b: {n: t_target(b, n) for n in range(1, 17)} for b in BATCHES},
-               {b: t_draft(b) for b in BATCHES})
+def grid_costs() -> CostTable:
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {b: {n: t_target(b, n) for n in range(1, 17)} for b in BATCHES},
+                    {b: t_draft(b) for b in BATCHES})
     return costs
 
 
@@ -61,20 +63,23 @@ def warm_stats(alpha: float, blocks: int = 400) -> LiveStats:
 
 def batch_context(stats, batch: int, costs, *, category: str = "c", k_max: int = 16,
                   remaining: int = 48):
-    """A batch of one category's rows, each with ``remaining`` tokens still to generate."""
+    """A batch of one category's rows, each with ``remaining`` tokens still to generate, and
+    ``costs`` (a ``CostTable``) at its batch size."""
     return Context(category=category, k_max=k_max, batch_size=batch, remaining=remaining,
-                   categories=(category,) * batch, rows=(stats,) * batch, costs=costs)
+                   categories=(category,) * batch, rows=(stats,) * batch,
+                   costs=costs.at(PATH, batch))
 
 
 # -- the batch cost model ---------------------------------------------------------------------
 
 def test_costmodel_speculates_at_batch_1_and_turns_off_at_batch_16():
     stats = warm_stats(0.8)
-    for n in range(1, 17):  # batch 1 reads the category's own timings, as before
-        stats.t_target[n] = t_target(1, n)
-    stats.t_draft = T_DRAFT
     policy, costs = CostModelPolicy(), grid_costs()
-    assert policy.choose(Context(category="c", live=stats)) > 0
+    one = costs.at(PATH, 1)
+    for n in range(1, 17):  # batch 1 reads its own row's timings, as before
+        one.t_target[n] = t_target(1, n)
+    one.t_draft = T_DRAFT
+    assert policy.choose(Context(category="c", live=stats, costs=one)) > 0
     assert policy.choose(batch_context(stats, 4, costs)) > 0  # 4 × (k + 1) still cheap
     assert policy.choose(batch_context(stats, 16, costs)) == 0
     assert policy.choose(batch_context(stats, 32, costs)) == 0
@@ -173,11 +178,11 @@ def test_a_row_leaving_the_batch_makes_the_rest_cheaper_where_steps_cost_by_rows
 
 def test_costmodel_speculates_by_each_rows_tokens_left():
     stats_fast, stats_slow = warm_stats(0.95), warm_stats(0.55)
-    costs = BatchCosts()
-    costs.warm({b: {n: 0.2 * (1 + 0.02 * (n - 1)) for n in range(1, 17)} for b in (1, 2, 4)},
-               {b: 0.065 for b in (1, 2, 4)})
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {b: {n: 0.2 * (1 + 0.02 * (n - 1)) for n in range(1, 17)}
+                           for b in (1, 2, 4)}, {b: 0.065 for b in (1, 2, 4)})
     policy = CostModelPolicy()
-    ctx = Context(category="fast", batch_size=4, remaining=48, costs=costs,
+    ctx = Context(category="fast", batch_size=4, remaining=48, costs=costs.at(PATH, 4),
                   categories=("fast", "fast", "fast", "slow"),
                   rows=(stats_fast, stats_fast, stats_fast, stats_slow))
     together = policy.choose(replace(ctx, remaining_rows=(48, 48, 48, 48)))
@@ -188,7 +193,8 @@ def test_costmodel_speculates_by_each_rows_tokens_left():
 
 def test_min_gain_is_measured_against_plain_batched_decoding():
     stats, costs = warm_stats(0.8), grid_costs()
-    k, s = batch_best_k([stats.curve("draft", 16)] * 4, t_draft(4), costs.target_cost(4), 16)
+    k, s = batch_best_k([stats.curve("draft", 16)] * 4, t_draft(4),
+                        costs.target_cost(PATH, 4), 16)
     assert k > 0 and s > 1
     assert CostModelPolicy(min_gain=s - 1 - 1e-9).choose(batch_context(stats, 4, costs)) == k
     assert CostModelPolicy(min_gain=s - 1 + 1e-3).choose(batch_context(stats, 4, costs)) == 0
@@ -197,12 +203,12 @@ def test_min_gain_is_measured_against_plain_batched_decoding():
 def test_batch_exploration_measures_plain_then_drafts_then_turns_off():
     """Cold costs at batch 16: plain decoding first (measures T_t(16, 1)), then initial_k
     (measures the draft), then each k the optimistic curve still favours, once, then off."""
-    stats, costs, policy = warm_stats(0.8), BatchCosts(), CostModelPolicy(initial_k=3)
+    stats, costs, policy = warm_stats(0.8), CostTable(live=False), CostModelPolicy(initial_k=3)
     ctx = batch_context(stats, 16, costs)
     ks = []
     for _ in range(12):
         k = ks.append(policy.choose(ctx)) or ks[-1]
-        costs.observe(16, k + 1, t_target(16, k + 1), t_draft(16) if k else None)
+        ctx.costs.observe(k, t_target(16, k + 1), t_draft(16) * k if k else NAN)
     assert ks[:2] == [0, 3]
     assert ks[-6:] == [0] * 6
     tried = [k for k in ks if k]
@@ -211,11 +217,13 @@ def test_batch_exploration_measures_plain_then_drafts_then_turns_off():
 
 def test_batch_reprobes_after_reprobe_every_off_iterations_without_disturbing_batch_1():
     stats = warm_stats(0.8)
+    one = CostTable().at(PATH)
     for n in range(1, 18):  # compute-bound at batch 1 too: off there as well
-        stats.t_target[n] = 0.1 * n
-    stats.t_draft = T_DRAFT
+        one.t_target[n] = 0.1 * n
+    one.t_draft = T_DRAFT
     policy = CostModelPolicy(reprobe_every=5, probe_k=2)
-    single, batched = Context(category="c", live=stats), batch_context(stats, 16, grid_costs())
+    single = Context(category="c", live=stats, costs=one)
+    batched = batch_context(stats, 16, grid_costs())
     single_ks, batch_ks = [], []
     for _ in range(12):
         single_ks.append(policy.choose(single))
@@ -231,17 +239,18 @@ def test_a_reprobe_whose_catch_up_is_dear_comes_less_often():
     steps, for the default pair in bf16 on a CPU without AVX-512. Every 64 off steps that
     was 16 % of plain decoding; the cadence stretches until it costs reprobe_steps."""
     stats = warm_stats(0.05)  # off: acceptance far below the draft's cost
-    stats.t_target.update({1: 0.22, 2: 0.4})
-    stats.t_draft = 0.11
+    one = CostTable().at(PATH)
+    one.t_target.update({1: 0.22, 2: 0.4})
+    one.t_draft = 0.11
     policy = CostModelPolicy(reprobe_every=64, probe_k=1)
-    cheap = Context(category="c", live=stats, gap=2)
+    cheap = Context(category="c", live=stats, costs=one, gap=2)
     ks = [policy.choose(cheap) for _ in range(128)]
     assert ks.count(1) == 2 and ks[63] == ks[127] == 1  # the usual cadence
     for g in (40, 60):
-        stats.observe_catch_up(g, 0.3 + 0.033 * g)  # C(g) = 0.3 + 0.033 g s
-    dear = Context(category="c", live=stats, gap=60)
+        one.observe_catch_up(g, 0.3 + 0.033 * g)  # C(g) = 0.3 + 0.033 g s
+    dear = Context(category="c", live=stats, costs=one, gap=60)
     # the probe: T_d + T_t(2) - T_t(1), plus the catch-up less the proposal it includes
-    probe = 0.11 + (0.4 - 0.22) + (stats.catch_up_cost(60) - 0.11)
+    probe = 0.11 + (0.4 - 0.22) + (one.catch_up_cost(60) - 0.11)
     assert probe / 0.22 > 10  # about ten plain steps
     after = math.ceil(64 * probe / 0.22 / DEFAULTS.reprobe_steps)
     ks = [policy.choose(dear) for _ in range(after)]
@@ -268,69 +277,74 @@ def test_costmodel_with_own_discount_learns_from_each_rows_accepted_count():
     assert stats.observed("draft") == pytest.approx(20)  # the controller's statistics are untouched
 
 
-# -- BatchCosts -------------------------------------------------------------------------------
+# -- the cost table's batch grid -------------------------------------------------------------
 
 def test_batch_costs_interpolate_linearly_across_batch_sizes_per_n():
-    costs = BatchCosts()
-    costs.warm({4: {1: 0.1, 8: 0.4}, 16: {1: 0.3, 8: 1.6}}, {4: 0.02, 16: 0.06})
-    points = costs.target_points(8)  # a third of the way from 4 to 16
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {4: {1: 0.1, 8: 0.4}, 16: {1: 0.3, 8: 1.6}}, {4: 0.02, 16: 0.06})
+    points = costs.target_points(PATH, 8)  # a third of the way from 4 to 16
     assert points == pytest.approx({1: 0.1 + 0.2 / 3, 8: 0.4 + 1.2 / 3})
-    assert costs.draft_cost(10) == pytest.approx(0.04)
-    assert costs.target_cost(8, optimistic=False)(8) == pytest.approx(0.8)
+    assert costs.draft_cost(PATH, 10) == pytest.approx(0.04)
+    assert costs.target_cost(PATH, 8, optimistic=False)(8) == pytest.approx(0.8)
 
 
 def test_batch_costs_extend_beyond_the_measured_batch_sizes():
-    costs = BatchCosts()
-    costs.warm({4: {1: 0.1}, 8: {1: 0.2}}, {4: 0.02, 8: 0.03})
-    assert costs.target_points(16)[1] == pytest.approx(0.4)  # along the last two
-    assert costs.draft_cost(16) == pytest.approx(0.05)
-    assert costs.target_points(2)[1] == pytest.approx(0.05)  # downward: proportional at most
-    flat = BatchCosts()
-    flat.warm({4: {1: 0.2}, 8: {1: 0.1}}, {})  # noise made B = 8 cheaper: never extend down
-    assert flat.target_points(16)[1] == pytest.approx(0.1)
-    assert flat.target_points(2)[1] == pytest.approx(0.2)
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {4: {1: 0.1}, 8: {1: 0.2}}, {4: 0.02, 8: 0.03})
+    assert costs.target_points(PATH, 16)[1] == pytest.approx(0.4)  # along the last two
+    assert costs.draft_cost(PATH, 16) == pytest.approx(0.05)
+    assert costs.target_points(PATH, 2)[1] == pytest.approx(0.05)  # downward: proportional
+    flat = CostTable(live=False)  # noise made B = 8 cheaper: never extend down
+    flat.warm_grid(PATH, {4: {1: 0.2}, 8: {1: 0.1}}, {})
+    assert flat.target_points(PATH, 16)[1] == pytest.approx(0.1)
+    assert flat.target_points(PATH, 2)[1] == pytest.approx(0.2)
 
 
 def test_one_measured_batch_size_says_nothing_about_another():
-    costs = BatchCosts()
-    costs.observe(1, 1, 0.1, 0.02)
-    assert costs.target_cost(16) is None and costs.draft_cost(16) is None
-    assert costs.target_cost(1)(4) == pytest.approx(0.1)
+    costs = CostTable(live=False)
+    costs.at(PATH, 1).observe(0, 0.1)
+    costs.at(PATH, 1).observe(1, 0.1, 0.02)
+    assert costs.target_cost(PATH, 16) is None and costs.draft_cost(PATH, 16) is None
+    assert costs.target_cost(PATH, 1)(4) == pytest.approx(0.1)
 
 
 def test_live_points_replace_warm_values_then_average():
-    costs = BatchCosts(ema=0.5)
-    costs.warm({4: {1: 1.0, 2: 1.0}}, {4: 1.0})
-    version = costs.version
-    costs.observe(4, 1, 0.2, 0.01)
-    assert costs.version > version
-    target, draft = costs.snapshot()
+    costs = CostTable(params=DEFAULTS.but(cost_ema=0.5))  # a live loop's: it reads its rows
+    costs.warm_grid(PATH, {4: {1: 1.0, 2: 1.0}}, {4: 1.0})
+    row = costs.at(PATH, 4)
+    version = row.version
+    row.observe(0, 0.2)
+    row.observe(1, NAN, 0.01)  # a draft timing alone
+    assert row.version > version  # what the policy derived from the grid is rebuilt
+    target, draft = costs.snapshot(PATH)
     assert target[4] == {1: 0.2, 2: 1.0} and draft[4] == 0.01
-    costs.observe(4, 1, 0.4, 0.03)
-    target, draft = costs.snapshot()
+    row.observe(0, 0.4)
+    row.observe(1, NAN, 0.03)
+    target, draft = costs.snapshot(PATH)
     assert target[4][1] == pytest.approx(0.3) and draft[4] == pytest.approx(0.02)
-    costs.warm({4: {1: 9.0, 2: 2.0}}, {4: 9.0})  # a new grid keeps the live points
-    target, draft = costs.snapshot()
+    costs.warm_grid(PATH, {4: {1: 9.0, 2: 2.0}}, {4: 9.0})  # a new grid keeps the live points
+    target, draft = costs.snapshot(PATH)
     assert target[4] == pytest.approx({1: 0.3, 2: 2.0}) and draft[4] == pytest.approx(0.02)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), None, 0.0, -1.0, float("inf")])
 def test_unusable_timings_are_ignored(bad):
-    costs = BatchCosts()
-    costs.observe(4, 2, bad, bad)
-    assert costs.snapshot() == ({}, {}) and costs.target_cost(4) is None
+    costs = CostTable(live=False)
+    costs.at(PATH, 4).observe(1, bad, bad)
+    assert costs.snapshot(PATH) == ({}, {}) and costs.target_cost(PATH, 4) is None
 
 
 def test_target_cost_follows_new_points():
-    costs = BatchCosts()
-    costs.observe(2, 1, 0.1)
-    assert costs.target_cost(2)(1) == pytest.approx(0.1)
-    costs.observe(2, 1, 0.3)
-    assert costs.target_cost(2)(1) == pytest.approx(0.2)  # median of the first samples
-    costs.observe(2, 1, 0.3)
-    assert costs.target_cost(2)(1) == pytest.approx(0.3)
-    costs.observe(2, 1, 0.5)  # settled: an EMA from here
-    assert costs.target_cost(2)(1) == pytest.approx(0.8 * 0.3 + 0.2 * 0.5)
+    costs = CostTable(live=False)
+    row = costs.at(PATH, 2)
+    row.observe(0, 0.1)
+    assert costs.target_cost(PATH, 2)(1) == pytest.approx(0.1)
+    row.observe(0, 0.3)
+    assert costs.target_cost(PATH, 2)(1) == pytest.approx(0.2)  # median of the first samples
+    row.observe(0, 0.3)
+    assert costs.target_cost(PATH, 2)(1) == pytest.approx(0.3)
+    row.observe(0, 0.5)  # settled: an EMA from here
+    assert costs.target_cost(PATH, 2)(1) == pytest.approx(0.8 * 0.3 + 0.2 * 0.5)
 
 
 def test_a_slow_first_forward_does_not_become_the_point():
@@ -338,13 +352,15 @@ def test_a_slow_first_forward_does_not_become_the_point():
     pair T_t(16, 1) read 466 ms once, then ~290 ms. A point is the median of its first
     ``settle`` samples, so one slow sample moves it by nothing; an EMA seeded with it
     (the rule before) kept it at 430 ms after three samples."""
-    costs = BatchCosts(live=True)
+    costs = CostTable()
+    row = costs.at(PATH, 16)
     for t in (0.466, 0.290, 0.292):
-        costs.observe(16, 1, t, 0.235 if t > 0.4 else 0.165)
-    assert costs.target_points(16)[1] == pytest.approx(0.292)
-    assert costs.draft_cost(16) == pytest.approx(0.165)
+        row.observe(0, t)
+        row.observe(1, NAN, 0.235 if t > 0.4 else 0.165)
+    assert costs.target_points(PATH, 16)[1] == pytest.approx(0.292)
+    assert costs.draft_cost(PATH, 16) == pytest.approx(0.165)
     with pytest.raises(ValueError, match="settle"):
-        BatchCosts(settle=0)
+        CostTable(params=DEFAULTS.but(cost_settle=0))
 
 
 # -- the table policy -------------------------------------------------------------------------
@@ -489,18 +505,18 @@ LIVE_16 = {1: 0.267, 2: 0.407}
 LIVE_DRAFT_16 = 0.165
 
 
-def probe_costs(*, live: bool) -> BatchCosts:
-    costs = BatchCosts(live=live)
-    costs.warm(PROBE, PROBE_DRAFT)
+def probe_costs(*, live: bool) -> CostTable:
+    costs = CostTable(live=live)
+    costs.warm_grid(PATH, PROBE, PROBE_DRAFT)
     return costs
 
 
 def test_live_points_rescale_the_probe_where_the_loop_has_not_measured():
     costs = probe_costs(live=True)
     for n, t in LIVE_16.items():
-        costs.observe(16, n, t, LIVE_DRAFT_16)
+        costs.at(PATH, 16).observe(n - 1, t, LIVE_DRAFT_16 * (n - 1))
     # at B = 12 (not measured live) each n takes the probe's value times live/probe at B = 16
-    pts = costs.target_points(12)
+    pts = costs.target_points(PATH, 12)
     for n in (1, 2):
         probe_12 = (PROBE[8][n] + PROBE[16][n]) / 2
         assert pts[n] == pytest.approx(probe_12 * LIVE_16[n] / PROBE[16][n])
@@ -509,7 +525,7 @@ def test_live_points_rescale_the_probe_where_the_loop_has_not_measured():
     assert pts[3] == pytest.approx(probe_12_3 * LIVE_16[2] / PROBE[16][2])
     # so the cost ratio the loop measured carries over, not the probe's
     assert pts[2] / pts[1] > 1.4 > (PROBE[8][2] + PROBE[16][2]) / (PROBE[8][1] + PROBE[16][1])
-    assert costs.draft_cost(12) == pytest.approx(
+    assert costs.draft_cost(PATH, 12) == pytest.approx(
         (PROBE_DRAFT[8] + PROBE_DRAFT[16]) / 2 * LIVE_DRAFT_16 / PROBE_DRAFT[16])
 
 
@@ -521,34 +537,34 @@ def test_a_batch_size_with_a_live_baseline_takes_the_shape_at_its_own_level():
     probe's 1.15, and ran auto plain at B = 4 where k = 1 paid)."""
     probe = {1: {1: 0.160, 2: 0.165}, 2: {1: 0.140, 2: 0.145},
              4: {1: 0.141, 2: 0.163, 3: 0.179}, 8: {1: 0.171, 2: 0.191, 3: 0.220}}
-    costs = BatchCosts(live=True)
-    costs.warm(probe, {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.08})
-    for _ in range(costs.settle):
-        costs.observe(2, 1, 1.5 * 0.140)
-        costs.observe(2, 2, 1.5 * 0.145)
-        costs.observe(4, 1, 0.141)
-    pts = costs.target_points(4)
+    costs = CostTable()
+    costs.warm_grid(PATH, probe, {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.08})
+    for _ in range(DEFAULTS.cost_settle):
+        costs.at(PATH, 2).observe(0, 1.5 * 0.140)
+        costs.at(PATH, 2).observe(1, 1.5 * 0.145)
+        costs.at(PATH, 4).observe(0, 0.141)
+    pts = costs.target_points(PATH, 4)
     assert pts[1] == pytest.approx(0.141)
     assert pts[2] / pts[1] == pytest.approx(0.163 / 0.141)
     assert pts[3] / pts[1] == pytest.approx(0.179 / 0.141)  # n = 3: the nearest n's shape
     # a shape the loop measured does carry over: at B = 2 n = 2 costs 1.3× the probe's ratio
     for _ in range(60):  # the EMA settles on it
-        costs.observe(2, 2, 1.5 * 0.145 * 1.3)
-    pts = costs.target_points(4)
+        costs.at(PATH, 2).observe(1, 1.5 * 0.145 * 1.3)
+    pts = costs.target_points(PATH, 4)
     assert pts[2] / pts[1] == pytest.approx(0.163 / 0.141 * 1.3, rel=0.02)
     # a batch size without a live baseline keeps the per-n factors (live / probe at that n)
-    assert costs.target_points(8)[2] == pytest.approx(0.191 * 1.5 * 1.3, rel=0.01)
+    assert costs.target_points(PATH, 8)[2] == pytest.approx(0.191 * 1.5 * 1.3, rel=0.01)
 
 
 def test_live_costs_need_a_live_baseline_per_batch_bucket():
     costs = probe_costs(live=True)
-    assert not costs.baseline_live(16) and not costs.baseline_live(12)
-    for i in range(costs.settle):  # the baseline rests on settle samples, not one
-        assert not costs.baseline_live(16)
-        costs.observe(16 if i else 17, 1, LIVE_16[1])
-    assert costs.baseline_live(16) and costs.baseline_live(20)  # bucket 16–31
-    assert not costs.baseline_live(12)  # bucket 8–15
-    assert probe_costs(live=False).baseline_live(12)  # replay trusts its grid
+    assert not costs.baseline_live(PATH, 16) and not costs.baseline_live(PATH, 12)
+    for i in range(DEFAULTS.cost_settle):  # the baseline rests on settle samples, not one
+        assert not costs.baseline_live(PATH, 16)
+        costs.at(PATH, 16 if i else 17).observe(0, LIVE_16[1])
+    assert costs.baseline_live(PATH, 16) and costs.baseline_live(PATH, 20)  # bucket 16–31
+    assert not costs.baseline_live(PATH, 12)  # bucket 8–15
+    assert probe_costs(live=False).baseline_live(PATH, 12)  # replay trusts its grid
 
 
 def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
@@ -562,20 +578,20 @@ def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
     # slow, as the first forwards at a new batch size are (it does not become the baseline)
     for t in (0.466, LIVE_16[1], LIVE_16[1]):
         assert policy.choose(batch_context(stats, 16, costs)) == 0
-        costs.observe(16, 1, t)
+        costs.at(PATH, 16).observe(0, t)
     k = policy.choose(batch_context(stats, 16, costs))
-    costs.observe(16, k + 1, LIVE_16[2] if k == 1 else 0.5, LIVE_DRAFT_16)
+    costs.at(PATH, 16).observe(k, LIVE_16[2] if k == 1 else 0.5, LIVE_DRAFT_16 * k)
     assert policy.choose(batch_context(stats, 16, costs)) == 0
     # a row leaves: B = 15 is another bucket — one plain step, then still off
-    for _ in range(costs.settle):
+    for _ in range(DEFAULTS.cost_settle):
         assert policy.choose(batch_context(stats, 15, costs)) == 0
-        costs.observe(15, 1, 0.26)
+        costs.at(PATH, 15).observe(0, 0.26)
     assert policy.choose(batch_context(stats, 15, costs)) == 0
     # where verification is cheap live as well, the same policy speculates
     cheap = probe_costs(live=True)
-    for _ in range(cheap.settle):
-        cheap.observe(16, 1, 0.267)
-    cheap.observe(16, 2, 0.280, 0.05)
+    for _ in range(DEFAULTS.cost_settle):
+        cheap.at(PATH, 16).observe(0, 0.267)
+    cheap.at(PATH, 16).observe(1, 0.280, 0.05)
     assert policy.choose(batch_context(stats, 16, cheap)) > 0
 
 
@@ -591,14 +607,18 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     step (B tokens for T_t(B, 1)) with the rest of the batch at the draft model's block's rate
     where it pays (T_t(B, 1) / (B · S_B)), else plain's — recomputed here from the record."""
     live = LiveStats()
-    live.warm_start({"draft": ([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8), "ngram": ([400 * ngram_alpha ** (i + 1) for i in range(8)], [400] * 8)}, t_draft=0.03, t_target={n: 0.2 for n in range(1, 18)}, probe=True, t_lookup={"ngram": 1e-5})
-    costs = BatchCosts()
-    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.02 * max(0, n - 3)) for n in range(1, 18)}
-                for b in (1, 2)}, {1: 0.04, 2: 0.06})
+    live.warm_start({"draft": ([400 * 0.8 ** (i + 1) for i in range(8)], [400] * 8),
+                     "ngram": ([400 * ngram_alpha ** (i + 1) for i in range(8)], [400] * 8)})
+    costs = CostTable(live=False)
+    costs.at(PATH, 1).warm(t_draft=0.03, t_target={n: 0.2 for n in range(1, 18)}, probe=True,
+                           t_lookup={"ngram": 1e-5})
+    costs.warm_grid(PATH, {b: {n: 0.25 * b ** 0.2 * (1 + 0.02 * max(0, n - 3))
+                               for n in range(1, 18)} for b in (1, 2)}, {1: 0.04, 2: 0.06})
     why: list = []
     k = CostModelPolicy().choose(Context(
         category="c", k_max=8, batch_size=2, live=live, rows=(live, live),
-        categories=("c", "c"), costs=costs, remaining=max(left), remaining_rows=left,
+        categories=("c", "c"), costs=costs.at(PATH, 2), remaining=max(left),
+        remaining_rows=left,
         proposers=("draft", "ngram"), matches={"ngram": (3, 3)}, why=why))
     record = why[0]
     t1, cands = record["t_plain"], {c["proposer"]: c for c in record["candidates"]}

@@ -80,7 +80,7 @@ def _k_sequence(traces) -> list[int]:
     """The k the cost-model policy chooses per iteration, replaying ``traces`` from a history
     where one block in ten reached depth 1 and few were accepted there."""
     live = LiveStats()
-    live.warm_start({"draft": ([95.0, 2.0], [100.0, 10.0])}, t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
+    live.warm_start({"draft": ([95.0, 2.0], [100.0, 10.0])})
     return chosen_ks(traces, live, CostModelPolicy())
 
 

@@ -1,8 +1,9 @@
 """Costs a busy machine cannot fool (issue 32, item 5): the shape guard, the level tracked
 from recent plain steps, scatter, and the re-measure when the level moves — driven with real
-``LiveStats`` and ``CostModelPolicy`` through timing sequences that reproduce a busy start
-(a neighbour's burst on both cores while the first plain steps were timed) and its end. The
-timings are given, never measured: nothing here depends on this machine's speed."""
+``LiveStats``, a real ``CostTable`` row and ``CostModelPolicy`` through timing sequences that
+reproduce a busy start (a neighbour's burst on both cores while the first plain steps were
+timed) and its end. The timings are given, never measured: nothing here depends on this
+machine's speed."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import random
 
 import pytest
 
+from autospec.costs.rules import shape_guard, spread
 from autospec.costs.stored import stored_costs
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy
 from autospec.policies.costmodel import acceptance_cap, expected_tokens
-from autospec.policies.live import LiveStats, shape_guard, spread
+from autospec.policies.live import LiveStats
 from autospec.policies.params import DEFAULTS
 
 from conftest import noisy_copy, tiny
@@ -29,17 +32,24 @@ def quiet_t(n: int) -> float:
     return T1 * (0.82 if n == 2 else 1 + 0.04 * (n - 1))
 
 
-def run(live, iterations: int, alpha, *, load=lambda it: 1.0, draft_load=None,
+def stats() -> tuple[LiveStats, object]:
+    """A category's statistics and the pair's costs at batch 1 (a fresh table's row)."""
+    return LiveStats(), CostTable().at("eager")
+
+
+def run(live, costs, iterations: int, alpha, *, load=lambda it: 1.0, draft_load=None,
         t_draft: float = 0.07, seed: int = 0, jitter: float = 0.0, policy=None):
     """Decode ``iterations`` iterations with ``policy`` (the cost model) choosing k; each
     block accepts position i with ``alpha(i)`` (or a constant); the target's forward of n
     tokens takes quiet_t(n) × load(it), a draft step t_draft × draft_load(it) (default: the
-    same load). Returns the k chosen per iteration."""
+    same load), fed to the category's ``live`` and the pair's ``costs`` as the accounting
+    feeds them. Returns the k chosen per iteration."""
     policy = policy or CostModelPolicy()
     rng, noise = random.Random(seed), random.Random(seed + 1)
     ks = []
     for it in range(iterations):
-        k = int(policy.choose(Context(category="chat", k_max=16, live=live, remaining=500)))
+        k = int(policy.choose(Context(category="chat", k_max=16, live=live, costs=costs,
+                                      remaining=500)))
         m = 0
         while m < k and rng.random() < (alpha(m) if callable(alpha) else alpha):
             m += 1
@@ -47,6 +57,7 @@ def run(live, iterations: int, alpha, *, load=lambda it: 1.0, draft_load=None,
         f = load(it)
         fd = draft_load(it) if draft_load is not None else f
         live.observe(k, m, fd * t_draft * k * j, f * quiet_t(k + 1) * j)
+        costs.observe(k, f * quiet_t(k + 1) * j, fd * t_draft * k * j)
         ks.append(k)
     return ks
 
@@ -62,12 +73,12 @@ def test_a_burst_during_the_first_plain_steps_does_not_buy_long_blocks():
     quiet moment. Before the guard: T_t(1) = 1.32 s was never re-measured while drafting,
     every block looked nearly free against it, and k climbed to 8 at acceptance ~0.2."""
     for seed in range(3):
-        live = LiveStats()
-        ks = run(live, 80, tail, load=lambda it: 6.0 if it < 5 else 1.0, seed=seed)
+        live, costs = stats()
+        ks = run(live, costs, 80, tail, load=lambda it: 6.0 if it < 5 else 1.0, seed=seed)
         assert max(ks) < 8, ks
-        assert live.t_target[1] == pytest.approx(T1, rel=0.05)  # the level was re-measured
-        assert live.held_out >= 1
-        curve = live.cost()
+        assert costs.t_target[1] == pytest.approx(T1, rel=0.05)  # the level was re-measured
+        assert costs.held_out >= 1
+        curve = costs.cost()
         assert all(curve(n) >= SHAPE_FLOOR * curve(1) for n in range(2, 17))
 
 
@@ -77,15 +88,16 @@ def test_a_stored_impossible_curve_is_held_out_at_warm_start():
     impossible points are measured again and the level with them."""
     history = [0.3 * 0.8 ** i for i in range(16)]  # cumulative rates of the tail above
     bad = {1: 1.329, 2: 1.1, 4: 0.9, 14: 0.338}
-    live = LiveStats()
-    live.warm_start({"draft": ([50 * h for h in history], [50.0] * 16)}, weight=50, t_target=bad, t_draft=0.07)
-    assert sorted(live.t_target) == [1, 2]  # 0.9 and 0.338 are below 0.7 × 1.329
-    assert all(t >= SHAPE_FLOOR * live.t_target[1] for t in live.t_target.values())
-    ks = run(live, 60, tail)
+    live, costs = stats()
+    live.warm_start({"draft": ([50 * h for h in history], [50.0] * 16)}, weight=50)
+    costs.warm(t_target=bad, t_draft=0.07)
+    assert sorted(costs.t_target) == [1, 2]  # 0.9 and 0.338 are below 0.7 × 1.329
+    assert all(t >= SHAPE_FLOOR * costs.t_target[1] for t in costs.t_target.values())
+    ks = run(live, costs, 60, tail)
     assert max(ks) < 8, ks
     # a probe timed every n back to back: its curve is trusted as it is
-    probed = LiveStats()
-    probed.warm_start({}, t_target={1: 0.2, 2: 0.12, 4: 0.13}, t_draft=0.02, probe=True)
+    probed = CostTable().at("eager")
+    probed.warm(t_target={1: 0.2, 2: 0.12, 4: 0.13}, t_draft=0.02, probe=True)
     assert probed.t_target == {1: 0.2, 2: 0.12, 4: 0.13}
     assert probed.cost()(2) == pytest.approx(0.12)
     assert shape_guard(bad) == {1: 1.329, 2: 1.1}
@@ -95,14 +107,17 @@ def test_a_busy_machine_bounds_k_by_acceptance():
     """Timings that scatter (a burst every other plain step) make the machine busy; then k
     stays within what the acceptance alone justifies (α = 0.13: k = 1), whatever the
     costs say."""
-    live = LiveStats()
-    live.warm_start({"draft": ([200 * 0.13 ** (i + 1) for i in range(16)], [200.0] * 16)}, weight=200, t_target={1: 1.0, 2: 1.0, 17: 1.0}, t_draft=0.001)  # flat and free
+    live, costs = stats()
+    live.warm_start({"draft": ([200 * 0.13 ** (i + 1) for i in range(16)], [200.0] * 16)},
+                    weight=200)
+    costs.warm(t_target={1: 1.0, 2: 1.0, 17: 1.0}, t_draft=0.001)  # flat and free
     policy = CostModelPolicy()
-    ctx = Context(category="chat", k_max=16, live=live, remaining=500)
+    ctx = Context(category="chat", k_max=16, live=live, costs=costs, remaining=500)
     assert policy.choose(ctx) == 3  # quiet costs this cheap buy longer blocks
     for t in (1.0, 3.0, 1.0, 3.0):
         live.observe(0, 0, 0.0, t)
-    assert live.busy()
+        costs.observe(0, t)
+    assert costs.busy()
     assert 0 < policy.choose(ctx) <= acceptance_cap(live.curve("draft", 16), 16) == 1
     assert acceptance_cap(0.5, 16) == 3 and acceptance_cap(0.8, 16) == 10
     assert expected_tokens(0.13, 1) > 1
@@ -115,15 +130,15 @@ def test_speculation_comes_back_soon_after_a_burst_ends():
     once — before, the re-probe waited 64 off steps and more (stretched by the busy costs),
     and none came within these requests."""
     for seed in range(3):
-        live = LiveStats()
-        ks = run(live, 120, 0.7, load=lambda it: 3.0 if it < 40 else 1.0,
+        live, costs = stats()
+        ks = run(live, costs, 120, 0.7, load=lambda it: 3.0 if it < 40 else 1.0,
                  draft_load=lambda it: 10.0 if it < 40 else 1.0, seed=seed)
         assert not any(ks[10:40])  # priced out while busy
         back = next(i for i in range(40, 120) if ks[i] > 0)
         assert back - 40 <= 8, ks
         assert sum(k > 0 for k in ks[60:]) >= 50  # and it stays on where it pays
-        assert live.level_moves >= 1
-        assert live.t_draft == pytest.approx(0.07, rel=0.1)  # re-measured, not carried
+        assert costs.level_moves >= 1
+        assert costs.t_draft == pytest.approx(0.07, rel=0.1)  # re-measured, not carried
 
 
 # the k sequences of the cost model before the guard, on quiet timings (±3 % noise): the
@@ -140,10 +155,10 @@ BEFORE = {
 
 @pytest.mark.parametrize("alpha,t_draft", sorted(BEFORE))
 def test_quiet_consistent_timings_decide_as_before(alpha, t_draft):
-    live = LiveStats()
-    ks = run(live, 80, alpha, t_draft=t_draft, jitter=0.03)
+    live, costs = stats()
+    ks = run(live, costs, 80, alpha, t_draft=t_draft, jitter=0.03)
     assert ks == BEFORE[(alpha, t_draft)]
-    assert not live.busy() and live.held_out == 0 and live.level_moves == 0
+    assert not costs.busy() and costs.held_out == 0 and costs.level_moves == 0
 
 
 def test_spread_reads_bursts_not_single_outliers():
@@ -181,34 +196,33 @@ def test_a_warm_start_from_a_bad_live_store_is_guarded(models, tmp_path):
             curve, source = c.t_target, c.source
         assert curve == pytest.approx({1: 1.329, 2: 1.1}) and "held out" in source
     spec = autospec.Controller(*models, store=url, policy="auto")
-    live = spec.live_stats("default")
+    spec.live_stats("default")
     spec.close()
-    assert sorted(live.t_target) == [1, 2]
+    assert sorted(spec.costs.at("eager").t_target) == [1, 2]
     probe = {1: 0.2, 2: 0.12, 4: 0.13}
     with open_store(url) as store:
         with store.session() as s:
             add_probe(s, pinfo, {"target_s_by_n": probe, "draft_s": 0.02, "path": "eager"})
             s.commit()
     spec = autospec.Controller(*models, store=url, policy="auto")
-    live = spec.live_stats("default")
+    spec.live_stats("default")
     spec.close()
-    assert live.t_target == pytest.approx(probe)
+    assert spec.costs.at("eager").t_target == pytest.approx(probe)
 
 
 def test_batch_costs_hold_out_a_shape_no_machine_shows():
     """The guard at B > 1: T_t(4, 1) settled during a burst (×3), then a quiet block of 5
     tokens at a third of it is held out, not taken for the curve's shape; a floor above it
     keeps it."""
-    from autospec.policies.batchcosts import BatchCosts
-
     for floor, held in ((SHAPE_FLOOR, True), (0.2, False)):
-        costs = BatchCosts(live=True, shape_floor=floor)
+        table = CostTable(params=DEFAULTS.but(shape_floor=floor))
+        costs = table.at("eager", 4)
         for _ in range(3):
-            costs.observe(4, 1, 3 * 0.3)
-        costs.observe(4, 5, 0.33, 0.02)
+            costs.observe(0, 3 * 0.3)
+        costs.observe(4, 0.33, 4 * 0.02)
         assert costs.held_out == int(held)
-        assert (5 in costs.snapshot()[0][4]) == (not held)
-        cost = costs.target_cost(4)
+        assert (5 in table.snapshot("eager")[0][4]) == (not held)
+        cost = table.target_cost("eager", 4)
         assert all(cost(n) >= floor * cost(1) - 1e-12 for n in range(2, 9))
 
 
@@ -218,11 +232,11 @@ def test_busy_reads_what_the_recent_timings_say_every_iteration():
     timings, read afresh (the quartiles as ``statistics`` computes them), say."""
     import statistics
 
-    def fresh(ls: LiveStats) -> bool:
+    def fresh(ls) -> bool:
         it = ls.iterations
         if it < ls._busy_until:
             return True
-        for samples in ls.costs._recent.values():
+        for samples in ls._recent.values():
             xs = [t for i, t in samples if i >= it - DEFAULTS.scatter_window]
             if len(xs) >= 3:
                 q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
@@ -231,13 +245,13 @@ def test_busy_reads_what_the_recent_timings_say_every_iteration():
         return False
 
     rng = random.Random(7)
-    ls = LiveStats()
+    ls = CostTable().at("eager")
     verdicts = set()
     for it in range(600):
         k = rng.choice([0, 0, 0, 1, 3, 4, 7]) if it % 200 < 120 else 0
         burst = 3.0 if 250 <= it < 270 or rng.random() < 0.03 else 1.0
-        ls.observe(k, rng.randint(0, k), 0.001 * k, burst * 0.01 * (1 + 0.1 * k)
-                   * rng.uniform(0.97, 1.03))
+        rng.randint(0, k)  # the accepted count (no timing): the same random sequence
+        ls.observe(k, burst * 0.01 * (1 + 0.1 * k) * rng.uniform(0.97, 1.03), 0.001 * k)
         got = ls.busy()
         assert got == fresh(ls), it
         verdicts.add(got)

@@ -1,7 +1,8 @@
 """The draft model's catch-up, priced: its first use in a request costs a forward over every
 token it has not seen (the whole prompt), and after a stretch at k = 0 or of n-gram blocks, a
-forward over those. The loop measures it (tokens fed, seconds), ``LiveStats`` fits
-C(g) = a + b·g and counts how often the n-gram proposer has a match, and the cost model
+forward over those. The loop measures it (tokens fed, seconds), the pair's cost table fits
+C(g) = a + b·g per execution path, ``LiveStats`` counts how often the n-gram proposer has a
+match, and the cost model
 charges a resumption its catch-up shared over the tokens the draft is expected to serve in
 the rest of the request. Unpriced, auto paid a ~0.5 s catch-up over copy-heavy prompts to
 draft the few steps prompt lookup had no match for, and ran 2.20× where prompt lookup alone
@@ -13,6 +14,7 @@ import pytest
 from test_draft_cost import SLOW, Stretches, slow_catch_up  # noqa: F401 (a fixture)
 
 import autospec
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.costmodel import (
     best_k,
@@ -43,8 +45,13 @@ def block_saving(curve, k, t_propose, cost, per_token, value):
     return saved(offer("draft", curve, k, t_propose, cost, per_token), cost(1), value)
 
 
+def costs():
+    """The pair's costs at batch 1 on one path (a fresh table's row)."""
+    return CostTable().at("eager")
+
+
 def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
-    live = LiveStats()
+    live = costs()
     assert live.catch_up_cost(100) is None  # nothing measured: nothing to price
     for g in (300, 5, 12, 250, 3, 40):
         live.observe_catch_up(g, 0.01 + 0.002 * g)
@@ -52,15 +59,17 @@ def test_catch_up_cost_is_fitted_from_the_catch_ups_seen():
     assert live.catch_up_cost(1) == pytest.approx(0.012, rel=1e-6)
     live.t_draft = 0.05  # a catch-up is never cheaper than the proposal it includes
     assert live.catch_up_cost(1) == 0.05
-    one = LiveStats()
+    table = CostTable()
+    one = table.at("eager")
     one.observe_catch_up(200, 0.4)  # a single size: proportional to it
     assert one.catch_up_cost(50) == pytest.approx(0.1)
     one.observe_catch_up(0, 1.0)  # nothing fed, or no time: ignored
     one.observe_catch_up(10, float("nan"))
     assert one.catch_up[0] == 1
-    copied = one.copy()  # the catch-up fit is the pair's: a copy references it, not a freeze
-    assert copied.costs is one.costs and copied.catch_up is one.catch_up
-    alone = one.copy(costs=one.costs.copy())  # an independent copy (a replay's)
+    # the catch-up fit is the path's: every batch size's row reads it, in tokens taken in
+    at4 = table.at("eager", 4)
+    assert at4.catch_up is one.catch_up and table.at("static").catch_up[0] == 0
+    alone = table.copy().at("eager")  # an independent copy (a replay's)
     assert alone.catch_up == one.catch_up and alone.catch_up is not one.catch_up
 
 
@@ -142,15 +151,16 @@ def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
     block saves more seconds, so the request ends sooner with it: the policy drafts. Ranked
     by the ratio, auto spent a third of chat's steps on lookup blocks accepted 0.035–0.09
     of their tokens and lost to fixed k = 1 (1.08 against 1.23)."""
-    live = LiveStats(discount=1.0)
+    live, pair = LiveStats(discount=1.0), costs()
     for i in range(80):
         live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
+        pair.observe(1, 0.229, 0.075)
         live.observe_shadow("ngram", 1, int(i % 5 == 0), 1)
-    live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
-    live.t_draft, live.t_lookup["ngram"] = 0.075, 1e-6
+    pair.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
+    pair.t_draft, pair.t_lookup["ngram"] = 0.075, 1e-6
     live.spent = [0.15 * 400, 400]  # the category runs at 0.15 s per token
     policy = CostModelPolicy()
-    curve, cost = policy.derived(live, "draft", 8), policy.derived_cost(live)
+    curve, cost = policy.derived(live, "draft", 8), policy.derived_cost(pair)
     lookup = policy.derived(live, "ngram", 8, 1)
     kd, _ = best_k(curve, 0.075, cost, 8)
     kn, _ = best_k(lookup, 1e-6, cost, 8)
@@ -162,54 +172,58 @@ def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
     assert (block_saving(curve, kd, 0.075, cost, 0.0, value)
             > block_saving(lookup, kn, 1e-6, cost, 0.0, value) > 0)
     choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
-                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)},
-                                   gap=1))
+                                   live=live, costs=pair, proposers=("draft", "ngram"),
+                                   matches={"ngram": (1,)}, gap=1))
     assert int(choice) == kd and getattr(choice, "proposer", "draft") == "draft"
     # where the lookup's block also saves more (a copy: its tokens hold), it takes the step
     for _ in range(200):
         live.observe_shadow("ngram", 1, 8, 8)
     choice = policy.choose(Context(category="c", k_max=8, generated=10, remaining=40,
-                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)},
-                                   gap=1))
+                                   live=live, costs=pair, proposers=("draft", "ngram"),
+                                   matches={"ngram": (1,)}, gap=1))
     assert getattr(choice, "proposer", "draft") == "ngram"
 
 
-def _chat_like(first_every: int, catch_ups: bool) -> LiveStats:
-    """The draft's blocks hold 0.74 at T_d = 75 ms, the n-gram's from a 1-token match hold
-    1 in ``first_every``; verification flat; with ``catch_ups``, the draft's catch-ups
-    measured as on the default pair (3–4 tokens ~0.12 s, a 48-token prompt ~0.22 s)."""
-    live = LiveStats(discount=1.0)
+def _chat_like(first_every: int, catch_ups: bool):
+    """(a category's statistics, the pair's costs): the draft's blocks hold 0.74 at T_d =
+    75 ms, the n-gram's from a 1-token match hold 1 in ``first_every``; verification flat;
+    with ``catch_ups``, the draft's catch-ups measured as on the default pair (3–4 tokens
+    ~0.12 s, a 48-token prompt ~0.22 s)."""
+    live, pair = LiveStats(discount=1.0), costs()
     for i in range(120):
         live.observe(1, (1, 1, 1, 0)[i % 4], 0.075, 0.229)
+        pair.observe(1, 0.229, 0.075)
         live.observe_shadow("ngram", 1, int(i % first_every == 0), 1)
-    live.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
-    live.t_draft, live.t_lookup["ngram"] = 0.075, 1e-6
+    pair.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
+    pair.t_draft, pair.t_lookup["ngram"] = 0.075, 1e-6
     live.spent = [0.15 * 400, 400]
     if catch_ups:
         for g, c in ((3, 0.12), (4, 0.125), (48, 0.22), (3, 0.115), (50, 0.23)):
             live.observe_catch_up(g, c)
-    return live
+            pair.observe_catch_up(g, c)
+    return live, pair
 
 
 def test_an_n_gram_block_is_charged_the_catch_up_it_causes_the_draft():
-    live = _chat_like(3, catch_ups=True)
-    assert induced_catch_up(_chat_like(3, catch_ups=False), 1, 2.0) == 0.0  # unmeasured
+    _live, pair = _chat_like(3, catch_ups=True)
+    assert induced_catch_up(_chat_like(3, catch_ups=False)[1], 1, 2.0) == 0.0  # unmeasured
     # after a draft block (gap ≤ 2) the draft's next step becomes a catch-up over the block
-    assert induced_catch_up(live, 1, 2.0) == pytest.approx(live.catch_up_cost(3) - 0.075)
+    assert induced_catch_up(pair, 1, 2.0) == pytest.approx(pair.catch_up_cost(3) - 0.075)
     # already behind: only the tokens the block adds to the catch-up it owes anyway
-    assert induced_catch_up(live, 40, 2.0) == pytest.approx(
-        live.catch_up_cost(42) - live.catch_up_cost(40))
-    assert 0 < induced_catch_up(live, 40, 2.0) < induced_catch_up(live, 1, 2.0)
+    assert induced_catch_up(pair, 40, 2.0) == pytest.approx(
+        pair.catch_up_cost(42) - pair.catch_up_cost(40))
+    assert 0 < induced_catch_up(pair, 40, 2.0) < induced_catch_up(pair, 1, 2.0)
 
-    def choose(live):
+    def choose(stats):
+        live, pair = stats
         return CostModelPolicy().choose(Context(
-            category="c", k_max=8, generated=10, remaining=40, live=live,
+            category="c", k_max=8, generated=10, remaining=40, live=live, costs=pair,
             proposers=("draft", "ngram"), matches={"ngram": (1,)}, gap=1))
 
     # n-gram first tokens right 1 in 3: its block saves more than the draft's, less than
     # that once the draft's catch-up after it is counted
     assert getattr(choose(_chat_like(3, catch_ups=False)), "proposer", None) == "ngram"
-    chosen = choose(live)
+    chosen = choose(_chat_like(3, catch_ups=True))
     assert int(chosen) > 0 and getattr(chosen, "proposer", "draft") == "draft"
     # 1 in 2: the lookup pays for the catch-up too
     assert getattr(choose(_chat_like(2, catch_ups=True)), "proposer", None) == "ngram"
@@ -219,10 +233,10 @@ def test_the_request_rate_decides_where_the_category_rate_would_not():
     """A copy-heavy category runs at a third of plain decoding's time per token, so the
     draft model's blocks are not worth it there; a request of it that has nothing to copy
     (it ran 40 tokens at the plain rate so far) drafts again. (S alone would draft both.)"""
-    live = _measured(1)
+    live, pair = _measured(1)
     live.spent = [0.035 * 400, 400]  # the category: 0.035 s per token, T_t(1) = 0.104
-    live.t_draft = 0.035  # a draft step a third of the target's, as the default pair on CPU
-    ctx = dict(category="c", k_max=8, generated=40, remaining=200, live=live,
+    pair.t_draft = 0.035  # a draft step a third of the target's, as the default pair on CPU
+    ctx = dict(category="c", k_max=8, generated=40, remaining=200, live=live, costs=pair,
                proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=1)
     policy = CostModelPolicy()
     assert int(policy.choose(Context(**ctx))) == 0
@@ -237,10 +251,10 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     and one of its requests whose n-gram blocks and shadow all failed at once: its n-gram
     curve falls toward its own evidence, it stops proposing n-gram blocks, and the draft's
     catch-up is shared over more of the request (its matches serve nothing)."""
-    live = _measured(5)
-    live.t_target = {n: 0.1 + 0.02 * n for n in range(1, 18)}  # verification not free
+    live, pair = _measured(5)
+    pair.t_target = {n: 0.1 + 0.02 * n for n in range(1, 18)}  # verification not free
     request = LiveStats(discount=1.0)
-    ctx = dict(category="c", k_max=8, generated=20, remaining=44, live=live,
+    ctx = dict(category="c", k_max=8, generated=20, remaining=44, live=live, costs=pair,
                proposers=("draft", "ngram"), matches={"ngram": (2,)}, gap=1)
     cat_curve = live.curve("ngram", 8, match=2)
     assert request_curve(cat_curve, request, "ngram") == cat_curve
@@ -256,13 +270,13 @@ def test_a_request_whose_matches_fail_stops_trusting_its_categorys_n_gram():
     assert getattr(choice, "proposer", "draft") == "draft"
     policy = CostModelPolicy()
     far = dict(ctx, gap=300)
-    assert (policy._catch_up(Context(**far, request=request), [live], live.t_draft,
+    assert (policy._catch_up(Context(**far, request=request), [live], pair.t_draft,
                              ("draft", "ngram"))
-            < policy._catch_up(Context(**far), [live], live.t_draft, ("draft", "ngram")))
+            < policy._catch_up(Context(**far), [live], pair.t_draft, ("draft", "ngram")))
 
 
 def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
-    live = LiveStats()
+    live = costs()
     live.t_draft = 0.02
     assert catch_up_per_token(live, 300, 10) == 0.0  # unmeasured
     live.observe_catch_up(300, 0.62)
@@ -271,22 +285,24 @@ def test_a_catch_up_is_priced_only_past_the_usual_gap_and_once_measured():
     assert catch_up_per_token(live, 300, 0) == pytest.approx(0.60)  # at least one token
 
 
-def _measured(match_every: int) -> LiveStats:
-    """Costs like the default pair's on this CPU (T_t(1) 0.1 s, a draft step 0.02 s, a
-    catch-up over a 300-token prompt 0.6 s), the draft's k = 3 blocks worth 1.48× caught up,
-    and decision points of which one in ``match_every`` has no n-gram match (where one has,
-    its blocks hold)."""
-    live = LiveStats(discount=1.0)
-    live.t_target = {n: 0.1 + 0.004 * n for n in range(1, 18)}
-    live.t_draft, live.t_lookup["ngram"] = 0.02, 1e-6
+def _measured(match_every: int):
+    """(a category's statistics, the pair's costs): costs like the default pair's on this CPU
+    (T_t(1) 0.1 s, a draft step 0.02 s, a catch-up over a 300-token prompt 0.6 s), the
+    draft's k = 3 blocks worth 1.48× caught up, and decision points of which one in
+    ``match_every`` has no n-gram match (where one has, its blocks hold)."""
+    live, pair = LiveStats(discount=1.0), costs()
+    pair.t_target = {n: 0.1 + 0.004 * n for n in range(1, 18)}
+    pair.t_draft, pair.t_lookup["ngram"] = 0.02, 1e-6
     for i in range(60):
         live.observe(3, (2, 1, 3, 0)[i % 4], 0.06, 0.116)
+        pair.observe(3, 0.116, 0.06)
         live.observe_match(i % match_every != 0, proposer="ngram")
-    live.observe_catch_up(300, 0.6)
-    live.observe_catch_up(8, 0.03)
+    for g, c in ((300, 0.6), (8, 0.03)):
+        live.observe_catch_up(g, c)
+        pair.observe_catch_up(g, c)
     for _ in range(40):  # where it has a match, the n-gram's blocks hold
         live.observe_shadow("ngram", 2, 8, 8)
-    return live
+    return live, pair
 
 
 @pytest.mark.parametrize("gap, remaining, match_every, drafts", [
@@ -297,27 +313,28 @@ def _measured(match_every: int) -> LiveStats:
 ])
 def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
         gap, remaining, match_every, drafts):
-    live = _measured(match_every)
+    live, pair = _measured(match_every)
     policy = CostModelPolicy()
     ctx = Context(category="c", k_max=8, generated=4, remaining=remaining, live=live,
-                  proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=gap)
+                  costs=pair, proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=gap)
     choice = policy.choose(ctx)
     assert (int(choice) > 0) == drafts, (int(choice), live.unmatched_share("ngram"))
     if drafts:  # and the k it drafts with serves tokens at the best rate, catch-up included
         first = live.curve("ngram", 1)[0]
         share = live.unmatched_share("ngram")
         served = remaining * (share + (1 - share) * (1 - first))
-        curve, cost = live.curve("draft", 8), live.cost(optimistic=True)
-        per_token = catch_up_per_token(live, gap, served)
+        curve, cost = live.curve("draft", 8), pair.cost(optimistic=True)
+        per_token = catch_up_per_token(pair, gap, served)
         want, _s = best_k(curve, 0.02, cost, 8, per_token=per_token)
         assert int(choice) == want and getattr(choice, "proposer", "draft") == "draft"
-        value = min(live.seconds_per_token(), live.t_target[1])
+        value = min(live.seconds_per_token(), pair.t_target[1])
         assert valued_speedup(curve, want, 0.02, cost, per_token, value) > 1
 
 
 def test_the_draft_alone_charges_its_catch_up_to_the_whole_rest_of_the_request():
-    live = _measured(5)
-    ctx = dict(category="c", k_max=8, generated=4, live=live, matches={"ngram": (0,)}, gap=300)
+    live, pair = _measured(5)
+    ctx = dict(category="c", k_max=8, generated=4, live=live, costs=pair,
+               matches={"ngram": (0,)}, gap=300)
     policy = CostModelPolicy(proposers="draft")  # the n-gram is not this policy's option
     assert int(policy.choose(Context(**ctx, remaining=60, proposers=("draft", "ngram")))) > 0
     assert int(policy.choose(Context(**ctx, remaining=3, proposers=("draft", "ngram")))) == 0
@@ -354,11 +371,11 @@ def test_the_loop_reports_the_gap_and_measures_each_catch_up(slow_catch_up):  # 
     after_block = [g for i, g in enumerate(gaps) if i and ks[i - 1] > 0]
     assert len(resumed) >= 3 and all(g > 2 for g in resumed)
     assert after_block and all(g <= 2 for g in after_block)
-    live = spec.live["c"]
+    live, pair = spec.live["c"], spec.costs.at("eager")
     weights = [0.98 ** (len(resumed) - 1 - i) for i in range(len(resumed))]
-    assert live.catch_up[0] == pytest.approx(sum(weights))
-    assert live.catch_up[1] == pytest.approx(sum(w * g for w, g in zip(weights, resumed)))
-    assert live.catch_up_cost(10) >= SLOW
+    assert pair.catch_up[0] == pytest.approx(sum(weights))
+    assert pair.catch_up[1] == pytest.approx(sum(w * g for w, g in zip(weights, resumed)))
+    assert pair.catch_up_cost(10) >= SLOW
     # the request's own account: tokens past prefill's, every decision point
     acc = spec.last_stats.accepted_schedule
     for i, ((seconds, tokens), points) in enumerate(policy.requests[: len(ks)]):

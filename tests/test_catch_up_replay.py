@@ -17,8 +17,8 @@ from test_simulate_batch import row as trace_row
 from test_store_batch import _create_at, _downgrade, _insert_legacy
 
 import autospec
-from autospec.policies import LiveStats
-from autospec.policies.live import catch_up_line, catch_up_sums
+from autospec.costs.rules import catch_up_line, catch_up_sums
+from autospec.costs.table import CostTable
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
 from autospec.store.tables import Request
@@ -94,16 +94,17 @@ def test_a_new_process_prices_the_first_catch_up_from_the_store(tmp_path):
     first.generate(prompt(12), max_new_tokens=40, do_sample=False, eos_token_id=None)
     logged = list(first.last_stats.draft_catch_ups)
     first.close()
-    fresh = LiveStats()
+    fresh = CostTable().at("eager")
     assert fresh.catch_up_cost(50) is None  # before: the first catch-up went unpriced
     second = autospec.Controller(target, draft, store=url, policy="fixed:2")
     live = second.live_stats("another category")  # the cost is the pair's, not the category's
     second.close()
-    expected = LiveStats()
+    expected = CostTable().at("eager")
     for g, c in logged:
         expected.observe_catch_up(g, c)
-    assert len(logged) >= 4 and live.catch_up == pytest.approx(expected.catch_up)
-    assert live.catch_up_cost(50) is not None
+    costs = second.costs.at("eager")
+    assert len(logged) >= 4 and costs.catch_up == pytest.approx(expected.catch_up)
+    assert costs.catch_up_cost(50) is not None
     assert live.spent == [0.0, 0.0]  # warming spends nothing of the category's time
 
 
@@ -197,11 +198,14 @@ def test_replay_charges_the_prompt_and_each_resumption_and_tells_the_policy():
 
 def test_replay_feeds_the_charged_catch_ups_to_the_policys_statistics():
     row = trace_row(bytes([1] * 20), prompt_tokens=30)
-    live = {}
-    simulate([row], Recorder([0, 0, 0, 3]), _costs(), k_max=8, category="c", live=live)
+    live, table = {}, _costs().table()
+    simulate([row], Recorder([0, 0, 0, 3]), _costs(), k_max=8, category="c", live=live,
+             table=table)
     g = 30 + 3
-    assert live["c"].catch_up[:2] == [1.0, g]  # one catch-up, over the prompt and 3 tokens
-    assert live["c"].catch_up_cost(g) == pytest.approx(LINE[0] + LINE[1] * g)
+    costs = table.at(None)  # the pair's, on the replayed path, at batch 1
+    assert costs.catch_up[:2] == [1.0, g]  # one catch-up, over the prompt and 3 tokens
+    assert costs.catch_up_cost(g) == pytest.approx(LINE[0] + LINE[1] * g)
+    assert live["c"].spent[0] >= LINE[0] + LINE[1] * g  # the category's time, spent on it
 
 
 def test_a_catch_up_is_never_charged_below_one_proposal():

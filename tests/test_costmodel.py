@@ -13,6 +13,19 @@ from autospec.policies.costmodel import (
 from autospec.policies.params import DEFAULTS
 
 
+def costs():
+    """The pair's costs at batch 1 on one path (a fresh table's row)."""
+    from autospec.costs.table import CostTable
+
+    return CostTable().at("eager")
+
+
+def feed(live, pair, k: int, m: int, draft_s: float, target_s: float) -> None:
+    """One iteration into the category's statistics and the pair's costs, as accounted."""
+    live.observe(k, m, draft_s, target_s)
+    pair.observe(k, target_s, draft_s)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
 @pytest.mark.parametrize("k", [0, 1, 4, 9])
 def test_expected_tokens_closed_form_for_constant_alpha(alpha, k):
@@ -20,9 +33,10 @@ def test_expected_tokens_closed_form_for_constant_alpha(alpha, k):
     assert math.isclose(expected_tokens(alpha, k), closed, rel_tol=1e-12)
 
 
-def derived(policy, live, top: int):
-    """(the draft model's curve, T_t as a function) the policy derived from ``live``."""
-    return policy.derived(live, "draft", top), policy.derived_cost(live)
+def derived(policy, live, pair, top: int):
+    """(the draft model's curve, T_t as a function) the policy derived from ``live`` and the
+    pair's costs."""
+    return policy.derived(live, "draft", top), policy.derived_cost(pair)
 
 
 def test_per_position_acceptance_multiplies():
@@ -75,12 +89,13 @@ def test_a_cold_policy_on_compute_bound_verification_tries_each_short_block_once
 
     t_draft = 0.1
     assert best_k(1.0, t_draft, {n: t_target(n) for n in range(1, 18)}, 16)[0] == 0
-    live, policy = LiveStats(), CostModelPolicy(initial_k=3)
+    live, pair, policy = LiveStats(), costs(), CostModelPolicy(initial_k=3)
     ks = []
     for _ in range(40):
-        k = policy.choose(Context(category="code", k_max=16, live=live, remaining=200))
+        k = policy.choose(Context(category="code", k_max=16, live=live, costs=pair,
+                                  remaining=200))
         ks.append(k)
-        live.observe(k, k, t_draft * k, t_target(k + 1))  # every draft accepted
+        feed(live, pair, k, k, t_draft * k, t_target(k + 1))  # every draft accepted
     assert [k for k in ks if k] == [3, 2]
     assert ks[0] == 0 and ks[-30:] == [0] * 30
 
@@ -101,47 +116,56 @@ def test_speedup_matches_definition():
     assert math.isclose(s, (1 + 0.5 + 0.25 + 0.125) * 1.0 / (0.3 + 1.2))
 
 
-class _CountingStats:
-    """LiveStats that count how often the curves a policy decides by are built."""
+class _Counting:
+    """Counts how often the curves (and cost functions) a policy decides by are built."""
 
-    def __new__(cls):
+    builds = 0
+
+    @classmethod
+    def stats(cls):
         from autospec.policies.live import LiveStats
 
         class Counting(LiveStats):
-            builds = 0
-
             def curve(self, proposer, k_max, z=0.0, *, match=0):
-                Counting.builds += 1
+                cls.builds += 1
                 return super().curve(proposer, k_max, z, match=match)
 
-            def cost(self, optimistic=False):
-                Counting.builds += 1
-                return super().cost(optimistic)
-
         return Counting()
+
+    @classmethod
+    def costs(cls):
+        pair = costs()
+        build = pair.cost
+
+        def counted(optimistic=False):
+            cls.builds += 1
+            return build(optimistic)
+
+        pair.cost = counted
+        return pair
 
 
 def test_the_policy_rebuilds_its_curves_only_when_the_statistics_change():
     from autospec.policies import Context, CostModelPolicy
     from autospec.policies.live import LiveStats
 
-    live = _CountingStats()
+    live, pair = _Counting.stats(), _Counting.costs()
     for k, m in [(3, 2), (3, 3), (0, 0), (2, 1), (4, 1)]:
-        live.observe(k, m, 0.002 * k, 0.01 + 0.001 * k)
+        feed(live, pair, k, m, 0.002 * k, 0.01 + 0.001 * k)
     pol = CostModelPolicy()
-    ctx = Context(k_max=8, live=live, remaining=100)
+    ctx = Context(k_max=8, live=live, costs=pair, remaining=100)
     k1 = pol.choose(ctx)
-    curve, cost = derived(pol, live, 8)
-    built = type(live).builds
-    assert pol.choose(ctx) == k1 and type(live).builds == built  # unchanged: nothing rebuilt
-    assert derived(pol, live, 8) == (curve, cost)
-    assert derived(pol, live, 8)[0] is curve and derived(pol, live, 8)[1] is cost
-    live.observe(3, 0, 0.006, 0.013)  # a new version: rebuilt, from the new statistics
-    new_curve, new_cost = derived(pol, live, 8)
-    assert type(live).builds == built + 2 and new_curve is not curve and new_cost is not cost
+    curve, cost = derived(pol, live, pair, 8)
+    built = _Counting.builds
+    assert pol.choose(ctx) == k1 and _Counting.builds == built  # unchanged: nothing rebuilt
+    assert derived(pol, live, pair, 8) == (curve, cost)
+    assert derived(pol, live, pair, 8)[0] is curve and derived(pol, live, pair, 8)[1] is cost
+    feed(live, pair, 3, 0, 0.006, 0.013)  # a new version: rebuilt, from the new statistics
+    new_curve, new_cost = derived(pol, live, pair, 8)
+    assert _Counting.builds == built + 2 and new_curve is not curve and new_cost is not cost
     assert new_curve == LiveStats.curve(live, "draft", 8) and new_curve != curve
-    assert new_cost(4) == live.cost(optimistic=True)(4)
-    assert derived(pol, live, 5)[0] == LiveStats.curve(live, "draft", 5)  # its own length
+    assert new_cost(4) == pair.cost(optimistic=True)(4)
+    assert derived(pol, live, pair, 5)[0] == LiveStats.curve(live, "draft", 5)  # its length
 
 
 def test_a_policy_with_derived_curves_copies_and_pickles():
@@ -151,42 +175,45 @@ def test_a_policy_with_derived_curves_copies_and_pickles():
     from autospec.policies import Context, CostModelPolicy
     from autospec.policies.live import LiveStats
 
-    live = LiveStats()
+    live, pair = LiveStats(), costs()
     for k, m in [(3, 2), (0, 0), (2, 1)]:
-        live.observe(k, m, 0.002 * k, 0.01 + 0.001 * k)
+        feed(live, pair, k, m, 0.002 * k, 0.01 + 0.001 * k)
     pol = CostModelPolicy(z=0.5)
-    k = pol.choose(Context(k_max=8, live=live, remaining=100))
+    k = pol.choose(Context(k_max=8, live=live, costs=pair, remaining=100))
     for twin in (copy.deepcopy(pol), pickle.loads(pickle.dumps(pol))):
         assert twin.params.z == 0.5
-        assert twin.choose(Context(k_max=8, live=live, remaining=100)) == k
+        assert twin.choose(Context(k_max=8, live=live, costs=pair, remaining=100)) == k
 
 
 def test_a_live_cost_is_decided_by_once_three_samples_settle_it():
     """The first decode step after prefill runs slow (0.285 s where the next 30 took 0.22 s
     on the default pair); taken alone as T_t(1) it made k = 1 look paying for a request."""
+    from autospec.costs.table import CostTable
     from autospec.policies import Context, CostModelPolicy
     from autospec.policies.live import LiveStats
     from autospec.policies.params import DEFAULTS
 
-    live, policy = LiveStats(), CostModelPolicy()
-    ctx = Context(category="code", k_max=8, live=live, remaining=100)
+    table = CostTable()
+    live, pair, policy = LiveStats(), table.at("eager"), CostModelPolicy()
+    ctx = Context(category="code", k_max=8, live=live, costs=pair, remaining=100)
     ks = []
     for t in (0.285, 0.22, 0.23):
-        assert not live.settled(1)
+        assert not pair.settled(1)
         ks.append(policy.choose(ctx))
-        live.observe(0, 0, 0.0, t)
-    assert ks == [0] * DEFAULTS.cost_settle and live.settled(1)
-    assert live.t_target[1] == 0.23  # the median of the first samples, the slow one out
-    live.observe(0, 0, 0.0, 0.2)  # then the moving average
-    assert live.t_target[1] == pytest.approx(0.8 * 0.23 + 0.2 * 0.2)
-    assert live.copy().settled(1)
+        feed(live, pair, 0, 0, 0.0, t)
+    assert ks == [0] * DEFAULTS.cost_settle and pair.settled(1)
+    assert pair.t_target[1] == 0.23  # the median of the first samples, the slow one out
+    feed(live, pair, 0, 0, 0.0, 0.2)  # then the moving average
+    assert pair.t_target[1] == pytest.approx(0.8 * 0.23 + 0.2 * 0.2)
+    assert table.copy().at("eager").settled(1)
     # a cost warm-started from the store, a probe or a peer category is settled at once
-    warm = LiveStats()
-    warm.warm_start({}, t_target={1: 0.2, 4: 0.3}, t_draft=0.05)
+    warm = costs()
+    warm.warm(t_target={1: 0.2, 4: 0.3}, t_draft=0.05)
     assert warm.settled(1) and warm.settled(4) and not warm.settled(2)
-    warm.observe(0, 0, 0.0, 0.3)
+    warm.observe(0, 0.3)
     assert warm.t_target[1] == pytest.approx(0.8 * 0.2 + 0.2 * 0.3)
-    assert policy.choose(Context(category="c", k_max=8, live=warm, remaining=100)) > 0
+    assert policy.choose(Context(category="c", k_max=8, live=LiveStats(), costs=warm,
+                                 remaining=100)) > 0
 
 
 def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays_enough():
@@ -196,14 +223,15 @@ def test_the_draft_is_tried_on_a_new_category_only_where_perfect_acceptance_pays
     from autospec.policies.live import LiveStats
     from autospec.policies.params import DEFAULTS
 
-    costs = {1: 1.0, 2: 1.6, 3: 2.6, 4: 3.6, 5: 4.6}
+    curve = {1: 1.0, 2: 1.6, 3: 2.6, 4: 3.6, 5: 4.6}
+    _costs = costs
     for t_draft, tried in ((0.3, False), (0.1, True)):
-        live = LiveStats()
-        live.warm_start({}, t_target=costs, t_draft=t_draft)
-        k, s = best_k(1.0, t_draft, live.cost(optimistic=True), 4)
+        pair = _costs()
+        pair.warm(t_target=curve, t_draft=t_draft)
+        k, s = best_k(1.0, t_draft, pair.cost(optimistic=True), 4)
         assert k == 1 and (s >= 1 + DEFAULTS.trial_gain) == tried and s > 1
         policy = CostModelPolicy(initial_k=3)
-        ctx = Context(category="new", k_max=4, live=live, remaining=100)
+        ctx = Context(category="new", k_max=4, live=LiveStats(), costs=pair, remaining=100)
         assert policy.choose(ctx) == (1 if tried else 0)
 
 
@@ -215,22 +243,24 @@ def test_derived_values_follow_what_they_are_derived_from():
     from autospec.policies.costmodel import CostModelPolicy
     from autospec.policies.live import LiveStats
 
-    policy, live = CostModelPolicy(), LiveStats()
+    policy, live, pair = CostModelPolicy(), LiveStats(), costs()
     for k in (0, 0, 0, 3, 3):
-        live.observe(k, 2 if k else 0, 0.004 * k, 0.02 + 0.001 * k)
+        feed(live, pair, k, 2 if k else 0, 0.004 * k, 0.02 + 0.001 * k)
     live.observe_lookup("ngram", 4, 3, 0.0001, 0.025, match=2)
-    curve, cost = derived(policy, live, 8)
+    pair.observe(4, 0.025, lookups={"ngram": 0.0001 / 4})
+    curve, cost = derived(policy, live, pair, 8)
     ngram = policy.derived(live, "ngram", 8, 2)
 
     live.observe_lookup("ngram", 6, 1, 0.0001, 0.03, match=2)  # a lookup block: n = 7 timed
-    curve2, cost2 = derived(policy, live, 8)
-    assert curve2 is curve and cost2 is not cost and cost2(7) == live.cost()(7)
+    pair.observe(6, 0.03, lookups={"ngram": 0.0001 / 6})
+    curve2, cost2 = derived(policy, live, pair, 8)
+    assert curve2 is curve and cost2 is not cost and cost2(7) == pair.cost()(7)
     ngram2 = policy.derived(live, "ngram", 8, 2)
     assert ngram2 is not ngram
     assert ngram2 == live.curve("ngram", 8, z=policy.params.z, match=2)
 
-    live.observe(3, 0, 0.012, 0.024)  # a draft block: counts and timings
-    curve3, _ = derived(policy, live, 8)
+    feed(live, pair, 3, 0, 0.012, 0.024)  # a draft block: counts and timings
+    curve3, _ = derived(policy, live, pair, 8)
     assert curve3 is not curve and curve3 == live.curve("draft", 8, z=policy.params.z)
     assert policy.derived(live, "ngram", 8, 2) is ngram2  # the lookups' counts did not move
-    assert derived(policy, live, 4)[0] == live.curve("draft", 4, z=policy.params.z)
+    assert derived(policy, live, pair, 4)[0] == live.curve("draft", 4, z=policy.params.z)

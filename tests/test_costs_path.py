@@ -156,10 +156,12 @@ def test_the_warm_start_reads_the_path_the_controller_runs(models, tmp_path):
     for options, curve, t_draft in (({}, EAGER, 0.001),
                                     ({"static_cache": True, "cuda_graphs": False}, STATIC, 0.02)):
         spec = autospec.Controller(*models, store=url, policy="auto", **options)
-        live = spec.live_stats("default")
+        spec.live_stats("default")
         spec.close()
-        assert live.t_target == pytest.approx(curve)
-        assert live.t_draft == pytest.approx(t_draft)
+        costs = spec.costs.at(spec.path)  # this controller's path's batch-1 row, alone
+        assert costs.t_target == pytest.approx(curve)
+        assert costs.t_draft == pytest.approx(t_draft)
+        assert [(row.path, row.batch) for row in spec.costs.rows()] == [(spec.path, 1)]
 
 
 def test_a_0004_database_is_upgraded_in_place_with_paths_unknown(url):

@@ -8,20 +8,26 @@ import math
 
 import pytest
 
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.base import proposer_of
 from autospec.policies.costmodel import expected_tokens
 from autospec.policies.explain import FORMAT, RULES
 
 
-def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02) -> LiveStats:
-    """A probed category: flat-then-rising T_t, the draft model at ``alpha`` and prompt
-    lookup at ``ngram_alpha`` per position (400 blocks each)."""
+def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02, table=None):
+    """A probed category: the draft model at ``alpha`` and prompt lookup at ``ngram_alpha``
+    per position (400 blocks each), and the pair's costs at batch 1 (of ``table``, else a
+    fresh one): flat-then-rising T_t."""
     live = LiveStats()
     cum = [400 * alpha ** (i + 1) for i in range(8)]
     ngram = [400 * ngram_alpha ** (i + 1) for i in range(8)]
-    live.warm_start({"draft": (cum, [400] * 8), "ngram": (ngram, [400] * 8)}, t_draft=t_draft, t_target={n: 0.2 * (1 + 0.03 * max(0, n - 4)) for n in range(1, 18)}, probe=True, t_lookup={"ngram": 1e-5})
-    return live
+    live.warm_start({"draft": (cum, [400] * 8), "ngram": (ngram, [400] * 8)})
+    costs = (CostTable() if table is None else table).at("eager")
+    costs.warm(t_draft=t_draft, t_target={n: 0.2 * (1 + 0.03 * max(0, n - 4))
+                                          for n in range(1, 18)},
+               probe=True, t_lookup={"ngram": 1e-5})
+    return live, costs
 
 
 def recompute(record: dict) -> tuple[int, str]:
@@ -64,10 +70,10 @@ def recompute(record: dict) -> tuple[int, str]:
     (0.8, 0.95, 6, 9.0),  # nothing pays by a gain of 9: off
 ])
 def test_the_record_reproduces_the_decision(alpha, ngram_alpha, match, min_gain):
-    live = _stats(alpha, ngram_alpha)
+    live, costs = _stats(alpha, ngram_alpha)
     policy = CostModelPolicy(min_gain=min_gain, reprobe_every=10 ** 6)
     why: list = []
-    ctx = Context(category="code", k_max=8, live=live, remaining=200,
+    ctx = Context(category="code", k_max=8, live=live, costs=costs, remaining=200,
                   proposers=("draft", "ngram"), matches={"ngram": (match,)}, why=why)
     k = policy.choose(ctx)
     assert len(why) == 1
@@ -89,33 +95,32 @@ def test_the_record_reproduces_the_decision(alpha, ngram_alpha, match, min_gain)
 def test_the_record_names_each_rule_that_is_not_the_cost_model():
     policy, why = CostModelPolicy(), []
     assert policy.choose(Context(k_max=8, live=LiveStats(), why=why)) == 0
-    live = LiveStats()
+    live, costs = LiveStats(), CostTable().at("eager")
     for _ in range(3):
         live.observe(0, 0, 0.0, 0.2)
-    assert policy.choose(Context(k_max=8, live=live, why=why)) == 3  # T_d unmeasured
+        costs.observe(0, 0.2)
+    assert policy.choose(Context(k_max=8, live=live, costs=costs, why=why)) == 3  # T_d unknown
     assert policy.choose(Context(k_max=8, why=why)) == 3  # no statistics
     assert [r["rule"] for r in why] == ["baseline", "explore", "no-stats"]
     assert [r["k"] for r in why] == [0, 3, 3]
 
 
 def test_nobody_asking_builds_no_record():
-    live = _stats(0.8, 0.5)
-    ctx = Context(category="code", k_max=8, live=live, remaining=200)
-    asked = Context(category="code", k_max=8, live=live, remaining=200, why=[])
+    live, costs = _stats(0.8, 0.5)
+    ctx = Context(category="code", k_max=8, live=live, costs=costs, remaining=200)
+    asked = Context(category="code", k_max=8, live=live, costs=costs, remaining=200, why=[])
     assert CostModelPolicy().choose(ctx) == CostModelPolicy().choose(asked) > 0
     assert ctx.why is None and len(asked.why) == 1
 
 
 def test_a_batch_decision_is_recorded_with_its_rule():
-    from autospec.policies import BatchCosts
-
-    live = _stats(0.8, 0.3)
-    costs = BatchCosts()
-    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3)) for n in range(1, 18)}
-                for b in (1, 2)}, {1: 0.02, 2: 0.03})
+    table = CostTable(live=False)
+    live, _ = _stats(0.8, 0.3, table=table)
+    table.warm_grid("eager", {b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3))
+                                  for n in range(1, 18)} for b in (1, 2)}, {1: 0.02, 2: 0.03})
     why: list = []
     ctx = Context(category="code", k_max=8, batch_size=2, live=live, rows=(live, live),
-                  categories=("code", "code"), costs=costs, remaining=100,
+                  categories=("code", "code"), costs=table.at("eager", 2), remaining=100,
                   remaining_rows=(100, 100), why=why)
     k = CostModelPolicy().choose(ctx)
     assert len(why) == 1 and why[0]["batch"] == 2 and why[0]["k"] == int(k)
@@ -139,10 +144,11 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
             for line in example.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) == 5
     t = {n: 0.220 if n <= 4 else 0.220 + 0.015 * (n - 4) for n in range(1, 10)}
-    live = LiveStats()
-    live.warm_start({"draft": ([400 * 0.75 ** (i + 1) for i in range(8)], [400] * 8), "ngram": ([400 * 0.9 ** (i + 1)
-                                                             for i in range(8)], [400] * 8)}, t_draft=0.030, t_target=t, probe=True, t_lookup={"ngram": 0.0001})
-    curve, cost = live.curve("draft", 8), live.cost(optimistic=True)
+    live, costs = LiveStats(), CostTable().at("eager")
+    live.warm_start({"draft": ([400 * 0.75 ** (i + 1) for i in range(8)], [400] * 8),
+                     "ngram": ([400 * 0.9 ** (i + 1) for i in range(8)], [400] * 8)})
+    costs.warm(t_draft=0.030, t_target=t, probe=True, t_lookup={"ngram": 0.0001})
+    curve, cost = live.curve("draft", 8), costs.cost(optimistic=True)
     for k, tokens, block, spt, s in rows:
         k = int(k)
         assert expected_tokens(curve, k) == pytest.approx(tokens, abs=5e-4)
@@ -154,8 +160,9 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
     picks = []
     for match in (0, 4):
         why: list = []
-        k = policy.choose(Context(category="code", k_max=8, live=live, remaining=100,
-                                  proposers=("draft", "ngram"), matches={"ngram": (match,)}, why=why))
+        k = policy.choose(Context(category="code", k_max=8, live=live, costs=costs,
+                                  remaining=100, proposers=("draft", "ngram"),
+                                  matches={"ngram": (match,)}, why=why))
         picks.append((int(k), why[0]["proposer"], round(max(
             c["saved_s"] for c in why[0]["candidates"]), 3)))
     assert picks == [(3, "draft", 0.290), (8, "ngram", 1.032)]
@@ -169,17 +176,17 @@ def test_a_batch_record_recomputes_from_its_own_fields(left, ngram_alpha):
     over the rows (plain decoding's: B), its S is (T_t(B, 1) + (tokens − B) · value) / C and it
     saves T_t(B, 1) + (tokens − B) · value − C; the block that runs is, of those whose S
     reaches 1 + min_gain, the one that saves the most — all from the record's own fields."""
-    from autospec.policies import BatchCosts
-
     batch = len(left)
-    live = _stats(0.8, ngram_alpha)
-    costs = BatchCosts()
-    costs.warm({b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3)) for n in range(1, 18)}
-                for b in (1, 2, 4)}, {1: 0.02, 2: 0.03, 4: 0.04})
+    table = CostTable(live=False)
+    live, _ = _stats(0.8, ngram_alpha, table=table)
+    table.warm_grid("eager", {b: {n: 0.25 * b ** 0.2 * (1 + 0.05 * max(0, n - 3))
+                                  for n in range(1, 18)} for b in (1, 2, 4)},
+                    {1: 0.02, 2: 0.03, 4: 0.04})
     why: list = []
     k = CostModelPolicy().choose(Context(
         category="code", k_max=8, batch_size=batch, rows=(live,) * batch,
-        categories=("code",) * batch, costs=costs, remaining=max(left), remaining_rows=left,
+        categories=("code",) * batch, costs=table.at("eager", batch), remaining=max(left),
+        remaining_rows=left,
         proposers=("draft", "ngram"), matches={"ngram": (4,) * batch}, why=why))
     (record,) = why
     t1, v, gain = record["t_plain"], record["value"], record["min_gain"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import autospec
+from autospec.costs.table import CostTable
 from autospec.ngram import MATCH_REACH, OCCURRENCES, NgramIndex
 from autospec.policies import Choice, Context, CostModelPolicy, LiveStats, as_policy
 
@@ -145,19 +146,24 @@ def test_policy_specs_name_the_proposer_and_an_int_still_means_the_draft_model()
 
 
 def test_cost_model_drafts_by_n_gram_only_where_it_has_a_match():
-    live = LiveStats(discount=1.0)
+    live, costs = LiveStats(discount=1.0), CostTable().at("eager")
     for _ in range(3):
         live.observe(0, 0, 0.0, 0.1)  # T_t(1), settled
+        costs.observe(0, 0.1)
     for _ in range(50):
         live.observe_lookup("ngram", 4, 3, 1e-5, 0.1)
+        costs.observe(4, 0.1, lookups={"ngram": 1e-5 / 4})
     pol = CostModelPolicy()
-    without_draft = Context(k_max=8, live=live, proposers=("ngram",), matches={"ngram": (2,)})
+    without_draft = Context(k_max=8, live=live, costs=costs, proposers=("ngram",),
+                            matches={"ngram": (2,)})
     c = pol.choose(without_draft)
     assert isinstance(c, Choice) and c.proposer == "ngram" and int(c) > 0
-    no_match = Context(k_max=8, live=live, proposers=("ngram",), matches={"ngram": (0,)})
+    no_match = Context(k_max=8, live=live, costs=costs, proposers=("ngram",),
+                       matches={"ngram": (0,)})
     assert int(pol.choose(no_match)) == 0
-    # n-gram counts are not the draft model's
-    assert live.counts("draft")[1][0] == 0 and live.counts("ngram")[1][0] == 50 and live.t_draft is None
+    # n-gram counts (and time) are not the draft model's
+    assert live.counts("draft")[1][0] == 0 and live.counts("ngram")[1][0] == 50
+    assert costs.t_draft is None
 
 
 # -- exactness, greedy ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 from test_ngram import _repetitive
 
 import autospec
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.store import open_store, queries
 from autospec.tune.replay import Costs
@@ -36,13 +37,20 @@ def test_shadow_counts_the_block_the_proposer_would_have_drafted():
     assert live.iterations == 0  # no iteration passed
 
 
+def _costs(t_target: dict[int, float]):
+    """The pair's costs at batch 1: ``t_target``, T_d 0.05 s, prompt lookup free."""
+    costs = CostTable().at("eager")
+    costs.t_target = dict(t_target)
+    costs.t_draft, costs.t_lookup["ngram"] = 0.05, 1e-6
+    return costs
+
+
 def test_the_policy_prices_the_n_gram_by_the_length_of_its_match():
     """One-token matches that never hold and three-token ones that always do: the cost model
     drafts by n-gram at a match of 3 and not at a match of 1 (pooled, the two would read as
     one middling proposer)."""
     live = LiveStats(discount=1.0)
-    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
+    costs = _costs({n: 0.1 + 0.01 * n for n in range(1, 18)})
     for _ in range(30):
         live.observe_shadow("ngram", 1, 0, 1)
         live.observe_shadow("ngram", 3, 8, 8)
@@ -51,7 +59,7 @@ def test_the_policy_prices_the_n_gram_by_the_length_of_its_match():
     assert by1[0] < 0.1 < pooled[0] < 0.9 < by3[0]
     assert live.curve("ngram", 4, match=2)[0] == pytest.approx(pooled[0])  # unseen
     policy = CostModelPolicy(proposers="ngram")
-    ctx = dict(category="c", k_max=8, generated=5, remaining=40, live=live,
+    ctx = dict(category="c", k_max=8, generated=5, remaining=40, live=live, costs=costs,
                proposers=("draft", "ngram"))
     at3 = policy.choose(Context(**ctx, matches={"ngram": (3,)}))
     at1 = policy.choose(Context(**ctx, matches={"ngram": (1,)}))
@@ -69,14 +77,13 @@ def test_a_copy_run_gets_long_blocks_and_a_chance_hit_short_ones():
 
     assert [match_bucket(n) for n in (0, 1, 3, 5, 8, 13, 14, 40)] == [0, 1, 3, 4, 6, 9, 14, 14]
     live = LiveStats(discount=1.0)
-    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
+    costs = _costs({n: 0.1 + 0.01 * n for n in range(1, 18)})
     for i in range(40):
         live.observe_shadow("ngram", 3, (0, 1, 2, 4)[i % 4], 16)
         live.observe_shadow("ngram", 14 + i % 3, 16 if i % 8 else 12, 16)
     assert live.curve("ngram", 8, match=15) == live.curve("ngram", 8, match=14)
     policy = CostModelPolicy(proposers="ngram")
-    ctx = dict(category="c", k_max=16, generated=5, remaining=60, live=live,
+    ctx = dict(category="c", k_max=16, generated=5, remaining=60, live=live, costs=costs,
                proposers=("draft", "ngram"))
     copying = policy.choose(Context(**ctx, matches={"ngram": (14,)}))
     chance = policy.choose(Context(**ctx, matches={"ngram": (3,)}))
@@ -97,8 +104,7 @@ def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
     each) and copies at every position: the chance hit's tail reads the copies' rate, not
     its own first token's, and with verification flat the policy proposes a long block."""
     live = LiveStats(discount=1.0)
-    live.t_target = {n: 0.1 for n in range(1, 18)}  # verification flat to 17 tokens
-    live.t_draft, live.t_lookup["ngram"] = 0.05, 1e-6
+    costs = _costs({n: 0.1 for n in range(1, 18)})  # verification flat to 17 tokens
     for i in range(60):
         live.observe_shadow("ngram", 1, int(i % 3 == 0), 1)  # first token right 1/3 of the time
         live.observe_shadow("ngram", 2, int(i % 5 < 3), 1)
@@ -109,7 +115,8 @@ def test_a_chance_hits_tail_is_priced_at_the_longer_matches_first_position():
     assert curve[0] < 0.4 and 0.55 < curve[1] < 0.65 and curve[13] > 0.95
     policy = CostModelPolicy(proposers="ngram")
     choice = policy.choose(Context(category="c", k_max=16, generated=5, remaining=60,
-                                   live=live, proposers=("draft", "ngram"), matches={"ngram": (1,)}))
+                                   live=live, costs=costs, proposers=("draft", "ngram"),
+                                   matches={"ngram": (1,)}))
     assert getattr(choice, "proposer", None) == "ngram" and int(choice) >= 12
 
 
@@ -143,17 +150,18 @@ def test_a_new_category_starts_from_the_costs_the_process_measured():
     spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
                   do_sample=False, category="first")
     assert spec.last_stats.k_schedule[0] == 0  # cold: plain decoding first, to measure T_t(1)
-    first = spec.live["first"]
+    first = spec.costs.at(spec.path)  # what the first category's requests measured
     assert 1 in first.t_target and first.t_draft
-    measured = dict(first.t_target)
+    measured, t_draft = dict(first.t_target), first.t_draft
     second = spec.live_stats("second")
-    assert second.t_target == measured and second.t_draft == first.t_draft
+    costs = spec.costs.at(spec.path)  # what the second category's decisions read
+    assert costs.t_target == measured and costs.t_draft == t_draft
     assert second.observed("draft") == 0  # acceptance is never shared
     # settled: the policy's cold rule (plain steps until T_t(1) is settled) does not apply,
     # so no plain iteration re-measures it. Whether the first block then drafts depends on
     # the timings (under load the costs can price drafting out), so that is not asserted.
-    assert not LiveStats().settled(1)  # where nothing is shared: unsettled
-    assert second.settled(1)
+    assert not CostTable().at(spec.path).settled(1)  # where nothing is shared: unsettled
+    assert costs.settled(1)
 
 
 def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
@@ -171,11 +179,13 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
     spec = autospec.Controller(target, draft, store=url, policy="auto")
     spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
                   do_sample=False, category="first")
-    first = spec.live["first"]
+    first = spec.costs.at(spec.path)
     assert len(first.t_target) > 1 and first.t_draft
-    seen = spec.live_stats("seen")
-    assert seen.t_target == first.t_target and seen.t_draft == first.t_draft
-    assert seen.settled(1) and seen.observed("draft") == 0
+    measured, t_draft = dict(first.t_target), first.t_draft
+    seen = spec.live_stats("seen")  # a category the store holds partial costs of
+    costs = spec.costs.at(spec.path)
+    assert costs.t_target == measured and costs.t_draft == t_draft
+    assert costs.settled(1) and seen.observed("draft") == 0
     # with T_t(n) at several n and T_d known (asserted above), the cost model's exploration
     # branch (T_d or a second T_t point unknown → initial_k) cannot be taken: the first block
     # is its choice on these costs, which depends on the timings (under load they can price
@@ -189,8 +199,11 @@ def test_the_process_costs_replace_a_stores_partial_ones(tmp_path):
 
         pid = queries.pair_id(s, alone.telemetry.pair)
         stored = stored_costs(s, pid, "seen", path=alone.path, parts={"batch1"}).t_target
-    assert 1 in stored and alone.live_stats("seen").t_target == pytest.approx(stored)
-    assert alone.live_stats("first").costs is alone.live_stats("seen").costs
+    alone.live_stats("seen")
+    assert 1 in stored and alone.costs.at(alone.path).t_target == pytest.approx(stored)
+    alone.live_stats("first")  # one cost row for both categories: warmed once
+    assert [(row.path, row.batch) for row in alone.costs.rows()] == [(alone.path, 1)]
+    assert alone.costs.at(alone.path).t_target == pytest.approx(stored)
     alone.close()
 
 
@@ -213,5 +226,6 @@ def test_a_new_process_starts_the_n_gram_from_the_stored_history(tmp_path):
     assert live.counts("ngram")[0][0] / live.counts("ngram")[1][0] == pytest.approx(
         ngram.accepted_per_position[0] / first)
     assert ngram.seconds_per_token > 0
-    assert live.t_lookup.get("ngram") == pytest.approx(ngram.seconds_per_token)
+    assert fresh.costs.at(fresh.path).t_lookup.get("ngram") == pytest.approx(
+        ngram.seconds_per_token)
     assert live.blocks("draft") == 0  # the draft model's own history is empty: still untried

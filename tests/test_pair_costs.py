@@ -1,8 +1,9 @@
-"""Costs are the pair's, once (issue 32, item 4): one ``PairCosts`` per (pair, execution path)
-that every category of a controller references — a category's timings are every category's,
-a burst one category's forwards show marks the machine busy for all, a new category starts
-from what the process measured — and in the store one ``pair_costs`` row per (pair, path),
-into which 0010 moved what ``category_costs`` held per category."""
+"""Costs are the pair's, once (issue 32, item 4; issue 48, item 3): one ``CostTable`` per
+controller whose rows are keyed by (execution path, batch size), shared by every category — a
+category's timings are every category's, a burst one category's forwards show marks the
+machine busy for all, a new category starts from what the process measured — and in the
+store one ``pair_costs`` row per (pair, path), into which 0010 moved what ``category_costs``
+held per category."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_sta
 
 import autospec
 from autospec.costs.stored import stored_costs
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, FixedK
-from autospec.policies.live import LiveStats, PairCosts, copy_lives
+from autospec.policies.live import LiveStats, copy_lives
 from autospec.policies.params import DEFAULTS
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
@@ -38,14 +40,14 @@ def test_two_categories_of_a_controller_share_one_cost_object():
     ids = _repetitive(0)
     spec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
                   do_sample=False, category="a")
-    a = spec.live["a"]
-    assert 1 in a.t_target and a.t_draft and a.settled(1)
-    t_plain = a.t_target[1]
+    costs = spec.costs.at("eager")
+    assert 1 in costs.t_target and costs.t_draft and costs.settled(1)
+    t_plain = costs.t_target[1]
     b = spec.live_stats("b")
-    assert b.costs is a.costs is spec.pair_costs
     assert b.observed("draft") == 0 and b.blocks("draft") == 0  # acceptance is never shared
     why = []
-    CostModelPolicy().choose(Context(category="b", k_max=8, live=b, remaining=30, why=why))
+    CostModelPolicy().choose(Context(category="b", k_max=8, live=b, costs=costs,
+                                     remaining=30, why=why))
     (record,) = why
     assert record["t_plain"] == t_plain  # a's T_t(1), settled: no plain step re-measures it
     assert record["rule"] != "baseline"
@@ -54,45 +56,54 @@ def test_two_categories_of_a_controller_share_one_cost_object():
                   do_sample=False, category="b", explain=True)
     first = spec.last_stats.decisions[0]
     assert first["rule"] != "baseline" and first["candidates"][0]["costs_from"] == "live"
-    # b's forwards fed the pair's costs: a reads them (one clock, one curve)
-    assert a.iterations == b.iterations and a.t_target == b.t_target
+    # b's forwards fed the pair's costs: a's decisions read them (one clock, one curve)
+    assert spec.costs.rows() == [costs] and costs.iterations > 0
     spec.close()
 
 
 def test_a_burst_one_category_sees_marks_the_machine_busy_for_all():
-    pair = PairCosts()
-    a, b = LiveStats(costs=pair), LiveStats(costs=pair)
+    """Categories a and b of one controller read one row (its path at batch 1): what a's
+    forwards show, b's decisions see."""
+    table = CostTable()
+    a, b = table.at("eager"), table.at("eager")  # what category a feeds, what b reads
+    assert a is b
     for _ in range(DEFAULTS.cost_settle):
-        a.observe(0, 0, 0.0, 0.1)  # the level: T_t(1) = 0.1 s
-    a.observe(3, 3, 0.004, 0.12)  # T_t(4), measured against that level
+        a.observe(0, 0.1)  # the level: T_t(1) = 0.1 s
+    a.observe(3, 0.12, 0.004)  # T_t(4), measured against that level
     assert not a.busy() and not b.busy()
     version = b.version
-    a.observe(3, 3, 0.004, 0.1 * DEFAULTS.shape_floor / 2)  # T_t(4) far below the level
+    a.observe(3, 0.1 * DEFAULTS.shape_floor / 2, 0.004)  # T_t(4) far below the level
     assert b.busy() and b.held_out == 1 and not b.settled(1)  # b re-measures the level too
     assert b.version > version  # b's cached decisions are rebuilt
     # a level move one category's plain steps show is every category's
     for _ in range(DEFAULTS.level_run + DEFAULTS.cost_settle):
-        b.observe(0, 0, 0.0, 0.1 * DEFAULTS.level_move * 1.5)
+        b.observe(0, 0.1 * DEFAULTS.level_move * 1.5)
     assert a.level_moves == b.level_moves >= 1
 
 
-def test_copies_reference_the_costs_and_replays_copy_them_once():
-    pair = PairCosts()
-    live = LiveStats(costs=pair)
+def test_statistics_hold_no_costs_and_replays_copy_the_table_once():
+    """A category's statistics (and the policy's own copy of them) hold acceptance alone:
+    feeding them feeds no cost. A replay that must not feed a controller's costs copies its
+    table, once, for every category."""
+    table = CostTable()
+    costs = table.at("eager")
     for _ in range(DEFAULTS.cost_settle):
-        live.observe(0, 0, 0.0, 0.1)
+        costs.observe(0, 0.1)
+    live = LiveStats()
     own = live.copy(discount=0.9)  # the policy's own acceptance
-    assert own.costs is pair
-    live.observe(2, 2, 0.02, 0.12)  # the loop feeds the category: the copy reads it
-    assert own.t_target[3] == 0.12 and own.t_draft == 0.01
-    ticks = pair.iterations
+    costs.observe(2, 0.12, 0.02)  # the loop feeds the pair's row: every reader reads it
+    assert costs.t_target[3] == 0.12 and costs.t_draft == 0.01
+    ticks = costs.iterations
     own.observe(2, 1, 0.5, 9.0)  # the policy's own feed: acceptance only, no second timing
-    assert pair.iterations == ticks and own.t_target[3] == 0.12 and own.counts("draft")[1][0] > 0
-    other = LiveStats(costs=pair)
-    copies = copy_lives({"x": live, "y": other})  # a replay's start: independent, one pair
-    assert copies["x"].costs is copies["y"].costs is not pair
-    copies["x"].observe(0, 0, 0.0, 0.3)
-    assert pair.t_target[1] == 0.1 and copies["y"].iterations == pair.iterations + 1
+    live.observe(2, 1, 0.5, 9.0)
+    assert costs.iterations == ticks and costs.t_target[3] == 0.12
+    assert own.counts("draft")[1][0] > 0 and not hasattr(live, "costs")
+    other = LiveStats()
+    copies = copy_lives({"x": live, "y": other})  # a replay's start: independent
+    assert copies["x"] is not live and copies["x"].counts("draft") == live.counts("draft")
+    copy = table.copy()
+    copy.at("eager").observe(0, 0.3)
+    assert costs.t_target[1] == 0.1 and copy.at("eager").iterations == costs.iterations + 1
 
 
 def test_replay_keeps_one_cost_object_per_pair():
@@ -101,9 +112,11 @@ def test_replay_keeps_one_cost_object_per_pair():
     costs = Costs(t_draft=0.01, t_target={1: 0.1, 4: 0.12, 8: 0.15})
     traces = [("greedy", bytes([1, 1, 0, 1] * 8)), ("greedy", bytes([0, 1] * 16))]
     lives: dict = {}
+    table = costs.table()
     simulate(traces, CostModelPolicy(), costs, category=lambda r: r[1][:1].hex(),
-             live=lives)
-    assert len(lives) == 2 and len({id(st.costs) for st in lives.values()}) == 1
+             live=lives, table=table)
+    assert len(lives) == 2 and [(r.path, r.batch) for r in table.rows()] == [(None, 1)]
+    assert table.at(None).iterations > 0  # both categories' iterations fed it
 
 
 # -- in the store -------------------------------------------------------------------------------
@@ -224,11 +237,11 @@ def _reflect(engine):
 def test_a_catch_up_of_a_batch_of_two_categories_is_fitted_once():
     from autospec.engine.accounting import RowStep, StepTimes, account
 
-    pair = PairCosts()
-    a, b = LiveStats(costs=pair), LiveStats(costs=pair)
+    costs = CostTable().at("eager", 2)
+    a, b = LiveStats(), LiveStats()
     times = StepTimes(batch=2, call_batch=2, target_s=0.2, draft_s=0.02, draft_tokens=2,
-                      catch_up=(40, 0.1))
+                      catch_up=(40, 0.1), model="draft")
     rows = [RowStep(proposer="draft", proposed=1, accepted=1, emitted=2) for _ in range(2)]
-    account(FixedK(1), None, 1, rows, times, lives=[a, b], requests=[None, None])
-    assert pair.catch_up[0] == 1  # one point in the pair's fit
+    account(FixedK(1), None, 1, rows, times, lives=[a, b], requests=[None, None], costs=costs)
+    assert costs.catch_up[0] == 1  # one point in the pair's fit
     assert a.spent[0] >= 0.1 and b.spent[0] >= 0.1  # each category spent the time

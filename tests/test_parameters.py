@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.params import DEFAULTS, TUNED, Parameters, markdown_table, parameter_docs
 
@@ -62,39 +63,42 @@ def test_keyword_overrides_are_parameters_and_unknown_names_are_refused():
         Parameters(shape_floor=1.5)
 
 
-def _untried(t_draft: float) -> LiveStats:
-    """A probed category the draft model never drafted on: flat T_t, the prior α = 0.5."""
-    live = LiveStats()
-    live.warm_start({}, t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
-    return live
+def _untried(t_draft: float):
+    """The pair's costs of a probed category the draft model never drafted on: flat T_t
+    (its statistics: fresh, the prior α = 0.5)."""
+    costs = CostTable().at("eager")
+    costs.warm(t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
+    return costs
 
 
 def test_trial_gain_decides_whether_an_untried_draft_model_is_tried():
     # at perfect acceptance k = 1 gains 2 · 0.16 / (0.1 + 0.16) − 1 = 0.23: tried at the
     # default 0.1, not where the trial must gain 0.3
-    ctx = Context(category="chat", k_max=1, live=_untried(0.1))
+    ctx = Context(category="chat", k_max=1, live=LiveStats(), costs=_untried(0.1))
     assert CostModelPolicy().choose(ctx) == 1
     assert CostModelPolicy(trial_gain=0.3).choose(ctx) == 0
 
 
 def test_shape_floor_decides_which_live_timing_is_held_out():
     for floor, held in ((DEFAULTS.shape_floor, True), (0.5, False)):
-        live = LiveStats(params=DEFAULTS.but(shape_floor=floor))
+        costs = CostTable(params=DEFAULTS.but(shape_floor=floor)).at("eager")
         for _ in range(3):
-            live.observe(0, 0, 0.0, 1.0)
-        live.observe(3, 2, 0.03, 0.6)  # T_t(4) at 0.6 · T_t(1)
-        assert (4 not in live.t_target) == held and live.held_out == int(held)
+            costs.observe(0, 1.0)
+        costs.observe(3, 0.6, 0.03)  # T_t(4) at 0.6 · T_t(1)
+        assert (4 not in costs.t_target) == held and costs.held_out == int(held)
 
 
 def test_marginal_bounds_k_on_a_busy_machine():
     """Busy (a level move), acceptance 0.5: k is bounded where a₁⋯a_k ≥ marginal."""
     picks = {}
     for marginal in (0.1, 0.4):
-        live = LiveStats(params=DEFAULTS.but(marginal=marginal))
-        live.warm_start({"draft": ([50, 25, 12.5, 6.25, 3.125, 1.5625], [100] * 6)}, t_draft=0.001, t_target={n: 0.2 for n in range(1, 18)}, probe=True)
-        live._busy_until = 10 ** 6  # the guard's state after a level move
-        assert live.busy()
+        params = DEFAULTS.but(marginal=marginal)
+        live, costs = LiveStats(params=params), CostTable(params=params).at("eager")
+        live.warm_start({"draft": ([50, 25, 12.5, 6.25, 3.125, 1.5625], [100] * 6)})
+        costs.warm(t_draft=0.001, t_target={n: 0.2 for n in range(1, 18)}, probe=True)
+        costs._busy_until = 10 ** 6  # the guard's state after a level move
+        assert costs.busy()
         picks[marginal] = CostModelPolicy(marginal=marginal).choose(
-            Context(category="chat", k_max=8, live=live, remaining=100))
+            Context(category="chat", k_max=8, live=live, costs=costs, remaining=100))
     # 0.5³ = 0.125 ≥ 0.1 > 0.5⁴; 0.5 ≥ 0.4 > 0.5²
     assert picks == {0.1: 3, 0.4: 1}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
+from autospec.costs.table import CostTable
 from autospec.policies import (
-    BatchCosts,
     Context,
     CostModelPolicy,
     FixedK,
@@ -30,6 +31,7 @@ POLICIES = {
     "costmodel+discount": lambda: CostModelPolicy(discount=0.99),
     "table": lambda: as_policy("table:1-2:4,3-8:2,9-:0"),
 }
+NAN = float("nan")
 MEMORY_BOUND = Costs(t_draft=0.1, t_target={1: 1.0, 2: 1.0, 4: 1.02, 8: 1.05, 16: 1.1})
 COMPUTE_BOUND = Costs(t_draft=0.1, t_target={1: 1.0, 16: 16.0})
 
@@ -66,12 +68,13 @@ def test_contract_choose_returns_a_valid_k_and_update_accepts_any_outcome(name):
 def test_contract_holds_at_batch_size_above_1(name):
     policy = POLICIES[name]()
     code, chat = LiveStats(), LiveStats()
-    warm, cold = BatchCosts(), BatchCosts()
-    warm.warm({1: {1: 0.1, 8: 0.1}, 8: {1: 0.2, 8: 1.0}}, {1: 0.02, 8: 0.03})
+    warm, cold = CostTable(live=False), CostTable(live=False)
+    warm.warm_grid("eager", {1: {1: 0.1, 8: 0.1}, 8: {1: 0.2, 8: 1.0}}, {1: 0.02, 8: 0.03})
     for batch in (2, 5, 40):
         rows = tuple(code if i % 2 else chat for i in range(batch))
         cats = tuple("code" if i % 2 else "chat" for i in range(batch))
-        for costs in (None, cold, warm):
+        for table in (None, cold, warm):
+            costs = None if table is None else table.at("eager", batch)
             for k_max in (1, 4, 16):
                 ctx = Context(category="code", k_max=k_max, batch_size=batch,
                               categories=cats, rows=rows, costs=costs)
@@ -82,7 +85,7 @@ def test_contract_holds_at_batch_size_above_1(name):
                     policy.update(ctx, k, Outcome(
                         drafted=k, accepted=sum(accepted) // batch, accepted_rows=accepted,
                         batch_size=batch, draft_time_s=0.01 * k, target_time_s=seconds))
-                warm.observe(batch, k + 1, 0.1 * batch, 0.02)
+                warm.at("eager", batch).observe(k, 0.1 * batch, 0.02 * k)
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.8, 0.95])
@@ -121,12 +124,13 @@ def test_switches_off_when_acceptance_is_below_the_draft_cost(make):
 @pytest.mark.parametrize("make", [CostModelPolicy, lambda: ThompsonBandit(k_max=8, seed=2)])
 def test_comes_back_when_acceptance_recovers(make):
     policy = make()
-    live = {}
-    simulate(traffic(0.05, 60), policy, MEMORY_BOUND, k_max=8, live=live)
-    bad = simulate(traffic(0.05, 20, seed=1), policy, MEMORY_BOUND, k_max=8, live=live)
+    live, table = {}, MEMORY_BOUND.table()
+    run = dict(k_max=8, live=live, table=table)
+    simulate(traffic(0.05, 60), policy, MEMORY_BOUND, **run)
+    bad = simulate(traffic(0.05, 20, seed=1), policy, MEMORY_BOUND, **run)
     assert bad.k_counts[0] / bad.iterations >= 0.8  # off while the draft is useless
-    simulate(traffic(0.9, 60, seed=2), policy, MEMORY_BOUND, k_max=8, live=live)
-    good = simulate(traffic(0.9, 30, seed=3), policy, MEMORY_BOUND, k_max=8, live=live)
+    simulate(traffic(0.9, 60, seed=2), policy, MEMORY_BOUND, **run)
+    good = simulate(traffic(0.9, 30, seed=3), policy, MEMORY_BOUND, **run)
     assert good.speedup >= 0.85 * oracle(0.9, MEMORY_BOUND)[1]
 
 
@@ -144,10 +148,11 @@ def test_compute_bound_verification_drives_k_to_zero(make, floor):
 def test_costmodel_reprobes_while_off_at_its_stated_rate():
     policy, live = CostModelPolicy(reprobe_every=32), {}
     costs = Costs(t_draft=0.3, t_target={1: 1.0, 16: 1.1})
-    first = simulate(traffic(0.0, 40), policy, costs, k_max=8, live=live)
+    table = costs.table()
+    first = simulate(traffic(0.0, 40), policy, costs, k_max=8, live=live, table=table)
     # a category the draft never ran on is tried cold_start blocks (at initial_k) before off
     assert first.k_counts[3] == 8
-    late = simulate(traffic(0.0, 40, seed=1), policy, costs, k_max=8, live=live)
+    late = simulate(traffic(0.0, 40, seed=1), policy, costs, k_max=8, live=live, table=table)
     probes = late.iterations - late.k_counts[0]
     assert 0 < probes <= math.ceil(late.iterations / 32) + 1 and set(late.k_counts) == {0, 1}
 
@@ -155,12 +160,14 @@ def test_costmodel_reprobes_while_off_at_its_stated_rate():
 def test_per_iteration_choice_is_cheap():
     import time
 
-    live = LiveStats()
+    live, costs = LiveStats(), CostTable().at("eager")
     for _ in range(200):
         live.observe(4, 3, 0.4, 1.02)
-    for _ in range(3):  # T_t(1) settled (LiveStats.settled)
+        costs.observe(4, 1.02, 0.4)
+    for _ in range(3):  # T_t(1) settled (CostRow.settled)
         live.observe(0, 0, 0.0, 1.0)
-    policy, ctx = CostModelPolicy(), Context(k_max=16, live=live)
+        costs.observe(0, 1.0)
+    policy, ctx = CostModelPolicy(), Context(k_max=16, live=live, costs=costs)
     t0 = time.perf_counter()
     for _ in range(1000):
         policy.choose(ctx)
@@ -191,22 +198,24 @@ def test_costmodel_finds_an_optimum_hidden_behind_a_step_in_the_cost_curve():
     assert late.k_counts.most_common(1)[0][0] == 2 and late.speedup >= 0.95 * s_star
 
 
-def _timed(alpha_blocks: int = 0, alpha: float = 0.0) -> LiveStats:
-    """LiveStats with a flat measured cost curve (T_d = 0.2 · T_t) and some acceptance."""
-    live = LiveStats()
-    live.warm_start({}, t_draft=0.02, t_target={n: 0.1 for n in range(1, 18)})
+def _timed(alpha_blocks: int = 0, alpha: float = 0.0) -> Context:
+    """A context whose category has some acceptance and whose costs were measured flat
+    (T_d = 0.2 · T_t)."""
+    live, costs = LiveStats(), CostTable().at("eager")
+    costs.warm(t_draft=0.02, t_target={n: 0.1 for n in range(1, 18)})
     rng = random.Random(0)
     for _ in range(alpha_blocks):  # blocks of 8, each token accepted with probability alpha
         m = 0
         while m < 8 and rng.random() < alpha:
             m += 1
         live.observe(8, m, 0.16, 0.1)
-    return live
+        costs.observe(8, 0.1, 0.16)
+    return Context(category="c", k_max=16, live=live, costs=costs)
 
 
 def test_costmodel_tunable_parameters_do_what_they_say():
-    live = _timed(200, 0.9)
-    ctx = Context(category="c", k_max=16, live=live)
+    ctx = _timed(200, 0.9)
+    live = ctx.live
     free = CostModelPolicy().choose(ctx)
     assert free > 3
     assert CostModelPolicy(k_cap=3).choose(ctx) == 3  # a cap
@@ -219,21 +228,21 @@ def test_costmodel_tunable_parameters_do_what_they_say():
 
 
 def test_costmodel_cold_start_uses_the_requests_acceptance_forecast():
-    ctx = Context(category="new", k_max=16, live=_timed())  # timings known, no acceptance yet
+    ctx = replace(_timed(), category="new")  # timings known, no acceptance yet
     policy = CostModelPolicy()
-    high = policy.choose(Context(category="new", k_max=16, live=ctx.live, predicted_alpha=0.95))
-    low = policy.choose(Context(category="new", k_max=16, live=ctx.live, predicted_alpha=0.05))
+    high = policy.choose(replace(ctx, predicted_alpha=0.95))
+    low = policy.choose(replace(ctx, predicted_alpha=0.05))
     assert high == best_k(0.95, 0.02, {1: 0.1, 17: 0.1}, 16)[0] and high > 4
     assert low == 0
     # with evidence the forecast is ignored: the category's own acceptance decides
-    warm = _timed(200, 0.75)
-    assert policy.choose(Context(category="w", k_max=16, live=warm, predicted_alpha=0.05)) > 0
+    warm = replace(_timed(200, 0.75), category="w")
+    assert policy.choose(replace(warm, predicted_alpha=0.05)) > 0
 
 
 def test_costmodel_with_its_own_discount_keeps_its_own_statistics():
-    live = _timed(50, 0.75)
+    ctx = _timed(50, 0.75)
+    live = ctx.live
     policy = CostModelPolicy(discount=0.9)
-    ctx = Context(category="c", k_max=16, live=live)
     before = policy.choose(ctx)
     assert before > 0
     for _ in range(40):  # the draft stops matching: its own fast-forgetting stats see it
@@ -268,62 +277,62 @@ def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
     assert all(d < m < u <= 1.0 for d, m, u in zip(down, live.curve("draft", 3), up))
 
 
-def _cold(t_draft: float) -> LiveStats:
+def _cold(t_draft: float) -> Context:
     """A probe-only category: T_t flat at 0.16 s up to 17 tokens, T_d as given, no blocks."""
-    live = LiveStats()
-    live.warm_start({}, t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
-    return live
+    costs = CostTable().at("eager")
+    costs.warm(t_draft=t_draft, t_target={n: 0.16 for n in range(1, 18)})
+    return Context(category="chat", k_max=8, live=LiveStats(), costs=costs)
 
 
 def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
     """The cold holdout run: a probed T_d of 0.56 · T_t(1) against the flat prior α = 0.5
     priced the draft model out before it ran once, so chat and translation never drafted."""
-    live = _cold(0.09)
-    assert best_k(live.curve("draft", 8), 0.09, live.cost(optimistic=True), 8)[0] == 0
+    ctx = _cold(0.09)
+    live, costs = ctx.live, ctx.costs
+    assert best_k(live.curve("draft", 8), 0.09, costs.cost(optimistic=True), 8)[0] == 0
     policy = CostModelPolicy(initial_k=3, cold_start=8)
-    ctx = Context(category="chat", k_max=8, live=live)
     assert policy.choose(ctx) == 3  # tried, at initial_k
     live.observe(3, 2, 0.27, 0.16)
+    costs.observe(3, 0.16, 0.27)
     # then its own evidence decides: 2 of 3 accepted pays at c = 0.56 and flat verification
     assert policy.choose(ctx) == best_k(live.curve("draft", 8), 0.09,
-                                        live.cost(optimistic=True), 8)[0] > 0
+                                        costs.cost(optimistic=True), 8)[0] > 0
     # where it fails it is switched off after the same cold_start blocks
-    bad, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8)
-    bctx = Context(category="chat", k_max=8, live=bad)
+    bctx, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8)
     picks = []
     for _ in range(20):
         picks.append(policy.choose(bctx))
-        bad.observe(picks[-1], 0, 0.27 if picks[-1] else 0.0, 0.16)
+        bctx.live.observe(picks[-1], 0, 0.27 if picks[-1] else 0.0, 0.16)
+        bctx.costs.observe(picks[-1], 0.16, 0.27 if picks[-1] else NAN)
     assert picks == [3] * 8 + [0] * 12
 
 
 def test_a_draft_that_cannot_pay_or_has_a_forecast_or_history_is_not_tried_cold():
     policy = CostModelPolicy(initial_k=3, cold_start=8)
     # T_d = 1.25 · T_t(1): even perfect acceptance loses to plain decoding
-    assert policy.choose(Context(category="c", k_max=8, live=_cold(0.2))) == 0
+    assert policy.choose(replace(_cold(0.2), category="c")) == 0
     # the categoriser's forecast stands in for the evidence (test above this one)
-    assert policy.choose(Context(category="c", k_max=8, live=_cold(0.09),
-                                 predicted_alpha=0.05)) == 0
+    assert policy.choose(replace(_cold(0.09), category="c", predicted_alpha=0.05)) == 0
     # stored history of 8 blocks at α ≈ 0.1 counts as tried, though the prior still dominates
-    stored = _cold(0.09)
-    stored.warm_start({"draft": ([1, 0, 0], [8, 1, 0])})
-    assert stored.blocks("draft") == 8
-    assert policy.choose(Context(category="c", k_max=8, live=stored)) == 0
+    stored = replace(_cold(0.09), category="c")
+    stored.live.warm_start({"draft": ([1, 0, 0], [8, 1, 0])})
+    assert stored.live.blocks("draft") == 8
+    assert policy.choose(stored) == 0
     # and so does the policy's own copy, with its own discount
     own = CostModelPolicy(initial_k=3, cold_start=8, discount=0.9)
-    assert own.choose(Context(category="c", k_max=8, live=stored)) == 0
+    assert own.choose(stored) == 0
 
 
 def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
     """Chat, cold: failing one- and two-token n-gram blocks every few steps reset the k = 0
     counter, and the draft model was never re-probed; they count as steps without it."""
-    live = _timed(200, 0.05)  # the draft tried and failing; the n-gram matching well
+    ctx = _timed(200, 0.05)  # the draft tried and failing; the n-gram matching well
     for _ in range(50):
-        live.observe_lookup("ngram", 2, 2, 0.0, 0.1, match=3)
+        ctx.live.observe_lookup("ngram", 2, 2, 0.0, 0.1, match=3)
+        ctx.costs.observe(2, 0.1, lookups={"ngram": 0.0})
     policy = CostModelPolicy(reprobe_every=8, probe_k=1)
-    matched = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"),
-                      matches={"ngram": (3,)})
-    plain = Context(category="c", k_max=8, live=live, proposers=("draft", "ngram"))
+    matched = replace(ctx, k_max=8, proposers=("draft", "ngram"), matches={"ngram": (3,)})
+    plain = replace(ctx, k_max=8, proposers=("draft", "ngram"))
     for _ in range(10):
         assert getattr(policy.choose(matched), "proposer", None) == "ngram"
     assert policy.choose(plain) == 1  # the probe was due: it fires at the next step off
@@ -331,24 +340,33 @@ def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
 
 
 def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():
-    """A request's ``LiveStats`` (``feed_costs=False``: the engine's and replay's per-request
-    statistics) counts what its category's counts — acceptance, lookup blocks and shadows,
-    match points, the rate — and keeps none of the costs the policy prices by its
-    category's: no curve, draft or lookup time, catch-up fit, busy verdict."""
-    full, request = LiveStats(discount=1.0), LiveStats(discount=1.0, feed_costs=False)
+    """A request's ``LiveStats`` (the engine's and replay's per-request statistics) counts
+    what its category's counts — acceptance, lookup blocks and shadows, match points, the
+    rate — and neither keeps a cost the policy prices by: those are the pair's, in its
+    ``CostTable``, which the accounting feeds once per iteration (no curve, draft or lookup
+    time, catch-up fit, busy verdict in a ``LiveStats``)."""
+    full, request = LiveStats(discount=1.0), LiveStats(discount=1.0)
+    costs = CostTable().at("eager")
     for ls in (full, request):
         for it in range(40):
             ls.observe_match(it % 3 == 0, proposer="ngram")
+            target = 0.02 * (1 + it // 4 % 2)
             if it % 4 == 0:
-                ls.observe_lookup("ngram", 5, it % 5, 0.0001, 0.02 * (1 + it // 4 % 2), match=2)
+                ls.observe_lookup("ngram", 5, it % 5, 0.0001, target, match=2)
+                if ls is full:
+                    costs.observe(5, target, lookups={"ngram": 0.0001 / 5})
             else:
-                ls.observe(it % 4, it % 3, 0.004 * (it % 4), 0.02 * (1 + it // 4 % 2))
+                ls.observe(it % 4, it % 3, 0.004 * (it % 4), target)
+                if ls is full:
+                    costs.observe(it % 4, target, 0.004 * (it % 4))
             ls.observe_shadow("ngram", 2, 1, 3)
         ls.observe_catch_up(30, 0.05)
-    assert full.t_target and full.t_draft and full.t_lookup.get("ngram") and full.catch_up_cost(8)
-    assert (request.t_target, request.t_draft, request.t_lookup) == ({}, None, {})
-    assert request.catch_up_cost(8) is None and not request.busy() and full.busy()
-    assert request.cost() is None
+    costs.observe_catch_up(30, 0.05)
+    assert costs.t_target and costs.t_draft and costs.t_lookup.get("ngram")
+    assert costs.catch_up_cost(8) and costs.busy()
+    for ls in (full, request):
+        assert not any(hasattr(ls, name) for name in (
+            "t_target", "t_draft", "t_lookup", "catch_up", "catch_up_cost", "busy", "cost"))
     assert (request.counts("draft")[0], request.counts("draft")[1]) == (full.counts("draft")[0], full.counts("draft")[1])
     assert request.counts("ngram", 2) == full.counts("ngram", 2)
     assert request.by_proposer["ngram"].match_points == full.by_proposer["ngram"].match_points

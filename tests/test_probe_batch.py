@@ -220,11 +220,12 @@ def test_the_probe_times_the_drafts_catch_up_and_a_probe_only_store_prices_it(mo
     assert source == "probe" and t_draft == res.draft_s
     assert points == [tuple(p) for p in res.draft_catch_up]
     spec = autospec.Controller(*models, store=url, policy="fixed:2")
-    live = spec.live_stats("any category")
+    spec.live_stats("any category")
     spec.close()
-    from autospec.policies import LiveStats
+    from autospec.costs.table import CostTable
 
-    expected = LiveStats()
+    live = spec.costs.at(spec.path)
+    expected = CostTable().at(spec.path)
     expected.warm_catch_up(points)
     assert live.catch_up == pytest.approx(expected.catch_up) and live.catch_up[0] > 0
     assert live.catch_up_cost(100) is not None

@@ -23,6 +23,7 @@ import torch
 from test_suffix import _requests
 
 import autospec
+from autospec.costs.table import CostTable
 from autospec.policies import Choice, LiveStats, as_policy
 from autospec.store import open_store, queries
 from autospec.tune.replay import Costs, simulate
@@ -61,13 +62,8 @@ class Reader:
 
 
 class Pinned(LiveStats):
-    """A category's statistics whose costs are COSTS', set once and never measured: the
-    counts are learned as usual, every timing handed in is dropped."""
-
-    def __init__(self):
-        super().__init__()
-        self.t_target = dict(GRID)
-        self.t_draft, self.t_lookup = COSTS.t_draft, {"ngram": 1e-5, "suffix": 1e-5}
+    """A category's statistics that take no time into their rate: the counts are learned as
+    usual, every timing handed in is dropped."""
 
     def observe(self, k, accepted, draft_s, target_s, **kwargs):
         super().observe(k, accepted, NAN, NAN, **kwargs)
@@ -77,6 +73,20 @@ class Pinned(LiveStats):
 
     def observe_catch_up(self, tokens, seconds):
         pass
+
+
+class PinnedCosts(CostTable):
+    """A cost table whose batch-1 costs (on every path asked for) are COSTS', set once and
+    never measured: every timing handed in is dropped."""
+
+    def at(self, path, batch=1):
+        row = super().at(path, batch)
+        if not row.t_target:
+            row.t_target = dict(GRID)
+            row.t_draft, row.t_lookup = COSTS.t_draft, {"ngram": 1e-5, "suffix": 1e-5}
+            row.observe = lambda *args, **kwargs: None
+            row.observe_catch_up = lambda *args, **kwargs: None
+        return row
 
 
 def _schedules(st):
@@ -101,7 +111,7 @@ def test_replay_makes_the_live_runs_decisions_with_suffix_decoding(tmp_path, nam
                                policy=_policy(name))
     pinned = name == "auto"
     if pinned:
-        spec.live["sql"] = Pinned()
+        spec.live["sql"], spec.costs = Pinned(), PinnedCosts()
     served = []
     prompts = _requests(4, seed=6) + _requests(1, seed=6)  # the last repeats the first
     if rows > 1:  # calls of 3 rows: the repeat among the second call's
@@ -117,7 +127,8 @@ def test_replay_makes_the_live_runs_decisions_with_suffix_decoding(tmp_path, nam
     assert len(logged) == len(served) and all(r.traces.get("suffix") and r.traces.get("ngram")
                                             for r in logged)
     lives = {"sql": Pinned()} if pinned else {}
-    res = simulate(logged, _policy(name), COSTS, live=lives, category="sql", k_max=16)
+    res = simulate(logged, _policy(name), COSTS, live=lives, category="sql", k_max=16,
+                   table=PinnedCosts(live=False) if pinned else None)
     assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]
     assert res.unobserved_hits == 0
     _same_counts(live, lives["sql"])

@@ -65,9 +65,11 @@ def _readers(url: str, models) -> dict:
     target, draft = models
     ctrl = autospec.Controller(target, draft, store=url, policy="auto")
     try:
-        live = ctrl.live_stats("default")
-        grid = ctrl.batch_costs()
-        controller = (dict(live.t_target), live.t_draft, grid.target_points(4).get(1))
+        ctrl.live_stats("default")
+        ctrl._warm_batched("default")  # what the first batched call warms
+        one = ctrl.costs.at(ctrl.path)
+        controller = (dict(one.t_target), one.t_draft,
+                      ctrl.costs.target_points("eager", 4).get(1))
     finally:
         ctrl.close()
     with open_store(url) as store:

@@ -12,22 +12,25 @@ from test_batch_policy import grid_costs
 from test_suffix import _requests, batch_is_generates
 
 import autospec
+from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy
 from autospec.policies.live import LiveStats
 
 from conftest import noisy_copy, tiny
 
 
-def _stats(suffix_agree: int, ngram_agree: int) -> LiveStats:
+def _stats(suffix_agree: int, ngram_agree: int, table=None) -> tuple[LiveStats, object]:
     """A category where suffix blocks from a 4-token match hold ``suffix_agree`` of 16 tokens
-    and prompt lookup's from a 3-token match ``ngram_agree`` (both learned from shadows)."""
+    and prompt lookup's from a 3-token match ``ngram_agree`` (both learned from shadows), and
+    the pair's costs at batch 1 (``table``'s, else a fresh table's)."""
     live = LiveStats(discount=1.0)
-    live.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    live.t_draft, live.t_lookup = 0.05, {"ngram": 1e-6, "suffix": 1e-6}
+    costs = (CostTable() if table is None else table).at("eager")
+    costs.t_target = {n: 0.1 + 0.01 * n for n in range(1, 18)}
+    costs.t_draft, costs.t_lookup = 0.05, {"ngram": 1e-6, "suffix": 1e-6}
     for _ in range(40):
         live.observe_shadow("suffix", 4, suffix_agree, 16)
         live.observe_shadow("ngram", 3, ngram_agree, 16)
-    return live
+    return live, costs
 
 
 CTX = dict(category="c", k_max=16, generated=5, remaining=60,
@@ -35,7 +38,7 @@ CTX = dict(category="c", k_max=16, generated=5, remaining=60,
 
 
 def test_the_suffix_proposer_is_counted_apart_by_the_length_of_its_match():
-    live = _stats(16, 0)
+    live, _ = _stats(16, 0)
     assert live.first_acceptance("suffix") == 1.0
     assert live.first_acceptance("ngram") == 0.0  # prompt lookup's own counts are untouched
     assert sorted(live.by_proposer["suffix"].by_match) == [4] and sorted(live.by_proposer["ngram"].by_match) == [3]
@@ -53,21 +56,21 @@ def _lookups(suffix_match: int, suffix_size: int) -> dict:
 
 
 def test_auto_drafts_with_the_suffix_where_it_holds_and_no_longer_than_its_draft():
-    live, policy = _stats(16, 1), CostModelPolicy()
-    choice = policy.choose(Context(**CTX, live=live, **_lookups(4, 16)))
+    (live, costs), policy = _stats(16, 1), CostModelPolicy()
+    choice = policy.choose(Context(**CTX, live=live, costs=costs, **_lookups(4, 16)))
     assert choice.proposer == "suffix" and int(choice) == 16
     # its draft holds 5 tokens: a longer block would score more tokens for none more kept
-    short = policy.choose(Context(**CTX, live=live, **_lookups(4, 5)))
+    short = policy.choose(Context(**CTX, live=live, costs=costs, **_lookups(4, 5)))
     assert short.proposer == "suffix" and int(short) == 5
     # where prompt lookup holds and the suffix does not, prompt lookup drafts
-    live = _stats(0, 16)
-    choice = policy.choose(Context(**CTX, live=live, **_lookups(4, 16)))
+    live, costs = _stats(0, 16)
+    choice = policy.choose(Context(**CTX, live=live, costs=costs, **_lookups(4, 16)))
     assert choice.proposer == "ngram" and int(choice) == 16
     # no suffix match now, or a proposer set without it: never the suffix
-    live = _stats(16, 1)
+    live, costs = _stats(16, 1)
     for policy_, ctx in ((policy, _lookups(0, 0)),
                          (CostModelPolicy(proposers="draft+ngram"), _lookups(4, 16))):
-        choice = policy_.choose(Context(**CTX, live=live, **ctx))
+        choice = policy_.choose(Context(**CTX, live=live, costs=costs, **ctx))
         assert getattr(choice, "proposer", "draft") != "suffix"
 
 
@@ -80,9 +83,11 @@ def test_a_proposer_set_that_names_no_known_proposer_is_refused():
 
 
 def test_at_batch_the_suffix_drafts_for_the_rows_it_matches():
-    live, costs = _stats(16, 0), grid_costs()
+    costs = grid_costs()
+    live, _ = _stats(16, 0, table=costs)  # the lookups' time measured at batch 1
     policy = CostModelPolicy()
-    ctx = Context(category="c", k_max=16, batch_size=4, remaining=48, costs=costs,
+    ctx = Context(category="c", k_max=16, batch_size=4, remaining=48,
+                  costs=costs.at("eager", 4),
                   categories=("c",) * 4, rows=(live,) * 4,
                   proposers=("draft", "ngram", "suffix"), whole=("suffix",),
                   matches={"ngram": (3, 3, 0, 0), "suffix": (4, 4, 4, 0)},

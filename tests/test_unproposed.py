@@ -74,13 +74,16 @@ def _k_sequence(traces) -> list[int]:
     """The k the cost-model policy chooses per iteration, replaying ``traces`` from a stale
     history (200 blocks at 10 % acceptance)."""
     live = LiveStats()
-    live.warm_start({"draft": ([20.0], [200.0])}, t_draft=0.03, t_target={1: 0.1, 2: 0.1, 8: 0.11})
+    live.warm_start({"draft": ([20.0], [200.0])})
     return chosen_ks(traces, live, CostModelPolicy(reprobe_every=16))
 
 
 def chosen_ks(traces, live: LiveStats, policy) -> list[int]:
     """The k ``policy`` chooses per iteration, replaying ``traces`` as category "c" from
-    ``live`` (T_d 0.03 s; T_t 0.1 s, 0.11 s at 8)."""
+    ``live`` and costs warmed with the replay's own (T_d 0.03 s; T_t 0.1 s, 0.11 s at 8)."""
+    costs = Costs(0.03, {1: 0.1, 2: 0.1, 8: 0.11})
+    table = costs.table()
+    table.at(costs.path).warm(t_target=costs.t_target, t_draft=costs.t_draft)
     chosen: list[int] = []
 
     class Recording:
@@ -93,6 +96,6 @@ def chosen_ks(traces, live: LiveStats, policy) -> list[int]:
         def update(self, ctx, k, outcome):
             policy.update(ctx, k, outcome)
 
-    simulate(traces, Recording(), Costs(0.03, {1: 0.1, 2: 0.1, 8: 0.11}), k_max=8,
-             category="c", live={"c": live})
+    simulate(traces, Recording(), costs, k_max=8, category="c", live={"c": live},
+             table=table)
     return chosen

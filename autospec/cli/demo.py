@@ -120,7 +120,7 @@ def run(args, parser) -> int:
               f"{verdict}, identical to plain: {'yes' if same else 'NO'}")
         for line in divergences(target, ids, plain_out, spec_runs, plain_runs, env["dtype"]):
             print(f"    ({line})")
-    busy_costs = [c for c, live in sorted(ctrl.live.items()) if live.busy()]
+    busy_costs = [f"{row.path}, batch {row.batch}" for row in ctrl.costs.busy()]
     note = busy_note(load_before, _load(), cores, threads, scattered, busy_costs)
     print()
     if note:
@@ -181,7 +181,7 @@ def busy_note(load_before: float | None, load_after: float | None, cores: int, t
     average beyond the demo's own ``threads`` of at least ``LOAD_SHARE`` of the cores, before
     or after the runs; plain runs that scatter across rounds (``scattered``: their
     categories); the cost model's own timings scattering or moving level (``busy_costs``:
-    categories whose ``LiveStats.busy()``)."""
+    the cost table's rows that say so, ``CostTable.busy``)."""
     why = []
     loads = [v for v in (load_before, load_after) if v is not None]
     if loads and max(loads) - threads >= LOAD_SHARE * cores:

@@ -11,7 +11,8 @@ well above or below what the traffic's rows cost.
 from __future__ import annotations
 
 from autospec.costs import MIN_FORWARDS
-from autospec.policies.batchcosts import BatchCosts
+from autospec.costs.rules import shape_guard, usable
+from autospec.costs.table import grid_draft, grid_points
 
 __all__ = ["MIN_FORWARDS", "at_live_level", "batch_grid"]
 
@@ -22,24 +23,23 @@ def at_live_level(target: dict[int, dict[int, float]], draft: dict[int, float], 
     """A probe's grid read as the live cost model reads it: the probe gives the shape, the
     loop's own forwards (the store's live medians) the level — live points replace the probe's
     at their (B, n), the rest is scaled by live/probe at the nearest batch size measured
-    (``BatchCosts``). Other sources, and a probe without live points, come back as they
-    are."""
+    (``table.grid_points``; a live point below the shape floor of its batch size's T_t(B, 1)
+    held out). Other sources, and a probe without live points, come back as they are."""
     live_t = {b: ns for b, ns in live_target.items() if b > 1}  # batch 1 stays the probe's:
     live_d = {b: t for b, t in live_draft.items() if b > 1}  # its curve is batch-1 requests'
     if source != "probe" or not (live_t or live_d):
         return target, draft, source
-    costs = BatchCosts(settle=1)
-    costs.warm(target, draft)
-    for b, ns in live_t.items():
-        for n, t in ns.items():
-            costs.observe(b, n, t)
-    for b, t in live_d.items():
-        costs.observe(b, 0, float("nan"), t)
+    warm_t = {int(b): {int(n): float(t) for n, t in ns.items() if usable(t)}
+              for b, ns in target.items()}
+    warm_d = {int(b): float(t) for b, t in draft.items() if usable(t)}
+    live_t = {b: shape_guard({n: t for n, t in ns.items() if usable(t)})
+              for b, ns in live_t.items()}
+    live_d = {b: t for b, t in live_d.items() if usable(t)}
     sizes = sorted({b for b in target if b > 1} | set(live_t))
     out_t = {**({1: dict(target[1])} if 1 in target else {}),
-             **{b: dict(sorted(costs.target_points(b).items())) for b in sizes}}
+             **{b: dict(sorted(grid_points(warm_t, live_t, b).items())) for b in sizes}}
     out_d = {**({1: draft[1]} if 1 in draft else {}),
-             **{b: d for b in sizes if (d := costs.draft_cost(b)) is not None}}
+             **{b: d for b in sizes if (d := grid_draft(warm_d, live_d, b)) is not None}}
     measured = ", ".join(map(str, sorted(set(live_t) | set(live_d))))
     return out_t, out_d, f"probe at the live level (live/probe per n, batch sizes {measured})"
 

@@ -104,7 +104,7 @@ class ProbeResult:
     @property
     def catch_up_line(self) -> tuple[float, float] | None:
         """(a, b) of C(g) = a + b·g fitted to ``draft_catch_up`` (as the live fit), or None."""
-        from autospec.policies.live import catch_up_line, catch_up_sums
+        from autospec.costs.rules import catch_up_line, catch_up_sums
 
         return catch_up_line(catch_up_sums(self.draft_catch_up)) if self.draft_catch_up else None
 

@@ -52,7 +52,7 @@ def batch_one(probe_payload: Mapping | None, live_t_target: Mapping[int, float],
     where ``probe_payload`` holds one, else the live means (``live_t_target``: n → mean
     seconds over ``live_counts[n]`` forwards; T_d over ``live_draft_forwards``) where each
     rests on at least ``min_forwards`` forwards (None: ``autospec.costs.MIN_FORWARDS``),
-    through ``policies.live.shape_guard``.
+    through ``costs.rules.shape_guard``.
 
     Never a mix: a quiet probe's T_t(1) beside a busy server's T_t(k+1) invents a step in
     the curve. The probe first: it times every n back to back through the loop's own runner,
@@ -62,7 +62,7 @@ def batch_one(probe_payload: Mapping | None, live_t_target: Mapping[int, float],
              if t is not None and float(t) > 0}
     if curve:
         return BatchOne(pl.get("draft_s") or None, dict(sorted(curve.items())), {}, True)
-    from autospec.policies.live import shape_guard
+    from autospec.costs.rules import shape_guard
 
     min_forwards = _forwards(min_forwards)
     curve = {n: t for n, t in sorted(live_t_target.items())

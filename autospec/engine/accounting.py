@@ -4,13 +4,15 @@ Torch-free, and the one place this happens: the live engine calls ``account`` wi
 measured, trace replay (``autospec.tune.replay``) with what it replayed and priced, so the
 two cannot drift. Per row it counts the block in the row's ``LoopStats``; it feeds each
 row's category statistics and its request's own (``LiveStats``) — the block under its
-proposer's name, every other proposer's shadow and evidence under theirs — the batch's
-forward timings to the pair's ``BatchCosts``, and finally ``policy.update`` with the
-iteration's ``Outcome``. No proposer is named here: each one's share is keyed by its name.
+proposer's name, every other proposer's shadow and evidence under theirs — then the
+iteration's timings, once, to the row of the pair's cost table at the iteration's execution
+path and batch size (``costs``, a ``CostRow``: the one-row tail of a batched call goes to its
+own path's batch-1 row), and finally ``policy.update`` with the iteration's ``Outcome``. No
+proposer is named here: each one's share is keyed by its name.
 
-Timings feed the category statistics only at batch 1 (a batch's forward is not a point of
-the batch-1 cost curve); at every batch size they feed ``BatchCosts``. The prefill (the
-first target forward, over the prompt) is never a cost point: its target time is NaN.
+A category's rate takes an iteration's time only at batch 1 (a batch's forward is not one
+request's time). The prefill (the first target forward, over the prompt) is never a cost
+point: its target time is NaN (the cost row's clock ticks alone).
 """
 
 from __future__ import annotations
@@ -92,15 +94,9 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
     if stats is not None:
         for row, st in zip(rows, stats):
             _count(st, row, width, times, per_token)
-    if times.catch_up is not None:  # the pair's fit takes it once, each category its time
-        fed: set[int] = set()
+    if times.catch_up is not None:  # each category's and request's time (the fit: below)
         for live in {id(x): x for x in (*lives, *requests) if x is not None}.values():
-            pair = id(getattr(live, "costs", live))
-            if pair in fed:
-                live.observe_catch_up(*times.catch_up, fit=False)
-            else:
-                live.observe_catch_up(*times.catch_up)
-                fed.add(pair)
+            live.observe_catch_up(*times.catch_up)
     evidence = []
     for row, live, request in zip(rows, lives, requests):
         for name, found in row.evidence.items():
@@ -125,8 +121,8 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
                 if name != who:
                     x.observe_shadow(name, row.matches.get(name, 0), agree,
                                      min(seen, row.emitted))
-    if costs is not None and not times.prefill:
-        costs.observe(B, width + 1, times.target_s, per_token)
+    if costs is not None:
+        _feed(costs, width, rows, times, served, per_token)
     if B == 1:
         accepted, per_row = rows[0].accepted, ()
     else:
@@ -138,6 +134,30 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
         accepted_rows=per_row, batch_size=B, proposer=looked_up or model)
     policy.update(ctx, width, outcome)
     return outcome
+
+
+def _feed(costs, width: int, rows: Sequence[RowStep], times: StepTimes, served: set,
+          per_token: float | None) -> None:
+    """The iteration's timings into its cost row, once: the target's forward over width + 1
+    tokens per row, the model proposer's seconds for its block where it served rows, each
+    serving lookup's host seconds per token of its longest block, the model's catch-up."""
+    model = times.model
+    if times.prefill:
+        costs.observe(width, NAN)
+    else:
+        lookups = None
+        if served and (len(served) > 1 or model not in served):  # a lookup served rows
+            longest: dict[str, int] = {}
+            for r in rows:
+                if r.proposer in served and r.proposer != model:
+                    longest[r.proposer] = max(longest.get(r.proposer, 0), r.proposed)
+            lookups = {name: times.lookup_s.get(name, 0.0) / k
+                       for name, k in longest.items() if k > 0}
+        costs.observe(width, times.target_s,
+                      per_token * width if model in served and per_token is not None else NAN,
+                      lookups)
+    if times.catch_up is not None:
+        costs.observe_catch_up(*times.catch_up)
 
 
 def _count(st: LoopStats, row: RowStep, width: int, times: StepTimes,

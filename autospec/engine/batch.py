@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from autospec.costs.table import CostTable
 from autospec.engine.checks import attention_layout
 from autospec.engine.runners import EagerRunner, open_runner, resolve_graphs, static_fits
 from autospec.engine.sampling import SamplingConfig, block_presence, process_logits, seen_tokens
 from autospec.engine.slots import SlotCache, kv_bytes_per_token
 from autospec.engine.stats import LoopStats
 from autospec.engine.timing import Clock
+from autospec.policies.base import params_of
 from autospec.policies.live import LiveStats
 from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED
 
@@ -84,8 +86,8 @@ class Row:
                  max_new: int, category: str, live, forecast, prefix, want_scores: bool,
                  want_logits: bool):
         self.index, self.category, self.live, self.forecast = index, category, live, forecast
-        # this request alone, fed as its category's (its counts and rate; no costs)
-        self.request = LiveStats(discount=1.0, feed_costs=False)
+        # this request alone, fed as its category's (its counts and rate)
+        self.request = LiveStats(discount=1.0)
         self.L = self.n = length
         self.tokens = tokens  # None until the first sync brings a device prompt back
         self.prefix = prefix  # what generate's row holds before the prompt (left padding)
@@ -122,7 +124,11 @@ class Batch:
         self.sampling, self.policy, self.generator = sampling, policy, generator
         self.greedy = not sampling.do_sample
         self.max_new, self.min_new = max_new_tokens, min_new_tokens
-        self.criteria, self.streamer, self.costs = stopping_criteria, streamer, costs
+        self.criteria, self.streamer = stopping_criteria, streamer
+        # the pair's cost table (a call without one keeps its own), and its row at this call's
+        # path and the rows running (``view``: made when first read after rows changed)
+        self.costs = CostTable(params=params_of(policy)) if costs is None else costs
+        self._view = None
         self.k_max, self.record_conf = k_max, record_confidence
         self.memory = memory  # the category memory of earlier outputs (None: none)
         self.options = dict(options or {})  # proposer name → its option (``wrap``'s)
@@ -251,8 +257,17 @@ class Batch:
             at += r.L
         self.pending = None
 
+    @property
+    def view(self):
+        """The pair's costs at this call's execution path and the rows running (the
+        ``CostRow`` the policy reads and the accounting feeds this iteration)."""
+        if self._view is None:
+            self._view = self.costs.at(self.path, len(self.rows))
+        return self._view
+
     def _running(self) -> None:
         """What accounting reads of the running rows, kept as they change (rows leave)."""
+        self._view = None
         self.lives = [r.live for r in self.rows]
         self.requests = [r.request for r in self.rows]
         self.row_stats = [r.stats for r in self.rows]

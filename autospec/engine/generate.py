@@ -36,8 +36,10 @@ def run(target, draft, prompts: list[torch.Tensor], *, sampling: SamplingConfig,
 
     categories / lives: each row's traffic category and its ``LiveStats`` (fed every
     iteration, shown to the policy); keep_cache: return the target's cache at batch 1 on
-    the eager path (``generated_cache`` builds generate's cache elsewhere). Options (``Batch``): costs (the pair's ``BatchCosts``), forecasts (each
-    row's acceptance forecast), min_new_tokens, eos_token_ids, stopping_criteria (called
+    the eager path (``generated_cache`` builds generate's cache elsewhere). Options
+    (``Batch``): costs (the pair's ``autospec.costs.table.CostTable``, fed every iteration
+    at the call's execution path and the rows running; None: one for this call), forecasts
+    (each row's acceptance forecast), min_new_tokens, eos_token_ids, stopping_criteria (called
     per row with its left padding, ``row_prefix``, then its tokens, as generate passes its
     padded row), streamer (batch 1), generator, k_max, target_context, draft_context,
     output_scores, output_logits, row_prefix, record_confidence (the draft's top

@@ -108,7 +108,7 @@ def _decide(batch) -> Iteration:
              for b, r in enumerate(rows)]
     why = [] if batch.iteration >= batch.why_at else None
     ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names, model=model,
-                       whole=batch.whole, costs=batch.costs, why=why)
+                       whole=batch.whole, costs=batch.view, why=why)
     decision = decide(batch.policy, ctx, longest=max(batch.known),
                       target_context=batch.target_context, draft_context=batch.draft_context)
     if why:
@@ -228,7 +228,7 @@ def _account(batch, it: Iteration, steps: list[RowStep], times: StepTimes) -> No
     for proposer in batch.proposers.values():
         proposer.accept(it, steps)
     account(batch.policy, it.ctx, it.k, steps, times, lives=batch.lives,
-            requests=batch.requests, stats=batch.row_stats, costs=batch.costs)
+            requests=batch.requests, stats=batch.row_stats, costs=batch.view)
     batch.iteration += 1
 
 

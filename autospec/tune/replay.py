@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 from autospec.policies.base import early_stop_of, params_of
 from autospec.policies.costmodel import interpolate_cost
+from autospec.policies.params import DEFAULTS, Parameters
 from autospec.traces import TRACE_GREEDY
 
 
@@ -91,8 +92,9 @@ class Costs:
     batch 1 (``t_draft``, ``t_target``), and optionally the batch dimension: T_t(B, n) as
     ``target_grid`` (B → n → seconds of a forward scoring n tokens per row) and T_d(B) as
     ``draft_grid`` (B → seconds per proposed token). Batch 1 is always the batch-1 fields;
-    other batch sizes interpolate through ``policies.batchcosts.BatchCosts``, the live
-    controller's own interpolation (linear in B between measured batch sizes)."""
+    other batch sizes are read from a ``autospec.costs.table.CostTable`` holding the grid, the
+    live controller's own table and interpolation (linear in B between measured batch
+    sizes). ``table`` makes the one replay's policy prices by."""
 
     t_draft: float
     t_target: Mapping[int, float]
@@ -108,7 +110,7 @@ class Costs:
     path: str | None = None
     grid_path: str | None = None
     # the draft model's catch-up C(g) = a + b·g seconds to take in g tokens it has not seen
-    # and propose its first (``policies.live.catch_up_line``, fitted to logged catch-ups);
+    # and propose its first (``costs.rules.catch_up_line``, fitted to logged catch-ups);
     # None: not charged (nothing logged, or costs from before it was recorded)
     catch_up: tuple[float, float] | None = None
 
@@ -122,7 +124,7 @@ class Costs:
         return max(a + b * tokens, self.t_draft)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the fields only: the caches (a BatchCosts holds a lock) are rebuilt where unpickled
+        # the fields only: the caches (a CostTable holds a lock) are rebuilt where unpickled
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -140,10 +142,19 @@ class Costs:
         return (self.path is not None and self.grid_path is not None
                 and self.path != self.grid_path)
 
-    @cached_property
-    def batch_costs(self):
-        """A ``BatchCosts`` warmed with these costs (batch 1 from the batch-1 fields)."""
-        from autospec.policies.batchcosts import BatchCosts
+    @property
+    def grid_key(self) -> str | None:
+        """The path the grid (and every batched group's iterations) is kept under in a
+        ``table``: its own where it was measured on another path than batch 1, else batch
+        1's (``path``: the two are taken as one)."""
+        return self.grid_path if self.other_paths else self.path
+
+    def table(self, params: Parameters = DEFAULTS):
+        """A cost table as replay's policy starts from (``live`` False: the grid is the
+        truth, read as it is): the grid warmed under ``grid_key`` (with batch 1's fields as
+        its B = 1 where both paths are one), every row cold — batch 1's costs are learned
+        from what replay prices, as a new process learns them live."""
+        from autospec.costs.table import CostTable
 
         target = {int(b): {int(n): float(s) for n, s in c.items()}
                   for b, c in self.target_grid.items()}
@@ -151,9 +162,13 @@ class Costs:
         if not self.other_paths:
             target[1] = {int(n): float(s) for n, s in self.t_target.items()}
             draft[1] = float(self.t_draft)
-        bc = BatchCosts()
-        bc.warm(target, draft)
-        return bc
+        table = CostTable(params=params, live=False)
+        table.warm_grid(self.grid_key, target, draft)
+        return table
+
+    @cached_property
+    def _grid(self):
+        return self.table()
 
     @cached_property
     def _by_batch(self) -> dict[int, tuple[Callable[[int], float], float]]:
@@ -167,10 +182,10 @@ class Costs:
         if batch <= 1:
             got = interpolate_cost(self.t_target), float(self.t_draft)
         else:
-            target = self.batch_costs.target_cost(batch, optimistic=False)
+            target = self._grid.target_cost(self.grid_key, batch, optimistic=False)
             if target is None:
                 raise ValueError(f"no target cost at batch {batch}")
-            draft = self.batch_costs.draft_cost(batch)
+            draft = self._grid.draft_cost(self.grid_key, batch)
             got = target, float(self.t_draft if draft is None else draft)
         self._by_batch[batch] = got
         return got
@@ -286,7 +301,7 @@ def plain_batch_seconds(lengths: Sequence[int], costs: Costs) -> float:
 
 
 def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
-             category: str | Callable[[object], str] = "default", live=None,
+             category: str | Callable[[object], str] = "default", live=None, table=None,
              seed: int = 0, batched: bool = True, has_draft: bool | None = None,
              proposers: Mapping[str, type] | None = None) -> SimResult:
     """Replay ``traces`` (objects with ``trace_kind``, ``trace`` and ``traces`` by proposer
@@ -310,37 +325,35 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     replay exactly as they always did. ``batched=False`` replays every trace alone at batch 1
     (costs without a batch grid).
 
-    live: a dict category → LiveStats to feed (as the controller does); fresh ones by default,
-    every new one referencing one ``PairCosts`` (the given ones', where some are given).
-    has_draft: False for a pair without a draft model (logged with lookups alone): the
+    live: a dict category → LiveStats to feed (as the controller does); fresh ones by default.
+    table: the pair's ``CostTable`` the policy prices by and replay feeds, as a controller
+    keeps one for every category (default: ``costs.table``, batch 1 cold); batch-1 traces run
+    on ``costs.path``, batched groups on ``costs.grid_key``. has_draft: False for a pair without a draft model (logged with lookups alone): the
     policy then sees the lookups only (default: ``costs.has_draft``). proposers: the
     proposers replay offers, by name (default: the registry's, ``autospec.engine.proposers``).
     """
     if has_draft is None:
         has_draft = costs.has_draft
     from autospec.engine.proposers import registered
-    from autospec.policies.live import LiveStats, PairCosts
+    from autospec.policies.live import LiveStats
 
     classes = dict(registered() if proposers is None else proposers)
     if not has_draft:
         classes = {n: c for n, c in classes.items() if c.kind != "model"}
     rng = random.Random(seed)
     lives = {} if live is None else live
-    # the pair's costs, once, as the controller keeps them: every category's statistics
-    # reference one (the given statistics' where there are some), acceptance is per category
-    pair = next((st.costs for st in lives.values()), None)
+    # the pair's costs, once, as the controller keeps them; acceptance is per category
+    table = costs.table(params_of(policy)) if table is None else table
     res = SimResult()
     pending: dict[tuple[int, str], list] = {}
     for row in traces:
         cat = category(row) if callable(category) else category
         stats = lives.get(cat)
         if stats is None:
-            if pair is None:
-                pair = PairCosts(params=params_of(policy))
-            stats = lives[cat] = LiveStats(params=params_of(policy), costs=pair)
+            stats = lives[cat] = LiveStats(params=params_of(policy))
         b = batch_size_of(row) if batched else 1
         if b == 1:
-            _replay([_Row(row, classes, cat, stats)], policy, costs, k_max, rng, res)
+            _replay([_Row(row, classes, cat, stats)], policy, costs, table, k_max, rng, res)
             continue
         if not costs.batched:
             raise ValueError(f"a trace logged at batch {b} needs T_t(B, n) at batch > 1: "
@@ -352,9 +365,9 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
         group = pending.setdefault(key, [])
         group.append(_Row(row, classes, cat, stats))
         if len(group) == b:
-            _replay(pending.pop(key), policy, costs, k_max, rng, res)
+            _replay(pending.pop(key), policy, costs, table, k_max, rng, res)
     for group in pending.values():
-        _replay(group, policy, costs, k_max, rng, res)
+        _replay(group, policy, costs, table, k_max, rng, res)
     return res
 
 
@@ -400,7 +413,7 @@ class _Row:
                       if (rr := c.replay(record)) is not None}
         self.g = 0  # generated so far
         # the request's own, as the engine keeps it (its counts and rate; no costs)
-        self.request = LiveStats(discount=1.0, feed_costs=False)
+        self.request = LiveStats(discount=1.0)
         self.stats = LoopStats(model=model if model in self.props else None)
         self.cat, self.live = cat, live
         self.logged = _logged_blocks(record, self.stats.model)
@@ -433,20 +446,23 @@ def _logged_blocks(record, model: str | None) -> dict[int, tuple[str | None, int
     return out
 
 
-def _replay(rows: list[_Row], policy, costs: Costs, k_max: int, rng, res: SimResult) -> None:
+def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
+            res: SimResult) -> None:
     """Requests that ran together (one, at batch 1), replayed as the engine ran them: the
     same ``Context``, the same ``decide``, the same ``account`` as ``autospec.engine.step``,
     with each row's block replayed by its proposer's rule and the iteration priced by the
     cost model: k · T_d(B) + T_t(B, k + 1) at the B rows still running, plus lookup time and
     the model's catch-up beyond its first proposal (C(B · gap) − T_d(B), where the widest
-    row's gap exceeds 2 tokens). The baseline is plain decoding of the same rows."""
+    row's gap exceeds 2 tokens). The baseline is plain decoding of the same rows. The
+    policy prices by ``table``'s row at the group's path and the rows running, which the
+    accounting feeds as the live loop's."""
     from autospec.engine.accounting import RowStep, StepTimes, account
     from autospec.engine.decide import RowView, decide, make_context
     from autospec.engine.proposers import registered
 
     stop = early_stop_of(policy, rows[0].cat)  # as the live call: its first row's category
     group = len(rows)
-    grid = costs.batch_costs if group > 1 else None
+    path = costs.grid_key if group > 1 else costs.path
     for r in rows:
         r.stats.batch_size = group
     res.plain_seconds += plain_batch_seconds([r.length for r in rows], costs)
@@ -468,8 +484,9 @@ def _replay(rows: list[_Row], policy, costs: Costs, k_max: int, rng, res: SimRes
                          sizes={n: v[1] for n, v in now.items()},
                          gap=r.props[model].gap if model else 0)
                  for r, now in zip(running, shown)]
+        view = table.at(path, b)
         ctx = make_context(views, k_max=k_max, proposers=names, model=model, whole=whole,
-                           costs=grid)
+                           costs=view)
         d = decide(policy, ctx, longest=0)
         gap = max(r.props[model].gap for r in running) if model else 0
         steps = []
@@ -512,7 +529,8 @@ def _replay(rows: list[_Row], policy, costs: Costs, k_max: int, rng, res: SimRes
             for rr in r.props.values():
                 rr.after(r.g, who, k, m, drafted_width if who == model else width)
         account(policy, ctx, width, row_steps, times, lives=[r.live for r in running],
-                requests=[r.request for r in running], stats=[r.stats for r in running])
+                requests=[r.request for r in running], stats=[r.stats for r in running],
+                costs=view)
         for r, (who, k, m, unknown, _f) in zip(running, steps):
             r.g += m + 1
             res.unobserved_hits += unknown

@@ -184,26 +184,32 @@ def table_buckets_for(batch_sizes) -> tuple[int, ...]:
 
 
 def evaluate(family: str, params: dict, traces: Sequence, costs: Costs, *, k_max: int,
-             seed: int = 0, live: dict | None = None) -> SimResult:
-    """Replay ``traces`` under a fresh policy of ``family``/``params``. ``live``: category →
-    LiveStats to start from (copied, not changed), as a serving controller warms its
-    statistics from the store; default: cold."""
+             seed: int = 0, live: tuple | None = None) -> SimResult:
+    """Replay ``traces`` under a fresh policy of ``family``/``params``. ``live``: the
+    statistics to start from (``warmed_stats``: category → LiveStats and the pair's cost
+    table; copied, not changed), as a serving controller warms them from the store;
+    default: cold."""
     policy = build_policy(family, params, seed=seed)
     from autospec.policies.live import copy_lives
 
-    start = None if live is None else copy_lives(live)
+    lives, table = (None, None) if live is None else (copy_lives(live[0]), live[1].copy())
     return simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
-                    live=start, batched=costs.batched)
+                    live=lives, table=table, batched=costs.batched)
 
 
-def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -> dict:
+def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -> tuple:
     """The statistics a controller would hold after serving ``traces`` with the default
-    policy (what it warms from the store before the held-back part arrives)."""
+    policy (what it warms from the store before the held-back part arrives): category →
+    LiveStats, and the pair's ``CostTable``."""
+    from autospec.policies.base import params_of as params_for
+
     live: dict = {}
     family, params = params_of(default_params())
-    simulate(traces, build_policy(family, params, seed=seed), costs, k_max=k_max,
-             category=_category_of, seed=seed, live=live, batched=costs.batched)
-    return live
+    policy = build_policy(family, params, seed=seed)
+    table = costs.table(params_for(policy))
+    simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
+             live=live, table=table, batched=costs.batched)
+    return live, table
 
 
 def _category_of(row) -> str:
@@ -595,7 +601,7 @@ def catch_up_fit(points, live_t_draft: float | None, t_draft: float
     (T_d of the costs replay uses over T_d of the requests that logged them) so that C(g) / T_d
     holds as it was measured; unscaled where the logging requests measured no T_d. None
     without a catch-up."""
-    from autospec.policies.live import catch_up_line, catch_up_sums
+    from autospec.costs.rules import catch_up_line, catch_up_sums
 
     line = catch_up_line(catch_up_sums(points))
     if line is None:
