@@ -10,7 +10,7 @@ from typing import Any
 
 from autospec.costs.grid import at_live_level, batch_grid  # noqa: F401 (re-exported)
 from autospec.costs.stored import batch_one, stored_costs
-from autospec.policies.batchcosts import BatchCosts
+from autospec.costs.table import grid_draft
 from autospec.policies.costmodel import (
     batch_best_k,
     best_k,
@@ -240,13 +240,11 @@ def batch_view(alphas: list[float | None], target: dict[int, dict[int, float]],
         return Batch(source, [], None, None, tuned_spec, counts,
                      f"{what}: run `{PROBE_BATCH_HINT}` to measure T_t(B, n) and T_d(B)")
     known = any(a is not None for a in alphas)
-    across = BatchCosts()  # T_d at a batch size the grid lacks: the live policy's rule
-    across.warm(grid, draft)
     points = []
     for b, ns in grid.items():
         cost = interpolate_cost(ns)
         t1 = cost(1)
-        t_d = across.draft_cost(b)
+        t_d = grid_draft(draft or {}, {}, b)  # the live rule, at a B the grid lacks
         k = s = None
         by_k: dict[int, float] = {}
         if known and t_d is not None:
