@@ -124,6 +124,7 @@ class StoreWriter:
         self._inflight = 0
         self._wake = False
         self._stopping = False
+        self._draining = False  # closed from its own thread: write what is queued, then stop
         self._last_warn = {"drop": -1e9, "fail": -1e9}
         self._thread: threading.Thread | None = None  # started by the first submit
         _LIVE.add(self)
@@ -190,6 +191,14 @@ class StoreWriter:
         atexit.unregister(self._atexit)
         with contextlib.suppress(ValueError):
             self.store._writers.remove(self)
+        if self._thread is threading.current_thread():
+            # closed on its own thread (a finaliser the garbage collector ran here, or a
+            # record's deferred work): it cannot wait for itself, so it writes what is
+            # queued and stops after the batch in hand
+            with self._cv:
+                self._draining = self._wake = True
+                self._cv.notify_all()
+            return False
         ok = self.flush(timeout)
         with self._cv:
             self._stopping = True
@@ -225,8 +234,8 @@ class StoreWriter:
         with self._cv:
             waited_since = time.monotonic()
             while True:
-                if self._stopping:  # close() flushed already, or gave up waiting
-                    return None
+                if self._stopping or (self._draining and not self._queue):
+                    return None  # close() flushed already, gave up waiting, or drained
                 if self._queue and (len(self._queue) >= self.batch or self._wake
                                     or time.monotonic() - waited_since
                                     >= self.flush_interval_s):
@@ -237,7 +246,7 @@ class StoreWriter:
             n = min(self.batch, len(self._queue))
             items = [self._queue.popleft() for _ in range(n)]
             self._inflight = n
-            if not self._queue:
+            if not self._queue and not self._draining:
                 self._wake = False
             return items
 

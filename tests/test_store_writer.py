@@ -35,6 +35,29 @@ def test_close_flushes_is_idempotent_and_later_submits_are_dropped(backend, tmp_
         cleanup()
 
 
+def test_closed_on_its_own_thread_it_writes_what_is_queued_and_stops(tmp_path):
+    """A controller's finaliser can run on the writer's thread (the garbage collector runs
+    where it runs): close() there cannot wait for itself; it drains and stops, at once."""
+    rng = random.Random(12)
+    with open_store(str(tmp_path / "own.db")) as store:
+        w = store.writer(flush_interval_s=60, batch=2)
+        recs = [make_record(rng) for _ in range(5)]
+        closed = []
+
+        def close_here(rec):  # deferred work: runs on the writer's thread
+            t0 = time.monotonic()
+            closed.append(w.close(timeout=10))
+            closed.append(time.monotonic() - t0)
+
+        recs[0].finish = close_here
+        for r in recs:
+            assert w.submit(r)
+        w._thread.join(timeout=30)
+        assert not w._thread.is_alive() and count_requests(store) == 5
+        assert closed[0] is False and closed[1] < 5  # never waited on itself
+        assert w.stats().failures == 0 and not w.submit(make_record(rng))
+
+
 def test_interpreter_exit_flushes_the_writer(tmp_path):
     db = tmp_path / "exit.db"
     code = textwrap.dedent(f"""

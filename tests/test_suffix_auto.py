@@ -121,10 +121,11 @@ def test_auto_with_the_suffix_is_generates_and_serves_a_repeated_request_from_me
     # the first request taught the suffix's statistics (its blocks or its shadow) ...
     assert spec.live["tools"].counts("suffix")[1][0] > 0
     # ... and the repeats are drafted from the first one's output (prompt lookup copies
-    # too: the tiny target repeats itself), almost all of it kept, in a few iterations
+    # too: the tiny target repeats itself), almost all of it kept, in far fewer iterations
+    # than tokens (how few follows auto's k, which prices measured timings: load moves it)
     for drafted, accepted, iterations in served[1:]:
         assert accepted > 0 and accepted >= 0.9 * drafted
-        assert iterations <= 10 < 40
+        assert iterations < 20 < 40
 
 
 def test_auto_with_the_suffix_at_batch_is_generates(target):

@@ -132,17 +132,19 @@ def test_a_new_controller_warms_from_the_store_with_costs_from_one_source(tmp_pa
     spec.close()
     fresh = autospec.Controller(target, target, store=url, policy="auto")
     live = fresh.live_stats("default")
+    costs = fresh.costs.at(fresh.path)  # the pair's, on the controller's path, at batch 1
     fresh.close()
     assert live.acceptance("draft", 0)[0] > 0.9  # acceptance history carried over
     # no probe: T_t(4) (k = 3, dozens of forwards) counts; the prefill-sized ones do not
-    assert 4 in live.t_target and all(n != 1 for n in live.t_target)
+    assert 4 in costs.t_target and all(n != 1 for n in costs.t_target)
     with open_store(url) as store, store.begin() as s:
         add_probe(s, spec.telemetry.pair, {"path": "eager", "target_s_by_n": {"1": 0.01, "4": 0.011},
                                            "draft_s": 0.002})
     fresh = autospec.Controller(target, target, store=url, policy="auto")
-    live = fresh.live_stats("default")
+    fresh.live_stats("default")
+    costs = fresh.costs.at(fresh.path)
     fresh.close()
-    assert live.t_target == {1: 0.01, 4: 0.011} and live.t_draft == 0.002
+    assert costs.t_target == {1: 0.01, 4: 0.011} and costs.t_draft == 0.002
 
 
 def test_a_batched_row_records_its_batch_size_and_timings_by_batch(models, tmp_path):
