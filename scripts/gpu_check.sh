@@ -31,15 +31,10 @@ if [ -z "$PY" ]; then
 fi
 [ -n "$PY" ] || { echo "gpu_check: no python with torch and transformers found" >&2; exit 2; }
 
-# autospec installs policies/ and store/ as autospec.policies and autospec.store (setuptools
-# package-dir). Without an install, a folder of symlinks gives python the same package tree.
+# the checkout's own package tree, without an install (a scratch folder holds wheels, cache)
 SHIM=$(mktemp -d)
 trap 'rm -rf "$SHIM"' EXIT
-mkdir "$SHIM/autospec"
-for f in "$REPO"/autospec/*; do ln -s "$f" "$SHIM/autospec/"; done
-ln -s "$REPO/policies" "$SHIM/autospec/policies"
-ln -s "$REPO/store" "$SHIM/autospec/store"
-export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d "$REPO/shared/wheels" ]; then
   "$PY" -m pip install --no-index --find-links "$REPO/shared/wheels" --target "$SHIM/site" \
     pytest nvidia-ml-py >"$OUT/pip.log" 2>&1 || echo "(some wheels in shared/wheels did not install: see pip.log)"
@@ -47,8 +42,7 @@ if [ -d "$REPO/shared/wheels" ]; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export AUTOSPEC_CACHE="$SHIM/cache"
-cd "$SHIM"  # not the repo: python puts the working directory first on its path, and the
-            # repo's own autospec/ folder lacks the policies and store subpackages
+cd "$SHIM"  # outside the repo: nothing the tests write lands in the checkout
 
 "$PY" - <<'EOF' 2>&1 | tee "$OUT/env.txt"
 import importlib, sys

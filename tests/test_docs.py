@@ -23,7 +23,7 @@ PENDING: set[str] = set()
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
-PATH = re.compile(r"(?<![\w./$~-])((?:autospec|policies|store|tests|scripts|docs|dashboards)"
+PATH = re.compile(r"(?<![\w./$~-])((?:autospec|tests|scripts|docs|dashboards)"
                   r"/[\w./-]*)")
 DOTTED = re.compile(r"(?<![\w./-])(autospec(?:\.[A-Za-z_]\w*)+)")
 FILE_SUFFIXES = {"db", "json", "jsonl", "md", "py", "txt", "html"}

@@ -1,4 +1,4 @@
-"""The cost model's decision record (``policies/explain.py``): every figure in it recomputes
+"""The cost model's decision record (``autospec/policies/explain.py``): every figure in it recomputes
 from the record's own fields, and the choice it names follows from them by the policy's rules
 — so `autospec explain` shows a reader why, not just what."""
 

@@ -253,7 +253,7 @@ class Store:
 
     ``read_only``: opened by ``open_store(read_only=True)``; it takes no writer. ``stale``:
     None, or the one line saying which commits this read-only view cannot show (a SQLite
-    write-ahead log it cannot apply, ``store/readonly.py``).
+    write-ahead log it cannot apply, ``autospec/store/readonly.py``).
     """
 
     def __init__(self, engine: Engine, url: URL | None = None, *, read_only: bool = False,
@@ -362,7 +362,7 @@ def open_store(url: str | os.PathLike | None = None, *, busy_timeout_s: float = 
 
     ``read_only``: for readers (``autospec stats``, ``report``): nothing is created, migrated
     or written — a SQLite file must exist and is opened ``mode=ro`` (``immutable=1`` where
-    its directory is not writable and its log cannot be used: ``store/readonly.py``; the
+    its directory is not writable and its log cannot be used: ``autospec/store/readonly.py``; the
     store's ``stale`` says what such a view misses), a PostgreSQL session is read-only; a
     store whose schema is behind this autospec's is refused with what to do.
 
