@@ -13,7 +13,7 @@ from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.params import DEFAULTS, TUNED, Parameters, markdown_table, parameter_docs
 
-POLICIES = pathlib.Path(__file__).resolve().parent.parent / "policies"
+POLICIES = pathlib.Path(__file__).resolve().parent.parent / "autospec" / "policies"
 
 
 def _numbers(node) -> list:
@@ -38,7 +38,7 @@ def test_every_parameter_is_documented_and_every_fixed_one_says_why():
     for name, _default, doc, tuned, why_fixed in docs:
         assert len(doc) > 20, name
         assert tuned or len(why_fixed) > 20, f"{name} is neither tuned nor says why it is fixed"
-    page = (POLICIES.parent / "docs" / "parameters.md").read_text()
+    page = (POLICIES.parent.parent / "docs" / "parameters.md").read_text()
     assert markdown_table() in page, ("docs/parameters.md's table differs from the code: "
                                       "python scripts/parameters_table.py prints it")
 
