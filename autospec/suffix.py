@@ -54,10 +54,13 @@ from autospec.traces import (
 if TYPE_CHECKING:
     from autospec.suffix_memory import SuffixMemory, TenantMemory
 
-__all__ = ["SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "draft_at", "suffix_trace",
+__all__ = ["ARCTIC_PACKAGE", "SuffixIndex", "SuffixMemory", "SuffixSettings", "best_of", "draft_at", "suffix_trace",
            "SEED", "OCCURRENCES"]
 
 SEED = 2  # tokens of the n-gram a lookup starts from (1 where the context is shorter)
+# what vLLM's method "suffix" runs on (Arctic Inference's suffix tree): the version its
+# config names, which an export to it needs installed beside vLLM
+ARCTIC_PACKAGE = "arctic-inference==0.1.1"
 OCCURRENCES = 64  # places per seed the index keeps (the latest): a lookup's work is bounded
 MIN_BYTES = 1 << 20  # the least max_bytes: room for a category and its working memory
 

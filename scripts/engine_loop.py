@@ -106,7 +106,7 @@ def _serve(work: str, db: str, groups: dict[str, list[str]], tokens: int, target
     """autospec serves each category's prompts under its label (greedy, k = 3), then probes
     the pair; WORK/loop.json keeps the pair and the prompts per category."""
     import autospec
-    from autospec.costs.probe import probe
+    from autospec.probe import probe
     from autospec.store import add_probe, open_store
     from autospec.telemetry import RequestTelemetry
 

@@ -5,7 +5,7 @@
 
 Sections, each printed as a table (and all of it in --json):
 1. cost curve: the target's T_t(n) for n = 1…16 and the draft's T_d on the static cache with
-   CUDA graphs (and transformers' eager path for comparison, via autospec.costs.probe); achieved
+   CUDA graphs (and transformers' eager path for comparison, via autospec.probe); achieved
    memory bandwidth against the device's peak (NVML).
 2. end to end, per draft: plain decoding (autospec k = 0 on graphs, the fast baseline),
    transformers' plain and assisted generate (eager), autospec at each k and under "auto";
@@ -201,12 +201,12 @@ class Bench:
             "kv_bytes": runner.kv_bytes(), "capture_s": runner.capture_s}
         runner = d_runner = None  # free the caches and graphs
         if self.left() > 30 or not self.cuda:
-            from autospec.costs.probe import probe
+            from autospec.probe import probe
 
             res = probe(self.target, self.drafts["random"], context=ctx,
                         max_n=min(5, a.curve_n), repeats=3)
             self.eager_costs = (res.draft_s, res.target_s_by_n)
-            print(f"transformers' eager path (autospec.costs.probe): T_t(1) "
+            print(f"transformers' eager path (autospec.probe): T_t(1) "
                   f"{res.target_s_by_n[1] * 1e3:.2f} ms, T_d {res.draft_s * 1e3:.2f} ms, "
                   f"bandwidth {fmt(res.utilisation and res.utilisation * 100, '.0f')} % of peak")
             self.out["sections"]["curve"]["eager_probe"] = res.to_dict()

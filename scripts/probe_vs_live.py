@@ -2,7 +2,7 @@
 
 On a model pair (default: the default pair, bf16), interleaves rounds of
 
-- the probe (``autospec.costs.probe.probe``: the loop's step through the loop's runner) at a context
+- the probe (``autospec.probe.probe``: the loop's step through the loop's runner) at a context
   near the live requests' mean cached length, n = 1 … max_n, and
 - live greedy requests through ``Controller.generate`` at a fixed k for every k in 0 … max_n − 1
   on the prompts of a prompts file (the loop's own T_t(k + 1) and T_d timings),
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import autospec
     from autospec.bench.run import default_prompts_path, encode_prompt, load_prompts
-    from autospec.costs.probe import probe
     from autospec.pairs import load_pair
+    from autospec.probe import probe
 
     pair = load_pair(args.pair, progress=False)
     target, draft, tok = pair.target, pair.draft, pair.tokenizer

@@ -155,7 +155,7 @@ def test_engine_hardware_and_model_that_differ_are_warned(synthetic, tmp_path, c
 
 def test_export_from_a_tiny_model_run_with_a_probe(tmp_path):
     import autospec
-    from autospec.costs.probe import probe
+    from autospec.probe import probe
     from autospec.store import add_probe
     from autospec.telemetry import RequestTelemetry
 
@@ -368,7 +368,7 @@ def test_ngram_export_from_a_tiny_model_run(tmp_path):
     from test_ngram import _repetitive
 
     import autospec
-    from autospec.costs.probe import probe
+    from autospec.probe import probe
     from autospec.store import add_probe, queries
     from autospec.telemetry import RequestTelemetry
 

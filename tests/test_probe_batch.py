@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from autospec import probe as probe_mod
 from autospec.cli import main
-from autospec.costs import probe as probe_mod
-from autospec.costs.probe import SPARSE_N, ProbeResult, probe
 from autospec.engine.runners import Forward, new_cache
+from autospec.probe import SPARSE_N, ProbeResult, probe
 from autospec.store import add_probe, open_store, queries
 from autospec.telemetry import RequestTelemetry
 
@@ -83,7 +83,7 @@ def test_out_of_memory_ends_the_grid_and_is_logged(models, monkeypatch, caplog):
         return real(cache, batch)
 
     monkeypatch.setattr(probe_mod, "_replicate", replicate)
-    with caplog.at_level(logging.WARNING, logger="autospec.costs.probe"):
+    with caplog.at_level(logging.WARNING, logger="autospec.probe"):
         res = probe(*models, context=8, max_n=3, repeats=1, batches=(1, 2, 4, 8))
     assert sorted(res.grid) == [1, 2] and sorted(res.draft_grid) == [1, 2]
     assert "out of memory at B = 4" in res.grid_note

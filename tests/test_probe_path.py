@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autospec.costs import probe as probe_mod
-from autospec.costs.probe import probe
+from autospec import probe as probe_mod
 from autospec.costs.stored import stored_costs
 from autospec.engine.runners import graph_report
 from autospec.engine.sampling import SamplingConfig
+from autospec.probe import probe
 from autospec.store import add_probe, open_store, queries
 from autospec.telemetry import RequestTelemetry
 

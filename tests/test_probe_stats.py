@@ -6,7 +6,7 @@ import json
 
 import autospec
 from autospec.cli import main
-from autospec.costs.probe import probe
+from autospec.probe import probe
 from autospec.report import estimate_speedup
 from autospec.store import open_store, queries
 

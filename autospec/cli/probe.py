@@ -51,7 +51,7 @@ def register(sub, parents) -> None:
 def run(args, parser) -> int:
     from tqdm import tqdm
 
-    from autospec.costs.probe import probe
+    from autospec.probe import probe
     from autospec.store import add_probe
     from autospec.telemetry import RequestTelemetry
 
@@ -107,7 +107,7 @@ def run(args, parser) -> int:
 def _print_grid(res) -> None:
     """T_t(B, n) / T_t(B, 1) per batch size: where it stays near 1, verifying n tokens per row
     costs what decoding one does."""
-    from autospec.costs.probe import MEMORY_BOUND_RATIO, SPARSE_N
+    from autospec.probe import MEMORY_BOUND_RATIO, SPARSE_N
 
     # the n every batch size measures (the loop's k + 1, and 12, 16); --json has them all
     ns = sorted({n for row in res.grid.values() for n in row if n > 1} & set(SPARSE_N))

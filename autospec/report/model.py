@@ -16,8 +16,8 @@ MIN_DRAFTED = 100  # fewer drafted tokens: "not enough traffic yet"
 MIN_POSITION_DRAFTED = 20  # a draft position drafted fewer times is thin evidence (marked)
 MIN_MEASURED = 5  # requests of each mode before a measured speedup decides the verdict
 PAYS, LOSES = 1.05, 0.95  # a speedup above PAYS pays; below LOSES loses; between: break-even
-# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.costs.probe's threshold;
-# not imported from there because autospec.costs.probe imports torch)
+# T_t(n)/T_t(1) up to which scoring n tokens counts as free (autospec.probe's threshold;
+# not imported from there because autospec.probe imports torch)
 MEMORY_BOUND_RATIO = 1.25
 RECENT = 200  # the latest requests that say which policy (and k) is in force
 BATCH_K_REF = 3  # the k at which "memory-bound at batch B" is judged: T_t(B, 4) / T_t(B, 1)

@@ -24,7 +24,7 @@ import time
 import torch
 
 from autospec.ngram import agreement
-from autospec.suffix import SuffixIndex, SuffixSettings, best_of, suffix_trace
+from autospec.suffix import ARCTIC_PACKAGE, SuffixIndex, SuffixSettings, best_of, suffix_trace
 from autospec.suffix_memory import SuffixMemory, TenantMemory
 from autospec.traces import (
     SUFFIX_TRACE_WIDTH,
@@ -166,8 +166,6 @@ class SuffixLookup(HostLookup):
 
     @classmethod
     def describe(cls, settings) -> str:
-        from autospec.fleet.engines import ARCTIC_PACKAGE
-
         d = SuffixSettings()
         return (f"suffix decoding (no draft model), autospec's suffix settings (its defaults, "
                 f"Arctic's: tree depth {d.max_depth}, spec factor {d.max_spec_factor:g}, min "
