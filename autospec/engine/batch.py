@@ -411,18 +411,21 @@ class CallView:
     ``process`` (generate's logits processing), ``room`` (each row's block limit) and
     ``open_slots`` (a slot cache of its own)."""
 
-    __slots__ = ("_batch",)
+    # what stays as it is for the whole call: read once, plain attributes (the draft model
+    # reads several every iteration); the rest follows the batch (rows leave, buffers grow)
+    FIXED = ("device", "k_max", "greedy", "sampling", "generator", "max_new", "memory",
+             "options", "policy", "target", "draft", "clock", "process", "room", "open_slots",
+             "all_rows")
+    LIVE = ("rows", "tokens", "counts", "known", "n_dev", "seen")
+    __slots__ = ("_batch", "record", *FIXED)
 
     def __init__(self, batch: Batch):
         self._batch = batch
+        self.record = batch.record_conf
+        for name in self.FIXED:
+            setattr(self, name, getattr(batch, name))
 
-    @property
-    def record(self) -> bool:
-        return self._batch.record_conf
 
-
-for _name in ("rows", "all_rows", "device", "k_max", "greedy", "sampling", "generator",
-              "max_new", "memory", "options", "policy", "target", "draft", "tokens", "counts",
-              "known", "n_dev", "seen", "clock", "process", "room", "open_slots"):
+for _name in CallView.LIVE:
     setattr(CallView, _name, property(operator.attrgetter(f"_batch.{_name}")))
 del _name

@@ -69,24 +69,31 @@ class Decision(NamedTuple):
 
 def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, ...],
                  model: str | None, whole: tuple[str, ...] = (), costs=None,
-                 why: list | None = None) -> Context:
+                 why: list | None = None, matches: Mapping[str, tuple[int, ...]] | None = None,
+                 sizes: Mapping[str, tuple[int, ...]] | None = None) -> Context:
     """The ``Context`` of one iteration. Batch 1 is a batch of one: the per-row fields hold
     every running row, and the scalar ones the batch's (the first row's category, the most
-    tokens left, the widest model gap); at one row they are that row's."""
+    tokens left, the widest model gap); at one row they are that row's. ``matches`` /
+    ``sizes``: each lookup's per row, where the caller has them so (else read off the rows'
+    ``RowView.matches`` / ``sizes``)."""
     r0 = rows[0]
-    lookups = [p for p in proposers if p != model]
-    matches = {p: tuple(r.matches.get(p, 0) for r in rows) for p in lookups}
-    sizes = {p: tuple(r.sizes.get(p, 0) for r in rows) for p in lookups}
+    if matches is None or sizes is None:
+        lookups = [p for p in proposers if p != model]
+        matches = {p: tuple(r.matches.get(p, 0) for r in rows) for p in lookups}
+        sizes = {p: tuple(r.sizes.get(p, 0) for r in rows) for p in lookups}
     common = {"category": r0.category, "k_max": k_max, "live": r0.live, "costs": costs,
               "proposers": proposers, "model": model, "matches": matches, "sizes": sizes,
-              "whole": whole, "request": r0.request, "why": why,
-              "remaining_rows": tuple(r.left for r in rows),
-              "categories": tuple(r.category for r in rows), "rows": tuple(r.live for r in rows),
-              "requests": tuple(r.request for r in rows),
-              "predicted_alphas": tuple(r.forecast for r in rows)}
-    if len(rows) == 1:
-        return _context({**common, "generated": r0.generated, "remaining": r0.left,
-                         "gap": r0.gap if model else 0, "predicted_alpha": r0.forecast})
+              "whole": whole, "request": r0.request, "why": why}
+    if len(rows) == 1:  # a row's fields as one-tuples, built directly (every iteration)
+        return _context({**common, "remaining_rows": (r0.left,), "categories": (r0.category,),
+                         "rows": (r0.live,), "requests": (r0.request,),
+                         "predicted_alphas": (r0.forecast,), "generated": r0.generated,
+                         "remaining": r0.left, "gap": r0.gap if model else 0,
+                         "predicted_alpha": r0.forecast})
+    lefts, cats, lives, reqs, forecasts = (tuple(c) for c in zip(
+        *((r.left, r.category, r.live, r.request, r.forecast) for r in rows)))
+    common.update(remaining_rows=lefts, categories=cats, rows=lives, requests=reqs,
+                  predicted_alphas=forecasts)
     return _context({**common, "batch_size": len(rows),
                      "generated": min(r.generated for r in rows),
                      "remaining": max(r.left for r in rows),

@@ -100,15 +100,16 @@ def _decide(batch) -> Iteration:
     batch.known = [r.n for r in rows]  # each running row's tokens as the iteration starts
     batch.reserve(max(batch.known) + batch.k_max + 2)  # its block and next token fit
     # what each lookup shows per row (its match now, what its draft holds), the model's gap
-    shown = [(name, p.matches(), p.sizes()) for name, p in batch.lookups]
+    matches = {name: tuple(p.matches()) for name, p in batch.lookups}
+    sizes = {name: tuple(p.sizes()) for name, p in batch.lookups}
     gaps = batch.proposers[model].gaps() if model is not None else None
     views = [RowView(r.category, r.live, r.request, r.n - r.L, r.limit - r.n + r.L,
-                     {name: m[b] for name, m, _ in shown},
-                     {name: s_[b] for name, _, s_ in shown}, gaps[b] if gaps else 0, r.forecast)
+                     gap=gaps[b] if gaps else 0, forecast=r.forecast)
              for b, r in enumerate(rows)]
     why = [] if batch.iteration >= batch.why_at else None
     ctx = make_context(views, k_max=batch.k_max, proposers=batch.proposer_names, model=model,
-                       whole=batch.whole, costs=batch.view, why=why)
+                       whole=batch.whole, costs=batch.view, why=why, matches=matches,
+                       sizes=sizes)
     decision = decide(batch.policy, ctx, longest=max(batch.known),
                       target_context=batch.target_context, draft_context=batch.draft_context)
     if why:

@@ -100,7 +100,8 @@ class LiveStats:
         return self._version
 
     def _of(self, name: str) -> _Acceptance:
-        """A proposer's counts, made on first use; under the lock (or before sharing)."""
+        """A proposer's counts, made on first use; under the lock (or before sharing). The
+        feeding methods read ``by_proposer`` first and come here only for a new name."""
         got = self.by_proposer.get(name)
         if got is None:
             got = self.by_proposer[name] = _Acceptance(self.positions)
@@ -120,7 +121,7 @@ class LiveStats:
         (the draft's ``draft_s`` and the target's) into the rate."""
         with self._lock:
             if proposer is not None:
-                acc = self._of(proposer)
+                acc = self.by_proposer.get(proposer) or self._of(proposer)
                 self._count(acc.accepted, acc.reached, k, accepted)
                 if k > 0:
                     acc.blocks += 1
@@ -168,7 +169,7 @@ class LiveStats:
     def observe_match(self, matched: bool, *, proposer: str) -> None:
         """A decision point: did the lookup ``proposer`` have a match there?"""
         with self._lock:
-            points = self._of(proposer).match_points
+            points = (self.by_proposer.get(proposer) or self._of(proposer)).match_points
             points[0] *= self.discount
             points[1] *= self.discount
             points[1 if matched else 0] += 1
@@ -210,7 +211,7 @@ class LiveStats:
 
     def _count_lookup(self, proposer: str, k: int, m: int, match: int) -> None:
         """A lookup block into the pooled counts and its match length's; under the lock."""
-        acc = self._of(proposer)
+        acc = self.by_proposer.get(proposer) or self._of(proposer)
         self._count(acc.accepted, acc.reached, k, m)
         match = match_bucket(match)
         if match > 0:
@@ -258,7 +259,7 @@ class LiveStats:
         accepted whole (depth: that block's length — what a block one longer would have met;
         a category drafting short blocks so learns whether longer ones would be accepted)."""
         with self._lock:
-            acc = self._of(proposer)
+            acc = self.by_proposer.get(proposer) or self._of(proposer)
             if 0 <= depth < len(acc.reached):
                 acc.reached[depth] += 1
                 acc.accepted[depth] += min(1.0, max(0.0, float(value)))
@@ -274,7 +275,7 @@ class LiveStats:
         weight = self.params.stored_weight if weight is None else weight
         with self._lock:
             for name, (accepted_pp, drafted_pp) in per_proposer.items():
-                acc = self._of(name)
+                acc = self.by_proposer.get(name) or self._of(name)
                 acc.blocks += _seed(acc.accepted, acc.reached, accepted_pp, drafted_pp, weight)
                 acc.version += 1
             if bandwidth_utilisation is not None:
