@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "PROPOSER_CODES",
+__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE",
            "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
@@ -32,11 +32,6 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 BATCH_BUCKET_TOP = 32
 # the draft's confidence at its last token, as stored: round(CONFIDENCE_SCALE · p)
 CONFIDENCE_SCALE = 254
-
-# who proposed an iteration's block, as ``LoopStats.proposer_schedule`` and the store's
-# ``proposer_schedule`` byte name it: 0 the draft model (or nobody, at k = 0), 1 prompt lookup,
-# 2 suffix decoding
-PROPOSER_CODES = {"draft": 0, "ngram": 1, "suffix": 2}
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
 # from the target's own prefix, would have produced that position's token.
