@@ -130,7 +130,7 @@ def test_stop_strings_and_stopping_criteria_stop_where_generate_does(models):
 @pytest.mark.parametrize("kwargs,reason", [
     (dict(num_beams=2), "num_beams"),
     (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
-    (dict(no_repeat_ngram_size=2), "no_repeat_ngram_size"),
+    (dict(encoder_no_repeat_ngram_size=2), "encoder_no_repeat_ngram_size"),
     (dict(num_return_sequences=2, do_sample=True), "num_return_sequences"),
 ])
 def test_unsupported_requests_go_to_the_original_generate(models, caplog, kwargs, reason):

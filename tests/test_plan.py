@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, NoRepeatNGramLogitsProcessor
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+)
 
 from autospec.engine.plan import Plan, plan_request
 
@@ -58,15 +63,21 @@ FIELDS = [
     ({"input_ids": IDS.int()}, "input_ids", IDS),
 ]
 
+class Stateful(LogitsProcessor):
+    """A caller's processor that does not say it depends on the prefix alone."""
+
+    def __call__(self, input_ids, scores):
+        return scores
+
+
 # call keyword arguments → a part of the fallback reason
 FALLBACKS = [
     ({"num_beams": 2}, "num_beams"),
     ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
-    ({"do_sample": True, "typical_p": 0.5}, "typical_p"),
-    ({"no_repeat_ngram_size": 2}, "no_repeat_ngram_size"),
-    ({"logits_processor": LogitsProcessorList([NoRepeatNGramLogitsProcessor(2)])},
-     "`logits_processor` given"),
-    ({"prefix_allowed_tokens_fn": lambda b, ids: [4]}, "`prefix_allowed_tokens_fn` given"),
+    ({"encoder_no_repeat_ngram_size": 2}, "encoder_no_repeat_ngram_size"),
+    ({"guidance_scale": 1.5}, "guidance_scale"),
+    ({"logits_processor": LogitsProcessorList([Stateful()])},
+     "logits processor Stateful is not known to depend on the prefix alone"),
     ({"synced_gpus": True}, "synced_gpus"),
     ({"inputs": IDS, "input_ids": IDS}, "both inputs and input_ids"),
     ({"input_ids": IDS.float()}, "dtype"),
@@ -139,3 +150,33 @@ def test_a_batch_row_whose_mask_is_all_zeros_falls_back_as_an_empty_prompt(model
     plan, why = plan_request(model, ids, None, (), {"attention_mask": mask}, target_context=256)
     assert plan is None
     assert "all zeros" in why and "row 1" in why and "right padding" not in why, why
+
+
+# options generate turns into prefix-only processors → the processors each row's list holds
+SERVED = [
+    ({"no_repeat_ngram_size": 2}, ["NoRepeatNGramLogitsProcessor"]),
+    ({"do_sample": True, "typical_p": 0.5, "top_k": 0},
+     ["TypicalLogitsWarper"]),
+    ({"bad_words_ids": [[5], [6, 7]], "suppress_tokens": [8]},
+     ["NoBadWordsLogitsProcessor", "SuppressTokensLogitsProcessor"]),
+    ({"logits_processor": LogitsProcessorList([NoRepeatNGramLogitsProcessor(2)]),
+      "repetition_penalty": 1.3},
+     ["RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor"]),
+    ({"prefix_allowed_tokens_fn": lambda b, ids: [4]}, ["PrefixConstrainedLogitsProcessor"]),
+]
+
+
+@pytest.mark.parametrize("case,names", SERVED, ids=[n[0] for _, n in SERVED])
+def test_prefix_only_processors_are_planned_as_generate_builds_them(model, case, names):
+    ids = torch.cat([IDS, prompt(10, seed=3)])
+    mask = torch.cat([LEFT, torch.ones_like(LEFT)])
+    plan, why = plan_request(model, ids, None, (), {"attention_mask": mask,
+                                                     "max_new_tokens": 4} | case)
+    assert plan is not None, why
+    assert len(plan.processors) == 2  # one list per row
+    for lst in plan.processors:
+        assert [type(p).__name__ for p in lst] == names
+    # the plain path keeps the loop's own processing
+    plain, _ = plan_request(model, IDS, None, (), {"max_new_tokens": 4, "top_k": 3,
+                                                   "do_sample": True})
+    assert plain.processors is None

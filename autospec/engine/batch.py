@@ -116,7 +116,7 @@ class Batch:
                  output_scores: bool = False, output_logits: bool = False, row_prefix=None,
                  record_confidence: bool = False, memory=None, options=None,
                  static_cache: bool = False, hidden_states: bool = False,
-                 cuda_graphs="auto", explain: str | None = None):
+                 cuda_graphs="auto", explain: str | None = None, processors=None):
         self.t_start = time.perf_counter()
         B = len(prompts)
         self.device = device = prompts[0].device
@@ -137,8 +137,11 @@ class Batch:
         self.eos_set = set(eos_token_ids)
         self.eos = (torch.tensor(eos_token_ids, dtype=torch.long, device=device)
                     if eos_token_ids else None)
+        # each row's logits processor list (by row index), applied per position with its prefix
+        # (``engine.processors``) in place of the loop's own processing; None: the loop's own
+        self.processors = None if processors is None else list(processors)
         # greedy with no repetition penalty and no EOS ban: processing is only the cast
-        self.plain_scores = (self.greedy and not sampling.uses_presence
+        self.plain_scores = (self.greedy and not sampling.uses_presence and processors is None
                              and not (min_new_tokens and self.eos is not None))
         self.clock = Clock(device)
         self.iteration = 0
@@ -283,13 +286,17 @@ class Batch:
     def gens(self) -> list[int]:
         return [r.gen for r in self.rows]
 
-    def process(self, raw: torch.Tensor, offset: int, seen=None, block=None) -> torch.Tensor:
+    def process(self, raw: torch.Tensor, offset: int, seen=None, block=None,
+                before=None) -> torch.Tensor:
         """raw [B, npos, V] → processed scores, as generate processes them at each position:
         row b's position j comes after gen_b + offset + j generated tokens (EOS is banned
         before min_new_tokens) and, for the repetition penalty, has seen ``seen`` [B, V] plus
-        ``block``'s tokens before it."""
+        ``block``'s tokens before it. ``before``: the tokens between the rows' own and position
+        0 (a draft's proposals so far, ``offset`` tensors [B]), read by processor lists alone."""
         if raw.shape[-1] != self.vocab:
             raw = fit_vocab(raw, self.vocab)
+        if self.processors is not None:
+            return self._process_each(raw, offset, block, before)
         if self.plain_scores:  # greedy, nothing to ban or penalise: the scores are the logits
             return raw.float()
         npos = raw.shape[1]
@@ -302,6 +309,27 @@ class Batch:
             banned[:, :, self.eos] = (g < self.min_new)[:, :, None]
         pos_seen = None if seen is None else block_presence(seen, block, npos)
         return process_logits(raw, self.sampling, seen=pos_seen, banned=banned)
+
+    def _process_each(self, raw, offset: int, block, before) -> torch.Tensor:
+        """``process`` by each row's processor list, position by position: row b's position j
+        comes after its left padding, its tokens (all ``known`` of them, or up to ``offset``
+        before the end for a negative offset), ``before``'s row and ``block``'s first j."""
+        from autospec.engine.processors import apply_lists
+
+        npos = raw.shape[1]
+        prefixes, steps = [], []
+        for b, r in enumerate(self.rows):
+            upto = self.known[b] + min(offset, 0)
+            parts = [self.tokens[b, :upto]]
+            if r.prefix is not None and r.prefix.shape[-1]:
+                parts.insert(0, r.prefix[0])
+            if offset > 0 and before:
+                parts.append(torch.stack([t[b] for t in before[:offset]]))
+            prefixes.append(torch.cat(parts) if len(parts) > 1 else parts[0])
+            if offset < 0:  # positions the row has emitted: its own tokens follow
+                steps.append(self.tokens[b, upto : upto + npos - 1])
+        steps = torch.stack(steps) if steps else block
+        return apply_lists([self.processors[r.index] for r in self.rows], prefixes, raw, steps)
 
     @property
     def n_dev(self) -> torch.Tensor:

@@ -24,21 +24,21 @@ __all__ = ["Plan", "plan_request", "UNSUPPORTED", "FALLBACK_ARGS", "OWN_ARGS"]
 # generate. (Fields that only steer beam search or transformers' own assistant are ignored.)
 UNSUPPORTED = {
     "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "penalty_alpha": None,
-    "num_return_sequences": 1, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-    "top_h": None, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-    "encoder_repetition_penalty": 1.0, "bad_words_ids": None, "force_words_ids": None,
-    "constraints": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "remove_invalid_values": False, "exponential_decay_length_penalty": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
-    "guidance_scale": None, "watermarking_config": None, "renormalize_logits": False,
-    "dola_layers": None, "prompt_lookup_num_tokens": None, "token_healing": False,
-    "low_memory": None, "output_attentions": False, "output_hidden_states": False,
+    "num_return_sequences": 1, "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0, "force_words_ids": None, "constraints": None,
+    "guidance_scale": None, "watermarking_config": None, "dola_layers": None,
+    "prompt_lookup_num_tokens": None, "token_healing": False, "low_memory": None, "output_attentions": False, "output_hidden_states": False,
     "speculation_type": None, "use_mtp": False, "assistant_early_exit": None,
 }
+# (the options generate turns into prefix-only logits processors are served through them:
+# ``autospec.engine.processors.LIST_OPTIONS``)
 # generate() arguments that, when given, send the request to the original generate
-FALLBACK_ARGS = ("logits_processor", "prefix_allowed_tokens_fn", "assistant_model",
-                  "negative_prompt_ids", "custom_generate", "inputs_embeds", "assistant_tokenizer")
+FALLBACK_ARGS = ("assistant_model", "negative_prompt_ids", "custom_generate", "inputs_embeds",
+                  "assistant_tokenizer")
 OWN_ARGS = ("category", "k", "generator")
+# generate() arguments the plan reads itself (the rest merge into the GenerationConfig)
+_CALL_ARGS = ("streamer", "synced_gpus", "stopping_criteria", "tokenizer", "logits_processor",
+              "prefix_allowed_tokens_fn")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ class Plan:
     rows: tuple = ()
     padded: torch.Tensor | None = None
     pad_token_id: int | None = None
+    # the logits processors generate would apply, one list per row, applied at every position
+    # with its prefix (``autospec.engine.processors``); None: the loop's own processing serves
+    processors: tuple | None = None
 
     @property
     def batch(self) -> int:
@@ -130,6 +133,10 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         sampling = SamplingConfig.from_generation_config(gc)
     except ValueError as e:  # generate took them (checked above): let it serve them
         return None, f"generation settings the loop does not take ({e})"
+    lists, reason = _processors(model, gc, kwargs, mask, width=width, max_length=width + max_new,
+                                min_length=min_length, rows=len(rows), eos=eos)
+    if reason:
+        return None, reason
     return Plan(
         input_ids=ids, pad_prefix=pad_prefix, sampling=sampling, max_new_tokens=max_new,
         min_new_tokens=max(0, min_new), eos=eos, stopping_criteria=crit,
@@ -138,7 +145,41 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         rows=tuple(rows) if len(rows) > 1 else (),
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
+        processors=lists,
     ), ""
+
+
+def _processors(model, gc, kwargs, mask, *, width: int, max_length: int, min_length: int,
+                rows: int, eos: tuple[int, ...]):
+    """(each row's processor list, "") where the call needs them, (None, "") where the loop's
+    own processing serves it, (None, why) where a processor cannot be applied per position."""
+    from autospec.engine import processors as pr
+
+    user = [_own(p) for p in kwargs.get("logits_processor") or []]
+    prefix_fn = kwargs.get("prefix_allowed_tokens_fn")
+    if not pr.uses_lists(gc, user, prefix_fn):
+        return None, ""
+    reason = pr.not_prefix_only(user, rows)
+    if reason:
+        return None, reason
+    try:
+        lists = pr.row_lists(model, gc, width=width, max_length=max_length,
+                             min_length=min_length, rows=rows, mask=mask, user_processors=user,
+                             prefix_fn=prefix_fn, eos=eos, device=model.device)
+    except (ValueError, TypeError) as e:  # generate raises it for these settings: let it
+        return None, f"logits processor settings generate refuses ({e})"
+    return tuple(lists), ""
+
+
+def _own(processor):
+    """A caller's processor as the loop applies it: xgrammar's own transformers processor (which
+    follows one sequence per row, call by call) as an ``autospec.grammar.Grammar`` over the same
+    grammar; any other as it is."""
+    if type(processor).__module__.startswith("xgrammar"):
+        from autospec.grammar import from_xgrammar
+
+        return from_xgrammar(processor) or processor
+    return processor
 
 
 def _inputs(inputs, args, kwargs):
@@ -150,8 +191,7 @@ def _inputs(inputs, args, kwargs):
             return None, f"`{name}` given"
     if kwargs.get("synced_gpus"):
         return None, "synced_gpus"
-    kw = {k: v for k, v in kwargs.items() if k not in ("streamer", "synced_gpus",
-                                                      "stopping_criteria", "tokenizer")}
+    kw = {k: v for k, v in kwargs.items() if k not in _CALL_ARGS}
     input_ids = inputs if inputs is not None else kw.pop("input_ids", None)
     kw.pop("input_ids", None)
     mask = kw.pop("attention_mask", None)

@@ -167,7 +167,7 @@ class DraftModel(Proposer):
             if i:
                 raw = self.slots.feed(batch.tokens, n, batch.counts, toks[-1][:, None], 1,
                                       offset=i - 1)
-            s = batch.process(raw, i, seen)[:, 0]  # [B, V]
+            s = batch.process(raw, i, seen, before=toks)[:, 0]  # [B, V]
             top = None
             if batch.greedy:
                 tok = s.argmax(dim=-1)  # [B]
