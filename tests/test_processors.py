@@ -183,3 +183,37 @@ def test_sampling_under_processors_follows_generates_law(k):
     assert _chi2_pvalue(counts, law.flatten()) > ALPHA
     for wrong in (dict(top_k=0, bad_words_ids=[[1, 4]]), dict(top_k=0, sequence_bias=BIAS)):
         assert _chi2_pvalue(counts, exact_joint(target, ids, **wrong).flatten()) < ALPHA, wrong
+
+
+class BanAndWatch(LogitsProcessor):
+    """Bans one token, and notes every call on a prefix that ends with it (a position after a
+    forbidden proposal)."""
+
+    prefix_only = True
+
+    def __init__(self, token: int):
+        self.token, self.after_ban = token, 0
+
+    def __call__(self, input_ids, scores):
+        self.after_ban += int((input_ids[:, -1] == self.token).sum())
+        scores = scores.clone()
+        scores[:, self.token] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize("policy", ["ngram:4", "suffix:4"])
+def test_a_lookups_block_ends_at_the_first_token_the_processors_forbid(models, policy):
+    target, draft = models
+    spec = autospec.Controller(target, draft, store=False, policy=policy, suffix=True)
+    a, b, c = 20, 21, 22
+    ids = torch.tensor([[a, b, c] * 5 + [a, b]])  # prompt lookup proposes c, a, b, c, …
+    for _ in range(2):  # suffix decoding drafts from the first call's output
+        watch = BanAndWatch(c)
+        kw = dict(max_new_tokens=16, do_sample=False, eos_token_id=None,
+                  logits_processor=LogitsProcessorList([watch]))
+        ref = target.generate(ids, **kw)
+        assert watch.after_ban == 0  # generate never emits it
+        out = spec.generate(ids, **kw)
+        assert torch.equal(out, ref)
+    assert watch.after_ban == 0  # nor is a position after a proposed c ever scored
+    assert spec.last_stats.counts[policy.split(":")[0]].proposed > 0

@@ -312,24 +312,30 @@ class Batch:
 
     def _process_each(self, raw, offset: int, block, before) -> torch.Tensor:
         """``process`` by each row's processor list, position by position: row b's position j
-        comes after its left padding, its tokens (all ``known`` of them, or up to ``offset``
-        before the end for a negative offset), ``before``'s row and ``block``'s first j."""
+        comes after its left padding, its tokens, ``before``'s row and ``block``'s first j.
+        A negative offset (a draft's catch-up over emitted positions, read for its trace
+        alone) is scored unprocessed: processors are never shown a prefix generate did not
+        reach, nor asked twice about positions already emitted."""
         from autospec.engine.processors import apply_lists
 
-        npos = raw.shape[1]
-        prefixes, steps = [], []
-        for b, r in enumerate(self.rows):
-            upto = self.known[b] + min(offset, 0)
-            parts = [self.tokens[b, :upto]]
-            if r.prefix is not None and r.prefix.shape[-1]:
-                parts.insert(0, r.prefix[0])
-            if offset > 0 and before:
-                parts.append(torch.stack([t[b] for t in before[:offset]]))
-            prefixes.append(torch.cat(parts) if len(parts) > 1 else parts[0])
-            if offset < 0:  # positions the row has emitted: its own tokens follow
-                steps.append(self.tokens[b, upto : upto + npos - 1])
-        steps = torch.stack(steps) if steps else block
-        return apply_lists([self.processors[r.index] for r in self.rows], prefixes, raw, steps)
+        if offset < 0:
+            return raw.float()
+        prefixes = []
+        for b in range(len(self.rows)):
+            prefix = self.row_prefix(b)
+            if offset and before:
+                prefix = torch.cat([prefix, torch.stack([t[b] for t in before[:offset]])])
+            prefixes.append(prefix)
+        return apply_lists([self.processors[r.index] for r in self.rows], prefixes, raw, block)
+
+    def row_prefix(self, b: int, upto: int | None = None) -> torch.Tensor:
+        """Running row b's sequence as generate holds it ([P + n]): its left padding, then its
+        first ``upto`` tokens (all it knows as the iteration starts)."""
+        r = self.rows[b]
+        own = self.tokens[b, : self.known[b] if upto is None else upto]
+        if r.prefix is None or not r.prefix.shape[-1]:
+            return own
+        return torch.cat([r.prefix[0].to(own.device), own])
 
     @property
     def n_dev(self) -> torch.Tensor:

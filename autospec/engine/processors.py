@@ -24,7 +24,7 @@ import copy
 import torch
 
 __all__ = ["PREFIX_ONLY", "LIST_OPTIONS", "is_prefix_only", "not_prefix_only", "row_lists",
-           "apply_lists"]
+           "apply_lists", "forbidden_at"]
 
 # transformers' processors whose output is a function of (input_ids row, scores row) alone:
 # they read the row's tokens and length, never state kept between calls nor other rows
@@ -122,3 +122,15 @@ def apply_lists(lists, prefixes: list[torch.Tensor], raw: torch.Tensor,
         for j in range(npos):
             out[b, j] = procs(seq[None, : base + j], out[b, j][None])[0]
     return out
+
+
+def forbidden_at(procs, prefix: torch.Tensor, tokens: torch.Tensor, vocab: int) -> int:
+    """The first j at which ``procs`` forbid ``tokens[j]`` (score −inf from zero scores) after
+    ``prefix`` + ``tokens[:j]``; ``len(tokens)`` where none is forbidden."""
+    seq = torch.cat([prefix, tokens])
+    base = prefix.shape[0]
+    for j, tok in enumerate(tokens.tolist()):
+        scores = procs(seq[None, : base + j], torch.zeros(1, vocab))
+        if scores[0, tok] == float("-inf"):
+            return j
+    return tokens.shape[0]

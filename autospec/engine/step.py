@@ -85,6 +85,8 @@ class Iteration:
 def step(batch) -> None:
     it = _decide(batch)  # 1.
     it.block, it.lengths = _propose(batch, it)  # 2.
+    if batch.processors is not None and any(n in it.decision.served for n, _ in batch.lookups):
+        _cut(batch, it)  # a lookup's proposals end where the processors forbid one
     it.k = it.block.tokens.shape[1]
     _verify(batch, it)  # 3.
     steps, times = _sync(batch, it)  # 4.
@@ -283,6 +285,36 @@ def _propose(batch, it: Iteration) -> tuple[Block, list[int]]:
     if lens_dev is not None and all(n == width for n in lengths):
         lens_dev = None
     return Block(tokens=tokens, q=q, lengths=lens_dev, covers_all=base.covers_all), lengths
+
+
+def _cut(batch, it: Iteration) -> None:
+    """Under logits processors, each lookup-served row's block ends at its first token the
+    processors forbid (score −inf) after the tokens before it: verification would reject it
+    there, and the positions after it would be scored for nothing. A model's proposals are
+    drawn from processed scores already. Exact either way: a lookup's block is a proposal."""
+    from autospec.engine.processors import forbidden_at
+
+    d, block = it.decision, it.block
+    lookups = {n for n, _ in batch.lookups}
+    cuts = {}
+    for b, r in enumerate(batch.rows):
+        m = it.lengths[b]
+        if m and d.rows[b] in lookups:
+            j = forbidden_at(batch.processors[r.index], batch.row_prefix(b), block.tokens[b, :m],
+                             batch.vocab)
+            if j < m:
+                cuts[b] = j
+    if not cuts:
+        return
+    for b, j in cuts.items():
+        it.lengths[b] = j
+    width = block.tokens.shape[1]
+    if batch.model not in d.served:  # lookups alone: the block narrows to its longest row
+        width = max(it.lengths)
+        block.tokens = block.tokens[:, :width]
+    block.lengths = (None if all(n == width for n in it.lengths)
+                     else torch.tensor(it.lengths, dtype=torch.long, device=batch.device))
+    block.host_lengths = list(it.lengths)
 
 
 def _pad(tokens: torch.Tensor, width: int) -> torch.Tensor:
