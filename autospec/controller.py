@@ -361,6 +361,7 @@ class Controller:
             k_max=self.k_max, target_context=self.target_context,
             draft_context=self.draft_context, output_scores=plan.output_scores,
             output_logits=plan.output_logits, row_prefix=[pad for _, pad in rows],
+            row_held=plan.held,
             record_confidence=self.writer is not None, options=self.options,
             memory=None if self.suffix_memory is None else self.suffix_memory.tenant(tenant),
             static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
@@ -377,7 +378,12 @@ class Controller:
             for row, (cat, *_) in zip(res.rows, resolved):
                 self.metrics.observe(row.stats, cat)
         if not plan.rows:
-            sequences = torch.cat([plan.pad_prefix, res.rows[0].sequences], dim=1)
+            sequences = res.rows[0].sequences
+            if plan.held is not None:  # generate's input row, its holes included
+                sequences = torch.cat([plan.held[0], sequences[:, plan.input_ids.shape[1]:]],
+                                      dim=1)
+            else:
+                sequences = torch.cat([plan.pad_prefix, sequences], dim=1)
             scores = None if res.rows[0].scores is None else tuple(
                 t[None] for t in res.rows[0].scores)
             logits = None if res.rows[0].logits is None else tuple(
@@ -403,14 +409,16 @@ class Controller:
             from autospec.engine.generate import generated_cache
 
             pads = [pad.shape[1] for _, pad in rows]
-            cache = generated_cache(self.model, sequences, pads)
+            cache = generated_cache(self.model, sequences, pads,
+                                    mask=plan.attention_mask if plan.held is not None else None)
         return _output(sequences, scores, logits, cache)
 
     def _own_cache_is_generates(self, plan: Plan) -> bool:
         """Whether the engine's own target cache is the one generate returns: one row without
         padding, on the eager path, every layer keeping every token (no sliding window). Else
         the output's cache is built afterwards (``generated_cache``: one forward)."""
-        return (not plan.rows and not plan.pad_prefix.shape[1] and not self.static_cache
+        return (not plan.rows and not plan.pad_prefix.shape[1] and plan.held is None
+                and not self.static_cache
                 and not self.layouts[0].sliding)
 
     def _warm_batched(self, category: str) -> None:

@@ -126,11 +126,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    import xgrammar as xgr
+
     import autospec
     from autospec.grammar import Grammar
     from autospec.pairs import load_pair
-
-    import xgrammar as xgr
 
     pair = load_pair("qwen2.5-coder", progress=False)
     tok, target = pair.tokenizer, pair.target

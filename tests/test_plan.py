@@ -83,7 +83,7 @@ FALLBACKS = [
     ({"input_ids": IDS.float()}, "dtype"),
     ({"input_ids": IDS[0]}, "2-D"),
     ({"attention_mask": torch.tensor([[0, 1, 1]])}, "attention_mask of another shape"),
-    ({"attention_mask": RIGHT}, "right padding or holes"),
+    ({"attention_mask": RIGHT}, "right padding"),
     ({"attention_mask": torch.zeros_like(IDS)}, "attention_mask is all zeros (an empty prompt"),
     ({"max_length": 10}, "nothing to generate"),
     ({"stop_strings": ["w5"]}, "stop_strings without a tokenizer"),
@@ -180,3 +180,16 @@ def test_prefix_only_processors_are_planned_as_generate_builds_them(model, case,
     plain, _ = plan_request(model, IDS, None, (), {"max_new_tokens": 4, "top_k": 3,
                                                    "do_sample": True})
     assert plain.processors is None
+
+
+def test_a_mask_with_holes_runs_the_kept_tokens_and_holds_the_row(model):
+    mask = torch.ones_like(IDS)
+    mask[0, :2] = 0  # left padding
+    mask[0, 5] = 0  # a hole
+    plan, why = plan_request(model, IDS, None, (), {"attention_mask": mask, "max_new_tokens": 4})
+    assert plan is not None, why
+    keep = mask[0].bool()
+    assert torch.equal(plan.input_ids, IDS[:, keep])
+    assert torch.equal(plan.held[0], IDS) and torch.equal(plan.pad_prefix, IDS[:, :2])
+    left, _ = plan_request(model, IDS, None, (), {"attention_mask": LEFT, "max_new_tokens": 4})
+    assert left.held is None  # left padding alone: no row is held

@@ -84,13 +84,15 @@ class Row:
 
     def __init__(self, index: int, tokens: list[int] | None, *, length: int, greedy: bool,
                  max_new: int, category: str, live, forecast, prefix, want_scores: bool,
-                 want_logits: bool):
+                 want_logits: bool, held=None):
         self.index, self.category, self.live, self.forecast = index, category, live, forecast
         # this request alone, fed as its category's (its counts and rate)
         self.request = LiveStats(discount=1.0)
         self.L = self.n = length
         self.tokens = tokens  # None until the first sync brings a device prompt back
         self.prefix = prefix  # what generate's row holds before the prompt (left padding)
+        # generate's whole input row where it differs from prefix + prompt (a mask with holes)
+        self.held = held
         self.stats = LoopStats(prompt_tokens=self.L, started_at=time.time(),
                                trace_kind=TRACE_GREEDY if greedy else TRACE_SAMPLED)
         self.scores = [] if want_scores else None
@@ -104,6 +106,16 @@ class Row:
     def gen(self) -> int:
         return self.n - self.L
 
+    def as_generate(self, seq: torch.Tensor) -> torch.Tensor:
+        """The row's sequence ``seq`` [1, m] (its prompt as the model runs it, then what it
+        generated) as generate's row holds it: its input row (left padding, holes), then the
+        generated tokens."""
+        if self.held is not None:
+            return torch.cat([self.held.to(seq.device), seq[:, self.L :]], dim=1)
+        if self.prefix is not None and self.prefix.shape[1]:
+            return torch.cat([self.prefix.to(seq.device), seq], dim=1)
+        return seq
+
 
 class Batch:
     """Everything one call of the engine holds (see the module docstring)."""
@@ -114,6 +126,7 @@ class Batch:
                  stopping_criteria=None, streamer=None, generator=None, k_max: int = 16,
                  target_context: int | None = None, draft_context: int | None = None,
                  output_scores: bool = False, output_logits: bool = False, row_prefix=None,
+                 row_held=None,
                  record_confidence: bool = False, memory=None, options=None,
                  static_cache: bool = False, hidden_states: bool = False,
                  cuda_graphs="auto", explain: str | None = None, processors=None):
@@ -169,6 +182,7 @@ class Batch:
                 max_new=max_new_tokens, category=categories[b], live=lives[b],
                 forecast=None if forecasts is None else forecasts[b],
                 prefix=None if row_prefix is None else row_prefix[b],
+                held=None if row_held is None else row_held[b],
                 want_scores=output_scores, want_logits=output_logits)
             for b in range(B)]
         self.rows = list(self.all_rows)  # the rows still running, in batch order
@@ -329,13 +343,10 @@ class Batch:
         return apply_lists([self.processors[r.index] for r in self.rows], prefixes, raw, block)
 
     def row_prefix(self, b: int, upto: int | None = None) -> torch.Tensor:
-        """Running row b's sequence as generate holds it ([P + n]): its left padding, then its
-        first ``upto`` tokens (all it knows as the iteration starts)."""
-        r = self.rows[b]
-        own = self.tokens[b, : self.known[b] if upto is None else upto]
-        if r.prefix is None or not r.prefix.shape[-1]:
-            return own
-        return torch.cat([r.prefix[0].to(own.device), own])
+        """Running row b's sequence as generate holds it (``Row.as_generate``), up to its first
+        ``upto`` tokens (all it knows as the iteration starts)."""
+        own = self.tokens[b : b + 1, : self.known[b] if upto is None else upto]
+        return self.rows[b].as_generate(own)[0]
 
     @property
     def n_dev(self) -> torch.Tensor:

@@ -23,7 +23,7 @@ def criteria_hits(criteria, rows, new: list[list[int]], eos: set[int], tokens: t
     """Per row, whether the criteria hold after each of its new tokens (up to its first EOS),
     with one host read. ``tokens`` [B, cap] holds each row's sequence, new tokens included;
     ``scores`` [B, k+1, V] the processed scores they were chosen from; a row's criteria see
-    what generate's would: its left padding (``row.prefix``), then its sequence."""
+    what generate's would (``Row.as_generate``: its input row, then what it generated)."""
     if criteria is None:
         return [[] for _ in rows]
     hits, shape = [], []
@@ -33,9 +33,7 @@ def criteria_hits(criteria, rows, new: list[list[int]], eos: set[int], tokens: t
             upto = 0  # stopped already: it only runs on until the batch stops
         shape.append(upto)
         for j in range(1, upto + 1):
-            ids = tokens[b : b + 1, : row.n + j]
-            if row.prefix is not None and row.prefix.shape[1]:
-                ids = torch.cat([row.prefix.to(ids.device), ids], dim=1)
+            ids = row.as_generate(tokens[b : b + 1, : row.n + j])
             hit = criteria(ids, scores[b : b + 1, j - 1])
             hits.append(hit.reshape(-1)[:1].to(tokens.device, torch.bool)
                         if isinstance(hit, torch.Tensor)

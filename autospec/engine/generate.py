@@ -90,16 +90,22 @@ def usable(has_draft: bool, has_memory: bool) -> dict:
     return dict(sorted(found.items(), key=lambda item: item[1].kind != "model"))
 
 
-def generated_cache(model, sequences: torch.Tensor, pads: list[int]):
+def generated_cache(model, sequences: torch.Tensor, pads: list[int], mask=None):
     """The cache ``generate`` returns beside ``sequences`` [B, W] (left-padded, row b by
-    ``pads[b]`` tokens): a DynamicCache as generate makes it, holding every token but the
-    last at generate's positions and mask (padding masked, every later token attended to,
-    finished rows' padding included), built by one forward of ``model``."""
+    ``pads[b]`` tokens; ``mask``: the input's attention mask where it has holes): a
+    DynamicCache as generate makes it, holding every token but the last at generate's
+    positions and mask (padding and holes masked, every later token attended to, finished
+    rows' padding included), built by one forward of ``model``."""
     from transformers import DynamicCache
 
     ids = sequences[:, :-1]
     cols = torch.arange(ids.shape[1], device=ids.device)
-    mask = (cols[None] >= torch.tensor(pads, device=ids.device)[:, None]).long()
+    if mask is not None:
+        grown = torch.ones(ids.shape, dtype=torch.long, device=ids.device)
+        grown[:, : mask.shape[1]] = mask
+        mask = grown
+    else:
+        mask = (cols[None] >= torch.tensor(pads, device=ids.device)[:, None]).long()
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # generate's position ids
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     with torch.no_grad():

@@ -64,6 +64,11 @@ class Plan:
     # the logits processors generate would apply, one list per row, applied at every position
     # with its prefix (``autospec.engine.processors``); None: the loop's own processing serves
     processors: tuple | None = None
+    # each row as generate's input holds it ([1, W]), where its attention_mask has holes (the
+    # model runs the row's unmasked tokens, ``input_ids``/``rows``: the same positions and
+    # attention); None: no row has holes
+    held: tuple | None = None
+    attention_mask: torch.Tensor | None = None  # as given (a cache generate returns reads it)
 
     @property
     def batch(self) -> int:
@@ -103,6 +108,7 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
     rows, reason = _rows(model, input_ids, mask, target_context)
     if rows is None:
         return None, reason
+    held = _held(input_ids, mask, rows)
     width = input_ids.shape[1]  # generate's input length: the padded width
     default_max = (kwargs.get("max_length") is None
                    and getattr(generation_config, "max_length", None) is None
@@ -145,8 +151,26 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         rows=tuple(rows) if len(rows) > 1 else (),
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
-        processors=lists,
+        processors=lists, held=held, attention_mask=None if mask is None else mask.to(model.device),
     ), ""
+
+
+def _windowed(model) -> bool:
+    from autospec.engine.checks import attention_layout
+
+    try:
+        return bool(attention_layout(model).sliding)
+    except Exception:  # a layout the engine refuses: the controller says so itself
+        return True
+
+
+def _held(input_ids: torch.Tensor, mask, rows):
+    """Each row of generate's input where one has holes (its kept tokens and left padding are
+    not the whole row), else None."""
+    if mask is None or all(ids.shape[1] + pad.shape[1] == input_ids.shape[1]
+                           for ids, pad in rows):
+        return None
+    return tuple(input_ids[b : b + 1].to(ids.device) for b, (ids, _) in enumerate(rows))
 
 
 def _processors(model, gc, kwargs, mask, *, width: int, max_length: int, min_length: int,
@@ -242,10 +266,17 @@ def _rows(model, input_ids: torch.Tensor, mask, target_context: int | None):
                     return None, (f"a row whose attention_mask is all zeros (an empty "
                                   f"prompt: row {b})")
                 first = int(keep.to(torch.int64).argmax())
-                if not bool(keep[first:].all()):
-                    return None, ("attention_mask with right padding or holes (only left "
-                                  "padding is supported, as generate expects)")
-                ids, pad_prefix = input_ids[b : b + 1, first:], input_ids[b : b + 1, :first]
+                if not bool(keep[-1]):
+                    return None, ("attention_mask with right padding (only left padding is "
+                                  "supported, as generate expects)")
+                pad_prefix = input_ids[b : b + 1, :first]
+                if not bool(keep[first:].all()) and _windowed(model):
+                    return None, ("attention_mask with holes on a model with sliding-window "
+                                  "attention (its window counts the masked tokens)")
+                # holes (masked tokens after the first kept one): the model runs the kept
+                # tokens alone — generate's positions (the mask's cumulative sum) and
+                # attention (masked keys hidden) are theirs — and its row is held whole
+                ids = input_ids[b : b + 1, first:][:, keep[first:]]
         L = ids.shape[1]
         if L == 0:
             return None, "empty prompt"
