@@ -409,16 +409,20 @@ class Controller:
             from autospec.engine.generate import generated_cache
 
             pads = [pad.shape[1] for _, pad in rows]
-            cache = generated_cache(self.model, sequences, pads,
-                                    mask=plan.attention_mask if plan.held is not None else None)
+            if plan.from_embeds:  # the embedded prompt's tokens, then the output
+                cache = generated_cache(self.model, torch.cat([plan.input_ids, sequences], 1),
+                                        pads)
+            else:
+                cache = generated_cache(self.model, sequences, pads, mask=(
+                    plan.attention_mask if plan.held is not None else None))
         return _output(sequences, scores, logits, cache)
 
     def _own_cache_is_generates(self, plan: Plan) -> bool:
         """Whether the engine's own target cache is the one generate returns: one row without
         padding, on the eager path, every layer keeping every token (no sliding window). Else
         the output's cache is built afterwards (``generated_cache``: one forward)."""
-        return (not plan.rows and not plan.pad_prefix.shape[1] and plan.held is None
-                and not self.static_cache
+        return (not plan.rows and not plan.pad_prefix.shape[1]
+                and (plan.held is None or plan.from_embeds) and not self.static_cache
                 and not self.layouts[0].sliding)
 
     def _warm_batched(self, category: str) -> None:

@@ -106,15 +106,19 @@ CALLS = {
     "output_hidden_states": (dict(output_hidden_states=True, return_dict_in_generate=True),
                              "output_hidden_states"),
     "classifier-free guidance": (dict(guidance_scale=1.5), "guidance_scale"),
-    "inputs_embeds": ("embeds", "inputs_embeds"),
+    "inputs_embeds": ("embeds", None),
+    "inputs_embeds, a soft prompt": ("soft", "soft prompt"),
     "assistant_model": ("assistant", "assistant_model"),
 }
 
 
 def _call(fn, target, draft, kwargs):
-    if kwargs == "embeds":
-        return fn(inputs_embeds=target.get_input_embeddings()(IDS), max_new_tokens=12,
-                  pad_token_id=0)
+    if kwargs in ("embeds", "soft"):
+        with torch.no_grad():
+            embeds = target.get_input_embeddings()(IDS)
+        if kwargs == "soft":
+            embeds = embeds + 0.01
+        return fn(inputs_embeds=embeds, max_new_tokens=12, pad_token_id=0)
     if kwargs == "assistant":
         return fn(IDS, assistant_model=draft, max_new_tokens=12, pad_token_id=0)
     kw = dict(max_new_tokens=12, pad_token_id=0) | dict(kwargs)
@@ -157,3 +161,29 @@ def test_generations_tests_calls_are_served_identically_or_named(arch):
             new = [r for r in spec.fallbacks if spec.fallbacks[r] > before.get(r, 0)]
             assert spec.last_stats is None and any(reason in r for r in new), (name, new)
     assert len(served) >= len(CALLS) / 2
+
+
+def test_an_embedded_prompt_is_served_as_its_tokens_with_generates_view():
+    """inputs_embeds alone: the output is the new tokens alone, processors and criteria see
+    only those (a repetition penalty does not count the prompt), and the returned cache holds
+    the prompt's positions as generate's does."""
+    target = build("llama")
+    spec = autospec.Controller(target, noisy_copy(target, 0.5), store=False, policy="fixed:3")
+    with torch.no_grad():
+        embeds = target.get_input_embeddings()(IDS)
+    for kw in (dict(repetition_penalty=1.5), dict(no_repeat_ngram_size=2),
+               dict(min_new_tokens=4, eos_token_id=[EOS, 40]), dict(max_length=15),
+               dict(return_dict_in_generate=True, output_scores=True)):
+        kw = dict(do_sample=False, pad_token_id=0) | (
+            {} if "max_length" in kw else dict(max_new_tokens=12)) | kw
+        ref = target.generate(inputs_embeds=embeds, **kw)
+        out = spec.generate(inputs_embeds=embeds, **kw)
+        assert spec.last_stats is not None, (kw, spec.fallbacks)
+        _same(out, ref)
+        if "return_dict_in_generate" in kw:
+            assert (out.past_key_values.get_seq_length()
+                    == ref.past_key_values.get_seq_length() == IDS.shape[1] + 11)
+    # the same prompt's ids give the same tokens after the prompt
+    plain = spec.generate(IDS, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(spec.generate(inputs_embeds=embeds, max_new_tokens=12, do_sample=False,
+                                     pad_token_id=0), plain[:, IDS.shape[1]:])

@@ -81,15 +81,16 @@ def test_json_schema_output_equals_constrained_generate(models, policy):
         assert sum(c.proposed for c in spec.last_stats.counts.values()) > 0
 
 
-@pytest.mark.parametrize("policy", ["fixed:4", "ngram:4", "auto"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_json_schema_at_batch_3_equals_batched_generate(models, policy):
     target, draft = models
-    spec = autospec.Controller(target, draft, store=False, policy=policy)
+    spec = autospec.Controller(target, draft, store=False, policy=policy, suffix=True)
     ids, mask = batch([5, 11, 8], seed=4)
     kw = dict(attention_mask=mask, max_new_tokens=40, do_sample=False, eos_token_id=EOS)
     ref = target.generate(ids, logits_processor=[grammar()], **kw)
-    out = spec.generate(ids, logits_processor=[grammar()], **kw)
-    assert torch.equal(out, ref) and not spec.fallbacks
+    for _ in range(2):  # suffix decoding drafts from the first call's outputs
+        out = spec.generate(ids, logits_processor=[grammar()], **kw)
+        assert torch.equal(out, ref) and not spec.fallbacks
     assert len(spec.last_row_stats) == 3
     for row in out[:, ids.shape[1]:].tolist():
         row = row[: row.index(EOS) + 1] if EOS in row else row
@@ -138,3 +139,30 @@ def test_the_grammar_is_a_function_of_the_prefix_in_any_call_order():
     # a prefix holding a forbidden token leaves the scores alone (no position after it is used)
     bad = prompt_ids + [TOKENS.index("}")]
     assert torch.equal(g(torch.tensor([bad]), torch.ones(1, 97)), torch.ones(1, 97))
+
+
+def test_constrained_calls_are_logged_and_replayed_like_any_other(models, tmp_path):
+    from autospec.policies.base import as_policy
+    from autospec.store import open_store, queries
+    from autospec.tune.replay import Costs, simulate
+
+    target, draft = models
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    spec = autospec.Controller(target, draft, store=url, policy="fixed:4")
+    served = []
+    for seed in range(3):
+        # stopped by max_new_tokens inside the object: replay sizes a request's last block by
+        # its logged length, which is the live run's limit only where no EOS ended it
+        spec.generate(prompt(10, seed=seed), max_new_tokens=14, do_sample=False,
+                      eos_token_id=EOS, category="tool-call", logits_processor=[grammar()])
+        served.append(spec.last_stats)
+    spec.close()
+    with open_store(url) as store, store.session() as s:
+        logged = list(queries.traces(s))
+    assert [r.category for r in logged] == ["tool-call"] * 3
+    assert [r.new_tokens for r in logged] == [st.new_tokens for st in served] == [14] * 3
+    grid = {n: 0.1 + 0.01 * n for n in range(1, 18)}
+    res = simulate(logged, as_policy("fixed:4"), Costs(t_draft=0.05, t_target=grid, target_grid={1: grid},
+                                    draft_grid={1: 0.05}))
+    assert ([st.accepted_schedule for st in res.requests]
+            == [st.accepted_schedule for st in served])

@@ -11,6 +11,7 @@ fallback reason).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ UNSUPPORTED = {
 # (the options generate turns into prefix-only logits processors are served through them:
 # ``autospec.engine.processors.LIST_OPTIONS``)
 # generate() arguments that, when given, send the request to the original generate
-FALLBACK_ARGS = ("assistant_model", "negative_prompt_ids", "custom_generate", "inputs_embeds",
+FALLBACK_ARGS = ("assistant_model", "negative_prompt_ids", "custom_generate",
                   "assistant_tokenizer")
 OWN_ARGS = ("category", "k", "generator")
 # generate() arguments the plan reads itself (the rest merge into the GenerationConfig)
@@ -69,6 +70,9 @@ class Plan:
     # attention); None: no row has holes
     held: tuple | None = None
     attention_mask: torch.Tensor | None = None  # as given (a cache generate returns reads it)
+    # the call gave inputs_embeds alone: ``input_ids`` are the tokens they embed, and generate's
+    # row holds none of them (``held`` is empty: the output is the new tokens alone)
+    from_embeds: bool = False
 
     @property
     def batch(self) -> int:
@@ -85,6 +89,11 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
     stop_strings when the call passes none; target_context: the target's context length.
     Raises ValueError for a request no path can serve (a prompt longer than the context)."""
     kwargs = {} if kwargs is None else kwargs
+    from_embeds = kwargs.get("inputs_embeds") is not None
+    if from_embeds:
+        kwargs, reason = _from_embeds(model, inputs, kwargs)
+        if kwargs is None:
+            return None, reason
     got, reason = _inputs(inputs, args, kwargs)
     if got is None:
         return None, reason
@@ -109,6 +118,10 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
     if rows is None:
         return None, reason
     held = _held(input_ids, mask, rows)
+    if from_embeds:
+        if held is not None:
+            return None, "inputs_embeds with an attention_mask with holes"
+        held = (input_ids[:, :0].to(model.device),)
     width = input_ids.shape[1]  # generate's input length: the padded width
     default_max = (kwargs.get("max_length") is None
                    and getattr(generation_config, "max_length", None) is None
@@ -139,8 +152,12 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         sampling = SamplingConfig.from_generation_config(gc)
     except ValueError as e:  # generate took them (checked above): let it serve them
         return None, f"generation settings the loop does not take ({e})"
-    lists, reason = _processors(model, gc, kwargs, mask, width=width, max_length=width + max_new,
-                                min_length=min_length, rows=len(rows), eos=eos)
+    # generate's input row holds no token of an embedded prompt: its processors count from 0
+    lists, reason = _processors(model, gc, kwargs, mask, width=0 if from_embeds else width,
+                                max_length=(0 if from_embeds else width) + max_new,
+                                min_length=max(0, min_length - (width if from_embeds else 0)),
+                                rows=len(rows), eos=eos, force=from_embeds and bool(
+                                    gc.repetition_penalty not in (None, 1.0)))
     if reason:
         return None, reason
     return Plan(
@@ -152,7 +169,83 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
         processors=lists, held=held, attention_mask=None if mask is None else mask.to(model.device),
+        from_embeds=from_embeds,
     ), ""
+
+
+def _from_embeds(model, inputs, kwargs):
+    """A call that gave ``inputs_embeds`` alone, as the same call with the token ids they embed
+    (``(kwargs, "")``): served only where every row of the embeddings is, bit for bit, the
+    model's own embedding of a token — then the target's forwards are the ones generate runs,
+    and every proposer has the ids it needs. Else ``(None, why)``."""
+    embeds = kwargs["inputs_embeds"]
+    if inputs is not None or kwargs.get("input_ids") is not None:
+        return None, "inputs_embeds with input_ids"
+    if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3 or embeds.shape[0] != 1:
+        return None, "inputs_embeds at batch > 1 (or not a [1, L, H] tensor)"
+    if kwargs.get("streamer") is not None:
+        return None, "inputs_embeds with a streamer"
+    ids = _embedded_ids(model, embeds[0])
+    if ids is None:
+        return None, ("inputs_embeds that are not the model's own token embeddings (a soft "
+                      "prompt: the engine needs the prompt's token ids)")
+    out = {k: v for k, v in kwargs.items() if k != "inputs_embeds"}
+    out["input_ids"] = ids[None]
+    return out, ""
+
+
+def _embedded_ids(model, embeds: torch.Tensor) -> torch.Tensor | None:
+    """The ids whose embeddings (``model.get_input_embeddings()``, a scaled one included)
+    equal ``embeds`` [L, H] bit for bit, else None. Candidates are the ids whose embeddings
+    agree on a few coordinates (``_embedding_probe``); the embedding of the ids found is then
+    compared whole."""
+    layer = model.get_input_embeddings()
+    probe = _embedding_probe(layer)
+    if probe is None or not embeds.shape[0] or embeds.shape[-1] != probe[1]:
+        return None
+    table, _, cols, dtype, device = probe
+    if embeds.dtype != dtype:
+        return None
+    embeds = embeds.to(device)
+    ids = []
+    for row in embeds[:, cols]:
+        hits = (table == row).all(dim=-1).nonzero().flatten()
+        if not len(hits):
+            return None
+        with torch.no_grad():
+            whole = layer(hits)
+        found = next((int(h) for h, w in zip(hits, whole) if torch.equal(w, embeds[len(ids)])),
+                     None)
+        if found is None:
+            return None
+        ids.append(found)
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _embedding_probe(layer):
+    """(every id's embedding at four coordinates [V, 4], the width, the coordinates, dtype,
+    device), computed once per embedding layer (and again if its weights change), chunk by
+    chunk; None for a layer without a weight matrix."""
+    weight = getattr(layer, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return None
+    key = (weight.data_ptr(), weight._version)
+    got = _PROBES.get(layer)
+    if got is not None and got[0] == key:
+        return got[1]
+    V, H = weight.shape
+    cols = torch.linspace(0, H - 1, steps=min(4, H)).long().to(weight.device)
+    parts = []
+    with torch.no_grad():
+        for start in range(0, V, 8192):
+            ids = torch.arange(start, min(V, start + 8192), device=weight.device)
+            parts.append(layer(ids)[:, cols])
+    probe = (torch.cat(parts), H, cols, parts[0].dtype, weight.device)
+    _PROBES[layer] = (key, probe)
+    return probe
 
 
 def _windowed(model) -> bool:
@@ -174,14 +267,15 @@ def _held(input_ids: torch.Tensor, mask, rows):
 
 
 def _processors(model, gc, kwargs, mask, *, width: int, max_length: int, min_length: int,
-                rows: int, eos: tuple[int, ...]):
-    """(each row's processor list, "") where the call needs them, (None, "") where the loop's
-    own processing serves it, (None, why) where a processor cannot be applied per position."""
+                rows: int, eos: tuple[int, ...], force: bool = False):
+    """(each row's processor list, "") where the call needs them (or ``force``), (None, "")
+    where the loop's own processing serves it, (None, why) where a processor cannot be applied
+    per position."""
     from autospec.engine import processors as pr
 
     user = [_own(p) for p in kwargs.get("logits_processor") or []]
     prefix_fn = kwargs.get("prefix_allowed_tokens_fn")
-    if not pr.uses_lists(gc, user, prefix_fn):
+    if not force and not pr.uses_lists(gc, user, prefix_fn):
         return None, ""
     reason = pr.not_prefix_only(user, rows)
     if reason:
