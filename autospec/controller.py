@@ -365,7 +365,8 @@ class Controller:
             record_confidence=self.writer is not None, options=self.options,
             memory=None if self.suffix_memory is None else self.suffix_memory.tenant(tenant),
             static_cache=self.static_cache, cuda_graphs=self.cuda_graphs,
-            processors=plan.processors, keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
+            processors=plan.processors,
+            keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
             explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
         self._local.row_stats = row_stats

@@ -162,7 +162,7 @@ def test_constrained_calls_are_logged_and_replayed_like_any_other(models, tmp_pa
     assert [r.category for r in logged] == ["tool-call"] * 3
     assert [r.new_tokens for r in logged] == [st.new_tokens for st in served] == [14] * 3
     grid = {n: 0.1 + 0.01 * n for n in range(1, 18)}
-    res = simulate(logged, as_policy("fixed:4"), Costs(t_draft=0.05, t_target=grid, target_grid={1: grid},
-                                    draft_grid={1: 0.05}))
+    costs = Costs(t_draft=0.05, t_target=grid, target_grid={1: grid}, draft_grid={1: 0.05})
+    res = simulate(logged, as_policy("fixed:4"), costs)
     assert ([st.accepted_schedule for st in res.requests]
             == [st.accepted_schedule for st in served])

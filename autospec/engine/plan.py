@@ -2,10 +2,12 @@
 the original ``generate`` must serve it.
 
 A pure function of the call (its arguments and ``GenerationConfig``, merged with the model's
-defaults exactly as ``generate`` merges them): it runs no forward, touches no state and
-decides every request the same way. ``Controller.generate`` acts on its answer;
-``tests/test_plan.py`` holds its table of cases (each generate argument → a plan field or a
-fallback reason).
+defaults exactly as ``generate`` merges them): it runs no forward (an ``inputs_embeds`` call
+looks its ids up in the embedding layer, whose probe it keeps), changes nothing the caller
+passed and decides every request the same way. Where the call carries logits processors it
+builds generate's list for each row (``autospec.engine.processors``).
+``Controller.generate`` acts on its answer; ``tests/test_plan.py`` holds its table of cases
+(each generate argument → a plan field or a fallback reason).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ UNSUPPORTED = {
     "num_return_sequences": 1, "encoder_no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0, "force_words_ids": None, "constraints": None,
     "guidance_scale": None, "watermarking_config": None, "dola_layers": None,
-    "prompt_lookup_num_tokens": None, "token_healing": False, "low_memory": None, "output_attentions": False, "output_hidden_states": False,
-    "speculation_type": None, "use_mtp": False, "assistant_early_exit": None,
+    "prompt_lookup_num_tokens": None, "token_healing": False, "low_memory": None,
+    "output_attentions": False, "output_hidden_states": False, "speculation_type": None,
+    "use_mtp": False, "assistant_early_exit": None,
 }
 # (the options generate turns into prefix-only logits processors are served through them:
 # ``autospec.engine.processors.LIST_OPTIONS``)
@@ -168,8 +171,8 @@ def plan_request(model, inputs, generation_config=None, args=(), kwargs=None, *,
         rows=tuple(rows) if len(rows) > 1 else (),
         padded=input_ids.to(model.device) if len(rows) > 1 else None,
         pad_token_id=None if pad_id is None else int(pad_id),
-        processors=lists, held=held, attention_mask=None if mask is None else mask.to(model.device),
-        from_embeds=from_embeds,
+        processors=lists, held=held, from_embeds=from_embeds,
+        attention_mask=None if mask is None else mask.to(model.device),
     ), ""
 
 
