@@ -121,7 +121,17 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--limit", type=int, default=0, help="the first N prompts (0: all)")
     ap.add_argument("--json", help="write every run here")
+    ap.add_argument("--report", metavar="JSON", help="print the report of an earlier --json")
     args = ap.parse_args()
+    if args.report:
+        from autospec.pairs import load_pair
+
+        pair = load_pair("qwen2.5-coder", progress=False, draft=False)
+        eos = pair.target.generation_config.eos_token_id
+        with open(args.report) as f:
+            runs = json.load(f)
+        report(runs, prompts(), pair.tokenizer, set(eos if isinstance(eos, list) else [eos]))
+        return
 
     import torch
 
@@ -172,36 +182,45 @@ def main() -> None:
 
 
 def report(runs, reqs, tok, eos) -> None:
+    """Per repeat (the first: each request sees the earlier ones' outputs; later ones: the same
+    requests again, their own outputs remembered), the paired speedups; then identity and
+    validity over every run."""
     per = {}
     for r in runs:
-        per.setdefault((r["prompt"], r["mode"]), []).append(r)
-    spt = {k: statistics.median(r["wall_s"] / r["tokens"] for r in v) for k, v in per.items()}
-    print("\nspeedup over plain decoding, paired per request (median [95 % interval]):")
-    for base, mode in (("plain", "auto"), ("plain+schema", "auto+schema"),
-                       ("plain", "plain+schema")):
-        ratios = [spt[(i, base)] / spt[(i, mode)] for i in range(len(reqs))]
-        med, lo, hi = bootstrap(ratios)
-        print(f"  {mode:12s} vs {base:12s} {med:5.2f}x [{lo:.2f}-{hi:.2f}]  "
-              f"({len(ratios)} requests)")
-    same = valid = total = 0
-    for (i, mode), rs in per.items():
-        if mode != "auto+schema":
-            continue
-        for r in rs:
-            ref = next(x for x in per[(i, "plain+schema")] if x["repeat"] == r["repeat"])
-            same += r["out"] == ref["out"]
-            total += 1
-    for (i, mode), rs in per.items():
+        per[(r["repeat"], r["prompt"], r["mode"])] = r
+    repeats = sorted({r["repeat"] for r in runs})
+    prompts_run = sorted({r["prompt"] for r in runs})
+    plain = {(i, m): statistics.median(per[(rep, i, m)]["wall_s"] / per[(rep, i, m)]["tokens"]
+                                       for rep in repeats)
+             for i in prompts_run for m in ("plain", "plain+schema")}
+    for rep in repeats:
+        label = ("in order, each request after the earlier ones" if rep == 0
+                 else "the same requests again (their own outputs remembered)")
+        print(f"\nrepeat {rep}, {label}: speedup over plain decoding, paired per request "
+              "(plain: median over repeats; median [95 % interval]):")
+        for base, mode in (("plain", "auto"), ("plain+schema", "auto+schema")):
+            ratios = [plain[(i, base)] / (per[(rep, i, mode)]["wall_s"]
+                                          / per[(rep, i, mode)]["tokens"]) for i in prompts_run]
+            med, lo, hi = bootstrap(ratios)
+            print(f"  {mode:12s} vs {base:12s} {med:5.2f}x [{lo:.2f}-{hi:.2f}]  "
+                  f"({len(ratios)} requests)")
+    ratios = [plain[(i, "plain")] / plain[(i, "plain+schema")] for i in prompts_run]
+    med, lo, hi = bootstrap(ratios)
+    print(f"\nthe constraint's own cost: plain ÷ plain+schema time per token {med:.2f}x "
+          f"[{lo:.2f}-{hi:.2f}]")
+    same = sum(per[(rep, i, "auto+schema")]["out"] == per[(rep, i, "plain+schema")]["out"]
+               for rep in repeats for i in prompts_run)
+    valid = total = 0
+    for (_rep, i, mode), r in per.items():
         if mode.endswith("schema"):
-            for r in rs:
-                text = tok.decode([t for t in r["out"] if t not in eos])
-                try:
-                    valid += validate(json.loads(text), SCHEMAS[reqs[i]["tool"]])
-                except ValueError:
-                    pass
-    n_schema = sum(len(rs) for (i, m), rs in per.items() if m.endswith("schema"))
-    print(f"auto+schema identical to plain+schema: {same}/{total}; constrained outputs "
-          f"that parse and validate: {valid}/{n_schema}")
+            total += 1
+            text = tok.decode([t for t in r["out"] if t not in eos])
+            try:
+                valid += validate(json.loads(text), SCHEMAS[reqs[i]["tool"]])
+            except ValueError:
+                pass
+    print(f"auto+schema identical to plain+schema: {same}/{len(repeats) * len(prompts_run)}; "
+          f"constrained outputs that parse and validate: {valid}/{total}")
 
 
 if __name__ == "__main__":

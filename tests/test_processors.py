@@ -217,3 +217,29 @@ def test_a_lookups_block_ends_at_the_first_token_the_processors_forbid(models, p
         assert torch.equal(out, ref)
     assert watch.after_ban == 0  # nor is a position after a proposed c ever scored
     assert spec.last_stats.counts[policy.split(":")[0]].proposed > 0
+
+
+def test_sampled_rows_under_processors_follow_their_laws_at_batch_3():
+    # rows of different prompts, each against its own law under the processors (bad words and
+    # sequence bias read only the tokens just before a position: left padding changes nothing)
+    target = tiny("llama", vocab=V, sharpen=4.0, seed=3)
+    draft = noisy_copy(target, 2.0, seed=4)
+    spec = autospec.Controller(target, draft, store=False, k_max=8)
+    lengths = [6, 4, 5]
+    ids, mask = batch(lengths, seed=11, vocab=V)
+    L = ids.shape[1]
+    laws = [exact_joint(target, ids[b : b + 1, L - n :], **SAMPLED).flatten()
+            for b, n in enumerate(lengths)]
+    g = torch.Generator().manual_seed(9)
+    counts = torch.zeros(3, V * V, dtype=torch.long)
+    for _ in range(2000):
+        out = spec.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=True,
+                            eos_token_id=None, k=3, generator=g, pad_token_id=0, **SAMPLED)
+        for b in range(3):
+            counts[b, out[b, L] * V + out[b, L + 1]] += 1
+    assert not spec.fallbacks
+    for b in range(3):
+        assert counts[b, 1 * V + 4] == 0
+        assert _chi2_pvalue(counts[b], laws[b]) > ALPHA, b
+    st = spec.last_stats
+    assert 0 < st.accepted < st.drafted
