@@ -10,7 +10,7 @@ that chooses at each iteration plain decoding, a draft-model block of any k, or 
 block — knowing every outcome in advance (an *oracle*: it stops each block exactly where
 acceptance ends), priced by the run's own forwards (median T_t(n) over the store's requests,
 T_d = draft seconds / draft forwards; catch-ups not charged, lookups at 0.5 ms). With
-``hybrid`` it may also continue a suffix draft with the draft model (the draft takes the
+``hybrid`` it may also continue a lookup's draft with the draft model (the draft takes the
 suffix tokens in at its first forward).
 
 It prints per category the speedup over plain decoding (modelled: (N − 1) · T_t(1) after the
@@ -30,81 +30,30 @@ from collections import defaultdict
 
 from sqlalchemy import select
 
+from autospec.oracle import Prices, least_seconds
 from autospec.store import open_store, queries
 from autospec.store.tables import Request
-from autospec.traces import NGRAM_NONE, decode_suffix_value, decode_trace_value
 
-K_MAX = 16
-T_LOOKUP = 0.0005  # seconds per lookup block, generous
 SETS = {"draft": {"draft"}, "suffix": {"suffix"}, "ngram": {"ngram"},
         "all": {"draft", "suffix", "ngram"}, "all+hybrid": {"draft", "suffix", "ngram", "hybrid"}}
 
 
-class Cost:
-    """T_t(n) (median per n, linear between measured n) and T_d of the store's requests."""
+class Cost(Prices):
+    """T_t(n) (median per n over requests with at least three forwards of n tokens, linear
+    between measured n) and T_d of the store's requests."""
 
     def __init__(self, rows):
-        by_n: dict[int, list[float]] = defaultdict(list)
-        draft_s = forwards = 0.0
-        for r in rows:
-            for n, seconds in (r.target_s_by_n or {}).items():
-                by_n[int(n)] += seconds
-            draft_s += r.draft_s or 0.0
-            forwards += r.draft_forwards or 0
-        self.t = {n: statistics.median(v) for n, v in by_n.items() if len(v) >= 3}
-        if 1 not in self.t or not forwards:
+        got = Prices.of(rows, min_count=3)
+        if got is None or got.t_draft == float("inf"):
             raise SystemExit("the store holds too few forwards: run the bench with --db first")
-        self.ns = sorted(self.t)
-        self.t_draft = draft_s / forwards
-
-    def __call__(self, n: int) -> float:
-        if n in self.t:
-            return self.t[n]
-        lo = max((m for m in self.ns if m <= n), default=self.ns[0])
-        hi = min((m for m in self.ns if m >= n), default=self.ns[-1])
-        if lo == hi:
-            return self.t[lo]
-        return self.t[lo] + (self.t[hi] - self.t[lo]) * (n - lo) / (hi - lo)
+        super().__init__(got.t, got.t_draft)
 
 
-def _lead(trace, p: int, k: int) -> int:
-    """Leading positions from ``p`` (at most k) where the draft model's prediction held."""
-    a = 0
-    while a < k and p + a < len(trace) and trace[p + a] == 1:
-        a += 1
-    return a
-
-
-def oracle(n: int, draft, suffix, ngram, allowed: set[str], cost: Cost) -> float:
+def oracle(n: int, draft, suffix, ngram, allowed: set[str], cost) -> float:
     """Least seconds to emit generated positions 1 … n − 1 (position 0: the prefill)."""
-    best = [float("inf")] * (n + 1)
-    best[1] = 0.0
-    td = cost.t_draft
-    for p in range(1, n):
-        here = best[p]
-
-        def go(q: int, seconds: float, here: float = here) -> None:
-            q = min(q, n)
-            best[q] = min(best[q], here + seconds)
-
-        go(p + 1, cost(1))
-        if "draft" in allowed:
-            run = _lead(draft, p, K_MAX)  # a block of k accepts min(k, run)
-            for k in range(1, K_MAX + 1):
-                go(p + min(k, run) + 1, k * td + cost(k + 1))
-        got = decode_suffix_value(suffix, p) if "suffix" in allowed else None
-        m = min(got[1], got[2]) if got else 0
-        if m:
-            go(p + m + 1, T_LOOKUP + cost(m + 1))
-            if "hybrid" in allowed:
-                run = _lead(draft, p + m, K_MAX - m)
-                for j in range(1, K_MAX + 1 - m):
-                    go(p + m + min(j, run) + 1, T_LOOKUP + j * td + cost(m + j + 1))
-        if "ngram" in allowed and ngram[p] != NGRAM_NONE:
-            g = decode_trace_value(ngram[p])[1]
-            if g:
-                go(p + g + 1, T_LOOKUP + cost(g + 1))
-    return best[n]
+    traces = {"draft": draft, "suffix": suffix, "ngram": ngram}
+    return least_seconds(n, traces, allowed - {"hybrid"}, cost, model="draft",
+                         hybrid="hybrid" in allowed)
 
 
 def main(argv=None) -> None:

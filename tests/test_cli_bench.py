@@ -643,3 +643,36 @@ def test_the_repetitive_prompt_sets_ship_with_the_package():
         cats = [p.category for p in prompts]
         assert {c: cats.count(c) for c in set(cats)} == {
             "sql": per_category, "tool-call": per_category, "support-reply": per_category}
+
+
+def test_each_autospec_mode_is_measured_against_perfect_foresight(models, tok):
+    """The foresight column: every greedy autospec record's least time under perfect foresight
+    over the proposers its mode may use (its own traces, this run's forwards) ÷ its time; a
+    mode's row holds the median. A fixed k's foresight uses the draft model alone, a lookup's
+    its lookup alone; plain and sampled runs have none."""
+    from autospec.oracle import Prices, least_seconds
+
+    target, draft = models
+    res = bench.run_bench(target, draft, tok, COPY + PROMPTS[:2], ks=[3],
+                          modes=["autospec:k", "ngram:k", "policy:auto"],
+                          max_new_tokens=16, repeats=1, warmup=False, progress=False)
+    spec = [r for r in res.records if r.mode != "plain"]
+    assert spec and all(r.foresight is not None and r.foresight > 0 for r in spec)
+    assert all(r.foresight is None for r in res.records if r.mode == "plain")
+    fixed = next(r for r in spec if r.mode == "autospec:3")
+    assert set(fixed.seen["traces"]) >= {"draft", "ngram"}
+    # recomputed by hand: the draft model alone, at this run's pooled prices
+    prices = Prices.of(type("F", (), {"target_s_by_n": r.seen["target_s_by_n"],
+                                      "draft_s": r.seen["draft_s"],
+                                      "draft_forwards": r.seen["draft_forwards"]})()
+                       for r in spec)
+    want = fixed.seen["prefill_s"] + least_seconds(fixed.new_tokens, fixed.seen["traces"],
+                                                   {"draft"}, prices)
+    assert fixed.foresight == pytest.approx(want / fixed.wall_s)
+    rows = {(r["category"], r["mode"]): r for r in res.rows}
+    assert rows[("copy", "ngram:3")]["foresight"] is not None
+    assert rows[("overall", "plain")]["foresight"] is None
+    assert rows[("overall", "policy:auto")]["foresight"] is not None
+    assert "foresight" in format_table(res)
+    runs = res.to_json()["runs"]
+    assert "seen" not in json.dumps(runs) and all("foresight" in r for r in runs)

@@ -42,6 +42,7 @@ from autospec.bench.stats import (
     aggregate,
     batch_records_of,
     first_divergence,
+    foresight_of,
     head_to_head,
     summarize_batches,
 )
@@ -225,7 +226,8 @@ class BenchResult:
     head_to_head: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        runs = [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records]
+        runs = [{k: v for k, v in asdict(r).items() if k not in ("tokens", "seen")}
+                for r in self.records]
         batch_runs = [{k: v for k, v in asdict(r).items() if k != "rows"}
                       for r in self.batch_records]
         sizes = list(dict.fromkeys(r["batch"] for r in self.batches))
@@ -322,6 +324,7 @@ def run_bench(target, draft, tokenizer, prompts: Sequence[Prompt], *,
     if not sample:
         _explain_divergences(records, encoded, runner)
         _explain_batch_divergences(batch_records, encoded, runner)
+        foresight_of(records)
     param = next(target.parameters())
     meta = {"target": _model_name(target), "draft": _model_name(draft),
             "device": str(param.device), "dtype": str(param.dtype).removeprefix("torch."),
@@ -525,6 +528,8 @@ class _Runner:
                            drafted_per_position=list(s.drafted_per_position),
                            lookups={n: [c.proposed, c.accepted] for n, c in s.counts.items()
                                     if n != s.model and c.proposed} or None)
+        if mode.kind in ("autospec", "policy", *lookups()) and not self.sample:
+            rec["seen"] = _seen(ctrl.last_stats)
         return rec
 
     def _timed(self, call, seed: int):
@@ -600,6 +605,19 @@ def explain_divergence(target, ids, plain: list[int], other: list[int], dtype) -
                 "(--dtype fp32) greedy output is token-exact")
     return (f"{where}: not a rounding near-tie — please report it with this prompt "
             "(greedy output should equal plain decoding's)")
+
+
+def _seen(stats) -> dict | None:
+    """What perfect foresight is priced from (``stats.foresight_of``): the request's traces
+    (a trace the store's writer would compute, computed now: after the timed call), its
+    forwards and prefill; None for a request generate served."""
+    if stats is None:
+        return None
+    traces = {n: t() if callable(t) else t for n, t in stats.traces.items()}
+    return {"traces": {n: bytes(t) for n, t in traces.items() if t},
+            "model": stats.model, "prefill_s": stats.prefill_s,
+            "target_s_by_n": {n: list(v) for n, v in stats.target_s_by_n.items()},
+            "draft_s": stats.draft_s, "draft_forwards": stats.draft_forwards}
 
 
 def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:

@@ -47,6 +47,11 @@ class RunRecord:
     # autospec policies: per lookup proposer that drafted, by name, [its tokens proposed,
     # accepted]; NAME:k modes report their proposer's counters in drafted/accepted themselves
     lookups: dict[str, list[int]] | None = None
+    # autospec, greedy: the request's traces and forwards, what perfect foresight is priced
+    # from (``autospec.oracle``; not written to JSON); then its time as a share of the
+    # foresight's over the proposers the mode may use (``foresight_of``)
+    seen: dict | None = field(default=None, repr=False)
+    foresight: float | None = None
 
 
 def _lookups(runs: Sequence[RunRecord]) -> dict[str, dict]:
@@ -211,6 +216,35 @@ def oracle(records: Sequence[RunRecord], k_max: int = 16):
     return best_k(alphas, td, curve, top)
 
 
+def foresight_of(records: Sequence[RunRecord]) -> None:
+    """Each autospec record's ``foresight``: the least time perfect foresight would have taken
+    on its request (``autospec.oracle.least_seconds`` over the proposers its mode may use, from
+    the record's own traces, plus its prefill) over the time it took — priced by every
+    forward the run measured, pooled (the same machine state). Greedy records only."""
+    from autospec.oracle import Prices, least_seconds, may_use
+
+    seen = [r for r in records if r.seen is not None]
+    prices = Prices.of(_Forwards(r.seen) for r in seen)
+    if prices is None:
+        return
+    for r in seen:
+        s = r.seen
+        allowed = may_use(r.mode, s["traces"], s["model"])
+        if r.new_tokens < 2 or r.wall_s <= 0:
+            continue
+        best = s["prefill_s"] + least_seconds(r.new_tokens, s["traces"], allowed, prices,
+                                              model=s["model"])
+        r.foresight = best / r.wall_s
+
+
+class _Forwards:
+    """A record's forwards, as ``Prices.of`` reads them."""
+
+    def __init__(self, seen: dict):
+        self.target_s_by_n = seen["target_s_by_n"]
+        self.draft_s, self.draft_forwards = seen["draft_s"], seen["draft_forwards"]
+
+
 def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dict:
     ratios, same, divergences = [], [], []
     for r in runs:
@@ -247,6 +281,7 @@ def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dic
         "identical": all(same) if greedy and same else None,
         "k_settled": _settled(runs),
         "divergences": divergences,
+        "foresight": _median(r.foresight for r in runs),
     }
     # the cost model's S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from this row's own measurements
     k, t1, tk, td = row["k"], row["t_target_1_ms"], row["t_target_k1_ms"], row["t_draft_ms"]

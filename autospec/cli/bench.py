@@ -147,7 +147,7 @@ _COLUMNS = (  # header, row key, format
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),
     ("S(k) model", "predicted_speedup", ".2f"), ("k used", "k_settled", ""),
     ("oracle k*", "oracle_k", ""), ("oracle S", "oracle_speedup", ".2f"),
-    ("identical", "identical", ""),
+    ("foresight", "foresight", ".0%"), ("identical", "identical", ""),
 )
 
 
@@ -248,7 +248,10 @@ def format_table(result) -> str:
         "accepted per drafting step; tok/fwd = new tokens per target forward; a lookup's "
         "NAME:k modes (ngram:k, suffix:k …) and hf-lookup draft by that lookup alone (alpha: "
         "its proposals'); NAME a = accepted / drafted of the blocks of lookup proposer NAME "
-        "in a policy mode (alpha is then the draft model's alone)",
+        "in a policy mode (alpha is then the draft model's alone); foresight = the time perfect "
+        "foresight would take over the proposers the mode may use (every outcome known, each "
+        "block stopped where acceptance ends, priced by this run's forwards) ÷ the mode's "
+        "time, median per request (greedy)",
     ]
     lines += [_head_to_head_line(h) for h in result.head_to_head if "batch" not in h]
     skipped = {b["mode"]: b["reason"] for b in result.batches

@@ -425,8 +425,51 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
         why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
-                                         bucket_s, hist, verdict, batch, props, why))
+                                         bucket_s, hist, verdict, batch, props, why,
+                                         foresight_view(s, sm.category, pid, recent)))
     return report
+
+
+def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dict]:
+    """Per policy, the median over the category's latest ``recent`` greedy batch-1 requests of
+    perfect foresight's time over the proposers the policy may use (``autospec.oracle``, from
+    each request's own traces, plus its prefill) ÷ the request's time — priced by those
+    requests' forwards, pooled."""
+    import statistics
+
+    from sqlalchemy import select
+
+    from autospec.oracle import Prices, least_seconds, may_use
+    from autospec.store import queries
+    from autospec.store.tables import Request
+    from autospec.store.write import category_key
+
+    stmt = (select(Request.id, Request.policy, Request.new_tokens, Request.wall_s,
+                   Request.prefill_s, Request.target_s_by_n, Request.draft_s,
+                   Request.draft_forwards)
+            .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
+                   Request.greedy, Request.batch_size == 1, Request.new_tokens >= 2,
+                   Request.wall_s > 0)
+            .order_by(Request.id.desc()).limit(recent))
+    rows = list(s.execute(stmt))
+    prices = Prices.of(rows)
+    if prices is None:
+        return {}
+    props = queries.request_proposers(s, [r.id for r in rows])
+    shares: dict[str, list[float]] = {}
+    used: dict[str, set[str]] = {}
+    for r in rows:
+        mine = props.get(r.id, {})
+        traces = {n: p.trace for n, p in mine.items() if p.trace}
+        model = next((n for n, p in mine.items() if p.kind == "model"), None)
+        allowed = may_use(r.policy, traces, model)
+        if not allowed:
+            continue
+        best = r.prefill_s + least_seconds(r.new_tokens, traces, allowed, prices, model=model)
+        shares.setdefault(r.policy, []).append(best / r.wall_s)
+        used.setdefault(r.policy, set()).update(allowed)
+    return {pol: {"requests": len(v), "share": statistics.median(v),
+                  "proposers": sorted(used[pol])} for pol, v in shares.items()}
 
 
 def by_source(sm, ingested) -> list[SourceAcceptance]:

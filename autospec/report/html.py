@@ -293,6 +293,21 @@ def _why_html(w, category: str) -> list[str]:
     return out
 
 
+def _foresight_html(fs: dict, category: str) -> list[str]:
+    """Each policy against perfect foresight (the text's section 7)."""
+    pol, v = max(fs.items(), key=lambda kv: kv[1]["requests"])
+    out = [f"<h3>Foresight</h3><p><b>{_h(pol)} reached {v['share']:.0%} of perfect foresight "
+           f"on {_h(clip(category, 60))}</b> ({v['requests']} requests).</p>"]
+    rows = [[p, str(x["requests"]), f"{x['share']:.0%}", ", ".join(x["proposers"])]
+            for p, x in sorted(fs.items(), key=lambda kv: -kv[1]["requests"])]
+    out.append(_html_table(["policy", "requests", "share", "proposers it may use"], rows))
+    out.append("<p class=\"small\">share = the least time any choice among those proposers "
+               "could have taken, knowing every outcome (each block stopped where acceptance "
+               "ends, priced by these requests' own forwards) ÷ the time the policy took; "
+               "median per request over the latest greedy batch-1 requests.</p>")
+    return out
+
+
 def render_html(report: Report) -> str:
     """One self-contained HTML page: inline CSS and SVG, no scripts, nothing fetched."""
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -391,6 +406,8 @@ def render_html(report: Report) -> str:
             out += _proposers_html(w.proposers, w.acceptance)
         if w.why is not None:
             out += _why_html(w.why, w.category)
+        if w.foresight:
+            out += _foresight_html(w.foresight, w.category)
     out.append("<p class=\"small\">α = accepted / drafted. Measured speedup = speculative ÷ "
                "plain tokens/s (Σ tokens / Σ wall seconds) of requests of the same workload. "
                "Estimated S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and the "

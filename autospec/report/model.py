@@ -246,6 +246,10 @@ class Workload:
     # 6. why the policy ran what it ran: the choice its latest kept decision records made most
     # often, with one record's candidates (``autospec.report.why``); None: no record kept
     why: Any = None
+    # 7. each policy's time as a share of perfect foresight's over the proposers it may use,
+    # from the latest greedy batch-1 requests' traces (``foresight_view``): policy →
+    # {"requests", "share" (median), "proposers"}; empty: none to price
+    foresight: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -353,6 +353,23 @@ def why_text(w, category: str) -> list[str]:
     return out
 
 
+def foresight_text(fs: dict, category: str) -> list[str]:
+    """Section 7: each policy's distance from perfect foresight on this workload."""
+    best = max(fs.items(), key=lambda kv: kv[1]["requests"])
+    pol, v = best
+    out = ["", *_wrap(f"7. foresight: {pol} reached {v['share']:.0%} of perfect foresight on "
+                      f"{clip(category, 40)} ({v['requests']} requests)")]
+    rows = [[p, str(x["requests"]), f"{x['share']:.0%}", ", ".join(x["proposers"])]
+            for p, x in sorted(fs.items(), key=lambda kv: -kv[1]["requests"])]
+    out += ["   " + line for line in table(["policy", "requests", "share", "proposers it may use"],
+                                           rows).splitlines()]
+    out += _wrap("   (share = the least time any choice among those proposers could have taken, "
+                 "knowing every outcome — each block stopped where acceptance ends, priced by "
+                 "these requests' own forwards — ÷ the time the policy took; median per "
+                 "request, the latest greedy batch-1 requests)")
+    return out
+
+
 def proposer_rows(pr: Proposers, a: Acceptance) -> tuple[list[str], list[list[str]]]:
     """(headers, rows): conditional acceptance by draft position per proposer — the draft
     model's live counters (or its traces' rate where it never drafted), each lookup's
@@ -498,6 +515,8 @@ def render_text(report: Report) -> str:
             lines += proposers_text(w.proposers, w.acceptance)
         if w.why is not None:
             lines += why_text(w.why, w.category)
+        if w.foresight:
+            lines += foresight_text(w.foresight, w.category)
     lines += ["", "alpha = accepted / drafted; measured speedup = speculative ÷ plain tokens/s "
               "(Σ tokens / Σ wall s) of the same workload; estimated S(k) = "
               "E[N]·T_t(1) / (k·T_d + T_t(k+1)) from α by position and T_t(n) (requests, "
