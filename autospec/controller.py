@@ -2,9 +2,9 @@
 
 The controller accepts what transformers' ``generate`` accepts, plus ``category=``,
 ``tenant=``, ``k=`` and ``generator=``. A request it can serve exactly runs the speculative
-loop; anything else (beam search, batch > 1, contrastive search, custom logits processors, …)
-goes unchanged to the model's own ``generate``, and the reason is logged once per kind of
-request.
+loop (logits processors that depend on the prefix alone included); anything else (beam search,
+contrastive search, a processor that keeps state across calls, …) goes unchanged to the model's
+own ``generate``, and the reason is logged once per kind of request.
 
 (The module is named ``controller`` so that it cannot shadow the ``autospec.wrap`` function.)
 """
