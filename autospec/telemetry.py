@@ -339,6 +339,7 @@ class RequestTelemetry:
             draft_forwards=stats.draft_forwards,
             target_s_by_n={n: list(v) for n, v in stats.target_s_by_n.items()},
             trace_kind=stats.trace_kind, stop_reason=stats.stop_reason,
+            max_new_tokens=getattr(stats, "max_new_tokens", 0) or None,
             bandwidth_bytes_per_s=achieved, bandwidth_peak_bytes_per_s=self._peak(achieved),
             nvml_mem_busy_pct=mem_busy, nvml_sm_util_pct=sm,
             prompt_text=prompt_text, output_text=output_text,

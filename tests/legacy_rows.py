@@ -27,6 +27,7 @@ def request_row_0010(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
 
     row = _request_row(rec, pair_id)
     row.pop("batch_id")
+    row.pop("max_new_tokens")  # 0012
     d = rec.proposers.get("draft")
     row.update(drafts=d.blocks if d else 0, drafted=d.proposed if d else 0,
                accepted=d.accepted if d else 0,

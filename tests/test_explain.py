@@ -256,7 +256,7 @@ def test_a_0008_database_is_upgraded_in_place_keeping_its_rows(tmp_path, capsys)
     assert code == 2 and "older than this autospec reads" in out.err
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0011",)
+            assert current_revision(conn) == (head_revision(),) == ("0012",)
         new = make_record(random.Random(4), category="code", pair=PAIRS[1])
         new.decisions = [_auto_record(0)]
         st.write([new])

@@ -187,7 +187,7 @@ def test_a_0009_store_is_upgraded_pooling_each_pairs_costs(url, tmp_path):
     engine.dispose()
     with open_store(url) as st:  # a writing open upgrades in place
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0011",)
+            assert current_revision(conn) == (head_revision(),) == ("0012",)
         with st.session() as s:
             migrated = _pair_rows(s)
             paths = {(c.category, c.path): c.requests for c in s.scalars(select(CategoryPath))}

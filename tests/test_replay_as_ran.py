@@ -108,3 +108,48 @@ def test_rows_logged_without_a_call_id_replay_grouped_by_size_and_category(tmp_p
                    category=lambda row: row.category)
     # "copy" replays as one batch of two rows, "chat" alone
     assert sorted(st.batch_size for st in res.requests) == [1, 2, 2]
+
+
+class ByRoom:
+    """Reads the room a row has left (``Context.remaining``) at every iteration: k shrinks as
+    the limit nears."""
+
+    name = "by-room"
+
+    def choose(self, ctx):
+        return max(1, min(5, ctx.remaining // 6))
+
+    def update(self, ctx, k, outcome):
+        pass
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_requests_an_eos_ended_replay_with_the_room_they_had(tmp_path, rows):
+    """A request an EOS ended before its limit: the live policy saw the room to its limit at
+    every iteration, and its last block was cut by that room, not by the EOS it could not
+    know. The store keeps the limit (0012), so replay shows the policy the same room."""
+    target = tiny("llama", layers=2, seed=5)
+    draft = noisy_copy(target, 0.3)
+    url = f"sqlite:///{tmp_path / 'eos.db'}"
+    spec = autospec.Controller(target, draft, store=url, policy=ByRoom())
+    served = []
+    for call in range(2):
+        ids, mask = _repetitive_batch([5 + call + 2 * i for i in range(rows)], seed=call)
+        free = target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
+                               pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:]
+        eos = [int(free[0, 9 + call]), int(free[-1, 17])]  # rows end early, at different points
+        spec.generate(ids, attention_mask=mask, max_new_tokens=30, pad_token_id=0,
+                      eos_token_id=eos, do_sample=False, category="chat")
+        served += spec.last_row_stats
+    spec.close()
+    assert sum(st.stop_reason == "eos" for st in served) >= 2
+    with open_store(url) as store, store.session() as s:
+        logged = list(queries.traces(s))
+    assert [r.max_new_tokens for r in logged] == [30] * len(served)
+    assert any(r.new_tokens < 30 for r in logged)
+    res = simulate(logged, ByRoom(), COSTS8, category=lambda row: row.category)
+    assert [_schedules(st) for st in res.requests] == [_schedules(st) for st in served]
+    # without the limit (a store from before 0012) the room shown is the length left
+    old = simulate([r._replace(max_new_tokens=None) for r in logged], ByRoom(), COSTS8,
+                   category=lambda row: row.category)
+    assert [_schedules(st) for st in old.requests] != [_schedules(st) for st in served]

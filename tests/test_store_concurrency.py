@@ -56,7 +56,7 @@ def _writer_child(url: str, seed: int, n: int, batch: int, start, out) -> None:
     records = _records(seed, n)
     store = open_store(url)  # several children migrate an empty database at once
     writer = store.writer(batch=batch)
-    start.wait(timeout=120)  # all writers ready: the timing covers concurrent writing only
+    start.wait(timeout=120)  # all writers and the reader ready: the timing covers concurrent writing
     t0 = time.time()
     for r in records:
         writer.submit(r)
@@ -65,10 +65,12 @@ def _writer_child(url: str, seed: int, n: int, batch: int, start, out) -> None:
     store.close()
 
 
-def _reader_child(url: str, stop, out) -> None:
+def _reader_child(url: str, stop, out, start=None) -> None:
     store = open_store(url)
     reads = errors = inconsistent = backwards = last = 0
     error = None
+    if start is not None:  # ready before the writers start (else a loaded machine can start
+        start.wait(timeout=120)  # it after they are done, and it reads nothing concurrently)
     while not stop.is_set():
         try:
             with _snapshot(store) as s, s.begin():
@@ -112,8 +114,8 @@ def _killable_writer_child(url: str, seed: int) -> None:
 
 
 def run_writers_and_reader(url: str, procs: int, per_proc: int, batch: int = 64) -> dict:
-    out, stop, start = SPAWN.Queue(), SPAWN.Event(), SPAWN.Barrier(procs)
-    reader = SPAWN.Process(target=_reader_child, args=(url, stop, out))
+    out, stop, start = SPAWN.Queue(), SPAWN.Event(), SPAWN.Barrier(procs + 1)
+    reader = SPAWN.Process(target=_reader_child, args=(url, stop, out, start))
     writers = [SPAWN.Process(target=_writer_child,
                              args=(url, seed, per_proc, batch, start, out))
                for seed in range(procs)]

@@ -256,7 +256,7 @@ def test_a_0007_database_is_upgraded_in_place_and_back(url):
     engine.dispose()
     with open_store(url) as st:
         with st.engine.connect() as conn:
-            assert current_revision(conn) == (head_revision(),) == ("0011",)
+            assert current_revision(conn) == (head_revision(),) == ("0012",)
         new = _suffix_record(random.Random(4))
         st.write([new])
         with st.session() as s:

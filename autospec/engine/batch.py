@@ -94,7 +94,8 @@ class Row:
         # generate's whole input row where it differs from prefix + prompt (a mask with holes)
         self.held = held
         self.stats = LoopStats(prompt_tokens=self.L, started_at=time.time(),
-                               trace_kind=TRACE_GREEDY if greedy else TRACE_SAMPLED)
+                               trace_kind=TRACE_GREEDY if greedy else TRACE_SAMPLED,
+                               max_new_tokens=max_new)
         self.scores = [] if want_scores else None
         self.logits = [] if want_logits else None
         self.finished = False

@@ -75,6 +75,7 @@ class LoopStats:
     proposer_schedule: list[str | None] = field(default_factory=list)
     new_tokens: int = 0
     prompt_tokens: int = 0
+    max_new_tokens: int = 0  # the tokens it could generate (its limit; 0: not known)
     prefill_s: float = 0.0  # first target forward (prompt + first block)
     draft_prefill_s: float = 0.0  # model forwards that caught up on > 2 tokens (the prompt)
     # each of those catch-ups: (tokens it took in, seconds, its first proposal included)

@@ -662,6 +662,7 @@ class TraceRow(NamedTuple):
     extras: dict[str, dict] = {}
     kinds: dict[str, str] = {}  # each proposer's kind ("model", "lookup")
     batch_id: str | None = None  # the batched call it ran in (None: batch 1)
+    max_new_tokens: int | None = None  # the tokens it could have generated (None: not known)
 
     @property
     def model(self) -> str | None:
@@ -698,7 +699,7 @@ def traces(session: Session, category: str | None = None, pair_id: int | None = 
     stmt = select(Request.trace_kind, Request.k_schedule, Request.accepted_schedule,
                   Request.id, Request.created_at, Request.category, Request.batch_size,
                   Request.proposer_schedule, Request.prompt_tokens, Request.new_tokens,
-                  Request.batch_id, Request.pair_id, Request.policy)
+                  Request.batch_id, Request.pair_id, Request.policy, Request.max_new_tokens)
     stmt = stmt.where(or_(Request.stop_reason.is_(None), Request.stop_reason != INGESTED))
     if category is not None:
         stmt = stmt.where(Request.category_key == category_key(category))
@@ -732,7 +733,7 @@ def _trace_rows(session: Session, rows: list) -> Iterator[TraceRow]:
     """``TraceRow``s of these request rows, their proposers' rows read in one query."""
     props = request_proposers(session, [r.id for r in rows])
     for (kind, ks, acc, rid, created, cat, batch, sched, prompt, new, batch_id, pid,
-         policy) in rows:
+         policy, limit) in rows:
         mine = props.get(rid, {})
         problem = next((f"its {name} trace {why}" for name, p in mine.items()
                         if p.trace is not None and new
@@ -746,7 +747,7 @@ def _trace_rows(session: Session, rows: list) -> Iterator[TraceRow]:
         yield TraceRow(kind, {n: p.trace for n, p in mine.items() if p.trace is not None},
                        bytes(ks), bytes(acc), rid, created, cat, batch or 1,
                        schedule_names(sched, mine), prompt or 0, new or 0, extras,
-                       {n: p.kind for n, p in mine.items()}, batch_id)
+                       {n: p.kind for n, p in mine.items()}, batch_id, limit)
 
 
 @dataclass(frozen=True)

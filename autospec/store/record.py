@@ -117,6 +117,9 @@ class RequestRecord:
     # every proposer the request had, by name: its counters, its trace (``ProposerRecord``)
     proposers: dict[str, ProposerRecord] = field(default_factory=dict)
     stop_reason: str = ""
+    # the tokens it could have generated (its limit; None: not known): replay shows a policy
+    # the room the live run had, where an EOS or a criterion ended the request earlier
+    max_new_tokens: int | None = None
     bandwidth_bytes_per_s: float | None = None  # achieved by the target's forwards
     bandwidth_peak_bytes_per_s: float | None = None
     nvml_mem_busy_pct: float | None = None

@@ -161,6 +161,8 @@ class Request(Base):
     prompt_text: Mapped[str | None] = mapped_column(Text)
     output_text: Mapped[str | None] = mapped_column(Text)
     stop_reason: Mapped[str] = mapped_column(Text, default="")
+    # the tokens it could have generated (0012; NULL: logged before 0012, or not known)
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)
     # how the category was set: "given" by the caller, "auto" by the categoriser, "default"
     category_source: Mapped[str] = mapped_column(String(16), default="given",
                                                  server_default="given")

@@ -288,6 +288,11 @@ def _validated(rec: RequestRecord) -> RequestRecord:
     batch = rec.batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch!r}")
+    limit = rec.max_new_tokens
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < max(1, rec.new_tokens)):
+        raise ValueError(f"max_new_tokens must be None or an int of at least new_tokens "
+                         f"({rec.new_tokens}), got {limit!r}")
     by_bn = {key: [_seconds(f"target_s_by_bn[{key}]", t) for t in times]
              for key, times in _keyed(rec.target_s_by_bn, "target_s_by_bn", 2).items()}
     by_b = {key[0]: [_seconds(f"draft_s_by_b[{key[0]}]", t) for t in times]
@@ -381,7 +386,8 @@ def _request_row(rec: RequestRecord, pair_id: int) -> dict[str, Any]:
     row = {name: getattr(rec, name) for name in (
         *_COUNTERS, *_OPTIONAL_FLOATS, "category", "policy", "greedy", "k_schedule",
         "accepted_schedule", "trace_kind", "wall_s", "prefill_s", "draft_s", "prompt_text",
-        "output_text", "stop_reason", "category_source", "features", "path", "batch_id")}
+        "output_text", "stop_reason", "category_source", "features", "path", "batch_id",
+        "max_new_tokens")}
     row["proposer_schedule"] = _schedule(rec, sorted(rec.proposers))
     row["decisions"] = pack_decisions(rec.decisions)
     row["draft_catch_ups"] = (None if rec.draft_catch_ups is None

@@ -397,7 +397,8 @@ class _Row:
     position an iteration of it started from (``logged``: position → (proposer, k,
     accepted))."""
 
-    __slots__ = ("kind", "length", "props", "g", "request", "stats", "cat", "live", "logged")
+    __slots__ = ("kind", "length", "limit", "props", "g", "request", "stats", "cat", "live",
+                 "logged")
 
     def __init__(self, row, classes: Mapping[str, type], cat: str = "default", live=None):
         from autospec.engine.stats import LoopStats
@@ -408,6 +409,9 @@ class _Row:
         # generated positions: the record's count, else its model trace's length
         self.kind = record.trace_kind
         self.length = getattr(record, "new_tokens", 0) or len(record.trace)
+        # the tokens it could have generated: what the live policy saw as its room (an EOS or
+        # a criterion ended it at ``length``); unknown: its length
+        self.limit = max(getattr(record, "max_new_tokens", None) or 0, self.length)
         # each proposer's replay, the model's first (those the request carries a trace of)
         self.props = {n: rr for n, c in sorted(classes.items(), key=lambda i: i[1].kind != "model")
                       if (rr := c.replay(record)) is not None}
@@ -430,6 +434,11 @@ class _Row:
     @property
     def remaining(self) -> int:
         return self.length - self.g
+
+    @property
+    def room(self) -> int:
+        """Tokens it may still generate as the live run knew it (to its limit)."""
+        return self.limit - self.g
 
 
 def _logged_blocks(record, model: str | None) -> dict[int, tuple[str | None, int, int]]:
@@ -480,7 +489,7 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
                                                                   False))
         shown = [{n: rr.now(r.g) for n, rr in r.props.items() if n != model} for r in running]
         views = [RowView(category=r.cat, live=r.live, request=r.request, generated=r.g,
-                         left=r.remaining, matches={n: v[0] for n, v in now.items()},
+                         left=r.room, matches={n: v[0] for n, v in now.items()},
                          sizes={n: v[1] for n, v in now.items()},
                          gap=r.props[model].gap if model else 0)
                  for r, now in zip(running, shown)]
@@ -518,10 +527,12 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
                           draft_tokens=drafted, catch_up=catch_up, lookup_s=spent)
         row_steps = []
         for r, now, (who, k, m, _u, found) in zip(running, shown, steps):
-            step = RowStep(proposer=who, proposed=k, accepted=m, emitted=m + 1,
+            # it emits its accepted tokens and the next, up to where the request ended
+            emitted = min(m + 1, r.remaining)
+            step = RowStep(proposer=who, proposed=k, accepted=m, emitted=emitted,
                            matches={n: v[0] for n, v in now.items()})
             for n, rr in r.props.items():
-                if n != who and n != model and (sh := rr.shadow(r.g, m + 1)) is not None:
+                if n != who and n != model and (sh := rr.shadow(r.g, emitted)) is not None:
                     step.shadows[n] = sh
             if found:
                 step.evidence[model] = found
@@ -532,9 +543,9 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
                 requests=[r.request for r in running], stats=[r.stats for r in running],
                 costs=view)
         for r, (who, k, m, unknown, _f) in zip(running, steps):
+            res.tokens += min(m + 1, r.remaining)
             r.g += m + 1
             res.unobserved_hits += unknown
-            res.tokens += m + 1
             if who is None or who == model:  # the model's and plain steps'
                 res.drafted += k
                 res.accepted += m
