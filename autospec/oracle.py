@@ -92,11 +92,11 @@ def _lookup_at(trace: bytes, n: int, p: int) -> int:
 
 
 def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], prices: Prices,
-                  *, model: str | None = "draft", hybrid: bool = False) -> float:
+                  *, model: str | None, hybrid: bool = False) -> float:
     """The least seconds to emit generated positions 1 … n − 1 (position 0 is the prefill's)
     choosing among plain decoding and the ``allowed`` proposers' blocks, knowing every outcome.
-    ``model``: the proposer whose trace is an acceptance trace (any k); every other allowed
-    name with a trace is a lookup. hybrid: a lookup's block may be continued by the model."""
+    ``model``: the call's model proposer (``LoopStats.model``; None: none), whose trace is an
+    acceptance trace (any k); every other allowed name with a trace is a lookup. hybrid: a lookup's block may be continued by the model."""
     allowed = [a for a in allowed if a in traces]
     draft = traces.get(model) if model in allowed else None
     lookups = [traces[a] for a in allowed if a != model]
@@ -126,7 +126,7 @@ def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], p
     return best[n]
 
 
-def may_use(mode: str, proposers: Iterable[str], model: str | None = "draft") -> set[str]:
+def may_use(mode: str, proposers: Iterable[str], model: str | None) -> set[str]:
     """The proposers a bench mode or a stored policy may choose among: ``plain`` none; a fixed
     k (``autospec:K``, ``fixed:K``, an int) the model; ``NAME:K`` for a lookup NAME that
     lookup; ``hybrid…`` the model and the lookups; any other policy every proposer the call

@@ -667,7 +667,7 @@ def test_each_autospec_mode_is_measured_against_perfect_foresight(models, tok):
                                       "draft_forwards": r.seen["draft_forwards"]})()
                        for r in spec)
     want = fixed.seen["prefill_s"] + least_seconds(fixed.new_tokens, fixed.seen["traces"],
-                                                   {"draft"}, prices)
+                                                   {"draft"}, prices, model=fixed.seen["model"])
     assert fixed.foresight == pytest.approx(want / fixed.wall_s)
     rows = {(r["category"], r["mode"]): r for r in res.rows}
     assert rows[("copy", "ngram:3")]["foresight"] is not None

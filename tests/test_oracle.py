@@ -86,14 +86,15 @@ def test_foresight_is_never_slower_than_any_fixed_k_or_plain():
     for _ in range(50):
         n = rng.randint(2, 60)
         draft = bytes(rng.choice([0, 1, 1, 1, 255]) for _ in range(n))
-        best = orc.least_seconds(n, {"draft": draft}, {"draft"}, prices)
+        best = orc.least_seconds(n, {"draft": draft}, {"draft"}, prices, model="draft")
         assert best <= (n - 1) * prices(1) + 1e-12
         for k in range(1, 17):
             assert best <= _fixed_k_seconds(n, draft, k, prices) + 1e-12
         # a proposer not allowed, or without a trace, changes nothing
-        assert orc.least_seconds(n, {"draft": draft}, {"draft", "ngram"}, prices) == best
-        assert orc.least_seconds(n, {"draft": draft}, set(), prices) == pytest.approx(
-            (n - 1) * prices(1))
+        assert orc.least_seconds(n, {"draft": draft}, {"draft", "ngram"}, prices,
+                                 model="draft") == best
+        plain = orc.least_seconds(n, {"draft": draft}, set(), prices, model="draft")
+        assert plain == pytest.approx((n - 1) * prices(1))
 
 
 def test_prices_pool_the_measured_forwards():
@@ -110,11 +111,11 @@ def test_prices_pool_the_measured_forwards():
 
 def test_what_each_mode_may_use():
     have = ("draft", "ngram", "suffix")
-    assert orc.may_use("plain", have) == set()
-    assert orc.may_use("autospec:3", have) == {"draft"}
-    assert orc.may_use("ngram:4", have) == {"ngram"}
-    assert orc.may_use("suffix:8", have) == {"suffix"}
-    assert orc.may_use("policy:auto", have) == set(have)
+    assert orc.may_use("plain", have, "draft") == set()
+    assert orc.may_use("autospec:3", have, "draft") == {"draft"}
+    assert orc.may_use("ngram:4", have, "draft") == {"ngram"}
+    assert orc.may_use("suffix:8", have, "draft") == {"suffix"}
+    assert orc.may_use("policy:auto", have, "draft") == set(have)
     assert orc.may_use("auto", ("ngram",), model=None) == {"ngram"}
 
 
@@ -155,7 +156,7 @@ def test_report_measures_each_policy_against_perfect_foresight(tmp_path):
     prices = orc.Prices.of(rows)
     want = statistics.median(
         (r.prefill_s + orc.least_seconds(r.new_tokens, {"draft": props[r.id]["draft"].trace},
-                                         {"draft"}, prices)) / r.wall_s
+                                         {"draft"}, prices, model="draft")) / r.wall_s
         for r in rows if r.policy == "fixed:3")
     assert fixed["share"] == pytest.approx(want)
     assert "7. foresight" in render_text(rep)
