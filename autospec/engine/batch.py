@@ -343,11 +343,10 @@ class Batch:
             prefixes.append(prefix)
         return apply_lists([self.processors[r.index] for r in self.rows], prefixes, raw, block)
 
-    def row_prefix(self, b: int, upto: int | None = None) -> torch.Tensor:
-        """Running row b's sequence as generate holds it (``Row.as_generate``), up to its first
-        ``upto`` tokens (all it knows as the iteration starts)."""
-        own = self.tokens[b : b + 1, : self.known[b] if upto is None else upto]
-        return self.rows[b].as_generate(own)[0]
+    def row_prefix(self, b: int) -> torch.Tensor:
+        """Running row b's sequence as generate holds it (``Row.as_generate``): every token it
+        knows as the iteration starts."""
+        return self.rows[b].as_generate(self.tokens[b : b + 1, : self.known[b]])[0]
 
     @property
     def n_dev(self) -> torch.Tensor:

@@ -23,8 +23,8 @@ import copy
 
 import torch
 
-__all__ = ["PREFIX_ONLY", "LIST_OPTIONS", "is_prefix_only", "not_prefix_only", "row_lists",
-           "apply_lists", "forbidden_at"]
+__all__ = ["PREFIX_ONLY", "LIST_OPTIONS", "is_prefix_only", "not_prefix_only", "uses_lists",
+           "row_lists", "apply_lists", "forbidden_at"]
 
 # transformers' processors whose output is a function of (input_ids row, scores row) alone:
 # they read the row's tokens and length, never state kept between calls nor other rows
