@@ -127,10 +127,11 @@ def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], p
 
 
 def may_use(mode: str, proposers: Iterable[str], model: str | None) -> set[str]:
-    """The proposers a bench mode or a stored policy may choose among: ``plain`` none; a fixed
-    k (``autospec:K``, ``fixed:K``, an int) the model; ``NAME:K`` for a lookup NAME that
-    lookup; ``hybrid…`` the model and the lookups; any other policy every proposer the call
-    had (``proposers``)."""
+    """The proposers a bench mode or a stored policy may choose among, of those the call had
+    (``proposers``: every one it opened, a trace or not): ``plain`` none; a fixed k
+    (``autospec:K``, ``fixed:K``, an int) the model; ``NAME:K`` for a lookup NAME that lookup;
+    any other policy every one. Foresight over them needs each one's trace: where one left
+    none (suffix decoding records its trace only for a store), there is no foresight."""
     have = set(proposers)
     head = mode.split(":")[0]
     if head == "plain":

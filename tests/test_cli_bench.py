@@ -654,18 +654,21 @@ def test_each_autospec_mode_is_measured_against_perfect_foresight(models, tok):
 
     target, draft = models
     res = bench.run_bench(target, draft, tok, COPY + PROMPTS[:2], ks=[3],
-                          modes=["autospec:k", "ngram:k", "policy:auto"],
+                          modes=["autospec:k", "ngram:k", "policy:auto", "suffix:k"],
                           max_new_tokens=16, repeats=1, warmup=False, progress=False)
-    spec = [r for r in res.records if r.mode != "plain"]
+    # suffix decoding records its trace only for a store: a mode that may use it has none
+    assert all(r.foresight is None for r in res.records if r.mode == "suffix:3")
+    spec = [r for r in res.records if r.mode not in ("plain", "suffix:3")]
     assert spec and all(r.foresight is not None and r.foresight > 0 for r in spec)
     assert all(r.foresight is None for r in res.records if r.mode == "plain")
     fixed = next(r for r in spec if r.mode == "autospec:3")
     assert set(fixed.seen["traces"]) >= {"draft", "ngram"}
+    assert all(r.foresight < 1.5 for r in spec)  # priced by pooled forwards: near, not past
     # recomputed by hand: the draft model alone, at this run's pooled prices
     prices = Prices.of(type("F", (), {"target_s_by_n": r.seen["target_s_by_n"],
                                       "draft_s": r.seen["draft_s"],
                                       "draft_forwards": r.seen["draft_forwards"]})()
-                       for r in spec)
+                       for r in res.records if r.seen is not None)  # every mode's forwards
     want = fixed.seen["prefill_s"] + least_seconds(fixed.new_tokens, fixed.seen["traces"],
                                                    {"draft"}, prices, model=fixed.seen["model"])
     assert fixed.foresight == pytest.approx(want / fixed.wall_s)

@@ -116,6 +116,7 @@ def test_what_each_mode_may_use():
     assert orc.may_use("ngram:4", have, "draft") == {"ngram"}
     assert orc.may_use("suffix:8", have, "draft") == {"suffix"}
     assert orc.may_use("policy:auto", have, "draft") == set(have)
+    assert orc.may_use("suffix:8", ("draft", "ngram", "suffix"), "draft") == {"suffix"}
     assert orc.may_use("auto", ("ngram",), model=None) == {"ngram"}
 
 

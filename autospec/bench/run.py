@@ -615,7 +615,8 @@ def _seen(stats) -> dict | None:
         return None
     traces = {n: t() if callable(t) else t for n, t in stats.traces.items()}
     return {"traces": {n: bytes(t) for n, t in traces.items() if t},
-            "model": stats.model, "prefill_s": stats.prefill_s,
+            "model": stats.model, "proposers": list(stats.proposers or stats.counts),
+            "prefill_s": stats.prefill_s,
             "target_s_by_n": {n: list(v) for n, v in stats.target_s_by_n.items()},
             "draft_s": stats.draft_s, "draft_forwards": stats.draft_forwards}
 

@@ -229,9 +229,9 @@ def foresight_of(records: Sequence[RunRecord]) -> None:
         return
     for r in seen:
         s = r.seen
-        allowed = may_use(r.mode, s["traces"], s["model"])
-        if r.new_tokens < 2 or r.wall_s <= 0:
-            continue
+        allowed = may_use(r.mode, s["proposers"], s["model"])
+        if r.new_tokens < 2 or r.wall_s <= 0 or not allowed or not allowed <= set(s["traces"]):
+            continue  # a proposer it may use left no trace: no foresight to measure
         best = s["prefill_s"] + least_seconds(r.new_tokens, s["traces"], allowed, prices,
                                               model=s["model"])
         r.foresight = best / r.wall_s

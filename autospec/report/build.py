@@ -462,9 +462,9 @@ def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dic
         mine = props.get(r.id, {})
         traces = {n: p.trace for n, p in mine.items() if p.trace}
         model = next((n for n, p in mine.items() if p.kind == "model"), None)
-        allowed = may_use(r.policy, traces, model)
-        if not allowed:
-            continue
+        allowed = may_use(r.policy, mine, model)
+        if not allowed or not allowed <= set(traces):
+            continue  # a proposer it may use left no trace
         best = r.prefill_s + least_seconds(r.new_tokens, traces, allowed, prices, model=model)
         shares.setdefault(r.policy, []).append(best / r.wall_s)
         used.setdefault(r.policy, set()).update(allowed)
