@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE",
+__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "CONFIDENCE_BINS",
            "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
@@ -32,6 +32,8 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 BATCH_BUCKET_TOP = 32
 # the draft's confidence at its last token, as stored: round(CONFIDENCE_SCALE · p)
 CONFIDENCE_SCALE = 254
+# the bins acceptance by confidence is counted in: [0, 0.1), [0.1, 0.2), … [0.9, 1.0]
+CONFIDENCE_BINS = 10
 
 # Acceptance traces: one byte per generated position, telling whether the draft, continuing
 # from the target's own prefix, would have produced that position's token.

@@ -48,8 +48,10 @@ def run(live, costs, iterations: int, alpha, *, load=lambda it: 1.0, draft_load=
     rng, noise = random.Random(seed), random.Random(seed + 1)
     ks = []
     for it in range(iterations):
-        k = int(policy.choose(Context(category="chat", k_max=16, live=live, costs=costs,
-                                      remaining=500)))
+        choice = policy.choose(Context(category="chat", k_max=16, live=live, costs=costs,
+                                       remaining=500))
+        stop = getattr(choice, "stop", None)  # a draft that reads no confidence: at α
+        k = int(choice) if stop is None else stop.unread(int(choice))
         m = 0
         while m < k and rng.random() < (alpha(m) if callable(alpha) else alpha):
             m += 1
@@ -113,7 +115,8 @@ def test_a_busy_machine_bounds_k_by_acceptance():
     costs.warm(t_target={1: 1.0, 2: 1.0, 17: 1.0}, t_draft=0.001)  # flat and free
     policy = CostModelPolicy()
     ctx = Context(category="chat", k_max=16, live=live, costs=costs, remaining=500)
-    assert policy.choose(ctx) == 3  # quiet costs this cheap buy longer blocks
+    quiet = policy.choose(ctx)  # quiet costs this cheap buy longer blocks: 3 tokens, where
+    assert quiet.stop.unread(int(quiet)) == 3  # the next stops paying (at α, no confidence)
     for t in (1.0, 3.0, 1.0, 3.0):
         live.observe(0, 0, 0.0, t)
         costs.observe(0, t)

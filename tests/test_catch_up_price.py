@@ -159,7 +159,7 @@ def test_the_proposers_are_ranked_by_the_seconds_their_blocks_save():
     pair.t_target = {n: 0.228 + 0.001 * (n - 1) for n in range(1, 18)}
     pair.t_draft, pair.t_lookup["ngram"] = 0.075, 1e-6
     live.spent = [0.15 * 400, 400]  # the category runs at 0.15 s per token
-    policy = CostModelPolicy()
+    policy = CostModelPolicy(stop_rule=False)  # the block as priced (its stop: test_stopping)
     curve, cost = policy.derived(live, "draft", 8), policy.derived_cost(pair)
     lookup = policy.derived(live, "ngram", 8, 1)
     kd, _ = best_k(curve, 0.075, cost, 8)
@@ -314,7 +314,7 @@ def _measured(match_every: int):
 def test_the_cost_model_resumes_the_draft_only_where_its_catch_up_pays(
         gap, remaining, match_every, drafts):
     live, pair = _measured(match_every)
-    policy = CostModelPolicy()
+    policy = CostModelPolicy(stop_rule=False)  # the block as priced (its stop: test_stopping)
     ctx = Context(category="c", k_max=8, generated=4, remaining=remaining, live=live,
                   costs=pair, proposers=("draft", "ngram"), matches={"ngram": (0,)}, gap=gap)
     choice = policy.choose(ctx)

@@ -30,6 +30,18 @@ def _stats(alpha: float, ngram_alpha: float, t_draft: float = 0.02, table=None):
     return live, costs
 
 
+def bars_of(stop: dict) -> list[float]:
+    """A stop rule's bars from its record: after token i + 1, the least seconds per expected
+    token of drafting on to any later token j (docs/policy.md, "Where a block stops")."""
+    extra, expect, worth = stop["extra_s"], stop["expect"], stop["worth_s"]
+    bars = []
+    for i in range(len(stop["bars"])):
+        bars.append(min(sum(extra[i:j + 1]) / (worth * sum(
+            math.prod(expect[i + 1:m + 2]) for m in range(i, j + 1)))
+            for j in range(i, len(extra))))
+    return bars
+
+
 def recompute(record: dict) -> tuple[int, str]:
     """Check every candidate's figures against its own fields, then decide from them as the
     policy's one rule says: a proposer's block is in where some k beat a plain step by S (a
@@ -82,9 +94,15 @@ def test_the_record_reproduces_the_decision(alpha, ngram_alpha, match, min_gain)
     proposer = (proposer_of(k)[0] or "draft") if k else "plain"
     assert (record["k"], record["proposer"]) == (int(k), proposer)
     assert record["rule"] == ("best" if k else "off")
-    assert recompute(record) == (int(k), proposer)
-    assert (int(k), proposer) == {0.0: (5, "draft") if not match else (k, "ngram"),
+    stop = record["stop"]
+    priced = int(k) if stop is None else stop["priced_k"]
+    assert recompute(record) == (priced, proposer)
+    assert (priced, proposer) == {0.0: (5, "draft") if not match else (k, "ngram"),
                                   9.0: (0, "plain")}[min_gain]
+    if stop is not None:  # the priced block runs on to where one more token stops paying
+        assert proposer == "draft" and int(k) == 8  # k_max
+        assert len(stop["bars"]) == int(k) - 1
+        assert stop["bars"] == pytest.approx(bars_of(stop))
     names = [c["proposer"] for c in record["candidates"]]
     assert names == ["plain", "draft"] + (["ngram"] if match else [])
     draft = record["candidates"][1]
@@ -163,9 +181,11 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
         k = policy.choose(Context(category="code", k_max=8, live=live, costs=costs,
                                   remaining=100, proposers=("draft", "ngram"),
                                   matches={"ngram": (match,)}, why=why))
-        picks.append((int(k), why[0]["proposer"], round(max(
+        stop = why[0]["stop"]
+        picks.append((int(k), stop and stop["priced_k"], why[0]["proposer"], round(max(
             c["saved_s"] for c in why[0]["candidates"]), 3)))
-    assert picks == [(3, "draft", 0.290), (8, "ngram", 1.032)]
+    # the draft's block, priced at k = 3, runs on to k_max while its tokens pay
+    assert picks == [(8, 3, "draft", 0.290), (8, None, "ngram", 1.032)]
     assert "**k = 3**" in example and "**prompt lookup at k = 8**" in example
 
 

@@ -216,20 +216,27 @@ def _timed(alpha_blocks: int = 0, alpha: float = 0.0) -> Context:
 def test_costmodel_tunable_parameters_do_what_they_say():
     ctx = _timed(200, 0.9)
     live = ctx.live
-    free = CostModelPolicy().choose(ctx)
+
+    def priced(**params):  # the block as priced (where it stops after: test_stopping.py)
+        return CostModelPolicy(stop_rule=False, **params).choose(ctx)
+
+    free = priced()
     assert free > 3
-    assert CostModelPolicy(k_cap=3).choose(ctx) == 3  # a cap
+    assert priced(k_cap=3) == 3 and CostModelPolicy(k_cap=3).choose(ctx) == 3  # a cap
     # the k = 0 switch point: S(k*) here is well below 1 + 5, so it decodes plainly
     k_star, s_star = best_k(live.curve("draft", 16), 0.02, {1: 0.1, 17: 0.1}, 16)
-    assert CostModelPolicy(min_gain=s_star - 1 + 0.01).choose(ctx) == 0
-    assert CostModelPolicy(min_gain=s_star - 1 - 0.01).choose(ctx) == k_star
+    assert priced(min_gain=s_star - 1 + 0.01) == 0
+    assert priced(min_gain=s_star - 1 - 0.01) == k_star
     # z > 0 reads acceptance optimistically (≥ the mean's k), z < 0 cautiously
-    assert CostModelPolicy(z=2.0).choose(ctx) >= free >= CostModelPolicy(z=-2.0).choose(ctx)
+    assert priced(z=2.0) >= free >= priced(z=-2.0)
+    # stop_rule: the priced block runs on to k_max, stopped by the draft's confidence
+    ruled = CostModelPolicy().choose(ctx)
+    assert int(ruled) == 16 and ruled.stop is not None
 
 
 def test_costmodel_cold_start_uses_the_requests_acceptance_forecast():
     ctx = replace(_timed(), category="new")  # timings known, no acceptance yet
-    policy = CostModelPolicy()
+    policy = CostModelPolicy(stop_rule=False)  # the block as priced
     high = policy.choose(replace(ctx, predicted_alpha=0.95))
     low = policy.choose(replace(ctx, predicted_alpha=0.05))
     assert high == best_k(0.95, 0.02, {1: 0.1, 17: 0.1}, 16)[0] and high > 4
@@ -290,7 +297,7 @@ def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
     ctx = _cold(0.09)
     live, costs = ctx.live, ctx.costs
     assert best_k(live.curve("draft", 8), 0.09, costs.cost(optimistic=True), 8)[0] == 0
-    policy = CostModelPolicy(initial_k=3, cold_start=8)
+    policy = CostModelPolicy(initial_k=3, cold_start=8, stop_rule=False)  # as priced
     assert policy.choose(ctx) == 3  # tried, at initial_k
     live.observe(3, 2, 0.27, 0.16)
     costs.observe(3, 0.16, 0.27)

@@ -155,6 +155,14 @@ def render(row) -> list[str]:
             facts.append("busy machine")
         out.append("  " + ", ".join(facts))
         out += ["  " + line for line in table(CANDIDATE_HEADER, rows).splitlines()]
+        stop = rec.get("stop")
+        if stop:
+            out += textwrap.wrap(
+                f"then up to {rec.get('k')} tokens while the next pays: drafting stops after "
+                f"token i where the draft's confidence puts the block under bar i "
+                f"({' '.join(f'{b:.2f}' for b in stop.get('bars', ()))}; a token worth "
+                f"{ms(stop.get('worth_s'))} ms, the priced block's ms/tok)", 100,
+                initial_indent="  ", subsequent_indent="    ")
     return out
 
 
@@ -163,4 +171,6 @@ def _why_ran(rec: dict, ran: int) -> str:
     k_run = rec.get("k_run")
     if k_run is not None and ran == k_run < rec.get("k", 0):
         return " (clamped to the tokens left or the context)"
+    if rec.get("stop") and ran < (k_run if k_run is not None else rec.get("k", 0)):
+        return " (stopped where the next token stopped paying)"
     return ""

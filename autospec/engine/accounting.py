@@ -47,6 +47,9 @@ class RowStep:
     # sampled the acceptance probability) — the model's catch-up predicting positions it had
     # not drafted (depth 0) or the one after a block it had accepted whole (its length)
     evidence: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # the model proposer's block on the target's prefix, by name: (its confidence byte, the
+    # token's acceptance — greedy 0/1, sampled its probability) per token
+    confident: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     gen: int = 0  # the engine: generated tokens before this iteration
     new: list[int] | None = None  # the engine: the accepted tokens and the next one
 
@@ -104,6 +107,9 @@ def account(policy, ctx, width: int, rows: Sequence[RowStep], times: StepTimes, 
             if live is not None:
                 for depth, value in found:
                     live.observe_evidence(name, depth, value)
+        if live is not None:
+            for name, pairs in row.confident.items():
+                live.observe_confidence(name, pairs)
         for x in (live, request):
             if x is None:
                 continue

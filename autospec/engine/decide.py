@@ -56,6 +56,8 @@ class Decision(NamedTuple):
     rows: tuple[str | None, ...]  # per row: the proposer serving it, or None (plain)
     lengths: tuple[int, ...]  # per row: its block's length (0: plain)
     served: dict[str, list[int]]  # proposer → the rows it serves (empty: a plain step)
+    # where the model proposer's block stops before k (``policies.stopping.StopRule``)
+    stop: Any = None
 
     def runs(self, proposer: str | None) -> bool:
         """Whether ``proposer`` serves rows this iteration."""
@@ -174,8 +176,9 @@ def decide(policy, ctx: Context, *, longest: int, target_context: int | None = N
             served.setdefault(who, []).append(b)
     if ctx.why is not None:  # asked why (a kept iteration): what the engine made of it
         _annotate(ctx, policy, choice, k, name)
+    stop = getattr(choice, "stop", None) if model is not None and not lookup else None
     return Decision(k=k, proposer=name if k else None, rows=tuple(rows),
-                    lengths=tuple(lengths), served=served)
+                    lengths=tuple(lengths), served=served, stop=stop)
 
 
 def _annotate(ctx: Context, policy, choice, k: int, proposer: str | None) -> None:

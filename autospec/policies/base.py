@@ -105,14 +105,17 @@ class Choice(int):
     (``autospec.engine.proposers``). A lookup proposer serves the rows where its match has at
     least ``min_match`` tokens; with ``fallback`` the model proposer serves the others, else
     they decode plainly. ``"hybrid"`` names the first lookup proposer (prompt lookup) with the
-    model's fallback. Without a model proposer, the model's block is the call's first lookup's."""
+    model's fallback. Without a model proposer, the model's block is the call's first lookup's.
+    ``stop``: where the model proposer's block stops before k (``policies.stopping.StopRule``:
+    at the first token past which one more does not pay, by the draft's own confidence)."""
 
     proposer: str
     min_match: int
     fallback: bool
+    stop: Any
 
     def __new__(cls, k: int, proposer: str = "draft", min_match: int = 1,
-                fallback: bool = False):
+                fallback: bool = False, stop=None):
         if not isinstance(proposer, str) or not proposer:
             raise ValueError(f"proposer must be a proposer's name, got {proposer!r}")
         if (isinstance(min_match, bool) or not isinstance(min_match, int)
@@ -122,15 +125,17 @@ class Choice(int):
         obj = super().__new__(cls, k)
         obj.proposer, obj.min_match = proposer, min_match
         obj.fallback = bool(fallback) or proposer == HYBRID
+        obj.stop = stop
         return obj
 
     def __repr__(self) -> str:
         extra = f", min_match={self.min_match}" if self.min_match != 1 else ""
         extra += ", fallback=True" if self.fallback and self.proposer != HYBRID else ""
+        extra += f", stop={self.stop!r}" if self.stop is not None else ""
         return f"Choice({int(self)}, {self.proposer!r}{extra})"
 
     def __reduce__(self):
-        return (Choice, (int(self), self.proposer, self.min_match, self.fallback))
+        return (Choice, (int(self), self.proposer, self.min_match, self.fallback, self.stop))
 
 
 def proposer_of(choice) -> tuple[str | None, int, bool]:

@@ -35,6 +35,7 @@ from typing import NamedTuple
 from . import explain
 from .base import K_LIMIT, Choice, batch_bucket
 from .params import DEFAULTS, Parameters
+from .stopping import stop_rule
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
            "catch_up_per_token", "Offer", "offer", "rows_offer", "saved", "valued", "best_offer",
@@ -477,7 +478,8 @@ class CostModelPolicy:
                                         batch=getattr(context, "batch_size", 1),
                                         t_plain=why.get("t_plain"), value=why.get("value"),
                                         min_gain=self.params.min_gain,
-                                        busy=why.get("busy", False), model=context.model))
+                                        busy=why.get("busy", False), model=context.model,
+                                        stop=why.get("stop")))
         return k
 
     def _prices(self, context, top: int, proposers) -> _Prices | tuple[int, str]:
@@ -553,6 +555,7 @@ class CostModelPolicy:
         drafts = model is not None and model in proposers
         if drafts and pr.measured:
             curves, source = self._draft_curves(context, rows, top)
+            draft_curve = curves[0]
             per_token = self._catch_up(context, rows, pr.t_draft, proposers)
             cap = capped(curves[0])
             if n > 1:
@@ -615,7 +618,19 @@ class CostModelPolicy:
         self._off[pr.key] = 0 if ran else self._off.get(pr.key, 0) + 1
         if best is None:
             return 0, rule
-        return (best.k if best.proposer == model else Choice(best.k, best.proposer)), rule
+        if best.proposer != model:
+            return Choice(best.k, best.proposer), rule
+        if rule != "best" or n > 1 or not p.stop_rule:
+            return best.k, rule
+        # its block runs on while one more token costs less than the block's own seconds per
+        # token (where C / E[N] is least), stopping by the draft's confidence
+        worth = best.seconds / best.tokens
+        stop = stop_rule(pr.live.calibration(model), draft_curve, pr.t_draft, cost, worth,
+                         best.k if pr.busy else top)
+        k = stop.longest
+        if why is not None:
+            why["stop"] = {"priced_k": best.k, **stop.describe()}
+        return Choice(k, model, stop=stop), rule
 
     def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
         """(each row's draft-model acceptance curve, where the first came from): the

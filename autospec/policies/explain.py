@@ -57,12 +57,14 @@ def plain(t_plain: float, costs_from: str = "live", rows: int = 1) -> dict:
 
 def record(k, rule: str, candidates: Sequence[dict] = (), *, batch: int = 1,
            t_plain: float | None = None, value: float | None = None, min_gain: float = 0.0,
-           busy: bool = False, model: str | None = None) -> dict:
+           busy: bool = False, model: str | None = None, stop: dict | None = None) -> dict:
     """The decision record of one choice (``k`` an int, the ``model`` proposer's, or a
-    ``Choice``)."""
+    ``Choice``); ``stop``: where its block stops before k (the ``StopRule``: per confidence
+    bin the acceptance, per position the bar, and the block's cap and a token's worth)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}: one of {sorted(RULES)}")
     proposer = getattr(k, "proposer", None) or model or "model"
     return {"format": FORMAT, "k": int(k), "proposer": proposer if int(k) else "plain",
             "rule": rule, "batch": int(batch), "t_plain": t_plain, "value": value,
-            "min_gain": float(min_gain), "busy": bool(busy), "candidates": list(candidates)}
+            "min_gain": float(min_gain), "busy": bool(busy), "candidates": list(candidates),
+            "stop": stop}

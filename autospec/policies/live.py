@@ -14,6 +14,7 @@ from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
 from .costmodel import conditional_from_cumulative
 from .params import DEFAULTS, Parameters
+from .stopping import BINS, bin_of, calibrated
 
 __all__ = ["LiveStats", "copy_lives", "MATCH_BUCKETS", "match_bucket"]
 
@@ -55,7 +56,8 @@ class _Acceptance:
     its blocks ever (stored included, undiscounted); decision points [without, with] a match
     (lookups); a version bumped on every change."""
 
-    __slots__ = ("accepted", "reached", "by_match", "blocks", "match_points", "version")
+    __slots__ = ("accepted", "reached", "by_match", "blocks", "match_points", "version",
+                 "by_confidence")
 
     def __init__(self, positions: int):
         self.accepted, self.reached = [0.0] * positions, [0.0] * positions
@@ -63,12 +65,15 @@ class _Acceptance:
         self.blocks = 0.0
         self.match_points = [0.0, 0.0]
         self.version = 0
+        # the model proposer's tokens per confidence bin: [accepted, proposed]
+        self.by_confidence = ([0.0] * BINS, [0.0] * BINS)
 
     def copy(self) -> _Acceptance:
         new = _Acceptance(0)
         new.accepted, new.reached = list(self.accepted), list(self.reached)
         new.by_match = {n: (list(a), list(r)) for n, (a, r) in self.by_match.items()}
         new.blocks, new.match_points = self.blocks, list(self.match_points)
+        new.by_confidence = (list(self.by_confidence[0]), list(self.by_confidence[1]))
         return new
 
 
@@ -265,6 +270,34 @@ class LiveStats:
                 acc.accepted[depth] += min(1.0, max(0.0, float(value)))
                 acc.version += 1
                 self._version += 1
+
+    def observe_confidence(self, proposer: str, pairs: Sequence[tuple[int, float]]) -> None:
+        """Tokens a model proposer proposed on the target's prefix: (its confidence byte, the
+        token's acceptance) each, counted in the token's confidence bin
+        (``policies.stopping``) with the acceptance counts' discount per call."""
+        if not pairs:
+            return
+        with self._lock:
+            acc = self.by_proposer.get(proposer) or self._of(proposer)
+            hits, seen = acc.by_confidence
+            d = self.discount
+            if d < 1:
+                for i in range(BINS):
+                    hits[i] *= d
+                    seen[i] *= d
+            for c, value in pairs:
+                b = bin_of(c)
+                hits[b] += min(1.0, max(0.0, float(value)))
+                seen[b] += 1.0
+            acc.version += 1
+            self._version += 1
+
+    def calibration(self, proposer: str) -> tuple[float, ...]:
+        """A model proposer's acceptance per confidence bin (``policies.stopping.calibrated``)."""
+        with self._lock:
+            acc = self.by_proposer.get(proposer)
+            counts = acc.by_confidence if acc is not None else ([0.0] * BINS, [0.0] * BINS)
+            return calibrated(*counts, prior=self.params.calibration_prior)
 
     def warm_start(self, per_proposer: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                    *, weight: float | None = None,

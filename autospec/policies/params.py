@@ -45,6 +45,10 @@ class Parameters:
                                   "rule: while the walk's path probability holds, at most "
                                   "max_spec_factor × the match) where that pays, rather than "
                                   "the k of best S over it", tuned=True)
+    stop_rule: bool = _p(True, "at batch 1 a draft-model block runs to at most k_cap tokens "
+                               "and stops at the first past which one more does not pay, by the "
+                               "draft's confidence in the tokens so far (policies.stopping)",
+                         tuned=True)
     # -- exploration ------------------------------------------------------------------------
     initial_k: int = _p(3, "k while the draft model's costs are unmeasured, and the longest "
                            "trial block", why_fixed="a first block measures T_d and T_t(k + 1) "
@@ -104,6 +108,9 @@ class Parameters:
                                 why_fixed=_NOISE)
     rate_tokens: float = _p(8.0, "tokens before a category's realized rate (seconds per token) is "
                                  "read", why_fixed=_NOISE)
+    calibration_prior: float = _p(2.0, "a confidence bin's acceptance starts as this many "
+                                       "tokens accepted as often as the draft was confident "
+                                       "(policies.stopping)", why_fixed=_FORMAT)
     stored_weight: float = _p(200.0, "most blocks' worth of evidence a stored history warms a "
                                      "category with", why_fixed=_FORMAT)
     # -- a busy machine (docs/policy.md, "When the machine is busy") ---------------------------

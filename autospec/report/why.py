@@ -52,6 +52,9 @@ def choice_name(proposer: str, k: int) -> str:
 def chosen(record: dict[str, Any]) -> int | None:
     """The index of the record's chosen candidate (its proposer and k); None: not among them."""
     k, proposer = record.get("k", 0), record.get("proposer", "plain")
+    stop = record.get("stop")
+    if stop:  # a block to where one more token stops paying: the block priced
+        k = stop.get("priced_k", k)
     for i, c in enumerate(record.get("candidates") or ()):
         if c.get("k") == k and (c.get("proposer") == proposer
                                 or (not k and c.get("proposer") == "plain")):

@@ -431,6 +431,16 @@ class _Row:
             return min(logged[2], k), False
         return m, unknown
 
+    def stopped(self, who: str, k: int, m: int, size: int) -> int:
+        """Where a block a stop rule ended after its first rejection (m < k) stopped: the
+        confidences the live draft met past that rejection were never recorded, so where the
+        logged run drafted from here and was rejected at the same token, its length stands in
+        (exact when the rule is the logged run's own); else ``k``, as replayed."""
+        logged = self.logged.get(self.g)
+        if m < k and logged is not None and logged[0] == who and logged[2] == m < logged[1]:
+            return min(logged[1], size)
+        return k
+
     @property
     def remaining(self) -> int:
         return self.length - self.g
@@ -501,16 +511,19 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
         steps = []
         for r, who, size in zip(running, d.rows, d.lengths):
             found = r.props[model].catch_up(r.g) if d.runs(model) else []
-            k, m, unknown = (r.props[who].block(r.g, size, stop=stop if who == model else None,
-                                                rng=rng)
+            k, m, unknown = (r.props[who].block(r.g, size, rng=rng,
+                                                **({"stop": stop, "rule": d.stop}
+                                                   if who == model else {}))
                              if who is not None else (0, 0, False))
             if k:
                 m, unknown = r.outcome(who, k, m, unknown)
+                if who == model and d.stop is not None:
+                    k = r.stopped(who, k, m, size)
             steps.append((who if k else None, k, m, unknown, found))
         width = max(k for _who, k, *_ in steps)
         # the model drafts the policy's k for the batch (fewer only where early stopping
         # stopped every row)
-        drafted_width = d.k if stop is None else max(
+        drafted_width = d.k if stop is None and d.stop is None else max(
             (k for who, k, *_ in steps if who == model), default=0)
         spent: dict[str, float] = {}
         for who, k, *_ in steps:
@@ -536,6 +549,10 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
                     step.shadows[n] = sh
             if found:
                 step.evidence[model] = found
+            if who == model and k:
+                pairs = r.props[model].confident(r.g, min(m + 1, k))
+                if pairs:
+                    step.confident[model] = pairs
             row_steps.append(step)
             for rr in r.props.values():
                 rr.after(r.g, who, k, m, drafted_width if who == model else width)

@@ -137,6 +137,7 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
         p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
         p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
         p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
+        p["stop_rule"] = trial.suggest_categorical("costmodel.stop_rule", [True, False])
         sets = proposer_sets(proposers)
         if sets:
             p["proposers"] = trial.suggest_categorical("costmodel.proposers", sets)

@@ -23,6 +23,7 @@ import torch
 from autospec.engine.sampling import logits_to_probs, sample
 from autospec.engine.verify import quantize_beta
 from autospec.policies.base import early_stop_of, stops_drafting
+from autospec.policies.stopping import confident
 from autospec.traces import (
     TRACE_CATCH_UP_MAX,
     TRACE_GREEDY,
@@ -85,6 +86,7 @@ class DraftModel(Proposer):
         self.caches = (self.slots,)
         self.early_stop = early_stop_of(batch.policy, batch.rows[0].category)
         self.need_top = batch.record or self.early_stop is not None
+        self._kept = batch.record  # this iteration's confidences are read at the sync
         self.presence = batch.sampling.uses_presence
         self.traces = {r.index: Trace(batch.greedy, batch.max_new) for r in batch.rows}
         # sampling: p at each row's bonus position [B, V], and whether the row's last block
@@ -112,12 +114,15 @@ class DraftModel(Proposer):
         self._parts, self._values = [], []
         self.slots.mark()
         raw, first, width = self._catch_up(it)
-        toks, q, conf, stop_at = self._draft(raw, k)
+        rule = it.decision.stop
+        # the draft's confidences, read at the sync: stored, or evidence for the stop rule
+        self._kept = batch.record or rule is not None
+        toks, q, conf, stop_at = self._draft(raw, k, rule)
         k = len(toks)
         proposals = k - 1 if width > 2 else k  # the catch-up forward made the first
         it.time("draft", proposals, first, batch.clock.mark())
         self._k = k
-        if batch.record:
+        if self._kept:
             self._parts.append(quantize_beta(torch.stack(conf, dim=1)).reshape(-1))
         # each row's block: no longer than it can keep (``decide``), nor than early stopping
         # let it draft
@@ -156,12 +161,16 @@ class DraftModel(Proposer):
         it.time("catch_up", len(lens) * width, start, first)
         return raw[:, -1:], first, width
 
-    def _draft(self, raw, k: int):
+    def _draft(self, raw, k: int, rule=None):
         """Proposals 1 … k from the first one's logits: (the tokens, each [B]; q [B, k, V]
-        when sampling; the draft's top probabilities when kept; where each row stopped)."""
+        when sampling; the draft's top probabilities when kept; where each row stopped — by
+        the tuned threshold, or by ``rule``, the policy's ``StopRule``)."""
         batch = self.batch
         B, n = raw.shape[0], batch.known
         toks, q_list, conf, stop_at = [], [], [], [k] * B
+        need_top, stopping = self.need_top or rule is not None, (
+            self.early_stop is not None or rule is not None)
+        odds = [1.0] * B  # per row: the block so far accepted, by the rule's calibration
         seen = batch.seen.clone() if batch.seen is not None else None
         for i in range(k):
             if i:
@@ -171,23 +180,30 @@ class DraftModel(Proposer):
             top = None
             if batch.greedy:
                 tok = s.argmax(dim=-1)  # [B]
-                if self.need_top:
+                if need_top:
                     top = s.softmax(dim=-1).max(dim=-1).values
             else:
                 q = logits_to_probs(s, batch.sampling)  # [B, V]
                 q_list.append(q)
                 tok = sample(q, batch.generator)
-                if self.need_top:
+                if need_top:
                     top = q.max(dim=-1).values
-            if batch.record:
+            if self._kept:
                 conf.append(top)
             toks.append(tok)
             if seen is not None:
                 seen.scatter_(1, tok[:, None], True)
-            if self.early_stop is not None and i + 1 < k:
+            if stopping and i + 1 < k:
                 quant = quantize_beta(top).tolist()  # a host read per draft token
-                stop_at = [i + 1 if s_ == k and stops_drafting(c, self.early_stop) else s_
-                           for s_, c in zip(stop_at, quant)]
+                for b, c in enumerate(quant):
+                    if stop_at[b] != k:
+                        continue
+                    if self.early_stop is not None and stops_drafting(c, self.early_stop):
+                        stop_at[b] = i + 1
+                    elif rule is not None:
+                        odds[b] = rule.step(i, odds[b], c)
+                        if rule.stops(i, odds[b]):
+                            stop_at[b] = i + 1
                 if all(s_ <= i + 1 for s_ in stop_at):
                     break
         q = torch.stack(q_list, dim=1) if q_list else None
@@ -259,7 +275,7 @@ class DraftModel(Proposer):
         for r, step in zip(batch.rows, steps):
             self._drafted[r.index] = step.proposer == name
         block_conf = [()] * B
-        if ran and batch.record:
+        if ran and self._kept:
             block_conf = [vals[off + b * k : off + (b + 1) * k] for b in range(B)]
         if not ran:
             self.p_bonus = self.bonus = None  # the next catch-up does not start at a bonus
@@ -270,6 +286,9 @@ class DraftModel(Proposer):
                 on_prefix = min(step.accepted + 1, step.proposed)
                 self.traces[r.index].put(step.gen, it.trace[b][:on_prefix],
                                          block_conf[b][:on_prefix])
+                if block_conf[b]:  # how often a token proposed that confidently is accepted
+                    step.confident[name] = confident(it.trace[b][:on_prefix],
+                                                     block_conf[b][:on_prefix], batch.greedy)
                 if step.accepted == step.proposed == k:
                     whole = (k, step.gen + k)
             self._whole[b] = whole
@@ -362,7 +381,8 @@ class DraftModel(Proposer):
 
 
 def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
-                 early_stop: float | None = None, rng=None) -> tuple[int, int, bool]:
+                 early_stop: float | None = None, rule=None, rng=None
+                 ) -> tuple[int, int, bool]:
     """One block of k drafted from generated position g, replayed from the draft model's
     acceptance trace: (drafted, accepted, whether it ran into an unobserved position, counted
     as a rejection there).
@@ -372,8 +392,12 @@ def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
     the live loop's rule (``policies.base.stops_drafting``) would: token i's confidence is
     recorded when tokens 0…i−1 were accepted (the draft ran on the target's prefix). Past the
     first rejection the live draft runs off that prefix, where nothing was recorded: replay
-    assumes it drafts on, which can only overcount draft cost, never the accepted count."""
+    assumes it drafts on, which can only overcount draft cost, never the accepted count.
+    With ``rule`` (the policy's ``StopRule``) drafting stops where the rule's
+    ``StopRule.stops`` would live; past the first rejection, likewise, the confidences are
+    the prefix's last (replay cannot know the live draft's there)."""
     m, rejected, unobserved = 0, False, False
+    odds, last = 1.0, UNOBSERVED
     for i in range(k):
         c = UNOBSERVED
         if not rejected:
@@ -386,9 +410,13 @@ def replay_block(kind: str, trace, g: int, k: int, *, confidence=None,
             else:
                 rejected = True
             if confidence is not None and g + i < len(confidence):
-                c = confidence[g + i]
+                c = last = confidence[g + i]
         if early_stop is not None and i + 1 < k and stops_drafting(c, early_stop):
             return i + 1, m, unobserved
+        if rule is not None and i + 1 < k:
+            odds = rule.step(i, odds, c if not rejected or c != UNOBSERVED else last)
+            if rule.stops(i, odds):
+                return i + 1, m, unobserved
     return k, m, unobserved
 
 
@@ -416,10 +444,18 @@ class DraftReplay:
     def now(self, g: int) -> tuple[int, int]:
         return 0, 0
 
-    def block(self, g: int, k: int, *, stop: float | None = None, rng=None
+    def block(self, g: int, k: int, *, stop: float | None = None, rule=None, rng=None
               ) -> tuple[int, int, bool]:
         return replay_block(self.kind, self.trace, g, k, confidence=self.conf,
-                            early_stop=stop, rng=rng)
+                            early_stop=stop, rule=rule, rng=rng)
+
+    def confident(self, g: int, on_prefix: int) -> list[tuple[int, float]]:
+        """(confidence, acceptance) of its block's first ``on_prefix`` tokens from g, where
+        the record holds its confidences (``policies.stopping.confident``)."""
+        if self.conf is None or on_prefix <= 0:
+            return []
+        end = g + on_prefix
+        return confident(self.trace[g:end], self.conf[g:end], self.kind == TRACE_GREEDY)
 
     def shadow(self, g: int, emitted: int) -> None:
         return None
