@@ -457,8 +457,10 @@ class Controller:
 
     def live_stats(self, category: str) -> LiveStats:
         """The category's live statistics (its acceptance and rate), created on first use and
-        warmed from the store; the first category's read also warms the pair's batch-1 costs
-        on this controller's path (``costs``, which every category shares)."""
+        warmed from the store — where the store has nothing of it, seeded from the pair's
+        other categories here (``LiveStats.seed_from``); the first category's read also
+        warms the pair's batch-1 costs on this controller's path (``costs``, which every
+        category shares)."""
         live = self.live.get(category)
         if live is None:
             with self._lock:
@@ -466,6 +468,8 @@ class Controller:
                 if live is None:
                     live = LiveStats(params=params_of(self.policy))
                     self._warm(category, live)
+                    if not live.by_proposer:  # nothing stored: what the pair knows
+                        live.seed_from(list(self.live.values()))
                     self.live[category] = live
         return live
 

@@ -186,6 +186,13 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
             c["saved_s"] for c in why[0]["candidates"]), 3)))
     # the draft's block, priced at k = 3, runs on to k_max while its tokens pay
     assert picks == [(8, 3, "draft", 0.290), (8, None, "ngram", 1.032)]
+    rule = policy.choose(Context(category="code", k_max=8, live=live, costs=costs,
+                                 remaining=100, proposers=("draft", "ngram"),
+                                 matches={"ngram": (0,)})).stop
+    assert [round(b, 2) for b in rule.bars] == [0.35, 0.35] + [0.53] * 5
+    assert rule.step(1, rule.step(0, 1.0, round(254 * 0.5)), round(254 * 0.35)) == (
+        pytest.approx(0.55 * 0.35))
+    assert "bars 0.35, 0.35 after tokens 1 and 2" in example and "stops the block at 2" in example
     assert "**k = 3**" in example and "**prompt lookup at k = 8**" in example
 
 

@@ -89,7 +89,7 @@ def test_tune_picks_suffix_decoding_where_earlier_requests_repeat(tmp_path, caps
     # proposer the requests have), which drafts a large share of its tokens (the draft model
     # the rest, where the memory has no match yet) ...
     assert "suffix" in res.proposer or res.proposer == "both", (res.family, res.params)
-    assert res.shares["suffix"] > 0.3
+    assert res.shares["suffix"] > 0.25
     # ... and is why it is fast: the same policy on the same traces without suffix decoding
     with store.session() as s:
         window = load_window(s, "agent", res.pair_id, pinned=res.provenance["window"])

@@ -299,6 +299,45 @@ class LiveStats:
             counts = acc.by_confidence if acc is not None else ([0.0] * BINS, [0.0] * BINS)
             return calibrated(*counts, prior=self.params.calibration_prior)
 
+    def seed_from(self, others, weight: float | None = None) -> float:
+        """A new category's start from what the pair already knows: every proposer's counts
+        (and the model proposer's by confidence) pooled over ``others`` (the pair's other
+        categories' statistics) and scaled to at most ``weight`` blocks (``cold_start``), so
+        that the category's own evidence outweighs them as it comes in. Returns the most
+        blocks seeded for one proposer (0: the others know nothing)."""
+        weight = self.params.cold_start if weight is None else weight
+        pooled: dict[str, list] = {}  # name → [accepted, reached, (hits, seen) by confidence]
+        for other in others:
+            if other is self:
+                continue
+            with other._lock:
+                for name, acc in other.by_proposer.items():
+                    got = pooled.setdefault(name, [[0.0] * self.positions,
+                                                   [0.0] * self.positions,
+                                                   [0.0] * BINS, [0.0] * BINS])
+                    for into, values in zip(got, (acc.accepted, acc.reached,
+                                                  *acc.by_confidence)):
+                        for i, v in enumerate(values[:len(into)]):
+                            into[i] += v
+        most = 0.0
+        with self._lock:
+            for name, (accepted, reached, hits, seen) in pooled.items():
+                if reached[0] <= 0 or weight <= 0:
+                    continue
+                scale = min(1.0, weight / reached[0])
+                acc = self.by_proposer.get(name) or self._of(name)
+                for i in range(min(len(acc.reached), len(reached))):
+                    acc.accepted[i] += scale * accepted[i]
+                    acc.reached[i] += scale * reached[i]
+                for i in range(BINS):
+                    acc.by_confidence[0][i] += scale * hits[i]
+                    acc.by_confidence[1][i] += scale * seen[i]
+                acc.blocks += scale * reached[0]
+                acc.version += 1
+                most = max(most, scale * reached[0])
+            self._version += 1
+        return most
+
     def warm_start(self, per_proposer: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                    *, weight: float | None = None,
                    bandwidth_utilisation: float | None = None) -> None:

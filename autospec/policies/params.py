@@ -57,8 +57,10 @@ class Parameters:
     reprobe_every: int = _p(64, "consecutive iterations without the draft model before one "
                                 "block at probe_k refreshes its acceptance", tuned=True)
     probe_k: int = _p(1, "the k of the one block a re-probe runs", tuned=True)
-    cold_start: float = _p(8.0, "below this many draft-model blocks on a category (ever, the "
-                                "store's included) a forecast stands for its acceptance, and "
+    cold_start: float = _p(8.0, "a category the store knows nothing of starts as this many "
+                                "blocks of the pair's other categories' pooled acceptance; "
+                                "below this many draft-model blocks (ever, the store's and the "
+                                "pool's included) a forecast stands for its acceptance, and "
                                 "without one the draft model is tried before it is switched "
                                 "off", why_fixed="the first blocks' evidence, not a choice "
                                                  "traffic can tune: below 8 the Beta posterior "

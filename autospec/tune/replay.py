@@ -349,8 +349,10 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     for row in traces:
         cat = category(row) if callable(category) else category
         stats = lives.get(cat)
-        if stats is None:
-            stats = lives[cat] = LiveStats(params=params_of(policy))
+        if stats is None:  # as the controller starts a category: from the pair's others
+            stats = LiveStats(params=params_of(policy))
+            stats.seed_from(list(lives.values()))
+            lives[cat] = stats
         b = batch_size_of(row) if batched else 1
         if b == 1:
             _replay([_Row(row, classes, cat, stats)], policy, costs, table, k_max, rng, res)
