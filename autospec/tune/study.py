@@ -611,12 +611,52 @@ def catch_up_fit(points, live_t_draft: float | None, t_draft: float
     return line[0] * scale, line[1] * scale
 
 
+def replay_costs(session, pair_id: int, category: str, pair, *, costs_from: str = "auto"
+                 ) -> tuple[Costs, str] | str:
+    """The costs replay prices a category's logged traffic by, and where they came from; or
+    why there are none. Batch 1's from the path the category's traffic ran on (never
+    another's), batch > 1 from the batched loop's path, as the report reads them and the
+    controller starts from (one source throughout where ``costs_from`` names one); the
+    lookups' host time as their requests measured it; the draft model's catch-up fitted to
+    what the pair logged (else to what the probe timed), at the ratio to T_d those same
+    requests (that probe) measured."""
+    from autospec.store import queries
+    from autospec.telemetry import NO_DRAFT
+
+    stored = stored_costs(session, pair_id, category, source=costs_from)
+    path, t_draft, t_target, cost_source = (stored.path, stored.t_draft, stored.t_target,
+                                            stored.source)
+    grid, draft_grid = stored.grid, stored.draft_grid
+    has_draft = pair.draft != NO_DRAFT
+    if not has_draft:
+        t_draft = 0.0  # lookups alone: their time is t_lookup
+    if (has_draft and not t_draft) or 1 not in t_target or len(t_target) < 2:
+        return (f"no usable costs for this pair from {cost_source} (need T_t(1), T_t(n>1) and "
+                "T_d): run `autospec probe` on this machine, or serve more traffic with k = 0 "
+                "and k > 0")
+    same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
+    catch_up = (catch_up_fit(stored.catch_up, stored.catch_up_t_draft, float(t_draft))
+                if has_draft else None)
+    costs = Costs(t_draft=float(t_draft), t_target=t_target,
+                  target_grid={b: c for b, c in grid.items() if b > 1 or not same},
+                  draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
+                  path=path, grid_path=queries.BATCH_PATH, t_lookup=stored.t_lookup,
+                  has_draft=has_draft, catch_up=catch_up)
+    if has_draft:
+        n = len(stored.catch_up)
+        cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
+                        else f"; draft catch-up: {n} logged" if stored.catch_up_source == "logged"
+                        else f"; draft catch-up: the probe's ({n} sizes)")
+    if costs.batched:
+        cost_source += f"; batch > 1: {stored.grid_source}"
+    return costs, cost_source
+
+
 def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, min_traces,
               min_positions, holdout, max_traces, since, until, study, families, k_max, seed,
               progress, optuna, costs_from) -> CategoryResult:
     from optuna.trial import TrialState
 
-    from autospec.store import queries
 
     res = CategoryResult(category=cat, pair_id=pid, status="skipped")
     name = study
@@ -630,18 +670,7 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
         pinned = existing.user_attrs.get("window") if existing is not None else None
         window = load_window(s, cat, pid, since=since, until=until, max_traces=max_traces,
                              holdout=holdout, pinned=pinned)
-        # batch 1's costs from the path the category's traffic ran on (never another's);
-        # batch > 1 from the batched loop's path; as the report reads them and the controller
-        # starts from (one source throughout where ``costs_from`` names one)
-        stored = stored_costs(s, pid, cat, source=costs_from)
-    path, t_draft, t_target, cost_source = (stored.path, stored.t_draft, stored.t_target,
-                                            stored.source)
-    # the lookup proposers' host time per proposed token, as their live requests measured
-    t_lookup = stored.t_lookup
-    # the draft model's catch-up, fitted to what the pair logged (else to what the probe
-    # timed), at the ratio to T_d those same requests (that probe) measured
-    catch_up_points, catch_up_t_draft = stored.catch_up, stored.catch_up_t_draft
-    grid, draft_grid, grid_source = stored.grid, stored.draft_grid, stored.grid_source
+        got = replay_costs(s, pid, cat, pair, costs_from=costs_from)
     res.traces = len(window.train) + len(window.holdout)
     res.holdout_traces = len(window.holdout)
     res.observed_positions = observed_positions(window.train)
@@ -650,31 +679,10 @@ def _tune_one(store, storage, url, cat, pid, pair, *, trials, timeout, workers, 
                       f"positions to tune on (need ≥ {min_traces} and ≥ {min_positions}): "
                       "too little to tell policies apart, log more traffic first")
         return res
-    from autospec.telemetry import NO_DRAFT
-
-    has_draft = pair.draft != NO_DRAFT
-    if not has_draft:
-        t_draft = 0.0  # lookups alone: their time is t_lookup
-    if (has_draft and not t_draft) or 1 not in t_target or len(t_target) < 2:
-        res.reason = (f"no usable costs for this pair from {cost_source} (need T_t(1), "
-                      "T_t(n>1) and T_d): run `autospec probe` on this machine, or serve more "
-                      "traffic with k = 0 and k > 0")
+    if isinstance(got, str):
+        res.reason = got
         return res
-    same = path == queries.BATCH_PATH  # else the grid keeps its own batch 1 (simulate.Costs)
-    catch_up = (catch_up_fit(catch_up_points, catch_up_t_draft, float(t_draft))
-                if has_draft else None)
-    costs = Costs(t_draft=float(t_draft), t_target=t_target,
-                  target_grid={b: c for b, c in grid.items() if b > 1 or not same},
-                  draft_grid={b: d for b, d in draft_grid.items() if b > 1 or not same},
-                  path=path, grid_path=queries.BATCH_PATH, t_lookup=t_lookup,
-                  has_draft=has_draft, catch_up=catch_up)
-    if has_draft:
-        cost_source += ("; draft catch-up: none logged or probed, not charged" if not catch_up
-                        else f"; draft catch-up: {len(catch_up_points)} logged"
-                        if stored.catch_up_source == "logged"
-                        else f"; draft catch-up: the probe's ({len(catch_up_points)} sizes)")
-    if costs.batched:
-        cost_source += f"; batch > 1: {grid_source}"
+    costs, cost_source = got
     if "table" in families and not costs.batched:
         # a table differs from a fixed k only where batches replay at their batch sizes
         families = tuple(f for f in families if f != "table")

@@ -1,0 +1,143 @@
+"""Ablation by replay: each mechanism of ``auto`` switched off alone, over logged traffic.
+
+For every category of the store's pair (the newest, or ``--pair``): its logged batch-1
+requests, oldest first, replayed under ``auto`` and under ``auto`` with one mechanism off —
+each from cold statistics, the policy and statistics carried from request to request as a
+serving controller carries them — priced by the costs ``autospec tune`` replays with
+(``autospec.tune.study.replay_costs``). Per request the time ratio, mechanism off ÷ ``auto``
+(above 1: the mechanism pays there); per category and overall the median and a 95 %
+bootstrap interval over requests.
+
+Replay prices every iteration by one cost table, so the busy-machine guard (which reads the
+scatter and level of live timings) has nothing to act on here: its row says so rather than
+measuring it; it is judged by runs under load (``scripts/busy_start.py``).
+
+Usage: python scripts/ablation.py sqlite:///bench.db [--json OUT] [--greedy-only]
+(log the traffic first: ``autospec bench --modes plain --policies auto --db URL ...``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections import defaultdict
+
+from autospec.policies import CostModelPolicy
+from autospec.store import open_store, queries
+from autospec.tune.replay import batch_size_of, simulate
+from autospec.tune.study import replay_costs
+
+# mechanism → the parameters that switch it off (and nothing else)
+MECHANISMS = {
+    "stop rule (the draft's confidence ends its block)": {"stop_rule": False},
+    "new category's start (pooled seed, trial, forecast)": {"cold_start": 0.0},
+    "optimism about unmeasured T_t(n)": {"optimistic": False},
+    "re-probe of a draft model switched off": {"reprobe_every": 10 ** 9},
+    "trial of a draft model never tried": {"trial_gain": 1e9},
+    "suffix decoding's whole draft": {"suffix_whole": False},
+    "the request's own rate (not only its category's)": {"request_prior_tokens": 1e12},
+    "the request's own lookup blocks": {"request_prior_blocks": 1e12},
+    "busy-machine guard (no load in replay)": {"scatter": 1e9, "level_move": 1e9,
+                                               "shape_floor": 0.0},
+}
+
+
+def bootstrap(ratios: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(rounds))
+    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
+def per_request_seconds(rows, costs, overrides: dict) -> list[float]:
+    """Each request's replayed seconds, in order, under ``auto`` with ``overrides``."""
+    policy = CostModelPolicy(name="auto", **overrides)
+    lives: dict = {}
+    table = costs.table(policy.params)
+    out = []
+    for row in rows:
+        res = simulate([row], policy, costs, k_max=16, category=lambda r: r.category,
+                       live=lives, table=table, batched=False)
+        out.append(res.seconds)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("url")
+    ap.add_argument("--pair", type=int, default=None, help="pair id (default: the newest)")
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--greedy-only", action="store_true", help="leave sampled requests out")
+    args = ap.parse_args(argv)
+    store = open_store(args.url)
+    with store.session() as s:
+        pairs = {p.id: p for p in queries.pairs(s)}
+        pid = args.pair if args.pair is not None else max(pairs, default=None)
+        rows = [] if pid not in pairs else [
+            r for r in queries.traces(s, pair_id=pid) if batch_size_of(r) == 1]
+        if args.greedy_only:
+            rows = [r for r in rows if r.trace_kind == "greedy"]
+        if not rows:
+            print("no batch-1 requests logged: run the bench with --db first", file=sys.stderr)
+            return 1
+        pair = pairs[pid]
+        by_cat: dict[str, list] = defaultdict(list)
+        for r in rows:
+            by_cat[r.category or "default"].append(r)
+        priced = {}
+        for cat in by_cat:
+            got = replay_costs(s, pid, cat, pair)
+            if isinstance(got, str):
+                print(f"{cat}: {got}", file=sys.stderr)
+                continue
+            priced[cat] = got[0]
+    if not priced:
+        print("no category has costs replay can price by: see above", file=sys.stderr)
+        return 1
+    table: dict[str, dict[str, list[float]]] = {}
+    speedup: dict[str, float] = {}
+    for cat, costs in priced.items():
+        cat_rows = by_cat[cat]
+        base = per_request_seconds(cat_rows, costs, {})
+        plain = sum(simulate([r], CostModelPolicy(), costs, batched=False).plain_seconds
+                    for r in cat_rows)
+        speedup[cat] = plain / sum(base)
+        for name, overrides in MECHANISMS.items():
+            off = per_request_seconds(cat_rows, costs, overrides)
+            table.setdefault(name, {})[cat] = [o / b for o, b in zip(off, base) if b > 0]
+    cats = sorted(priced)
+    print(f"{len(rows)} requests, {len(cats)} categories; replayed auto over plain: "
+          + ", ".join(f"{c} {speedup[c]:.2f}x" for c in cats))
+    print("time with the mechanism off ÷ auto's, per request: median [95 % interval] "
+          "(above 1: the mechanism pays)")
+    head = f"{'mechanism off':52}" + "".join(f"{c:>22}" for c in [*cats, "all"])
+    print(head)
+    out = {"requests": len(rows), "speedup_over_plain": speedup, "mechanisms": {}}
+    for name, per_cat in table.items():
+        cells, every = [], []
+        out["mechanisms"][name] = {}
+        for c in cats:
+            x = per_cat.get(c, [])
+            every += x
+            if x:
+                lo, hi = bootstrap(x)
+                med = statistics.median(x)
+                cells.append(f"{med:.3f} [{lo:.2f}-{hi:.2f}]")
+                out["mechanisms"][name][c] = {"median": med, "interval": [lo, hi], "n": len(x)}
+            else:
+                cells.append("-")
+        lo, hi = bootstrap(every)
+        med = statistics.median(every)
+        out["mechanisms"][name]["all"] = {"median": med, "interval": [lo, hi], "n": len(every)}
+        cells.append(f"{med:.3f} [{lo:.2f}-{hi:.2f}]")
+        print(f"{name[:52]:52}" + "".join(f"{c:>22}" for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
