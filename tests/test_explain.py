@@ -197,6 +197,31 @@ def test_explain_prints_candidates_whose_numbers_reproduce_the_choice(tmp_path, 
         assert (best["proposer"], best["k"]) == (rec["proposer"], rec["k"])
 
 
+def test_explain_says_where_a_block_stopped_by_the_drafts_confidence(tmp_path, capsys):
+    """A record whose draft block, priced at k = 3, ran on under a stop rule: explain marks
+    the priced candidate, prints the rule's bars, and says why the block ran shorter."""
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    rng = random.Random(3)
+    rec = make_record(rng, category="code", pair=PAIRS[1])
+    rec.policy = "auto"
+    first = _auto_record(0)
+    first.update(k=8, k_run=8, stop={"priced_k": 3, "bars": [0.35, 0.35, 0.53], "worth_s": 0.0114,
+                                     "accept": [0.5] * 10, "expect": [0.75] * 4,
+                                     "extra_s": [0.004] * 3})
+    rec.decisions = [first]
+    rec.k_schedule = bytes([2]) + bytes(rec.k_schedule[1:])
+    with open_store(url) as store:
+        store.write([rec])
+    code, out = _run(["explain", "--db", url, "--request", "1"], capsys)
+    assert code == 0, out.err
+    text = " ".join(out.out.split())
+    assert "iteration 0: draft k=8 (rule best, policy auto) ran k=2 (stopped where the next " \
+           "token stopped paying)" in text
+    assert [line for line in out.out.splitlines() if line.lstrip().startswith("* draft")][0] \
+        .split()[2] == "3"  # the priced candidate is the chosen row
+    assert "bar i (0.35 0.35 0.53; a token worth 11.4 ms, the priced block's ms/tok)" in text
+
+
 def test_the_report_says_why_auto_ran_its_k(tmp_path):
     url = f"sqlite:///{tmp_path / 'auto.db'}"
     _store_with_auto_records(url)
@@ -320,6 +345,7 @@ def test_a_live_auto_run_is_explained_and_its_records_reproduce_its_decisions(mo
     for r in priced:
         assert r["candidates"][0]["proposer"] == "plain"
         assert {c["proposer"] for c in r["candidates"][1:]} <= {"draft", "ngram", "suffix"}
-        assert recompute(r) == (r["k"], r["proposer"])
+        # a draft block run on past its priced k names the priced one (``stop``)
+        assert recompute(r) == ((r.get("stop") or {}).get("priced_k", r["k"]), r["proposer"])
     code, out = _run(["explain", "--db", url, "--last"], capsys)
     assert code == 0 and out.out.count("iteration ") >= len(records)
