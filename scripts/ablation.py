@@ -1,12 +1,14 @@
 """Ablation by replay: each mechanism of ``auto`` switched off alone, over logged traffic.
 
-For every category of the store's pair (the newest, or ``--pair``): its logged batch-1
-requests, oldest first, replayed under ``auto`` and under ``auto`` with one mechanism off —
-each from cold statistics, the policy and statistics carried from request to request as a
-serving controller carries them — priced by the costs ``autospec tune`` replays with
-(``autospec.tune.study.replay_costs``). Per request the time ratio, mechanism off ÷ ``auto``
-(above 1: the mechanism pays there); per category and overall the median and a 95 %
-bootstrap interval over requests.
+The store's logged batch-1 requests of one pair (the newest, or ``--pair``), oldest first
+(``--interleave``: each category's in order, the categories round-robin — mixed arrival),
+replayed under ``auto`` and under ``auto`` with one mechanism off, each from cold — one
+policy, one cost table and one set of category statistics carried from request to request,
+as a serving controller carries them (so a category arriving among others starts from them)
+— priced by the pair's costs as ``autospec tune`` builds them
+(``autospec.tune.study.replay_costs``, over all the pair's traffic). Per request the time
+ratio, mechanism off ÷ ``auto`` (above 1: the mechanism pays there); per category and overall
+the median and a 95 % bootstrap interval over requests.
 
 Replay prices every iteration by one cost table, so the busy-machine guard (which reads the
 scatter and level of live timings) has nothing to act on here: its row says so rather than
@@ -52,15 +54,36 @@ def bootstrap(ratios: list[float], rounds: int = 2000, seed: int = 0) -> tuple[f
 
 
 def per_request_seconds(rows, costs, overrides: dict) -> list[float]:
-    """Each request's replayed seconds, in order, under ``auto`` with ``overrides``."""
+    """Each request's replayed seconds, in the order given, under ``auto`` with
+    ``overrides``: one policy, one cost table and one set of category statistics carried
+    from request to request (a category that arrives late starts from the others')."""
     policy = CostModelPolicy(name="auto", **overrides)
     lives: dict = {}
     table = costs.table(policy.params)
     out = []
     for row in rows:
-        res = simulate([row], policy, costs, k_max=16, category=lambda r: r.category,
-                       live=lives, table=table, batched=False)
+        res = simulate([row], policy, costs, k_max=16, category=_category, live=lives,
+                       table=table, batched=False)
         out.append(res.seconds)
+    return out
+
+
+def _category(row) -> str:
+    return row.category or "default"
+
+
+def interleaved(rows: list) -> list:
+    """The same requests, each category's in its logged order, taken round-robin across the
+    categories (mixed arrival: every category's first request early, among the others')."""
+    by_cat: dict[str, list] = defaultdict(list)
+    for r in rows:
+        by_cat[_category(r)].append(r)
+    queues = list(by_cat.values())
+    out = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
     return out
 
 
@@ -70,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pair", type=int, default=None, help="pair id (default: the newest)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--greedy-only", action="store_true", help="leave sampled requests out")
+    ap.add_argument("--interleave", action="store_true",
+                    help="replay the categories' requests round-robin (mixed arrival) instead "
+                         "of in logged order")
     args = ap.parse_args(argv)
     store = open_store(args.url)
     with store.session() as s:
@@ -83,31 +109,30 @@ def main(argv=None) -> int:
             print("no batch-1 requests logged: run the bench with --db first", file=sys.stderr)
             return 1
         pair = pairs[pid]
-        by_cat: dict[str, list] = defaultdict(list)
-        for r in rows:
-            by_cat[r.category or "default"].append(r)
-        priced = {}
-        for cat in by_cat:
-            got = replay_costs(s, pid, cat, pair)
-            if isinstance(got, str):
-                print(f"{cat}: {got}", file=sys.stderr)
-                continue
-            priced[cat] = got[0]
-    if not priced:
-        print("no category has costs replay can price by: see above", file=sys.stderr)
+        # the pair's costs over all its categories' traffic: one table, as a controller keeps
+        got = replay_costs(s, pid, None, pair)
+    if isinstance(got, str):
+        print(got, file=sys.stderr)
         return 1
+    costs = got[0]
+    if args.interleave:
+        rows = interleaved(rows)
+    base = per_request_seconds(rows, costs, {})
+    plain: dict[str, float] = defaultdict(float)
+    spent: dict[str, float] = defaultdict(float)
+    for r, b in zip(rows, base):
+        plain[_category(r)] += simulate([r], CostModelPolicy(), costs,
+                                        batched=False).plain_seconds
+        spent[_category(r)] += b
+    speedup = {c: plain[c] / spent[c] for c in plain if spent[c] > 0}
     table: dict[str, dict[str, list[float]]] = {}
-    speedup: dict[str, float] = {}
-    for cat, costs in priced.items():
-        cat_rows = by_cat[cat]
-        base = per_request_seconds(cat_rows, costs, {})
-        plain = sum(simulate([r], CostModelPolicy(), costs, batched=False).plain_seconds
-                    for r in cat_rows)
-        speedup[cat] = plain / sum(base)
-        for name, overrides in MECHANISMS.items():
-            off = per_request_seconds(cat_rows, costs, overrides)
-            table.setdefault(name, {})[cat] = [o / b for o, b in zip(off, base) if b > 0]
-    cats = sorted(priced)
+    for name, overrides in MECHANISMS.items():
+        off = per_request_seconds(rows, costs, overrides)
+        per_cat = table.setdefault(name, {})
+        for r, o, b in zip(rows, off, base):
+            if b > 0:
+                per_cat.setdefault(_category(r), []).append(o / b)
+    cats = sorted(speedup)
     print(f"{len(rows)} requests, {len(cats)} categories; replayed auto over plain: "
           + ", ".join(f"{c} {speedup[c]:.2f}x" for c in cats))
     print("time with the mechanism off ÷ auto's, per request: median [95 % interval] "

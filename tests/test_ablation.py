@@ -67,3 +67,12 @@ def test_an_empty_store_says_what_to_do(tmp_path, capsys):
     autospec.store.open_store(url).close()
     assert ablation.main([url]) == 1
     assert "run the bench with --db first" in capsys.readouterr().err
+
+
+def test_interleaving_takes_the_categories_round_robin_each_in_its_order():
+    class Row:
+        def __init__(self, category, i):
+            self.category, self.i = category, i
+
+    rows = [Row("a", 0), Row("a", 1), Row("a", 2), Row("b", 3), Row("b", 4), Row(None, 5)]
+    assert [r.i for r in ablation.interleaved(rows)] == [0, 3, 5, 1, 4, 2]
