@@ -10,9 +10,12 @@ block — knowing every outcome (each block stopped exactly where acceptance end
 the measured forwards (``Prices``). A policy's time over that least time is how far it is from
 perfect foresight (``autospec bench``'s "foresight" column; ``autospec report``).
 
-Greedy traces only (a sampled trace holds acceptance probabilities, not outcomes). A position a
-proposer never saw (the model trace's 255) counts as a miss: the bound is then looser, never
-wrong. Catch-ups are not charged; a lookup block costs ``T_LOOKUP``.
+Greedy traces only (a sampled trace holds acceptance probabilities, not outcomes). A position
+the model proposer never saw (its trace's 255: a stretch lookups served that it never caught
+up on, a request it never drafted) counts as accepted, so that the least time stays a lower
+bound — looser there, never wrong. (Counted as a miss, it made a request the draft model
+never ran on read above 100 % of perfect foresight.) Catch-ups are not charged; a lookup block
+costs ``T_LOOKUP``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from autospec.traces import (
     NGRAM_NONE,
     SUFFIX_TRACE_WIDTH,
+    UNOBSERVED,
     decode_suffix_value,
     decode_trace_value,
 )
@@ -73,9 +77,10 @@ class Prices:
 
 
 def _lead(trace, p: int, k: int) -> int:
-    """Leading positions from ``p`` (at most k) where the model's prediction held."""
+    """Leading positions from ``p`` (at most k) where the model's prediction held, or was
+    never observed (a lower bound's benefit of the doubt)."""
     a = 0
-    while a < k and p + a < len(trace) and trace[p + a] == 1:
+    while a < k and p + a < len(trace) and trace[p + a] in (1, UNOBSERVED):
         a += 1
     return a
 

@@ -54,6 +54,24 @@ def test_the_oracle_stops_each_block_where_acceptance_ends():
         (0.3 + 1) + (0.4 + 1))
 
 
+def test_a_position_the_draft_model_never_saw_counts_in_its_favour():
+    """A request the draft model never drafted (lookups served it all: its trace unobserved
+    throughout) read as the draft failing everywhere, which priced perfect foresight above
+    what the run itself took (above 100 %). Unseen, it counts as accepted: the least time
+    stays a lower bound."""
+    ngram = bytes([NGRAM_NONE] + [encode_trace_value(3, 2)] * (N - 1))  # 2-token lookups
+    unseen = bytes([255] * N)
+    lookups_only = oracle_bound.oracle(N, unseen, _suffix({}), ngram, {"ngram"}, Flat())
+    got = oracle_bound.oracle(N, unseen, _suffix({}), ngram, {"draft", "ngram"}, Flat())
+    assert got == oracle_bound.oracle(N, bytes([255] + [1] * 9), _suffix({}), ngram,
+                                      {"draft", "ngram"}, Flat())
+    assert got == pytest.approx(1.8) and got < lookups_only  # a block of 8 + the target's
+    # seen misses still count as misses
+    missed = bytes([255] + [0] * 9)
+    assert oracle_bound.oracle(N, missed, _suffix({}), ngram, {"draft", "ngram"}, Flat()) == (
+        pytest.approx(lookups_only))
+
+
 def test_a_suffix_draft_continued_by_the_draft_model_only_with_hybrid():
     draft = bytes([255, 0, 0, 0, 0, 0, 1, 1, 1, 1])  # the draft model helps only late
     ngram = bytes([NGRAM_NONE] * N)
