@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from collections import defaultdict
 
+from autospec.bench.stats import median_interval
 from autospec.policies import CostModelPolicy
 from autospec.store import open_store, queries
 from autospec.tune.replay import batch_size_of, simulate
@@ -45,12 +45,6 @@ MECHANISMS = {
     "busy-machine guard (no load in replay)": {"scatter": 1e9, "level_move": 1e9,
                                                "shape_floor": 0.0},
 }
-
-
-def bootstrap(ratios: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(rounds))
-    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
 
 
 def per_request_seconds(rows, costs, overrides: dict) -> list[float]:
@@ -147,13 +141,13 @@ def main(argv=None) -> int:
             x = per_cat.get(c, [])
             every += x
             if x:
-                lo, hi = bootstrap(x)
+                lo, hi = median_interval(x)
                 med = statistics.median(x)
                 cells.append(f"{med:.3f} [{lo:.2f}-{hi:.2f}]")
                 out["mechanisms"][name][c] = {"median": med, "interval": [lo, hi], "n": len(x)}
             else:
                 cells.append("-")
-        lo, hi = bootstrap(every)
+        lo, hi = median_interval(every)
         med = statistics.median(every)
         out["mechanisms"][name]["all"] = {"median": med, "interval": [lo, hi], "n": len(every)}
         cells.append(f"{med:.3f} [{lo:.2f}-{hi:.2f}]")

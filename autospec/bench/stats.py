@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from autospec.engine.proposers import lookups
 
-__all__ = ["RunRecord", "BatchRecord", "aggregate", "summarize_batches", "batch_records_of",
+__all__ = ["RunRecord", "BatchRecord", "median_interval", "aggregate", "summarize_batches", "batch_records_of",
            "first_divergence", "oracle", "head_to_head", "OVERALL"]
 
 OVERALL = "overall"
@@ -169,15 +169,21 @@ def _pairs_of(by: dict, mode: str, base: str) -> list[tuple]:
             if min(b.wall_s, p.wall_s) > 0 and min(b.new_tokens, p.new_tokens) > 0]
 
 
-def _paired(pairs: Sequence[tuple[RunRecord, RunRecord]], resamples: int, seed: int) -> dict:
-    """(baseline, policy) runs of the same requests → head_to_head's figures."""
-    ratios = [(b.wall_s / b.new_tokens) / (p.wall_s / p.new_tokens) for b, p in pairs]
+def median_interval(ratios: Sequence[float], resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """The 95 % bootstrap interval of the median of ``ratios`` (``resamples`` resamples,
+    seeded)."""
     rng = random.Random(seed)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
                      for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[min(resamples - 1, int(0.975 * resamples))]
+
+
+def _paired(pairs: Sequence[tuple[RunRecord, RunRecord]], resamples: int, seed: int) -> dict:
+    """(baseline, policy) runs of the same requests → head_to_head's figures."""
+    ratios = [(b.wall_s / b.new_tokens) / (p.wall_s / p.new_tokens) for b, p in pairs]
     return {"requests": len(ratios), "median_ratio": statistics.median(ratios),
-            "interval": (medians[int(0.025 * resamples)],
-                         medians[min(resamples - 1, int(0.975 * resamples))]),
+            "interval": median_interval(ratios, resamples, seed),
             "faster": sum(x > 1 for x in ratios),
             "throughput_ratio": (sum(p.new_tokens for _, p in pairs)
                                  / sum(p.wall_s for _, p in pairs))
