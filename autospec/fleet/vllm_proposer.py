@@ -35,6 +35,7 @@ step gets no drafts.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -70,7 +71,8 @@ class AutospecProposer:
         self.max_model_len = int(model.max_model_len)
         url = env.get("AUTOSPEC_VLLM_STORE") or None
         self.sink = StoreSink(url, target=str(model.model),
-                              dtype=str(model.dtype).replace("torch.", "")) if url else None
+                              dtype=str(model.dtype).replace("torch.", ""),
+                              at_exit=self._at_exit) if url else None
         self.speculator = Speculator(
             self.settings, on_finish=self.sink.submit if self.sink else None,
             categorize=self.sink.categorize if self.sink else None)
@@ -78,8 +80,16 @@ class AutospecProposer:
         self._stats_written = 0.0
         self._runner = None
         self.failures = 0
+        self._finished_seen = 0
+        _log_with_vllm()
+        if self.stats_path:
+            atexit.register(self._write_stats, force=True)
         log.info("autospec: custom_class proposer (%s, k ≤ %d%s)", ",".join(names),
                  self.settings.k_max, f", store {url}" if url else ", no store")
+
+    def _at_exit(self) -> None:
+        """The process exits: the requests still held are recorded."""
+        self.speculator.finish_all()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands every drafter the target; lookups need none."""
@@ -146,10 +156,13 @@ class AutospecProposer:
             return True
         return key not in runner.requests
 
-    def _write_stats(self) -> None:
+    def _write_stats(self, force: bool = False) -> None:
+        """At most once a second, and whenever a request has finished."""
         now = time.time()
-        if now - self._stats_written < 1.0:
+        done = self.speculator.counters["finished"]
+        if not force and done == self._finished_seen and now - self._stats_written < 1.0:
             return
+        self._finished_seen = done
         self._stats_written = now
         try:
             doc = self.snapshot()
@@ -166,6 +179,16 @@ class AutospecProposer:
         return {"counters": dict(sp.counters), "acceptance": sp.acceptance.snapshot(),
                 "step_costs": sp.costs.table(), "running": len(sp.requests),
                 "sink": self.sink.counts() if self.sink else None}
+
+
+def _log_with_vllm() -> None:
+    """autospec's messages go where vLLM's go (vLLM configures its own logger only)."""
+    mine, theirs = logging.getLogger("autospec"), logging.getLogger("vllm")
+    if not mine.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            mine.addHandler(handler)
+        mine.setLevel(logging.INFO)
+        mine.propagate = False
 
 
 def _info_of(runner, req_id: str):

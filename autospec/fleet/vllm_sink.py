@@ -19,6 +19,7 @@ or ``target_s_by_bn`` ((B, tokens per request) → seconds).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -37,8 +38,10 @@ QUEUE = 4096
 class StoreSink:
     """Finished requests → the store, on a thread of its own."""
 
-    def __init__(self, url: str, *, target: str, dtype: str, hardware: str | None = None):
+    def __init__(self, url: str, *, target: str, dtype: str, hardware: str | None = None,
+                 at_exit=None):
         self.url, self.target, self.dtype, self.hardware = url, target, dtype, hardware
+        self.at_exit = at_exit  # called at the process's exit before the queue is written
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE)
         self.submitted = self.dropped = self.failures = self.written = 0
         self.last_error: str | None = None
@@ -120,6 +123,9 @@ class StoreSink:
                 except queue.Empty:
                     pass
             return
+        # registered after the store's writer: exits run last-in first, so this one queues
+        # the requests still running and writes the queue before the writer closes
+        atexit.register(self._exit)
         self.ready.set()
         while True:
             try:
@@ -139,6 +145,14 @@ class StoreSink:
             store.close()  # flushes the writer
         except Exception as e:
             self._failed("close", e)
+
+    def _exit(self) -> None:
+        try:
+            if self.at_exit is not None:
+                self.at_exit()
+        except Exception as e:
+            self._failed("exit", e)
+        self.close(timeout=5.0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop (tests; vLLM's process just exits)."""

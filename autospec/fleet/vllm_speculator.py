@@ -22,7 +22,8 @@ costs (``vllm_choice.allocate``); k = 0 everywhere where nothing pays. The secon
 end of one call to the start of the next are vLLM's step at the batch size and total draft
 tokens it ran (``StepCosts``), counted where the step ran only requests already decoding.
 
-A request that left the batch and is ``finished`` becomes a ``RequestRecord`` (``on_finish``).
+A request becomes a ``RequestRecord`` (``on_finish``) when it has its ``max_tokens``, or when
+it has left the batch and is ``finished`` (ended by EOS or a stop: seen at the next step).
 """
 
 from __future__ import annotations
@@ -191,7 +192,11 @@ class Speculator:
             if not len(row.sampled):
                 continue
             req = self._advance(row)
-            if req is not None:
+            limit = req.info.max_tokens
+            if limit is not None and len(req.tokens) - req.prompt_len >= limit:
+                del self.requests[row.key]  # its last token: vLLM ends it with this step
+                self._finish(req)
+            else:
                 live.append((i, req))
         out: list[list[int]] = [[] for _ in rows]
         drafted = self._choose(live, out)
@@ -238,7 +243,7 @@ class Speculator:
             self._finish(self.requests.pop(key))
 
     # -- a request's new tokens -------------------------------------------------------------
-    def _advance(self, row: Row) -> Request | None:
+    def _advance(self, row: Row) -> Request:
         req = self.requests.get(row.key)
         sampled = [int(t) for t in row.sampled]
         if req is not None:
