@@ -1,7 +1,7 @@
 """autospec inside a real vLLM (its CPU build): one server with ``"method": "custom_class"``
 pointing at ``autospec.fleet.vllm_proposer.AutospecProposer`` on the small random-weight pair,
-a few greedy requests (one labelled, one copy-heavy), and the same requests to a plain vLLM
-server: the outputs must be token-identical, and the proposer must have proposed and had
+a few greedy requests (one labelled, one copy-heavy), one at a time and then all at once, and
+the same requests to a plain vLLM server: the outputs must be token-identical, and the proposer must have proposed and had
 tokens accepted (its stats file, and the store rows it wrote from inside vLLM).
 
 Opt-in like tests/test_engine_loop.py: it starts two vLLM servers, one after the other (a few
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -182,9 +183,11 @@ def test_autospec_proposes_inside_vllm_and_the_output_is_vllms_own(tmp_path):
         try:
             t = time.monotonic()
             out = [server.complete(target, p, lab) for p, lab in prompts]
+            with ThreadPoolExecutor(len(prompts)) as pool:  # together: steps at B > 1
+                out += list(pool.map(lambda pl: server.complete(target, *pl), prompts))
             timings[f"{label} requests"] = round(time.monotonic() - t, 1)
             if spec is not None:  # the proposer's records and stats, written off the hot path
-                _wait_for(lambda: _finished(stats) >= len(prompts) and _rows(db) >= len(prompts))
+                _wait_for(lambda: _finished(stats) >= len(out) and _rows(db) >= len(out))
             return out
         except Exception:
             sys.stdout.write(server.tail())
@@ -217,7 +220,9 @@ def test_autospec_proposes_inside_vllm_and_the_output_is_vllms_own(tmp_path):
 
     with open_store(f"sqlite:///{db}", read_only=True) as st, st.session() as s:
         rows = queries.recent_requests(s, limit=100)
-    assert len(rows) == len(prompts), [r.category for r in rows]  # each at its max_tokens
+    assert len(rows) == 2 * len(prompts), [r.category for r in rows]  # each at its max_tokens
+    assert max(r.batch_size for r in rows) > 1
+    assert any(key.split(",")[0] != "1" for key in doc["step_costs"])  # B > 1 steps timed
     assert all(r.path == "vllm" and r.policy == "autospec (vllm)" for r in rows)
     cats = {r.category for r in rows}
     assert "chat" in cats and "vllm-test" in cats
