@@ -103,7 +103,7 @@ class Controller:
         self.live: dict[str, LiveStats] = {}  # per category: acceptance and rate, live
         # the pair's costs per (execution path, batch size), shared by every category; the
         # paths whose batch-1 row was warmed from the store, and whether the grid was
-        self.costs = CostTable(params=params_of(self.policy))
+        self.costs = CostTable()
         self._warmed: set[str] = set()
         self._grid_warmed = False
         self.store = self.writer = self.telemetry = self._release_store = None

@@ -14,7 +14,10 @@ Replay prices every iteration by one cost table, so the busy-machine guard (whic
 scatter and level of live timings) has nothing to act on here: its row says so rather than
 measuring it; it is judged by runs under load (``scripts/busy_start.py``).
 
-Usage: python scripts/ablation.py sqlite:///bench.db [--json OUT] [--greedy-only]
+``--sensitivity``: each of the policy's parameters alone at a lower and a higher value than its
+default (``SENSITIVITY``) in place of each mechanism off: docs/parameters.md's sensitivity.
+
+Usage: python scripts/ablation.py sqlite:///bench.db [--json OUT] [--greedy-only] [--sensitivity]
 (log the traffic first: ``autospec bench --modes plain --policies auto --db URL ...``)
 """
 
@@ -27,33 +30,44 @@ import sys
 from collections import defaultdict
 
 from autospec.bench.stats import median_interval
+from autospec.costs.measure import MEASURE
 from autospec.policies import CostModelPolicy
 from autospec.store import open_store, queries
 from autospec.tune.replay import batch_size_of, simulate
 from autospec.tune.study import replay_costs
 
-# mechanism → the parameters that switch it off (and nothing else)
+# mechanism → the parameters that switch it off (and nothing else); "measure": the cost
+# table's settings (autospec.costs.measure) instead of the policy's
 MECHANISMS = {
     "stop rule (the draft's confidence ends its block)": {"stop_rule": False},
-    "new category's start (pooled seed, trial, forecast)": {"cold_start": 0.0},
+    "new category's start (pooled seed, exploration, forecast)": {"cold_start": 0.0},
     "optimism about unmeasured T_t(n)": {"optimistic": False},
-    "re-probe of a draft model switched off": {"reprobe_every": 10 ** 9},
-    "trial of a draft model never tried": {"trial_gain": 1e9},
     "suffix decoding's whole draft": {"suffix_whole": False},
     "the request's own rate (not only its category's)": {"request_prior_tokens": 1e12},
     "the request's own lookup blocks": {"request_prior_blocks": 1e12},
-    "busy-machine guard (no load in replay)": {"scatter": 1e9, "level_move": 1e9,
-                                               "shape_floor": 0.0},
+    "busy-machine guard (no load in replay)": {"measure": {"scatter": 1e9, "level_move": 1e9,
+                                                           "shape_floor": 0.0}},
+}
+
+# --sensitivity: each parameter alone at a lower and a higher value than its default
+SENSITIVITY = {
+    "k_cap": (4, 8), "min_gain": (0.05, 0.1), "optimistic": (False,), "suffix_whole": (False,),
+    "stop_rule": (False,), "initial_k": (1, 6), "acceptance_discount": (0.98, 0.999),
+    "cold_start": (2.0, 32.0), "stored_weight": (50.0, 800.0),
+    "request_prior_tokens": (4.0, 64.0), "request_prior_blocks": (1.0, 16.0),
 }
 
 
 def per_request_seconds(rows, costs, overrides: dict) -> list[float]:
     """Each request's replayed seconds, in the order given, under ``auto`` with
-    ``overrides``: one policy, one cost table and one set of category statistics carried
-    from request to request (a category that arrives late starts from the others')."""
+    ``overrides`` (its key "measure": the cost table's settings): one policy, one cost table
+    and one set of category statistics carried from request to request (a category that
+    arrives late starts from the others')."""
+    overrides = dict(overrides)
+    measure = MEASURE.but(**overrides.pop("measure", {}))
     policy = CostModelPolicy(name="auto", **overrides)
     lives: dict = {}
-    table = costs.table(policy.params)
+    table = costs.table(measure)
     out = []
     for row in rows:
         res = simulate([row], policy, costs, k_max=16, category=_category, live=lives,
@@ -87,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pair", type=int, default=None, help="pair id (default: the newest)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--greedy-only", action="store_true", help="leave sampled requests out")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="each parameter alone at a lower and a higher value (SENSITIVITY) "
+                         "instead of each mechanism off")
     ap.add_argument("--interleave", action="store_true",
                     help="replay the categories' requests round-robin (mixed arrival) instead "
                          "of in logged order")
@@ -120,7 +137,10 @@ def main(argv=None) -> int:
         spent[_category(r)] += b
     speedup = {c: plain[c] / spent[c] for c in plain if spent[c] > 0}
     table: dict[str, dict[str, list[float]]] = {}
-    for name, overrides in MECHANISMS.items():
+    variants = MECHANISMS if not args.sensitivity else {
+        f"{name} = {value!r}": {name: value}
+        for name, values in SENSITIVITY.items() for value in values}
+    for name, overrides in variants.items():
         off = per_request_seconds(rows, costs, overrides)
         per_cat = table.setdefault(name, {})
         for r, o, b in zip(rows, off, base):
@@ -129,9 +149,10 @@ def main(argv=None) -> int:
     cats = sorted(speedup)
     print(f"{len(rows)} requests, {len(cats)} categories; replayed auto over plain: "
           + ", ".join(f"{c} {speedup[c]:.2f}x" for c in cats))
-    print("time with the mechanism off ÷ auto's, per request: median [95 % interval] "
-          "(above 1: the mechanism pays)")
-    head = f"{'mechanism off':52}" + "".join(f"{c:>22}" for c in [*cats, "all"])
+    what = "parameter at" if args.sensitivity else "mechanism off"
+    print(f"time with the {what} ÷ auto's, per request: median [95 % interval] "
+          "(above 1: the default pays)")
+    head = f"{what:52}" + "".join(f"{c:>22}" for c in [*cats, "all"])
     print(head)
     out = {"requests": len(rows), "speedup_over_plain": speedup, "mechanisms": {}}
     for name, per_cat in table.items():

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from autospec.costs.measure import MEASURE
 from autospec.costs.table import CostTable
 from autospec.policies import (
     Context,
@@ -29,7 +30,6 @@ from autospec.policies.costmodel import (
     best_k,
     expected_tokens,
 )
-from autospec.policies.params import DEFAULTS
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 T_DRAFT = 0.02
@@ -215,66 +215,12 @@ def test_batch_exploration_measures_plain_then_drafts_then_turns_off():
     assert len(tried) == len(set(tried))  # every k measured once is not tried again
 
 
-def test_batch_reprobes_after_reprobe_every_off_iterations_without_disturbing_batch_1():
-    stats = warm_stats(0.8)
-    one = CostTable().at(PATH)
-    for n in range(1, 18):  # compute-bound at batch 1 too: off there as well
-        one.t_target[n] = 0.1 * n
-    one.t_draft = T_DRAFT
-    policy = CostModelPolicy(reprobe_every=5, probe_k=2)
-    single = Context(category="c", live=stats, costs=one)
-    batched = batch_context(stats, 16, grid_costs())
-    single_ks, batch_ks = [], []
-    for _ in range(12):
-        single_ks.append(policy.choose(single))
-        batch_ks.extend(policy.choose(batched) for _ in range(3))
-    # a probe at k = 2 costs 2 T_d + T_t(3) - T_t(1) = 2.4 plain steps at B = 1 and B = 16
-    # alike, over reprobe_steps: the cadence stretches from 5 to ceil(5 * 2.4 / 2) = 6
-    assert single_ks == [0, 0, 0, 0, 0, 2] * 2
-    assert batch_ks == [0, 0, 0, 0, 0, 2] * 6
-
-
-def test_a_reprobe_whose_catch_up_is_dear_comes_less_often():
-    """A re-probe pays the draft model's catch-up over what it has not seen: 2.3 s, ten plain
-    steps, for the default pair in bf16 on a CPU without AVX-512. Every 64 off steps that
-    was 16 % of plain decoding; the cadence stretches until it costs reprobe_steps."""
-    stats = warm_stats(0.05)  # off: acceptance far below the draft's cost
-    one = CostTable().at(PATH)
-    one.t_target.update({1: 0.22, 2: 0.4})
-    one.t_draft = 0.11
-    policy = CostModelPolicy(reprobe_every=64, probe_k=1)
-    cheap = Context(category="c", live=stats, costs=one, gap=2)
-    ks = [policy.choose(cheap) for _ in range(128)]
-    assert ks.count(1) == 2 and ks[63] == ks[127] == 1  # the usual cadence
-    for g in (40, 60):
-        one.observe_catch_up(g, 0.3 + 0.033 * g)  # C(g) = 0.3 + 0.033 g s
-    dear = Context(category="c", live=stats, costs=one, gap=60)
-    # the probe: T_d + T_t(2) - T_t(1), plus the catch-up less the proposal it includes
-    probe = 0.11 + (0.4 - 0.22) + (one.catch_up_cost(60) - 0.11)
-    assert probe / 0.22 > 10  # about ten plain steps
-    after = math.ceil(64 * probe / 0.22 / DEFAULTS.reprobe_steps)
-    ks = [policy.choose(dear) for _ in range(after)]
-    assert ks[:-1] == [0] * (after - 1) and ks[-1] == 1 and after > 5 * 64
-
-
 def test_cold_rows_use_the_predicted_acceptance():
     cold, costs = LiveStats(), grid_costs()  # no evidence: the prior says 0.5
     policy = CostModelPolicy()
     ctx = batch_context(cold, 2, costs)
     assert policy.choose(ctx) < policy.choose(replace(ctx, predicted_alpha=0.97))
     assert policy.choose(replace(ctx, predicted_alpha=0.02)) == 0
-
-
-def test_costmodel_with_own_discount_learns_from_each_rows_accepted_count():
-    stats, costs = warm_stats(0.8, blocks=20), grid_costs()
-    policy = CostModelPolicy(discount=0.99)
-    ctx = batch_context(stats, 2, costs)
-    assert policy.choose(ctx) > 0
-    for _ in range(300):  # every row rejects at once: its own statistics follow
-        policy.update(ctx, 2, Outcome(drafted=2, accepted=0, accepted_rows=(0, 0),
-                                      batch_size=2, draft_time_s=0.04, target_time_s=0.1))
-    assert policy.choose(ctx) == 0
-    assert stats.observed("draft") == pytest.approx(20)  # the controller's statistics are untouched
 
 
 # -- the cost table's batch grid -------------------------------------------------------------
@@ -309,7 +255,7 @@ def test_one_measured_batch_size_says_nothing_about_another():
 
 
 def test_live_points_replace_warm_values_then_average():
-    costs = CostTable(params=DEFAULTS.but(cost_ema=0.5))  # a live loop's: it reads its rows
+    costs = CostTable(measure=MEASURE.but(cost_ema=0.5))  # a live loop's: it reads its rows
     costs.warm_grid(PATH, {4: {1: 1.0, 2: 1.0}}, {4: 1.0})
     row = costs.at(PATH, 4)
     version = row.version
@@ -360,7 +306,7 @@ def test_a_slow_first_forward_does_not_become_the_point():
     assert costs.target_points(PATH, 16)[1] == pytest.approx(0.292)
     assert costs.draft_cost(PATH, 16) == pytest.approx(0.165)
     with pytest.raises(ValueError, match="settle"):
-        CostTable(params=DEFAULTS.but(cost_settle=0))
+        CostTable(measure=MEASURE.but(cost_settle=0))
 
 
 # -- the table policy -------------------------------------------------------------------------
@@ -539,7 +485,7 @@ def test_a_batch_size_with_a_live_baseline_takes_the_shape_at_its_own_level():
              4: {1: 0.141, 2: 0.163, 3: 0.179}, 8: {1: 0.171, 2: 0.191, 3: 0.220}}
     costs = CostTable()
     costs.warm_grid(PATH, probe, {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.08})
-    for _ in range(DEFAULTS.cost_settle):
+    for _ in range(MEASURE.cost_settle):
         costs.at(PATH, 2).observe(0, 1.5 * 0.140)
         costs.at(PATH, 2).observe(1, 1.5 * 0.145)
         costs.at(PATH, 4).observe(0, 0.141)
@@ -559,7 +505,7 @@ def test_a_batch_size_with_a_live_baseline_takes_the_shape_at_its_own_level():
 def test_live_costs_need_a_live_baseline_per_batch_bucket():
     costs = probe_costs(live=True)
     assert not costs.baseline_live(PATH, 16) and not costs.baseline_live(PATH, 12)
-    for i in range(DEFAULTS.cost_settle):  # the baseline rests on settle samples, not one
+    for i in range(MEASURE.cost_settle):  # the baseline rests on settle samples, not one
         assert not costs.baseline_live(PATH, 16)
         costs.at(PATH, 16 if i else 17).observe(0, LIVE_16[1])
     assert costs.baseline_live(PATH, 16) and costs.baseline_live(PATH, 20)  # bucket 16–31
@@ -583,13 +529,13 @@ def test_costmodel_switches_off_where_the_loop_measures_what_the_probe_missed():
     costs.at(PATH, 16).observe(k, LIVE_16[2] if k == 1 else 0.5, LIVE_DRAFT_16 * k)
     assert policy.choose(batch_context(stats, 16, costs)) == 0
     # a row leaves: B = 15 is another bucket — one plain step, then still off
-    for _ in range(DEFAULTS.cost_settle):
+    for _ in range(MEASURE.cost_settle):
         assert policy.choose(batch_context(stats, 15, costs)) == 0
         costs.at(PATH, 15).observe(0, 0.26)
     assert policy.choose(batch_context(stats, 15, costs)) == 0
     # where verification is cheap live as well, the same policy speculates
     cheap = probe_costs(live=True)
-    for _ in range(DEFAULTS.cost_settle):
+    for _ in range(MEASURE.cost_settle):
         cheap.at(PATH, 16).observe(0, 0.267)
     cheap.at(PATH, 16).observe(1, 0.280, 0.05)
     assert policy.choose(batch_context(stats, 16, cheap)) > 0

@@ -17,11 +17,11 @@ from test_ngram import _repetitive
 from test_store_batch import _create_at, _downgrade, _insert_legacy, _legacy_stats
 
 import autospec
+from autospec.costs.measure import MEASURE
 from autospec.costs.stored import stored_costs
 from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, FixedK
 from autospec.policies.live import LiveStats, copy_lives
-from autospec.policies.params import DEFAULTS
 from autospec.store import open_store, queries
 from autospec.store.migrate import current_revision, head_revision
 from autospec.store.tables import CategoryPath, PairCost
@@ -70,17 +70,17 @@ def test_a_burst_one_category_sees_marks_the_machine_busy_for_all():
     table = CostTable()
     a, b = table.at("eager"), table.at("eager")  # what category a feeds, what b reads
     assert a is b
-    for _ in range(DEFAULTS.cost_settle):
+    for _ in range(MEASURE.cost_settle):
         a.observe(0, 0.1)  # the level: T_t(1) = 0.1 s
     a.observe(3, 0.12, 0.004)  # T_t(4), measured against that level
     assert not a.busy() and not b.busy()
     version = b.version
-    a.observe(3, 0.1 * DEFAULTS.shape_floor / 2, 0.004)  # T_t(4) far below the level
+    a.observe(3, 0.1 * MEASURE.shape_floor / 2, 0.004)  # T_t(4) far below the level
     assert b.busy() and b.held_out == 1 and not b.settled(1)  # b re-measures the level too
     assert b.version > version  # b's cached decisions are rebuilt
     # a level move one category's plain steps show is every category's
-    for _ in range(DEFAULTS.level_run + DEFAULTS.cost_settle):
-        b.observe(0, 0.1 * DEFAULTS.level_move * 1.5)
+    for _ in range(MEASURE.level_run + MEASURE.cost_settle):
+        b.observe(0, 0.1 * MEASURE.level_move * 1.5)
     assert a.level_moves == b.level_moves >= 1
 
 
@@ -90,7 +90,7 @@ def test_statistics_hold_no_costs_and_replays_copy_the_table_once():
     table, once, for every category."""
     table = CostTable()
     costs = table.at("eager")
-    for _ in range(DEFAULTS.cost_settle):
+    for _ in range(MEASURE.cost_settle):
         costs.observe(0, 0.1)
     live = LiveStats()
     own = live.copy(discount=0.9)  # the policy's own acceptance

@@ -3,7 +3,6 @@ and costs, replayed by the simulator (so every figure here is deterministic)."""
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
 
@@ -28,7 +27,6 @@ POLICIES = {
     "off": lambda: FixedK(0), "fixed:3": lambda: FixedK(3), "heuristic": Heuristic,
     "costmodel": CostModelPolicy, "bandit": ThompsonBandit, "auto": lambda: as_policy("auto"),
     "costmodel+stop": lambda: EarlyStop(CostModelPolicy(), 0.4),
-    "costmodel+discount": lambda: CostModelPolicy(discount=0.99),
     "table": lambda: as_policy("table:1-2:4,3-8:2,9-:0"),
 }
 NAN = float("nan")
@@ -145,18 +143,6 @@ def test_compute_bound_verification_drives_k_to_zero(make, floor):
     assert late.k_counts[0] / late.iterations >= 0.85 and late.speedup >= floor
 
 
-def test_costmodel_reprobes_while_off_at_its_stated_rate():
-    policy, live = CostModelPolicy(reprobe_every=32), {}
-    costs = Costs(t_draft=0.3, t_target={1: 1.0, 16: 1.1})
-    table = costs.table()
-    first = simulate(traffic(0.0, 40), policy, costs, k_max=8, live=live, table=table)
-    # a category the draft never ran on is tried cold_start blocks (at initial_k) before off
-    assert first.k_counts[3] == 8
-    late = simulate(traffic(0.0, 40, seed=1), policy, costs, k_max=8, live=live, table=table)
-    probes = late.iterations - late.k_counts[0]
-    assert 0 < probes <= math.ceil(late.iterations / 32) + 1 and set(late.k_counts) == {0, 1}
-
-
 def test_per_iteration_choice_is_cheap():
     import time
 
@@ -227,8 +213,6 @@ def test_costmodel_tunable_parameters_do_what_they_say():
     k_star, s_star = best_k(live.curve("draft", 16), 0.02, {1: 0.1, 17: 0.1}, 16)
     assert priced(min_gain=s_star - 1 + 0.01) == 0
     assert priced(min_gain=s_star - 1 - 0.01) == k_star
-    # z > 0 reads acceptance optimistically (≥ the mean's k), z < 0 cautiously
-    assert priced(z=2.0) >= free >= priced(z=-2.0)
     # stop_rule: the priced block runs on to k_max, stopped by the draft's confidence
     ruled = CostModelPolicy().choose(ctx)
     assert int(ruled) == 16 and ruled.stop is not None
@@ -244,19 +228,6 @@ def test_costmodel_cold_start_uses_the_requests_acceptance_forecast():
     # with evidence the forecast is ignored: the category's own acceptance decides
     warm = replace(_timed(200, 0.75), category="w")
     assert policy.choose(replace(warm, predicted_alpha=0.05)) > 0
-
-
-def test_costmodel_with_its_own_discount_keeps_its_own_statistics():
-    ctx = _timed(50, 0.75)
-    live = ctx.live
-    policy = CostModelPolicy(discount=0.9)
-    before = policy.choose(ctx)
-    assert before > 0
-    for _ in range(40):  # the draft stops matching: its own fast-forgetting stats see it
-        policy.update(ctx, 4, Outcome(drafted=4, accepted=0, draft_time_s=0.08,
-                                      target_time_s=0.1))
-    assert policy.choose(ctx) == 0
-    assert live.acceptance("draft", 0)[0] > 0.5  # the controller's statistics were not touched
 
 
 def test_a_thinly_observed_position_leans_on_its_neighbour_not_on_one_half():
@@ -291,9 +262,11 @@ def _cold(t_draft: float) -> Context:
     return Context(category="chat", k_max=8, live=LiveStats(), costs=costs)
 
 
-def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
+def test_a_pair_the_draft_never_ran_on_tries_it_before_switching_it_off():
     """The cold holdout run: a probed T_d of 0.56 · T_t(1) against the flat prior α = 0.5
-    priced the draft model out before it ran once, so chat and translation never drafted."""
+    priced the draft model out before it ran once, so chat and translation never drafted.
+    Its acceptance unmeasured on the pair is priced at its bound, as an unmeasured T_d is:
+    one block measures it, then the evidence decides."""
     ctx = _cold(0.09)
     live, costs = ctx.live, ctx.costs
     assert best_k(live.curve("draft", 8), 0.09, costs.cost(optimistic=True), 8)[0] == 0
@@ -304,46 +277,31 @@ def test_a_category_the_draft_never_ran_on_is_tried_before_it_is_switched_off():
     # then its own evidence decides: 2 of 3 accepted pays at c = 0.56 and flat verification
     assert policy.choose(ctx) == best_k(live.curve("draft", 8), 0.09,
                                         costs.cost(optimistic=True), 8)[0] > 0
-    # where it fails it is switched off after the same cold_start blocks
-    bctx, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8)
+    # where it fails it is switched off after its one block
+    bctx, policy = _cold(0.09), CostModelPolicy(initial_k=3, stop_rule=False)
     picks = []
     for _ in range(20):
         picks.append(policy.choose(bctx))
         bctx.live.observe(picks[-1], 0, 0.27 if picks[-1] else 0.0, 0.16)
         bctx.costs.observe(picks[-1], 0.16, 0.27 if picks[-1] else NAN)
-    assert picks == [3] * 8 + [0] * 12
+    assert picks == [3] + [0] * 19
+    # a category seeded from the pair's others is measured already: their evidence decides
+    seeded = replace(_cold(0.09), category="next")
+    assert seeded.live.seed_from([bctx.live]) > 0
+    assert policy.choose(seeded) == 0
 
 
 def test_a_draft_that_cannot_pay_or_has_a_forecast_or_history_is_not_tried_cold():
-    policy = CostModelPolicy(initial_k=3, cold_start=8)
+    policy = CostModelPolicy(initial_k=3, stop_rule=False)
     # T_d = 1.25 · T_t(1): even perfect acceptance loses to plain decoding
     assert policy.choose(replace(_cold(0.2), category="c")) == 0
     # the categoriser's forecast stands in for the evidence (test above this one)
     assert policy.choose(replace(_cold(0.09), category="c", predicted_alpha=0.05)) == 0
-    # stored history of 8 blocks at α ≈ 0.1 counts as tried, though the prior still dominates
+    # stored history of 8 blocks at α ≈ 0.1 counts as measured
     stored = replace(_cold(0.09), category="c")
     stored.live.warm_start({"draft": ([1, 0, 0], [8, 1, 0])})
     assert stored.live.blocks("draft") == 8
     assert policy.choose(stored) == 0
-    # and so does the policy's own copy, with its own discount
-    own = CostModelPolicy(initial_k=3, cold_start=8, discount=0.9)
-    assert own.choose(stored) == 0
-
-
-def test_n_gram_blocks_do_not_put_off_the_draft_models_reprobe():
-    """Chat, cold: failing one- and two-token n-gram blocks every few steps reset the k = 0
-    counter, and the draft model was never re-probed; they count as steps without it."""
-    ctx = _timed(200, 0.05)  # the draft tried and failing; the n-gram matching well
-    for _ in range(50):
-        ctx.live.observe_lookup("ngram", 2, 2, 0.0, 0.1, match=3)
-        ctx.costs.observe(2, 0.1, lookups={"ngram": 0.0})
-    policy = CostModelPolicy(reprobe_every=8, probe_k=1)
-    matched = replace(ctx, k_max=8, proposers=("draft", "ngram"), matches={"ngram": (3,)})
-    plain = replace(ctx, k_max=8, proposers=("draft", "ngram"))
-    for _ in range(10):
-        assert getattr(policy.choose(matched), "proposer", None) == "ngram"
-    assert policy.choose(plain) == 1  # the probe was due: it fires at the next step off
-    assert policy.choose(plain) == 0
 
 
 def test_a_requests_own_statistics_keep_counts_and_rate_but_no_costs():

@@ -101,9 +101,16 @@ def test_early_stop_threshold_is_searched_where_traces_carry_the_drafts_confiden
     assert "early_stop" not in blind.params
     assert res.params["early_stop"] is not None and 60 / 254 < res.params["early_stop"] <= 250 / 254
     assert res.train_tokens_per_s > 1.05 * blind.train_tokens_per_s
-    assert row.params == res.params and row.provenance["early_stop_searched"] is True
-    # the live policy built from the row stops drafting at that threshold, for that category
-    policy = build_policy(row.family, row.params)
+    assert row.provenance["early_stop_searched"] is True
+    # the row holds the result, or (where it lost on the held-back part, here within 0.1 % of
+    # auto, which stops its blocks by the same confidences) the default, naming the result
+    if res.kept_default:
+        assert res.holdout_tokens_per_s >= 0.99 * res.baseline_holdout_tokens_per_s
+        assert row.family == "costmodel" and row.provenance["best"]["params"] == res.params
+    else:
+        assert row.params == res.params
+    # the live policy built from the result stops drafting at that threshold, for that category
+    policy = build_policy("fixed", res.params)
     assert early_stop_of(policy, "code") == res.params["early_stop"]
 
 
@@ -344,7 +351,7 @@ def test_a_result_that_loses_on_held_back_traffic_keeps_the_default(tmp_path):
         assert res.kept_default and "held-back" in res.note
         with store.session() as s:
             (row,) = queries.tuned_params(s)
-        assert (row.family, row.params["discount"]) == ("costmodel", 0.995)  # the default
+        assert (row.family, row.params["min_gain"]) == ("costmodel", 0.0)  # the default
         assert row.provenance["kept_default"] is True
         assert row.provenance["best"] == {"family": "fixed", "params": res.params}
 
@@ -387,9 +394,8 @@ def test_trial_zero_is_read_from_the_auto_policy(monkeypatch):
     family, params = params_of(tune_mod.default_params())
     built, auto = tune_mod.build_policy(family, params), base.auto_policy()
     for name in tune_mod.SEARCHED_COSTMODEL:
-        if name != "discount":  # auto reads the controller's statistics (discount None)
-            assert getattr(built.params, name) == getattr(auto.params, name), name
-    monkeypatch.setattr(base, "auto_policy", lambda: CostModelPolicy(name="auto", z=0.7,
-                                                                      reprobe_every=9))
+        assert getattr(built.params, name) == getattr(auto.params, name), name
+    monkeypatch.setattr(base, "auto_policy", lambda: CostModelPolicy(name="auto", min_gain=0.07,
+                                                                      k_cap=9))
     d = tune_mod.default_params()
-    assert (d["costmodel.z"], d["costmodel.reprobe_every"]) == (0.7, 9)
+    assert (d["costmodel.min_gain"], d["costmodel.k_cap"]) == (0.07, 9)

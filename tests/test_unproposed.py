@@ -41,25 +41,23 @@ def test_the_loop_counts_the_catch_up_predictions_of_k0_positions(arch):
     assert (sim["x"].counts("draft")[1][0], sim["x"].counts("draft")[0][0]) == (live.counts("draft")[1][0], live.counts("draft")[0][0])
 
 
-def test_a_category_switched_off_on_stale_evidence_switches_back_on(monkeypatch):
-    """History says the draft matches 10 %, so the cost model serves k = 0; traffic now
-    matches 85 %. Each re-probe brings the catch-up's predictions of the positions decoded at
-    k = 0 since, so a few probes outweigh the stale history; a probe's own one block would
-    need many times more."""
+def test_a_category_switched_off_on_stale_evidence_switches_back_on():
+    """History says the draft matches 10 % (200 blocks), so the cost model serves k = 0;
+    traffic now matches 85 %. Off is not forever: every plain step discounts the draft's
+    counts, and once fewer than ``cold_start`` blocks' worth are left its acceptance counts
+    as unmeasured again — its block is explored, the catch-up's predictions of the positions
+    decoded at k = 0 count as evidence, and drafting resumes. Undiscounted, it never does."""
     rng = random.Random(0)
     traces = [("greedy", bytes(1 if rng.random() < 0.85 else 0 for _ in range(64)))
               for _ in range(12)]
-    with_catch_up = _k_sequence(traces)
-    assert with_catch_up[0] == 0  # the stale history switched it off
-    on = _switched_on_at(with_catch_up)
-    assert on < 120, on
-    # control: the same replay with the catch-up evidence ignored stays off far longer
-    evidence = LiveStats.observe_evidence  # the evidence at depth 0 (k = 0 positions) ignored
-    monkeypatch.setattr(LiveStats, "observe_evidence",
-                        lambda self, name, depth, value: evidence(self, name, depth, value)
-                        if depth > 0 else None)
-    without = _switched_on_at(_k_sequence(traces))
-    assert without > 2 * on, (on, without)
+    ks = _k_sequence(traces, discount=0.995)
+    assert ks[0] == 0  # the stale history switched it off
+    # ln(200 / 8) / (1 − 0.995) ≈ 642 plain steps of forgetting, then a few blocks
+    on = _switched_on_at(ks)
+    assert 600 < on < 700, on
+    assert sum(k > 0 for k in ks[on:]) >= 0.9 * len(ks[on:])
+    never = _k_sequence(traces, discount=1.0)
+    assert _switched_on_at(never) == len(never) and not any(never)
 
 
 def _switched_on_at(ks: list[int], run: int = 8) -> int:
@@ -70,12 +68,12 @@ def _switched_on_at(ks: list[int], run: int = 8) -> int:
     return len(ks)
 
 
-def _k_sequence(traces) -> list[int]:
+def _k_sequence(traces, discount: float) -> list[int]:
     """The k the cost-model policy chooses per iteration, replaying ``traces`` from a stale
-    history (200 blocks at 10 % acceptance)."""
-    live = LiveStats()
+    history (200 blocks at 10 % acceptance) with the statistics' ``discount``."""
+    live = LiveStats(discount=discount)
     live.warm_start({"draft": ([20.0], [200.0])})
-    return chosen_ks(traces, live, CostModelPolicy(reprobe_every=16))
+    return chosen_ks(traces, live, CostModelPolicy())
 
 
 def chosen_ks(traces, live: LiveStats, policy) -> list[int]:

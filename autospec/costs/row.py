@@ -42,8 +42,8 @@ class CostRow:
     def __init__(self, table, path: str | None, batch: int):
         self._table, self._path, self._lock = table, table._path(path), table._lock
         self.path, self.batch = path, int(batch)
-        self.params = table.params
-        self.ema = self.params.cost_ema
+        self.measure = table.measure
+        self.ema = self.measure.cost_ema
         self.t_draft: float | None = None  # the model proposer's seconds per proposed token
         self.t_lookup: dict[str, float] = {}  # each lookup proposer's, by name
         self.t_target: dict[int, float] = {}  # tokens scored → seconds
@@ -75,7 +75,7 @@ class CostRow:
         new.t_samples = {n: list(v) for n, v in self.t_samples.items()}
         new.d_samples, new._stale = list(self.d_samples), set(self._stale)
         new.measured = set(self.measured)
-        new._recent = {n: deque(v, maxlen=self.params.recent) for n, v in self._recent.items()}
+        new._recent = {n: deque(v, maxlen=self.measure.recent) for n, v in self._recent.items()}
         return new
 
     @property
@@ -117,7 +117,7 @@ class CostRow:
             return
         with self._lock:
             path = self._path
-            path.catch_up = catch_up_sums([(tokens, seconds)], self.params.catch_up_discount,
+            path.catch_up = catch_up_sums([(tokens, seconds)], self.measure.catch_up_discount,
                                           path.catch_up)
 
     def _avg(self, old: float | None, new: float) -> float:
@@ -139,7 +139,7 @@ class CostRow:
             self.t_draft = self._avg(old, draft_s / k)
         else:
             self.t_draft = settle_sample(self.d_samples, old, draft_s / k,
-                                         self.params.cost_settle, self.ema)
+                                         self.measure.cost_settle, self.ema)
 
     def _timed(self, k: int, target_s: float) -> bool | None:
         """The target's forward of k + 1 tokens through the shape guard (a point below the
@@ -147,7 +147,7 @@ class CostRow:
         last re-measure), and the iteration; False where held out, None where not timed."""
         kept = True if target_s is not None and 0 < target_s < INF else None
         if kept:
-            n, it, p = k + 1, self.iterations, self.params
+            n, it, p = k + 1, self.iterations, self.measure
             recent = self._recent.get(n)
             if recent is None:
                 recent = self._recent[n] = deque(maxlen=p.recent)
@@ -192,7 +192,7 @@ class CostRow:
         to it (replaced at their next sample) and the row counts as busy."""
         first = self.t_samples.get(1)
         recent = self._recent.get(1) or ()
-        ref, p = self._level_ref, self.params
+        ref, p = self._level_ref, self.measure
         if (ref is None or ref <= 0 or len(recent) < p.level_run
                 or (first is not None and len(first) < p.cost_settle)):
             return
@@ -219,7 +219,7 @@ class CostRow:
         """Seed from stored costs where nothing is measured yet (``t_lookup``: each lookup
         proposer's seconds per token, by name); ``t_target`` passes ``shape_guard`` unless
         ``probe``, whose points below the floor set this row's own floor there instead."""
-        floor = self.params.shape_floor
+        floor = self.measure.shape_floor
         if t_target and not probe:
             guarded = shape_guard(t_target, floor)
             if len(guarded) < len(t_target):
@@ -252,7 +252,7 @@ class CostRow:
             path = self._path
             if path.catch_up[0]:
                 return
-            path.catch_up = catch_up_sums(points, self.params.catch_up_discount)
+            path.catch_up = catch_up_sums(points, self.measure.catch_up_discount)
 
     # -- reading --------------------------------------------------------------------------------
     def busy(self) -> bool:
@@ -260,7 +260,7 @@ class CostRow:
         within ``scatter_window``, or the level moved or a shape was held out within
         ``busy_hold``."""
         with self._lock:
-            it, p = self.iterations, self.params
+            it, p = self.iterations, self.measure
             if it < self._busy_until:
                 return True
             since = it - p.scatter_window
@@ -284,7 +284,7 @@ class CostRow:
         with self._lock:
             first = self.t_samples.get(n)
             return n in self.t_target and (first is None
-                                           or len(first) >= self.params.cost_settle)
+                                           or len(first) >= self.measure.cost_settle)
 
     def ready(self) -> bool:
         """Whether T_t(B, 1) can be decided by: at batch 1 settled here; at B > 1 read from
@@ -306,11 +306,11 @@ class CostRow:
             curve, floors = dict(self.t_target), self._floor
         if not curve:
             return None
-        t1, floor = curve.get(1), self.params.shape_floor
+        t1, floor = curve.get(1), self.measure.shape_floor
         if t1 and (floors or min(curve.values()) < floor * t1):  # else none is below
             curve = {n: (t if n == 1 else max(t, floors.get(n, floor) * t1))
                      for n, t in curve.items()}
-        return interpolate_cost(curve, optimistic=optimistic, noise=self.params.cost_noise)
+        return interpolate_cost(curve, optimistic=optimistic, noise=self.measure.cost_noise)
 
     def draft_cost(self) -> float | None:
         """T_d(B), seconds per proposed token: batch 1's measured; B > 1 the grid's."""
@@ -326,8 +326,9 @@ class CostRow:
                 self.t_draft if 0 in measured else None)
 
     def known(self) -> bool:
-        """Whether T_d(B) and a second T_t(B, n) are known (else the model is explored)."""
-        if self.draft_cost() is None:
+        """Whether T_d(B) and a second T_t(B, n) are known, T_d not only carried over a level
+        move since it was timed (else the model is explored: one block measures them)."""
+        if self.draft_cost() is None or 0 in self._stale:
             return False
         if self.batch > 1:
             return len(self._table.grid(self.path, self.batch)[0]) >= 2
@@ -345,7 +346,7 @@ class CostRow:
         propose its first one: the path's fit (``catch_up_line``), never below T_d(B); None
         before any catch-up."""
         with self._lock:
-            line = catch_up_line(self._path.catch_up, self.params.catch_up_spread)
+            line = catch_up_line(self._path.catch_up, self.measure.catch_up_spread)
         return None if line is None else max(line[0] + line[1] * tokens,
                                              self.draft_cost() or 0.0)
 

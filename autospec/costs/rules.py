@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autospec.policies.params import DEFAULTS
+from .measure import MEASURE
 
 __all__ = ["usable", "shape_guard", "spread", "catch_up_sums", "catch_up_line"]
 
@@ -21,7 +21,7 @@ def usable(x) -> bool:
         return False
 
 
-def shape_guard(curve: Mapping[int, float], floor: float = DEFAULTS.shape_floor
+def shape_guard(curve: Mapping[int, float], floor: float = MEASURE.shape_floor
                 ) -> dict[int, float]:
     """``curve`` (n → T_t(n)) without the points n > 1 below ``floor`` · T_t(1), a shape no
     machine shows (timings from different loads); held out, not clamped. Without T_t(1) the
@@ -66,7 +66,7 @@ def catch_up_sums(points, discount: float = 1.0, sums: Sequence[float] | None = 
     return out
 
 
-def catch_up_line(sums: Sequence[float], spread_share: float = DEFAULTS.catch_up_spread
+def catch_up_line(sums: Sequence[float], spread_share: float = MEASURE.catch_up_spread
                   ) -> tuple[float, float] | None:
     """(a, b) of the catch-up cost C(g) = a + b·g fitted to ``sums``: least squares where the
     sizes vary, else proportional to the mean (a = 0); None with no catch-up."""

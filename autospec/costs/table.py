@@ -29,8 +29,8 @@ from collections.abc import Mapping
 
 from autospec.policies.base import batch_bucket
 from autospec.policies.costmodel import interpolate_cost
-from autospec.policies.params import DEFAULTS, Parameters
 
+from .measure import MEASURE, Measurement
 from .row import CostRow
 from .rules import usable
 
@@ -58,8 +58,8 @@ class CostTable:
     table (True: a controller's) or replay's (False: its grid is the truth). Thread-safe:
     one lock for the table and its rows."""
 
-    def __init__(self, *, params: Parameters = DEFAULTS, live: bool = True):
-        self.params, self.live = params, bool(live)
+    def __init__(self, *, measure: Measurement = MEASURE, live: bool = True):
+        self.measure, self.live = measure, bool(live)
         self._paths: dict[str | None, _Path] = {}
         self._lock = threading.Lock()
 
@@ -95,7 +95,7 @@ class CostTable:
 
     def copy(self) -> CostTable:
         """An independent copy (a replay that must not feed the original)."""
-        new = CostTable(params=self.params, live=self.live)
+        new = CostTable(measure=self.measure, live=self.live)
         with self._lock:
             for key, path in self._paths.items():
                 mine = new._path(key)
@@ -151,7 +151,7 @@ class CostTable:
             p = self._paths.get(path)
             seen = sum(len(r.t_samples.get(1, ())) for b, r in (p.rows.items() if p else ())
                        if b > 1 and batch_bucket(b) == bucket)
-        return seen >= self.params.cost_settle
+        return seen >= self.measure.cost_settle
 
     def bucket_moves(self, path: str | None, batch: int) -> int:
         """Level moves of ``path``'s rows at B > 1 in ``batch``'s bucket."""
@@ -212,8 +212,8 @@ class CostTable:
                 if d is not None:
                     live_d[b] = d
         points = grid_points(p.warm_t, live_t, batch,
-                             floor=self.params.shape_floor if self.live else None)
-        noise = self.params.cost_noise
+                             floor=self.measure.shape_floor if self.live else None)
+        noise = self.measure.cost_noise
         entry = ((points, interpolate_cost(points, optimistic=True, noise=noise),
                   interpolate_cost(points, optimistic=False, noise=noise))
                  if points else ({}, None, None)) + (grid_draft(p.warm_d, live_d, batch),)

@@ -25,7 +25,6 @@ from autospec.engine.sampling import SamplingConfig, block_presence, process_log
 from autospec.engine.slots import SlotCache, kv_bytes_per_token
 from autospec.engine.stats import LoopStats
 from autospec.engine.timing import Clock
-from autospec.policies.base import params_of
 from autospec.policies.live import LiveStats
 from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED
 
@@ -141,7 +140,7 @@ class Batch:
         self.criteria, self.streamer = stopping_criteria, streamer
         # the pair's cost table (a call without one keeps its own), and its row at this call's
         # path and the rows running (``view``: made when first read after rows changed)
-        self.costs = CostTable(params=params_of(policy)) if costs is None else costs
+        self.costs = CostTable() if costs is None else costs
         self._view = None
         self.k_max, self.record_conf = k_max, record_confidence
         self.memory = memory  # the category memory of earlier outputs (None: none)

@@ -32,9 +32,11 @@ from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from autospec.costs.measure import MEASURE
+
 from . import explain
-from .base import K_LIMIT, Choice, batch_bucket
-from .params import DEFAULTS, Parameters
+from .base import K_LIMIT, Choice
+from .params import CONSTANTS, DEFAULTS, Parameters
 from .stopping import stop_rule
 
 __all__ = ["expected_tokens", "speedup", "best_k", "batch_best_k", "interpolate_cost",
@@ -77,7 +79,7 @@ def conditional_from_cumulative(cum: Sequence[float | None]) -> list[float | Non
     return out
 
 
-def acceptance_cap(acceptance, k_max: int, marginal: float = DEFAULTS.marginal) -> int:
+def acceptance_cap(acceptance, k_max: int, marginal: float = MEASURE.marginal) -> int:
     """The largest k ≤ ``k_max`` (at least 1) whose last token is accepted with probability
     a_1 · … · a_k ≥ ``marginal``: past it a position adds under ``marginal`` tokens, so only
     a nearly free verification curve (which timings at different loads can fake) pays for it.
@@ -107,7 +109,7 @@ def settle_sample(first: list[float], old: float | None, new: float, settle: int
 
 
 def interpolate_cost(curve: Mapping[int, float], *, optimistic: bool = False,
-                     noise: float = DEFAULTS.cost_noise) -> Callable[[int], float]:
+                     noise: float = MEASURE.cost_noise) -> Callable[[int], float]:
     """T_t(n) from measured points: linear between them, flat below the first, extended
     beyond the last along the slope of the last two.
 
@@ -377,10 +379,10 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
 
 
 # what a decision prices by (``_prices``): rows' statistics, T_t(1), T_t(n), T_d, both measured?,
-# ρ (None: T_t(1)), busy?, the costs' origin, the probe's key and statistics, the step costs,
+# ρ (None: T_t(1)), busy?, the costs' origin, the first row's statistics, the step costs,
 # the costs (the ``CostRow`` of the iteration's path and batch size)
 _Prices = namedtuple("_Prices",
-                     "rows t1 cost t_draft measured rate busy origin key live steps costs")
+                     "rows t1 cost t_draft measured rate busy origin live steps costs")
 
 
 class CostModelPolicy:
@@ -409,10 +411,6 @@ class CostModelPolicy:
         self.params = (DEFAULTS if params is None else params).but(**overrides)
         self.name = name
         self.proposers = proposers
-        # category (batch 1) or (categories, batch bucket) → consecutive iterations without
-        # the draft model, and the LiveStats.level_moves seen last
-        self._off, self._moves = {}, {}
-        self._own: dict[str, object] = {}  # category → own LiveStats (with ``discount``)
         # per LiveStats (and CostRow): the curves (costs) derived, with the version they are of
         self._derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._derived_lock = threading.Lock()
@@ -441,7 +439,7 @@ class CostModelPolicy:
         a match of ``match`` tokens; 0: any), rebuilt when its counts change. Callers only
         read it."""
         return self._memo(live, (proposer, match, top), live.proposer_version(proposer),
-                          lambda: live.curve(proposer, top, z=self.params.z, match=match))
+                          lambda: live.curve(proposer, top, match=match))
 
     def derived_cost(self, costs) -> Callable[[int], float] | None:
         """T_t(B, ·) as a function from ``costs`` (a ``CostRow``), rebuilt when its path's
@@ -449,24 +447,10 @@ class CostModelPolicy:
         return self._memo(costs, "cost", costs.version,
                           lambda: costs.cost(optimistic=self.params.optimistic))
 
-    def _row_stats(self, context) -> list:
-        """Each row's statistics to decide by (batch 1: ``context.live``): the controller's,
-        or (with ``discount``) the controller's with the policy's own discounted draft-model
-        acceptance per category (only the acceptance: the rest is fed to the controller's)."""
-        if _batched(context):
-            rows, cats = list(context.rows), _per_row(context, "categories", context.category)
-        else:
-            rows, cats = [context.live], (context.category,)
-        if self.params.discount is None:
-            return rows
-        out = []
-        for cat, live in zip(cats, rows):
-            own = self._own.get(cat)
-            if own is None and live is not None:
-                own = self._own[cat] = live.copy(discount=self.params.discount)
-            out.append(None if live is None else live.copy(acceptance_from=own,
-                                                           proposer=context.model))
-        return out
+    @staticmethod
+    def _row_stats(context) -> list:
+        """Each row's statistics to decide by (batch 1: ``context.live``)."""
+        return list(context.rows) if _batched(context) else [context.live]
 
     def choose(self, context) -> int:
         top = context.k_max if self.params.k_cap is None else min(self.params.k_cap, context.k_max)
@@ -488,8 +472,8 @@ class CostModelPolicy:
         until T_t(B, 1) can be decided by ("baseline": ``CostRow.ready``). Every cost is read
         from ``context.costs``, at batch 1 and at B > 1 alike."""
         p, costs, batched = self.params, context.costs, _batched(context)
-        rows = None if batched else self._row_stats(context)
-        if rows is not None and rows[0] is None:
+        rows = self._row_stats(context)
+        if not batched and rows[0] is None:
             k = min(p.initial_k, top)
             model = context.model if context.model in proposers else None
             lookup = next((n for n in proposers if n != model), None)
@@ -498,20 +482,17 @@ class CostModelPolicy:
             return (k if model is not None else Choice(k, lookup)), "no-stats"
         if costs is None or not costs.ready():
             return 0, "baseline"  # plain steps at this path and batch size measure it
-        rows = self._row_stats(context) if rows is None else rows
         cost, t_draft = self.derived_cost(costs), costs.draft_cost()
         if batched:
             batch = context.batch_size
             rate = cost(1) / len(rows)
-            key = (tuple(sorted(set(_per_row(context, "categories", context.category)))),
-                   batch_bucket(batch))
             steps = lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic)  # noqa: E731
             live = next((r for r in rows if r is not None), None)
         else:
-            live, key, steps = rows[0], context.category, None
+            live, steps = rows[0], None
             rate = self._rate(live, costs, context, proposers)
         return _Prices(rows, cost(1), cost, t_draft, costs.known(), rate, costs.busy(),
-                       costs.cost_origin(), key, live, steps, costs)
+                       costs.cost_origin(), live, steps, costs)
 
     def _choose(self, context, top: int, why: dict | None) -> tuple[int, str]:
         """(k, the rule that decided it: ``policies.explain.RULES``); ``why`` (where asked)
@@ -532,7 +513,8 @@ class CostModelPolicy:
 
         def capped(curve) -> int:
             """A busy machine's costs are not decided by: k within what acceptance justifies."""
-            return min(top, acceptance_cap(curve, top, p.marginal)) if pr.busy else top
+            return (min(top, acceptance_cap(curve, top, pr.costs.measure.marginal))
+                    if pr.busy else top)
 
         def record(name, curves, b, cap, t_propose, per_token, source):
             """The proposer's block ``b`` (None: no k paid) into the record, which then shows
@@ -605,17 +587,11 @@ class CostModelPolicy:
         if why is not None:
             why["value"] = rate
         if drafts and (best is None or best.proposer != model):
-            probe = self._probe(pr, context, top)
-            if probe is not None:  # the draft model's block at perfect acceptance
-                k, why_probe = probe
-                perfect = [[1.0] * k] * n
-                b = rows_offer(model, perfect, k, pr.t_draft or 0.0, cost)
-                record(model, perfect, b, k, pr.t_draft or 0.0, 0.0, "perfect")
-                if best is None or saved(b, t1, rate) > saved(best, t1, rate):
-                    best, rule = b, why_probe
-        # iterations without the draft model (at batch > 1: plain steps), for the re-probe
-        ran = best is not None and (best.proposer == model or n > 1)
-        self._off[pr.key] = 0 if ran else self._off.get(pr.key, 0) + 1
+            b = self._explore(pr, context, top)
+            if b is not None and (best is None or saved(b, t1, rate) > saved(best, t1, rate)):
+                record(model, [[1.0] * b.k] * n, b, b.k,
+                       (pr.t_draft or 0.0) if pr.measured else 0.0, 0.0, "perfect")
+                best, rule = b, "explore"
         if best is None:
             return 0, rule
         if best.proposer != model:
@@ -632,11 +608,29 @@ class CostModelPolicy:
             why["stop"] = {"priced_k": best.k, **stop.describe()}
         return Choice(k, model, stop=stop), rule
 
+    def _explore(self, pr: _Prices, context, top: int) -> Offer | None:
+        """The one exploration rule: what is not measured yet is priced at its bound — T_d
+        unmeasured (or only carried over a level move since it was timed) as free, and the
+        draft model's acceptance, while fewer than ``cold_start`` of its blocks were counted
+        on the category (seeded and stored ones included) and no forecast stands for it, as
+        perfect. The draft model's block so priced, at ``initial_k`` (one token where only a
+        carried T_d is to be re-timed), where it pays: running it measures what was missing.
+        None where nothing is missing or it cannot pay."""
+        p, model, live = self.params, context.model, pr.live
+        thin = (live is not None and live.observed(model) < p.cold_start
+                and getattr(context, "predicted_alpha", None) is None)
+        if pr.measured and not thin:
+            return None
+        k = min(p.initial_k, top) if thin or not pr.t_draft else 1  # else: re-time T_d
+        b = rows_offer(model, [[1.0] * k] * len(pr.rows), k,
+                       (pr.t_draft or 0.0) if pr.measured else 0.0, pr.cost)
+        return b if valued(b, pr.t1, pr.rate) >= 1 + p.min_gain else None
+
     def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
         """(each row's draft-model acceptance curve, where the first came from): the
         categoriser's forecast while the row's category has fewer than ``cold_start``
         blocks, else the statistics' posterior; with no statistics the forecast or
-        ``unknown_alpha``. Rows of one category and forecast share one curve."""
+        the prior's mean. Rows of one category and forecast share one curve."""
         forecasts = _per_row(context, "predicted_alphas", context.predicted_alpha)
         model = context.model
         memo: dict[tuple, tuple[list[float], str]] = {}
@@ -645,7 +639,7 @@ class CostModelPolicy:
             key = (id(live), predicted)
             if key not in memo:
                 if live is None:
-                    memo[key] = ([self.params.unknown_alpha if predicted is None
+                    memo[key] = ([CONSTANTS.prior_mean if predicted is None
                                   else float(predicted)] * top, "prior")
                 elif predicted is not None and live.observed(model) < self.params.cold_start:
                     memo[key] = [float(predicted)] * top, "forecast"
@@ -654,46 +648,6 @@ class CostModelPolicy:
                                  "live" if live.observed(model) > 0 else "prior")
             out.append(memo[key])
         return [c for c, _ in out], out[0][1]
-
-    def _probe(self, pr: _Prices, context, top: int) -> tuple[int, str] | None:
-        """The one exploration rule: where the draft model's evidence is missing or stale, the
-        k of its block to price at perfect acceptance (the bound), and why, else None:
-
-        - "explore": T_d or a second T_t(n) not measured yet (T_d then read as free): a block
-          at ``initial_k`` measures them;
-        - "trial": fewer than ``cold_start`` of its blocks ever counted on this category (the
-          store's included) and no acceptance forecast: at ``initial_k``, or the shortest k
-          that could pay where that is smaller — only where perfect acceptance would gain
-          ``trial_gain`` (near S = 1 a trial would flip with every timing);
-        - "reprobe": it has not run for ``reprobe_every`` iterations (more where a probe is
-          dear), or the timing level moved (the costs that switched it off were measured at
-          another load): ``probe_k``.
-
-        At batch > 1 per (categories, batch-size bucket), by the first row's statistics.
-        """
-        p, key, live = self.params, pr.key, pr.live
-        moves = pr.costs.moves()
-        moved, self._moves[key] = moves != self._moves.get(key, 0), moves
-        t_draft = pr.t_draft or 0.0
-        rule, k = None, 0
-        if not pr.measured:
-            rule, k = "explore", min(p.initial_k, top)
-        elif (live is not None and live.blocks(context.model) < p.cold_start
-              and getattr(context, "predicted_alpha", None) is None):
-            best, s = batch_best_k([[1.0] * top] * len(pr.rows), t_draft, pr.cost, top)
-            if best and s >= 1 + max(p.min_gain, p.trial_gain):
-                rule, k = "trial", min(p.initial_k, best)
-        if rule is None:  # off for reprobe_every iterations, stretched so that re-probing
-            # costs at most reprobe_steps plain steps per reprobe_every (the probe_k block over a
-            # plain step, plus the draft's catch-up over every token it has not seen)
-            k, wait = min(p.probe_k, top), p.reprobe_every
-            if pr.t1:
-                dear = k * t_draft + max(0.0, pr.cost(k + 1) - pr.t1) + catch_up_per_token(
-                    pr.costs, getattr(context, "gap", 0), 1.0, rows=len(pr.rows),
-                    t_draft=t_draft)
-                wait = max(wait, math.ceil(wait * (dear / pr.t1) / p.reprobe_steps - 1e-9))
-            rule = "reprobe" if moved or self._off.get(key, 0) + 1 >= wait else None
-        return (k, rule) if rule is not None and k > 0 else None
 
     def _rate(self, live, costs, context, proposers) -> float | None:
         """ρ, what a token past a block's first is worth (seconds): with several proposers,
@@ -739,36 +693,18 @@ class CostModelPolicy:
         return tuple(p for p in have if p in allowed) or have
 
     def update(self, context, k: int, outcome) -> None:
-        # the controller's statistics are fed by the loop; our own (with ``discount``) here
-        model = context.model
-        if self.params.discount is not None and _batched(context):
-            accepted = getattr(outcome, "accepted_rows", ()) or ()
-            for cat, a in zip(_per_row(context, "categories", context.category), accepted):
-                own = self._own.get(cat)
-                if own is not None:  # acceptance only: batch timings are not batch 1's
-                    own.observe(k, a, float("nan"), float("nan"), proposer=model)
-            return
-        own = self._own.get(context.category) if self.params.discount is not None else None
-        if own is not None:
-            for name, depth, value in getattr(outcome, "evidence", ()):
-                if name == model:
-                    own.observe_evidence(name, depth, value)
-            if getattr(outcome, "proposer", model) == model:  # the model's alone
-                own.observe(k, outcome.accepted, outcome.draft_time_s, outcome.target_time_s,
-                            proposer=model)
+        """Nothing: the controller's statistics and cost table are fed by the loop."""
 
 
 def _draft_share(live, context, lookups: Sequence[str], params: Parameters = DEFAULTS) -> float:
     """The share of the rest of a request the model proposer serves beside the ``lookups``:
-    where none has a match, or one that fails at once (this request's, pulled toward the
-    category's), each lookup taken alone."""
+    where none has a match (the category's share of decision points without one), or one
+    that fails at once (this request's, pulled toward the category's), each lookup taken
+    alone."""
     req = getattr(context, "request", None)
-    w = params.request_prior_points
     share = 1.0
     for name in lookups:
-        got = req.by_proposer.get(name) if req is not None else None
-        unmatched, matched = got.match_points if got is not None else (0.0, 0.0)
-        alone = (live.unmatched_share(name) * w + unmatched) / (w + unmatched + matched)
+        alone = live.unmatched_share(name)
         first = request_curve(live.curve(name, 1), req, name,
                               prior_blocks=params.request_prior_blocks)[0]
         share *= alone + (1 - alone) * (1 - first)

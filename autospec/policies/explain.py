@@ -18,12 +18,13 @@ RULES = {
     "best": "of the blocks that pay (S ≥ 1 + min_gain), the one that saves the most seconds",
     "off": "no candidate paid by min_gain: a plain step",
     "baseline": "T_t(1) not measured yet: a plain step measures it",
-    "explore": "the draft model's costs not measured yet: its block at perfect acceptance, "
-               "at initial_k",
-    "trial": "the draft model was never tried on this category: its block at perfect "
-             "acceptance",
-    "reprobe": "the draft model unused for reprobe_every iterations (or the load moved): its "
-               "block at perfect acceptance, at probe_k",
+    "explore": "the draft model's costs, or its acceptance on this pair, not measured yet: "
+               "its block at perfect acceptance, at initial_k",
+    # retired rules, kept so that records an earlier version stored still read
+    "trial": "(an earlier version's) the draft model was never tried on this category: its "
+             "block at perfect acceptance",
+    "reprobe": "(an earlier version's) the draft model unused for a while: its block at "
+               "perfect acceptance",
     "no-stats": "no statistics for this category: a block at initial_k",
     "policy": "a policy that records no reasons (fixed, table, bandit, …): its answer",
 }

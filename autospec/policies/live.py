@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
 from .costmodel import conditional_from_cumulative
-from .params import DEFAULTS, Parameters
+from .params import CONSTANTS, DEFAULTS, Parameters
 from .stopping import BINS, bin_of, calibrated
 
 __all__ = ["LiveStats", "copy_lives", "MATCH_BUCKETS", "match_bucket"]
@@ -90,7 +90,7 @@ class LiveStats:
             raise ValueError("discount must be in (0, 1]")
         self.params = params
         self.discount = discount
-        self.prior = (params.prior_hits, params.prior_misses) if prior is None else prior
+        self.prior = CONSTANTS.prior if prior is None else prior
         self.positions = max_positions
         self.by_proposer: dict[str, _Acceptance] = {}  # name → its acceptance counts
         self.spent = [0.0, 0.0]  # [seconds, tokens] past prefill, discounted: the rate
@@ -143,10 +143,10 @@ class LiveStats:
         self.spent[1] = self.spent[1] * self.discount + tokens
 
     def seconds_per_token(self) -> float | None:
-        """The rate this category runs at, everything counted (None before ``rate_tokens``)."""
+        """The rate this category runs at, everything counted (None before ``CONSTANTS.rate_tokens``)."""
         with self._lock:
             seconds, tokens = self.spent
-        return seconds / tokens if tokens >= self.params.rate_tokens else None
+        return seconds / tokens if tokens >= CONSTANTS.rate_tokens else None
 
     def _count(self, accepted: list[float], reached: list[float], k: int, m: int) -> None:
         """One block of k with m accepted into a proposer's counts; under the lock."""
@@ -182,8 +182,8 @@ class LiveStats:
 
     def unmatched_share(self, proposer: str) -> float:
         """The share of decision points without a match of the lookup ``proposer``
-        (``unmatched_prior`` points without one to start)."""
-        prior = self.params.unmatched_prior
+        (``CONSTANTS.unmatched_prior`` points without one to start)."""
+        prior = CONSTANTS.unmatched_prior
         with self._lock:
             got = self.by_proposer.get(proposer)
             without, with_ = got.match_points if got is not None else (0.0, 0.0)
@@ -297,7 +297,7 @@ class LiveStats:
         with self._lock:
             acc = self.by_proposer.get(proposer)
             counts = acc.by_confidence if acc is not None else ([0.0] * BINS, [0.0] * BINS)
-            return calibrated(*counts, prior=self.params.calibration_prior)
+            return calibrated(*counts, prior=CONSTANTS.calibration_prior)
 
     def seed_from(self, others, weight: float | None = None) -> float:
         """A new category's start from what the pair already knows: every proposer's counts

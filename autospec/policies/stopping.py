@@ -27,7 +27,7 @@ from typing import NamedTuple
 from autospec.traces import CONFIDENCE_BINS as BINS
 from autospec.traces import CONFIDENCE_SCALE, UNOBSERVED, evidence
 
-from .params import DEFAULTS
+from .params import CONSTANTS
 
 __all__ = ["BINS", "bin_of", "calibrated", "confident", "StopRule", "stop_rule"]
 
@@ -46,7 +46,7 @@ def confident(values: Sequence[int], confidences: Sequence[int], greedy: bool
 
 
 def calibrated(hits: Sequence[float], seen: Sequence[float],
-               prior: float = DEFAULTS.calibration_prior) -> tuple[float, ...]:
+               prior: float = CONSTANTS.calibration_prior) -> tuple[float, ...]:
     """Acceptance per confidence bin from counts per bin (``hits`` of ``seen``), each pulled
     toward its bin's centre by ``prior`` observations (a draft as often right as it is
     confident) and kept non-decreasing in confidence (a more confident draft is never read as

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import HYBRID, Context, EarlyStop, Outcome, Policy, auto_policy, early_stop_of
-from .params import Parameters
+from .params import Parameters, current
 
 __all__ = ["FAMILIES", "ROW_FAMILIES", "build_policy", "TunedPolicy"]
 
@@ -41,6 +41,8 @@ def build_policy(family: str, params: Mapping[str, Any], *, name: str | None = N
 
     if family not in ROW_FAMILIES:
         raise ValueError(f"unknown policy family {family!r}: one of {sorted(ROW_FAMILIES)}")
+    if family == "costmodel":  # a row tuned by an earlier version still loads
+        params = current(params, f"tuned row ({family})")
     unknown = set(params) - set(ROW_FAMILIES[family])
     if unknown:
         raise ValueError(f"{family} policy has no parameter(s) {sorted(unknown)}; "

@@ -36,7 +36,6 @@ from typing import Any, NamedTuple
 
 from autospec.policies.base import early_stop_of, params_of
 from autospec.policies.costmodel import interpolate_cost
-from autospec.policies.params import DEFAULTS, Parameters
 from autospec.traces import TRACE_GREEDY
 
 
@@ -149,7 +148,7 @@ class Costs:
         1's (``path``: the two are taken as one)."""
         return self.grid_path if self.other_paths else self.path
 
-    def table(self, params: Parameters = DEFAULTS):
+    def table(self, measure=None):
         """A cost table as replay's policy starts from (``live`` False: the grid is the
         truth, read as it is): the grid warmed under ``grid_key`` (with batch 1's fields as
         its B = 1 where both paths are one), every row cold — batch 1's costs are learned
@@ -162,7 +161,8 @@ class Costs:
         if not self.other_paths:
             target[1] = {int(n): float(s) for n, s in self.t_target.items()}
             draft[1] = float(self.t_draft)
-        table = CostTable(params=params, live=False)
+        table = CostTable(live=False) if measure is None else CostTable(measure=measure,
+                                                                        live=False)
         table.warm_grid(self.grid_key, target, draft)
         return table
 
@@ -343,7 +343,7 @@ def simulate(traces: Iterable, policy, costs: Costs, *, k_max: int = 16,
     rng = random.Random(seed)
     lives = {} if live is None else live
     # the pair's costs, once, as the controller keeps them; acceptance is per category
-    table = costs.table(params_of(policy)) if table is None else table
+    table = costs.table() if table is None else table
     res = SimResult()
     pending: dict[tuple[int, str], list] = {}
     for row in traces:

@@ -61,8 +61,7 @@ SEARCHED_COSTMODEL = TUNED  # the fields of policies.params.Parameters marked tu
 
 def default_params() -> dict[str, Any]:
     """The untuned ``"auto"`` policy as a trial (trial 0 of every study), read from the policy
-    ``"auto"`` builds, so the two cannot drift apart. Its ``discount`` None (it reads the
-    controller's statistics) is the controller's own discount."""
+    ``"auto"`` builds, so the two cannot drift apart."""
     from autospec.policies.base import auto_policy
     from autospec.policies.costmodel import CostModelPolicy
 
@@ -72,9 +71,7 @@ def default_params() -> dict[str, Any]:
                         "the cost-model policy")
     flat: dict[str, Any] = {"family": "costmodel"}
     for name in SEARCHED_COSTMODEL:
-        value = getattr(auto.params, name)
-        flat[f"costmodel.{name}"] = (auto.params.acceptance_discount
-                                     if name == "discount" and value is None else value)
+        flat[f"costmodel.{name}"] = getattr(auto.params, name)
     flat["costmodel.early_stop"] = None  # the auto policy drafts every block to its end
     return flat
 
@@ -131,12 +128,8 @@ def suggest(trial, k_max: int, families: Sequence[str] = FAMILIES, *,
     else:
         cap = trial.suggest_categorical("costmodel.k_cap", [None, *range(1, k_max)])
         p["k_cap"] = cap
-        p["z"] = trial.suggest_float("costmodel.z", -1.0, 2.0)
         p["min_gain"] = trial.suggest_float("costmodel.min_gain", 0.0, 0.3)
         p["optimistic"] = trial.suggest_categorical("costmodel.optimistic", [True, False])
-        p["discount"] = trial.suggest_float("costmodel.discount", 0.9, 0.9999)
-        p["reprobe_every"] = trial.suggest_int("costmodel.reprobe_every", 8, 256, log=True)
-        p["probe_k"] = trial.suggest_int("costmodel.probe_k", 1, 4)
         p["stop_rule"] = trial.suggest_categorical("costmodel.stop_rule", [True, False])
         sets = proposer_sets(proposers)
         if sets:
@@ -202,12 +195,11 @@ def warmed_stats(traces: Sequence, costs: Costs, *, k_max: int, seed: int = 0) -
     """The statistics a controller would hold after serving ``traces`` with the default
     policy (what it warms from the store before the held-back part arrives): category →
     LiveStats, and the pair's ``CostTable``."""
-    from autospec.policies.base import params_of as params_for
 
     live: dict = {}
     family, params = params_of(default_params())
     policy = build_policy(family, params, seed=seed)
-    table = costs.table(params_for(policy))
+    table = costs.table()
     simulate(traces, policy, costs, k_max=k_max, category=_category_of, seed=seed,
              live=live, table=table, batched=costs.batched)
     return live, table
