@@ -393,7 +393,7 @@ class CostModelPolicy:
     (``_choose``) with one exploration rule (``_probe``).
 
     ``params``: every number it decides by (``policies.params.Parameters``); keyword
-    arguments override single fields (``CostModelPolicy(z=0.5)``). ``proposers``: "both"
+    arguments override single fields (``CostModelPolicy(min_gain=0.05)``). ``proposers``: "both"
     (every one the request has), one of "draft", "ngram", "suffix", or several joined by "+".
     """
 
