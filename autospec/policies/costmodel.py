@@ -9,9 +9,9 @@ running at ρ seconds per token, b finishes it sooner than a plain step by
 
 Each proposer's k minimises C_b / E[N_b] (ρ at its own rate: the ratio S(k) = E[N] · T_t(1) /
 C); ``best_offer`` takes, among the blocks that pay (S at ρ ≥ 1 + min_gain), the one that saves
-the most. Exploration is one rule, ``CostModelPolicy._probe``: where the draft model's
-evidence is missing or stale, its block is priced at perfect acceptance (the bound) and a
-short one competes in the same decision.
+the most. Exploration is one rule, ``CostModelPolicy._explore``: what is not measured yet
+(T_d, or the draft model's acceptance on a category with too few blocks) is priced at its bound,
+and that block competes in the same decision.
 
 At batch B one k serves every row and the same holds in batch tokens: a block yields
 Σ E[N_i] − B + 1 beyond a plain step's B (plus that step's one), ρ is plain batched decoding's
@@ -390,7 +390,7 @@ class CostModelPolicy:
     objective, docs/policy.md), from the category's acceptance (its ``LiveStats``) and the
     pair's measured costs (``Context.costs``: the row of the controller's ``CostTable`` at
     the iteration's path and batch size), decided by one function at every batch size
-    (``_choose``) with one exploration rule (``_probe``).
+    (``_choose``) with one exploration rule (``_explore``).
 
     ``params``: every number it decides by (``policies.params.Parameters``); keyword
     arguments override single fields (``CostModelPolicy(min_gain=0.05)``). ``proposers``: "both"
