@@ -38,7 +38,9 @@ def _check_batch_1(stats):
     for d, k, who in zip(recs, stats.k_schedule, stats.proposer_schedule, strict=True):
         assert d["format"] == explain.FORMAT and d["batch"] == 1
         assert k <= d["k_run"] <= d["k"]  # a lookup may offer fewer than the clamped k
-        if d["proposer_run"] == "draft":
+        if d["proposer_run"] == "draft" and d.get("stop"):  # stopped by the draft's confidence
+            assert 1 <= k <= d["k_run"] and who == "draft"
+        elif d["proposer_run"] == "draft":
             assert k == d["k_run"] and who == ("draft" if k else None)
         elif k:
             assert who == d["proposer_run"]

@@ -265,8 +265,8 @@ def _cold(t_draft: float) -> Context:
 def test_a_pair_the_draft_never_ran_on_tries_it_before_switching_it_off():
     """The cold holdout run: a probed T_d of 0.56 · T_t(1) against the flat prior α = 0.5
     priced the draft model out before it ran once, so chat and translation never drafted.
-    Its acceptance unmeasured on the pair is priced at its bound, as an unmeasured T_d is:
-    one block measures it, then the evidence decides."""
+    Its acceptance, while fewer than cold_start blocks measured it, is priced at its bound,
+    as an unmeasured T_d is: those blocks measure it, then the evidence decides."""
     ctx = _cold(0.09)
     live, costs = ctx.live, ctx.costs
     assert best_k(live.curve("draft", 8), 0.09, costs.cost(optimistic=True), 8)[0] == 0
@@ -277,14 +277,16 @@ def test_a_pair_the_draft_never_ran_on_tries_it_before_switching_it_off():
     # then its own evidence decides: 2 of 3 accepted pays at c = 0.56 and flat verification
     assert policy.choose(ctx) == best_k(live.curve("draft", 8), 0.09,
                                         costs.cost(optimistic=True), 8)[0] > 0
-    # where it fails it is switched off after its one block
-    bctx, policy = _cold(0.09), CostModelPolicy(initial_k=3, stop_rule=False)
+    # where it fails it is switched off once cold_start blocks measured it
+    bctx, policy = _cold(0.09), CostModelPolicy(initial_k=3, cold_start=8, stop_rule=False)
     picks = []
     for _ in range(20):
         picks.append(policy.choose(bctx))
         bctx.live.observe(picks[-1], 0, 0.27 if picks[-1] else 0.0, 0.16)
         bctx.costs.observe(picks[-1], 0.16, 0.27 if picks[-1] else NAN)
-    assert picks == [3] + [0] * 19
+    # cold_start blocks' worth of (discounted) evidence: 8 blocks at 0.995 are 7.86, so 9
+    tries = next(n for n in range(1, 20) if sum(0.995 ** i for i in range(n)) >= 8)
+    assert tries == 9 and picks == [3] * tries + [0] * (20 - tries)
     # a category seeded from the pair's others is measured already: their evidence decides
     seeded = replace(_cold(0.09), category="next")
     assert seeded.live.seed_from([bctx.live]) > 0

@@ -385,6 +385,102 @@ _Prices = namedtuple("_Prices",
                      "rows t1 cost t_draft measured rate busy origin live steps costs")
 
 
+class _Decision:
+    """One decision's pricing (``CostModelPolicy._choose``): the proposers' blocks at the
+    iteration's prices ``pr``, each also written into the record (``why``) where asked."""
+
+    def __init__(self, policy, context, pr: _Prices, top: int, why: dict | None, proposers):
+        self.policy, self.p, self.context, self.pr, self.top, self.why = (
+            policy, policy.params, context, pr, top, why)
+        self.proposers, self.model = proposers, context.model
+        self.drafts = self.model is not None and self.model in proposers
+        self.n = len(pr.rows)
+        self.per_row = None if self.n == 1 else pr.t1 / self.n  # ρ of plain decoding
+        self.rate = pr.rate
+        if why is not None:
+            why.update(busy=pr.busy, t_plain=pr.t1)
+            why["candidates"].append(explain.plain(pr.t1, pr.origin, self.n))
+
+    def cap(self, curve) -> int:
+        """A busy machine's costs are not decided by: k within what acceptance justifies."""
+        pr, top = self.pr, self.top
+        return min(top, acceptance_cap(curve, top, pr.costs.measure.marginal)) if pr.busy else top
+
+    def record(self, name, curves, b, cap, t_propose, per_token, source):
+        """The proposer's block ``b`` (None: no k paid) into the record, which then shows its
+        block of best S within ``cap``, so it says by how much it missed."""
+        if self.why is None:
+            return
+        pr, t1, cost = self.pr, self.pr.t1, self.pr.cost
+        shown = b or max((rows_offer(name, curves, j, t_propose, cost, per_token)
+                          for j in range(1, max(1, cap) + 1)),
+                         key=lambda c: valued(c, t1, self.per_row))
+        self.why["candidates"].append(explain.candidate(
+            name, shown.k, tokens=shown.tokens + (self.n - 1), extra_s=per_token,
+            block_s=shown.k * t_propose + cost(shown.k + 1),
+            speedup=valued(shown, t1, self.rate), saved_s=saved(shown, t1, self.rate),
+            induced_s=shown.induced, acceptance=curves[0][:shown.k], acceptance_from=source,
+            t_propose=t_propose, t_verify=cost(shown.k + 1), costs_from=pr.origin))
+
+    def draft(self) -> tuple[Offer | None, list[float]]:
+        """The draft model's block (None: no k pays) and its first row's curve; with several
+        proposers at B > 1 a paying one sets the rate the rest of the batch runs at."""
+        pr, context, model, n = self.pr, self.context, self.model, self.n
+        curves, source = self.policy._draft_curves(context, pr.rows, self.top)
+        per_token = self.policy._catch_up(context, pr.rows, pr.t_draft, self.proposers)
+        cap = self.cap(curves[0])
+        if n > 1:
+            left = _per_row(context, "remaining_rows", max(1, context.remaining))
+            k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
+        else:
+            k = best_k(curves[0], pr.t_draft, pr.cost, cap, per_token=per_token)[0]
+        b = rows_offer(model, curves, k, pr.t_draft, pr.cost, per_token) if k else None
+        s = valued(b, pr.t1, self.per_row) if b and n > 1 else 0.0
+        if (s >= 1 + self.p.min_gain and len(self.proposers) > 1
+                and self.policy.proposers == "both"):
+            self.rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
+        self.record(model, curves, b, cap, pr.t_draft, per_token, source)
+        return b, curves[0]
+
+    def lookups(self, draft_pays: bool) -> list[Offer | None]:
+        """Each lookup's block where a row has a match: its whole draft (``suffix_whole``)
+        where that pays, else its k of best S; beside a paying draft block it pays the draft's
+        catch-up it causes."""
+        pr, context, p, n, top = self.pr, self.context, self.p, self.n, self.top
+        requests = _per_row(context, "requests", context.request)
+        out = []
+        for name in (x for x in self.proposers if x != self.model):
+            now = [lookup_now(context, name, i) for i in range(n)]
+            if not any(match > 0 and size > 0 for match, size in now):
+                continue
+            curves, t_lookup = [], 0.0
+            for live, req, (match, size) in zip(pr.rows, requests, now):
+                if live is None or match <= 0 or size <= 0:  # proposes nothing: E[N] = 1
+                    curves.append([0.0] * top)
+                    continue
+                curves.append(held(request_curve(
+                    self.policy.derived(live, name, top, match), req, name, match,
+                    prior_blocks=p.request_prior_blocks), size))
+                t_lookup = pr.costs.lookup_cost(name) or 0.0
+            cap, k = self.cap(curves[0]), 0
+            if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
+                k = min(max(size for _, size in now), cap)
+                if valued(rows_offer(name, curves, k, t_lookup, pr.cost), pr.t1,
+                          self.per_row) <= 1:
+                    k = 0  # its whole draft does not pay: the k of best S instead
+            if not k:
+                k = batch_best_k(curves, t_lookup, pr.cost, cap)[0]
+            induced = (induced_catch_up(pr.costs, getattr(context, "gap", 0),
+                                        expected_tokens(curves[0], k))
+                       if k and draft_pays and n == 1 else 0.0)
+            source = f"live, match {now[0][0]}" if n == 1 else "live"
+            b = (rows_offer(name, curves, k, t_lookup, pr.cost)._replace(induced=induced)
+                 if k else None)
+            self.record(name, curves, b, cap, t_lookup, 0.0, source)
+            out.append(b)
+        return out
+
+
 class CostModelPolicy:
     """``auto``: the block that finishes the work in front of it soonest (the module's one
     objective, docs/policy.md), from the category's acceptance (its ``LiveStats``) and the
@@ -500,113 +596,38 @@ class CostModelPolicy:
         batch tokens (Σ E[N_i] − B + 1: what it yields beyond a plain step's B, plus that
         step's one), each proposer's k is its best (the draft model's: the k that finishes
         the rows soonest), and ``best_offer`` takes the block that saves the most."""
-        p, proposers = self.params, self._allowed(context)
+        proposers = self._allowed(context)
         pr = self._prices(context, top, proposers)
         if not isinstance(pr, _Prices):
             return pr
-        rows, t1, cost, rate = pr.rows, pr.t1, pr.cost, pr.rate
-        n = len(rows)
-        per_row = None if n == 1 else t1 / n  # ρ of plain decoding (None: S itself)
-        if why is not None:
-            why.update(busy=pr.busy, t_plain=t1)
-            why["candidates"].append(explain.plain(t1, pr.origin, n))
-
-        def capped(curve) -> int:
-            """A busy machine's costs are not decided by: k within what acceptance justifies."""
-            return (min(top, acceptance_cap(curve, top, pr.costs.measure.marginal))
-                    if pr.busy else top)
-
-        def record(name, curves, b, cap, t_propose, per_token, source):
-            """The proposer's block ``b`` (None: no k paid) into the record, which then shows
-            its block of best S within ``cap``, so it says by how much it missed."""
-            if why is not None:
-                shown = b or max((rows_offer(name, curves, j, t_propose, cost, per_token)
-                                  for j in range(1, max(1, cap) + 1)),
-                                 key=lambda c: valued(c, t1, per_row))
-                why["candidates"].append(explain.candidate(
-                    name, shown.k, tokens=shown.tokens + (n - 1), extra_s=per_token,
-                    block_s=shown.k * t_propose + cost(shown.k + 1),
-                    speedup=valued(shown, t1, rate), saved_s=saved(shown, t1, rate),
-                    induced_s=shown.induced, acceptance=curves[0][:shown.k],
-                    acceptance_from=source, t_propose=t_propose, t_verify=cost(shown.k + 1),
-                    costs_from=pr.origin))
-            return b
-
-        blocks: list[Offer] = []
-        model = context.model
-        drafts = model is not None and model in proposers
-        if drafts and pr.measured:
-            curves, source = self._draft_curves(context, rows, top)
-            draft_curve = curves[0]
-            per_token = self._catch_up(context, rows, pr.t_draft, proposers)
-            cap = capped(curves[0])
-            if n > 1:
-                left = _per_row(context, "remaining_rows", max(1, context.remaining))
-                k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
-            else:
-                k = best_k(curves[0], pr.t_draft, cost, cap, per_token=per_token)[0]
-            b = rows_offer(model, curves, k, pr.t_draft, cost, per_token) if k else None
-            s = valued(b, t1, per_row) if b and n > 1 else 0.0
-            if s >= 1 + p.min_gain and len(proposers) > 1 and self.proposers == "both":
-                rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
-            record(model, curves, b, cap, pr.t_draft, per_token, source)
-            blocks += [b] if b else []
-        draft_pays = bool(blocks) and valued(blocks[0], t1, rate) >= 1 + p.min_gain
-        requests = _per_row(context, "requests", context.request)
-        for name in (x for x in proposers if x != model):  # the lookups with a match, in a row
-            now = [lookup_now(context, name, i) for i in range(n)]
-            if not any(match > 0 and size > 0 for match, size in now):
-                continue
-            curves, t_lookup = [], 0.0
-            for live, req, (match, size) in zip(rows, requests, now):
-                if live is None or match <= 0 or size <= 0:  # proposes nothing: E[N] = 1
-                    curves.append([0.0] * top)
-                    continue
-                curves.append(held(request_curve(
-                    self.derived(live, name, top, match), req, name, match,
-                    prior_blocks=p.request_prior_blocks), size))
-                t_lookup = pr.costs.lookup_cost(name) or 0.0
-            cap = capped(curves[0])
-            k = 0
-            if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
-                k = min(max(size for _, size in now), cap)
-                if valued(rows_offer(name, curves, k, t_lookup, cost), t1, per_row) <= 1:
-                    k = 0  # its whole draft does not pay: the k of best S instead
-            if not k:
-                k = batch_best_k(curves, t_lookup, cost, cap)[0]
-            # where a paying draft block is the alternative, it pays the draft's catch-up
-            induced = (induced_catch_up(pr.costs, getattr(context, "gap", 0),
-                                        expected_tokens(curves[0], k))
-                       if k and draft_pays and n == 1 else 0.0)
-            source = f"live, match {now[0][0]}" if n == 1 else "live"
-            b = rows_offer(name, curves, k, t_lookup, cost)._replace(induced=induced) if k else None
-            record(name, curves, b, cap, t_lookup, 0.0, source)
-            blocks += [b] if b else []
-        best = best_offer(blocks, t1, rate, p.min_gain)
+        d = _Decision(self, context, pr, top, why, proposers)
+        draft, curve = d.draft() if d.drafts and pr.measured else (None, None)
+        pays = draft is not None and valued(draft, pr.t1, d.rate) >= 1 + self.params.min_gain
+        blocks = [b for b in (draft, *d.lookups(pays)) if b is not None]
+        best = best_offer(blocks, pr.t1, d.rate, self.params.min_gain)
         rule = "best" if best is not None else "off"
         if why is not None:
-            why["value"] = rate
-        if drafts and (best is None or best.proposer != model):
+            why["value"] = d.rate
+        if d.drafts and (best is None or best.proposer != d.model):
             b = self._explore(pr, context, top)
-            if b is not None and (best is None or saved(b, t1, rate) > saved(best, t1, rate)):
-                record(model, [[1.0] * b.k] * n, b, b.k,
-                       (pr.t_draft or 0.0) if pr.measured else 0.0, 0.0, "perfect")
+            if b is not None and (best is None or saved(b, pr.t1, d.rate)
+                                  > saved(best, pr.t1, d.rate)):
+                t_d = (pr.t_draft or 0.0) if pr.measured else 0.0
+                d.record(b.proposer, [[1.0] * b.k] * d.n, b, b.k, t_d, 0.0, "perfect")
                 best, rule = b, "explore"
         if best is None:
             return 0, rule
-        if best.proposer != model:
+        if best.proposer != d.model:
             return Choice(best.k, best.proposer), rule
-        if rule != "best" or n > 1 or not p.stop_rule:
+        if rule != "best" or d.n > 1 or not self.params.stop_rule:
             return best.k, rule
         # its block runs on while one more token costs less than the block's own seconds per
         # token (where C / E[N] is least), stopping by the draft's confidence
-        worth = best.seconds / best.tokens
-        stop = stop_rule(pr.live.calibration(model), draft_curve, pr.t_draft, cost, worth,
-                         best.k if pr.busy else top)
-        k = stop.longest
+        stop = stop_rule(pr.live.calibration(d.model), curve, pr.t_draft, pr.cost,
+                         best.seconds / best.tokens, best.k if pr.busy else top)
         if why is not None:
             why["stop"] = {"priced_k": best.k, **stop.describe()}
-        return Choice(k, model, stop=stop), rule
+        return Choice(stop.longest, d.model, stop=stop), rule
 
     def _explore(self, pr: _Prices, context, top: int) -> Offer | None:
         """The one exploration rule: what is not measured yet is priced at its bound — T_d
