@@ -38,6 +38,12 @@ def register(sub, parents) -> None:
                         "(0: no speculation); the header keeps the measured choice and the "
                         "cost model's estimate at this k. For a test, or an engine whose "
                         "costs differ from the store's")
+    p.add_argument("--costs-from", choices=("auto", "engine", "autospec"), default="auto",
+                   help="whose step costs price k: the engine's own, where the store holds "
+                        "them (vLLM's, recorded by autospec's custom_class proposer; lookup "
+                        "exports only: vLLM's draft-model cost is not measured), else "
+                        "autospec's (auto, the default); engine: an error where there are "
+                        "none; autospec: the transformers loop's probe or live timings")
     p.add_argument("--max-batch", type=positive_int, metavar="B",
                    help="the largest batch size the engine runs (default: the largest "
                         "measured one): the last measured k holds up to it")
@@ -82,7 +88,7 @@ def run(args, parser) -> int:
                             source=args.source, max_batch=args.max_batch,
                             engine_hardware=args.engine_hardware,
                             engine_model=args.engine_model, proposer=args.proposer,
-                            k=args.k)
+                            k=args.k, engine=args.engine, costs_from=args.costs_from)
         except ValueError as e:  # ExportError, or a proposer that is not registered
             die(str(e))
         skipped.clear()  # the plan's warnings say them

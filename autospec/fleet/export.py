@@ -128,6 +128,9 @@ class ExportPlan:
     proposers: object = None  # the report's section 5 (``report.model.Proposers``), if any
     forced_k: int | None = None  # the k asked for (--k) instead of the measured choice
     k: int = 0  # the one k of engines that take one (``render``'s batch size's)
+    # whose step costs priced the k: the engine's own ("vLLM's own steps (…)") or autospec's
+    # (the transformers loop's probe or live timings, with their source); None: not said
+    costs: str | None = None
 
     def k_at(self, batch: int) -> int:
         k = self.table[0][1]
@@ -154,7 +157,8 @@ class ExportPlan:
 def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              source: str = "auto", max_batch: int | None = None,
              engine_hardware: str | None = None, engine_model: str | None = None,
-             proposer: str = "auto", k: int | None = None) -> ExportPlan:
+             proposer: str = "auto", k: int | None = None, engine: str | None = None,
+             costs_from: str = "auto") -> ExportPlan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
     stored, else the cost model). ``proposer``: a registered proposer's name — the model (the
@@ -162,8 +166,13 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     error if it cannot be) — or "auto" (the lookup section 5 finds pays, else the draft
     model). ``k``: this k at every batch size instead of the measured choice (0: no
     speculation); the header keeps the measured choice and the cost model's estimate at this
-    k, where it has them."""
+    k, where it has them. ``engine`` and ``costs_from`` ("auto", "engine", "autospec"): whose
+    step costs price a lookup's k — the engine's own where the store holds them
+    (``autospec.fleet.engine_costs``: vLLM's, recorded by its custom_class proposer), else
+    autospec's; "engine" is an error where there are none, or for a draft-model export
+    (the engine's draft-model cost is not measured)."""
     from autospec.engine.proposers import model_proposer, registered
+    from autospec.fleet.engine_costs import COSTS_FROM
     from autospec.policies.base import K_LIMIT
     from autospec.report import build_report
     from autospec.telemetry import NO_DRAFT
@@ -173,6 +182,11 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                          f"{proposer!r}")
     if k is not None and not 0 <= k <= K_LIMIT:
         raise ValueError(f"k must be in 0..{K_LIMIT}, got {k!r}")
+    if costs_from not in COSTS_FROM:
+        raise ValueError(f"costs_from must be one of {', '.join(COSTS_FROM)}, got "
+                         f"{costs_from!r}")
+    if costs_from == "engine" and engine is None:
+        raise ValueError("costs_from 'engine' needs the engine")
     report = build_report(store, category=category, pair_id=pair_id)
     work = report.workloads
     if not work:
@@ -197,8 +211,11 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
         raise ExportError(f"this workload's pair has no draft model (served with lookups "
                           f"alone): {_instead(pr, None, None) or 'serve it with a lookup'}")
     lookup = None
+    engine_used, engine_note = _engine_costs(store, w, chosen, model, engine, costs_from,
+                                             engine_hardware, engine_model)
     if chosen != model:
-        lookup = pr.lookups.get(chosen) if pr is not None else None
+        lookup = (engine_used[1] if engine_used is not None  # priced by the engine's steps
+                  else pr.lookups.get(chosen) if pr is not None else None)
         title = classes[chosen].label()
         instead = _instead(pr, chosen, model) or "serve it with another proposer"
         if lookup is None and k is None:
@@ -217,8 +234,10 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                 requests=w.traffic.requests, first_seen=w.traffic.first_seen,
                 last_seen=w.traffic.last_seen)
     if chosen != model:
+        rule = ("report section 5's rule, over " + ENGINE_NAMES[engine] + "'s steps"
+                if engine_used is not None else "report section 5")
         plan = ExportPlan(**base, source=f"cost model, {classes[chosen].label()} on the "
-                          "requests' traces (report section 5)", grid_source=None,
+                          f"requests' traces ({rule})", grid_source=None,
                           proposer=chosen, proposers=pr)
         if lookup is not None and lookup.best is not None:
             plan.table = [(1, int(lookup.best[0]), lookup.best[1])]
@@ -243,10 +262,25 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
             plan.notes.append("the hybrid (prompt lookup where it matches, else the draft "
                               "model) pays most, which no engine runs: the draft model's "
                               "settings")
+    if engine_used is not None:
+        plan.costs = engine_used[0].label
+        plan.notes.append(f"which proposer pays is the report's (section 5, on autospec's own "
+                          f"costs); its k here is priced by {ENGINE_NAMES[engine]}'s own steps")
+        if lookup is not None and lookup.best is not None and lookup.best[1] < 1:
+            plan.notes.append(f"{ENGINE_NAMES[engine]}'s own steps say {lookup.title} does "
+                              f"not pay here (S≈{lookup.best[1]:.2f}× at its best k): serve "
+                              f"without speculation, or export --k 0")
+    else:
+        from autospec.fleet.engine_costs import autospec_costs_label
+
+        with store.session() as s:
+            plan.costs = autospec_costs_label(s, w, plan.grid_source)
+    if engine_note:
+        plan.notes.append(engine_note)
     plan.settings = _settings(store, w.category, w.pair["id"], plan.proposer)
     plan.max_batch = max(max_batch or 0, plan.table[-1][0] if plan.table else 1)
     if k is not None:
-        _force_k(plan, w, k)
+        _force_k(plan, w, k, lookup)
     tuned = w.policy.tuned
     if tuned is not None and plan.proposer == model:
         es = tuned.params.get("early_stop")
@@ -256,7 +290,8 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     # cannot be applied), one warning each
     plan.warnings += [f"skipped {n}" for n in report.skipped]
     measured = f"{plan.hardware} ({plan.dtype}), pair {plan.target} / {plan.draft}"
-    if engine_hardware is not None and engine_hardware != plan.hardware:
+    if (engine_hardware is not None and engine_hardware != plan.hardware
+            and engine_used is None):  # the engine's own costs were measured on its hardware
         plan.warnings.append(f"the cost curve was measured on {plan.hardware}, the engine "
                              f"runs on {engine_hardware}: re-probe there (`autospec probe "
                              f"--batch`) before trusting this k")
@@ -271,11 +306,51 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     return plan
 
 
-def _force_k(plan: ExportPlan, w, k: int) -> None:
+def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, engine_model):
+    """((the engine's costs, the chosen lookup's estimate priced by them), a note) where
+    the export is priced by the engine's own steps; (None, a note or None) where not — a
+    draft-model export, or none stored (``costs_from`` "auto"); ExportError where "engine" was
+    asked and cannot be had."""
+    from autospec.fleet.engine_costs import engine_costs, lookups_priced
+
+    if engine is None or costs_from == "autospec":
+        return None, None
+    name = ENGINE_NAMES[engine]
+    with store.session() as s:
+        ec, why = engine_costs(s, engine, target=engine_model or w.pair["target"],
+                               hardware=engine_hardware or w.pair["hardware"],
+                               dtype=w.pair["dtype"])
+        if ec is not None and chosen != model:
+            priced = lookups_priced(s, w, ec.t_target)
+            if priced is None or chosen not in priced.lookups:  # nothing of it to price
+                if costs_from == "engine":
+                    raise ExportError(f"--costs-from engine: the store has nothing on "
+                                      f"{chosen!r} for this workload to price")
+                return None, None
+            return (ec, priced.lookups[chosen]), None
+    if ec is not None:  # the draft model: its cost inside the engine is not measured
+        why = (f"{name}'s own steps are in the store ({sum(ec.steps.values())} steps, path "
+               f"{ec.path}, pair #{ec.pair_id}) but price lookup exports only: the "
+               f"custom_class proposer runs no draft model, so {name}'s draft-model cost is "
+               f"not measured")
+        if costs_from == "engine":
+            raise ExportError(f"--costs-from engine: {why}; export --costs-from autospec (the "
+                              f"draft model priced by autospec's costs) or a lookup proposer")
+        return None, f"{why}: this k is priced by autospec's own costs"
+    if costs_from == "engine":
+        how = ("serve traffic through autospec's custom_class proposer with "
+               "AUTOSPEC_VLLM_STORE set to this store, or " if engine == "vllm" else "")
+        raise ExportError(f"--costs-from engine: {why}; {how}export --costs-from autospec")
+    return None, None
+
+
+def _force_k(plan: ExportPlan, w, k: int, lookup=None) -> None:
     """``plan`` with ``k`` at every batch size (``--k``), the measured choice kept in its
-    source line, and the cost model's speedup at ``k`` (batch 1) where it has one."""
+    source line, and the cost model's speedup at ``k`` (batch 1) where it has one (``lookup``:
+    the exported lookup's estimate, where it is not section 5's)."""
     pr = plan.proposers
-    lookup = pr.lookups.get(plan.proposer) if pr is not None else None
+    if lookup is None:
+        lookup = pr.lookups.get(plan.proposer) if pr is not None else None
     if lookup is not None:
         s = lookup.best[1] if lookup.best is not None and lookup.best[0] == k else None
         if lookup.match_rate == 0 and not lookup.live_proposed:
@@ -396,8 +471,8 @@ def _header(plan: ExportPlan, engine: str, prefix: str = "# ") -> list[str]:
     if plan.proposers is not None:
         lines += _section5_lines(plan.proposers)
     lines += [
-        f"k from: {plan.source}; costs: "
-        f"{plan.grid_source or 'T_t(n) at batch 1'}",
+        f"k from: {plan.source}",
+        f"costs: {plan.costs or plan.grid_source or 'T_t(n) at batch 1'}",
         "batch size → k, estimated speedup over plain decoding at that batch size:",
     ]
     for b, k, s in plan.table:

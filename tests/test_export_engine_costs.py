@@ -1,0 +1,188 @@
+"""`autospec export --engine vllm` priced by vLLM's own steps: a real SQLite store holding
+autospec's traffic (prompt-lookup traces, a transformers probe) and vLLM's steps as the
+custom_class proposer's sink writes them (path "vllm", pair without a draft model); the real
+export code. Where vLLM's costs say verification is steep the lookup's k is shorter than where
+they say it is flat; the header names the costs used; without vLLM's records (or with
+``--costs-from autospec``) the export is what it was."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from test_export import check_vllm, export
+
+from autospec.costs import MIN_FORWARDS
+from autospec.fleet.export import ExportError, plan_for
+from autospec.fleet.vllm_sink import PATH, POLICY
+from autospec.ngram import encode_trace_value
+from autospec.store import PairInfo, RequestRecord, add_probe, open_store
+from autospec.telemetry import NO_DRAFT
+from autospec.traces import NGRAM_NONE, TRACE_GREEDY
+
+from records import draft, lookup
+
+PAIR = PairInfo("org/target-1.5b", "org/draft-0.5b", "bfloat16", "cpu: test")
+# transformers' curve: memory-bound, nearly flat; T_d a third of a step
+CURVE = {n: 0.2 * (1 + 0.02 * (n - 1)) for n in range(1, 10)}
+T_D = 0.06
+FLAT = {n: 0.15 * (1 + 0.02 * (n - 1)) for n in range(1, 10)}  # vLLM: every draft token ~free
+STEEP = {n: 0.15 * (1 + 0.6 * (n - 1)) for n in range(1, 10)}  # vLLM: each costs 0.6 step
+
+
+def autospec_traffic(rng, category: str, copy_share: float, draft_alpha: float,
+                     n: int = 96) -> list:
+    """Greedy traffic served by autospec (written first: pair #1) at k = 0 with prompt lookup's trace: a draft at
+    ``copy_share`` of positions, agreeing for 0–8 tokens there (shorter agreement likelier); the draft model's trace
+    Bernoulli(``draft_alpha``)."""
+    recs = []
+    for i in range(30):
+        ngram = bytes(encode_trace_value(3, min(8, int(rng.expovariate(0.35))))
+                      if rng.random() < copy_share else NGRAM_NONE for _ in range(n))
+        trace = bytes(1 if rng.random() < draft_alpha else 0 for _ in range(n))
+        recs.append(RequestRecord(
+            pair=PAIR, category=category, policy="off", greedy=True, prompt_tokens=16,
+            new_tokens=n, iterations=n, k_schedule=bytes(n), accepted_schedule=bytes(n),
+            wall_s=n * CURVE[1], prefill_s=0.0, draft_s=0.0, draft_forwards=0,
+            target_s_by_n={1: [CURVE[1]] * 4}, trace_kind=TRACE_GREEDY,
+            created_at=1.0e9 + i, path="eager", proposer_schedule=None,
+            proposers={**draft(trace=trace),
+                       **lookup("ngram", trace=ngram, settings={"max_n": 3, "min_n": 1})}))
+    return recs
+
+
+def vllm_records(curve: dict[int, float], requests: int, *, target: str = PAIR.target,
+                 steps_per_n: int = 1) -> list:
+    """Requests that ran alone in vLLM with autospec's custom_class proposer, as
+    ``vllm_sink.StoreSink.record`` writes them: the served model without a draft model, path
+    "vllm", policy "autospec (vllm)", the engine's step seconds by tokens scored."""
+    recs = []
+    for i in range(requests):
+        new = len(curve) * steps_per_n
+        recs.append(RequestRecord(
+            pair=PairInfo(target=target, draft=NO_DRAFT, dtype=PAIR.dtype,
+                          hardware=PAIR.hardware),
+            category="copy", policy=POLICY, greedy=True, prompt_tokens=16, new_tokens=new,
+            iterations=new, proposers={}, proposer_schedule=[None] * new,
+            k_schedule=bytes(new), accepted_schedule=bytes(new), wall_s=sum(curve.values()),
+            prefill_s=0.0, draft_s=0.0, draft_forwards=0,
+            target_s_by_n={n: [t] * steps_per_n for n, t in curve.items()},
+            trace_kind=TRACE_GREEDY, stop_reason="", created_at=2.0e9 + i, batch_size=1,
+            path=PATH))
+    return recs
+
+
+def make_store(tmp_path, name: str, vllm_curve: dict[int, float] | None, requests: int = 0,
+               **kw) -> str:
+    url = f"sqlite:///{tmp_path / name}"
+    st = open_store(url)
+    rng = random.Random(7)
+    st.write(autospec_traffic(rng, "copy", 0.6, 0.3) + autospec_traffic(rng, "free", 0.0, 0.8))
+    if vllm_curve is not None:
+        st.write(vllm_records(vllm_curve, requests, **kw))
+    with st.begin() as s:
+        add_probe(s, PAIR, {"path": "eager", "draft_s": T_D,
+                            "target_s_by_n": {str(n): t for n, t in CURVE.items()}})
+    st.close()
+    return url
+
+
+def exported(url, tmp_path, *extra) -> tuple[str, dict]:
+    text = export(url, "vllm", tmp_path, "--category", "copy", "--pair-id", "1", *extra)
+    return text, check_vllm_ngram(text)
+
+
+def check_vllm_ngram(text: str) -> dict:
+    (line,) = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    cfg = json.loads(re.search(r"--speculative-config '(.*)'", line).group(1))
+    assert cfg["method"] == "ngram"
+    return cfg
+
+
+def costs_line(text: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("# costs: ")]
+    return line
+
+
+def test_vllm_steps_price_the_lookups_k_flat_against_steep(tmp_path):
+    enough = MIN_FORWARDS
+    base = make_store(tmp_path, "none.db", None)
+    flat = make_store(tmp_path, "flat.db", FLAT, enough)
+    steep = make_store(tmp_path, "steep.db", STEEP, enough)
+    t0, c0 = exported(base, tmp_path)
+    tf, cf = exported(flat, tmp_path)
+    ts, cs = exported(steep, tmp_path)
+    k0, kf, ks = (c["num_speculative_tokens"] for c in (c0, cf, cs))
+    # vLLM's flat verification drafts long, its steep one short: a different k
+    assert ks < kf and ks < k0, (k0, kf, ks)
+    # the header names the costs: autospec's probe without vLLM's steps, vLLM's with them
+    assert "autospec's own timings (transformers loop)" in costs_line(t0)
+    assert "probe #" in costs_line(t0)
+    for text, curve in ((tf, FLAT), (ts, STEEP)):
+        line = costs_line(text)
+        assert f"vLLM's own steps ({len(curve) * enough} steps, path vllm, pair #" in line
+        assert f"T_t(1) {curve[1] * 1e3:.1f} ms" in line
+    # --costs-from autospec: the store's vLLM steps are left aside, the export as without them
+    ta, ca = exported(steep, tmp_path, "--costs-from", "autospec")
+    assert ca == c0 and costs_line(ta) == costs_line(t0)
+    assert re.search(r"B=1: k=\d+, S≈[\d.]+×", ta).group(0) == \
+        re.search(r"B=1: k=\d+, S≈[\d.]+×", t0).group(0)
+    # the k vLLM's steps give is the report's own rule over vLLM's curve
+    with open_store(steep, read_only=True) as st:
+        plan = plan_for(st, category="copy", pair_id=1, engine="vllm", costs_from="engine")
+    assert plan.table[0][1] == ks and plan.costs.startswith("vLLM's own steps")
+
+
+def test_too_few_vllm_steps_fall_back_or_refuse(tmp_path, capsys):
+    few = make_store(tmp_path, "few.db", STEEP, MIN_FORWARDS - 1)
+    base = make_store(tmp_path, "base.db", None)
+    text, cfg = exported(few, tmp_path)
+    t0, c0 = exported(base, tmp_path)
+    assert cfg == c0 and costs_line(text) == costs_line(t0)  # auto: autospec's, unchanged
+    from autospec.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["export", "--db", few, "--engine", "vllm", "--category", "copy", "--pair-id", "1",
+              "--costs-from", "engine"])
+    err = capsys.readouterr().err
+    assert "too few vLLM steps (path vllm)" in err and f"≥ {MIN_FORWARDS} steps" in err
+    # other engines' steps are never recorded: engine costs refused, auto is autospec's
+    with open_store(few, read_only=True) as st:
+        with pytest.raises(ExportError, match="SGLang's own step costs are never recorded"):
+            plan_for(st, category="copy", pair_id=1, engine="sglang", costs_from="engine")
+        plan = plan_for(st, category="copy", pair_id=1, engine="sglang")
+    assert plan.costs.startswith("autospec's own timings")
+
+
+def test_another_target_or_hardware_does_not_price(tmp_path):
+    other = make_store(tmp_path, "other.db", STEEP, MIN_FORWARDS, target="org/another-7b")
+    base = make_store(tmp_path, "base.db", None)
+    assert exported(other, tmp_path)[1] == exported(base, tmp_path)[1]
+    # the target named by its last part (vLLM serving a local directory) is the same target
+    local = make_store(tmp_path, "local.db", STEEP, MIN_FORWARDS, target="/models/target-1.5b")
+    steep = make_store(tmp_path, "steep.db", STEEP, MIN_FORWARDS)
+    assert exported(local, tmp_path)[1] == exported(steep, tmp_path)[1]
+    # --engine-hardware: the engine's costs are looked for on the hardware it runs
+    with open_store(steep, read_only=True) as st:
+        plan = plan_for(st, category="copy", pair_id=1, engine="vllm",
+                        engine_hardware="gpu: other")
+    assert plan.costs.startswith("autospec's own") and any(
+        "re-probe there" in w for w in plan.warnings)
+
+
+def test_a_draft_model_export_keeps_autospecs_costs_and_says_why(tmp_path):
+    steep = make_store(tmp_path, "steep.db", STEEP, MIN_FORWARDS)
+    base = make_store(tmp_path, "base.db", None)
+    text = export(steep, "vllm", tmp_path, "--category", "free")
+    cfg = check_vllm(text)
+    assert cfg["method"] == "draft_model"
+    assert cfg == check_vllm(export(base, "vllm", tmp_path, "--category", "free"))
+    assert "autospec's own timings (transformers loop)" in costs_line(text)
+    assert "price lookup exports only: the custom_class proposer runs no draft model" in text
+    with open_store(steep, read_only=True) as st:
+        with pytest.raises(ExportError, match="--costs-from engine: vLLM's own steps are in "
+                                              "the store"):
+            plan_for(st, category="free", engine="vllm", costs_from="engine")
