@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import autospec
+from autospec.costs.measure import MEASURE
 from autospec.policies import CallablePolicy, CostModelPolicy
 from autospec.policies.params import DEFAULTS
 from autospec.store import add_probe
@@ -22,9 +23,18 @@ SPEC.loader.exec_module(ablation)
 
 def test_each_mechanism_is_a_real_parameter_change():
     for name, overrides in ablation.MECHANISMS.items():
+        overrides = dict(overrides)
+        measure = overrides.pop("measure", None)
+        if measure is not None:  # the cost table's settings, not the policy's
+            got = MEASURE.but(**measure)
+            assert got != MEASURE and not overrides, name
+            assert all(getattr(got, k) == v for k, v in measure.items()), name
+            continue
         params = CostModelPolicy(**overrides).params
         assert params != DEFAULTS, name
         assert all(getattr(params, k) == v for k, v in overrides.items()), name
+    for name, values in ablation.SENSITIVITY.items():  # each a parameter, off its default
+        assert all(CostModelPolicy(**{name: v}).params != DEFAULTS for v in values), name
 
 
 def test_the_ablation_replays_a_logged_store(tmp_path, capsys):
@@ -60,6 +70,14 @@ def test_the_ablation_replays_a_logged_store(tmp_path, capsys):
     # replay has no load: with the busy guard off, every decision is the same
     busy = got["mechanisms"]["busy-machine guard (no load in replay)"]["all"]
     assert busy["median"] == busy["interval"][0] == busy["interval"][1] == 1.0
+    # --sensitivity: each parameter at each value, the same table; stop_rule False is the
+    # ablation's stop-rule row again
+    sens = tmp_path / "sensitivity.json"
+    assert ablation.main([url, "--sensitivity", "--json", str(sens)]) == 0
+    rows = json.loads(sens.read_text())["mechanisms"]
+    assert set(rows) == {f"{n} = {v!r}" for n, vs in ablation.SENSITIVITY.items() for v in vs}
+    assert rows["stop_rule = False"] == got["mechanisms"][
+        "stop rule (the draft's confidence ends its block)"]
 
 
 def test_an_empty_store_says_what_to_do(tmp_path, capsys):
