@@ -8,6 +8,7 @@ machine's speed."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -254,3 +255,32 @@ def test_busy_reads_what_the_recent_timings_say_every_iteration():
         assert got == fresh(ls), it
         verdicts.add(got)
     assert verdicts == {True, False}
+
+
+def test_a_draft_cost_carried_over_a_level_move_still_prices_the_drafts_block():
+    """After a level move T_d is carried (scaled to the new level) until the draft runs
+    again. The draft's block is still priced at the carried T_d — it competes as before — and
+    only where it is not the choice does exploration re-time T_d with a one-token block
+    (treating a carried T_d as unmeasured dropped the draft's block, and prompt lookup's
+    chance matches won where the draft model should have run)."""
+    live, costs = stats()
+    live.warm_start({"draft": ([160 * 0.8 ** (i + 1) for i in range(16)], [160.0] * 16)},
+                    weight=160)
+    costs.warm(t_target={n: quiet_t(n) for n in range(1, 18)}, t_draft=0.05, probe=True)
+    ctx = Context(category="chat", k_max=16, live=live, costs=costs, remaining=500)
+    why: list = []
+    before = CostModelPolicy(stop_rule=False).choose(ctx)
+    costs._stale.add(0)  # the guard's state after a level move: T_d carried, not re-timed
+    assert costs.carried() and costs.known()
+    after = CostModelPolicy(stop_rule=False).choose(replace(ctx, why=why))
+    assert int(after) == int(before) > 1 and why[-1]["rule"] == "best"
+    # where the carried T_d prices the draft out, exploration re-times it: one token, T_d free
+    live2, costs2 = stats()
+    live2.warm_start({"draft": ([160 * 0.8 ** (i + 1) for i in range(16)], [160.0] * 16)},
+                     weight=160)
+    costs2.warm(t_target={n: quiet_t(n) for n in range(1, 18)}, t_draft=0.5, probe=True)
+    why2: list = []
+    ctx2 = Context(category="chat", k_max=16, live=live2, costs=costs2, remaining=500, why=why2)
+    assert CostModelPolicy().choose(ctx2) == 0
+    costs2._stale.add(0)
+    assert CostModelPolicy().choose(ctx2) == 1 and why2[-1]["rule"] == "explore"

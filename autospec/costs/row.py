@@ -326,13 +326,17 @@ class CostRow:
                 self.t_draft if 0 in measured else None)
 
     def known(self) -> bool:
-        """Whether T_d(B) and a second T_t(B, n) are known, T_d not only carried over a level
-        move since it was timed (else the model is explored: one block measures them)."""
-        if self.draft_cost() is None or 0 in self._stale:
+        """Whether T_d(B) and a second T_t(B, n) are known (else the model is explored)."""
+        if self.draft_cost() is None:
             return False
         if self.batch > 1:
             return len(self._table.grid(self.path, self.batch)[0]) >= 2
         return len(self.t_target) >= 2
+
+    def carried(self) -> bool:
+        """Whether T_d is only carried over a level move since it was last timed (its next
+        sample replaces it): the cost model explores the draft model to re-time it."""
+        return 0 in self._stale
 
     def lookup_cost(self, proposer: str) -> float | None:
         """A lookup proposer's seconds per proposed token at B: this row's, else the nearest

@@ -379,10 +379,11 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
 
 
 # what a decision prices by (``_prices``): rows' statistics, T_t(1), T_t(n), T_d, both measured?,
-# ρ (None: T_t(1)), busy?, the costs' origin, the first row's statistics, the step costs,
+# T_d and a second T_t known?, T_d only carried over a level move?, ρ (None: T_t(1)), busy?,
+# the costs' origin, the first row's statistics, the step costs,
 # the costs (the ``CostRow`` of the iteration's path and batch size)
 _Prices = namedtuple("_Prices",
-                     "rows t1 cost t_draft measured rate busy origin live steps costs")
+                     "rows t1 cost t_draft measured carried rate busy origin live steps costs")
 
 
 class _Decision:
@@ -587,8 +588,8 @@ class CostModelPolicy:
         else:
             live, steps = rows[0], None
             rate = self._rate(live, costs, context, proposers)
-        return _Prices(rows, cost(1), cost, t_draft, costs.known(), rate, costs.busy(),
-                       costs.cost_origin(), live, steps, costs)
+        return _Prices(rows, cost(1), cost, t_draft, costs.known(), costs.carried(), rate,
+                       costs.busy(), costs.cost_origin(), live, steps, costs)
 
     def _choose(self, context, top: int, why: dict | None) -> tuple[int, str]:
         """(k, the rule that decided it: ``policies.explain.RULES``); ``why`` (where asked)
@@ -612,8 +613,8 @@ class CostModelPolicy:
             b = self._explore(pr, context, top)
             if b is not None and (best is None or saved(b, pr.t1, d.rate)
                                   > saved(best, pr.t1, d.rate)):
-                t_d = (pr.t_draft or 0.0) if pr.measured else 0.0
-                d.record(b.proposer, [[1.0] * b.k] * d.n, b, b.k, t_d, 0.0, "perfect")
+                d.record(b.proposer, [[1.0] * b.k] * d.n, b, b.k, _explored_t_draft(pr), 0.0,
+                         "perfect")
                 best, rule = b, "explore"
         if best is None:
             return 0, rule
@@ -640,11 +641,10 @@ class CostModelPolicy:
         p, model, live = self.params, context.model, pr.live
         thin = (live is not None and live.observed(model) < p.cold_start
                 and getattr(context, "predicted_alpha", None) is None)
-        if pr.measured and not thin:
+        if pr.measured and not thin and not pr.carried:
             return None
-        k = min(p.initial_k, top) if thin or not pr.t_draft else 1  # else: re-time T_d
-        b = rows_offer(model, [[1.0] * k] * len(pr.rows), k,
-                       (pr.t_draft or 0.0) if pr.measured else 0.0, pr.cost)
+        k = min(p.initial_k, top) if thin or not pr.measured else 1  # else: re-time T_d
+        b = rows_offer(model, [[1.0] * k] * len(pr.rows), k, _explored_t_draft(pr), pr.cost)
         return b if valued(b, pr.t1, pr.rate) >= 1 + p.min_gain else None
 
     def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
@@ -764,6 +764,11 @@ def _step_costs(costs, batch: int, cost, t_draft: float,
         return value
 
     return step
+
+
+def _explored_t_draft(pr: _Prices) -> float:
+    """T_d as exploration prices it: free where unmeasured or only carried over a level move."""
+    return 0.0 if not pr.measured or pr.carried else (pr.t_draft or 0.0)
 
 
 def _batched(context) -> bool:
