@@ -21,18 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autospec.policies.costmodel import expected_tokens
-from autospec.traces import MATCH_BUCKETS
+from autospec.policies.live import match_bucket
 
-__all__ = ["Acceptance", "allocate", "bucket_of"]
-
-
-def bucket_of(match: int) -> int:
-    """The ``MATCH_BUCKETS`` bucket a match of ``match`` tokens counts in (0: none)."""
-    out = 0
-    for b in MATCH_BUCKETS:
-        if match >= b:
-            out = b
-    return out
+__all__ = ["Acceptance", "allocate"]
 
 
 class Acceptance:
@@ -57,7 +48,7 @@ class Acceptance:
         block, or compared with the output as a shadow)."""
         proposed = min(proposed, self.k_max)
         accepted = min(accepted, proposed)
-        for key in ((category, proposer, -1), (category, proposer, bucket_of(match))):
+        for key in ((category, proposer, -1), (category, proposer, match_bucket(match))):
             acc, reached = self._cell(key)
             for i in range(min(accepted + 1, proposed)):
                 reached[i] += 1
@@ -72,7 +63,7 @@ class Acceptance:
         """a_1 … a_kmax: the conditional acceptance at each position."""
         h, m = self.prior
         pooled = self.counts.get((category, proposer, -1))
-        own = self.counts.get((category, proposer, bucket_of(match)))
+        own = self.counts.get((category, proposer, match_bucket(match)))
         out = []
         for i in range(self.k_max):
             base = h / (h + m)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autospec.engine.stats import ProposerCounts
 from autospec.fleet.vllm_choice import Acceptance, allocate
 from autospec.fleet.vllm_costs import StepCosts
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
@@ -95,28 +96,6 @@ class Row:
     info: Callable[[], RequestInfo] | None = None
 
 
-@dataclass
-class Counts:
-    """One proposer's counters in one request, as a ``ProposerRecord`` holds them."""
-
-    blocks: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    proposed_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def block(self, proposed: int, accepted: int) -> None:
-        self.blocks += 1
-        self.proposed += proposed
-        self.accepted += accepted
-        for lst, upto in ((self.proposed_per_position, proposed),
-                          (self.accepted_per_position, accepted)):
-            lst.extend([0] * (upto - len(lst)))
-            for i in range(upto):
-                lst[i] += 1
-
-
 class Request:
     """One request's state: its history (the prompt-lookup index holds it), its suffix index,
     the draft it was sent, its shadows, its counters and schedule."""
@@ -138,7 +117,7 @@ class Request:
             self.sid = self.suffix.add(tokens[: self.prompt_len])
         self.pending: tuple[str, list[int], int] | None = None  # (proposer, draft, match)
         self.shadows: dict[str, tuple[int, list[int], int]] = {}  # name → (at, draft, match)
-        self.counts: dict[str, Counts] = {name: Counts() for name in s.proposers}
+        self.counts: dict[str, ProposerCounts] = {name: ProposerCounts() for name in s.proposers}
         self.k_schedule: list[int] = []
         self.accepted_schedule: list[int] = []
         self.proposer_schedule: list[str | None] = []
@@ -303,7 +282,7 @@ class Speculator:
         req.accepted_schedule.append(accepted)
         req.proposer_schedule.append(name if draft else None)
         if draft:
-            req.counts[name].block(len(draft), accepted)
+            req.counts[name].add(len(draft), accepted)
             self.acceptance.add(req.category, name, match, len(draft), accepted)
             self.counters["accepted_tokens"] += accepted
 
