@@ -126,9 +126,9 @@ class _Counting:
         from autospec.policies.live import LiveStats
 
         class Counting(LiveStats):
-            def curve(self, proposer, k_max, z=0.0, *, match=0):
+            def curve(self, proposer, k_max, *, match=0):
                 cls.builds += 1
-                return super().curve(proposer, k_max, z, match=match)
+                return super().curve(proposer, k_max, match=match)
 
         return Counting()
 

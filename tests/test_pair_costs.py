@@ -85,7 +85,7 @@ def test_a_burst_one_category_sees_marks_the_machine_busy_for_all():
 
 
 def test_statistics_hold_no_costs_and_replays_copy_the_table_once():
-    """A category's statistics (and the policy's own copy of them) hold acceptance alone:
+    """A category's statistics (and a copy of them) hold acceptance alone:
     feeding them feeds no cost. A replay that must not feed a controller's costs copies its
     table, once, for every category."""
     table = CostTable()
@@ -93,11 +93,11 @@ def test_statistics_hold_no_costs_and_replays_copy_the_table_once():
     for _ in range(MEASURE.cost_settle):
         costs.observe(0, 0.1)
     live = LiveStats()
-    own = live.copy(discount=0.9)  # the policy's own acceptance
+    own = live.copy()  # a copy (replay's, a request's)
     costs.observe(2, 0.12, 0.02)  # the loop feeds the pair's row: every reader reads it
     assert costs.t_target[3] == 0.12 and costs.t_draft == 0.01
     ticks = costs.iterations
-    own.observe(2, 1, 0.5, 9.0)  # the policy's own feed: acceptance only, no second timing
+    own.observe(2, 1, 0.5, 9.0)  # the copy's feed: acceptance only, no second timing
     live.observe(2, 1, 0.5, 9.0)
     assert costs.iterations == ticks and costs.t_target[3] == 0.12
     assert own.counts("draft")[1][0] > 0 and not hasattr(live, "costs")

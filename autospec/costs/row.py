@@ -362,13 +362,6 @@ class CostRow:
         return (table.target_cost(self.path, batch, optimistic=optimistic),
                 table.draft_cost(self.path, batch))
 
-    def moves(self) -> int:
-        """Level moves this row's timings saw (B > 1: every row of its batch-size bucket's,
-        as a batch decision's probe is kept per bucket)."""
-        if self.batch == 1:
-            return self.level_moves
-        return self._table.bucket_moves(self.path, self.batch)
-
     def cost_origin(self) -> str:
         """Where the costs came from: "live", or the warm start's source ("probe", "store"),
         "+live" once timed live; "batch" at B > 1 (the batch grid)."""

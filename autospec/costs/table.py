@@ -153,13 +153,6 @@ class CostTable:
                        if b > 1 and batch_bucket(b) == bucket)
         return seen >= self.measure.cost_settle
 
-    def bucket_moves(self, path: str | None, batch: int) -> int:
-        """Level moves of ``path``'s rows at B > 1 in ``batch``'s bucket."""
-        bucket = batch_bucket(int(batch))
-        with self._lock:
-            p = self._paths.get(path)
-            return sum(r.level_moves for b, r in (p.rows.items() if p else ())
-                       if b > 1 and batch_bucket(b) == bucket)
 
     def lookup_cost(self, path: str | None, batch: int, proposer: str) -> float | None:
         """A lookup proposer's seconds per token on ``path``: the row nearest ``batch`` that

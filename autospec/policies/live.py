@@ -362,10 +362,8 @@ class LiveStats:
             counts = (acc.accepted, acc.reached) if acc is not None else ((), ())
             return self._posteriors(i + 1, *counts)[i]
 
-    def curve(self, proposer: str, k_max: int, z: float = 0.0, *,
-              match: int = 0) -> list[float]:
-        """Posterior means (+ z standard deviations, clipped to [0, 1]) of a proposer's
-        acceptance at positions 0 … k_max−1: position 0 is Beta(prior) updated by its counts;
+    def curve(self, proposer: str, k_max: int, *, match: int = 0) -> list[float]:
+        """Posterior means of a proposer's acceptance at positions 0 … k_max−1: position 0 is Beta(prior) updated by its counts;
         each later position's prior, of the same strength, is centred on the position before
         it, so a rarely reached position is pulled toward its neighbour rather than toward
         0.5. With ``match`` > 0 (a lookup), of blocks from that match's bucket: position i's
@@ -376,7 +374,7 @@ class LiveStats:
             acc = self.by_proposer.get(proposer)
             accepted, reached = (acc.accepted, acc.reached) if acc is not None else ((), ())
             if match <= 0 or acc is None:
-                posts = self._posteriors(k_max, accepted, reached, spread=bool(z))
+                posts = self._posteriors(k_max, accepted, reached, spread=False)
             else:
                 pooled = self._posteriors(1, accepted, reached, spread=False)[0][0]
                 # position 0's estimate after a match in each bucket seen (else the pooled one)
@@ -386,8 +384,8 @@ class LiveStats:
                 # position 0: the pooled prior (its own counts are then added, once)
                 centres = [pooled] + [firsts.get(match_bucket(match + i), pooled)
                                       for i in range(1, k_max)]
-                posts = self._posteriors(k_max, a_, r_, centres=centres, spread=bool(z))
-        return [min(1.0, max(0.0, mean + z * sd)) if z else mean for mean, sd in posts]
+                posts = self._posteriors(k_max, a_, r_, centres=centres, spread=False)
+        return [mean for mean, _ in posts]
 
     def _posteriors(self, k_max: int, accepted, reached, *, centres: Sequence[float] = (),
                     spread: bool = True) -> list[tuple[float, float]]:
@@ -406,21 +404,12 @@ class LiveStats:
             out.append((mean, math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))) if spread else 0.0))
         return out
 
-    def copy(self, *, discount: float | None = None,
-             acceptance_from: LiveStats | None = None, proposer: str | None = None
-             ) -> LiveStats:
-        """An independent copy. ``acceptance_from``: take ``proposer``'s counts from there."""
-        new = LiveStats(discount=self.discount if discount is None else discount,
-                        prior=self.prior, max_positions=self.positions, params=self.params)
+    def copy(self) -> LiveStats:
+        """An independent copy."""
+        new = LiveStats(discount=self.discount, prior=self.prior, max_positions=self.positions,
+                        params=self.params)
         with self._lock:
             new.by_proposer = {n: acc.copy() for n, acc in self.by_proposer.items()}
             new.spent, new.iterations = list(self.spent), self.iterations
             new.bandwidth_utilisation = self.bandwidth_utilisation
-        if acceptance_from is not None and proposer is not None:
-            with acceptance_from._lock:
-                got = acceptance_from.by_proposer.get(proposer)
-                if got is not None:
-                    new.by_proposer[proposer] = got.copy()
-                else:
-                    new.by_proposer.pop(proposer, None)
         return new
