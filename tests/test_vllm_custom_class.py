@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from autospec.testing.vllm import CUSTOM_CLASS as CLASS
+from autospec.testing.vllm import Server, store_packages
 
 from conftest import USER_CACHE
 
@@ -32,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 K = 6
 TOKENS = 48
 START_S = int(os.environ.get("AUTOSPEC_VLLM_START_S", "420"))
-CLASS = "autospec.fleet.vllm_proposer.AutospecProposer"
 opt_in = pytest.mark.skipif(os.environ.get("AUTOSPEC_ENGINE_LOOP") != "1",
                             reason="starts vLLM servers: AUTOSPEC_ENGINE_LOOP=1 runs it")
 
@@ -48,85 +46,6 @@ def _vllm_python() -> Path:
             pytest.fail("AUTOSPEC_REQUIRE_ENGINES=1 but " + msg)
         pytest.skip(msg)
     return Path(py)
-
-
-def store_packages(vllm_py: Path, into: Path) -> list[str]:
-    """Links in ``into`` to the store's packages that vLLM's environment lacks (from this
-    interpreter's environment); the names linked."""
-    into.mkdir(parents=True, exist_ok=True)
-    linked = []
-    for name in ("sqlalchemy", "alembic", "mako"):
-        there = subprocess.run([str(vllm_py), "-c", f"import {name}"], capture_output=True)
-        if there.returncode == 0:
-            continue
-        module = __import__(name)
-        (into / name).symlink_to(Path(module.__file__).parent)
-        linked.append(name)
-    return linked
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One vLLM server on 127.0.0.1, in its own process group, stopped on exit."""
-
-    def __init__(self, py: Path, model: str, log: Path, spec: dict | None, env: dict):
-        self.port = _port()
-        args = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
-                "--max-model-len", "2048", "--seed", "0"]
-        if spec is not None:
-            args += ["--speculative-config", json.dumps(spec)]
-        cores = os.cpu_count() or 1
-        env = dict(os.environ, **env, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
-                   VLLM_PLUGINS="", VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        self.log = log
-        self.out = open(log, "w")
-        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"vLLM exited while starting:\n{self.tail()}")
-            if time.monotonic() - t0 > START_S:
-                self.stop()
-                raise AssertionError(f"vLLM did not answer in {START_S} s:\n{self.tail()}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(2)
-        self.started_s = time.monotonic() - t0
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-    def complete(self, model: str, prompt: str, label: str | None = None) -> list[int]:
-        body = {"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0,
-                "return_token_ids": True, "ignore_eos": True}
-        if label:
-            body["vllm_xargs"] = {"autospec_category": label}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
-            doc = json.load(r)
-        return list(doc["choices"][0]["token_ids"])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.out.close()
 
 
 def _prompts() -> list[tuple[str, str | None]]:
@@ -178,13 +97,13 @@ def test_autospec_proposes_inside_vllm_and_the_output_is_vllms_own(tmp_path):
     timings = {}
 
     def serve(spec, env, label) -> list[list[int]]:
-        server = Server(py, target, tmp_path / f"{label}.log", spec, env)
+        server = Server(py, target, tmp_path / f"{label}.log", spec, env, start_s=START_S)
         timings[f"{label} start"] = round(server.started_s)
         try:
             t = time.monotonic()
-            out = [server.complete(target, p, lab) for p, lab in prompts]
+            out = [server.complete(p, TOKENS, lab) for p, lab in prompts]
             with ThreadPoolExecutor(len(prompts)) as pool:  # together: steps at B > 1
-                out += list(pool.map(lambda pl: server.complete(target, *pl), prompts))
+                out += list(pool.map(lambda pl: server.complete(pl[0], TOKENS, pl[1]), prompts))
             timings[f"{label} requests"] = round(time.monotonic() - t, 1)
             if spec is not None:  # the proposer's records and stats, written off the hot path
                 _wait_for(lambda: _finished(stats) >= len(out) and _rows(db) >= len(out))
