@@ -9,9 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from autospec.costs.grid import at_live_level, batch_grid  # noqa: F401 (re-exported)
-from autospec.costs.stored import batch_one, stored_costs
-from autospec.costs.table import grid_draft
-from autospec.policies.costmodel import (
+from autospec.costs.price import (
     batch_best_k,
     best_k,
     conditional_from_cumulative,
@@ -19,6 +17,8 @@ from autospec.policies.costmodel import (
     interpolate_cost,
     speedup,
 )
+from autospec.costs.stored import batch_one, stored_costs
+from autospec.costs.table import grid_draft
 from autospec.report.model import (
     BATCH_FIXED_KS,
     BATCH_K_REF,
