@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "CONFIDENCE_SCALE", "CONFIDENCE_BINS",
-           "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
+__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "batch_bucket", "CONFIDENCE_SCALE",
+           "CONFIDENCE_BINS", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
            "suffix_trace_error", "trace_length_problem", "Trace", "lookup_trace",
@@ -63,6 +63,13 @@ MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured 
 # its own length (``max_spec_factor`` × the match, while its path's probability holds): a
 # block never holds more, and the cost model prices it by that length, so replay needs it.
 SUFFIX_TRACE_WIDTH = 2
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The batch-size bucket policies keep statistics by: 1, 2–3, 4–7, 8–15, 16–31, 32+,
+    named by its smallest batch size."""
+    b = max(1, int(batch_size))
+    return min(BATCH_BUCKET_TOP, 1 << (b.bit_length() - 1))
 
 
 def evidence(value: int, greedy: bool) -> float:

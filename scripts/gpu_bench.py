@@ -33,8 +33,8 @@ from functools import partial
 import torch
 
 from autospec.controller import Controller
+from autospec.costs.price import best_k, speedup
 from autospec.engine.runners import StaticRunner, graph_report
-from autospec.policies.costmodel import best_k, speedup
 from autospec.telemetry import (
     NvmlSampler,
     hardware_name,

@@ -24,9 +24,9 @@ from test_catch_up_replay import Recorder  # a fixed k schedule, recording each 
 from test_draft_cost import Stretches
 
 import autospec
+from autospec.costs.price import batch_best_k, catch_up_per_token, expected_tokens
 from autospec.ngram import NGRAM_NONE, encode_trace_value
 from autospec.policies import Context, CostModelPolicy
-from autospec.policies.costmodel import batch_best_k, catch_up_per_token, expected_tokens
 from autospec.store.queries import TraceRow
 from autospec.traces import TRACE_GREEDY
 from autospec.tune.replay import Costs, simulate

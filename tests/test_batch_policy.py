@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from autospec.costs.measure import MEASURE
+from autospec.costs.price import batch_best_k, batch_finish_k, best_k, expected_tokens
 from autospec.costs.table import CostTable
 from autospec.policies import (
     Context,
@@ -23,12 +24,6 @@ from autospec.policies import (
     as_policy,
     batch_bucket,
     build_policy,
-)
-from autospec.policies.costmodel import (
-    batch_best_k,
-    batch_finish_k,
-    best_k,
-    expected_tokens,
 )
 
 BATCHES = (1, 2, 4, 8, 16, 32)

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 
 from autospec.costs.measure import MEASURE
+from autospec.costs.price import acceptance_cap, expected_tokens
 from autospec.costs.rules import shape_guard, spread
 from autospec.costs.stored import stored_costs
 from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy
-from autospec.policies.costmodel import acceptance_cap, expected_tokens
 from autospec.policies.live import LiveStats
 
 from conftest import noisy_copy, tiny

@@ -14,9 +14,7 @@ import pytest
 from test_draft_cost import SLOW, Stretches, slow_catch_up  # noqa: F401 (a fixture)
 
 import autospec
-from autospec.costs.table import CostTable
-from autospec.policies import Context, CostModelPolicy, LiveStats
-from autospec.policies.costmodel import (
+from autospec.costs.price import (
     best_k,
     best_offer,
     catch_up_per_token,
@@ -24,10 +22,12 @@ from autospec.policies.costmodel import (
     induced_catch_up,
     interpolate_cost,
     offer,
-    request_curve,
     saved,
     valued,
 )
+from autospec.costs.table import CostTable
+from autospec.policies import Context, CostModelPolicy, LiveStats
+from autospec.policies.costmodel import request_curve
 from autospec.policies.params import DEFAULTS
 
 from conftest import noisy_copy, prompt, tiny

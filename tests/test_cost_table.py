@@ -9,9 +9,9 @@ import pytest
 from test_batch_policy import batch_context, warm_stats
 
 import autospec
+from autospec.costs.price import acceptance_cap
 from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, FixedK, LiveStats
-from autospec.policies.costmodel import acceptance_cap
 
 from conftest import noisy_copy, prompt, tiny
 from test_batch_exact import batch

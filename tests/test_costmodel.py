@@ -5,12 +5,7 @@ import math
 import pytest
 
 from autospec.costs.measure import MEASURE
-from autospec.policies.costmodel import (
-    best_k,
-    expected_tokens,
-    interpolate_cost,
-    speedup,
-)
+from autospec.costs.price import best_k, expected_tokens, interpolate_cost, speedup
 
 
 def costs():

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
+from autospec.costs.price import expected_tokens
 from autospec.costs.table import CostTable
 from autospec.policies import Context, CostModelPolicy, LiveStats
 from autospec.policies.base import proposer_of
-from autospec.policies.costmodel import expected_tokens
 from autospec.policies.explain import FORMAT, RULES
 
 
@@ -154,7 +154,7 @@ def test_the_worked_example_in_the_docs_is_what_the_policy_does():
     import pathlib
     import re
 
-    from autospec.policies.costmodel import speedup
+    from autospec.costs.price import speedup
 
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "policy.md").read_text()
     example = doc.split("### A worked example", 1)[1].split("\n## ", 1)[0]

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from autospec.costs.price import best_k, speedup
 from autospec.costs.table import CostTable
 from autospec.policies import (
     Context,
@@ -20,7 +21,6 @@ from autospec.policies import (
     as_policy,
 )
 from autospec.policies.base import EarlyStop
-from autospec.policies.costmodel import best_k, speedup
 from autospec.tune.replay import Costs, simulate
 
 POLICIES = {

@@ -10,7 +10,7 @@ import random
 import pytest
 from test_tune_ngram import CURVE, _record, copy_and_free_store
 
-from autospec.policies.costmodel import expected_tokens, interpolate_cost
+from autospec.costs.price import expected_tokens, interpolate_cost
 from autospec.report import build_report, render_html, render_text
 from autospec.store import open_store
 

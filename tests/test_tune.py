@@ -14,9 +14,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autospec.costs.price import best_k
 from autospec.policies import Context, LiveStats, TunedPolicy, as_policy, build_policy
 from autospec.policies.base import early_stop_of
-from autospec.policies.costmodel import best_k
 from autospec.store import PairInfo, RequestRecord, add_probe, add_tuned_params, open_store, queries
 from autospec.traces import TRACE_GREEDY, TRACE_SAMPLED
 from autospec.tune.replay import Costs
@@ -115,7 +115,7 @@ def test_early_stop_threshold_is_searched_where_traces_carry_the_drafts_confiden
 
 
 def best_k_value(alpha: float, k: int) -> float:
-    from autospec.policies.costmodel import speedup
+    from autospec.costs.price import speedup
 
     return speedup(k, alpha, T_D, CURVE)
 

@@ -291,10 +291,20 @@ def test_finished_requests_become_store_records(tmp_path):
             assert r.features is not None  # the store's key: categorise can fit on them
         summaries = queries.category_summaries(s)
         assert any(c.category == "code" for c in summaries)
+    import random
+
+    from test_store import make_record
+
+    with open_store(url) as st:  # autospec's own traffic in the same category, beside vLLM's
+        st.write([make_record(random.Random(i), category="code") for i in range(3)])
     from autospec.cli import main
 
     assert main(["stats", "--db", url]) == 0
     assert main(["report", "--db", url, "--out", str(tmp_path / "report")]) == 0
+    summary = (tmp_path / "report" / "report.txt").read_text().split("\npairs:")[0]
+    assert "vLLM" in summary and "autospec (eager)" in summary, summary
+    vllm_rows = [ln for ln in summary.splitlines() if " vLLM " in ln]
+    assert len(vllm_rows) == 1 and " code " in vllm_rows[0], summary
 
 
 def test_a_store_that_cannot_open_costs_generation_nothing(tmp_path):

@@ -195,7 +195,7 @@ def oracle(records: Sequence[RunRecord], k_max: int = 16):
     """(k*, S(k*)): the cost model's best lookahead from what these runs measured — acceptance
     per draft position pooled over every autospec run, T_d and T_t(n) medians (T_t(1) from runs
     that decoded at k = 0). None when the costs needed are missing."""
-    from autospec.policies.costmodel import best_k, conditional_from_cumulative
+    from autospec.costs.price import best_k, conditional_from_cumulative
 
     lookup_names = lookups()
     records = [r for r in records

@@ -20,8 +20,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 
-from autospec.policies.costmodel import interpolate_cost, settle_sample
-
+from .price import interpolate_cost
 from .rules import catch_up_line, catch_up_sums, shape_guard, spread
 
 log = logging.getLogger("autospec.costs.row")
@@ -31,6 +30,16 @@ __all__ = ["CostRow"]
 NAN = float("nan")
 INF = float("inf")
 
+
+def settle_sample(first: list[float], old: float | None, new: float, settle: int,
+                  ema: float) -> float:
+    """A live cost point after one more sample: the median of its first ``settle`` samples
+    (``first`` collects them), then an exponential moving average (a process's first forwards
+    at a size run slow)."""
+    if len(first) < settle:
+        first.append(new)
+        return statistics.median(first)
+    return (1 - ema) * old + ema * new
 
 class CostRow:
     """The timings of one (execution path, batch size) of a ``CostTable`` and their guard.

@@ -27,10 +27,10 @@ import bisect
 import threading
 from collections.abc import Mapping
 
-from autospec.policies.base import batch_bucket
-from autospec.policies.costmodel import interpolate_cost
+from autospec.traces import batch_bucket
 
 from .measure import MEASURE, Measurement
+from .price import interpolate_cost
 from .row import CostRow
 from .rules import usable
 

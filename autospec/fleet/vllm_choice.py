@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autospec.policies.costmodel import expected_tokens
+from autospec.costs.price import expected_tokens
 from autospec.policies.live import match_bucket
 
 __all__ = ["Acceptance", "allocate"]

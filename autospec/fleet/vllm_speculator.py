@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autospec.costs.price import expected_tokens
 from autospec.engine.stats import ProposerCounts
 from autospec.fleet.vllm_choice import Acceptance, allocate
 from autospec.fleet.vllm_costs import StepCosts
 from autospec.ngram import DEFAULT_MAX_N, DEFAULT_MIN_N, NgramIndex, agreement
-from autospec.policies.costmodel import expected_tokens
 from autospec.suffix import SuffixIndex, SuffixMemory, SuffixSettings, best_of
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from .base import batch_bucket
+from autospec.traces import batch_bucket
 
 __all__ = ["ThompsonBandit"]
 

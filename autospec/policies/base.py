@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from autospec.traces import BATCH_BUCKET_TOP, CONFIDENCE_SCALE, K_LIMIT, MATCH_REACH
+from autospec.traces import CONFIDENCE_SCALE, K_LIMIT, MATCH_REACH, batch_bucket
 
 __all__ = ["Context", "Outcome", "Policy", "as_policy", "CallablePolicy", "EarlyStop",
            "Choice", "HYBRID", "proposer_of", "batch_bucket", "early_stop_of",
@@ -144,13 +144,6 @@ def proposer_of(choice) -> tuple[str | None, int, bool]:
     if isinstance(choice, Choice):
         return choice.proposer, choice.min_match, choice.fallback
     return None, 1, False
-
-
-def batch_bucket(batch_size: int) -> int:
-    """The batch-size bucket policies keep statistics by: 1, 2–3, 4–7, 8–15, 16–31, 32+,
-    named by its smallest batch size."""
-    b = max(1, int(batch_size))
-    return min(BATCH_BUCKET_TOP, 1 << (b.bit_length() - 1))
 
 
 @runtime_checkable

@@ -10,9 +10,9 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 
+from autospec.costs.price import conditional_from_cumulative
 from autospec.traces import K_LIMIT, MATCH_BUCKETS, NGRAM_TRACE_K
 
-from .costmodel import conditional_from_cumulative
 from .params import CONSTANTS, DEFAULTS, Parameters
 from .stopping import BINS, bin_of, calibrated
 

@@ -9,9 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from autospec.costs.grid import at_live_level, batch_grid  # noqa: F401 (re-exported)
-from autospec.costs.stored import batch_one, stored_costs
-from autospec.costs.table import grid_draft
-from autospec.policies.costmodel import (
+from autospec.costs.price import (
     batch_best_k,
     best_k,
     conditional_from_cumulative,
@@ -19,6 +17,8 @@ from autospec.policies.costmodel import (
     interpolate_cost,
     speedup,
 )
+from autospec.costs.stored import batch_one, stored_costs
+from autospec.costs.table import grid_draft
 from autospec.report.model import (
     BATCH_FIXED_KS,
     BATCH_K_REF,
@@ -374,6 +374,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
     tuned = {(t.category, t.pair_id): t
              for t in queries.tuned_params(s, category=category, pair_id=pair_id)}
     by_batch = requests_by_batch(s, category=category, pair_id=pair_id)
+    served = _served_paths(s)
     grids: dict[int, Any] = {}
     for sm in summaries:
         pid = sm.pair.id
@@ -426,8 +427,26 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
                                          bucket_s, hist, verdict, batch, props, why,
-                                         foresight_view(s, sm.category, pid, recent)))
+                                         foresight_view(s, sm.category, pid, recent),
+                                         served.get((category_key(sm.category), pid))))
     return report
+
+
+def _served_paths(s) -> dict[tuple[str, int], str]:
+    """(category key, pair id) → the execution path that served most of its requests, any
+    batch size ("vllm": a vLLM server's; ties: the latest path)."""
+    from sqlalchemy import func, select
+
+    from autospec.store.tables import Request
+
+    stmt = (select(Request.category_key, Request.pair_id, Request.path, func.count(),
+                   func.max(Request.id))
+            .where(Request.path.is_not(None))
+            .group_by(Request.category_key, Request.pair_id, Request.path))
+    best: dict[tuple[str, int], tuple[int, int, str]] = {}
+    for key, pid, path, n, last in s.execute(stmt):
+        best[(key, pid)] = max(best.get((key, pid), (0, 0, path)), (n, last, path))
+    return {k: v[2] for k, v in best.items()}
 
 
 def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dict]:

@@ -16,6 +16,7 @@ from autospec.report.model import (
     Verdict,
     Verification,
     Workload,
+    served_by,
 )
 from autospec.report.svg import (
     PALETTE,
@@ -325,8 +326,10 @@ def render_html(report: Report) -> str:
         out.append("</body></html>")
         return "".join(out)
     out.append(_html_table(
-        ["category", "pair", "requests", "tokens", "α", "k in force", "speedup", "verdict"],
-        [[clip(visible(w.category), 60), str(w.pair["id"]), str(w.traffic.requests),
+        ["category", "pair", "served by", "requests", "tokens", "α", "k in force", "speedup",
+         "verdict"],
+        [[clip(visible(w.category), 60), str(w.pair["id"]), served_by(w.path),
+          str(w.traffic.requests),
           str(w.traffic.new_tokens),
           fmt(w.acceptance.alpha, ".3f"),
           "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),

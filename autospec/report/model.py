@@ -250,6 +250,17 @@ class Workload:
     # from the latest greedy batch-1 requests' traces (``foresight_view``): policy →
     # {"requests", "share" (median), "proposers"}; empty: none to price
     foresight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the execution path that served most of the workload's requests, any batch size ("eager",
+    # "static", …; "vllm": a vLLM server's, through autospec's custom_class proposer); None:
+    # unknown (logged before paths were stored)
+    path: str | None = None
+
+
+def served_by(path: str | None) -> str:
+    """Who served a workload, by its path: autospec's own loop (transformers) or vLLM."""
+    if path is None:
+        return "-"
+    return "vLLM" if path == "vllm" else f"autospec ({path})"
 
 
 @dataclass

@@ -19,6 +19,7 @@ from autospec.report.model import (
     Speedup,
     Verification,
     Workload,
+    served_by,
 )
 from autospec.textfmt import clip, fmt, human_bytes, table, visible
 
@@ -411,21 +412,22 @@ def render_text(report: Report) -> str:
                      + (" match these filters" if flt else ""))
     if not report.workloads:
         return "\n".join(_fit(lines)) + "\n"
-    rows = [[str(i), clip(visible(w.category), 28), str(w.pair["id"]),
+    rows = [[str(i), clip(visible(w.category), 28), str(w.pair["id"]), served_by(w.path),
              str(w.traffic.requests), str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
              "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
              _summary_speedup(w, short=True),
              _short_verdict(w)]
             for i, w in enumerate(report.workloads, 1)]
-    lines += ["", table(["#", "category", "pair", "requests", "tokens", "alpha", "k", "speedup",
-                         "verdict"], rows, left=2)]
+    lines += ["", table(["#", "category", "pair", "served by", "requests", "tokens", "alpha",
+                         "k", "speedup", "verdict"], rows, left=2)]
     pairs = {w.pair["id"]: w.pair for w in report.workloads}
     lines.append("\npairs:")
     for pid, p in pairs.items():
         lines += [f"  {pid}:", *_pair_lines(p, 4)]
     for i, w in enumerate(report.workloads, 1):
         lines += ["", "=" * 78, *_named(f"workload {i}:", w.category, 0),
-                  f"pair {w.pair['id']}:", *_pair_lines(w.pair, 2), "=" * 78,
+                  f"pair {w.pair['id']}:", *_pair_lines(w.pair, 2),
+                  f"served by {served_by(w.path)}", "=" * 78,
                   f"verdict: {w.verdict.text}"]
         t, a, v, p, sp = w.traffic, w.acceptance, w.verification, w.policy, w.speedup
         lines.append(f"traffic: {t.requests} requests, {t.new_tokens} new tokens, "

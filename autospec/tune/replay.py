@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, NamedTuple
 
+from autospec.costs.price import interpolate_cost
 from autospec.policies.base import early_stop_of, params_of
-from autospec.policies.costmodel import interpolate_cost
 from autospec.traces import TRACE_GREEDY
 
 

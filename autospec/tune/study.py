@@ -162,7 +162,7 @@ def table_spec(k_by_bucket: dict[int, int]) -> str:
 
 
 def bucketed_k(res: SimResult) -> dict[int, int]:
-    """The k run most often per batch-size bucket (``policies.base.batch_bucket``, named by
+    """The k run most often per batch-size bucket (``traces.batch_bucket``, named by
     its smallest batch size) in a replay."""
     counts: dict[int, Counter] = {}
     for b, c in res.k_counts_by_batch.items():
