@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from autospec.engine.slots import kv_bytes_per_token  # the slot cache's unit
+from autospec.traces import NO_DRAFT
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,6 @@ __all__ = ["param_bytes", "kv_bytes_per_token",
 
 
 
-NO_DRAFT = "none (n-gram)"  # the draft's name in the store when there is no draft model
 
 
 def param_bytes(model) -> int:

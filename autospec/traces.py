@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "batch_bucket", "CONFIDENCE_SCALE",
+__all__ = ["K_LIMIT", "MATCH_BUCKETS", "BATCH_BUCKET_TOP", "batch_bucket", "NO_DRAFT", "CONFIDENCE_SCALE",
            "CONFIDENCE_BINS", "TRACE_GREEDY", "TRACE_SAMPLED", "UNOBSERVED", "TRACE_CATCH_UP_MAX",
            "NGRAM_NONE", "NGRAM_TRACE_K", "MATCH_REACH", "SUFFIX_TRACE_WIDTH",
            "encode_trace_value", "decode_trace_value", "decode_suffix_value", "evidence",
@@ -30,6 +30,8 @@ K_LIMIT = 64
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 14)
 # batch-size buckets policies keep statistics by: powers of two up to this one (32+)
 BATCH_BUCKET_TOP = 32
+# a pair's draft name in the store where there is no draft model (lookups only)
+NO_DRAFT = "none (n-gram)"
 # the draft's confidence at its last token, as stored: round(CONFIDENCE_SCALE · p)
 CONFIDENCE_SCALE = 254
 # the bins acceptance by confidence is counted in: [0, 0.1), [0.1, 0.2), … [0.9, 1.0]

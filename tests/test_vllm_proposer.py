@@ -301,10 +301,16 @@ def test_finished_requests_become_store_records(tmp_path):
 
     assert main(["stats", "--db", url]) == 0
     assert main(["report", "--db", url, "--out", str(tmp_path / "report")]) == 0
-    summary = (tmp_path / "report" / "report.txt").read_text().split("\npairs:")[0]
-    assert "vLLM" in summary and "autospec (eager)" in summary, summary
+    text = (tmp_path / "report" / "report.txt").read_text()
+    summary = text.split("\npairs:")[0]
     vllm_rows = [ln for ln in summary.splitlines() if " vLLM " in ln]
-    assert len(vllm_rows) == 1 and " code " in vllm_rows[0], summary
+    own_rows = [ln for ln in summary.splitlines() if " autospec " in ln]
+    assert len(vllm_rows) == 1 and len(own_rows) == 1, summary
+    assert " code " in vllm_rows[0] and " code " in own_rows[0], summary
+    assert "served by vLLM" in text and "served by autospec (eager)" in text
+    # lookups only, two requests at batch 2: not judged as a draft model that never drafted
+    assert "no drafts" not in vllm_rows[0] and "too little" in vllm_rows[0], summary
+    assert "the pair has no draft model" in text
 
 
 def test_a_store_that_cannot_open_costs_generation_nothing(tmp_path):

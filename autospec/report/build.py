@@ -49,6 +49,7 @@ from autospec.report.model import (
 )
 from autospec.report.why import why_view
 from autospec.textfmt import fmt
+from autospec.traces import NO_DRAFT
 
 log = logging.getLogger(__name__)
 
@@ -317,17 +318,23 @@ def _verdict(acc: Acceptance, ver: Verification, pol: PolicyInForce, sp: Speedup
     return Verdict(kind, f"{text}; speculation loses: {figure}")
 
 
-def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
+def _proposer_verdict(verdict: Verdict, props: Proposers | None,
+                      has_draft: bool = True) -> Verdict:
     """The headline for a workload a lookup proposer serves: where one (or the hybrid) is
     the one that pays (section 5) and traffic shows it — its live blocks, or the traces of
     more than one request — the verdict says so. The draft model's own verdict (section 3)
     stays in the text after it: judged alone, the draft of a workload served by prompt lookup
-    has drafted little ("not enough traffic yet") although speculation pays there."""
+    has drafted little ("not enough traffic yet") although speculation pays there. A pair
+    without a draft model (``has_draft`` False: lookups alone, as vLLM's custom_class proposer
+    runs) is judged by its lookups only, paying or not."""
+    unjudged = (verdict if has_draft else Verdict(
+        "not_enough", "lookups only (the pair has no draft model): too few greedy batch-1 "
+        "requests with their traces for section 5's estimate yet"))
     if props is None or (props.pays not in props.lookups and props.pays != "hybrid"):
-        return verdict
+        return unjudged
     lookup = props.lookups.get(props.hybrid_of if props.pays == "hybrid" else props.pays)
     if lookup is None or (lookup.live_proposed < MIN_DRAFTED and lookup.trace_requests < 2):
-        return verdict
+        return unjudged
     if props.pays == "hybrid":
         k, k2, s = props.hybrid
         how = (f"{lookup.title} at k = {k}, the draft model at k = {k2} where it has no "
@@ -335,10 +342,15 @@ def _proposer_verdict(verdict: Verdict, props: Proposers | None) -> Verdict:
     else:
         k, s = lookup.best
         how = f"{lookup.title} at k ≤ {k}"
-    if s < PAYS:
+    if s < PAYS and has_draft:
         return verdict
-    return Verdict("pays", f"speculation pays here: {how}, {s:.2f}× (estimated, section 5); "
-                   f"the draft model alone: {verdict.text}", figure=(s, props.pays))
+    if s < PAYS:
+        return Verdict("break_even", f"{how}: {s:.2f}× (estimated, section 5): no lookup pays "
+                       "on this workload's traces (the pair has no draft model)",
+                       figure=(s, props.pays))
+    alone = f"; the draft model alone: {verdict.text}" if has_draft else ""
+    return Verdict("pays", f"speculation pays here: {how}, {s:.2f}× (estimated, section 5)"
+                   + alone, figure=(s, props.pays))
 
 
 def build_report(source, *, category: str | None = None, pair_id: int | None = None,
@@ -423,7 +435,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                            drafted=sm.drafted)
         props = proposers_view(sm, profiles, alphas, curve, t_draft, k_max=k_max,
                                t_lookup=costs.t_lookup)
-        verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props)
+        verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props,
+                                    has_draft=sm.pair.draft != NO_DRAFT)
         why = why_view(queries.category_decisions(s, sm.category, pid, limit=recent))
         report.workloads.append(Workload(sm.category, pair, traffic, acc, ver, pol, sp,
                                          bucket_s, hist, verdict, batch, props, why,

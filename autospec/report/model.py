@@ -256,11 +256,12 @@ class Workload:
     path: str | None = None
 
 
-def served_by(path: str | None) -> str:
-    """Who served a workload, by its path: autospec's own loop (transformers) or vLLM."""
+def served_by(path: str | None, short: bool = False) -> str:
+    """Who served a workload, by its path: autospec's own loop (transformers, on that path;
+    ``short``: without it) or vLLM."""
     if path is None:
         return "-"
-    return "vLLM" if path == "vllm" else f"autospec ({path})"
+    return "vLLM" if path == "vllm" else "autospec" if short else f"autospec ({path})"
 
 
 @dataclass

@@ -412,14 +412,14 @@ def render_text(report: Report) -> str:
                      + (" match these filters" if flt else ""))
     if not report.workloads:
         return "\n".join(_fit(lines)) + "\n"
-    rows = [[str(i), clip(visible(w.category), 28), str(w.pair["id"]), served_by(w.path),
+    rows = [[str(i), clip(visible(w.category), 28), str(w.pair["id"]), served_by(w.path, short=True),
              str(w.traffic.requests), str(w.traffic.new_tokens), fmt(w.acceptance.alpha, ".3f"),
              "-" if w.policy.k_in_force is None else str(w.policy.k_in_force),
              _summary_speedup(w, short=True),
              _short_verdict(w)]
             for i, w in enumerate(report.workloads, 1)]
-    lines += ["", table(["#", "category", "pair", "served by", "requests", "tokens", "alpha",
-                         "k", "speedup", "verdict"], rows, left=2)]
+    lines += ["", table(["#", "category", "pair", "by", "requests", "tokens", "alpha", "k",
+                         "speedup", "verdict"], rows, left=2)]
     pairs = {w.pair["id"]: w.pair for w in report.workloads}
     lines.append("\npairs:")
     for pid, p in pairs.items():
