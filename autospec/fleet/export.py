@@ -246,12 +246,6 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                               + (f", a draft at {lookup.match_rate:.0%} of positions"
                                  if lookup.match_rate is not None else "")
                               + "): one k, the most a block may hold")
-        if engine == "vllm" and chosen == "ngram":
-            plan.notes.append("vLLM's ngram drafts from the earliest occurrence of the longest "
-                              "matched suffix, autospec's prompt lookup (whose traces price "
-                              "this) from the latest: on copy-heavy traffic vLLM may accept "
-                              "far less. autospec's custom_class proposer runs autospec's rule "
-                              "inside vLLM (docs/fleet.md, \"autospec inside vLLM\")")
         if proposer != "auto" and pr is not None and pr.pays != chosen:
             plan.notes.append(f"exported as asked (--proposer {chosen}), but the report finds "
                               f"that {_pays(pr)} pays for this workload")

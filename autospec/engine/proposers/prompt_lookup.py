@@ -132,8 +132,14 @@ class PromptLookup(HostLookup):
         if k <= 0:
             return EngineSetting()
         if engine == "vllm":
-            return EngineSetting({"method": "ngram", "num_speculative_tokens": k,
-                                  "prompt_lookup_max": max_n, "prompt_lookup_min": min_n})
+            return EngineSetting(
+                {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": max_n,
+                 "prompt_lookup_min": min_n},
+                notes=["vLLM's ngram drafts from the earliest occurrence of the longest "
+                       "matched suffix, autospec's prompt lookup (whose traces price this) "
+                       "from the latest: on copy-heavy traffic expect vLLM to accept far "
+                       "less. autospec's custom_class proposer runs autospec's rule inside "
+                       "vLLM (docs/fleet.md, \"autospec inside vLLM\")"])
         if engine == "trtllm":
             return EngineSetting({"decoding_type": "NGram", "max_draft_len": k,
                                   "max_matching_ngram_size": max_n, "is_keep_all": True,
