@@ -51,6 +51,9 @@ import threading
 import time
 import urllib.request
 
+from autospec.testing.vllm import SPEC_COUNTERS as _COUNTERS
+from autospec.testing.vllm import spec_counters as _counters_of
+
 
 def _pair(work: str):
     """(target, draft, tokenizer, names, small): the loop's pair, loaded (AUTOSPEC_LOOP_*)."""
@@ -368,7 +371,6 @@ def peer_send(work: str, port: str, model: str, tokens: int, rounds: int, label:
                       f"({made / dt:.2f} tok/s)")
 
 
-_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
 def _spec_counters(port: str) -> dict[str, float]:
@@ -376,14 +378,6 @@ def _spec_counters(port: str) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         text = r.read().decode()
     return _counters_of(text)
-
-
-def _counters_of(text: str) -> dict[str, float]:
-    out = dict.fromkeys(_COUNTERS, 0.0)
-    for name in _COUNTERS:
-        for m in re.finditer(rf"^vllm:spec_decode_{name}_total{{[^}}]*}} (\S+)$", text, re.M):
-            out[name] += float(m.group(1))
-    return out
 
 
 def conc_send(work: str, port: str, model: str, tokens: int, conc: int, n: int,

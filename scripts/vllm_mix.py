@@ -41,7 +41,6 @@ PY = sys.executable
 TOKENS = int(os.environ.get("AUTOSPEC_MIX_TOKENS", "48"))
 START_S = float(os.environ.get("AUTOSPEC_MIX_START_S", "600"))
 K_AUTOSPEC = 8
-CUSTOM_CLASS = "autospec.fleet.vllm_proposer.AutospecProposer"
 
 # (set, category, indices): measured in this order, interleaved by category
 MEASURED = [("default", "code", (0, 1)), ("default", "chat", (0, 1)),
@@ -151,20 +150,10 @@ def _done(work: Path) -> set[str]:
     return {json.loads(ln)["mode"] for ln in path.read_text().splitlines() if ln.strip()}
 
 
-def _spec_counts(text: str) -> dict[str, float]:
-    import re
-
-    out = {}
-    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-        out[name] = sum(float(m.group(1)) for m in re.finditer(
-            rf"^vllm:spec_decode_{name}_total{{[^}}]*}} (\S+)$", text, re.M))
-    return out
-
-
 def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> None:
     """One server: warm, the mix one at a time, the concurrent set from two clients."""
     from autospec.fleet.engines import vllm_python
-    from autospec.testing.vllm import Server, store_packages
+    from autospec.testing.vllm import Server, spec_counters, store_packages
 
     if mode in _done(work):
         stamp(f"{mode}: in mix.jsonl already, skipped")
@@ -190,7 +179,7 @@ def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> 
         for p in doc["warm"]:
             server.complete(p["text"], TOKENS, "warmup" if label else None, ignore_eos=False)
         measured = list(enumerate(doc["measured"]))
-        before = _spec_counts(server.metrics())
+        before = spec_counters(server.metrics())
         for i, p in measured:
             t0 = time.perf_counter()
             ids = server.complete(p["text"], TOKENS, p["category"] if label else None,
@@ -198,7 +187,7 @@ def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> 
             recs.append({"mode": mode, "phase": "seq", "i": i, "category": p["category"],
                          "tokens": len(ids), "wall_s": time.perf_counter() - t0, "ids": ids})
         time.sleep(2)  # vLLM's API process records a step's counts after answering
-        after = _spec_counts(server.metrics())
+        after = spec_counters(server.metrics())
         stamp(f"{mode}: {len(measured)} requests one at a time, "
               f"{sum(r['tokens'] for r in recs)} tokens in {sum(r['wall_s'] for r in recs):.0f} s;"
               f" spec-decode {({k: after[k] - before[k] for k in after})}")
@@ -389,6 +378,8 @@ def table(work: Path) -> None:
 
 
 def main() -> None:
+    from autospec.testing.vllm import CUSTOM_CLASS
+
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     work = Path(sys.argv[1]).resolve()

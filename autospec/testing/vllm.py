@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,17 @@ import urllib.request
 from pathlib import Path
 
 CUSTOM_CLASS = "autospec.fleet.vllm_proposer.AutospecProposer"
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def spec_counters(text: str) -> dict[str, float]:
+    """vLLM's spec-decode counters (``vllm:spec_decode_<name>_total``) in a /metrics text,
+    summed over their label sets."""
+    out = dict.fromkeys(SPEC_COUNTERS, 0.0)
+    for name in SPEC_COUNTERS:
+        for m in re.finditer(rf"^vllm:spec_decode_{name}_total{{[^}}]*}} (\S+)$", text, re.M):
+            out[name] += float(m.group(1))
+    return out
 
 
 def store_packages(vllm_py: Path, into: Path) -> list[str]:
