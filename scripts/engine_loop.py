@@ -1,10 +1,11 @@
 """The Python steps of scripts/engine_loop.sh (run by .venv's interpreter):
 
-    engine_loop.py mix WORK DB SET CATEGORIES N TOKENS
+    engine_loop.py mix WORK DB SET CATEGORIES N TOKENS [K]
                                    autospec serves the first N prompts of each category of a
                                    packaged prompt set (SET: its name, e.g. default, or a file;
                                    CATEGORIES: comma-separated, or "all"), each labelled with
-                                   its category, and probes the pair (WORK/loop.json)
+                                   its category, at lookahead K (default 3; "auto": its
+                                   default policy), and probes the pair (WORK/loop.json)
     engine_loop.py groups WORK CATEGORY...
                                    the categories' exports (WORK/vllm-CATEGORY.sh) grouped by
                                    their --speculative-config: one line per distinct setting,
@@ -105,9 +106,10 @@ def _prompt_set(name: str) -> str:
 
 
 def _serve(work: str, db: str, groups: dict[str, list[str]], tokens: int, target, draft, tok,
-           names) -> None:
-    """autospec serves each category's prompts under its label (greedy, k = 3), then probes
-    the pair; WORK/loop.json keeps the pair and the prompts per category."""
+           names, k: int | None = 3) -> None:
+    """autospec serves each category's prompts under its label (greedy, at lookahead ``k``;
+    None: its default policy chooses), then probes the pair; WORK/loop.json keeps the pair and
+    the prompts per category."""
     import autospec
     from autospec.probe import probe
     from autospec.store import add_probe, open_store
@@ -118,7 +120,7 @@ def _serve(work: str, db: str, groups: dict[str, list[str]], tokens: int, target
         start, made = time.perf_counter(), 0
         for p in prompts:
             ids = tok(p, return_tensors="pt", add_special_tokens=False)
-            out = spec.generate(**ids, max_new_tokens=tokens, do_sample=False, k=3,
+            out = spec.generate(**ids, max_new_tokens=tokens, do_sample=False, k=k,
                                 category=category, eos_token_id=None)
             made += out.shape[1] - ids["input_ids"].shape[1]
         dt = time.perf_counter() - start
@@ -135,7 +137,8 @@ def _serve(work: str, db: str, groups: dict[str, list[str]], tokens: int, target
     print(f"probe stored; target {names[0]}, draft {names[1]}")
 
 
-def mix(work: str, db: str, prompt_set: str, categories: str, n: int, tokens: int) -> None:
+def mix(work: str, db: str, prompt_set: str, categories: str, n: int, tokens: int,
+        k: int | None = 3) -> None:
     import torch
 
     from autospec.bench.run import load_prompts
@@ -152,7 +155,7 @@ def mix(work: str, db: str, prompt_set: str, categories: str, n: int, tokens: in
         sys.exit(f"prompt set {prompt_set!r} has no category {', '.join(missing) or '(none)'}")
     print(f"labelled mix from prompt set {prompt_set!r}: "
           + ", ".join(f"{c} ({len(ps)})" for c, ps in groups.items()))
-    _serve(work, db, groups, tokens, target, draft, tok, names)
+    _serve(work, db, groups, tokens, target, draft, tok, names, k)
 
 
 def traffic(work: str, db: str, category: str, n: int, tokens: int) -> None:
@@ -504,7 +507,9 @@ def peer_table(work: str, bench: str | None = None) -> None:
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
     if cmd == "mix":
-        mix(rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5]))
+        k = rest[6] if len(rest) > 6 else "3"  # "auto": autospec's default policy
+        mix(rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5]),
+            None if k == "auto" else int(k))
     elif cmd == "groups":
         groups(*rest)
     elif cmd == "scrape":

@@ -16,8 +16,13 @@ requests), then the mix one request at a time (timed), then a second set of prom
 clients at once (the engine at batch 2). The requests' token ids are kept: (e) must equal (a).
 
     .venv/bin/python scripts/vllm_mix.py WORK [STEP...]
-        steps (default: all, in this order): prompts train export plain autospec ngram5 draft5
-        exported ngram3 draft1 draft3 table
+        steps (default: all, in this order): prompts train steps export plain autospec ngram5
+        draft5 exported ngram3 draft1 draft3 table
+
+The store the export reads holds autospec's traffic on the training prompts (transformers, its
+default policy: ``train``) and vLLM's own steps on the same prompts (``steps``: autospec's
+proposer in vLLM, its records under the one label "train-steps", so no measured category is
+learned from them), both before anything measured.
     AUTOSPEC_MIX_TOKENS (default 48), AUTOSPEC_MIX_START_S (default 600);
     AUTOSPEC_MIX_MEASURED=long: the long prompts (retrieval, long-summary) are the mix instead
 
@@ -63,7 +68,8 @@ FIXED = {"ngram5": {"method": "ngram", "num_speculative_tokens": 5},
          "draft1": {"method": "draft_model", "num_speculative_tokens": 1},
          "draft3": {"method": "draft_model", "num_speculative_tokens": 3},
          "draft5": {"method": "draft_model", "num_speculative_tokens": 5}}
-STEPS = ["prompts", "train", "export", "plain", "autospec", "ngram5", "draft5", "exported",
+TRAIN_K = os.environ.get("AUTOSPEC_MIX_TRAIN_K", "auto")  # the training traffic's lookahead
+STEPS = ["prompts", "train", "steps", "export", "plain", "autospec", "ngram5", "draft5", "exported",
          "ngram3", "draft1", "draft3", "plain-fp32", "autospec-fp32", "table"]
 
 
@@ -116,24 +122,69 @@ def prompts(work: Path) -> None:
 
 
 def train(work: Path) -> None:
-    """autospec serves the training prompts (transformers, k = 3, labelled) and probes the pair
-    into WORK/store.db: the store the export reads."""
+    """autospec serves the training prompts (transformers, its default policy unless
+    AUTOSPEC_MIX_TRAIN_K gives a k, labelled) and probes the pair into WORK/store.db: the
+    store the export reads."""
     target, draft = pair_dirs()
     env = dict(os.environ, AUTOSPEC_LOOP_TARGET=target, AUTOSPEC_LOOP_DRAFT=draft)
     subprocess.run([PY, str(ROOT / "scripts" / "engine_loop.py"), "mix", str(work),
                     f"sqlite:///{work}/store.db", str(work / "train.jsonl"), "all", "3",
-                    str(TOKENS)], check=True, env=env)
+                    str(TOKENS), TRAIN_K], check=True, env=env)
+
+
+def engine_steps(work: Path) -> None:
+    """vLLM's own step costs for the export: autospec's proposer serves the training prompts
+    in vLLM (custom_class), its records — the engine's steps, path vllm — into WORK/store.db
+    under one label, "train-steps" (the costs are the pair's, pooled over categories; no
+    measured category's acceptance is learned from them). Untimed."""
+    from autospec.fleet.engines import vllm_python
+    from autospec.testing.vllm import CUSTOM_CLASS, Server, store_packages
+
+    done = work / "steps.done"
+    if done.exists():
+        stamp("steps: done already, skipped")
+        return
+    target, _ = pair_dirs()
+    doc = json.loads((work / "mix.json").read_text())
+    py = vllm_python()
+    store_packages(py, work / "site")
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(work / "site")]),
+           "AUTOSPEC_VLLM_STORE": f"sqlite:///{work}/store.db"}
+    spec = {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": K_AUTOSPEC}
+    server = Server(py, target, work / "steps.log", spec, env, start_s=START_S)
+    stamp(f"steps: up in {server.started_s:.0f} s")
+    try:
+        for p in doc["warm"] + doc["train"]:
+            server.complete(p["text"], TOKENS, "train-steps", ignore_eos=False)
+        time.sleep(5)  # the proposer's records, written off the hot path
+    except Exception:
+        print(server.tail(), file=sys.stderr)
+        raise
+    finally:
+        server.stop()
+    done.write_text(f"{len(doc['warm']) + len(doc['train'])} requests\n")
+    stamp(f"steps: {len(doc['warm']) + len(doc['train'])} requests served")
+
+
+def _draft_pair(work: Path) -> int:
+    """The store's pair with a draft model (autospec's training traffic): the export's."""
+    from autospec.store import open_store, queries
+    from autospec.traces import NO_DRAFT
+
+    with open_store(f"sqlite:///{work}/store.db", read_only=True) as st, st.session() as s:
+        return next(p.id for p in queries.pairs(s) if p.draft != NO_DRAFT)
 
 
 def export(work: Path) -> None:
     """Each measured category's export (its --speculative-config, or none: no speculation)."""
     _, draft = pair_dirs()
     specs = {}
+    pair_id = _draft_pair(work)
     for _, category, _ in MEASURED:
         out = work / f"vllm-{category}.sh"
         subprocess.run([str(ROOT / ".venv" / "bin" / "autospec"), "export", "--db",
                         f"sqlite:///{work}/store.db", "--engine", "vllm", "--category",
-                        category, "--out", str(out)], check=True)
+                        category, "--pair-id", str(pair_id), "--out", str(out)], check=True)
         spec = subprocess.run([PY, str(ROOT / "scripts" / "engine_loop.py"), "spec", str(out)],
                               check=True, capture_output=True, text=True).stdout.strip()
         specs[category] = json.loads(spec) if spec else None
@@ -394,6 +445,8 @@ def main() -> None:
         elif step == "train":
             if not (work / "store.db").exists():
                 train(work)
+        elif step == "steps":
+            engine_steps(work)
         elif step == "export":
             export(work)
         elif step == "plain":

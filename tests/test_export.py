@@ -321,14 +321,25 @@ def test_auto_exports_the_ngram_proposer_where_the_report_finds_it_pays(proposer
     copy, free = section5(url, "copy"), section5(url, "free")
     assert copy.pays == "ngram" and free.pays == "draft"  # the report's verdicts
     ngram = copy.lookups["ngram"]
-    engines = ("vllm", "trtllm", "sglang", "llamacpp")
+    engines = ("trtllm", "sglang", "llamacpp")
     texts = {e: export(url, e, tmp_path, "--category", "copy") for e in engines}
+    # vLLM's ngram drafts by another rule than the traces that priced it: auto exports the
+    # draft model there — which does not pay on this workload, so no speculation — says why,
+    # and --proposer ngram still exports prompt lookup
+    auto = export(url, "vllm", tmp_path, "--category", "copy")
+    assert "proposer: the draft model" in auto and "--speculative-config" not in auto
+    assert "speculation does not pay at any batch size: serve without it" in auto
+    assert "prompt lookup pays most here, priced on its traces, but vLLM runs it by another " \
+           "rule (vLLM's ngram drafts from the earliest occurrence" in auto
+    assert "export --proposer ngram for it" in auto
+    texts["vllm"] = export(url, "vllm", tmp_path, "--category", "copy", "--proposer", "ngram")
     check_ngram_exports(texts, ngram.best[0], NGRAM_SETTINGS["max_n"],
                         NGRAM_SETTINGS["min_n"])
     for text in texts.values():  # the report's numbers, not recomputed ones
         assert f"B=1: k={ngram.best[0]}, S≈{ngram.best[1]:.2f}×" in text
         assert f"which proposer pays (report section 5): prompt lookup pays, " \
                f"{copy.margin:.2f}×" in text
+        assert "runs it by another rule" not in text
         assert f"a draft at {ngram.match_rate:.0%} of generated positions" in text
     # where the draft model pays, auto exports the draft model's configuration
     text = export(url, "vllm", tmp_path, "--category", "free")
@@ -401,9 +412,10 @@ def test_ngram_export_from_a_tiny_model_run(tmp_path):
     for text in texts.values():  # the live counters, as the store sums them
         assert f"live: {live.proposed} proposed, α={live.accepted / live.proposed:.3f}" \
             in text and "org/tiny-target" in text
-    # auto: what the report's section 5 says pays
-    auto = export(url, "vllm", tmp_path)
-    assert ('"method": "ngram"' in auto) == (pr.pays == "ngram")
+    # auto: what the report's section 5 says pays (TensorRT-LLM's NGram drafts by the traced
+    # rule, the newest match)
+    auto = export(url, "trtllm", tmp_path)
+    assert ("NGram" in auto) == (pr.pays == "ngram")
 
 
 def test_k_exports_the_k_asked_for_with_the_measured_choice_in_the_header(

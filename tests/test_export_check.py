@@ -82,13 +82,14 @@ def test_vllm_accepts_every_export_shape_and_refuses_broken_ones(vllm_py, synthe
         "draft, tuned table to B=64": export(url, "vllm", tmp_path, "--max-batch", "64"),
         "draft, one k (section 5)": export(proposer_store, "vllm", tmp_path, "--category",
                                            "free"),
-        "ngram (auto: it pays)": export(proposer_store, "vllm", tmp_path, "--category", "copy"),
+        "ngram (it pays)": export(proposer_store, "vllm", tmp_path, "--category", "copy",
+                                  "--proposer", "ngram"),
         "ngram (asked for)": export(proposer_store, "vllm", tmp_path, "--category", "mixed",
                                     "--proposer", "ngram"),
     }
     specs = {name: spec_of(t) for name, t in texts.items()}
     assert "num_speculative_tokens_per_batch_size" in specs["draft, tuned table to B=64"]
-    assert specs["ngram (auto: it pays)"]["method"] == "ngram"
+    assert specs["ngram (it pays)"]["method"] == "ngram"
     assert "num_speculative_tokens_per_batch_size" not in specs["draft, one k (section 5)"]
     good = [vllm_job(t) for t in texts.values()]
     # the models for real: local directories with the tiny pair's configs and tokenizer
@@ -98,7 +99,7 @@ def test_vllm_accepts_every_export_shape_and_refuses_broken_ones(vllm_py, synthe
                     targets={"org/target-7b": target}, drafts={"org/draft-0.5b": draft})
     assert real["target"] == target and real["speculative_config"]["model"] == draft
     # broken, one thing each: vLLM must refuse every one
-    ngram = specs["ngram (auto: it pays)"]
+    ngram = specs["ngram (it pays)"]
     schedule = table["num_speculative_tokens_per_batch_size"]
     broken = {
         "first range not at 1": {**table, "num_speculative_tokens_per_batch_size":
@@ -130,7 +131,7 @@ def test_vllm_accepts_every_export_shape_and_refuses_broken_ones(vllm_py, synthe
     for lo, hi, k in schedule:
         assert all(dense[b - 1] == min(k, table["num_speculative_tokens"])
                    for b in range(lo, min(hi, len(dense)) + 1))
-    assert "against a stand-in pair" in by["ngram (auto: it pays)"].message
+    assert "against a stand-in pair" in by["ngram (it pays)"].message
     assert "stand-in" not in by["draft, tuned table, real tiny pair"].message
     # vLLM's own words for each refusal
     assert "must start at 1" in by["first range not at 1"].message

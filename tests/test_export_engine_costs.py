@@ -1,8 +1,9 @@
 """`autospec export --engine vllm` priced by vLLM's own steps: a real SQLite store holding
 autospec's traffic (prompt-lookup traces, a transformers probe) and vLLM's steps as the
 custom_class proposer's sink writes them (path "vllm", pair without a draft model); the real
-export code. Where vLLM's costs say verification is steep the lookup's k is shorter than where
-they say it is flat; the header names the costs used; without vLLM's records (or with
+export code. Where vLLM's costs say verification is steep the lookup's k — and the draft
+model's, its draft at autospec's measured share of a plain step — is shorter than where they
+say it is flat; the header names the costs used; without vLLM's records (or with
 ``--costs-from autospec``) the export is what it was."""
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def make_store(tmp_path, name: str, vllm_curve: dict[int, float] | None, request
 
 
 def exported(url, tmp_path, *extra) -> tuple[str, dict]:
-    text = export(url, "vllm", tmp_path, "--category", "copy", "--pair-id", "1", *extra)
+    text = export(url, "vllm", tmp_path, "--category", "copy", "--pair-id", "1", "--proposer",
+                  "ngram", *extra)
     return text, check_vllm_ngram(text)
 
 
@@ -131,7 +133,8 @@ def test_vllm_steps_price_the_lookups_k_flat_against_steep(tmp_path):
         re.search(r"B=1: k=\d+, S≈[\d.]+×", t0).group(0)
     # the k vLLM's steps give is the report's own rule over vLLM's curve
     with open_store(steep, read_only=True) as st:
-        plan = plan_for(st, category="copy", pair_id=1, engine="vllm", costs_from="engine")
+        plan = plan_for(st, category="copy", pair_id=1, engine="vllm", costs_from="engine",
+                        proposer="ngram")
     assert plan.table[0][1] == ks and plan.costs.startswith("vLLM's own steps")
 
 
@@ -168,21 +171,50 @@ def test_another_target_or_hardware_does_not_price(tmp_path):
     # --engine-hardware: the engine's costs are looked for on the hardware it runs
     with open_store(steep, read_only=True) as st:
         plan = plan_for(st, category="copy", pair_id=1, engine="vllm",
-                        engine_hardware="gpu: other")
+                        engine_hardware="gpu: other", proposer="ngram")
     assert plan.costs.startswith("autospec's own") and any(
         "re-probe there" in w for w in plan.warnings)
 
 
-def test_a_draft_model_export_keeps_autospecs_costs_and_says_why(tmp_path):
-    steep = make_store(tmp_path, "steep.db", STEEP, MIN_FORWARDS)
-    base = make_store(tmp_path, "base.db", None)
-    text = export(steep, "vllm", tmp_path, "--category", "free")
-    cfg = check_vllm(text)
-    assert cfg["method"] == "draft_model"
-    assert cfg == check_vllm(export(base, "vllm", tmp_path, "--category", "free"))
-    assert "autospec's own timings (transformers loop)" in costs_line(text)
-    assert "price lookup exports only: the custom_class proposer runs no draft model" in text
-    with open_store(steep, read_only=True) as st:
-        with pytest.raises(ExportError, match="--costs-from engine: vLLM's own steps are in "
-                                              "the store"):
-            plan_for(st, category="free", engine="vllm", costs_from="engine")
+def test_a_draft_model_export_is_priced_by_vllms_steps_and_says_how(tmp_path):
+    """The draft model's k over vLLM's T_t(n), the draft at the share of a plain step autospec
+    measured (T_d / T_t(1) of the probe: 0.06 / 0.2): a verification that grows with each
+    token shortens the block; one that makes every draft token cost 0.6 of a step leaves
+    nothing that pays."""
+    from autospec.costs.price import best_k
+    from autospec.report import build_report
+
+    mid = {n: 0.15 * (1 + 0.15 * (n - 1)) for n in range(1, 10)}
+    urls = {name: make_store(tmp_path, f"{name}.db", curve, MIN_FORWARDS)
+            for name, curve in (("base", None), ("flat", FLAT), ("mid", mid),
+                                ("steep", STEEP))}
+    texts = {name: export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
+             for name, url in urls.items()}
+    ks = {name: check_vllm(texts[name])["num_speculative_tokens"]
+          for name in ("base", "flat", "mid")}
+    assert ks["mid"] < ks["flat"] and ks["mid"] < ks["base"], ks
+    assert "autospec's own timings (transformers loop)" in costs_line(texts["base"])
+    share = f"the draft at autospec's measured share of a plain step (T_d = {T_D / CURVE[1]:.2f}"
+    for name in ("flat", "mid", "steep"):
+        line = costs_line(texts[name])
+        assert line.startswith("# costs: vLLM's own steps (") and share in line, line
+        assert "one k, priced at batch 1 over vLLM's steps" in texts[name]
+    # vLLM's steep steps: speculation does not pay, so none is exported
+    assert "--speculative-config" not in texts["steep"]
+    assert "serve without it" in texts["steep"]
+    # the k is the cost model's argmax over vLLM's curve, at the acceptance of a fixed-k
+    # block the draft's traces give (Bernoulli(0.8) per position: 0.8 at each)
+    with open_store(urls["mid"], read_only=True) as st:
+        (w,) = build_report(st, category="free", pair_id=1).workloads
+        plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
+    fixed = w.acceptance.fixed_block
+    assert all(abs(a - 0.8) < 0.05 for a in fixed[:3]), fixed
+    k, s = best_k(fixed, T_D / CURVE[1] * mid[1], mid, 8)
+    assert plan.table == [(1, k, s)] and k == ks["mid"]
+    assert "acceptance by position in a block of fixed k, from the draft model's greedy " \
+           "traces: " + " ".join(f"{a:.2f}" for a in fixed[:3]) in texts["mid"]
+    # --costs-from autospec: the export as without vLLM's steps
+    text = export(urls["steep"], "vllm", tmp_path, "--category", "free", "--pair-id", "1",
+                  "--costs-from", "autospec")
+    assert check_vllm(text) == check_vllm(texts["base"])
+    assert costs_line(text) == costs_line(texts["base"])

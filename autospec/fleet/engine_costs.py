@@ -15,10 +15,14 @@ What they price, and what they do not:
   (``report.build.proposers_view``: its traces' match rate and acceptance, its host seconds
   per token) over vLLM's T_t(n) instead of autospec's. Lookups are priced at batch 1, so the
   steps of requests that shared the batch are not read;
-- a draft-model export is NOT priced by them: the custom_class proposer runs no draft model,
-  so vLLM's T_d is never measured, and a T_d carried over from transformers beside vLLM's
-  T_t would be a guess. That export keeps autospec's costs and says so; ``--costs-from
-  engine`` refuses it;
+- a draft-model export: its one k at batch 1 over vLLM's T_t(n), the draft's cost at the
+  share of a plain step autospec measured for the pair (T_d = c · T_t(1), c from the
+  transformers loop's probe or timings). The custom_class proposer runs no draft model, so
+  vLLM's own T_d is never measured; the share carries over where the absolute seconds do not
+  (on this CPU a draft token cost 0.38 of a plain step in vLLM's fixed-k servers and 0.39 in
+  transformers; vLLM's verification grew 4× faster with the tokens scored: the share is what
+  transfers, the curve is not). The header says so. A tuned k is exported as tuned, on
+  autospec's costs;
 - which proposer ``--proposer auto`` exports stays the report's choice (section 5, priced on
   autospec's costs, where the draft model can be priced too).
 """

@@ -167,10 +167,12 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     model). ``k``: this k at every batch size instead of the measured choice (0: no
     speculation); the header keeps the measured choice and the cost model's estimate at this
     k, where it has them. ``engine`` and ``costs_from`` ("auto", "engine", "autospec"): whose
-    step costs price a lookup's k — the engine's own where the store holds them
-    (``autospec.fleet.engine_costs``: vLLM's, recorded by its custom_class proposer), else
-    autospec's; "engine" is an error where there are none, or for a draft-model export
-    (the engine's draft-model cost is not measured)."""
+    step costs price k — the engine's own where the store holds them
+    (``autospec.fleet.engine_costs``: vLLM's, recorded by its custom_class proposer; a draft
+    model's cost beside them at the share of a plain step autospec measured), else
+    autospec's; "engine" is an error where there are none. With ``engine`` given, "auto" does
+    not pick a lookup the engine runs by another rule than its traces record
+    (``EngineSetting.traced``) where the pair has a draft model."""
     from autospec.engine.proposers import model_proposer, registered
     from autospec.fleet.engine_costs import COSTS_FROM
     from autospec.policies.base import K_LIMIT
@@ -205,8 +207,13 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     model = model_proposer() if w.pair["draft"] != NO_DRAFT else None
     classes = registered()
     chosen = proposer
+    untraced = None  # auto's lookup, which the engine runs by another rule than it was traced
     if proposer == "auto":
         chosen = pr.pays if pr is not None and pr.pays in pr.lookups else model
+        if engine is not None and model is not None and chosen not in (None, model):
+            untraced = _untraced(classes[chosen], engine)
+            if untraced is not None:
+                untraced, chosen = (chosen, untraced), model
     if chosen is None or (chosen != model and classes[chosen].kind == "model"):
         raise ExportError(f"this workload's pair has no draft model (served with lookups "
                           f"alone): {_instead(pr, None, None) or 'serve it with a lookup'}")
@@ -251,19 +258,27 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                               f"that {_pays(pr)} pays for this workload")
     else:
         try:
-            plan = _draft_plan(w, base, source)
+            plan = _draft_plan(w, base, source, engine_used[0] if engine_used else None)
         except ExportError as e:
             if k is None:
                 raise
             plan = ExportPlan(**base, source="", grid_source=None)  # k as asked, below
             plan.notes.append(f"no measured k to compare with: {e}")
         plan.proposer, plan.proposers = model, pr
+        if plan.costs is None:  # not priced by the engine's steps (a tuned k: as tuned)
+            engine_used = None
+        if untraced is not None:
+            name, why = untraced
+            plan.notes.append(f"the report finds that {_pays(pr)} pays most here, priced on "
+                              f"its traces, but {ENGINE_NAMES[engine]} runs it by another rule "
+                              f"({why}): the draft model instead (export --proposer {name} "
+                              f"for it)")
         if proposer == "auto" and pr is not None and pr.pays == "hybrid":
             plan.notes.append("the hybrid (prompt lookup where it matches, else the draft "
                               "model) pays most, which no engine runs: the draft model's "
                               "settings")
     if engine_used is not None:
-        plan.costs = engine_used[0].label
+        plan.costs = plan.costs or engine_used[0].label
         plan.notes.append(f"which proposer pays is the report's (section 5, on autospec's own "
                           f"costs); its k here is priced by {ENGINE_NAMES[engine]}'s own steps")
         if lookup is not None and lookup.best is not None and lookup.best[1] < 1:
@@ -328,11 +343,13 @@ def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, 
                                       f"{chosen!r} for this workload to price")
                 return None, None
             return (ec, priced.lookups[chosen]), None
-    if ec is not None:  # the draft model: its cost inside the engine is not measured
+    if ec is not None:  # the draft model: the engine's T_t(n), the draft's share autospec's
+        if w.verification.draft_ratio is not None and _draft_acceptance(w) is not None:
+            return (ec, None), None
         why = (f"{name}'s own steps are in the store ({sum(ec.steps.values())} steps, path "
-               f"{ec.path}, pair #{ec.pair_id}) but price lookup exports only: the "
-               f"custom_class proposer runs no draft model, so {name}'s draft-model cost is "
-               f"not measured")
+               f"{ec.path}, pair #{ec.pair_id}) but the draft model's cost beside them is "
+               f"its share of a plain step as autospec measured it, and this workload has "
+               f"no such measurement (or no acceptance) yet")
         if costs_from == "engine":
             raise ExportError(f"--costs-from engine: {why}; export --costs-from autospec (the "
                               f"draft model priced by autospec's costs) or a lookup proposer")
@@ -371,6 +388,18 @@ def _force_k(plan: ExportPlan, w, k: int, lookup=None) -> None:
                           f"here (S≈{s:.2f}× at batch 1)")
 
 
+def _untraced(cls, engine: str) -> str | None:
+    """What differs where ``engine`` runs lookup ``cls`` by another rule than autospec's
+    traces of it record (its ``EngineSetting.traced`` is False); None where it runs the
+    traced rule, or nothing of it."""
+    from types import SimpleNamespace
+
+    setting = cls.export(engine, SimpleNamespace(k=1, settings=None))
+    if setting is None or setting.traced:
+        return None
+    return "; ".join(setting.notes) or "its own rule"
+
+
 def _instead(pr, chosen: str | None, model: str | None) -> str | None:
     """What to export instead of ``chosen``: the pair's model proposer, if it has one, and
     the lookups the report knows something of for this workload ("export --proposer …")."""
@@ -385,18 +414,23 @@ def _pays(pr) -> str:
     return proposer_name(pr, pr.pays)
 
 
-def _draft_plan(w, base: dict, source: str) -> ExportPlan:
-    """The draft model's k (or batch size → k table) for workload ``w``."""
+def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
+    """The draft model's k (or batch size → k table) for workload ``w``; where
+    ``engine_costs`` (``fleet.engine_costs.EngineCosts``) are given and no tuned k is to be
+    exported, one k priced by them at batch 1 (``_engine_draft_plan``)."""
     tuned = w.policy.tuned
     batch = w.batch
     points = [p for p in (batch.points if batch is not None else [])]
     use_tuned = source == "tuned" or (source == "auto" and any(
         p.tuned_k is not None for p in points))
+    fixed = tuned.params.get("k") if tuned is not None else None
     if source == "tuned" and not any(p.tuned_k is not None for p in points):
-        fixed = tuned.params.get("k") if tuned is not None else None
         if not isinstance(fixed, int):
             raise ExportError("no tuned table or fixed k for this workload: run `autospec "
                               "tune` first, or export --source costmodel")
+    if engine_costs is not None and not use_tuned and not (
+            source == "auto" and isinstance(fixed, int)):
+        return _engine_draft_plan(w, base, engine_costs)
     plan = ExportPlan(**base, source="cost model", grid_source=batch.source if points else None)
     if points and (use_tuned or any(p.k is not None for p in points)):
         for p in points:
@@ -430,6 +464,47 @@ def _draft_plan(w, base: dict, source: str) -> ExportPlan:
     elif batch is not None and batch.note:
         plan.notes.append(batch.note)
     return plan
+
+
+def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
+    """The draft model's one k over the engine's own batch-1 steps ``ec``: the workload's
+    acceptance by position, the engine's T_t(n), and the draft's cost at the share of a plain
+    step autospec measured for the pair (T_d = c · T_t(1), the engine's T_t(1)) — the engine's
+    own draft cost is never measured (autospec's proposer in it runs no draft model)."""
+    from autospec.costs.price import best_k, interpolate_cost
+    from autospec.report.model import K_MAX
+
+    c = w.verification.draft_ratio
+    k_max = max([K_MAX, *w.speedup.curve])
+    k, s = best_k(_draft_acceptance(w), c * ec.t_target[1], interpolate_cost(ec.t_target),
+                  k_max)
+    plan = ExportPlan(**base, source=f"cost model, over {ENGINE_NAMES[ec.engine]}'s own steps",
+                      grid_source=None)
+    plan.table = [(1, int(k), s)]
+    plan.costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
+                  f"{c:.2f} T_t(1)): {ENGINE_NAMES[ec.engine]}'s own draft cost is not measured")
+    plan.notes.append(f"one k, priced at batch 1 over {ENGINE_NAMES[ec.engine]}'s steps (its "
+                      f"steps at larger batch sizes are not measured)")
+    fixed = w.acceptance.fixed_block
+    if any(a is not None for a in fixed):
+        plan.notes.append("acceptance by position in a block of fixed k, from the draft "
+                          "model's greedy traces: " + " ".join(
+                              "-" if a is None else f"{a:.2f}" for a in fixed[:k_max]))
+    return plan
+
+
+def _draft_acceptance(w) -> list[float | None] | None:
+    """The draft model's acceptance by position for workload ``w`` in a block of fixed k, as
+    an engine runs it: from its greedy traces where they say (``Acceptance.fixed_block``; the
+    live blocks' later positions are the ones autospec's early stop let run), else its live
+    blocks', else its traces' first position (section 5); None where nothing says."""
+    for got in (w.acceptance.fixed_block, w.acceptance.conditional):
+        if any(a is not None for a in got):
+            return list(got)
+    pr = w.proposers
+    if pr is not None and pr.draft_trace_alpha is not None:
+        return [pr.draft_trace_alpha]
+    return None
 
 
 def _settings(store, category: str, pair_id: int, proposer: str,

@@ -409,7 +409,8 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                          alphas, sm.mean_accepted_length, list(sm.accepted_per_position),
                          [queries.wilson_interval(a, d) for a, d in
                           zip(sm.accepted_per_position, sm.drafted_per_position)],
-                         by_source(sm, history.ingested_acceptance(s, sm.category, pid)))
+                         by_source(sm, history.ingested_acceptance(s, sm.category, pid)),
+                         _fixed_block(s, sm.category, pid, recent))
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
                       modes.get((category_key(sm.category), pid, sm.path)))
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
@@ -538,6 +539,16 @@ def by_source(sm, ingested) -> list[SourceAcceptance]:
     engines = [source(e.source, e.records, e.drafts, e.drafted, e.accepted,
                       e.accepted_per_position, e.drafted_per_position) for e in ingested]
     return [own, *engines] if own.records > 0 else engines  # no own requests: no own row
+
+
+def _fixed_block(s, category: str, pair_id: int, recent: int) -> list[float | None]:
+    """The draft model's acceptance by position in a fixed-k block, from the latest
+    ``recent`` greedy batch-1 requests' traces; [] where none has an observed position."""
+    from autospec.store import history, queries
+
+    rows = list(queries.traces(s, category, pair_id, limit=4 * recent, newest=True))
+    got = history.fixed_block_acceptance(rows, limit=recent)
+    return got if any(a is not None for a in got) else []
 
 
 def _lookup_profiles(s, category: str, pair_id: int, recent: int) -> dict:

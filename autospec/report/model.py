@@ -69,6 +69,10 @@ class Acceptance:
     # per source where engine scrapes were ingested into the workload (autospec's own first);
     # [] where autospec's requests are the only source
     by_source: list[SourceAcceptance] = field(default_factory=list)
+    # the draft model's conditional acceptance by position in a fixed-k block without early
+    # stop, from its greedy traces (``history.fixed_block_acceptance``): what an engine's
+    # fixed k accepts; [] where no trace says
+    fixed_block: list[float | None] = field(default_factory=list)
 
 
 @dataclass

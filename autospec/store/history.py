@@ -50,6 +50,7 @@ from .write import category_key
 __all__ = ["Rate", "ModeRates", "TimeBucket", "RecentActivity", "plain_vs_speculative",
            "alpha_over_time", "recent_activity", "bucket_seconds", "BUCKET_SIZES",
            "ForwardSpread", "forward_spread", "LookupProfile", "lookup_profile",
+           "fixed_block_acceptance",
            "IngestedAcceptance", "ingested_acceptance", "INGESTED"]
 
 INGESTED = "ingested"  # the stop_reason of a record ``autospec ingest`` wrote (no request)
@@ -296,6 +297,38 @@ class LookupProfile:
             tokens += (min(agree, width) + 1) * c
             seconds += cost(width + 1) * c
         return tokens / n, seconds / n
+
+
+def fixed_block_acceptance(rows, k_max: int = 16, limit: int = 200) -> list[float | None]:
+    """The draft model's acceptance by position in a block of fixed length k with no early
+    stop — what an engine's fixed ``num_speculative_tokens`` accepts — from the model traces
+    of the latest ``limit`` greedy batch-1 rows of ``rows`` (``TraceRow``s, newest last).
+    Greedy verification accepts a block's agreeing prefix, and the draft continues from the
+    target's own tokens while it agrees, so a block started at position g accepts the run of
+    agreeing positions from g: P(token i accepted | the i − 1 before it were), i = 1 …
+    ``k_max``, is (runs longer than i − 1 that agree at i) / (runs longer than i − 1 whose
+    i-th position was observed). A run cut by an unobserved position (or the request's end)
+    counts up to where it was seen. The live blocks' acceptance is not this: the early stop
+    ends a block where the draft is unsure, so its later positions are the confident ones.
+    None at a position no run reached."""
+    mine = [r for r in rows if r.trace_kind == "greedy" and r.batch_size == 1][-limit:]
+    reached, agreed = [0] * k_max, [0] * k_max
+    for row in mine:
+        run, cut = 0, True  # from the end backward: the run from g, and whether it was cut
+        for v in reversed(row.trace):
+            if v == UNOBSERVED:
+                run, cut = 0, True
+                continue
+            if v == 1:
+                run += 1
+            else:
+                run, cut = 0, False
+            for i in range(min(run, k_max)):  # tokens 1 … run agree
+                reached[i] += 1
+                agreed[i] += 1
+            if not cut and run < k_max:  # token run + 1 observed not to
+                reached[run] += 1
+    return [a / n if n else None for a, n in zip(agreed, reached)]
 
 
 def lookup_profile(rows, proposer: str, replay, limit: int = 200) -> LookupProfile | None:

@@ -82,11 +82,15 @@ class EngineSetting:
     """What a proposer exports to a serving engine at lookahead k (``Proposer.export``):
     vLLM's ``--speculative-config`` and TensorRT-LLM's ``speculative_config`` (``config``; None:
     speculation off), SGLang's and llama.cpp's command-line ``flags``, and lines for the
-    export's header (``notes``: what differs from autospec's proposer)."""
+    export's header (``notes``: what differs from autospec's proposer). ``traced``: whether
+    the engine drafts by the rule autospec's traces of the proposer record — False where it
+    drafts otherwise, so acceptance measured on those traces does not price it (``export
+    --proposer auto`` then prefers the draft model, where the pair has one)."""
 
     config: dict[str, Any] | None = None
     flags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    traced: bool = True
 
 
 class RowReplay(Protocol):

@@ -139,7 +139,7 @@ class PromptLookup(HostLookup):
                        "matched suffix, autospec's prompt lookup (whose traces price this) "
                        "from the latest: on copy-heavy traffic expect vLLM to accept far "
                        "less. autospec's custom_class proposer runs autospec's rule inside "
-                       "vLLM (docs/fleet.md, \"autospec inside vLLM\")"])
+                       "vLLM (docs/fleet.md, \"autospec inside vLLM\")"], traced=False)
         if engine == "trtllm":
             return EngineSetting({"decoding_type": "NGram", "max_draft_len": k,
                                   "max_matching_ngram_size": max_n, "is_keep_all": True,
