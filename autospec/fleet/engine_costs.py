@@ -18,11 +18,9 @@ What they price, and what they do not:
 - a draft-model export: its one k at batch 1 over vLLM's T_t(n), the draft's cost at the
   share of a plain step autospec measured for the pair (T_d = c · T_t(1), c from the
   transformers loop's probe or timings). The custom_class proposer runs no draft model, so
-  vLLM's own T_d is never measured; the share carries over where the absolute seconds do not
-  (on this CPU a draft token cost 0.38 of a plain step in vLLM's fixed-k servers and 0.39 in
-  transformers; vLLM's verification grew 4× faster with the tokens scored: the share is what
-  transfers, the curve is not). The header says so. A tuned k is exported as tuned, on
-  autospec's costs;
+  vLLM's own T_d is never measured; the share carries over where the absolute seconds and
+  the verification curve do not (docs/fleet.md, "Whose costs price k"). The header says so.
+  A tuned k is exported as tuned, on autospec's costs;
 - which proposer ``--proposer auto`` exports stays the report's choice (section 5, priced on
   autospec's costs, where the draft model can be priced too).
 """
