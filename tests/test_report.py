@@ -36,6 +36,7 @@ from autospec.store import (
     write_records,
 )
 from autospec.store.history import bucket_seconds
+from autospec.traces import UNOBSERVED
 
 from records import blocks, draft, lookup
 
@@ -60,13 +61,22 @@ def record(pair: PairInfo, category: str, ks: list[int], accs: list[int], *, t_t
     return RequestRecord(
         pair=pair, category=category, policy=policy, greedy=True, prompt_tokens=10,
         new_tokens=sum(accs) + len(ks), iterations=len(ks),
-        proposers=draft(trace=bytes(1 for _ in range(sum(accs) + len(ks))),
-                        **blocks(ks, accs)),
+        proposers=draft(trace=block_trace(ks, accs), **blocks(ks, accs)),
         k_schedule=bytes(ks), accepted_schedule=bytes(accs), wall_s=wall, prefill_s=0.0,
         draft_s=drafted * t_draft, draft_forwards=drafted, target_s_by_n=dict(by_n),
         trace_kind="greedy",
         bandwidth_bytes_per_s=bandwidth, bandwidth_peak_bytes_per_s=4.8e12 if bandwidth
         else None, created_at=created_at, path="eager")
+
+
+def block_trace(ks: list[int], accs: list[int]) -> bytes:
+    """The draft's greedy trace of iterations of ``ks`` tokens with ``accs`` accepted: each
+    accepted token agreed, the target's own token after them did not (unobserved where the
+    whole block was accepted, or nothing was drafted)."""
+    out = bytearray()
+    for k, a in zip(ks, accs):
+        out += bytes([1]) * a + bytes([0 if a < k else UNOBSERVED])
+    return bytes(out)
 
 
 def accepted_run(rng: random.Random, k: int, alpha: float) -> int:

@@ -18,9 +18,10 @@ from test_report import FLAT, T0, accepted_run, check_formats, record
 
 from autospec.report import build_report, render_html, render_json
 from autospec.store import add_probe, add_tuned_params, open_store, write_records
+from autospec.store.history import fixed_block_acceptance
 from autospec.store.write import get_or_create_pair
 
-from records import draft
+from records import draft, trace_row
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 BASE, SLOPE, FREE = 0.05, 0.004, 16  # T_t(B, n) = BASE + SLOPE · max(0, B·n − FREE)
@@ -63,13 +64,13 @@ def requests(seed: int = 0):
 
 
 def acceptance(recs) -> list[float]:
-    """Conditional acceptance by position from the rows: P(i accepted | i − 1 accepted)."""
-    model = [r.proposers["draft"] for r in recs]
-    width = max(len(m.proposed_per_position) for m in model)
-    acc = [sum(m.accepted_per_position[i] for m in model) for i in range(width)]
-    drafted = [sum(m.proposed_per_position[i] for m in model) for i in range(width)]
-    cum = [a / d for a, d in zip(acc, drafted)]
-    return [c / p for c, p in zip(cum, [1.0, *cum])]
+    """The acceptance a fixed k is priced at: P(i accepted | i − 1 accepted) in a block from
+    any position of the batch-1 rows' greedy draft traces (``history.fixed_block_acceptance``,
+    counted by hand in tests/test_fixed_block.py), up to the last position a run reached."""
+    rows = [trace_row("greedy", r.proposers["draft"].trace, batch_size=r.batch_size,
+                      new_tokens=r.new_tokens) for r in recs]
+    got = fixed_block_acceptance(rows, limit=len(rows))
+    return [a for a in got if a is not None]
 
 
 def expected_k(alphas: list[float], b: int) -> tuple[int, float]:

@@ -31,6 +31,7 @@ def run(args, parser) -> int:
 def _run(args, skipped: list[str]) -> int:
     from autospec.costs.stored import stored_costs
     from autospec.report import batch_summary, estimate_speedup
+    from autospec.report.build import fixed_block
     from autospec.store import history, queries
 
     store = open_store_or_die(args.db, read_only=True)
@@ -47,6 +48,8 @@ def _run(args, skipped: list[str]) -> int:
         # table); the summary's all-time k counts include every batch size's iterations
         k_at_1 = {(sm.category, sm.pair.id): history.recent_activity(
             s, sm.category, sm.pair.id, batch_size=1).k_mode for sm in summaries}
+        fixed = {(sm.category, sm.pair.id): fixed_block(s, sm.category, sm.pair.id)
+                 for sm in summaries}
     out = []
     for sm in summaries:
         est = estimate_speedup(sm, costs[sm.category, sm.pair.id])
@@ -54,7 +57,8 @@ def _run(args, skipped: list[str]) -> int:
         d["speedup_estimate"] = None if est is None else {"k": est[0], "speedup": est[1]}
         g = grids[sm.pair.id]
         d["batch"] = batch_summary(sm, (g.grid, g.draft_grid, g.grid_source),
-                                   tuned.get((sm.category, sm.pair.id)))
+                                   tuned.get((sm.category, sm.pair.id)),
+                                   fixed[sm.category, sm.pair.id])
         d["k_batch_1"] = k_at_1.get((sm.category, sm.pair.id))
         out.append(d)
     if args.json:

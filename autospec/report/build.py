@@ -171,7 +171,11 @@ def _verification(sm, probe, curve, source, t_draft, k, spread=None) -> Verifica
         cost_shortfall(sm, curve, t_draft))
 
 
-def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
+def _speedup(alphas, curve, t_draft, k, k_max, modes, fixed=None) -> Speedup:
+    """The speedup view: the estimate at the k in force from the live acceptance ``alphas``
+    (what ran), the S(k) curve and its best k — what a fixed k would run — from ``fixed``
+    (the acceptance of a fixed-k block; None: ``alphas``)."""
+    fixed = alphas if fixed is None else fixed
     plain = _rate(modes.plain if modes else None)
     spec = _rate(modes.speculative if modes else None)
     measured = None
@@ -182,11 +186,11 @@ def _speedup(alphas, curve, t_draft, k, k_max, modes) -> Speedup:
     known = any(a is not None for a in alphas)
     if 1 in curve and t_draft and known:
         cost = interpolate_cost(curve)
-        s_curve = {j: speedup(j, alphas, t_draft, cost) for j in range(k_max + 1)}
-        okb, ob = best_k(alphas, t_draft, cost, k_max)
-        flat = best_k(alphas, t_draft, {1: curve[1]}, k_max)[1]
+        s_curve = {j: speedup(j, fixed, t_draft, cost) for j in range(k_max + 1)}
+        okb, ob = best_k(fixed, t_draft, cost, k_max)
+        flat = best_k(fixed, t_draft, {1: curve[1]}, k_max)[1]
         if k is not None:
-            est = s_curve.get(k, speedup(k, alphas, t_draft, cost))
+            est = speedup(k, alphas, t_draft, cost)
     enough = (measured is not None and plain.requests >= MIN_MEASURED
               and spec.requests >= MIN_MEASURED)
     source, value = (("measured", measured) if enough else
@@ -410,9 +414,12 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                          [queries.wilson_interval(a, d) for a, d in
                           zip(sm.accepted_per_position, sm.drafted_per_position)],
                          by_source(sm, history.ingested_acceptance(s, sm.category, pid)),
-                         _fixed_block(s, sm.category, pid, recent))
+                         fixed_block(s, sm.category, pid, recent))
+        # a fixed k's acceptance (the S(k) curve, the batch table, section 5, every export):
+        # the draft's greedy traces' where they say, not the live blocks' (``fixed_block``)
+        fixed = acc.fixed_block or alphas
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
-                      modes.get((category_key(sm.category), pid, sm.path)))
+                      modes.get((category_key(sm.category), pid, sm.path)), fixed)
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k
             k_ref = sp.oracle_k
         # the cost ratio needs some k even before anything was drafted: k = 4 then
@@ -430,11 +437,11 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
         pair = {name: getattr(sm.pair, name)
                 for name in ("id", "target", "draft", "dtype", "hardware")}
         g = grids[pid]
-        batch = batch_view(alphas, g.grid, g.draft_grid, g.grid_source, k_max=k_max,
+        batch = batch_view(fixed, g.grid, g.draft_grid, g.grid_source, k_max=k_max,
                            tuned=pol.tuned,
                            requests_by_batch=by_batch.get((category_key(sm.category), pid)),
                            drafted=sm.drafted)
-        props = proposers_view(sm, profiles, alphas, curve, t_draft, k_max=k_max,
+        props = proposers_view(sm, profiles, fixed, curve, t_draft, k_max=k_max,
                                t_lookup=costs.t_lookup)
         verdict = _proposer_verdict(_verdict(acc, ver, pol, sp), props,
                                     has_draft=sm.pair.draft != NO_DRAFT)
@@ -541,7 +548,7 @@ def by_source(sm, ingested) -> list[SourceAcceptance]:
     return [own, *engines] if own.records > 0 else engines  # no own requests: no own row
 
 
-def _fixed_block(s, category: str, pair_id: int, recent: int) -> list[float | None]:
+def fixed_block(s, category: str, pair_id: int, recent: int = RECENT) -> list[float | None]:
     """The draft model's acceptance by position in a fixed-k block, from the latest
     ``recent`` greedy batch-1 requests' traces; [] where none has an observed position."""
     from autospec.store import history, queries
@@ -697,13 +704,14 @@ def estimate_speedup(summary, costs):
     return k, speedup(k, alphas, t_draft, curve)
 
 
-def batch_summary(summary, grid, tuned=None) -> dict:
+def batch_summary(summary, grid, tuned=None, fixed=None) -> dict:
     """The batch dimension of one (category, pair) as ``autospec report`` computes it
     (``batch_view``) from the pair's cost grid ``(target, draft, source)``
     (``queries.batch_costs``): where verification stops being memory-bound, the cost
     model's k and predicted speedup over plain batched decoding per batch size, and from
-    which batch size it switches speculation off. JSON-ready."""
-    alphas = conditional_from_cumulative(list(summary.acceptance_by_position))
+    which batch size it switches speculation off; ``fixed``: the acceptance of a fixed-k
+    block (``fixed_block``; None or []: the summary's live acceptance). JSON-ready."""
+    alphas = fixed or conditional_from_cumulative(list(summary.acceptance_by_position))
     target, draft, source = grid
     b = batch_view(alphas, target, draft, source, k_max=max([K_MAX, *summary.k_counts]),
                    tuned=_tuning(tuned))

@@ -151,7 +151,7 @@ class Speedup:
     estimated: float | None  # S(k)
     oracle_k: int | None  # argmax S
     oracle: float | None
-    curve: dict[int, float]  # S(k), k = 0 … K
+    curve: dict[int, float]  # S(k), k = 0 … K, at the acceptance of a fixed-k block
     flat_oracle: float | None  # max S if verification cost nothing extra (T_t(n) = T_t(1))
     source: str | None
     value: float | None
