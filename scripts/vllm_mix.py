@@ -138,7 +138,7 @@ def engine_steps(work: Path) -> None:
     under one label, "train-steps" (the costs are the pair's, pooled over categories; no
     measured category's acceptance is learned from them). Untimed."""
     from autospec.fleet.engines import vllm_python
-    from autospec.testing.vllm import CUSTOM_CLASS, Server, store_packages
+    from autospec.testing.vllm import CUSTOM_CLASS, Server
 
     done = work / "steps.done"
     if done.exists():
@@ -147,23 +147,30 @@ def engine_steps(work: Path) -> None:
     target, _ = pair_dirs()
     doc = json.loads((work / "mix.json").read_text())
     py = vllm_python()
-    store_packages(py, work / "site")
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(work / "site")]),
-           "AUTOSPEC_VLLM_STORE": f"sqlite:///{work}/store.db"}
     spec = {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": K_AUTOSPEC}
-    server = Server(py, target, work / "steps.log", spec, env, start_s=START_S)
-    stamp(f"steps: up in {server.started_s:.0f} s")
-    try:
+    with Server(py, target, work / "steps.log", spec, _proposer_env(work, py, store=True),
+                start_s=START_S) as server:
+        stamp(f"steps: up in {server.started_s:.0f} s")
         for p in doc["warm"] + doc["train"]:
             server.complete(p["text"], TOKENS, "train-steps", ignore_eos=False)
         time.sleep(5)  # the proposer's records, written off the hot path
-    except Exception:
-        print(server.tail(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
     done.write_text(f"{len(doc['warm']) + len(doc['train'])} requests\n")
     stamp(f"steps: {len(doc['warm']) + len(doc['train'])} requests served")
+
+
+def _proposer_env(work: Path, py, *, store: bool, stats: str | None = None) -> dict:
+    """The environment of a vLLM server that loads autospec's proposer (custom_class) from
+    this checkout, the store's packages installed beside it; ``store``: its records go into
+    WORK/store.db; ``stats``: the proposer's counters to that file."""
+    from autospec.testing.vllm import store_packages
+
+    store_packages(py, work / "site")
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(work / "site")])}
+    if store:
+        env["AUTOSPEC_VLLM_STORE"] = f"sqlite:///{work}/store.db"
+    if stats:
+        env["AUTOSPEC_VLLM_STATS"] = stats
+    return env
 
 
 def _draft_pair(work: Path) -> int:
@@ -204,7 +211,7 @@ def _done(work: Path) -> set[str]:
 def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> None:
     """One server: warm, the mix one at a time, the concurrent set from two clients."""
     from autospec.fleet.engines import vllm_python
-    from autospec.testing.vllm import Server, spec_counters, store_packages
+    from autospec.testing.vllm import Server, spec_counters
 
     if mode in _done(work):
         stamp(f"{mode}: in mix.jsonl already, skipped")
@@ -216,17 +223,15 @@ def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> 
     if spec and spec.get("method") == "draft_model":
         spec = dict(spec, model=draft)
     if spec and spec.get("method") == "custom_class":
-        store_packages(py, work / "site")
-        env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(work / "site")]),
-               "AUTOSPEC_VLLM_STATS": str(work / f"{mode}.proposer.json")}
-        if dtype == "bfloat16":  # the records go into the store the export read
-            env["AUTOSPEC_VLLM_STORE"] = f"sqlite:///{work}/store.db"
+        # bf16: the records go into the store the export read
+        env = _proposer_env(work, py, store=dtype == "bfloat16",
+                            stats=str(work / f"{mode}.proposer.json"))
         label = True
     stamp(f"{mode}: starting vLLM {json.dumps(spec) if spec else '(plain)'}")
-    server = Server(py, target, work / f"{mode}.log", spec, env, start_s=START_S, dtype=dtype)
-    stamp(f"{mode}: up in {server.started_s:.0f} s")
     recs = []
-    try:
+    with Server(py, target, work / f"{mode}.log", spec, env, start_s=START_S,
+                dtype=dtype) as server:
+        stamp(f"{mode}: up in {server.started_s:.0f} s")
         for p in doc["warm"]:
             server.complete(p["text"], TOKENS, "warmup" if label else None, ignore_eos=False)
         measured = list(enumerate(doc["measured"]))
@@ -274,11 +279,6 @@ def serve(work: Path, mode: str, spec: dict | None, dtype: str = "bfloat16") -> 
                                 "tokens": sum(r["tokens"] for r in conc)}) + "\n")
         if label:
             time.sleep(5)  # the proposer's records, written off the hot path
-    except Exception:
-        print(server.tail(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
     with open(work / "mix.jsonl", "a") as f:
         for r in recs:
             f.write(json.dumps(r) + "\n")

@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -85,6 +86,15 @@ class Server:
             except OSError:
                 time.sleep(2)
         self.started_s = time.monotonic() - t0
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        """Stops the server; where the block raised, its log's tail goes to stderr first."""
+        if exc is not None:
+            print(self.tail(), file=sys.stderr)
+        self.stop()
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
