@@ -8,12 +8,11 @@ say it is flat; the header names the costs used; without vLLM's records (or with
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
 import pytest
-from test_export import check_vllm, export
+from test_export import check_vllm, check_vllm_ngram, export
 
 from autospec.costs import MIN_FORWARDS
 from autospec.fleet.export import ExportError, plan_for
@@ -94,13 +93,6 @@ def exported(url, tmp_path, *extra) -> tuple[str, dict]:
     text = export(url, "vllm", tmp_path, "--category", "copy", "--pair-id", "1", "--proposer",
                   "ngram", *extra)
     return text, check_vllm_ngram(text)
-
-
-def check_vllm_ngram(text: str) -> dict:
-    (line,) = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    cfg = json.loads(re.search(r"--speculative-config '(.*)'", line).group(1))
-    assert cfg["method"] == "ngram"
-    return cfg
 
 
 def costs_line(text: str) -> str:
