@@ -7,18 +7,20 @@ what starts. ``VLLM_CPU_OMP_THREADS_BIND=all`` is refused; a core range works.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 CUSTOM_CLASS = "autospec.fleet.vllm_proposer.AutospecProposer"
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+log = logging.getLogger(__name__)
 
 
 def spec_counters(text: str) -> dict[str, float]:
@@ -91,9 +93,9 @@ class Server:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
-        """Stops the server; where the block raised, its log's tail goes to stderr first."""
+        """Stops the server; where the block raised, its log's tail is logged first."""
         if exc is not None:
-            print(self.tail(), file=sys.stderr)
+            log.error("vLLM's log (%s), its last lines:\n%s", self.log, self.tail())
         self.stop()
 
     def tail(self, n: int = 40) -> str:
