@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from autospec.traces import UNOBSERVED
+from autospec.traces import TRACE_GREEDY, UNOBSERVED
 
 from .damage import note, request_note, request_problem
 from .tables import Request, RequestProposer
@@ -311,7 +311,7 @@ def fixed_block_acceptance(rows, k_max: int = 16, limit: int = 200) -> list[floa
     counts up to where it was seen. The live blocks' acceptance is not this: the early stop
     ends a block where the draft is unsure, so its later positions are the confident ones.
     None at a position no run reached."""
-    mine = [r for r in rows if r.trace_kind == "greedy" and r.batch_size == 1][-limit:]
+    mine = [r for r in rows if r.trace_kind == TRACE_GREEDY and r.batch_size == 1][-limit:]
     reached, agreed = [0] * k_max, [0] * k_max
     for row in mine:
         run, cut = 0, True  # from the end backward: the run from g, and whether it was cut
@@ -338,7 +338,7 @@ def lookup_profile(rows, proposer: str, replay, limit: int = 200) -> LookupProfi
     (match, agreeing tokens, draft length) per position. None where none carries one.
     Sampled requests are left out: their trace counts agreement with what was sampled, not
     what the rule would have accepted."""
-    mine = [r for r in rows if r.trace_kind == "greedy" and r.batch_size == 1
+    mine = [r for r in rows if r.trace_kind == TRACE_GREEDY and r.batch_size == 1
             and proposer in r.traces][-limit:]
     n = positions = observed = right = 0
     cells: Counter = Counter()
