@@ -16,13 +16,15 @@ requests), then the mix one request at a time (timed), then a second set of prom
 clients at once (the engine at batch 2). The requests' token ids are kept: (e) must equal (a).
 
     .venv/bin/python scripts/vllm_mix.py WORK [STEP...]
-        steps (default: all, in this order): prompts train steps export plain autospec ngram5
-        draft5 exported ngram3 draft1 draft3 table
+        steps (default: all, in this order): prompts train steps probe export plain autospec
+        ngram5 draft5 exported ngram3 draft1 draft3 table
 
 The store the export reads holds autospec's traffic on the training prompts (transformers, its
-default policy: ``train``) and vLLM's own steps on the same prompts (``steps``: autospec's
-proposer in vLLM, its records under the one label "train-steps", so no measured category is
-learned from them), both before anything measured.
+default policy: ``train``) and vLLM's own steps on the same prompts — through autospec's
+proposer in vLLM (``steps``: its records under the one label "train-steps"), and with the
+draft model at a few fixed k (``probe``: each server's scrape window ingested under the label
+"train-probe") — so no measured category is learned from them, all before anything measured.
+    AUTOSPEC_MIX_PROBE_K (default "1 3 5 7"): the k ``probe`` serves the draft model at;
     AUTOSPEC_MIX_TOKENS (default 48), AUTOSPEC_MIX_START_S (default 600);
     AUTOSPEC_MIX_MEASURED=long: the long prompts (retrieval, long-summary) are the mix instead
 
@@ -69,7 +71,9 @@ FIXED = {"ngram5": {"method": "ngram", "num_speculative_tokens": 5},
          "draft3": {"method": "draft_model", "num_speculative_tokens": 3},
          "draft5": {"method": "draft_model", "num_speculative_tokens": 5}}
 TRAIN_K = os.environ.get("AUTOSPEC_MIX_TRAIN_K", "auto")  # the training traffic's lookahead
-STEPS = ["prompts", "train", "steps", "export", "plain", "autospec", "ngram5", "draft5", "exported",
+# the k at which vLLM's own steps with the draft model are measured for the export (``probe``)
+PROBE_K = [int(k) for k in os.environ.get("AUTOSPEC_MIX_PROBE_K", "1 3 5 7").split()]
+STEPS = ["prompts", "train", "steps", "probe", "export", "plain", "autospec", "ngram5", "draft5", "exported",
          "ngram3", "draft1", "draft3", "plain-fp32", "autospec-fp32", "table"]
 
 
@@ -156,6 +160,53 @@ def engine_steps(work: Path) -> None:
         time.sleep(5)  # the proposer's records, written off the hot path
     done.write_text(f"{len(doc['warm']) + len(doc['train'])} requests\n")
     stamp(f"steps: {len(doc['warm']) + len(doc['train'])} requests served")
+
+
+def probe(work: Path) -> None:
+    """vLLM's own steps with the draft model for the export: a server per k in PROBE_K (the
+    draft model at that fixed k) serves the training prompts one at a time, and the window's
+    scrapes go through `autospec ingest --baseline` into WORK/store.db — vLLM's seconds per
+    step at that k, by its own clock, on the export's pair, under one label, "train-probe"
+    (the steps are the pair's; no measured category's acceptance is learned from them).
+    Untimed by this script: the engine's clock is the measurement."""
+    from autospec.fleet.engines import vllm_python
+    from autospec.store import open_store, queries
+    from autospec.testing.vllm import Server
+
+    target, draft = pair_dirs()
+    doc = json.loads((work / "mix.json").read_text())
+    py = vllm_python()
+    with open_store(f"sqlite:///{work}/store.db", read_only=True) as st, st.session() as s:
+        pair = next(p for p in queries.pairs(s) if p.id == _draft_pair(work))
+    for k in PROBE_K:
+        done = work / f"probe{k}.done"
+        if done.exists():
+            stamp(f"probe k = {k}: done already, skipped")
+            continue
+        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        with Server(py, target, work / f"probe{k}.log", spec, {}, start_s=START_S) as server:
+            stamp(f"probe k = {k}: up in {server.started_s:.0f} s")
+            for p in doc["warm"]:
+                server.complete(p["text"], TOKENS, ignore_eos=False)
+            time.sleep(2)  # vLLM's API process records a step's counts after answering
+            before = work / f"probe{k}.before.txt"
+            before.write_text(server.metrics())
+            t0 = time.perf_counter()
+            for p in doc["train"]:
+                server.complete(p["text"], TOKENS, ignore_eos=False)
+            wall = time.perf_counter() - t0  # the client's clock, beside the engine's
+            time.sleep(2)
+            after = work / f"probe{k}.after.txt"
+            after.write_text(server.metrics())
+        said = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "autospec"), "ingest", "--db",
+             f"sqlite:///{work}/store.db", "--prometheus", str(after), "--baseline", str(before),
+             "--category", "train-probe", "--target", pair.target, "--draft", pair.draft,
+             "--dtype", pair.dtype, "--hardware", pair.hardware],
+            check=True, capture_output=True, text=True).stdout
+        stamp(f"probe k = {k}: {len(doc['train'])} requests in {wall:.1f} s by the client's "
+              f"clock; {' '.join(said.split())}")
+        done.write_text(said)
 
 
 def _proposer_env(work: Path, py, *, store: bool, stats: str | None = None) -> dict:
@@ -447,6 +498,8 @@ def main() -> None:
                 train(work)
         elif step == "steps":
             engine_steps(work)
+        elif step == "probe":
+            probe(work)
         elif step == "export":
             export(work)
         elif step == "plain":

@@ -51,6 +51,16 @@ def _counters(text: str) -> tuple[int, int, int, list[int]]:
             [int(per.get(i, 0)) for i in range(max(per, default=-1) + 1)])
 
 
+def _clock(text: str) -> tuple[float, int, int]:
+    """vLLM's clock in a scrape, summed over the label sets: (seconds its finished requests
+    spent decoding, those requests, the engine's steps)."""
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^vllm:{name}{{[^}}]*}} (\S+)$", text, re.M))
+    return (total("request_decode_time_seconds_sum"),
+            int(total("request_decode_time_seconds_count")),
+            int(total("iteration_tokens_total_count")))
+
+
 def _trim(xs) -> list[int]:
     xs = [int(x) for x in xs]
     while xs and xs[-1] == 0:
@@ -144,6 +154,7 @@ def test_the_loop_closes_on_the_small_pair_with_a_labelled_mix(tmp_path):
     for c in CATEGORIES:
         assert f"vLLM served category '{c}': 2 requests" in text
         assert f"category '{c}': equal" in text
+    assert text.count("vllm's own steps with the draft model at k = 3: ") == len(CATEGORIES)
 
     from autospec.report import build_report
     from autospec.store import open_store, queries
@@ -163,6 +174,20 @@ def test_the_loop_closes_on_the_small_pair_with_a_labelled_mix(tmp_path):
                 a - b for a, b in zip(after[:3], before[:3])) and r.drafts > 0, r.category
             assert _trim(r.accepted_per_position) == _trim(pos), r.category
             assert r.policy == "vllm (ingested)" and r.drafted <= 3 * r.drafts  # k = 3
+        # vLLM's own steps with the draft model at k = 3, by its clock over each category's
+        # window (requests one at a time): the pair's step at n = 4, every window pooled
+        seconds = steps = 0
+        for c in CATEGORIES:
+            (b_s, b_n, b_steps), (a_s, a_n, a_steps) = (
+                _clock((work / f"{w}-{c}.txt").read_text()) for w in ("before", "after"))
+            assert a_n - b_n == 2 and a_s > b_s, (c, a_n - b_n)  # both requests finished
+            seconds += a_s - b_s
+            steps += (a_steps - b_steps) - (a_n - b_n)  # less one prefill step a request
+        from autospec.fleet.engine_costs import engine_steps
+        with st.session() as s:
+            (pid,) = {r.pair_id for r in rows}
+            got = engine_steps(s, "vllm", pid, min_forwards=1)
+        assert got == {4: (pytest.approx(seconds / steps), steps)}, (got, seconds, steps)
         for c in CATEGORIES:  # both sources, side by side
             (w,) = build_report(st, category=c).workloads
             mine, engine = w.acceptance.by_source

@@ -210,3 +210,54 @@ def test_a_draft_model_export_is_priced_by_vllms_steps_and_says_how(tmp_path):
                   "--costs-from", "autospec")
     assert check_vllm(text) == check_vllm(texts["base"])
     assert costs_line(text) == costs_line(texts["base"])
+
+
+def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
+    """Windows of vLLM serving this draft model one request at a time at k = 1, 3 and 5,
+    ingested from its metrics (``autospec ingest --baseline``): the export reads a step's
+    seconds at k off them — drafting included, linear between the k measured and vLLM's
+    plain step — instead of the draft at autospec's share. Here vLLM's draft steps are cheaper
+    than that share says, so the k is longer, and the header names the steps."""
+    from test_ingest import clocked_scrape
+
+    from autospec.cli import main
+    from autospec.costs.price import best_k, interpolate_cost
+    from autospec.report import build_report
+
+    mid = {n: 0.15 * (1 + 0.15 * (n - 1)) for n in range(1, 10)}
+    url = make_store(tmp_path, "steps.db", mid, MIN_FORWARDS)
+    share_k = check_vllm(export(url, "vllm", tmp_path, "--category", "free", "--pair-id",
+                                "1"))["num_speculative_tokens"]
+    step = {1: 0.21, 3: 0.27, 5: 0.33}  # seconds a step at k: 0.03 a draft token
+    zero = dict(model=PAIR.target, drafts=0, per_pos=())
+    for k, seconds in step.items():
+        steps = 40
+        before, after = tmp_path / f"b{k}.txt", tmp_path / f"a{k}.txt"
+        before.write_text(clocked_scrape(**zero, k=k))
+        after.write_text(clocked_scrape(
+            model=PAIR.target, drafts=steps + 4, k=k, per_pos=[steps] * k,
+            decode_s=seconds * steps, decoded=4, steps=steps + 4))
+        assert main(["ingest", "--db", url, "--prometheus", str(after), "--baseline",
+                     str(before), "--category", "free", "--target", PAIR.target, "--draft",
+                     PAIR.draft, "--dtype", PAIR.dtype, "--hardware", PAIR.hardware]) == 0
+        assert f"at k = {k}: {seconds * 1e3:.1f} ms per step over {steps} decode steps" in \
+            capsys.readouterr().out
+    text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
+    k_run = check_vllm(text)["num_speculative_tokens"]
+    line = costs_line(text)
+    assert line.startswith("# costs: vLLM's own steps (") and (
+        "with its draft model, vLLM's own steps (its clock over ingested scrape windows, path "
+        "vllm+draft): k = 1 210 ms (40 steps), k = 3 270 ms (40 steps), k = 5 330 ms "
+        "(40 steps)") in line, line
+    assert "share of a plain step" not in line
+    with open_store(url, read_only=True) as st:
+        (w,) = build_report(st, category="free", pair_id=1).workloads
+        plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
+    curve = interpolate_cost({1: mid[1], **{k + 1: t for k, t in step.items()}})
+    k, s = best_k(w.acceptance.fixed_block, 0.0, curve, 8)
+    assert plan.table == [(1, k, pytest.approx(s))] and k == k_run
+    assert share_k < k_run < 8, (k_run, share_k)
+    # --costs-from autospec: as before, autospec's own costs
+    text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1",
+                  "--costs-from", "autospec")
+    assert "autospec's own timings" in costs_line(text)

@@ -504,3 +504,112 @@ def test_an_absurd_model_name_is_refused_and_long_names_are_cut_in_what_is_print
                  str(path), "--category", long_category]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ingested m (vllm)") and len(out) < 400
+
+
+# -- vLLM's own clock: seconds per step with its draft model ----------------------------------
+def clocked_scrape(model="m", *, drafts=0, k=5, per_pos=(), decode_s=0.0, decoded=0, steps=0,
+                   engines=("0",)) -> str:
+    """A vLLM 0.32 scrape as its loggers write it — the spec-decode counters, the request
+    decode-time histogram and the tokens-per-step histogram — with each value split evenly
+    over ``engines``."""
+    out = []
+    accepted = sum(per_pos)
+    for e in engines:
+        lab, n = f'engine="{e}",model_name="{model}"', len(engines)
+        out += [f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts / n}",
+                f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {drafts * k / n}",
+                f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted / n}"]
+        out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} '
+                f"{v / n}" for p, v in enumerate(per_pos)]
+        out += ["# TYPE vllm:request_decode_time_seconds histogram",
+                f'vllm:request_decode_time_seconds_bucket{{{lab},le="+Inf"}} {decoded / n}',
+                f"vllm:request_decode_time_seconds_count{{{lab}}} {decoded / n}",
+                f"vllm:request_decode_time_seconds_sum{{{lab}}} {decode_s / n}",
+                "# TYPE vllm:iteration_tokens_total histogram",
+                f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {steps / n}',
+                f"vllm:iteration_tokens_total_count{{{lab}}} {steps / n}",
+                f"vllm:iteration_tokens_total_sum{{{lab}}} {steps * 3 / n}"]
+    return "\n".join(out) + "\n"
+
+
+def ingest_window(tmp_path, url, before: dict, after: dict, *extra) -> None:
+    b, a = tmp_path / "before.txt", tmp_path / "after.txt"
+    b.write_text(clocked_scrape(**before))
+    a.write_text(clocked_scrape(**after))
+    assert main(["ingest", "--db", url, "--prometheus", str(a), "--baseline", str(b),
+                 "--category", "c", *extra]) == 0
+
+
+def test_a_window_of_one_request_at_a_time_records_vllms_own_step(tmp_path, capsys):
+    """18 requests one at a time at k = 5: 170 drafts in 162 decode steps (180 engine steps
+    less 18 prefills) over 40 s of decode time: 0.247 s a step, drafting included, kept as
+    the pair's step at n = 6 on path vllm+draft; a second window adds to it."""
+    from autospec.fleet.engine_costs import ENGINE_STEP_PATHS, engine_steps
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    before = dict(drafts=90, per_pos=(60, 50, 40, 30, 20), decode_s=10.0, decoded=4, steps=100,
+                  engines=("0", "1"))
+    after = dict(drafts=260, per_pos=(230, 200, 170, 140, 110), decode_s=50.0, decoded=22,
+                 steps=280, engines=("0", "1"))
+    ingest_window(tmp_path, url, before, after)
+    said = capsys.readouterr().out
+    assert "vllm's own steps with the draft model at k = 5: 246.9 ms per step over 162 decode " \
+           "steps (1.05 drafts per step)" in said, said
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1) == {6: (pytest.approx(40.0 / 162), 162)}
+        assert engine_steps(s, "vllm", 1, min_forwards=163) == {}
+        row = queries.path_costs(s, 1)[(1, ENGINE_STEP_PATHS["vllm"])]
+        assert row.requests == 1
+        assert queries.paths(s, 1) == {}  # the engine's steps serve no category
+        (sm,) = queries.category_summaries(s, category="c")
+        assert sm.path is None and sm.drafts == 170  # acceptance as before, no costs
+    # a window of another server, at k = 3, beside it: its own point
+    ingest_window(tmp_path, url, dict(drafts=0, k=3),
+                  dict(drafts=200, k=3, per_pos=(150, 100, 50), decode_s=40.0, decoded=20,
+                       steps=220))
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1) == {4: (pytest.approx(40.0 / 200), 200),
+                                              6: (pytest.approx(40.0 / 162), 162)}
+
+
+@pytest.mark.parametrize("after, why", [
+    (dict(drafts=90 + 340, per_pos=(400, 300, 200, 100, 50), decode_s=90.0, decoded=22,
+          steps=280),
+     "2.10 drafts per decode step: requests ran together"),
+    (dict(drafts=90 + 80, per_pos=(60, 50, 40, 30, 20), decode_s=30.0, decoded=22,
+          steps=280),
+     "0.49 drafts per decode step: steps without a draft"),
+    (dict(drafts=90 + 170, per_pos=(60, 50, 40, 30, 20), decode_s=10.0, decoded=4, steps=100),
+     "no finished request decoded in the window"),
+])
+def test_a_window_that_is_not_batch_one_records_no_step(tmp_path, capsys, after, why):
+    from autospec.fleet.engine_costs import engine_steps
+
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    before = dict(drafts=90, per_pos=(60, 50, 40, 30, 20), decode_s=10.0, decoded=4, steps=100)
+    ingest_window(tmp_path, url, before, after)
+    said = capsys.readouterr().out
+    assert f"no step time recorded: {why}" in said, said
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1, min_forwards=1) == {}
+
+
+def test_a_scrape_without_a_window_or_a_clock_records_no_step(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    one = tmp_path / "one.txt"
+    one.write_text(clocked_scrape(drafts=170, per_pos=(150, 120), decode_s=40.0, decoded=18,
+                                  steps=180))
+    assert main(["ingest", "--db", url, "--prometheus", str(one), "--category", "c"]) == 0
+    assert "no step time recorded: a step time needs a window: pass --baseline" in \
+        capsys.readouterr().out
+    before, after = tmp_path / "p0.txt", tmp_path / "p1.txt"  # the counters alone: no clock
+    before.write_text(_scrape())
+    after.write_text(_scrape(drafts="4", draft_tokens="20", accepted="6",
+                             per_pos=(("0", "4"), ("1", "2"))))
+    assert main(["ingest", "--db", url, "--prometheus", str(after), "--baseline", str(before),
+                 "--category", "d"]) == 0
+    assert "no step time recorded: the scrape has no vllm:request_decode_time_seconds / " \
+           "vllm:iteration_tokens_total (vLLM's own clock)" in capsys.readouterr().out
+    from autospec.fleet.engine_costs import engine_steps
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1, min_forwards=1) == {}

@@ -39,7 +39,11 @@ def register(sub, parents) -> None:
                     f"{MAX_POSITIONS - 1} or beyond what the scrape's draft counters allow, "
                     "and counters that contradict each other (more accepted than drafted, "
                     "a position accepted more often than there were drafts or than the "
-                    "position before it, positions that do not sum to the accepted tokens).")
+                    "position before it, positions that do not sum to the accepted tokens). "
+                    "A vLLM window (--baseline) that ran one request at a time at a fixed k "
+                    "also records vLLM's own seconds per step with its draft model (its "
+                    "request decode time over its steps), which `autospec export --engine "
+                    "vllm` prices the draft model's k by.")
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                "autospec.db in the cache directory)")
     p.add_argument("--prometheus", required=True, metavar="FILE|URL", help="the scrape")
@@ -68,8 +72,16 @@ def register(sub, parents) -> None:
 
 def run(args, parser) -> int:
     from autospec.cli.common import die, open_store_or_die
-    from autospec.fleet.ingest import IngestError, parse_scrape, read_scrape, to_record
+    from autospec.fleet.engine_costs import ENGINE_STEP_PATHS
+    from autospec.fleet.ingest import (
+        IngestError,
+        engine_step,
+        parse_scrape,
+        read_scrape,
+        to_record,
+    )
     from autospec.store import write_records
+    from autospec.store.write import add_engine_steps
     from autospec.textfmt import clip, named
 
     labels = dict(args.label)
@@ -88,11 +100,16 @@ def run(args, parser) -> int:
         die(str(e))
     except (OSError, UnicodeDecodeError) as e:
         die(f"cannot read {args.prometheus}: {e}")
+    step, no_step = engine_step(counters) if args.baseline is not None else (
+        None, "a step time needs a window: pass --baseline")
     store = open_store_or_die(args.db)
     with store:
         try:
             with store.begin() as s:
-                write_records(s, [record])
+                pair_id = write_records(s, [record])[record.pair]
+                if step is not None:
+                    add_engine_steps(s, pair_id, ENGINE_STEP_PATHS[counters.engine], step.n,
+                                     step.seconds, step.steps, record.created_at)
         except ValueError as e:
             die(f"cannot record the scrape: {e}")
     _, m = record.model()  # the engine's drafter: the model proposer's row
@@ -102,4 +119,10 @@ def run(args, parser) -> int:
     print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {m.blocks} drafts, "
           f"{m.proposed} draft tokens, {m.accepted} accepted ({acc:.1%}) {where} as "
           f"category {named(args.category)}")
+    if step is not None:
+        print(f"{counters.engine}'s own steps with the draft model at k = {step.k}: "
+              f"{step.step_s * 1e3:.1f} ms per step over {step.steps} decode steps "
+              f"({step.per_draft:.2f} drafts per step)")
+    elif counters.engine == "vllm":
+        print(f"no step time recorded: {no_step}")
     return 0

@@ -1,13 +1,19 @@
 """Whose step costs an export prices k with: the engine's own, where the store holds them, or
 autospec's (the transformers loop's probe or live timings, ``autospec.costs.stored``).
 
-vLLM's are the only engine costs the store holds: the ``custom_class`` proposer
-(``autospec.fleet.vllm_proposer``) records the seconds of vLLM's steps per request, path
-"vllm", on the pair (served model, no draft model; ``autospec.fleet.vllm_sink``). A request
-that ran alone carries its steps as T_t(n) (n: the tokens it scored, 1 + its draft), pooled
-over every category into the pair's batch-1 costs (``pair_costs``), read here by the same rule
-as every other reader (``stored_costs``, live source): a point counts only with
-``autospec.costs.MIN_FORWARDS`` steps behind it, through the shape guard.
+vLLM's are the only engine costs the store holds, from two sources:
+
+- the ``custom_class`` proposer (``autospec.fleet.vllm_proposer``) records the seconds of
+  vLLM's steps per request, path "vllm", on the pair (served model, no draft model;
+  ``autospec.fleet.vllm_sink``). A request that ran alone carries its steps as T_t(n) (n: the
+  tokens it scored, 1 + its draft), pooled over every category into the pair's batch-1 costs
+  (``pair_costs``), read here by the same rule as every other reader (``stored_costs``, live
+  source): a point counts only with ``autospec.costs.MIN_FORWARDS`` steps behind it, through
+  the shape guard (``engine_costs``);
+- ``autospec ingest --baseline`` of a window in which vLLM served a draft model at a fixed k
+  one request at a time records vLLM's seconds per step at that k by its own clock
+  (``fleet.ingest.engine_step``) on the pair with that draft model, path "vllm+draft"
+  (``ENGINE_STEP_PATHS``), n = k + 1, drafting included (``engine_steps``).
 
 What they price, and what they do not:
 
@@ -15,12 +21,13 @@ What they price, and what they do not:
   (``report.build.proposers_view``: its traces' match rate and acceptance, its host seconds
   per token) over vLLM's T_t(n) instead of autospec's. Lookups are priced at batch 1, so the
   steps of requests that shared the batch are not read;
-- a draft-model export: its one k at batch 1 over vLLM's T_t(n), the draft's cost at the
-  share of a plain step autospec measured for the pair (T_d = c · T_t(1), c from the
-  transformers loop's probe or timings). The custom_class proposer runs no draft model, so
-  vLLM's own T_d is never measured; the share carries over where the absolute seconds and
-  the verification curve do not (docs/fleet.md, "Whose costs price k"). The header says so.
-  A tuned k is exported as tuned, on autospec's costs;
+- a draft-model export: its one k at batch 1 over vLLM's own steps with that draft model
+  where they are stored (a k between them read linearly, from vLLM's plain step T_t(1)),
+  else over vLLM's T_t(n) with the draft's cost at the share of a plain step autospec
+  measured for the pair (T_d = c · T_t(1), c from the transformers loop's probe or timings):
+  the custom_class proposer runs no draft model, so it never times vLLM's (docs/fleet.md,
+  "Whose costs price k"). The header says which. A tuned k is exported as tuned, on
+  autospec's costs;
 - which proposer ``--proposer auto`` exports stays the report's choice (section 5, priced on
   autospec's costs, where the draft model can be priced too).
 """
@@ -29,12 +36,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["COSTS_FROM", "ENGINE_PATHS", "EngineCosts", "engine_costs", "lookups_priced",
-           "autospec_costs_label"]
+__all__ = ["COSTS_FROM", "ENGINE_PATHS", "ENGINE_STEP_PATHS", "EngineCosts", "engine_costs",
+           "engine_steps", "lookups_priced", "autospec_costs_label"]
 
 COSTS_FROM = ("auto", "engine", "autospec")
 # engine → the execution path its recorded steps carry (engines absent: none recorded)
 ENGINE_PATHS = {"vllm": "vllm"}
+# engine → the path its own steps with its draft model are kept on (``autospec ingest`` of a
+# scrape window at a fixed k: ``fleet.ingest.engine_step``); n = k + 1, drafting included
+ENGINE_STEP_PATHS = {"vllm": "vllm+draft"}
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM",
                 "llamacpp": "llama.cpp"}
 
@@ -49,6 +59,9 @@ class EngineCosts:
     t_target: dict[int, float]  # n → T_t(n), seconds of a step scoring n tokens
     steps: dict[int, int]  # n → steps behind that point
     held_out: dict[int, float] = field(default_factory=dict)  # points the shape guard held out
+    # the engine's own steps with the draft model of the pair being exported (``engine_steps``):
+    # n = k + 1 → (seconds per step, steps); empty: none recorded
+    draft_steps: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -106,6 +119,25 @@ def engine_costs(session, engine: str, *, target: str, hardware: str, dtype: str
     return None, (f"too few {name} steps (path {path}) for {where} — steps per tokens scored, "
                   f"of requests that ran alone: {'; '.join(seen)}; the cost model needs "
                   f"T_t(1) and one n > 1 with ≥ {need} steps each")
+
+
+def engine_steps(session, engine: str, pair_id: int, *, min_forwards: int | None = None
+                 ) -> dict[int, tuple[float, int]]:
+    """``engine``'s own steps with the pair's draft model, as ``autospec ingest`` recorded
+    them from its metrics (``ENGINE_STEP_PATHS``): n (= k + 1) → (seconds per step, steps),
+    the points resting on at least ``min_forwards`` steps (None: ``autospec.costs.MIN_FORWARDS``);
+    empty where none do."""
+    from autospec.costs import MIN_FORWARDS
+    from autospec.store import queries
+
+    path = ENGINE_STEP_PATHS.get(engine)
+    row = queries.path_costs(session, pair_id).get((pair_id, path)) if path else None
+    if row is None:
+        return {}
+    need = MIN_FORWARDS if min_forwards is None else int(min_forwards)
+    sums, counts = row.target_s_sum_by_n or {}, row.target_count_by_n or {}
+    return {int(n): (float(sums[n]) / int(c), int(c)) for n, c in sorted(
+        counts.items(), key=lambda kv: int(kv[0])) if int(c) >= need and n in sums}
 
 
 def lookups_priced(session, w, curve: dict[int, float]):

@@ -79,7 +79,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, 
     the export is priced by the engine's own steps; (None, a note or None) where not — a
     draft-model export, or none stored (``costs_from`` "auto"); ExportError where "engine" was
     asked and cannot be had."""
-    from autospec.fleet.engine_costs import engine_costs, lookups_priced
+    from autospec.fleet.engine_costs import engine_costs, engine_steps, lookups_priced
 
     if engine is None or costs_from == "autospec":
         return None, None
@@ -343,8 +343,12 @@ def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, 
                                       f"{chosen!r} for this workload to price")
                 return None, None
             return (ec, priced.lookups[chosen]), None
-    if ec is not None:  # the draft model: the engine's T_t(n), the draft's share autospec's
-        if w.verification.draft_ratio is not None and _draft_acceptance(w) is not None:
+    if ec is not None:  # the draft model: its steps in the engine where recorded, else the
+        # engine's T_t(n) with the draft at the share of a plain step autospec measured
+        with store.session() as s:
+            ec = replace(ec, draft_steps=engine_steps(s, engine, w.pair["id"]))
+        if (ec.draft_steps or w.verification.draft_ratio is not None) and (
+                _draft_acceptance(w) is not None):
             return (ec, None), None
         why = (f"{name}'s own steps are in the store ({sum(ec.steps.values())} steps, path "
                f"{ec.path}, pair #{ec.pair_id}) but the draft model's cost beside them is "
@@ -467,24 +471,39 @@ def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
 
 
 def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
-    """The draft model's one k over the engine's own batch-1 steps ``ec``: the workload's
-    acceptance by position, the engine's T_t(n), and the draft's cost at the share of a plain
-    step autospec measured for the pair (T_d = c · T_t(1), the engine's T_t(1)) — the engine's
-    own draft cost is never measured (autospec's proposer in it runs no draft model)."""
+    """The draft model's one k over the engine's own batch-1 steps ``ec``, at the workload's
+    acceptance by position: where the store has the engine's own steps with this draft model
+    (``ec.draft_steps``, its clock over ingested scrape windows at the k it served), a step's
+    seconds at k are read off them — linear between the k measured and the engine's plain
+    step T_t(1), extended past the last along the last two — drafting included; else the
+    engine's T_t(n) with the draft at the share of a plain step autospec measured for the pair
+    (T_d = c · T_t(1)): the engine's own draft cost not measured."""
     from autospec.costs.price import best_k, interpolate_cost
+    from autospec.fleet.engine_costs import ENGINE_STEP_PATHS
     from autospec.report.model import K_MAX
 
-    c = w.verification.draft_ratio
+    name = ENGINE_NAMES[ec.engine]
     k_max = max([K_MAX, *w.speedup.curve])
-    k, s = best_k(_draft_acceptance(w), c * ec.t_target[1], interpolate_cost(ec.t_target),
-                  k_max)
-    plan = ExportPlan(**base, source=f"cost model, over {ENGINE_NAMES[ec.engine]}'s own steps",
-                      grid_source=None)
+    t1 = ec.t_target[1]
+    if ec.draft_steps:
+        steps = interpolate_cost({1: t1, **{n: s for n, (s, _) in ec.draft_steps.items()}})
+        k, s = best_k(_draft_acceptance(w), 0.0, steps, k_max)
+        costs = (f"{ec.label}; with its draft model, {name}'s own steps (its clock over "
+                 f"ingested scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
+                     f"k = {n - 1} {t * 1e3:.0f} ms ({c} steps)"
+                     for n, (t, c) in sorted(ec.draft_steps.items()))
+                 + " — another k read linearly between them and T_t(1)")
+    else:
+        c = w.verification.draft_ratio
+        k, s = best_k(_draft_acceptance(w), c * t1, interpolate_cost(ec.t_target), k_max)
+        costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
+                 f"{c:.2f} T_t(1)): {name}'s own draft cost is not measured (ingest a scrape "
+                 f"window of {name} serving this draft model at a fixed k to measure it)")
+    plan = ExportPlan(**base, source=f"cost model, over {name}'s own steps", grid_source=None)
     plan.table = [(1, int(k), s)]
-    plan.costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
-                  f"{c:.2f} T_t(1)): {ENGINE_NAMES[ec.engine]}'s own draft cost is not measured")
-    plan.notes.append(f"one k, priced at batch 1 over {ENGINE_NAMES[ec.engine]}'s steps (its "
-                      f"steps at larger batch sizes are not measured)")
+    plan.costs = costs
+    plan.notes.append(f"one k, priced at batch 1 over {name}'s steps (its steps at larger "
+                      f"batch sizes are not measured)")
     fixed = w.acceptance.fixed_block
     if any(a is not None for a in fixed):
         plan.notes.append("acceptance by position in a block of fixed k, from the draft "
@@ -495,12 +514,11 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
 
 def _draft_acceptance(w) -> list[float | None] | None:
     """The draft model's acceptance by position for workload ``w`` in a block of fixed k, as
-    an engine runs it: from its greedy traces where they say (``Acceptance.fixed_block``; the
-    live blocks' later positions are the ones autospec's early stop let run), else its live
-    blocks', else its traces' first position (section 5); None where nothing says."""
-    for got in (w.acceptance.fixed_block, w.acceptance.conditional):
-        if any(a is not None for a in got):
-            return list(got)
+    an engine runs it: the report's (``Acceptance.fixed_k``), else its traces' first position
+    (section 5, where nothing drafted live); None where nothing says."""
+    got = w.acceptance.fixed_k
+    if any(a is not None for a in got):
+        return got
     pr = w.proposers
     if pr is not None and pr.draft_trace_alpha is not None:
         return [pr.draft_trace_alpha]
@@ -620,7 +638,6 @@ def _yaml(value, indent: int = 0) -> list[str]:
 def _nearest(plan: ExportPlan, engine: str) -> str | None:
     """The registered proposers of the same kind as the plan's that ``engine`` runs (their
     ``export`` gives a setting), as "TITLE (export --proposer NAME)"; None: none."""
-    from dataclasses import replace
 
     from autospec.engine.proposers import get, registered
 

@@ -61,7 +61,7 @@ from autospec.textfmt import clip, named
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SpecCounters", "parse_scrape", "read_scrape", "to_record", "check_counters",
+__all__ = ["SpecCounters", "EngineStep", "engine_step", "parse_scrape", "read_scrape", "to_record", "check_counters",
            "IngestError", "MAX_SCRAPE_BYTES", "MAX_POSITIONS", "MAX_NAME", "ENGINES"]
 
 # a vLLM /metrics page is tens of kB (a few MB with many models and histograms); past this it
@@ -81,6 +81,15 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION = "vllm:generation_tokens"
 PROMPT = "vllm:prompt_tokens"
+# vLLM's own clock: the decode phase's seconds of finished requests (a histogram: its _sum
+# and _count) and the engine's steps (the histogram of tokens per step: its _count)
+DECODE_S = "vllm:request_decode_time_seconds_sum"
+DECODED = "vllm:request_decode_time_seconds_count"
+STEPS = "vllm:iteration_tokens_total_count"
+TIMING = (DECODE_S, DECODED, STEPS)
+# a window whose decode steps drafted more than this many times each ran more than one
+# request at once: its seconds per step are not batch 1's
+BATCH_ONE = 1.25
 
 SGL_VERIFY = "sglang:spec_verify_calls"
 SGL_GENERATION = "sglang:generation_tokens"
@@ -108,6 +117,11 @@ class SpecCounters:
     engine: str = "vllm"
     k: int | None = None  # the fixed draft length (SGLang's), where the scrape states it
     requests: int | None = None  # finished requests (SGLang's)
+    # vLLM's clock, where the scrape has it: seconds its finished requests spent decoding,
+    # those requests, and the engine's steps (prefill included) — ``engine_step``
+    decode_s: float | None = None
+    decoded: int | None = None
+    steps: int | None = None
 
     def minus(self, earlier: SpecCounters) -> SpecCounters:
         """The traffic between ``earlier`` and this scrape (an engine restart resets the
@@ -132,7 +146,58 @@ class SpecCounters:
                             self.accepted - earlier.accepted, pos,
                             sub(self.generation_tokens, earlier.generation_tokens),
                             sub(self.prompt_tokens, earlier.prompt_tokens), self.engine,
-                            self.k, sub(self.requests, earlier.requests))
+                            self.k, sub(self.requests, earlier.requests),
+                            sub(self.decode_s, earlier.decode_s),
+                            sub(self.decoded, earlier.decoded), sub(self.steps, earlier.steps))
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """vLLM's own seconds per decode step over a scrape window that ran one request at a time
+    at a fixed k (``engine_step``): a step scores k + 1 tokens and drafts the next k, the
+    draft model's time inside it."""
+
+    k: int
+    seconds: float  # the window's decode seconds
+    steps: int  # its decode steps
+    per_draft: float  # drafts per decode step (1: one request at a time)
+
+    @property
+    def n(self) -> int:
+        """Tokens a step scores (the store's key for it)."""
+        return self.k + 1
+
+    @property
+    def step_s(self) -> float:
+        return self.seconds / self.steps
+
+
+def engine_step(c: SpecCounters) -> tuple[EngineStep | None, str]:
+    """vLLM's seconds per decode step at the window's k, from its own clock: the decode
+    seconds of the requests that finished (``vllm:request_decode_time_seconds``: first token to
+    last) over their decode steps (the engine's steps, ``vllm:iteration_tokens_total``'s count,
+    less one prefill step per finished request). (step, "") where the window allows it, else
+    (None, why not): no clock in the scrape (SGLang, an older vLLM), no whole k (the drafts
+    were not all k long), requests still running at either scrape (a window should start and
+    end idle), or more than ``BATCH_ONE`` drafts per decode step (requests shared the steps:
+    their decode seconds overlap)."""
+    if c.engine != "vllm" or None in (c.decode_s, c.decoded, c.steps):
+        return None, "the scrape has no vllm:request_decode_time_seconds / " \
+                     "vllm:iteration_tokens_total (vLLM's own clock)"
+    if c.drafts <= 0 or c.draft_tokens % c.drafts:
+        return None, (f"{c.draft_tokens} draft tokens in {c.drafts} drafts: not one fixed k, "
+                      "so no step is at a known k")
+    steps = c.steps - c.decoded
+    if c.decoded <= 0 or steps <= 0 or c.decode_s <= 0:
+        return None, "no finished request decoded in the window"
+    per_draft = c.drafts / steps
+    if per_draft > BATCH_ONE:
+        return None, (f"{per_draft:.2f} drafts per decode step: requests ran together, so "
+                      "their decode seconds overlap (scrape a window of one request at a time)")
+    if per_draft < 1 / BATCH_ONE:
+        return None, (f"{per_draft:.2f} drafts per decode step: steps without a draft, or "
+                      "requests still running at a scrape (a window should start and end idle)")
+    return EngineStep(c.draft_tokens // c.drafts, float(c.decode_s), steps, per_draft), ""
 
 
 def _base(name: str) -> str:
@@ -159,7 +224,7 @@ def parse_scrape(text: str, model: str | None = None,
     except Exception as e:  # the parser raises ValueError and others on malformed input
         raise IngestError(f"not a Prometheus text exposition: {e}") from None
     wanted = {DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS, GENERATION, PROMPT, SGL_VERIFY,
-              SGL_GENERATION, SGL_PROMPT, SGL_REQUESTS, SGL_DRAFT_TOKENS}
+              SGL_GENERATION, SGL_PROMPT, SGL_REQUESTS, SGL_DRAFT_TOKENS, *TIMING}
     samples = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for fam in families:
@@ -201,7 +266,7 @@ def parse_scrape(text: str, model: str | None = None,
         if not (math.isfinite(s.value) and 0 <= s.value <= MAX_COUNT):
             raise IngestError(f"{_named(s)} has the value {s.value}: a counter is a finite "
                               "number ≥ 0 (the scrape is refused, nothing was written)")
-        if s.value != math.floor(s.value):
+        if s.value != math.floor(s.value) and s.name != DECODE_S:  # seconds need not be whole
             raise IngestError(f"{_named(s)} has the value {s.value}: a count is a whole "
                               "number (the scrape is refused, nothing was written)")
     if engine == "sglang":
@@ -235,6 +300,12 @@ def _vllm(samples, model: str) -> SpecCounters:
             gen = (gen or 0) + int(round(s.value))
         elif base == PROMPT:
             prompt = (prompt or 0) + int(round(s.value))
+        elif s.name == DECODE_S:
+            out.decode_s = (out.decode_s or 0.0) + s.value
+        elif s.name == DECODED:
+            out.decoded = (out.decoded or 0) + int(round(s.value))
+        elif s.name == STEPS:
+            out.steps = (out.steps or 0) + int(round(s.value))
     width = max(per_pos) + 1 if per_pos else 0
     longest = out.draft_tokens - out.drafts + 1  # every draft proposes at least one token
     if 0 < out.drafts <= out.draft_tokens and width > longest:  # else check_counters says

@@ -415,9 +415,7 @@ def _build(s, url, category, pair_id, recent, max_buckets) -> Report:
                           zip(sm.accepted_per_position, sm.drafted_per_position)],
                          by_source(sm, history.ingested_acceptance(s, sm.category, pid)),
                          fixed_block(s, sm.category, pid, recent))
-        # a fixed k's acceptance (the S(k) curve, the batch table, section 5, every export):
-        # the draft's greedy traces' where they say, not the live blocks' (``fixed_block``)
-        fixed = acc.fixed_block or alphas
+        fixed = acc.fixed_k  # what a fixed k is priced at
         sp = _speedup(alphas, curve, t_draft, k_ref, k_max,
                       modes.get((category_key(sm.category), pid, sm.path)), fixed)
         if k_ref is None and sp.oracle_k:  # nothing ever drafted: judge at the oracle's k

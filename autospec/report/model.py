@@ -74,6 +74,16 @@ class Acceptance:
     # fixed k accepts; [] where no trace says
     fixed_block: list[float | None] = field(default_factory=list)
 
+    @property
+    def fixed_k(self) -> list[float | None]:
+        """The draft model's acceptance by position a fixed k is priced at — the S(k) curve,
+        the batch table, section 5, every export: its greedy traces' in a fixed-k block where
+        they say (``fixed_block``), else its live blocks' (``conditional``; their later
+        positions are the ones an early stop let run)."""
+        if any(a is not None for a in self.fixed_block):
+            return list(self.fixed_block)
+        return list(self.conditional)
+
 
 @dataclass
 class Verification:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,7 @@ from .tables import (
 __all__ = [
     "category_key",
     "check_path",
+    "add_engine_steps",
     "validate_record",
     "get_or_create_pair",
     "write_records",
@@ -599,6 +601,28 @@ def _fold_costs(session: Session, pair_id: int, path: str, delta: _Delta) -> Non
         changes[name] = _add_maps(row[name] or {}, _map(getattr(delta, name)))
     changes["last_seen"] = max(row["last_seen"], last)
     _write_row(session, PairCost, changes, pair_id=pair_id, path=path)
+
+
+def add_engine_steps(session: Session, pair_id: int, path: str, n: int, seconds: float,
+                     steps: int, created_at: float | None = None) -> None:
+    """An engine's own steps into the pair's ``pair_costs`` row of ``path`` (not a path
+    autospec's loop runs on: ``fleet.engine_costs.ENGINE_STEP_PATHS``): ``steps`` steps that
+    scored ``n`` tokens each took ``seconds`` in all, the engine's drafting inside them. No
+    request row and no ``category_paths`` row: the path serves no category."""
+    path = check_path(path)
+    n = _count("n", n)
+    steps = _count("steps", steps)
+    seconds = _seconds("seconds", seconds)
+    if n < 1 or steps < 1:
+        raise ValueError(f"an engine's steps need n ≥ 1 and steps ≥ 1, got n = {n}, "
+                         f"steps = {steps}")
+    delta = _Delta("")
+    delta.sums["requests"] += 1
+    delta.target_s_sum_by_n[n] += seconds
+    delta.target_count_by_n[n] += steps
+    delta.first = delta.last = time.time() if created_at is None else float(created_at)
+    _fold_costs(session, pair_id, path, delta)
+    session.flush()
 
 
 def _fold_path(session: Session, pair_id: int, key: str, path: str, delta: _Delta) -> None:
