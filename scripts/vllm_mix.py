@@ -24,7 +24,8 @@ default policy: ``train``) and vLLM's own steps on the same prompts — through 
 proposer in vLLM (``steps``: its records under the one label "train-steps"), and with the
 draft model at a few fixed k (``probe``: each server's scrape window ingested under the label
 "train-probe") — so no measured category is learned from them, all before anything measured.
-    AUTOSPEC_MIX_PROBE_K (default "1 3 5 7"): the k ``probe`` serves the draft model at;
+    AUTOSPEC_MIX_PROBE_K (default "0 1 3 5 7"): the k ``probe`` serves the draft model at (0:
+    plain, vLLM's plain step by the same clock);
     AUTOSPEC_MIX_TOKENS (default 48), AUTOSPEC_MIX_START_S (default 600);
     AUTOSPEC_MIX_MEASURED=long: the long prompts (retrieval, long-summary) are the mix instead
 
@@ -72,7 +73,7 @@ FIXED = {"ngram5": {"method": "ngram", "num_speculative_tokens": 5},
          "draft5": {"method": "draft_model", "num_speculative_tokens": 5}}
 TRAIN_K = os.environ.get("AUTOSPEC_MIX_TRAIN_K", "auto")  # the training traffic's lookahead
 # the k at which vLLM's own steps with the draft model are measured for the export (``probe``)
-PROBE_K = [int(k) for k in os.environ.get("AUTOSPEC_MIX_PROBE_K", "1 3 5 7").split()]
+PROBE_K = [int(k) for k in os.environ.get("AUTOSPEC_MIX_PROBE_K", "0 1 3 5 7").split()]
 STEPS = ["prompts", "train", "steps", "probe", "export", "plain", "autospec", "ngram5", "draft5", "exported",
          "ngram3", "draft1", "draft3", "plain-fp32", "autospec-fp32", "table"]
 
@@ -164,7 +165,7 @@ def engine_steps(work: Path) -> None:
 
 def probe(work: Path) -> None:
     """vLLM's own steps with the draft model for the export: a server per k in PROBE_K (the
-    draft model at that fixed k) serves the training prompts one at a time, and the window's
+    draft model at that fixed k; 0: plain) serves the training prompts one at a time, and the window's
     scrapes go through `autospec ingest --baseline` into WORK/store.db — vLLM's seconds per
     step at that k, by its own clock, on the export's pair, under one label, "train-probe"
     (the steps are the pair's; no measured category's acceptance is learned from them).
@@ -183,7 +184,7 @@ def probe(work: Path) -> None:
         if done.exists():
             stamp(f"probe k = {k}: done already, skipped")
             continue
-        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k} if k else None
         with Server(py, target, work / f"probe{k}.log", spec, {}, start_s=START_S) as server:
             stamp(f"probe k = {k}: up in {server.started_s:.0f} s")
             for p in doc["warm"]:

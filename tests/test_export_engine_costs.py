@@ -257,6 +257,22 @@ def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
     k, s = best_k(w.acceptance.fixed_block, 0.0, curve, 8)
     assert plan.table == [(1, k, pytest.approx(s))] and k == k_run
     assert share_k < k_run < 8, (k_run, share_k)
+    # vLLM's plain step by the same clock (a window without speculation) replaces the
+    # custom_class proposer's T_t(1) beside them
+    from test_ingest import ingest_window
+    plain = dict(model=PAIR.target, drafts=0, per_pos=(), decode_s=0.0, decoded=0, steps=0)
+    (tmp_path / "p").mkdir()
+    ingest_window(tmp_path / "p", url, plain, dict(plain, decode_s=0.12 * 40, decoded=4,
+                                                   steps=44, tokens=44),
+                  "--target", PAIR.target, "--draft", PAIR.draft, "--dtype", PAIR.dtype,
+                  "--hardware", PAIR.hardware)
+    text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
+    assert costs_line(text).startswith("# costs: vLLM's plain step by its own clock, 120 ms "
+                                       "(40 steps); with its draft model"), costs_line(text)
+    with open_store(url, read_only=True) as st:
+        plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
+    curve = interpolate_cost({1: 0.12, **{k + 1: t for k, t in step.items()}})
+    assert plan.table == [(1, *best_k(w.acceptance.fixed_block, 0.0, curve, 8))]
     # --costs-from autospec: as before, autospec's own costs
     text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1",
                   "--costs-from", "autospec")

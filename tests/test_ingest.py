@@ -508,15 +508,16 @@ def test_an_absurd_model_name_is_refused_and_long_names_are_cut_in_what_is_print
 
 # -- vLLM's own clock: seconds per step with its draft model ----------------------------------
 def clocked_scrape(model="m", *, drafts=0, k=5, per_pos=(), decode_s=0.0, decoded=0, steps=0,
-                   engines=("0",)) -> str:
-    """A vLLM 0.32 scrape as its loggers write it — the spec-decode counters, the request
-    decode-time histogram and the tokens-per-step histogram — with each value split evenly
-    over ``engines``."""
+                   tokens=0, engines=("0",)) -> str:
+    """A vLLM 0.32 scrape as its loggers write it — the generated tokens, the spec-decode
+    counters, the request decode-time histogram and the tokens-per-step histogram — with each
+    value split evenly over ``engines``."""
     out = []
     accepted = sum(per_pos)
     for e in engines:
         lab, n = f'engine="{e}",model_name="{model}"', len(engines)
-        out += [f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts / n}",
+        out += [f"vllm:generation_tokens_total{{{lab}}} {tokens / n}",
+                f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts / n}",
                 f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {drafts * k / n}",
                 f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted / n}"]
         out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} '
@@ -554,7 +555,7 @@ def test_a_window_of_one_request_at_a_time_records_vllms_own_step(tmp_path, caps
     ingest_window(tmp_path, url, before, after)
     said = capsys.readouterr().out
     assert "vllm's own steps with the draft model at k = 5: 246.9 ms per step over 162 decode " \
-           "steps (1.05 drafts per step)" in said, said
+           "steps (1.05 drafts per step), for pair #1" in said, said
     with open_store(url, read_only=True) as st, st.session() as s:
         assert engine_steps(s, "vllm", 1) == {6: (pytest.approx(40.0 / 162), 162)}
         assert engine_steps(s, "vllm", 1, min_forwards=163) == {}
@@ -613,3 +614,83 @@ def test_a_scrape_without_a_window_or_a_clock_records_no_step(tmp_path, capsys):
     from autospec.fleet.engine_costs import engine_steps
     with open_store(url, read_only=True) as st, st.session() as s:
         assert engine_steps(s, "vllm", 1, min_forwards=1) == {}
+
+
+def test_a_real_vllm_window_records_its_step_by_its_own_clock(tmp_path, capsys):
+    """Two scrapes of vLLM 0.32's CPU build around 21 requests served one at a time with a
+    draft model at k = 1 (tests/fixtures/vllm_clock_*.txt): the step is the window's decode
+    seconds over its decode steps, read here by a pattern of the test's own."""
+    from autospec.fleet.engine_costs import engine_steps
+
+    fixtures = Path(__file__).parent / "fixtures"
+
+    def total(name, which):
+        text = (fixtures / f"vllm_clock_{which}.txt").read_text()
+        return sum(float(v) for v in re.findall(rf"^vllm:{name}{{[^}}]*}} (\S+)$", text, re.M))
+
+    delta = {n: total(n, "after") - total(n, "before") for n in (
+        "request_decode_time_seconds_sum", "request_decode_time_seconds_count",
+        "iteration_tokens_total_count", "spec_decode_num_drafts_total")}
+    steps = int(delta["iteration_tokens_total_count"] - delta["request_decode_time_seconds_count"])
+    seconds = delta["request_decode_time_seconds_sum"]
+    assert steps == delta["spec_decode_num_drafts_total"] == 457  # one draft a decode step
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert main(["ingest", "--db", url, "--prometheus", str(fixtures / "vllm_clock_after.txt"),
+                 "--baseline", str(fixtures / "vllm_clock_before.txt"), "--category", "c",
+                 "--draft", "local/Qwen2.5-Coder-0.5B-Instruct-bfloat16"]) == 0
+    said = capsys.readouterr().out
+    assert f"at k = 1: {seconds / steps * 1e3:.1f} ms per step over {steps} decode steps " \
+           "(1.00 drafts per step)" in said, said
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1) == {2: (pytest.approx(seconds / steps), steps)}
+
+
+def test_a_plain_window_records_vllms_plain_step_alone(tmp_path, capsys):
+    """A window of a vLLM server without speculation (no spec-decode counters at all): its
+    plain step by the same clock (n = 1) on the pair named, no acceptance record; requests
+    that shared its steps (more tokens than steps) record none."""
+    from autospec.fleet.engine_costs import engine_steps
+
+    def plain(decode_s, decoded, steps, tokens):
+        lab = 'engine="0",model_name="m"'
+        return "\n".join([
+            f"vllm:generation_tokens_total{{{lab}}} {tokens}",
+            "# TYPE vllm:request_decode_time_seconds histogram",
+            f'vllm:request_decode_time_seconds_bucket{{{lab},le="+Inf"}} {decoded}',
+            f"vllm:request_decode_time_seconds_count{{{lab}}} {decoded}",
+            f"vllm:request_decode_time_seconds_sum{{{lab}}} {decode_s}",
+            "# TYPE vllm:iteration_tokens_total histogram",
+            f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {steps}',
+            f"vllm:iteration_tokens_total_count{{{lab}}} {steps}",
+            f"vllm:iteration_tokens_total_sum{{{lab}}} {tokens}"]) + "\n"
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    b, a = tmp_path / "b.txt", tmp_path / "a.txt"
+    b.write_text(plain(1.0, 1, 30, 30))
+    a.write_text(plain(1.0 + 14.0, 1 + 4, 30 + 4 + 196, 30 + 200))  # 196 decode steps
+    pair = ["--draft", "d", "--dtype", "bfloat16", "--hardware", "cpu: test"]
+    assert main(["ingest", "--db", url, "--prometheus", str(a), "--baseline", str(b),
+                 "--category", "c", *pair]) == 0
+    said = capsys.readouterr().out
+    assert "vllm's own steps plain (no drafts in the window): 71.4 ms per step over 196 " \
+           "decode steps (1.00 tokens per step), for pair #1" in said, said
+    assert "ingested" not in said
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1) == {1: (pytest.approx(14.0 / 196), 196)}
+        assert queries.recent_requests(s) == [] and queries.category_summaries(s) == []
+        (p,) = queries.pairs(s)
+        assert (p.target, p.draft, p.dtype, p.hardware) == ("m", "d", "bfloat16", "cpu: test")
+    # two requests at a time: 200 tokens in 100 decode steps
+    a.write_text(plain(1.0 + 14.0, 1 + 4, 30 + 4 + 100, 30 + 200))
+    with pytest.raises(SystemExit):
+        main(["ingest", "--db", url, "--prometheus", str(a), "--baseline", str(b),
+              "--category", "c", *pair])
+    assert "the window counts no drafts and gives no step time: 1.96 tokens per decode step: " \
+           "requests ran together" in capsys.readouterr().err
+    with open_store(url, read_only=True) as st, st.session() as s:
+        assert engine_steps(s, "vllm", 1) == {1: (pytest.approx(14.0 / 196), 196)}
+    # without a window there is nothing to ingest
+    with pytest.raises(SystemExit):
+        main(["ingest", "--db", url, "--prometheus", str(a), "--category", "c", *pair])
+    assert "a plain vLLM server's window, with --baseline, records its step time alone" in \
+        capsys.readouterr().err

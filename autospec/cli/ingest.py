@@ -81,7 +81,8 @@ def run(args, parser) -> int:
         to_record,
     )
     from autospec.store import write_records
-    from autospec.store.write import add_engine_steps
+    from autospec.store.record import PairInfo
+    from autospec.store.write import add_engine_steps, get_or_create_pair
     from autospec.textfmt import clip, named
 
     labels = dict(args.label)
@@ -94,35 +95,47 @@ def run(args, parser) -> int:
             counters = counters.minus(before)
         if not args.category.strip():
             die("--category must not be empty")
-        record = to_record(counters, category=args.category, target=args.target,
-                           draft=args.draft, dtype=args.dtype, hardware=args.hardware)
+        step, no_step = engine_step(counters) if args.baseline is not None else (
+            None, "a step time needs a window: pass --baseline")
+        # a plain window (no drafts) carries vLLM's plain step alone: no acceptance to record
+        if counters.drafts == 0 and args.baseline is not None and step is None:
+            die(f"the window counts no drafts and gives no step time: {no_step} (nothing "
+                "was written)")
+        record = None if counters.drafts == 0 and step is not None else to_record(
+            counters, category=args.category, target=args.target, draft=args.draft,
+            dtype=args.dtype, hardware=args.hardware)
     except IngestError as e:
         die(str(e))
     except (OSError, UnicodeDecodeError) as e:
         die(f"cannot read {args.prometheus}: {e}")
-    step, no_step = engine_step(counters) if args.baseline is not None else (
-        None, "a step time needs a window: pass --baseline")
+    pair = PairInfo(target=args.target or counters.model, draft=args.draft, dtype=args.dtype,
+                    hardware=args.hardware)
     store = open_store_or_die(args.db)
     with store:
         try:
             with store.begin() as s:
-                pair_id = write_records(s, [record])[record.pair]
+                pair_id = (write_records(s, [record])[record.pair] if record is not None
+                           else get_or_create_pair(s, pair))
                 if step is not None:
                     add_engine_steps(s, pair_id, ENGINE_STEP_PATHS[counters.engine], step.n,
-                                     step.seconds, step.steps, record.created_at)
+                                     step.seconds, step.steps,
+                                     record.created_at if record is not None else None)
         except ValueError as e:
             die(f"cannot record the scrape: {e}")
-    _, m = record.model()  # the engine's drafter: the model proposer's row
-    acc = m.accepted / m.proposed if m.proposed else float("nan")
-    where = (f"over {len(m.accepted_per_position)} positions" if counters.engine == "vllm"
-             else f"at k = {counters.k}, per position unknown (SGLang does not count it)")
-    print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {m.blocks} drafts, "
-          f"{m.proposed} draft tokens, {m.accepted} accepted ({acc:.1%}) {where} as "
-          f"category {named(args.category)}")
+    if record is not None:
+        _, m = record.model()  # the engine's drafter: the model proposer's row
+        acc = m.accepted / m.proposed if m.proposed else float("nan")
+        where = (f"over {len(m.accepted_per_position)} positions" if counters.engine == "vllm"
+                 else f"at k = {counters.k}, per position unknown (SGLang does not count it)")
+        print(f"ingested {clip(counters.model, 80)} ({counters.engine}): {m.blocks} drafts, "
+              f"{m.proposed} draft tokens, {m.accepted} accepted ({acc:.1%}) {where} as "
+              f"category {named(args.category)}")
     if step is not None:
-        print(f"{counters.engine}'s own steps with the draft model at k = {step.k}: "
-              f"{step.step_s * 1e3:.1f} ms per step over {step.steps} decode steps "
-              f"({step.per_draft:.2f} drafts per step)")
+        what = (f"with the draft model at k = {step.k}" if step.k else
+                "plain (no drafts in the window)")
+        print(f"{counters.engine}'s own steps {what}: {step.step_s * 1e3:.1f} ms per step "
+              f"over {step.steps} decode steps ({step.per_step:.2f} "
+              f"{'drafts' if step.k else 'tokens'} per step), for pair #{pair_id}")
     elif counters.engine == "vllm":
         print(f"no step time recorded: {no_step}")
     return 0

@@ -326,7 +326,13 @@ def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, 
     the export is priced by the engine's own steps; (None, a note or None) where not — a
     draft-model export, or none stored (``costs_from`` "auto"); ExportError where "engine" was
     asked and cannot be had."""
-    from autospec.fleet.engine_costs import engine_costs, engine_steps, lookups_priced
+    from autospec.fleet.engine_costs import (
+        ENGINE_STEP_PATHS,
+        EngineCosts,
+        engine_costs,
+        engine_steps,
+        lookups_priced,
+    )
 
     if engine is None or costs_from == "autospec":
         return None, None
@@ -343,10 +349,16 @@ def _engine_costs(store, w, chosen, model, engine, costs_from, engine_hardware, 
                                       f"{chosen!r} for this workload to price")
                 return None, None
             return (ec, priced.lookups[chosen]), None
-    if ec is not None:  # the draft model: its steps in the engine where recorded, else the
-        # engine's T_t(n) with the draft at the share of a plain step autospec measured
-        with store.session() as s:
-            ec = replace(ec, draft_steps=engine_steps(s, engine, w.pair["id"]))
+        # the draft model: its steps in the engine where recorded (with the engine's plain
+        # step by the same clock, else its T_t(1)), else the engine's T_t(n) with the draft at
+        # the share of a plain step autospec measured
+        steps = engine_steps(s, engine, w.pair["id"]) if chosen == model else {}
+    drafted = {n: v for n, v in steps.items() if n > 1}
+    if ec is None and drafted and 1 in steps:  # the engine's own clock alone
+        ec = EngineCosts(engine, w.pair["id"], ENGINE_STEP_PATHS[engine], {1: steps[1][0]},
+                         {1: steps[1][1]})
+    if ec is not None:
+        ec = replace(ec, draft_steps=steps if drafted else {})
         if (ec.draft_steps or w.verification.draft_ratio is not None) and (
                 _draft_acceptance(w) is not None):
             return (ec, None), None
@@ -484,17 +496,21 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
 
     name = ENGINE_NAMES[ec.engine]
     k_max = max([K_MAX, *w.speedup.curve])
-    t1 = ec.t_target[1]
     if ec.draft_steps:
-        steps = interpolate_cost({1: t1, **{n: s for n, (s, _) in ec.draft_steps.items()}})
-        k, s = best_k(_draft_acceptance(w), 0.0, steps, k_max)
-        costs = (f"{ec.label}; with its draft model, {name}'s own steps (its clock over "
-                 f"ingested scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
+        plain = ec.draft_steps.get(1)  # the engine's plain step by the same clock
+        t1 = plain[0] if plain is not None else ec.t_target[1]
+        drafted = {n: t for n, (t, _) in ec.draft_steps.items() if n > 1}
+        k, s = best_k(_draft_acceptance(w), 0.0, interpolate_cost({1: t1, **drafted}), k_max)
+        head = (f"{name}'s plain step by its own clock, {t1 * 1e3:.0f} ms ({plain[1]} steps)"
+                if plain is not None else ec.label)
+        costs = (f"{head}; with its draft model, {name}'s own steps (its clock over ingested "
+                 f"scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
                      f"k = {n - 1} {t * 1e3:.0f} ms ({c} steps)"
-                     for n, (t, c) in sorted(ec.draft_steps.items()))
-                 + " — another k read linearly between them and T_t(1)")
+                     for n, (t, c) in sorted(ec.draft_steps.items()) if n > 1)
+                 + " — another k read linearly between them and the plain step")
     else:
         c = w.verification.draft_ratio
+        t1 = ec.t_target[1]
         k, s = best_k(_draft_acceptance(w), c * t1, interpolate_cost(ec.t_target), k_max)
         costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
                  f"{c:.2f} T_t(1)): {name}'s own draft cost is not measured (ingest a scrape "

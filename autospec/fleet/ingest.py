@@ -155,12 +155,12 @@ class SpecCounters:
 class EngineStep:
     """vLLM's own seconds per decode step over a scrape window that ran one request at a time
     at a fixed k (``engine_step``): a step scores k + 1 tokens and drafts the next k, the
-    draft model's time inside it."""
+    draft model's time inside it (k = 0: a plain step)."""
 
-    k: int
+    k: int  # 0: plain decoding
     seconds: float  # the window's decode seconds
     steps: int  # its decode steps
-    per_draft: float  # drafts per decode step (1: one request at a time)
+    per_step: float  # drafts (plain: tokens) per decode step (1: one request at a time)
 
     @property
     def n(self) -> int:
@@ -176,28 +176,36 @@ def engine_step(c: SpecCounters) -> tuple[EngineStep | None, str]:
     """vLLM's seconds per decode step at the window's k, from its own clock: the decode
     seconds of the requests that finished (``vllm:request_decode_time_seconds``: first token to
     last) over their decode steps (the engine's steps, ``vllm:iteration_tokens_total``'s count,
-    less one prefill step per finished request). (step, "") where the window allows it, else
-    (None, why not): no clock in the scrape (SGLang, an older vLLM), no whole k (the drafts
-    were not all k long), requests still running at either scrape (a window should start and
-    end idle), or more than ``BATCH_ONE`` drafts per decode step (requests shared the steps:
-    their decode seconds overlap)."""
+    less one prefill step per finished request). A window without drafts is plain decoding
+    (k = 0), each decode step one token per request. (step, "") where the window allows it,
+    else (None, why not): no clock in the scrape (SGLang, an older vLLM), no whole k (the
+    drafts were not all k long), no request finished, or a window not of one request at a time
+    — more than ``BATCH_ONE`` drafts (plain: tokens) per decode step, requests sharing the
+    steps so that their decode seconds overlap, or fewer than 1 / ``BATCH_ONE``: requests still
+    running at a scrape (a window should start and end idle)."""
     if c.engine != "vllm" or None in (c.decode_s, c.decoded, c.steps):
         return None, "the scrape has no vllm:request_decode_time_seconds / " \
                      "vllm:iteration_tokens_total (vLLM's own clock)"
-    if c.drafts <= 0 or c.draft_tokens % c.drafts:
+    if c.drafts and c.draft_tokens % c.drafts:
         return None, (f"{c.draft_tokens} draft tokens in {c.drafts} drafts: not one fixed k, "
                       "so no step is at a known k")
     steps = c.steps - c.decoded
     if c.decoded <= 0 or steps <= 0 or c.decode_s <= 0:
         return None, "no finished request decoded in the window"
-    per_draft = c.drafts / steps
-    if per_draft > BATCH_ONE:
-        return None, (f"{per_draft:.2f} drafts per decode step: requests ran together, so "
+    if c.drafts:
+        per_step, what = c.drafts / steps, "drafts"
+    elif c.generation_tokens is not None:  # plain: a step decodes a token per request
+        per_step, what = (c.generation_tokens - c.decoded) / steps, "tokens"
+    else:
+        return None, "a window without drafts needs vllm:generation_tokens_total"
+    if per_step > BATCH_ONE:
+        return None, (f"{per_step:.2f} {what} per decode step: requests ran together, so "
                       "their decode seconds overlap (scrape a window of one request at a time)")
-    if per_draft < 1 / BATCH_ONE:
-        return None, (f"{per_draft:.2f} drafts per decode step: steps without a draft, or "
+    if per_step < 1 / BATCH_ONE:
+        return None, (f"{per_step:.2f} {what} per decode step: steps without a draft, or "
                       "requests still running at a scrape (a window should start and end idle)")
-    return EngineStep(c.draft_tokens // c.drafts, float(c.decode_s), steps, per_draft), ""
+    k = c.draft_tokens // c.drafts if c.drafts else 0
+    return EngineStep(k, float(c.decode_s), steps, per_step), ""
 
 
 def _base(name: str) -> str:
@@ -244,6 +252,8 @@ def parse_scrape(text: str, model: str | None = None,
                               and any(_base(s.name) == SGL_VERIFY for s in samples)) else "vllm"
     head = DRAFTS if engine == "vllm" else SGL_VERIFY
     models = sorted({s.labels.get("model_name", "") for s in samples if _base(s.name) == head})
+    if not models and engine == "vllm":  # a plain server: its clock alone (``engine_step``)
+        models = sorted({s.labels.get("model_name", "") for s in samples if s.name in TIMING})
     if not models:
         what = (f"no {DRAFTS} counter" if engine == "vllm" else f"no {SGL_VERIFY}_total counter")
         raise IngestError(f"{what} in the scrape (was speculative decoding on?"
@@ -438,7 +448,9 @@ def to_record(c: SpecCounters, *, category: str, target: str | None = None,
     from autospec.store.record import TRACE_GREEDY, PairInfo, ProposerRecord, RequestRecord
 
     if c.drafts <= 0:
-        raise IngestError("the scrape counts no drafts for this model: nothing to ingest")
+        raise IngestError("the scrape counts no drafts for this model: nothing to ingest (a "
+                          "plain vLLM server's window, with --baseline, records its step "
+                          "time alone)")
     check_counters(c)  # again: a difference from a baseline may not agree
     width = len(c.accepted_per_position)
     return RequestRecord(
