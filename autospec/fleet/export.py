@@ -487,7 +487,7 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
     acceptance by position: where the store has the engine's own steps with this draft model
     (``ec.draft_steps``, its clock over ingested scrape windows at the k it served), a step's
     seconds at k are read off them — linear between the k measured and the engine's plain
-    step T_t(1), extended past the last along the last two — drafting included; else the
+    step T_t(1), no k past the longest measured — drafting included; else the
     engine's T_t(n) with the draft at the share of a plain step autospec measured for the pair
     (T_d = c · T_t(1)): the engine's own draft cost not measured."""
     from autospec.costs.price import best_k, interpolate_cost
@@ -500,6 +500,9 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
         plain = ec.draft_steps.get(1)  # the engine's plain step by the same clock
         t1 = plain[0] if plain is not None else ec.t_target[1]
         drafted = {n: t for n, (t, _) in ec.draft_steps.items() if n > 1}
+        # no k past the longest the engine's steps were measured at: nothing says what a
+        # step costs there (a line through two noisy steps is no evidence)
+        k_max = min(k_max, max(drafted) - 1)
         k, s = best_k(_draft_acceptance(w), 0.0, interpolate_cost({1: t1, **drafted}), k_max)
         head = (f"{name}'s plain step by its own clock, {t1 * 1e3:.0f} ms ({plain[1]} steps)"
                 if plain is not None else ec.label)
@@ -507,7 +510,8 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
                  f"scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
                      f"k = {n - 1} {t * 1e3:.0f} ms ({c} steps)"
                      for n, (t, c) in sorted(ec.draft_steps.items()) if n > 1)
-                 + " — another k read linearly between them and the plain step")
+                 + f" — another k read linearly between them and the plain step, none past "
+                 f"k = {k_max}")
     else:
         c = w.verification.draft_ratio
         t1 = ec.t_target[1]
