@@ -343,9 +343,12 @@ def _key(spec: dict) -> str:
 
 def exported_modes(specs: dict[str, dict | None]) -> dict[str, tuple[str, dict | None]]:
     """Each category's exported setting as a mode: (name, spec); the fixed mode of the same
-    setting where there is one (served once), else exported-N per distinct setting; plain
-    where the export serves without speculation."""
+    setting where there is one (served once; a draft model at k alone is "draftK", whether
+    FIXED lists it or not, so a k any export or fixed run served is served once), else
+    exported-N per distinct setting; plain where the export serves without speculation."""
     fixed = {_key(f): m for m, f in FIXED.items()}
+    fixed.update({_key({"method": "draft_model", "num_speculative_tokens": k}): f"draft{k}"
+                  for k in range(1, 17)})
     out: dict[str, tuple[str, dict | None]] = {}
     numbered: dict[str, str] = {}
     for category, spec in specs.items():
@@ -408,6 +411,8 @@ def table(work: Path) -> None:
     if not specs or not all(m in by_mode for m in d_mode.values()):
         d_mode = {}  # not every export served yet
     modes = [m for m in ("ngram5", "draft5", "ngram3", "draft1", "draft3") if m in by_mode]
+    modes += sorted((m for m in by_mode if m.startswith("draft") and m[5:].isdigit()
+                     and m not in modes), key=lambda m: int(m[5:]))  # an export's own k
     modes += sorted((m for m in by_mode if m.startswith("exported-")),
                     key=lambda m: int(m.split("-")[1]))
     # (c): the best fixed setting per category in hindsight, plain (k = 0) included

@@ -221,7 +221,7 @@ def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
     from test_ingest import clocked_scrape
 
     from autospec.cli import main
-    from autospec.costs.price import best_k, interpolate_cost
+    from autospec.costs.price import best_k
     from autospec.report import build_report
 
     mid = {n: 0.15 * (1 + 0.15 * (n - 1)) for n in range(1, 10)}
@@ -248,13 +248,13 @@ def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
     assert line.startswith("# costs: vLLM's own steps (") and (
         "with its draft model, vLLM's own steps (its clock over ingested scrape windows, path "
         "vllm+draft): k = 1 210 ms (40 steps), k = 3 270 ms (40 steps), k = 5 330 ms "
-        "(40 steps) — another k read linearly between them and the plain step, none past "
-        "k = 5") in line, line
+        "(40 steps); a step at k priced on their line, 180 + 30.0 k ms, no k past 5") in line, line
     assert "share of a plain step" not in line
     with open_store(url, read_only=True) as st:
         (w,) = build_report(st, category="free", pair_id=1).workloads
         plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
-    curve = interpolate_cost({1: mid[1], **{k + 1: t for k, t in step.items()}})
+    def curve(n, t1=mid[1]):  # the line through the three steps: 0.18 + 0.03 k
+        return t1 if n <= 1 else 0.18 + 0.03 * (n - 1)
     k, s = best_k(w.acceptance.fixed_block, 0.0, curve, 5)
     assert plan.table == [(1, k, pytest.approx(s))] and k == k_run
     assert share_k < k_run, (k_run, share_k)
@@ -272,9 +272,22 @@ def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
                                        "(40 steps); with its draft model"), costs_line(text)
     with open_store(url, read_only=True) as st:
         plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
-    curve = interpolate_cost({1: 0.12, **{k + 1: t for k, t in step.items()}})
-    assert plan.table == [(1, *best_k(w.acceptance.fixed_block, 0.0, curve, 5))]
+    k, s = best_k(w.acceptance.fixed_block, 0.0, lambda n: curve(n, 0.12), 5)
+    assert plan.table == [(1, k, pytest.approx(s))]
     # --costs-from autospec: as before, autospec's own costs
     text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1",
                   "--costs-from", "autospec")
     assert "autospec's own timings" in costs_line(text)
+
+
+def test_the_step_line_averages_the_windows_and_starts_from_plain_with_one():
+    """A step at k is priced on the least-squares line through every window's step (one
+    window one point): a window off the line — here k = 7, cheaper than k = 5 — moves it by
+    its share, not to itself; one window: the line from the plain step through it."""
+    from autospec.fleet.export import _step_line
+
+    a, b = _step_line({1: 0.21, 3: 0.27, 5: 0.33, 7: 0.30}, 0.15)
+    assert (a, b) == (pytest.approx(0.2115), pytest.approx(0.0165))
+    assert a + 7 * b > 0.30 and a + 5 * b < 0.33
+    assert _step_line({5: 0.33}, 0.15) == (0.15, pytest.approx(0.036))
+    assert _step_line({1: 0.3, 3: 0.2}, 0.15)[1] == 0.0  # never falling with k

@@ -30,8 +30,8 @@ def test_exports_map_onto_the_fixed_modes_of_the_same_setting():
                    "prompt_lookup_min": 1},
              "e": {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 7}}
     modes = {c: m for c, (m, _) in vllm_mix.exported_modes(specs).items()}
-    assert modes == {"a": "draft1", "b": "exported-1", "c": "plain", "d": "exported-2",
-                     "e": "exported-1"}
+    assert modes == {"a": "draft1", "b": "draft7", "c": "plain", "d": "exported-1",
+                     "e": "draft7"}
 
 
 def test_the_table_pairs_per_request_and_picks_the_best_fixed_setting(tmp_path, capsys):

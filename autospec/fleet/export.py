@@ -486,8 +486,8 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
     """The draft model's one k over the engine's own batch-1 steps ``ec``, at the workload's
     acceptance by position: where the store has the engine's own steps with this draft model
     (``ec.draft_steps``, its clock over ingested scrape windows at the k it served), a step's
-    seconds at k are read off them — linear between the k measured and the engine's plain
-    step T_t(1), no k past the longest measured — drafting included; else the
+    seconds at k are priced on the line through them (``_step_line``), no k past the longest
+    measured — drafting included — against the engine's plain step; else the
     engine's T_t(n) with the draft at the share of a plain step autospec measured for the pair
     (T_d = c · T_t(1)): the engine's own draft cost not measured."""
     from autospec.costs.price import best_k, interpolate_cost
@@ -499,19 +499,21 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
     if ec.draft_steps:
         plain = ec.draft_steps.get(1)  # the engine's plain step by the same clock
         t1 = plain[0] if plain is not None else ec.t_target[1]
-        drafted = {n: t for n, (t, _) in ec.draft_steps.items() if n > 1}
+        drafted = {n - 1: t for n, (t, _) in ec.draft_steps.items() if n > 1}  # k → step
+        a, b = _step_line(drafted, t1)
         # no k past the longest the engine's steps were measured at: nothing says what a
-        # step costs there (a line through two noisy steps is no evidence)
-        k_max = min(k_max, max(drafted) - 1)
-        k, s = best_k(_draft_acceptance(w), 0.0, interpolate_cost({1: t1, **drafted}), k_max)
+        # step costs there
+        k_max = min(k_max, max(drafted))
+        k, s = best_k(_draft_acceptance(w), 0.0,
+                      lambda n: t1 if n <= 1 else max(t1, a + b * (n - 1)), k_max)
         head = (f"{name}'s plain step by its own clock, {t1 * 1e3:.0f} ms ({plain[1]} steps)"
                 if plain is not None else ec.label)
         costs = (f"{head}; with its draft model, {name}'s own steps (its clock over ingested "
                  f"scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
                      f"k = {n - 1} {t * 1e3:.0f} ms ({c} steps)"
                      for n, (t, c) in sorted(ec.draft_steps.items()) if n > 1)
-                 + f" — another k read linearly between them and the plain step, none past "
-                 f"k = {k_max}")
+                 + f"; a step at k priced on their line, {a * 1e3:.0f} + {b * 1e3:.1f} k ms, "
+                 f"no k past {k_max}")
     else:
         c = w.verification.draft_ratio
         t1 = ec.t_target[1]
@@ -530,6 +532,23 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
                           "model's greedy traces: " + " ".join(
                               "-" if a is None else f"{a:.2f}" for a in fixed[:k_max]))
     return plan
+
+
+def _step_line(steps: dict[int, float], t1: float) -> tuple[float, float]:
+    """(a, b): an engine's step with its draft model at k as a + b · k seconds, the least-
+    squares line through its measured steps (k → seconds, k ≥ 1), each window one point: a
+    step drafts k tokens and scores k + 1, close to linear in k, and one server's window is
+    off it by the noise between server instances, which a line through every window
+    averages where a path through each would follow it. One window: the line from the plain
+    step ``t1`` through it. Never falling with k."""
+    if len(steps) == 1:
+        ((k, t),) = steps.items()
+        return t1, max(0.0, (t - t1) / k)
+    ks, ts = list(steps), list(steps.values())
+    mk, mt = sum(ks) / len(ks), sum(ts) / len(ts)
+    b = max(0.0, sum((k - mk) * (t - mt) for k, t in zip(ks, ts))
+            / sum((k - mk) ** 2 for k in ks))
+    return mt - b * mk, b
 
 
 def _draft_acceptance(w) -> list[float | None] | None:

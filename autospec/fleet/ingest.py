@@ -14,6 +14,13 @@ to ingest only the traffic between the two).
 autospec's own exporters (``autospec.fleet.metrics``) use the same names, so their scrapes ingest
 the same way.
 
+vLLM's own clock is read too (``engine_step``): over a window between two scrapes that ran one
+request at a time, its requests' decode seconds (``vllm:request_decode_time_seconds``) over its
+decode steps (``vllm:iteration_tokens_total``'s count less one prefill step per request) is its
+seconds per step at the window's k — drafting included, k = 0 for a plain server's window —
+which ``autospec ingest`` keeps for the pair and the draft-model export prices k by
+(``fleet.engine_costs.engine_steps``).
+
 SGLang (``sglang:`` metrics, sglang 0.5.23 ``sglang/srt/observability/metrics_collector.py``)
 counts less: its acceptance metrics (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``)
 are gauges over the last logging interval, not counters, so they cannot be summed or
@@ -61,8 +68,9 @@ from autospec.textfmt import clip, named
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SpecCounters", "EngineStep", "engine_step", "parse_scrape", "read_scrape", "to_record", "check_counters",
-           "IngestError", "MAX_SCRAPE_BYTES", "MAX_POSITIONS", "MAX_NAME", "ENGINES"]
+__all__ = ["SpecCounters", "EngineStep", "engine_step", "parse_scrape", "read_scrape",
+           "to_record", "check_counters", "IngestError", "MAX_SCRAPE_BYTES", "MAX_POSITIONS",
+           "MAX_NAME", "ENGINES"]
 
 # a vLLM /metrics page is tens of kB (a few MB with many models and histograms); past this it
 # is not a scrape (or not one to read whole): refused, not read on
