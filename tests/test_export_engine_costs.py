@@ -212,70 +212,62 @@ def test_a_draft_model_export_is_priced_by_vllms_steps_and_says_how(tmp_path):
     assert costs_line(text) == costs_line(texts["base"])
 
 
-def test_vllms_own_steps_with_its_draft_model_price_the_k(tmp_path, capsys):
-    """Windows of vLLM serving this draft model one request at a time at k = 1, 3 and 5,
-    ingested from its metrics (``autospec ingest --baseline``): the export reads a step's
-    seconds at k off them — drafting included, linear between the k measured and vLLM's
-    plain step — instead of the draft at autospec's share. Here vLLM's draft steps are cheaper
-    than that share says, so the k is longer, and the header names the steps."""
-    from test_ingest import clocked_scrape
+def _ingest_steps(tmp_path, url, steps: dict[int, float], n: int = 40) -> None:
+    """vLLM's windows ingested for PAIR: ``n`` decode steps of ``steps[k]`` seconds each at
+    each k (0: a plain server's window), four requests one at a time."""
+    from test_ingest import ingest_window
 
-    from autospec.cli import main
+    for k, seconds in steps.items():
+        where = tmp_path / f"w{k}"
+        where.mkdir()
+        zero = dict(model=PAIR.target, drafts=0, k=k, per_pos=())
+        ingest_window(where, url, zero, dict(
+            zero, drafts=n if k else 0, per_pos=[n] * k, decode_s=seconds * n, decoded=4,
+            steps=n + 4, tokens=n + 4), "--category", "free", "--target", PAIR.target,
+            "--draft", PAIR.draft, "--dtype", PAIR.dtype, "--hardware", PAIR.hardware)
+
+
+def test_vllms_own_steps_with_its_draft_model_are_listed_and_price_where_nothing_else_does(
+        tmp_path, capsys):
+    """Windows of vLLM serving this draft model one request at a time at k = 1, 3 and 5 (and
+    plain), ingested from its metrics (``autospec ingest --baseline``). Beside vLLM's T_t(n)
+    from the custom_class proposer, the export prices the draft at autospec's share as before
+    and lists the ingested steps, not priced (one server per k priced worse, measured); where
+    the store has no custom_class steps, a step at k is priced on the line through them."""
     from autospec.costs.price import best_k
     from autospec.report import build_report
 
     mid = {n: 0.15 * (1 + 0.15 * (n - 1)) for n in range(1, 10)}
+    step = {1: 0.21, 3: 0.27, 5: 0.33}  # seconds a step at k: 0.18 + 0.03 k
+    listed = ("vLLM's own steps with its draft model (its clock over ingested scrape windows, "
+              "path vllm+draft): plain 120 ms (40 steps), k = 1 210 ms (40 steps), k = 3 270 ms "
+              "(40 steps), k = 5 330 ms (40 steps); their line 180 + 30.0 k ms")
+    # beside the custom_class proposer's T_t(n): the share prices, the steps are listed
     url = make_store(tmp_path, "steps.db", mid, MIN_FORWARDS)
-    share_k = check_vllm(export(url, "vllm", tmp_path, "--category", "free", "--pair-id",
-                                "1"))["num_speculative_tokens"]
-    step = {1: 0.21, 3: 0.27, 5: 0.33}  # seconds a step at k: 0.03 a draft token
-    zero = dict(model=PAIR.target, drafts=0, per_pos=())
-    for k, seconds in step.items():
-        steps = 40
-        before, after = tmp_path / f"b{k}.txt", tmp_path / f"a{k}.txt"
-        before.write_text(clocked_scrape(**zero, k=k))
-        after.write_text(clocked_scrape(
-            model=PAIR.target, drafts=steps + 4, k=k, per_pos=[steps] * k,
-            decode_s=seconds * steps, decoded=4, steps=steps + 4))
-        assert main(["ingest", "--db", url, "--prometheus", str(after), "--baseline",
-                     str(before), "--category", "free", "--target", PAIR.target, "--draft",
-                     PAIR.draft, "--dtype", PAIR.dtype, "--hardware", PAIR.hardware]) == 0
-        assert f"at k = {k}: {seconds * 1e3:.1f} ms per step over {steps} decode steps" in \
-            capsys.readouterr().out
+    before = check_vllm(export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1"))
+    _ingest_steps(tmp_path, url, {0: 0.12, **step})
     text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
-    k_run = check_vllm(text)["num_speculative_tokens"]
+    assert check_vllm(text) == before
     line = costs_line(text)
     assert line.startswith("# costs: vLLM's own steps (") and (
-        "with its draft model, vLLM's own steps (its clock over ingested scrape windows, path "
-        "vllm+draft): k = 1 210 ms (40 steps), k = 3 270 ms (40 steps), k = 5 330 ms "
-        "(40 steps); a step at k priced on their line, 180 + 30.0 k ms, no k past 5") in line, line
-    assert "share of a plain step" not in line
-    with open_store(url, read_only=True) as st:
+        f"the draft at autospec's measured share of a plain step (T_d = {T_D / CURVE[1]:.2f} "
+        f"T_t(1)) — {listed}, not priced (one server per k)") in line, line
+    # no custom_class steps: priced on the line through the ingested ones
+    alone = make_store(tmp_path, "alone.db", None)
+    (tmp_path / "alone").mkdir()
+    _ingest_steps(tmp_path / "alone", alone, {0: 0.12, **step})
+    capsys.readouterr()
+    text = export(alone, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
+    assert costs_line(text) == f"# costs: {listed}: a step at k priced on the line, no k past 5"
+    with open_store(alone, read_only=True) as st:
         (w,) = build_report(st, category="free", pair_id=1).workloads
         plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
-    def curve(n, t1=mid[1]):  # the line through the three steps: 0.18 + 0.03 k
-        return t1 if n <= 1 else 0.18 + 0.03 * (n - 1)
-    k, s = best_k(w.acceptance.fixed_block, 0.0, curve, 5)
-    assert plan.table == [(1, k, pytest.approx(s))] and k == k_run
-    assert share_k < k_run, (k_run, share_k)
-    # vLLM's plain step by the same clock (a window without speculation) replaces the
-    # custom_class proposer's T_t(1) beside them
-    from test_ingest import ingest_window
-    plain = dict(model=PAIR.target, drafts=0, per_pos=(), decode_s=0.0, decoded=0, steps=0)
-    (tmp_path / "p").mkdir()
-    ingest_window(tmp_path / "p", url, plain, dict(plain, decode_s=0.12 * 40, decoded=4,
-                                                   steps=44, tokens=44),
-                  "--target", PAIR.target, "--draft", PAIR.draft, "--dtype", PAIR.dtype,
-                  "--hardware", PAIR.hardware)
-    text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1")
-    assert costs_line(text).startswith("# costs: vLLM's plain step by its own clock, 120 ms "
-                                       "(40 steps); with its draft model"), costs_line(text)
-    with open_store(url, read_only=True) as st:
-        plan = plan_for(st, category="free", pair_id=1, engine="vllm", costs_from="engine")
-    k, s = best_k(w.acceptance.fixed_block, 0.0, lambda n: curve(n, 0.12), 5)
-    assert plan.table == [(1, k, pytest.approx(s))]
-    # --costs-from autospec: as before, autospec's own costs
-    text = export(url, "vllm", tmp_path, "--category", "free", "--pair-id", "1",
+    k, s = best_k(w.acceptance.fixed_block, 0.0,
+                  lambda n: 0.12 if n <= 1 else 0.18 + 0.03 * (n - 1), 5)
+    assert plan.table == [(1, k, pytest.approx(s))] and 1 <= k <= 5
+    assert check_vllm(text)["num_speculative_tokens"] == k
+    # --costs-from autospec: autospec's own costs, whatever vLLM's
+    text = export(alone, "vllm", tmp_path, "--category", "free", "--pair-id", "1",
                   "--costs-from", "autospec")
     assert "autospec's own timings" in costs_line(text)
 

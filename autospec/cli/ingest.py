@@ -43,7 +43,8 @@ def register(sub, parents) -> None:
                     "A vLLM window (--baseline) that ran one request at a time at a fixed k "
                     "also records vLLM's own seconds per step with its draft model (its "
                     "request decode time over its steps), which `autospec export --engine "
-                    "vllm` prices the draft model's k by.")
+                    "vllm` lists beside its price of the draft model's k (and prices it by "
+                    "where the store has no steps of autospec's custom_class proposer).")
     p.add_argument("--db", metavar="URL", help="store URL or SQLite file (default: "
                                                "autospec.db in the cache directory)")
     p.add_argument("--prometheus", required=True, metavar="FILE|URL", help="the scrape")

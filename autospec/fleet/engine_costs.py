@@ -21,13 +21,13 @@ What they price, and what they do not:
   (``report.build.proposers_view``: its traces' match rate and acceptance, its host seconds
   per token) over vLLM's T_t(n) instead of autospec's. Lookups are priced at batch 1, so the
   steps of requests that shared the batch are not read;
-- a draft-model export: its one k at batch 1 over vLLM's own steps with that draft model
-  where they are stored (a k between them read linearly, from vLLM's plain step T_t(1)),
-  else over vLLM's T_t(n) with the draft's cost at the share of a plain step autospec
-  measured for the pair (T_d = c · T_t(1), c from the transformers loop's probe or timings):
-  the custom_class proposer runs no draft model, so it never times vLLM's (docs/fleet.md,
-  "Whose costs price k"). The header says which. A tuned k is exported as tuned, on
-  autospec's costs;
+- a draft-model export: its one k at batch 1 over vLLM's T_t(n) with the draft's cost at
+  the share of a plain step autospec measured for the pair (T_d = c · T_t(1), c from the
+  transformers loop's probe or timings): the custom_class proposer runs no draft model, so it
+  never times vLLM's. vLLM's own steps with that draft model, where ingested, are listed
+  beside (one server per k priced worse, measured: docs/fleet.md, "Whose costs price k"),
+  and price the k where the store has no custom_class steps. The header says which. A tuned
+  k is exported as tuned, on autospec's costs;
 - which proposer ``--proposer auto`` exports stays the report's choice (section 5, priced on
   autospec's costs, where the draft model can be priced too).
 """

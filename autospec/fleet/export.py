@@ -484,43 +484,47 @@ def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
 
 def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
     """The draft model's one k over the engine's own batch-1 steps ``ec``, at the workload's
-    acceptance by position: where the store has the engine's own steps with this draft model
-    (``ec.draft_steps``, its clock over ingested scrape windows at the k it served), a step's
-    seconds at k are priced on the line through them (``_step_line``), no k past the longest
-    measured — drafting included — against the engine's plain step; else the
-    engine's T_t(n) with the draft at the share of a plain step autospec measured for the pair
-    (T_d = c · T_t(1)): the engine's own draft cost not measured."""
+    acceptance by position. Where the store has the engine's T_t(n) from the custom_class
+    proposer (one server, every n in it) and autospec measured the draft's share of a plain
+    step for the pair: over those, the draft at that share (T_d = c · T_t(1)). Else, where
+    it has the engine's own steps with this draft model (``ec.draft_steps``, its clock over
+    ingested scrape windows, one server per k): a step at k on the line through them
+    (``_step_line``), no k past the longest measured, against the engine's plain step. The
+    first ranks first because it priced better, measured: one server per k carries the noise
+    between server instances into every step, where the custom_class proposer's steps vary
+    n within one (docs/benchmarks.md, "vLLM's own clock"). Where both are stored the header
+    lists the ingested steps beside the price."""
     from autospec.costs.price import best_k, interpolate_cost
     from autospec.fleet.engine_costs import ENGINE_STEP_PATHS
     from autospec.report.model import K_MAX
 
     name = ENGINE_NAMES[ec.engine]
     k_max = max([K_MAX, *w.speedup.curve])
+    c = w.verification.draft_ratio
+    stepped = None
     if ec.draft_steps:
         plain = ec.draft_steps.get(1)  # the engine's plain step by the same clock
-        t1 = plain[0] if plain is not None else ec.t_target[1]
         drafted = {n - 1: t for n, (t, _) in ec.draft_steps.items() if n > 1}  # k → step
+        t1 = plain[0] if plain is not None else ec.t_target[1]
         a, b = _step_line(drafted, t1)
-        # no k past the longest the engine's steps were measured at: nothing says what a
-        # step costs there
-        k_max = min(k_max, max(drafted))
+        stepped = (f"{name}'s own steps with its draft model (its clock over ingested scrape "
+                   f"windows, path {ENGINE_STEP_PATHS[ec.engine]}): "
+                   + (f"plain {t1 * 1e3:.0f} ms ({plain[1]} steps), " if plain else "")
+                   + ", ".join(f"k = {k} {t * 1e3:.0f} ms ({ec.draft_steps[k + 1][1]} steps)"
+                               for k, t in sorted(drafted.items()))
+                   + f"; their line {a * 1e3:.0f} + {b * 1e3:.1f} k ms")
+    if c is None or ec.path == ENGINE_STEP_PATHS.get(ec.engine):
+        k_max = min(k_max, max(drafted))  # nothing says what a longer step costs
         k, s = best_k(_draft_acceptance(w), 0.0,
                       lambda n: t1 if n <= 1 else max(t1, a + b * (n - 1)), k_max)
-        head = (f"{name}'s plain step by its own clock, {t1 * 1e3:.0f} ms ({plain[1]} steps)"
-                if plain is not None else ec.label)
-        costs = (f"{head}; with its draft model, {name}'s own steps (its clock over ingested "
-                 f"scrape windows, path {ENGINE_STEP_PATHS[ec.engine]}): " + ", ".join(
-                     f"k = {n - 1} {t * 1e3:.0f} ms ({c} steps)"
-                     for n, (t, c) in sorted(ec.draft_steps.items()) if n > 1)
-                 + f"; a step at k priced on their line, {a * 1e3:.0f} + {b * 1e3:.1f} k ms, "
-                 f"no k past {k_max}")
+        costs = f"{stepped}: a step at k priced on the line, no k past {k_max}"
     else:
-        c = w.verification.draft_ratio
         t1 = ec.t_target[1]
         k, s = best_k(_draft_acceptance(w), c * t1, interpolate_cost(ec.t_target), k_max)
         costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
-                 f"{c:.2f} T_t(1)): {name}'s own draft cost is not measured (ingest a scrape "
-                 f"window of {name} serving this draft model at a fixed k to measure it)")
+                 f"{c:.2f} T_t(1))" + (
+                     f" — {stepped}, not priced (one server per k)" if stepped else
+                     f": {name}'s own draft cost is not measured"))
     plan = ExportPlan(**base, source=f"cost model, over {name}'s own steps", grid_source=None)
     plan.table = [(1, int(k), s)]
     plan.costs = costs

@@ -18,8 +18,8 @@ vLLM's own clock is read too (``engine_step``): over a window between two scrape
 request at a time, its requests' decode seconds (``vllm:request_decode_time_seconds``) over its
 decode steps (``vllm:iteration_tokens_total``'s count less one prefill step per request) is its
 seconds per step at the window's k — drafting included, k = 0 for a plain server's window —
-which ``autospec ingest`` keeps for the pair and the draft-model export prices k by
-(``fleet.engine_costs.engine_steps``).
+which ``autospec ingest`` keeps for the pair and the draft-model export lists (and prices k
+by where it has no custom_class steps: ``fleet.export._engine_draft_plan``).
 
 SGLang (``sglang:`` metrics, sglang 0.5.23 ``sglang/srt/observability/metrics_collector.py``)
 counts less: its acceptance metrics (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``)
