@@ -513,12 +513,15 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
                    + ", ".join(f"k = {k} {t * 1e3:.0f} ms ({ec.draft_steps[k + 1][1]} steps)"
                                for k, t in sorted(drafted.items()))
                    + f"; their line {a * 1e3:.0f} + {b * 1e3:.1f} k ms")
-    if c is None or ec.path == ENGINE_STEP_PATHS.get(ec.engine):
+    if stepped is not None and (c is None or ec.path == ENGINE_STEP_PATHS.get(ec.engine)):
         k_max = min(k_max, max(drafted))  # nothing says what a longer step costs
         k, s = best_k(_draft_acceptance(w), 0.0,
                       lambda n: t1 if n <= 1 else max(t1, a + b * (n - 1)), k_max)
         costs = f"{stepped}: a step at k priced on the line, no k past {k_max}"
     else:
+        if c is None:
+            raise ExportError("no price for the draft model's k over the engine's steps: "
+                              "neither its steps with the draft model nor autospec's share")
         t1 = ec.t_target[1]
         k, s = best_k(_draft_acceptance(w), c * t1, interpolate_cost(ec.t_target), k_max)
         costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
