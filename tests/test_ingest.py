@@ -619,21 +619,18 @@ def test_a_scrape_without_a_window_or_a_clock_records_no_step(tmp_path, capsys):
 def test_a_real_vllm_window_records_its_step_by_its_own_clock(tmp_path, capsys):
     """Two scrapes of vLLM 0.32's CPU build around 21 requests served one at a time with a
     draft model at k = 1 (tests/fixtures/vllm_clock_*.txt): the step is the window's decode
-    seconds over its decode steps, read here by a pattern of the test's own."""
+    seconds over its decode steps, read by the engine loop test's own patterns."""
+    from test_engine_loop import _clock, _counters
+
     from autospec.fleet.engine_costs import engine_steps
 
     fixtures = Path(__file__).parent / "fixtures"
-
-    def total(name, which):
-        text = (fixtures / f"vllm_clock_{which}.txt").read_text()
-        return sum(float(v) for v in re.findall(rf"^vllm:{name}{{[^}}]*}} (\S+)$", text, re.M))
-
-    delta = {n: total(n, "after") - total(n, "before") for n in (
-        "request_decode_time_seconds_sum", "request_decode_time_seconds_count",
-        "iteration_tokens_total_count", "spec_decode_num_drafts_total")}
-    steps = int(delta["iteration_tokens_total_count"] - delta["request_decode_time_seconds_count"])
-    seconds = delta["request_decode_time_seconds_sum"]
-    assert steps == delta["spec_decode_num_drafts_total"] == 457  # one draft a decode step
+    (b_s, b_n, b_steps), (a_s, a_n, a_steps) = (
+        _clock((fixtures / f"vllm_clock_{w}.txt").read_text()) for w in ("before", "after"))
+    drafts = (_counters((fixtures / "vllm_clock_after.txt").read_text())[0]
+              - _counters((fixtures / "vllm_clock_before.txt").read_text())[0])
+    steps, seconds = (a_steps - b_steps) - (a_n - b_n), a_s - b_s
+    assert steps == drafts == 457  # one draft a decode step
     url = f"sqlite:///{tmp_path / 'r.db'}"
     assert main(["ingest", "--db", url, "--prometheus", str(fixtures / "vllm_clock_after.txt"),
                  "--baseline", str(fixtures / "vllm_clock_before.txt"), "--category", "c",
