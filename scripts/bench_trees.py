@@ -19,6 +19,7 @@ alike). ``--prompts`` is a packaged prompt file of the checkout the driver runs 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -130,6 +131,9 @@ def main() -> None:
     ap.add_argument("--modes", default="fixed:1,fixed:2,fixed:3,auto")
     ap.add_argument("--prompts", default="default,holdout")
     ap.add_argument("--limit", type=int, default=8, help="prompts per file")
+    ap.add_argument("--interleave", action="store_true",
+                    help="take the files' prompts in turn (one of each, then the next of each) "
+                         "rather than file after file: traffic that mixes them")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json")
@@ -153,10 +157,14 @@ def main() -> None:
     if not args.compare:
         ap.error("--compare LABEL=PYTHON LABEL=PYTHON")
     here = Path(__file__).resolve().parent.parent / "autospec" / "prompts"
-    prompts = []
+    files = []
     for name in args.prompts.split(","):
         lines = (here / f"{name}.jsonl").read_text().splitlines()[: args.limit]
-        prompts += [json.loads(x) for x in lines if x.strip()]
+        files.append([json.loads(x) for x in lines if x.strip()])
+    if args.interleave:
+        files = [[p for p in group if p is not None]
+                 for group in itertools.zip_longest(*files)]
+    prompts = [p for group in files for p in group]
     sizes = [int(b) for b in args.batch.split(",")]
     requests = [(b, prompts[i : i + b]) for b in sizes
                 for i in range(0, len(prompts) - b + 1, b)]
@@ -177,7 +185,8 @@ def main() -> None:
                     res = w.run({"prompts": group, "mode": mode,
                                  "max_new": args.max_new_tokens})
                     rows.append({"label": w.label, "rep": rep, "request": r, "batch": b,
-                                 "mode": mode, **res})
+                                 "mode": mode, "category": "+".join(sorted(
+                                     {p.get("category", "?") for p in group})), **res})
                 done += 1
                 if args.json:  # after every unit, so that an interrupted run keeps what it measured
                     Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}))
@@ -222,6 +231,14 @@ def report(rows, labels, sizes, modes, args) -> None:
             print(f"{batch:>2} {mode:9} {statistics.median(ratios):16.3f} "
                   f"{lo:6.3f}–{hi:<6.3f} {sum(x > 1 for x in ratios):3}/{len(ratios):<3} "
                   f"{sp[a]:15.2f} {sp[b]:15.2f} {same:5}/{pairs:<5}")
+            cats = {x["request"]: x.get("category", "?") for x in rows if x["batch"] == batch}
+            for cat in sorted(set(cats.values())) if len(set(cats.values())) > 1 else ():
+                mine = [r for r in ta if cats[r] == cat]
+                cat_sp = {lab: statistics.median(plain[lab][r] / per_token(lab, batch, mode)[r]
+                                                 for r in mine) for lab in labels}
+                print(f"{'':>2}   {cat[:22]:22} {statistics.median(ta[r] / tb[r] for r in mine):3.3f}"
+                      f" {'':14} {sum(ta[r] > tb[r] for r in mine):3}/{len(mine):<3} "
+                      f"{cat_sp[a]:15.2f} {cat_sp[b]:15.2f}")
 
 
 if __name__ == "__main__":

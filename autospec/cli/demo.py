@@ -120,7 +120,8 @@ def run(args, parser) -> int:
               f"{verdict}, identical to plain: {'yes' if same else 'NO'}")
         for line in divergences(target, ids, plain_out, spec_runs, plain_runs, env["dtype"]):
             print(f"    ({line})")
-    busy_costs = [f"{row.path}, batch {row.batch}" for row in ctrl.costs.busy()]
+    busy_costs = [f"{row.path}, batch {row.batch}" + (f", context band {row.band}" if row.band
+                                                       else "") for row in ctrl.costs.busy()]
     note = busy_note(load_before, _load(), cores, threads, scattered, busy_costs)
     print()
     if note:

@@ -26,6 +26,10 @@ class Measurement:
     cost_ema: float = _m(0.2, "weight of a new timing in a cost point's moving average")
     cost_noise: float = _m(0.25, "a live T_t's spread relative to T_t(1): growth within it reads "
                                  "as none when unmeasured points are priced optimistically")
+    context_band: int = _m(512, "cached tokens past which a batch-1 request prices by its own "
+                                "row: prompts of [0, c), [c, 2c), [2c, 4c)… tokens each time "
+                                "their forwards apart (a longer context costs the draft's step "
+                                "more than the target's)")
     catch_up_discount: float = _m(0.98, "the draft model's catch-up fit forgets at this rate "
                                         "per catch-up")
     catch_up_spread: float = _m(0.05, "catch-up sizes vary enough to fit a line (a + b·g) when "
@@ -51,7 +55,7 @@ class Measurement:
     def __post_init__(self):
         def bad(name, rule):
             raise ValueError(f"measurement {name} must be {rule}, got {getattr(self, name)!r}")
-        for name in ("cost_settle", "level_run", "scatter_window", "recent"):
+        for name in ("cost_settle", "level_run", "scatter_window", "recent", "context_band"):
             if getattr(self, name) < 1:
                 bad(name, "≥ 1")
         for name in ("cost_ema", "catch_up_discount", "shape_floor", "marginal"):

@@ -48,9 +48,10 @@ class CostRow:
     points (``cost``), at B > 1 through the table's batch grid (``cost`` reads it there). The
     ``_``-methods run under the table's lock."""
 
-    def __init__(self, table, path: str | None, batch: int):
+    def __init__(self, table, path: str | None, batch: int, band: int = 0):
         self._table, self._path, self._lock = table, table._path(path), table._lock
-        self.path, self.batch = path, int(batch)
+        self.path, self.batch, self.band = path, int(batch), int(band)
+        self._seeded: float | None = None  # a seeded row's T_t(1) from its source (``seed``)
         self.measure = table.measure
         self.ema = self.measure.cost_ema
         self.t_draft: float | None = None  # the model proposer's seconds per proposed token
@@ -75,9 +76,9 @@ class CostRow:
 
     def _copy(self, table) -> CostRow:
         """An independent copy in ``table`` (``CostTable.copy``); under the lock."""
-        new = CostRow(table, self.path, self.batch)
+        new = CostRow(table, self.path, self.batch, self.band)
         for name in ("t_draft", "iterations", "_level_ref", "level_moves", "_busy_until",
-                     "_remeasure_at", "held_out", "costs_from", "_version"):
+                     "_remeasure_at", "held_out", "costs_from", "_version", "_seeded"):
             setattr(new, name, getattr(self, name))
         new.t_lookup, new.t_target, new._floor = (dict(self.t_lookup), dict(self.t_target),
                                                   dict(self._floor))
@@ -86,6 +87,34 @@ class CostRow:
         new.measured = set(self.measured)
         new._recent = {n: deque(v, maxlen=self.measure.recent) for n, v in self._recent.items()}
         return new
+
+    def seed(self, source: CostRow) -> None:
+        """Start a context band's row (``CostTable.at``) from ``source``'s costs, measured at a
+        shorter context: T_t(1) is timed here first (plain steps until it settles: ``ready``),
+        then every other point and T_d are carried to the level measured, in proportion, each
+        replaced at its next sample (T_d re-timed by exploration: ``carried``). Under the
+        lock."""
+        self.t_target, self.t_draft = dict(source.t_target), source.t_draft
+        self.t_lookup, self._floor = dict(source.t_lookup), dict(source._floor)
+        self.costs_from = source.costs_from
+        self._seeded = self.t_target.get(1)
+        if self._seeded:
+            self.t_samples[1] = []  # not settled: measured at this context first
+        self._stale = {n for n in self.t_target if n != 1} | ({0} if self.t_draft else set())
+        self._version += 1
+
+    def _carry_seed(self) -> None:
+        """Once a seeded row's own T_t(1) has settled: its other points and T_d carried from
+        the source's level to it."""
+        factor = self.t_target[1] / self._seeded
+        for n in self._stale:
+            if n == 0:
+                self.t_draft *= factor
+            elif n in self.t_target:
+                self.t_target[n] *= factor
+        self._seeded, self._level_ref = None, self.t_target[1]
+        log.debug("autospec: context band %d's T_t(1) settled at x%.2f its seed's: costs "
+                  "carried over, re-measured", self.band, factor)
 
     @property
     def version(self):
@@ -188,7 +217,9 @@ class CostRow:
                     self.t_target[n] = settle_sample(self.t_samples.setdefault(n, []),
                                                      self.t_target.get(n), target_s,
                                                      p.cost_settle, self.ema)
-                if n == 1:
+                if n == 1 and self._seeded and len(self.t_samples[1]) >= p.cost_settle:
+                    self._carry_seed()
+                elif n == 1:
                     self._check_level()
                 self._path.points += 1
         self.iterations += 1
@@ -376,10 +407,14 @@ class CostRow:
         "+live" once timed live; "batch" at B > 1 (the batch grid)."""
         if self.batch > 1:
             return "batch"
-        if self.costs_from is None:
-            return "live"
-        return self.costs_from + ("+live" if any(self.t_samples.values()) else "")
+        origin = ("live" if self.costs_from is None
+                  else self.costs_from + ("+live" if any(self.t_samples.values()) else ""))
+        if self.band:
+            origin += f", context ≥ {self.measure.context_band << (self.band - 1)}"
+        return origin
 
     def __repr__(self) -> str:
-        return (f"CostRow({self.path!r}, B = {self.batch}: T_t(n) at n = {sorted(self.t_target)}"
+        band = f", context band {self.band}" if self.band else ""
+        return (f"CostRow({self.path!r}, B = {self.batch}{band}: T_t(n) at n = "
+                f"{sorted(self.t_target)}"
                 f", T_d {self.t_draft}, iterations {self.iterations})")

@@ -42,10 +42,11 @@ class _Path:
     how often the grid and the rows' live points changed, and the grid reads cached by
     those."""
 
-    __slots__ = ("rows", "warm_t", "warm_d", "catch_up", "grid", "points", "cache")
+    __slots__ = ("rows", "bands", "warm_t", "warm_d", "catch_up", "grid", "points", "cache")
 
     def __init__(self):
         self.rows: dict[int, CostRow] = {}
+        self.bands: dict[int, CostRow] = {}  # batch 1 past the first context band: band → row
         self.warm_t: dict[int, dict[int, float]] = {}  # B → n → seconds (grid)
         self.warm_d: dict[int, float] = {}  # B → seconds per proposed token (grid)
         self.catch_up = [0.0] * 5  # the model's catch-up fit's discounted sums
@@ -69,9 +70,19 @@ class CostTable:
             got = self._paths[path] = _Path()
         return got
 
-    def at(self, path: str | None, batch: int = 1) -> CostRow:
+    def band(self, context: int) -> int:
+        """The context band of a batch-1 request over ``context`` cached tokens: 0 below
+        ``context_band`` (c), then 1 for [c, 2c), 2 for [2c, 4c), …"""
+        return (max(0, int(context)) // self.measure.context_band).bit_length()
+
+    def at(self, path: str | None, batch: int = 1, context: int = 0) -> CostRow:
         """The row of (``path``, ``batch``), made on first use: what the cost model reads and
-        the accounting feeds for an iteration of ``batch`` rows on ``path``."""
+        the accounting feeds for an iteration of ``batch`` rows on ``path``. At batch 1 a
+        request over ``context`` tokens past the first context band reads its band's own row
+        (``CostRow.band``), started from the nearest band below it (``CostRow.seed``)."""
+        band = self.band(context) if batch == 1 else 0
+        if band:
+            return self._band(path, band)
         got = self._paths.get(path)
         row = got.rows.get(batch) if got is not None else None
         if row is None:
@@ -83,11 +94,28 @@ class CostTable:
                     row = rows[batch] = CostRow(self, path, batch)
         return row
 
+    def _band(self, path: str | None, band: int) -> CostRow:
+        """Batch 1's row of context band ``band`` ≥ 1 on ``path``, made on first use from the
+        nearest band below that has one (band 0: the batch-1 row)."""
+        got = self._paths.get(path)
+        row = got.bands.get(band) if got is not None else None
+        if row is None:
+            below = self.at(path, 1)
+            with self._lock:
+                p = self._path(path)
+                row = p.bands.get(band)
+                if row is None:
+                    lower = [b for b in p.bands if b < band]
+                    row = p.bands[band] = CostRow(self, path, 1, band=band)
+                    row.seed(p.bands[max(lower)] if lower else below)
+        return row
+
     def rows(self) -> list[CostRow]:
-        """Every row made so far, by path and batch size."""
+        """Every row made so far, by path, batch size and context band."""
         with self._lock:
             return [row for key in sorted(self._paths, key=str)
-                    for _, row in sorted(self._paths[key].rows.items())]
+                    for row in [r for _, r in sorted(self._paths[key].rows.items())]
+                    + [r for _, r in sorted(self._paths[key].bands.items())]]
 
     def busy(self) -> list[CostRow]:
         """The rows whose timings say the machine is busy now."""
@@ -103,6 +131,7 @@ class CostTable:
                 mine.warm_d, mine.catch_up = dict(path.warm_d), list(path.catch_up)
                 mine.grid, mine.points = path.grid, path.points
                 mine.rows = {b: row._copy(new) for b, row in path.rows.items()}
+                mine.bands = {b: row._copy(new) for b, row in path.bands.items()}
         return new
 
     # -- the batch grid -----------------------------------------------------------------------

@@ -277,9 +277,12 @@ class Batch:
     @property
     def view(self):
         """The pair's costs at this call's execution path and the rows running (the
-        ``CostRow`` the policy reads and the accounting feeds this iteration)."""
+        ``CostRow`` the policy reads and the accounting feeds this iteration; one row: its
+        prompt's context band's)."""
         if self._view is None:
-            self._view = self.costs.at(self.path, len(self.rows))
+            rows = self.rows
+            self._view = self.costs.at(self.path, len(rows),
+                                       context=rows[0].L if len(rows) == 1 else 0)
         return self._view
 
     def _running(self) -> None:
