@@ -79,8 +79,8 @@ class PinnedCosts(CostTable):
     """A cost table whose batch-1 costs (on every path asked for) are COSTS', set once and
     never measured: every timing handed in is dropped."""
 
-    def at(self, path, batch=1):
-        row = super().at(path, batch)
+    def at(self, path, batch=1, context=0):
+        row = super().at(path, batch, context)
         if not row.t_target:
             row.t_target = dict(GRID)
             row.t_draft, row.t_lookup = COSTS.t_draft, {"ngram": 1e-5, "suffix": 1e-5}
