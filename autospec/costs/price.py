@@ -83,10 +83,12 @@ def interpolate_cost(curve: Mapping[int, float], *, optimistic: bool = False,
 
     optimistic: the cheapest cost the points make plausible instead (docs/policy.md,
     "Optimism about unmeasured costs"), so a policy tries an unmeasured n it might prefer
-    once: at least the highest cost measured at any n' ≤ n; between two points, at least the
-    neighbouring segments continued into the gap, never above the chord; beyond the last
-    point, its cost plus the average slope from the first — each less ``noise`` × the first
-    point's cost, so a rise within timing noise reads as none.
+    once: never below the highest cost measured at any n' ≤ n (a measured point too: where a
+    smaller n cost more, as a one-token forward can on a CPU, it reads at that ceiling);
+    between two points, at least the neighbouring segments continued into the gap, those
+    continuations capped at the chord; beyond the last point, its cost plus the average slope
+    from the first — each less ``noise`` × the first point's cost, so a rise within timing
+    noise reads as none.
     """
     pts = sorted((int(n), float(t)) for n, t in curve.items() if t is not None and t > 0)
     if not pts:
