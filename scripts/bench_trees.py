@@ -131,6 +131,9 @@ def main() -> None:
     ap.add_argument("--modes", default="fixed:1,fixed:2,fixed:3,auto")
     ap.add_argument("--prompts", default="default,holdout")
     ap.add_argument("--limit", type=int, default=8, help="prompts per file")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="every S-th prompt of a file (before --limit): files sorted by "
+                         "category give a few of each")
     ap.add_argument("--interleave", action="store_true",
                     help="take the files' prompts in turn (one of each, then the next of each) "
                          "rather than file after file: traffic that mixes them")
@@ -159,7 +162,7 @@ def main() -> None:
     here = Path(__file__).resolve().parent.parent / "autospec" / "prompts"
     files = []
     for name in args.prompts.split(","):
-        lines = (here / f"{name}.jsonl").read_text().splitlines()[: args.limit]
+        lines = (here / f"{name}.jsonl").read_text().splitlines()[:: args.stride][: args.limit]
         files.append([json.loads(x) for x in lines if x.strip()])
     if args.interleave:
         files = [[p for p in group if p is not None]
