@@ -100,18 +100,29 @@ class CostRow:
         self._seeded = self.t_target.get(1)
         if self._seeded:
             self.t_samples[1] = []  # not settled: measured at this context first
-        self._stale = {n for n in self.t_target if n != 1} | ({0} if self.t_draft else set())
+        self._stale = self._others()
         self._version += 1
 
-    def _carry_seed(self) -> None:
-        """Once a seeded row's own T_t(1) has settled: its other points and T_d carried from
-        the source's level to it."""
-        factor = self.t_target[1] / self._seeded
-        for n in self._stale:
+    def _others(self) -> set[int]:
+        """The points a level carries (n > 1; 0: T_d)."""
+        return {n for n in self.t_target if n != 1} | ({0} if self.t_draft is not None
+                                                      else set())
+
+    def _carry(self, factor: float, points: set[int]) -> None:
+        """``points`` (n; 0: T_d) carried to a level ``factor`` × the one they were measured
+        at, each replaced at its next sample."""
+        for n in points:
             if n == 0:
                 self.t_draft *= factor
-            elif n in self.t_target:
+            else:
                 self.t_target[n] *= factor
+        self._stale |= points
+
+    def _carry_seed(self) -> None:
+        """Once a seeded row's own T_t(1) has settled: the seed's points not re-timed yet
+        carried from the source's level to it."""
+        factor = self.t_target[1] / self._seeded
+        self._carry(factor, set(self._stale))
         self._seeded, self._level_ref = None, self.t_target[1]
         log.debug("autospec: context band %d's T_t(1) settled at x%.2f its seed's: costs "
                   "carried over, re-measured", self.band, factor)
@@ -241,13 +252,7 @@ class CostRow:
         if max(factor, 1 / factor) < p.level_move:
             return
         self.t_target[1] = new
-        for n in self.t_target:
-            if n != 1:
-                self.t_target[n] *= factor
-                self._stale.add(n)
-        if self.t_draft is not None:
-            self.t_draft *= factor
-            self._stale.add(0)
+        self._carry(factor, self._others())
         self._level_ref = new
         self.level_moves += 1
         self._busy_until = self.iterations + p.busy_hold
