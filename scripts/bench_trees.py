@@ -201,6 +201,12 @@ def main() -> None:
     report(rows, labels, sizes, modes, args)
 
 
+def _speedups(plain: dict, t: dict, reqs) -> dict:
+    """Each checkout's median speedup over its own plain decoding on the requests ``reqs``
+    (``plain``, ``t``: checkout → request → seconds per token)."""
+    return {lab: statistics.median(plain[lab][r] / t[lab][r] for r in reqs) for lab in t}
+
+
 def report(rows, labels, sizes, modes, args) -> None:
     a, b = labels
 
@@ -220,11 +226,11 @@ def report(rows, labels, sizes, modes, args) -> None:
     for batch in sizes:
         plain = {lab: per_token(lab, batch, "plain") for lab in labels}
         for mode in modes:
-            ta, tb = per_token(a, batch, mode), per_token(b, batch, mode)
+            t = {lab: per_token(lab, batch, mode) for lab in labels}
+            ta, tb = t[a], t[b]
             ratios = [ta[r] / tb[r] for r in ta]
             lo, hi = bootstrap(ratios)
-            sp = {lab: statistics.median(plain[lab][r] / per_token(lab, batch, mode)[r]
-                                         for r in ta) for lab in labels}
+            sp = _speedups(plain, t, ta)
             outs = {(x["request"], x["rep"]): [] for x in rows}
             for x in rows:
                 if x["batch"] == batch and x["mode"] == mode:
@@ -237,8 +243,7 @@ def report(rows, labels, sizes, modes, args) -> None:
             cats = {x["request"]: x.get("category", "?") for x in rows if x["batch"] == batch}
             for cat in sorted(set(cats.values())) if len(set(cats.values())) > 1 else ():
                 mine = [r for r in ta if cats[r] == cat]
-                cat_sp = {lab: statistics.median(plain[lab][r] / per_token(lab, batch, mode)[r]
-                                                 for r in mine) for lab in labels}
+                cat_sp = _speedups(plain, t, mine)
                 print(f"{'':>2}   {cat[:22]:22} {statistics.median(ta[r] / tb[r] for r in mine):3.3f}"
                       f" {'':14} {sum(ta[r] > tb[r] for r in mine):3}/{len(mine):<3} "
                       f"{cat_sp[a]:15.2f} {cat_sp[b]:15.2f}")
