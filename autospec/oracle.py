@@ -16,6 +16,12 @@ up on, a request it never drafted) counts as accepted, so that the least time st
 bound — looser there, never wrong. (Counted as a miss, it made a request the draft model
 never ran on read above 100 % of perfect foresight.) Catch-ups are not charged; a lookup block
 costs ``T_LOOKUP``.
+
+A policy's share of perfect foresight (least ÷ the time it took) is two factors
+(``scheduled_seconds``): its **choices** — least ÷ the schedule it ran, priced the same way —
+and its **execution** — that priced schedule ÷ the time it took: what the run spent beyond its
+forwards' median prices (the loop's host time, catch-ups, forwards slower than their median),
+which a choice of k touches only through how many iterations and catch-ups it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from autospec.traces import (
     decode_trace_value,
 )
 
-__all__ = ["K_MAX", "T_LOOKUP", "Prices", "least_seconds", "may_use"]
+__all__ = ["K_MAX", "T_LOOKUP", "Prices", "least_seconds", "may_use", "scheduled_seconds"]
 
 K_MAX = 16
 T_LOOKUP = 0.0005  # seconds per lookup block, generous
@@ -129,6 +135,19 @@ def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], p
                     for j in range(1, K_MAX + 1 - m):
                         go(p + m + min(j, run) + 1, T_LOOKUP + j * td + prices(m + j + 1))
     return best[n]
+
+
+def scheduled_seconds(target_s_by_n: Mapping, draft_forwards: int, lookup_blocks: int,
+                      prices: Prices) -> float:
+    """The schedule a request ran, priced as ``least_seconds`` prices perfect foresight's: each
+    of its target forwards after the prefill (``target_s_by_n``: n → that width's timings, a
+    list or one) at T_t(n), each model forward at T_d, each lookup block at ``T_LOOKUP``;
+    catch-ups charged on neither side. least ÷ this is how near its choices came."""
+    seconds = sum((len(v) if isinstance(v, (list, tuple)) else 1) * prices(int(n))
+                  for n, v in target_s_by_n.items())
+    if draft_forwards:
+        seconds += draft_forwards * prices.t_draft
+    return seconds + lookup_blocks * T_LOOKUP
 
 
 def may_use(mode: str, proposers: Iterable[str], model: str | None) -> set[str]:

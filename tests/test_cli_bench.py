@@ -672,10 +672,20 @@ def test_each_autospec_mode_is_measured_against_perfect_foresight(models, tok):
     want = fixed.seen["prefill_s"] + least_seconds(fixed.new_tokens, fixed.seen["traces"],
                                                    {"draft"}, prices, model=fixed.seen["model"])
     assert fixed.foresight == pytest.approx(want / fixed.wall_s)
+    # its choices: the same least time over the schedule it ran at those prices — every
+    # target forward after the prefill at its width's price, every draft forward at T_d
+    ran = fixed.seen["prefill_s"] + sum(len(v) * prices(n) for n, v in
+                                        fixed.seen["target_s_by_n"].items())
+    ran += fixed.seen["draft_forwards"] * prices.t_draft
+    assert fixed.seen["lookup_blocks"] == 0 and fixed.choices == pytest.approx(want / ran)
+    assert 0 < fixed.choices <= 1 + 1e-9  # its own schedule is one perfect foresight weighed
+    auto = [r for r in spec if r.mode == "policy:auto"]
+    assert all(r.choices is not None for r in auto)
     rows = {(r["category"], r["mode"]): r for r in res.rows}
     assert rows[("copy", "ngram:3")]["foresight"] is not None
     assert rows[("overall", "plain")]["foresight"] is None
     assert rows[("overall", "policy:auto")]["foresight"] is not None
-    assert "foresight" in format_table(res)
+    assert rows[("overall", "autospec:3")]["choices"] is not None
+    assert "foresight" in format_table(res) and "choices" in format_table(res)
     runs = res.to_json()["runs"]
     assert "seen" not in json.dumps(runs) and all("foresight" in r for r in runs)

@@ -115,6 +115,25 @@ def test_foresight_is_never_slower_than_any_fixed_k_or_plain():
         assert plain == pytest.approx((n - 1) * prices(1))
 
 
+def test_the_schedule_run_is_priced_as_foresight_prices_it():
+    """``scheduled_seconds``: the forwards a request ran at the same prices as perfect
+    foresight's (catch-ups on neither side), so least ÷ it is how near its choices came: 1
+    where it ran the oracle's own schedule, less for a worse one."""
+    prices = orc.Prices({1: 0.10, 4: 0.20}, t_draft=0.02)
+    # widths as the store keeps them (strings) or the loop (ints); one timing or a list
+    ran = orc.scheduled_seconds({"1": [0.5, 0.7], 4: [9.0], "2": 0.3}, 3, 2, prices)
+    assert ran == pytest.approx(2 * 0.10 + 0.20 + (0.10 + (0.20 - 0.10) / 3)
+                                + 3 * 0.02 + 2 * orc.T_LOOKUP)
+    assert orc.scheduled_seconds({1: [1.0]}, 0, 0, orc.Prices({1: 0.1}, float("inf"))) == 0.1
+    # every draft token accepted, T_t flat: the oracle drafts 8 in one block, positions 1 → 10
+    draft = bytes([1] * N)
+    best = orc.least_seconds(N, {"draft": draft}, {"draft"}, Flat(), model="draft")
+    assert best == pytest.approx(8 * 0.1 + 1.0)
+    assert best / orc.scheduled_seconds({9: [1.0]}, 8, 0, Flat()) == pytest.approx(1.0)
+    # k = 2 on the same trace: three blocks of 2 (positions 1 → 4 → 7 → 10)
+    assert best / orc.scheduled_seconds({3: [1.0] * 3}, 6, 0, Flat()) == pytest.approx(0.5)
+
+
 def test_prices_pool_the_measured_forwards():
     class R:
         def __init__(self, by_n, draft_s, forwards):
@@ -178,5 +197,12 @@ def test_report_measures_each_policy_against_perfect_foresight(tmp_path):
                                          {"draft"}, prices, model="draft")) / r.wall_s
         for r in rows if r.policy == "fixed:3")
     assert fixed["share"] == pytest.approx(want)
-    assert "7. foresight" in render_text(rep)
-    assert "perfect foresight" in render_html(rep)
+    want = statistics.median(
+        (r.prefill_s + orc.least_seconds(r.new_tokens, {"draft": props[r.id]["draft"].trace},
+                                         {"draft"}, prices, model="draft"))
+        / (r.prefill_s + orc.scheduled_seconds(r.target_s_by_n, r.draft_forwards, 0, prices))
+        for r in rows if r.policy == "fixed:3")
+    assert fixed["choices"] == pytest.approx(want) and 0 < fixed["choices"] <= 1 + 1e-9
+    text, html = render_text(rep), render_html(rep)
+    assert "7. foresight" in text and "choices" in text
+    assert "perfect foresight" in html and "choices" in html

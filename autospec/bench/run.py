@@ -618,7 +618,8 @@ def _seen(stats) -> dict | None:
             "model": stats.model, "proposers": list(stats.proposers or stats.counts),
             "prefill_s": stats.prefill_s,
             "target_s_by_n": {n: list(v) for n, v in stats.target_s_by_n.items()},
-            "draft_s": stats.draft_s, "draft_forwards": stats.draft_forwards}
+            "draft_s": stats.draft_s, "draft_forwards": stats.draft_forwards,
+            "lookup_blocks": sum(c.blocks for n, c in stats.counts.items() if n != stats.model)}
 
 
 def _explain_divergences(records: list[RunRecord], encoded, runner) -> None:

@@ -49,9 +49,11 @@ class RunRecord:
     lookups: dict[str, list[int]] | None = None
     # autospec, greedy: the request's traces and forwards, what perfect foresight is priced
     # from (``autospec.oracle``; not written to JSON); then its time as a share of the
-    # foresight's over the proposers the mode may use (``foresight_of``)
+    # foresight's over the proposers the mode may use, and that least time over the schedule
+    # it ran priced the same way — how near its choices came (``foresight_of``)
     seen: dict | None = field(default=None, repr=False)
     foresight: float | None = None
+    choices: float | None = None
 
 
 def _lookups(runs: Sequence[RunRecord]) -> dict[str, dict]:
@@ -226,8 +228,10 @@ def foresight_of(records: Sequence[RunRecord]) -> None:
     """Each autospec record's ``foresight``: the least time perfect foresight would have taken
     on its request (``autospec.oracle.least_seconds`` over the proposers its mode may use, from
     the record's own traces, plus its prefill) over the time it took — priced by every
-    forward the run measured, pooled (the same machine state). Greedy records only."""
-    from autospec.oracle import Prices, least_seconds, may_use
+    forward the run measured, pooled (the same machine state) — and ``choices``: that least
+    time over the schedule it ran priced the same way (``oracle.scheduled_seconds``, plus its
+    prefill). Greedy records only."""
+    from autospec.oracle import Prices, least_seconds, may_use, scheduled_seconds
 
     seen = [r for r in records if r.seen is not None]
     prices = Prices.of(_Forwards(r.seen) for r in seen)
@@ -241,6 +245,9 @@ def foresight_of(records: Sequence[RunRecord]) -> None:
         best = s["prefill_s"] + least_seconds(r.new_tokens, s["traces"], allowed, prices,
                                               model=s["model"])
         r.foresight = best / r.wall_s
+        ran = s["prefill_s"] + scheduled_seconds(s["target_s_by_n"], s["draft_forwards"],
+                                                 s.get("lookup_blocks", 0), prices)
+        r.choices = best / ran if ran > 0 else None
 
 
 class _Forwards:
@@ -288,6 +295,7 @@ def _row(category: str, runs: list[RunRecord], plain: dict, greedy: bool) -> dic
         "k_settled": _settled(runs),
         "divergences": divergences,
         "foresight": _median(r.foresight for r in runs),
+        "choices": _median(r.choices for r in runs),
     }
     # the cost model's S(k) = E[N]·T_t(1) / (k·T_d + T_t(k+1)) from this row's own measurements
     k, t1, tk, td = row["k"], row["t_target_1_ms"], row["t_target_k1_ms"], row["t_draft_ms"]

@@ -147,7 +147,8 @@ _COLUMNS = (  # header, row key, format
     ("Tt(k+1) ms", "t_target_k1_ms", ".1f"), ("Td ms", "t_draft_ms", ".1f"),
     ("S(k) model", "predicted_speedup", ".2f"), ("k used", "k_settled", ""),
     ("oracle k*", "oracle_k", ""), ("oracle S", "oracle_speedup", ".2f"),
-    ("foresight", "foresight", ".0%"), ("identical", "identical", ""),
+    ("foresight", "foresight", ".0%"), ("choices", "choices", ".0%"),
+    ("identical", "identical", ""),
 )
 
 
@@ -251,7 +252,9 @@ def format_table(result) -> str:
         "in a policy mode (alpha is then the draft model's alone); foresight = the time perfect "
         "foresight would take over the proposers the mode may use (every outcome known, each "
         "block stopped where acceptance ends, priced by this run's forwards) ÷ the mode's "
-        "time, median per request (greedy)",
+        "time, median per request (greedy); choices = that time ÷ the schedule the mode ran "
+        "priced the same way (what a better choice of k could gain: the rest of the distance "
+        "is the loop's time beyond its forwards' median prices)",
     ]
     lines += [_head_to_head_line(h) for h in result.head_to_head if "batch" not in h]
     skipped = {b["mode"]: b["reason"] for b in result.batches

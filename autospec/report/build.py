@@ -471,13 +471,14 @@ def _served_paths(s) -> dict[tuple[str, int], str]:
 def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dict]:
     """Per policy, the median over the category's latest ``recent`` greedy batch-1 requests of
     perfect foresight's time over the proposers the policy may use (``autospec.oracle``, from
-    each request's own traces, plus its prefill) ÷ the request's time — priced by those
-    requests' forwards, pooled."""
+    each request's own traces, plus its prefill) ÷ the request's time ("share"), and ÷ the
+    schedule it ran priced the same way ("choices": ``oracle.scheduled_seconds``) — priced by
+    those requests' forwards, pooled."""
     import statistics
 
     from sqlalchemy import select
 
-    from autospec.oracle import Prices, least_seconds, may_use
+    from autospec.oracle import Prices, least_seconds, may_use, scheduled_seconds
     from autospec.store import queries
     from autospec.store.tables import Request
     from autospec.store.write import category_key
@@ -495,6 +496,7 @@ def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dic
         return {}
     props = queries.request_proposers(s, [r.id for r in rows])
     shares: dict[str, list[float]] = {}
+    choices: dict[str, list[float]] = {}
     used: dict[str, set[str]] = {}
     for r in rows:
         mine = props.get(r.id, {})
@@ -504,9 +506,14 @@ def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dic
         if not allowed or not allowed <= set(traces):
             continue  # a proposer it may use left no trace
         best = r.prefill_s + least_seconds(r.new_tokens, traces, allowed, prices, model=model)
+        ran = r.prefill_s + scheduled_seconds(
+            r.target_s_by_n or {}, r.draft_forwards or 0,
+            sum(p.blocks for p in mine.values() if p.kind == "lookup"), prices)
         shares.setdefault(r.policy, []).append(best / r.wall_s)
+        choices.setdefault(r.policy, []).append(best / ran)
         used.setdefault(r.policy, set()).update(allowed)
     return {pol: {"requests": len(v), "share": statistics.median(v),
+                  "choices": statistics.median(choices[pol]),
                   "proposers": sorted(used[pol])} for pol, v in shares.items()}
 
 

@@ -28,6 +28,8 @@ from autospec.report.svg import (
     placeholder,
 )
 from autospec.report.text import (
+    FORESIGHT_HEAD,
+    FORESIGHT_NOTE,
     _batch_headline,
     _bucket_name,
     _ms,
@@ -37,6 +39,7 @@ from autospec.report.text import (
     _x,
     cost_points,
     estimates,
+    foresight_rows,
     lookup_lines,
     proposer_rows,
     proposers_headline,
@@ -299,13 +302,8 @@ def _foresight_html(fs: dict, category: str) -> list[str]:
     pol, v = max(fs.items(), key=lambda kv: kv[1]["requests"])
     out = [f"<h3>Foresight</h3><p><b>{_h(pol)} reached {v['share']:.0%} of perfect foresight "
            f"on {_h(clip(category, 60))}</b> ({v['requests']} requests).</p>"]
-    rows = [[p, str(x["requests"]), f"{x['share']:.0%}", ", ".join(x["proposers"])]
-            for p, x in sorted(fs.items(), key=lambda kv: -kv[1]["requests"])]
-    out.append(_html_table(["policy", "requests", "share", "proposers it may use"], rows))
-    out.append("<p class=\"small\">share = the least time any choice among those proposers "
-               "could have taken, knowing every outcome (each block stopped where acceptance "
-               "ends, priced by these requests' own forwards) ÷ the time the policy took; "
-               "median per request over the latest greedy batch-1 requests.</p>")
+    out.append(_html_table(FORESIGHT_HEAD, foresight_rows(fs)))
+    out.append(f"<p class=\"small\">{_h(FORESIGHT_NOTE)}.</p>")
     return out
 
 

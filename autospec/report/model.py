@@ -262,7 +262,8 @@ class Workload:
     why: Any = None
     # 7. each policy's time as a share of perfect foresight's over the proposers it may use,
     # from the latest greedy batch-1 requests' traces (``foresight_view``): policy →
-    # {"requests", "share" (median), "proposers"}; empty: none to price
+    # {"requests", "share" (median), "choices" (median: that least time ÷ the schedule run,
+    # priced alike), "proposers"}; empty: none to price
     foresight: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the execution path that served most of the workload's requests, any batch size ("eager",
     # "static", …; "vllm": a vLLM server's, through autospec's custom_class proposer); None:

@@ -354,20 +354,31 @@ def why_text(w, category: str) -> list[str]:
     return out
 
 
+FORESIGHT_HEAD = ["policy", "requests", "share", "choices", "proposers it may use"]
+FORESIGHT_NOTE = ("share = the least time any choice among those proposers could have taken, "
+                  "knowing every outcome — each block stopped where acceptance ends, priced by "
+                  "these requests' own forwards — ÷ the time the policy took; choices = that "
+                  "least time ÷ the schedule the policy ran, priced the same way: what a better "
+                  "choice could gain (the rest is the loop's time beyond its forwards' median "
+                  "prices); medians per request, the latest greedy batch-1 requests")
+
+
+def foresight_rows(fs: dict) -> list[list[str]]:
+    """Section 7's table, most requests first (text and HTML alike)."""
+    return [[p, str(x["requests"]), f"{x['share']:.0%}",
+             f"{x['choices']:.0%}" if x.get("choices") is not None else "-",
+             ", ".join(x["proposers"])]
+            for p, x in sorted(fs.items(), key=lambda kv: -kv[1]["requests"])]
+
+
 def foresight_text(fs: dict, category: str) -> list[str]:
     """Section 7: each policy's distance from perfect foresight on this workload."""
     best = max(fs.items(), key=lambda kv: kv[1]["requests"])
     pol, v = best
     out = ["", *_wrap(f"7. foresight: {pol} reached {v['share']:.0%} of perfect foresight on "
                       f"{clip(category, 40)} ({v['requests']} requests)")]
-    rows = [[p, str(x["requests"]), f"{x['share']:.0%}", ", ".join(x["proposers"])]
-            for p, x in sorted(fs.items(), key=lambda kv: -kv[1]["requests"])]
-    out += ["   " + line for line in table(["policy", "requests", "share", "proposers it may use"],
-                                           rows).splitlines()]
-    out += _wrap("   (share = the least time any choice among those proposers could have taken, "
-                 "knowing every outcome — each block stopped where acceptance ends, priced by "
-                 "these requests' own forwards — ÷ the time the policy took; median per "
-                 "request, the latest greedy batch-1 requests)")
+    out += ["   " + line for line in table(FORESIGHT_HEAD, foresight_rows(fs)).splitlines()]
+    out += _wrap(f"   ({FORESIGHT_NOTE})")
     return out
 
 
