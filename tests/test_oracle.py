@@ -18,6 +18,10 @@ SPEC = importlib.util.spec_from_file_location(
     "oracle_bound", Path(__file__).resolve().parents[1] / "scripts" / "oracle_bound.py")
 oracle_bound = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(oracle_bound)
+SPEC = importlib.util.spec_from_file_location(
+    "stop_bound", Path(__file__).resolve().parents[1] / "scripts" / "stop_bound.py")
+stop_bound = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(stop_bound)
 
 
 class Flat:
@@ -132,6 +136,27 @@ def test_the_schedule_run_is_priced_as_foresight_prices_it():
     assert best / orc.scheduled_seconds({9: [1.0]}, 8, 0, Flat()) == pytest.approx(1.0)
     # k = 2 on the same trace: three blocks of 2 (positions 1 → 4 → 7 → 10)
     assert best / orc.scheduled_seconds({3: [1.0] * 3}, 6, 0, Flat()) == pytest.approx(0.5)
+
+
+def test_a_stopping_rule_replays_by_hand():
+    """``scripts/stop_bound.py``'s replay: blocks end where the rule says (the token that ends
+    them kept) or at the request's end, each priced k · T_d + T_t(k + 1), advancing past the
+    accepted tokens and the target's own; never faster than perfect foresight."""
+    trace = bytes([255, 1, 1, 0, 1, 1, 1, 1, 1, 1])
+    conf = bytes([255, 250, 250, 40, 250, 250, 30, 250, 250, 250])
+    # k = 3: positions 1-3 (2 accepted) → 4-6 (3) → 8-9 (the last two, cut at the end)
+    fixed = stop_bound.run(N, trace, conf, Flat(), lambda p, i: i + 1 >= 3)
+    assert fixed == pytest.approx(3 * 0.1 + 1 + 3 * 0.1 + 1 + 2 * 0.1 + 1)
+    # stop after a token below confidence 0.5: 1-3 (3 is the doubtful one: 2 accepted) →
+    # 4-6 (6 doubtful, all 3 accepted) → 8-9
+    doubt = stop_bound.run(N, trace, conf, Flat(),
+                           lambda p, i: i + 1 >= 16 or conf[p + i] < 127)
+    assert doubt == pytest.approx(fixed)
+    # never stopping before 16: 1-9 (2 accepted) → 4-9 (all six)
+    assert stop_bound.run(N, trace, conf, Flat(), lambda p, i: i + 1 >= 16) == pytest.approx(
+        9 * 0.1 + 1 + 6 * 0.1 + 1)
+    best = orc.least_seconds(N, {"draft": trace}, {"draft"}, Flat(), model="draft")
+    assert best <= min(fixed, doubt) + 1e-12
 
 
 def test_prices_pool_the_measured_forwards():
