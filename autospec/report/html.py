@@ -32,6 +32,7 @@ from autospec.report.text import (
     FORESIGHT_NOTE,
     _batch_headline,
     _bucket_name,
+    _choices,
     _ms,
     _speed_line,
     _summary_speedup,
@@ -301,7 +302,7 @@ def _foresight_html(fs: dict, category: str) -> list[str]:
     """Each policy against perfect foresight (the text's section 7)."""
     pol, v = max(fs.items(), key=lambda kv: kv[1]["requests"])
     out = [f"<h3>Foresight</h3><p><b>{_h(pol)} reached {v['share']:.0%} of perfect foresight "
-           f"on {_h(clip(category, 60))}</b> ({v['requests']} requests).</p>"]
+           f"on {_h(clip(category, 60))}</b> ({v['requests']} requests{_choices(v)}).</p>"]
     out.append(_html_table(FORESIGHT_HEAD, foresight_rows(fs)))
     out.append(f"<p class=\"small\">{_h(FORESIGHT_NOTE)}.</p>")
     return out

@@ -363,6 +363,11 @@ FORESIGHT_NOTE = ("share = the least time any choice among those proposers could
                   "prices); medians per request, the latest greedy batch-1 requests")
 
 
+def _choices(v: dict) -> str:
+    """"; its choices N %" where the choices' share is known (section 7's headline)."""
+    return f"; its choices {v['choices']:.0%}" if v.get("choices") is not None else ""
+
+
 def foresight_rows(fs: dict) -> list[list[str]]:
     """Section 7's table, most requests first (text and HTML alike)."""
     return [[p, str(x["requests"]), f"{x['share']:.0%}",
@@ -376,7 +381,7 @@ def foresight_text(fs: dict, category: str) -> list[str]:
     best = max(fs.items(), key=lambda kv: kv[1]["requests"])
     pol, v = best
     out = ["", *_wrap(f"7. foresight: {pol} reached {v['share']:.0%} of perfect foresight on "
-                      f"{clip(category, 40)} ({v['requests']} requests)")]
+                      f"{clip(category, 40)} ({v['requests']} requests){_choices(v)}")]
     out += ["   " + line for line in table(FORESIGHT_HEAD, foresight_rows(fs)).splitlines()]
     out += _wrap(f"   ({FORESIGHT_NOTE})")
     return out
