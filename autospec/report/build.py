@@ -510,10 +510,11 @@ def foresight_view(s, category: str, pair_id: int, recent: int) -> dict[str, dic
             r.target_s_by_n or {}, r.draft_forwards or 0,
             sum(p.blocks for p in mine.values() if p.kind == "lookup"), prices)
         shares.setdefault(r.policy, []).append(best / r.wall_s)
-        choices.setdefault(r.policy, []).append(best / ran)
+        if ran > 0:  # a forward's timing was lost: its share stands, its choices do not
+            choices.setdefault(r.policy, []).append(best / ran)
         used.setdefault(r.policy, set()).update(allowed)
     return {pol: {"requests": len(v), "share": statistics.median(v),
-                  "choices": statistics.median(choices[pol]),
+                  "choices": statistics.median(choices[pol]) if pol in choices else None,
                   "proposers": sorted(used[pol])} for pol, v in shares.items()}
 
 
