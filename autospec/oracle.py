@@ -37,7 +37,7 @@ from autospec.traces import (
     decode_trace_value,
 )
 
-__all__ = ["K_MAX", "T_LOOKUP", "Prices", "least_seconds", "may_use", "scheduled_seconds"]
+__all__ = ["K_MAX", "T_LOOKUP", "Prices", "leading", "least_seconds", "may_use", "scheduled_seconds"]
 
 K_MAX = 16
 T_LOOKUP = 0.0005  # seconds per lookup block, generous
@@ -82,7 +82,7 @@ class Prices:
         return self.t[lo] + (self.t[hi] - self.t[lo]) * (n - lo) / (hi - lo)
 
 
-def _lead(trace, p: int, k: int) -> int:
+def leading(trace, p: int, k: int) -> int:
     """Leading positions from ``p`` (at most k) where the model's prediction held, or was
     never observed (a lower bound's benefit of the doubt)."""
     a = 0
@@ -123,7 +123,7 @@ def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], p
 
         go(p + 1, prices(1))
         if draft is not None:
-            run = _lead(draft, p, K_MAX)  # a block of k accepts min(k, run)
+            run = leading(draft, p, K_MAX)  # a block of k accepts min(k, run)
             for k in range(1, K_MAX + 1):
                 go(p + min(k, run) + 1, k * td + prices(k + 1))
         for trace in lookups:
@@ -131,7 +131,7 @@ def least_seconds(n: int, traces: Mapping[str, bytes], allowed: Iterable[str], p
             if m:
                 go(p + m + 1, T_LOOKUP + prices(m + 1))
                 if hybrid and draft is not None:
-                    run = _lead(draft, p + m, K_MAX - m)
+                    run = leading(draft, p + m, K_MAX - m)
                     for j in range(1, K_MAX + 1 - m):
                         go(p + m + min(j, run) + 1, T_LOOKUP + j * td + prices(m + j + 1))
     return best[n]

@@ -47,7 +47,7 @@ from collections import defaultdict
 from sqlalchemy import select
 
 from autospec.costs.price import best_k, expected_tokens
-from autospec.oracle import K_MAX, Prices, least_seconds
+from autospec.oracle import K_MAX, Prices, leading, least_seconds
 from autospec.policies.stopping import BINS, bin_of, calibrated, stop_rule
 from autospec.store import open_store, queries
 from autospec.store.tables import Request
@@ -69,11 +69,8 @@ def run(n: int, trace: bytes, conf: bytes, prices, stop) -> float:
             if p + k - 1 >= len(trace) or stop(p, k - 1):
                 break
         k = min(k, max(1, n - p))
-        a = 0
-        while a < k and trace[p + a] in (1, UNOBSERVED):  # as perfect foresight reads it
-            a += 1
         seconds += k * prices.t_draft + prices(k + 1)
-        p += a + 1
+        p += leading(trace, p, k) + 1  # its accepted tokens, as perfect foresight reads them
     return seconds
 
 

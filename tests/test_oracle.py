@@ -96,7 +96,7 @@ def _fixed_k_seconds(n: int, draft: bytes, k: int, prices) -> float:
     """A schedule of draft blocks of k from position 1, priced as the oracle prices them."""
     p, seconds = 1, 0.0
     while p < n:
-        a = orc._lead(draft, p, k)
+        a = orc.leading(draft, p, k)
         seconds += k * prices.t_draft + prices(k + 1)
         p += a + 1
     return seconds
