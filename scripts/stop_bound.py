@@ -48,7 +48,7 @@ from sqlalchemy import select
 
 from autospec.costs.price import best_k, expected_tokens
 from autospec.oracle import K_MAX, Prices, leading, least_seconds
-from autospec.policies.stopping import BINS, bin_of, calibrated, stop_rule
+from autospec.policies.stopping import BINS, StopRule, bin_of, calibrated, stop_rule
 from autospec.store import open_store, queries
 from autospec.store.tables import Request
 from autospec.traces import CONFIDENCE_SCALE, UNOBSERVED
@@ -56,7 +56,20 @@ from autospec.traces import CONFIDENCE_SCALE, UNOBSERVED
 THRESHOLDS = [i / 20 for i in range(1, 20)]
 
 
-def run(n: int, trace: bytes, conf: bytes, prices, stop) -> float:
+def by_rule(rule: StopRule):
+    """``stop`` for ``run`` from a ``StopRule``: the block's survival q read token by token
+    from each one's confidence (``conf``), ending where the rule says or at its longest."""
+    def stop(conf: bytes, p: int, i: int) -> bool:
+        if i + 1 >= rule.longest:
+            return True
+        q = 1.0
+        for j in range(i + 1):
+            q = rule.step(j, q, conf[p + j])
+        return rule.stops(i, q)
+    return stop
+
+
+def run(n: int, trace: bytes, prices, stop) -> float:
     """Seconds to emit positions 1 … n − 1 drafting blocks that end where ``stop(p, i)``
     says: after token i + 1 of the block from position p, that token kept (the live rule's
     way: a token's confidence comes with its draft step); each block priced k · T_d +
@@ -127,23 +140,15 @@ def main(argv=None) -> None:
         accept = [h / s if s else 0.0 for h, s in zip(hits, seen)]
 
         def share(stop, rs=rs, best=best) -> float:
-            return statistics.median(b / (p + run(n, t, c, prices, lambda q, i, c=c: stop(c, q, i)))
+            return statistics.median(b / (p + run(n, t, prices, lambda at, i, c=c: stop(c, at, i)))
                                      for b, (_, n, p, t, c) in zip(best, rs))
 
         fixed = max((share(lambda c, p, i, k=k: i + 1 >= k), k) for k in range(1, K_MAX + 1))
         thresh = max((share(lambda c, p, i, k=k, tau=tau: i + 1 >= k
                             or c[p + i] < tau * CONFIDENCE_SCALE), (tau, k))
                      for k in range(1, K_MAX + 1) for tau in THRESHOLDS)
-
-        def product_stop(c, p, i, k, tau, accept=accept):
-            if i + 1 >= k:
-                return True
-            q = 1.0
-            for j in range(i + 1):
-                q *= accept[bin_of(c[p + j])]
-            return q < tau
-
-        prod = max((share(lambda c, p, i, k=k, tau=tau: product_stop(c, p, i, k, tau)), (tau, k))
+        # the survival product at a flat bar τ over at most K tokens (a rule of auto's shape)
+        prod = max((share(by_rule(StopRule(tuple(accept), (tau,) * (k - 1)))), (tau, k))
                    for k in range(1, K_MAX + 1) for tau in THRESHOLDS)
         # auto's own rule, built as live from the category's acceptance (hindsight) and the
         # store's prices: its bars priced at the block of best S over 1 … K_MAX
@@ -154,15 +159,7 @@ def main(argv=None) -> None:
         rule = stop_rule(calibrated(hits, seen), curve, prices.t_draft, prices,
                          (k_star * prices.t_draft + prices(k_star + 1)) / tokens, K_MAX)
 
-        def live_stop(c, p, i, rule=rule):
-            if i + 1 >= rule.longest:
-                return True
-            q = 1.0
-            for j in range(i + 1):
-                q = rule.step(j, q, c[p + j])
-            return rule.stops(i, q)
-
-        live = share(lambda c, p, i: live_stop(c, p, i))
+        live = share(by_rule(rule))
         print(f"{cat:14s} {len(rs):8d}  {fixed[0]:6.0%} k = {fixed[1]:<3d} "
               f"{thresh[0]:6.0%} τ {thresh[1][0]:.2f}, K {thresh[1][1]:<3d} "
               f"{prod[0]:6.0%} τ {prod[1][0]:.2f}, K {prod[1][1]:<3d} "

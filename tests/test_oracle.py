@@ -145,15 +145,22 @@ def test_a_stopping_rule_replays_by_hand():
     trace = bytes([255, 1, 1, 0, 1, 1, 1, 1, 1, 1])
     conf = bytes([255, 250, 250, 40, 250, 250, 30, 250, 250, 250])
     # k = 3: positions 1-3 (2 accepted) → 4-6 (3) → 8-9 (the last two, cut at the end)
-    fixed = stop_bound.run(N, trace, conf, Flat(), lambda p, i: i + 1 >= 3)
+    fixed = stop_bound.run(N, trace, Flat(), lambda p, i: i + 1 >= 3)
     assert fixed == pytest.approx(3 * 0.1 + 1 + 3 * 0.1 + 1 + 2 * 0.1 + 1)
     # stop after a token below confidence 0.5: 1-3 (3 is the doubtful one: 2 accepted) →
     # 4-6 (6 doubtful, all 3 accepted) → 8-9
-    doubt = stop_bound.run(N, trace, conf, Flat(),
+    doubt = stop_bound.run(N, trace, Flat(),
                            lambda p, i: i + 1 >= 16 or conf[p + i] < 127)
     assert doubt == pytest.approx(fixed)
+    # the same through a StopRule: every token read at its bin's acceptance (1 above
+    # confidence 0.5, 0.1 below), the block ending where survival falls under 0.5
+    bins = stop_bound.BINS
+    rule = stop_bound.StopRule(tuple(0.1 if b < bins // 2 else 1.0 for b in range(bins)),
+                               (0.5,) * 15)
+    ruled = stop_bound.run(N, trace, Flat(), lambda p, i: stop_bound.by_rule(rule)(conf, p, i))
+    assert ruled == pytest.approx(fixed)
     # never stopping before 16: 1-9 (2 accepted) → 4-9 (all six)
-    assert stop_bound.run(N, trace, conf, Flat(), lambda p, i: i + 1 >= 16) == pytest.approx(
+    assert stop_bound.run(N, trace, Flat(), lambda p, i: i + 1 >= 16) == pytest.approx(
         9 * 0.1 + 1 + 6 * 0.1 + 1)
     best = orc.least_seconds(N, {"draft": trace}, {"draft"}, Flat(), model="draft")
     assert best <= min(fixed, doubt) + 1e-12
