@@ -186,6 +186,66 @@ def test_costmodel_speculates_by_each_rows_tokens_left():
     assert policy.choose(ctx) == together  # no per-row counts: every row has ``remaining``
 
 
+def _lookup_rows(agree: int) -> LiveStats:
+    """A category whose prompt lookup, from a 3-token match, holds ``agree`` of 16 tokens (its
+    shadows) and whose draft model is accepted 0.2 of the time."""
+    stats = warm_stats(0.2)
+    for _ in range(40):
+        stats.observe_shadow("ngram", 3, agree, 16)
+    return stats
+
+
+def test_a_lookup_block_is_worth_what_it_brings_the_batch_end_closer():
+    """B = 16 on costs nearly flat in the rows (a row adds 2 ms to a 244 ms step, as the
+    default pair's in bf16 on a CPU): prompt lookup matching 11 rows of 16, all with 48 tokens
+    to go, speeds rows that then wait for the other five — the call's end comes no closer, and
+    ``auto`` decodes plainly where Σ E[N_i] (``batch_best_k``) prices the block as paying.
+    Once the five are nearly done the matched rows set the end, and the block pays."""
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {b: {n: 0.21 + 0.0021 * b * n for n in range(1, 18)}
+                           for b in (1, 2, 4, 8, 16)}, {b: 0.1 for b in (1, 2, 4, 8, 16)})
+    stats = _lookup_rows(12)
+    matched = (3,) * 11 + (0,) * 5
+    ctx = Context(category="c", k_max=16, batch_size=16, remaining=48,
+                  costs=costs.at(PATH, 16), categories=("c",) * 16, rows=(stats,) * 16,
+                  remaining_rows=(48,) * 16, proposers=("draft", "ngram"),
+                  matches={"ngram": matched}, sizes={"ngram": (16,) * 16})
+    curve = stats.curve("ngram", 16, match=3)
+    curves = [curve] * 11 + [[0.0] * 16] * 5
+    k_sum, s_sum = batch_best_k(curves, 0.0, costs.target_cost(PATH, 16), 16)
+    assert k_sum > 0 and s_sum > 1.2  # by the rows' tokens it pays
+    why: list = []
+    assert policy_choice(CostModelPolicy(), replace(ctx, why=why)) == (0, None)
+    ngram = next(c for c in why[0]["candidates"] if c["proposer"] == "ngram")
+    assert ngram["speedup"] < 1  # by the batch's end it does not
+    ending = replace(ctx, remaining_rows=(48,) * 11 + (2,) * 5)
+    k, proposer = policy_choice(CostModelPolicy(), ending)
+    assert proposer == "ngram" and k > 0
+
+
+def policy_choice(policy, ctx) -> tuple[int, str | None]:
+    """(k, the lookup's name, None for the draft model or a plain step) of one decision."""
+    choice = policy.choose(ctx)
+    return int(choice), getattr(choice, "proposer", None)
+
+
+def test_batch_exploration_prices_only_what_is_not_measured():
+    """At B > 1 with T_d(B) not measured, the exploring block takes T_d as free but the
+    category's acceptance as measured (perfect only where the category is thin)."""
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {4: {n: t_target(4, n) for n in range(1, 17)}}, {})
+    for stats, source in ((warm_stats(0.6), "live"), (LiveStats(), "perfect")):
+        why: list = []
+        policy = CostModelPolicy()
+        k = policy.choose(replace(batch_context(stats, 4, costs), why=why))
+        (record,) = why
+        assert record["rule"] == "explore" and int(k) == policy.params.initial_k
+        draft = next(c for c in record["candidates"] if c["proposer"] == "draft")
+        assert draft["acceptance_from"] == source and draft["t_propose"] == 0.0
+        expected = [1.0] * 3 if source == "perfect" else stats.curve("draft", 3)
+        assert draft["acceptance"] == pytest.approx(expected)
+
+
 def test_min_gain_is_measured_against_plain_batched_decoding():
     stats, costs = warm_stats(0.8), grid_costs()
     k, s = batch_best_k([stats.curve("draft", 16)] * 4, t_draft(4),

@@ -92,9 +92,17 @@ def test_at_batch_the_suffix_drafts_for_the_rows_it_matches():
                   proposers=("draft", "ngram", "suffix"), whole=("suffix",),
                   matches={"ngram": (3, 3, 0, 0), "suffix": (4, 4, 4, 0)},
                   sizes={"ngram": (16,) * 4, "suffix": (16, 12, 8, 0)})
-    choice = policy.choose(ctx)
+    # the unmatched row is about to finish: the rows that set the batch's end are the
+    # suffix's, and it drafts for them
+    ending = replace(ctx, remaining_rows=(48, 48, 48, 2))
+    choice = policy.choose(ending)
     assert choice.proposer == "suffix" and int(choice) >= 3  # B·(k + 1) ≤ 16 is flat here
-    no_suffix = policy.choose(replace(ctx, matches={"ngram": (3, 3, 0, 0), "suffix": (0,) * 4},
+    # with as many tokens left as the others, the unmatched row sets the end: on costs flat in
+    # the rows (a row leaving early saves nothing), the suffix's block gains the call nothing
+    # and the draft model, serving every row, drafts
+    assert getattr(policy.choose(ctx), "proposer", "draft") == "draft"
+    no_suffix = policy.choose(replace(ending, matches={"ngram": (3, 3, 0, 0),
+                                                       "suffix": (0,) * 4},
                                       sizes={"ngram": (16,) * 4, "suffix": (0,) * 4}))
     assert getattr(no_suffix, "proposer", "draft") != "suffix"
 

@@ -21,7 +21,7 @@ from autospec.costs.measure import MEASURE
 __all__ = ["expected_tokens", "conditional_from_cumulative", "acceptance_cap",
            "interpolate_cost", "speedup", "best_k", "Offer", "offer", "rows_offer", "valued",
            "saved", "best_offer", "induced_catch_up", "catch_up_per_token", "batch_best_k",
-           "batch_finish_k"]
+           "batch_finish_k", "finish_speedups", "finish_seconds", "finish_tokens"]
 
 
 def _last_known(acceptance: Sequence[float | None]) -> float:
@@ -282,37 +282,65 @@ def _row_expected(curves: Sequence, k_max: int):
         yield [g[3] for g in of_row]
 
 
-def batch_finish_k(curves: Sequence, remaining: Sequence[int],
-                   step_cost: Callable[[int, int], float], k_max: int,
-                   once: float = 0.0) -> tuple[int, float]:
-    """argmax_k over 0 … k_max of how much sooner a batch's last row finishes at k than by
-    plain batched decoding, and that ratio S (the smallest k among ties; S(0) = 1).
+def finish_speedups(curves: Sequence, remaining: Sequence[int],
+                    step_cost: Callable[[int, int], float], k_max: int,
+                    once: float = 0.0) -> list[float]:
+    """For k = 1 … k_max, how much sooner a batch's last row finishes at k than by plain
+    batched decoding (S_fin(k); ``batch_finish_k`` takes the best).
 
     Row i needs ``remaining[i]`` / E[N_i](k) more iterations (at least one); rows leave as
     they finish, so the time is Σ over phases of iterations × ``step_cost(b, k)`` with b the
-    rows still running (k = 0: T_t(b, 1)), plus ``once`` (paid once at k > 0: the draft's
-    catch-up). A call returns with its last row, so its tokens per second are the slowest
-    row's finish; for rows of one curve and one length this is ``batch_best_k``."""
+    rows still running (k = 0: T_t(b, 1); ``finish_seconds``), plus ``once`` (paid once at
+    k > 0: the draft's catch-up). A call returns with its last row, so its tokens per second
+    are the slowest row's finish; for rows of one curve and one length this is
+    ``batch_best_k``'s S."""
     rows = len(curves)
-    if rows == 0:
-        return 0, 1.0
     left = [max(1.0, float(r)) for r in remaining]
     if len(left) != rows:
         raise ValueError(f"{rows} curves but {len(left)} remaining counts")
+    if rows == 0:
+        return [1.0] * k_max
 
     def finish(k: int, expected) -> float:
-        need = sorted(max(1.0, r / e) for r, e in zip(left, expected))
-        total, done = 0.0, 0.0
-        for j, n in enumerate(need):
-            if n > done:
-                total += (n - done) * step_cost(rows - j, k)
-                done = n
-        return total
+        return finish_seconds([max(1.0, r / e) for r, e in zip(left, expected)], step_cost, k)
 
     plain = finish(0, [1.0] * rows)
+    return [plain / (finish(k, expected) + once)
+            for k, expected in enumerate(_row_expected(curves, k_max), start=1)]
+
+
+def batch_finish_k(curves: Sequence, remaining: Sequence[int],
+                   step_cost: Callable[[int, int], float], k_max: int,
+                   once: float = 0.0) -> tuple[int, float]:
+    """argmax_k over 0 … k_max of ``finish_speedups`` (the smallest k among ties; S(0) = 1)
+    and that S."""
     best, best_s = 0, 1.0
-    for k, expected in enumerate(_row_expected(curves, k_max), start=1):
-        s = plain / (finish(k, expected) + once)
+    for k, s in enumerate(finish_speedups(curves, remaining, step_cost, k_max, once), start=1):
         if s > best_s:
             best, best_s = k, s
     return best, best_s
+
+def finish_seconds(need: Sequence[float], step_cost: Callable[[int, int], float],
+                   k: int = 0) -> float:
+    """Seconds until the last of a batch's rows is done, row i after ``need[i]`` more
+    iterations at k, rows leaving as they finish: Σ over phases of iterations ×
+    ``step_cost(b, k)``, b the rows still running."""
+    total, done, rows = 0.0, 0.0, len(need)
+    for j, n in enumerate(sorted(need)):
+        if n > done:
+            total += (n - done) * step_cost(rows - j, k)
+            done = n
+    return total
+
+
+def finish_tokens(expected: Sequence[float], remaining: Sequence[int],
+                  step_cost: Callable[[int, int], float], rate: float) -> float:
+    """One block's batch tokens as the rows' finish counts them: 1 + the seconds by which it
+    brings the end of the rows' plain decoding after it closer than a plain step would
+    (rows emitting ``expected[i]`` tokens now, with ``remaining[i]`` left), in tokens worth
+    ``rate`` seconds. A token of a row that finishes before the batch's last is worth what
+    its row costs a step (the step's cost with it less without it), not the step's share:
+    at one row this is E[N]."""
+    after_plain = finish_seconds([max(0.0, r - 1.0) for r in remaining], step_cost)
+    after = finish_seconds([max(0.0, r - e) for r, e in zip(remaining, expected)], step_cost)
+    return 1.0 + (after_plain - after) / rate

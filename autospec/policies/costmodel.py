@@ -24,6 +24,7 @@ one of best S_B (``batch_best_k``).
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import weakref
 from collections import namedtuple
@@ -33,11 +34,12 @@ from autospec.costs.price import (
     Offer,
     acceptance_cap,
     batch_best_k,
-    batch_finish_k,
     best_k,
     best_offer,
     catch_up_per_token,
     expected_tokens,
+    finish_speedups,
+    finish_tokens,
     induced_catch_up,
     rows_offer,
     saved,
@@ -101,6 +103,8 @@ class _Decision:
         self.n = len(pr.rows)
         self.per_row = None if self.n == 1 else pr.t1 / self.n  # ρ of plain decoding
         self.rate = pr.rate
+        self.left = _per_row(context, "remaining_rows", max(1, context.remaining))
+        self._steps: dict = {}
         if why is not None:
             why.update(busy=pr.busy, t_plain=pr.t1)
             why["candidates"].append(explain.plain(pr.t1, pr.origin, self.n))
@@ -110,14 +114,15 @@ class _Decision:
         pr, top = self.pr, self.top
         return min(top, acceptance_cap(curve, top, pr.costs.measure.marginal)) if pr.busy else top
 
-    def record(self, name, curves, b, cap, t_propose, per_token, source):
+    def record(self, name, curves, b, cap, t_propose, per_token, source, offers=()):
         """The proposer's block ``b`` (None: no k paid) into the record, which then shows its
-        block of best S within ``cap``, so it says by how much it missed."""
+        block of best S within ``cap`` (among ``offers`` where given), so it says by how much
+        it missed."""
         if self.why is None:
             return
         pr, t1, cost = self.pr, self.pr.t1, self.pr.cost
-        shown = b or max((rows_offer(name, curves, j, t_propose, cost, per_token)
-                          for j in range(1, max(1, cap) + 1)),
+        shown = b or max(offers or (rows_offer(name, curves, j, t_propose, cost, per_token)
+                                    for j in range(1, max(1, cap) + 1)),
                          key=lambda c: valued(c, t1, self.per_row))
         self.why["candidates"].append(explain.candidate(
             name, shown.k, tokens=shown.tokens + (self.n - 1), extra_s=per_token,
@@ -126,24 +131,63 @@ class _Decision:
             induced_s=shown.induced, acceptance=curves[0][:shown.k], acceptance_from=source,
             t_propose=t_propose, t_verify=cost(shown.k + 1), costs_from=pr.origin))
 
+    def steps(self, t_draft: float | None = None) -> Callable[[int, int], float]:
+        """step(b, k): one iteration of b rows at k with the draft's step at ``t_draft``
+        (None: as measured; ``_step_costs``), built once per ``t_draft``."""
+        t_draft = self.pr.t_draft if t_draft is None else t_draft
+        got = self._steps.get(t_draft)
+        if got is None:
+            got = self._steps[t_draft] = self.pr.steps(t_draft or 0.0)
+        return got
+
+    def lookup_block(self, name: str, curves, t_lookup: float, k: int) -> Offer:
+        """A lookup's block of k over the rows; at B > 1 in the batch tokens the rows' finish
+        counts (``finish_tokens``): a token of a row that leaves before the batch's last is
+        worth what that row costs a step, not the step's share."""
+        b = rows_offer(name, curves, k, t_lookup, self.pr.cost)
+        if self.n == 1:
+            return b
+        expected = [expected_tokens(c, k) for c in curves]
+        return b._replace(tokens=finish_tokens(expected, self.left, self.steps(), self.per_row))
+
+    def model_offers(self, curves, t_draft: float, cap: int, per_token: float) -> list[Offer]:
+        """The draft model's blocks of k = 1 … ``cap`` over the rows; at B > 1 each in the
+        batch tokens that make its S the rows' finish ratio at that k (``finish_speedups``,
+        its catch-up paid once in full)."""
+        pr = self.pr
+        if self.n == 1:
+            return [rows_offer(self.model, curves, k, t_draft, pr.cost, per_token)
+                    for k in range(1, cap + 1)]
+        speedups = finish_speedups(curves, self.left, self.steps(t_draft), cap,
+                                   once=per_token * sum(self.left))
+        out = []
+        for k, s in enumerate(speedups, start=1):
+            b = rows_offer(self.model, curves, k, t_draft, pr.cost)
+            out.append(b._replace(tokens=1 + (s * b.seconds - pr.t1) / self.per_row))
+        return out
+
     def draft(self) -> tuple[Offer | None, list[float]]:
         """The draft model's block (None: no k pays) and its first row's curve; with several
         proposers at B > 1 a paying one sets the rate the rest of the batch runs at."""
-        pr, context, model, n = self.pr, self.context, self.model, self.n
+        pr, context = self.pr, self.context
         curves, source = self.policy._draft_curves(context, pr.rows, self.top)
         per_token = self.policy._catch_up(context, pr.rows, pr.t_draft, self.proposers)
         cap = self.cap(curves[0])
-        if n > 1:
-            left = _per_row(context, "remaining_rows", max(1, context.remaining))
-            k = batch_finish_k(curves, left, pr.steps(), cap, once=per_token * sum(left))[0]
+        if self.n > 1:  # the k that finishes the rows soonest
+            offers = self.model_offers(curves, pr.t_draft, cap, per_token)
+            best = max(offers, key=lambda c: (valued(c, pr.t1, self.per_row), -c.k))
+            b = best if valued(best, pr.t1, self.per_row) > 1 else None
         else:
             k = best_k(curves[0], pr.t_draft, pr.cost, cap, per_token=per_token)[0]
-        b = rows_offer(model, curves, k, pr.t_draft, pr.cost, per_token) if k else None
-        s = valued(b, pr.t1, self.per_row) if b and n > 1 else 0.0
+            b = rows_offer(self.model, curves, k, pr.t_draft, pr.cost, per_token) if k else None
+        s = valued(b, pr.t1, self.per_row) if b and self.n > 1 else 0.0
         if (s >= 1 + self.p.min_gain and len(self.proposers) > 1
                 and self.policy.proposers == "both"):
             self.rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
-        self.record(model, curves, b, cap, pr.t_draft, per_token, source)
+        # at B > 1 its catch-up is in its tokens (the finish ratio pays it once)
+        self.record(self.model, curves, b, cap, pr.t_draft, per_token if self.n == 1 else 0.0,
+                    source, self.model_offers(curves, pr.t_draft, cap, per_token)
+                    if b is None and self.n > 1 else ())
         return b, curves[0]
 
     def lookups(self, draft_pays: bool) -> list[Offer | None]:
@@ -167,20 +211,23 @@ class _Decision:
                     prior_blocks=p.request_prior_blocks), size))
                 t_lookup = pr.costs.lookup_cost(name) or 0.0
             cap, k = self.cap(curves[0]), 0
+            block = functools.partial(self.lookup_block, name, curves, t_lookup)
             if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
                 k = min(max(size for _, size in now), cap)
-                if valued(rows_offer(name, curves, k, t_lookup, pr.cost), pr.t1,
-                          self.per_row) <= 1:
+                if valued(block(k), pr.t1, self.per_row) <= 1:
                     k = 0  # its whole draft does not pay: the k of best S instead
-            if not k:
+            offers = [block(j) for j in range(1, cap + 1)] if n > 1 else ()
+            if not k and n > 1:  # the k that brings the rows' end closest
+                best = max(offers, key=lambda c: (saved(c, pr.t1, self.per_row), -c.k))
+                k = best.k if valued(best, pr.t1, self.per_row) > 1 else 0
+            elif not k:
                 k = batch_best_k(curves, t_lookup, pr.cost, cap)[0]
             induced = (induced_catch_up(pr.costs, getattr(context, "gap", 0),
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
-            b = (rows_offer(name, curves, k, t_lookup, pr.cost)._replace(induced=induced)
-                 if k else None)
-            self.record(name, curves, b, cap, t_lookup, 0.0, source)
+            b = block(k)._replace(induced=induced) if k else None
+            self.record(name, curves, b, cap, t_lookup, 0.0, source, offers)
             out.append(b)
         return out
 
@@ -286,7 +333,7 @@ class CostModelPolicy:
         if batched:
             batch = context.batch_size
             rate = cost(1) / len(rows)
-            steps = lambda: _step_costs(costs, batch, cost, t_draft, p.optimistic)  # noqa: E731
+            steps = lambda t_d: _step_costs(costs, batch, cost, t_d, p.optimistic)  # noqa: E731
             live = next((r for r in rows if r is not None), None)
         else:
             live, steps = rows[0], None
@@ -313,11 +360,12 @@ class CostModelPolicy:
         if why is not None:
             why["value"] = d.rate
         if d.drafts and (best is None or best.proposer != d.model):
-            b = self._explore(pr, context, top)
-            if b is not None and (best is None or saved(b, pr.t1, d.rate)
-                                  > saved(best, pr.t1, d.rate)):
-                d.record(b.proposer, [[1.0] * b.k] * d.n, b, b.k, _explored_t_draft(pr), 0.0,
-                         "perfect")
+            got = self._explore(d, top)
+            if got is not None and (best is None or saved(got[0], pr.t1, d.rate)
+                                    > saved(best, pr.t1, d.rate)):
+                b, curves, source, per_token = got
+                d.record(b.proposer, curves, b, b.k, _explored_t_draft(pr),
+                         per_token if d.n == 1 else 0.0, source)
                 best, rule = b, "explore"
         if best is None:
             return 0, rule
@@ -333,22 +381,30 @@ class CostModelPolicy:
             why["stop"] = {"priced_k": best.k, **stop.describe()}
         return Choice(stop.longest, d.model, stop=stop), rule
 
-    def _explore(self, pr: _Prices, context, top: int) -> Offer | None:
+    def _explore(self, d: _Decision, top: int) -> tuple[Offer, list, str, float] | None:
         """The one exploration rule: what is not measured yet is priced at its bound — T_d
         unmeasured (or only carried over a level move since it was timed) as free, and the
         draft model's acceptance, while fewer than ``cold_start`` of its blocks were counted
         on the category (seeded and stored ones included) and no forecast stands for it, as
-        perfect. The draft model's block so priced, at ``initial_k`` (one token where only a
-        carried T_d is to be re-timed), where it pays: running it measures what was missing.
-        None where nothing is missing or it cannot pay."""
-        p, model, live = self.params, context.model, pr.live
+        perfect; what is measured (the acceptance otherwise, the catch-up it causes) at what
+        was measured. The draft model's block so priced, at ``initial_k`` (one token where only
+        a carried T_d is to be re-timed), where it pays: running it measures what was
+        missing. (block, its curves, where they came from, its catch-up per token); None
+        where nothing is missing or it cannot pay."""
+        pr, context, p, model, live = d.pr, d.context, self.params, d.model, d.pr.live
         thin = (live is not None and live.observed(model) < p.cold_start
                 and getattr(context, "predicted_alpha", None) is None)
         if pr.measured and not thin and not pr.carried:
             return None
         k = min(p.initial_k, top) if thin or not pr.measured else 1  # else: re-time T_d
-        b = rows_offer(model, [[1.0] * k] * len(pr.rows), k, _explored_t_draft(pr), pr.cost)
-        return b if valued(b, pr.t1, pr.rate) >= 1 + p.min_gain else None
+        curves, source = (([[1.0] * k] * d.n, "perfect") if thin
+                          else self._draft_curves(context, pr.rows, k))
+        t_draft = _explored_t_draft(pr)
+        per_token = self._catch_up(context, pr.rows, t_draft, d.proposers)
+        b = d.model_offers(curves, t_draft, k, per_token)[-1]
+        if valued(b, pr.t1, pr.rate) < 1 + p.min_gain:
+            return None
+        return b, curves, source, per_token
 
     def _draft_curves(self, context, rows, top: int) -> tuple[list, str]:
         """(each row's draft-model acceptance curve, where the first came from): the
