@@ -14,11 +14,12 @@ the most. Exploration is one rule, ``CostModelPolicy._explore``: what is not mea
 (T_d, or the draft model's acceptance on a category with too few blocks) is priced at its bound,
 and that block competes in the same decision.
 
-At batch B one k serves every row and the same holds in batch tokens: a block yields
-Σ E[N_i] − B + 1 beyond a plain step's B (plus that step's one), ρ is plain batched decoding's
-T_t(B, 1) / B (with several proposers, the paying draft block's T_t(B, 1) / (B · S_B)); the
-draft model's k is the one that finishes the rows soonest (``batch_finish_k``), a lookup's the
-one of best S_B (``batch_best_k``).
+At batch B one k serves every row and the same holds in batch tokens worth ρ = T_t(B, 1) / B
+each (with several proposers, the paying draft block's ρ / S), counted by the time the call's
+last row takes (rows leave as they finish): the draft model's block at k runs on to the end, its
+S the rows' finish ratio (``finish_speedups``, its catch-up paid once), k the best; a lookup's
+block is one step, worth 1 + what it saves the plain steps after it / ρ (``finish_tokens``), k
+the one that saves the most. Where every row gains alike that is Σ E[N_i] − B + 1.
 """
 
 from __future__ import annotations
