@@ -122,9 +122,10 @@ def render(row) -> list[str]:
     if any(d.get("candidates") for d in recs):
         out += textwrap.wrap(
             "* marks the chosen candidate; E[N] = tokens the block is expected to emit (at "
-            "batch B over its rows: plain decoding's is B); "
+            "batch B over its rows as the call's end counts them: plain decoding's is B, a "
+            "row that then waits for the last counts less); "
             "block = its seconds (k · T_propose + T_t(k + 1)); +/tok = seconds more per "
-            "emitted token (the draft's catch-up); ms/tok = (block + E[N] · +/tok) / E[N], its "
+            "emitted token (the draft's catch-up; at batch B it is in E[N]); ms/tok = (block + E[N] · +/tok) / E[N], its "
             "expected seconds per emitted token; S = its speedup over plain decoding as the "
             "rule read it; saved = what it saves against plain steps; a_1..a_k = the "
             "acceptance used, from 'a from'; costs = where its costs came from; times in ms",
