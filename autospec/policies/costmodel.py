@@ -174,8 +174,8 @@ class _Decision:
         curves, source = self.policy._draft_curves(context, pr.rows, self.top)
         per_token = self.policy._catch_up(context, pr.rows, pr.t_draft, self.proposers)
         cap = self.cap(curves[0])
-        if self.n > 1:  # the k that finishes the rows soonest
-            offers = self.model_offers(curves, pr.t_draft, cap, per_token)
+        offers = self.model_offers(curves, pr.t_draft, cap, per_token) if self.n > 1 else ()
+        if offers:  # the k that finishes the rows soonest
             best = max(offers, key=lambda c: (valued(c, pr.t1, self.per_row), -c.k))
             b = best if valued(best, pr.t1, self.per_row) > 1 else None
         else:
@@ -187,14 +187,13 @@ class _Decision:
             self.rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
         # at B > 1 its catch-up is in its tokens (the finish ratio pays it once)
         self.record(self.model, curves, b, cap, pr.t_draft, per_token if self.n == 1 else 0.0,
-                    source, self.model_offers(curves, pr.t_draft, cap, per_token)
-                    if b is None and self.n > 1 else ())
+                    source, offers)
         return b, curves[0]
 
     def lookups(self, draft_pays: bool) -> list[Offer | None]:
         """Each lookup's block where a row has a match: its whole draft (``suffix_whole``)
-        where that pays, else its k of best S; beside a paying draft block it pays the draft's
-        catch-up it causes."""
+        where that pays, else its k of best S (at B > 1: the k that saves the most); beside a
+        paying draft block it pays the draft's catch-up it causes."""
         pr, context, p, n, top = self.pr, self.context, self.p, self.n, self.top
         requests = _per_row(context, "requests", context.request)
         out = []
@@ -227,7 +226,7 @@ class _Decision:
                                         expected_tokens(curves[0], k))
                        if k and draft_pays and n == 1 else 0.0)
             source = f"live, match {now[0][0]}" if n == 1 else "live"
-            b = block(k)._replace(induced=induced) if k else None
+            b = (offers[k - 1] if offers else block(k))._replace(induced=induced) if k else None
             self.record(name, curves, b, cap, t_lookup, 0.0, source, offers)
             out.append(b)
         return out
