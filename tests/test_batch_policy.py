@@ -10,7 +10,13 @@ from dataclasses import replace
 import pytest
 
 from autospec.costs.measure import MEASURE
-from autospec.costs.price import batch_best_k, batch_finish_k, best_k, expected_tokens
+from autospec.costs.price import (
+    batch_best_k,
+    batch_finish_k,
+    best_k,
+    expected_tokens,
+    finish_tokens,
+)
 from autospec.costs.table import CostTable
 from autospec.policies import (
     Context,
@@ -184,6 +190,27 @@ def test_costmodel_speculates_by_each_rows_tokens_left():
     slow_done = policy.choose(replace(ctx, remaining_rows=(48, 48, 48, 2)))
     assert 0 < together < slow_done
     assert policy.choose(ctx) == together  # no per-row counts: every row has ``remaining``
+
+
+def test_finish_tokens_count_a_rows_tokens_by_what_they_bring_the_end_closer():
+    """One row: E[N]. Rows gaining alike: Σ E[N_i] − B + 1 whatever the step costs. On steps
+    that cost the same whatever the rows, tokens of rows that then wait for the last one count
+    nothing; on steps that cost by the rows, each counts what its row costs a step."""
+
+    def flat(b, k):
+        return 0.2
+
+    def by_rows(b, k):
+        return 0.05 * b
+
+    assert finish_tokens([2.5], [40], flat, 0.2) == pytest.approx(2.5)
+    for step in (flat, by_rows):
+        rate = step(4, 0) / 4
+        assert finish_tokens([2.5] * 4, [40] * 4, step, rate) == pytest.approx(4 * 2.5 - 3)
+    # three rows gain 1.5 tokens each, the fourth (the last to finish) none
+    assert finish_tokens([2.5] * 3 + [1.0], [40] * 4, flat, 0.05) == pytest.approx(1.0)
+    assert finish_tokens([2.5] * 3 + [1.0], [40] * 4, by_rows, 0.05) == pytest.approx(
+        1 + 3 * 1.5)  # each a row's step, 0.05 s: as many as Σ E[N_i] − B + 1 says
 
 
 def _lookup_rows(agree: int) -> LiveStats:

@@ -320,6 +320,7 @@ def batch_finish_k(curves: Sequence, remaining: Sequence[int],
             best, best_s = k, s
     return best, best_s
 
+
 def finish_seconds(need: Sequence[float], step_cost: Callable[[int, int], float],
                    k: int = 0) -> float:
     """Seconds until the last of a batch's rows is done, row i after ``need[i]`` more
