@@ -248,6 +248,7 @@ def test_a_lookup_block_is_worth_what_it_brings_the_batch_end_closer():
     ending = replace(ctx, remaining_rows=(48,) * 11 + (2,) * 5)
     k, proposer = policy_choice(CostModelPolicy(), ending)
     assert proposer == "ngram" and k > 0
+    assert policy_choice(CostModelPolicy(k_cap=0), ending) == (0, None)  # no k to weigh
 
 
 def policy_choice(policy, ctx) -> tuple[int, str | None]:

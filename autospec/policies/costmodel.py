@@ -118,7 +118,8 @@ class _Decision:
     def record(self, name, curves, b, cap, t_propose, per_token, source, offers=()):
         """The proposer's block ``b`` (None: no k paid) into the record, which then shows its
         block of best S within ``cap`` (among ``offers`` where given), so it says by how much
-        it missed."""
+        it missed. At B > 1 the draft's catch-up (``per_token``) is in its tokens already (the
+        finish ratio pays it once): the record's ``extra_s`` is 0 there."""
         if self.why is None:
             return
         pr, t1, cost = self.pr, self.pr.t1, self.pr.cost
@@ -126,7 +127,8 @@ class _Decision:
                                     for j in range(1, max(1, cap) + 1)),
                          key=lambda c: valued(c, t1, self.per_row))
         self.why["candidates"].append(explain.candidate(
-            name, shown.k, tokens=shown.tokens + (self.n - 1), extra_s=per_token,
+            name, shown.k, tokens=shown.tokens + (self.n - 1),
+            extra_s=per_token if self.n == 1 else 0.0,
             block_s=shown.k * t_propose + cost(shown.k + 1),
             speedup=valued(shown, t1, self.rate), saved_s=saved(shown, t1, self.rate),
             induced_s=shown.induced, acceptance=curves[0][:shown.k], acceptance_from=source,
@@ -185,9 +187,7 @@ class _Decision:
         if (s >= 1 + self.p.min_gain and len(self.proposers) > 1
                 and self.policy.proposers == "both"):
             self.rate /= s  # with several proposers, the rest of a batch runs at the draft's S_B
-        # at B > 1 its catch-up is in its tokens (the finish ratio pays it once)
-        self.record(self.model, curves, b, cap, pr.t_draft, per_token if self.n == 1 else 0.0,
-                    source, offers)
+        self.record(self.model, curves, b, cap, pr.t_draft, per_token, source, offers)
         return b, curves[0]
 
     def lookups(self, draft_pays: bool) -> list[Offer | None]:
@@ -212,12 +212,13 @@ class _Decision:
                 t_lookup = pr.costs.lookup_cost(name) or 0.0
             cap, k = self.cap(curves[0]), 0
             block = functools.partial(self.lookup_block, name, curves, t_lookup)
+            offers = [block(j) for j in range(1, cap + 1)] if n > 1 else ()
             if name in context.whole and p.suffix_whole:  # its own rule: its whole draft
                 k = min(max(size for _, size in now), cap)
-                if valued(block(k), pr.t1, self.per_row) <= 1:
+                whole = offers[k - 1] if offers else block(k)
+                if valued(whole, pr.t1, self.per_row) <= 1:
                     k = 0  # its whole draft does not pay: the k of best S instead
-            offers = [block(j) for j in range(1, cap + 1)] if n > 1 else ()
-            if not k and n > 1:  # the k that brings the rows' end closest
+            if not k and offers:  # B > 1: the k that brings the rows' end closest
                 best = max(offers, key=lambda c: (saved(c, pr.t1, self.per_row), -c.k))
                 k = best.k if valued(best, pr.t1, self.per_row) > 1 else 0
             elif not k:
@@ -364,8 +365,7 @@ class CostModelPolicy:
             if got is not None and (best is None or saved(got[0], pr.t1, d.rate)
                                     > saved(best, pr.t1, d.rate)):
                 b, curves, source, per_token = got
-                d.record(b.proposer, curves, b, b.k, _explored_t_draft(pr),
-                         per_token if d.n == 1 else 0.0, source)
+                d.record(b.proposer, curves, b, b.k, _explored_t_draft(pr), per_token, source)
                 best, rule = b, "explore"
         if best is None:
             return 0, rule
