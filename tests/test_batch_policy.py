@@ -251,6 +251,30 @@ def test_a_lookup_block_is_worth_what_it_brings_the_batch_end_closer():
     assert policy_choice(CostModelPolicy(k_cap=0), ending) == (0, None)  # no k to weigh
 
 
+def test_a_batch_block_scores_at_most_twice_the_widest_n_measured_at_its_batch_size():
+    """B = 12 where the grid holds T_t(12, n) only for n ≤ 3 (costs flat in n there, as a
+    memory-bound step's): prompt lookup matches every row with 16 tokens that all hold, so
+    the extrapolation would price its whole draft (k = 16, 204 tokens scored) as nearly free.
+    The block is priced at most at k + 1 = 2 · 3; once n = 8 is measured, up to k = 15."""
+    stats = _lookup_rows(16)
+    grid = {1: 0.20, 2: 0.201, 3: 0.202}
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {12: grid}, {12: 0.1})
+    ctx = Context(category="c", k_max=16, batch_size=12, remaining=48,
+                  costs=costs.at(PATH, 12), categories=("c",) * 12, rows=(stats,) * 12,
+                  remaining_rows=(48,) * 12, proposers=("draft", "ngram"),
+                  matches={"ngram": (3,) * 12}, sizes={"ngram": (16,) * 12})
+    why: list = []
+    assert policy_choice(CostModelPolicy(), replace(ctx, why=why)) == (5, "ngram")
+    ngram = next(c for c in why[0]["candidates"] if c["proposer"] == "ngram")
+    assert ngram["speedup"] > 2 and ngram["t_verify"] == pytest.approx(
+        costs.target_cost(PATH, 12)(6))
+    wider = CostTable(live=False)
+    wider.warm_grid(PATH, {12: {**grid, 8: 0.21}}, {12: 0.1})
+    assert policy_choice(CostModelPolicy(), replace(ctx, costs=wider.at(PATH, 12))) == (
+        15, "ngram")
+
+
 def policy_choice(policy, ctx) -> tuple[int, str | None]:
     """(k, the lookup's name, None for the draft model or a plain step) of one decision."""
     choice = policy.choose(ctx)
@@ -664,3 +688,4 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
                key=lambda c: c["saved_s"])
     assert (int(k), getattr(k, "proposer", "draft")) == (best["k"], best["proposer"])
     assert best["proposer"] == ("ngram" if ngram_alpha > 0.9 else "draft") or ngram_alpha == 0.5
+

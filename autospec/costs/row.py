@@ -370,6 +370,13 @@ class CostRow:
         return ({n: t for n, t in self.t_target.items() if n in measured},
                 self.t_draft if 0 in measured else None)
 
+    def widest(self) -> int:
+        """The widest n with a T_t(B, n) point (0: none): at B > 1 the batch grid's at B."""
+        if self.batch > 1:
+            return max(self._table.grid(self.path, self.batch)[0], default=0)
+        with self._lock:
+            return max(self.t_target, default=0)
+
     def known(self) -> bool:
         """Whether T_d(B) and a second T_t(B, n) are known (else the model is explored)."""
         if self.draft_cost() is None:
