@@ -369,6 +369,10 @@ class Controller:
             keep_cache=plan.return_dict and plan.use_cache and self._own_cache_is_generates(plan),
             explain="all" if explain else "sample" if self.writer is not None else None)
         row_stats = [r.stats for r in res.rows]
+        for st, live in zip(row_stats, lives):  # how long the category's requests run
+            if live is not None:
+                live.observe_length(st.new_tokens,
+                                    st.stop_reason not in ("eos", "stopping_criteria"))
         self._local.row_stats = row_stats
         self._local.stats = row_stats[0] if len(row_stats) == 1 else merge_stats(row_stats)
         if self.writer is not None:

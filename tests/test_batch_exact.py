@@ -273,3 +273,21 @@ def test_sampled_rows_follow_the_target_joint_distribution():
         assert _chi2_pvalue(counts[b], joints[b]) > ALPHA, b
     st = spec.last_stats
     assert 0 < st.accepted < st.drafted  # the draft disagrees: rejections are exercised
+
+
+def test_each_rows_length_and_whether_it_stopped_at_its_cap_feed_its_category(pair):
+    """What the cost model reads a row's tokens left by (``LiveStats.expected_left``): every
+    row's new tokens, per category, with whether its ``max_new_tokens`` stopped it."""
+    target, draft = pair
+    spec = autospec.Controller(target, draft, store=False)
+    reasons = set()
+    for seed in (2, 6):
+        ids, mask = batch([5, 11, 8, 3], seed=seed)
+        spec.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                      eos_token_id=[EOS, 17, 40], category=["a", "a", "b", "b"])
+        rows = spec.last_row_stats
+        for cat, (i, j) in (("a", (0, 1)), ("b", (2, 3))):
+            assert list(spec.live_stats(cat).lengths)[-2:] == [
+                (rows[r].new_tokens, rows[r].stop_reason == "max_new_tokens") for r in (i, j)]
+        reasons |= {st.stop_reason for st in rows}
+    assert reasons == {"eos", "max_new_tokens"}  # both kinds seen

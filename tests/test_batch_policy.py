@@ -689,3 +689,34 @@ def test_a_batch_runs_the_block_that_saves_the_most_seconds_at_the_rests_rate(ng
     assert (int(k), getattr(k, "proposer", "draft")) == (best["k"], best["proposer"])
     assert best["proposer"] == ("ngram" if ngram_alpha > 0.9 else "draft") or ngram_alpha == 0.5
 
+
+def test_a_categorys_ended_requests_say_how_many_tokens_a_row_has_left():
+    stats = LiveStats()
+    assert stats.expected_left(0, 48) == 48  # nothing ended yet: all it may
+    for n in (6, 8, 10):
+        stats.observe_length(n, capped=False)
+    assert stats.expected_left(0, 48) == pytest.approx(8)
+    assert stats.expected_left(7, 41) == 41  # two ran past 7 tokens: too few to say
+    stats.observe_length(20, capped=True)  # stopped at its cap: it may run all it may
+    assert stats.expected_left(0, 48) == pytest.approx((6 + 8 + 10 + 48) / 4)
+    assert stats.copy().expected_left(0, 48) == stats.expected_left(0, 48)
+
+
+def test_rows_whose_category_ends_early_do_not_hold_the_batchs_end():
+    """B = 8: four rows of a category the draft serves well (0.8) and four of one it serves
+    poorly (0.4), every row allowed 48 more tokens, a draft step at 0.1 s on a 0.23 s plain
+    step. Held to 48 tokens, the poor rows set the end and k = 1 loses; where that
+    category's requests are known to end after about 8 tokens, the good rows set it and the
+    draft's block pays."""
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {b: {n: 0.21 + 0.0021 * b * n for n in range(1, 18)}
+                           for b in (1, 2, 4, 8)}, {b: 0.1 for b in (1, 2, 4, 8)})
+    good, poor = warm_stats(0.8), warm_stats(0.4)
+    ctx = Context(category="good", k_max=8, batch_size=8, remaining=48,
+                  costs=costs.at(PATH, 8), categories=("good",) * 4 + ("poor",) * 4,
+                  rows=(good,) * 4 + (poor,) * 4, remaining_rows=(48,) * 8,
+                  generated_rows=(0,) * 8)
+    assert CostModelPolicy().choose(ctx) == 0
+    for n in (7, 8, 9):
+        poor.observe_length(n, capped=False)
+    assert CostModelPolicy().choose(ctx) > 0

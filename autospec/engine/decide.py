@@ -88,14 +88,15 @@ def make_context(rows: Sequence[RowView], *, k_max: int, proposers: tuple[str, .
               "whole": whole, "request": r0.request, "why": why}
     if len(rows) == 1:  # a row's fields as one-tuples, built directly (every iteration)
         return _context({**common, "remaining_rows": (r0.left,), "categories": (r0.category,),
+                         "generated_rows": (r0.generated,),
                          "rows": (r0.live,), "requests": (r0.request,),
                          "predicted_alphas": (r0.forecast,), "generated": r0.generated,
                          "remaining": r0.left, "gap": r0.gap if model else 0,
                          "predicted_alpha": r0.forecast})
-    lefts, cats, lives, reqs, forecasts = (tuple(c) for c in zip(
-        *((r.left, r.category, r.live, r.request, r.forecast) for r in rows)))
-    common.update(remaining_rows=lefts, categories=cats, rows=lives, requests=reqs,
-                  predicted_alphas=forecasts)
+    lefts, gens, cats, lives, reqs, forecasts = (tuple(c) for c in zip(
+        *((r.left, r.generated, r.category, r.live, r.request, r.forecast) for r in rows)))
+    common.update(remaining_rows=lefts, generated_rows=gens, categories=cats, rows=lives,
+                  requests=reqs, predicted_alphas=forecasts)
     return _context({**common, "batch_size": len(rows),
                      "generated": min(r.generated for r in rows),
                      "remaining": max(r.left for r in rows),

@@ -57,6 +57,7 @@ class Context:
     # controller's cost table (``autospec.costs.table.CostTable.at``); None: none measured
     costs: Any = None
     remaining_rows: tuple[int, ...] = ()  # each row's tokens left (empty: ``remaining``)
+    generated_rows: tuple[int, ...] = ()  # each row's tokens generated (empty: ``generated``)
     # the proposers this request can use, by name (``autospec.engine.proposers``), and the
     # one of them that is a model (the draft model: drafts every row from a distribution,
     # catching up after a stretch without it; None: none) — every other one is a lookup

@@ -104,7 +104,7 @@ class _Decision:
         self.n = len(pr.rows)
         self.per_row = None if self.n == 1 else pr.t1 / self.n  # ρ of plain decoding
         self.rate = pr.rate
-        self.left = _per_row(context, "remaining_rows", max(1, context.remaining))
+        self.left = _expected_left(context, pr.rows)
         self._steps: dict = {}
         if why is not None:
             why.update(busy=pr.busy, t_plain=pr.t1)
@@ -465,8 +465,8 @@ class CostModelPolicy:
             once = {i: 1.0 if live is None else _draft_share(live, context, lookups, self.params)
                     for i, live in {id(live): live for live in rows}.items()}
             share = sum(once[id(live)] for live in rows) / len(rows)
-        left = _per_row(context, "remaining_rows", max(1, context.remaining))
-        return catch_up_per_token(fit, gap, sum(left) * share, rows=len(rows), t_draft=t_draft)
+        return catch_up_per_token(fit, gap, sum(_expected_left(context, rows)) * share,
+                                  rows=len(rows), t_draft=t_draft)
 
     def _allowed(self, context) -> tuple[str, ...]:
         """The proposers this request has (``context.proposers``) that ``proposers`` allows;
@@ -539,6 +539,16 @@ def _batched(context) -> bool:
     """A batch the batch cost model decides for: more than one row, and costs for it."""
     return (getattr(context, "batch_size", 1) > 1 and bool(getattr(context, "rows", ()))
             and getattr(context, "costs", None) is not None)
+
+
+def _expected_left(context, rows: Sequence) -> tuple[float, ...]:
+    """Each row's tokens expected left: at most its ``remaining_rows``, fewer where its
+    category's ended requests say it will stop sooner (``LiveStats.expected_left``; a row
+    without statistics: all it may)."""
+    left = _per_row(context, "remaining_rows", max(1, context.remaining))
+    done = _per_row(context, "generated_rows", context.generated)
+    return tuple(float(n) if live is None else live.expected_left(g, n)
+                 for live, g, n in zip(rows, done, left))
 
 
 def _per_row(context, name: str, default) -> tuple:

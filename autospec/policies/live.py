@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from autospec.costs.price import conditional_from_cumulative
@@ -96,6 +97,8 @@ class LiveStats:
         self.spent = [0.0, 0.0]  # [seconds, tokens] past prefill, discounted: the rate
         self.iterations = 0  # observations of an iteration (its blocks and plain steps)
         self.bandwidth_utilisation: float | None = None
+        # (new tokens, stopped at its cap?) of the category's latest ended requests
+        self.lengths: deque[tuple[int, bool]] = deque(maxlen=int(CONSTANTS.lengths_kept))
         self._lock = threading.Lock()
         self._version = 0  # bumped on every change of the acceptance
 
@@ -141,6 +144,24 @@ class LiveStats:
             return
         self.spent[0] = self.spent[0] * self.discount + draft_s + target_s
         self.spent[1] = self.spent[1] * self.discount + tokens
+
+    def observe_length(self, tokens: int, capped: bool) -> None:
+        """A request of the category ended after ``tokens`` new tokens; ``capped``: stopped by
+        its ``max_new_tokens`` (it might have run on)."""
+        with self._lock:
+            self.lengths.append((int(tokens), bool(capped)))
+
+    def expected_left(self, generated: int, left: int) -> float:
+        """Tokens a row of the category that has generated ``generated`` and may generate
+        ``left`` more is expected to generate: the mean, over the latest ended requests that
+        ran past ``generated``, of how many more they generated, at most ``left`` (one stopped
+        at its cap: ``left``); ``left`` while fewer than ``CONSTANTS.lengths_min`` did."""
+        with self._lock:
+            past = [left if capped else min(n - generated, left)
+                    for n, capped in self.lengths if n > generated]
+        if len(past) < CONSTANTS.lengths_min:
+            return float(left)
+        return max(1.0, sum(past) / len(past))
 
     def seconds_per_token(self) -> float | None:
         """The rate this category runs at, everything counted (None before ``CONSTANTS.rate_tokens``)."""
@@ -412,4 +433,5 @@ class LiveStats:
             new.by_proposer = {n: acc.copy() for n, acc in self.by_proposer.items()}
             new.spent, new.iterations = list(self.spent), self.iterations
             new.bandwidth_utilisation = self.bandwidth_utilisation
+            new.lengths.extend(self.lengths)
         return new

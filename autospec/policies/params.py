@@ -130,6 +130,10 @@ class Constants:
     unmatched_prior: float = _p(2.0, "a lookup's share of decision points without a match "
                                      "starts as this many points without one (the draft "
                                      "model may serve it all)")
+    lengths_kept: float = _p(64.0, "a category's latest ended requests whose lengths are kept")
+    lengths_min: float = _p(3.0, "a category's ended requests that ran past a row's tokens "
+                                 "before their lengths say how many more the row is expected "
+                                 "to generate (fewer: all it may)")
     calibration_prior: float = _p(2.0, "a confidence bin's acceptance starts as this many "
                                        "tokens accepted as often as the draft was confident "
                                        "(policies.stopping)")

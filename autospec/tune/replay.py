@@ -490,7 +490,10 @@ def _replay(rows: list[_Row], policy, costs: Costs, table, k_max: int, rng,
     classes = registered()
     while True:
         running = [r for r in rows if r.remaining > 0]
-        if not running:
+        if not running:  # the call's end: its rows' lengths, as the controller feeds them
+            for r in rows:
+                if r.live is not None:
+                    r.live.observe_length(r.length, r.length >= r.limit)
             res.requests.extend(r.stats for r in rows)
             return
         b = len(running)
