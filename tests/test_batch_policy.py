@@ -298,6 +298,24 @@ def test_batch_exploration_prices_only_what_is_not_measured():
         assert draft["acceptance"] == pytest.approx(expected)
 
 
+def test_batch_exploration_prices_perfect_only_the_rows_whose_category_is_thin():
+    """B = 4, the first row of a category not yet seen, three of one the draft serves poorly
+    (0.3, measured): only the new row's acceptance is unknown, and the slow rows hold the
+    batch's end whatever it turns out to be — nothing to explore (before, the first row's
+    thinness priced every row's acceptance as perfect, and the draft explored at S ≈ 1.6)."""
+    costs = CostTable(live=False)
+    costs.warm_grid(PATH, {4: {n: t_target(4, n) for n in range(1, 17)}}, {4: 0.05})
+    new, poor = LiveStats(), warm_stats(0.3)
+    ctx = Context(category="new", k_max=16, batch_size=4, remaining=48,
+                  costs=costs.at(PATH, 4), categories=("new",) + ("poor",) * 3,
+                  rows=(new,) + (poor,) * 3, remaining_rows=(48,) * 4)
+    why: list = []
+    assert CostModelPolicy().choose(replace(ctx, why=why)) == 0
+    assert why[0]["rule"] == "off"
+    alike = replace(ctx, categories=("new",) * 4, rows=(new,) * 4, why=[])
+    assert int(CostModelPolicy().choose(alike)) > 0 and alike.why[0]["rule"] == "explore"
+
+
 def test_min_gain_is_measured_against_plain_batched_decoding():
     stats, costs = warm_stats(0.8), grid_costs()
     k, s = batch_best_k([stats.curve("draft", 16)] * 4, t_draft(4),

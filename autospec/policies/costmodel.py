@@ -389,21 +389,24 @@ class CostModelPolicy:
     def _explore(self, d: _Decision, top: int) -> tuple[Offer, list, str, float] | None:
         """The one exploration rule: what is not measured yet is priced at its bound — T_d
         unmeasured (or only carried over a level move since it was timed) as free, and the
-        draft model's acceptance, while fewer than ``cold_start`` of its blocks were counted
-        on the category (seeded and stored ones included) and no forecast stands for it, as
-        perfect; what is measured (the acceptance otherwise, the catch-up it causes) at what
+        draft model's acceptance on a row whose category has fewer than ``cold_start`` of its
+        blocks counted (seeded and stored ones included) and no forecast for it, as perfect;
+        what is measured (the acceptance otherwise, the catch-up it causes) at what
         was measured. The draft model's block so priced, at ``initial_k`` (one token where only
         a carried T_d is to be re-timed), where it pays: running it measures what was
         missing. (block, its curves, where they came from, its catch-up per token); None
         where nothing is missing or it cannot pay."""
-        pr, context, p, model, live = d.pr, d.context, self.params, d.model, d.pr.live
-        thin = (live is not None and live.observed(model) < p.cold_start
-                and getattr(context, "predicted_alpha", None) is None)
-        if pr.measured and not thin and not pr.carried:
+        pr, context, p, model = d.pr, d.context, self.params, d.model
+        forecasts = _per_row(context, "predicted_alphas", context.predicted_alpha)
+        thin = [live is not None and live.observed(model) < p.cold_start and forecast is None
+                for live, forecast in zip(pr.rows, forecasts)]  # per row: its category's
+        if pr.measured and not any(thin) and not pr.carried:
             return None
-        k = min(p.initial_k, top) if thin or not pr.measured else 1  # else: re-time T_d
-        curves, source = (([[1.0] * k] * d.n, "perfect") if thin
-                          else self._draft_curves(context, pr.rows, k))
+        k = min(p.initial_k, top) if any(thin) or not pr.measured else 1  # else: re-time T_d
+        curves, source = self._draft_curves(context, pr.rows, k)
+        if any(thin):
+            curves = [[1.0] * k if t else c for t, c in zip(thin, curves)]
+            source = "perfect"
         t_draft = _explored_t_draft(pr)
         per_token = self._catch_up(context, pr.rows, t_draft, d.proposers)
         b = d.model_offers(curves, t_draft, k, per_token)[-1]
