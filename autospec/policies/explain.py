@@ -18,8 +18,9 @@ RULES = {
     "best": "of the blocks that pay (S ≥ 1 + min_gain), the one that saves the most seconds",
     "off": "no candidate paid by min_gain: a plain step",
     "baseline": "T_t(1) not measured yet: a plain step measures it",
-    "explore": "the draft model's costs, or its acceptance on this pair, not measured yet: "
-               "its block at perfect acceptance, at initial_k",
+    "explore": "the draft model's costs, or its acceptance on a row's category, not measured "
+               "yet: its block with what is missing at its bound (T_d free, a thin category's "
+               "acceptance perfect), at initial_k",
     # retired rules, kept so that records an earlier version stored still read
     "trial": "(an earlier version's) the draft model was never tried on this category: its "
              "block at perfect acceptance",
