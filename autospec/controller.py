@@ -30,6 +30,7 @@ from autospec.engine.stats import LoopStats, merge_stats
 from autospec.policies.base import Policy, as_policy, params_of, proposer_of, wanted
 from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
+from autospec.policies.params import CONSTANTS
 from autospec.suffix_memory import check_tenant
 
 log = logging.getLogger(__name__)
@@ -479,7 +480,8 @@ class Controller:
 
     def _warm(self, category: str, live: LiveStats) -> None:
         """History of this category and pair from the store (a read, once per category;
-        WAL readers never wait on writers): the category's acceptance, and, where this
+        WAL readers never wait on writers): the category's acceptance and how long its
+        requests ran (``queries.category_lengths``), and, where this
         controller's path is not warmed yet, its batch-1 costs (``_warm_row``: warmed once,
         then measured live, so a later category starts from what the process measured).
         Failures only cost the warm start."""
@@ -493,8 +495,12 @@ class Controller:
                 if pid is None:
                     return
                 sums = queries.category_summaries(s, category=category, pair_id=pid)
+                lengths = queries.category_lengths(s, category, pid,
+                                                   int(CONSTANTS.lengths_kept))
                 if self.path not in self._warmed:
                     self._warm_row(s, pid, category, self.path)
+            for n, capped in lengths:
+                live.observe_length(n, capped)
             if sums:
                 sm = sums[0]
                 live.warm_start(sm.by_proposer, bandwidth_utilisation=sm.bandwidth_utilisation)

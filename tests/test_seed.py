@@ -111,3 +111,23 @@ def test_a_stored_category_is_not_seeded(tmp_path):
     chat = again.live_stats("chat")  # stored: its own history, not the pool of "code"
     assert chat.by_proposer["draft"].reached[0] > 2 * 8.0  # more than a seed's weight
     again.close()
+
+
+def test_a_new_process_reads_how_long_a_categorys_requests_ran_from_the_store(tmp_path):
+    """``LiveStats.expected_left`` starts from the category's logged requests (new tokens, and
+    whether their cap stopped them), oldest first, so the first batch of a new process does not
+    hold every row to its ``max_new_tokens``."""
+    target = tiny("llama", layers=2, seed=5, sharpen=30.0)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    spec = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:3")
+    ran = []
+    for seed, eos in ((2, None), (4, [73]), (9, [89])):
+        spec.generate(prompt(8, seed=seed), max_new_tokens=30, do_sample=False,
+                      eos_token_id=eos, category="code")
+        st = spec.last_stats
+        ran.append((st.new_tokens, st.stop_reason == "max_new_tokens"))
+    spec.close()
+    assert (30, True) in ran and any(not capped for _, capped in ran)  # both kinds logged
+    again = autospec.Controller(target, noisy_copy(target, 0.1), store=url, policy="fixed:3")
+    assert list(again.live_stats("code").lengths) == ran
+    assert list(again.live_stats("chat").lengths) == []  # nothing of it logged

@@ -59,6 +59,7 @@ __all__ = [
     "traffic_context", "serving_path", "paths", "TunedRow", "tuned_params", "tuned_fetcher",
     "CategorizerRow", "categorizers", "latest_categorizer", "FeatureRow", "feature_rows",
     "catch_ups", "lookup_seconds_per_token", "ProposerSums", "request_proposers",
+    "category_lengths",
 ]
 
 Z95 = 1.959963984540054
@@ -337,6 +338,18 @@ def path_costs(session: Session, pair_id: int | None = None
     if pair_id is not None:
         stmt = stmt.where(PairCost.pair_id == pair_id)
     return {(c.pair_id, c.path): c for c in session.scalars(stmt)}
+
+
+def category_lengths(session: Session, category: str, pair_id: int,
+                     limit: int) -> list[tuple[int, bool]]:
+    """(new tokens, stopped at its cap?) of the category's latest ``limit`` requests on the
+    pair, oldest first: how long its requests run (``LiveStats.observe_length``). A request
+    that ended by neither an EOS nor a stopping criterion counts as stopped at its cap."""
+    stmt = (select(Request.new_tokens, Request.stop_reason)
+            .where(Request.category_key == category_key(category), Request.pair_id == pair_id)
+            .order_by(Request.created_at.desc(), Request.id.desc()).limit(limit))
+    rows = session.execute(stmt).all()
+    return [(int(n), reason not in ("eos", "stopping_criteria")) for n, reason in reversed(rows)]
 
 
 def category_summaries(session: Session, category: str | None = None,
@@ -626,7 +639,7 @@ def category_decisions(session: Session, category: str, pair_id: int,
     stmt = (select(*_DECISION_COLUMNS)
             .where(Request.category_key == category_key(category), Request.pair_id == pair_id,
                    Request.decisions.is_not(None))
-            .order_by(Request.id.desc()).limit(limit))
+            .order_by(Request.created_at.desc(), Request.id.desc()).limit(limit))
     return [_decisions_row(r) for r in session.execute(stmt)]
 
 
