@@ -111,13 +111,13 @@ class _Decision:
             why["candidates"].append(explain.plain(pr.t1, pr.origin, self.n))
 
     def cap(self, curve) -> int:
-        """The widest k a block is priced at: at B > 1 no wider than twice the widest n the
-        batch grid has at B (k + 1 ≤ 2 n; beyond, T_t(B, n) would be extrapolated over B
+        """The widest k a block is priced at: at B > 1 k + 1 ≤ ``CONSTANTS.width_reach`` ×
+        the widest n the batch grid has at B (beyond, T_t(B, n) would be extrapolated over B
         times the tokens measured), each block run there widening it; on a busy machine,
         whose costs are not decided by, within what acceptance justifies."""
         pr, top = self.pr, self.top
         if self.n > 1:
-            top = max(1, min(top, 2 * pr.costs.widest() - 1))
+            top = max(1, min(top, int(CONSTANTS.width_reach * pr.costs.widest()) - 1))
         return min(top, acceptance_cap(curve, top, pr.costs.measure.marginal)) if pr.busy else top
 
     def record(self, name, curves, b, cap, t_propose, per_token, source, offers=()):

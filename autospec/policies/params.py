@@ -130,6 +130,9 @@ class Constants:
     unmatched_prior: float = _p(2.0, "a lookup's share of decision points without a match "
                                      "starts as this many points without one (the draft "
                                      "model may serve it all)")
+    width_reach: float = _p(2.0, "at B > 1 a block scores at most this many times the widest n "
+                                 "the batch grid has at B (k + 1 ≤ this · n): past it T_t(B, n) "
+                                 "is extrapolated over B times the tokens measured")
     lengths_kept: float = _p(64.0, "a category's latest ended requests whose lengths are kept")
     lengths_min: float = _p(3.0, "a category's ended requests that ran past a row's tokens "
                                  "before their lengths say how many more the row is expected "
