@@ -32,6 +32,7 @@ from autospec.policies.fixed import FixedK
 from autospec.policies.live import LiveStats
 from autospec.policies.params import CONSTANTS
 from autospec.suffix_memory import check_tenant
+from autospec.traces import capped
 
 log = logging.getLogger(__name__)
 
@@ -372,8 +373,7 @@ class Controller:
         row_stats = [r.stats for r in res.rows]
         for st, live in zip(row_stats, lives):  # how long the category's requests run
             if live is not None:
-                live.observe_length(st.new_tokens,
-                                    st.stop_reason not in ("eos", "stopping_criteria"))
+                live.observe_length(st.new_tokens, capped(st.stop_reason))
         self._local.row_stats = row_stats
         self._local.stats = row_stats[0] if len(row_stats) == 1 else merge_stats(row_stats)
         if self.writer is not None:

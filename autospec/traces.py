@@ -67,6 +67,12 @@ MATCH_REACH = 14  # (n - 1) * 17 + 16 <= 254: the longest match length measured 
 SUFFIX_TRACE_WIDTH = 2
 
 
+def capped(stop_reason: str | None) -> bool:
+    """Whether a request's stop reason (``LoopStats.stop_reason``, stored as is) says it might
+    have run on: anything but an EOS or a stopping criterion (its cap, a context limit …)."""
+    return stop_reason not in ("eos", "stopping_criteria")
+
+
 def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket policies keep statistics by: 1, 2–3, 4–7, 8–15, 16–31, 32+,
     named by its smallest batch size."""

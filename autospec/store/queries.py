@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from autospec.costs import MIN_FORWARDS
 from autospec.textfmt import named
+from autospec.traces import capped
 
 from .damage import (
     counters_problem,
@@ -349,7 +350,7 @@ def category_lengths(session: Session, category: str, pair_id: int,
             .where(Request.category_key == category_key(category), Request.pair_id == pair_id)
             .order_by(Request.created_at.desc(), Request.id.desc()).limit(limit))
     rows = session.execute(stmt).all()
-    return [(int(n), reason not in ("eos", "stopping_criteria")) for n, reason in reversed(rows)]
+    return [(int(n), capped(reason)) for n, reason in reversed(rows)]
 
 
 def category_summaries(session: Session, category: str | None = None,
