@@ -14,6 +14,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 from autospec.costs.measure import MEASURE
@@ -265,21 +266,30 @@ def batch_best_k(curves: Sequence, t_draft: float, cost, k_max: int,
     return best, best_s
 
 
-def _row_expected(curves: Sequence, k_max: int):
+def _row_expected(curves: Sequence, k_max: int, *, moments: bool = False):
     """For k = 1 … k_max: each row's E[N](k) along its curve (a per-position list or a
-    constant α); rows that share a curve object are computed once."""
-    groups: dict[int, list] = {}  # id → [rates, rate past them, a_1 · … · a_k, E[N](k)]
+    constant α) — with ``moments``, (E[N](k), Var[N](k)) — rows that share a curve object
+    computed once. Var from the survival P(N ≥ j): E[N²] = Σ_j (2j − 1) · P(N ≥ j)."""
+    # id → [rates, rate past them, a_1 · … · a_k, E[N](k), E[N²](k)]
+    groups: dict[int, list] = {}
     for c in curves:
         if id(c) not in groups:
             rates = [float(c)] if isinstance(c, (int, float)) else list(c)
-            groups[id(c)] = [rates, _last_known(rates), 1.0, 1.0]
+            groups[id(c)] = [rates, _last_known(rates), 1.0, 1.0, 1.0]
     of_row = [groups[id(c)] for c in curves]
     for k in range(1, k_max + 1):
         for g in groups.values():
             a = g[0][k - 1] if k - 1 < len(g[0]) else None
             g[2] *= g[1] if a is None else float(a)
             g[3] += g[2]
-        yield [g[3] for g in of_row]
+            g[4] += (2 * k + 1) * g[2]
+        yield ([(g[3], max(0.0, g[4] - g[3] ** 2)) for g in of_row] if moments
+               else [g[3] for g in of_row])
+
+
+def expected_max(n: int) -> float:
+    """E[max of n independent standard normals] (Blom's approximation; 0 at n = 1)."""
+    return 0.0 if n <= 1 else NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def finish_speedups(curves: Sequence, remaining: Sequence[int],
@@ -288,12 +298,13 @@ def finish_speedups(curves: Sequence, remaining: Sequence[int],
     """For k = 1 … k_max, how much sooner a batch's last row finishes at k than by plain
     batched decoding (S_fin(k); ``batch_finish_k`` takes the best).
 
-    Row i needs ``remaining[i]`` / E[N_i](k) more iterations (at least one); rows leave as
-    they finish, so the time is Σ over phases of iterations × ``step_cost(b, k)`` with b the
-    rows still running (k = 0: T_t(b, 1); ``finish_seconds``), plus ``once`` (paid once at
-    k > 0: the draft's catch-up). A call returns with its last row, so its tokens per second
-    are the slowest row's finish; for rows of one curve and one length this is
-    ``batch_best_k``'s S."""
+    Row i needs ``remaining[i]`` / E[N_i](k) more iterations (at least one) on average,
+    with spread √(r · Var[N_i] / E[N_i]³) (how many blocks reach r tokens), and a call waits
+    for its last row: each row is read ``expected_max(B)`` spreads late, where the last of
+    B alike rows is expected (plain steps do not spread: every one emits one token; at one
+    row this is E[N]'s S). Rows leave as they finish, so the time is Σ over phases of
+    iterations × ``step_cost(b, k)`` with b the rows still running (k = 0: T_t(b, 1);
+    ``finish_seconds``), plus ``once`` (paid once at k > 0: the draft's catch-up)."""
     rows = len(curves)
     left = [max(1.0, float(r)) for r in remaining]
     if len(left) != rows:
@@ -301,12 +312,15 @@ def finish_speedups(curves: Sequence, remaining: Sequence[int],
     if rows == 0:
         return [1.0] * k_max
 
-    def finish(k: int, expected) -> float:
-        return finish_seconds([max(1.0, r / e) for r, e in zip(left, expected)], step_cost, k)
+    late = expected_max(rows)
 
-    plain = finish(0, [1.0] * rows)
-    return [plain / (finish(k, expected) + once)
-            for k, expected in enumerate(_row_expected(curves, k_max), start=1)]
+    def finish(k: int, moments) -> float:  # a row's iterations: r / μ, sd √(r σ² / μ³)
+        return finish_seconds([max(1.0, r / e + late * math.sqrt(r * v / e ** 3))
+                               for r, (e, v) in zip(left, moments)], step_cost, k)
+
+    plain = finish(0, [(1.0, 0.0)] * rows)
+    return [plain / (finish(k, moments) + once)
+            for k, moments in enumerate(_row_expected(curves, k_max, moments=True), start=1)]
 
 
 def batch_finish_k(curves: Sequence, remaining: Sequence[int],
