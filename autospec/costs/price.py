@@ -5,7 +5,9 @@ cost table, the report, the export, the tuner and the vLLM proposer price by the
 
 A block b yields E[N_b] = 1 + Σ_{i ≤ k} a_1 · … · a_i tokens and costs
 C_b = k · T_propose + T_t(k + 1) + E[N_b] · x_b seconds (x_b: the draft model's catch-up per
-token it serves); at batch B, Σ E[N_i] − B + 1 batch tokens beyond a plain step's B.
+token it serves); at batch B, Σ E[N_i] − B + 1 batch tokens beyond a plain step's B — the
+draft's block that runs to the rows' end is priced by when the last row finishes
+(``finish_speedups``: each row ``expected_max(B)`` spreads of its block count late).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from autospec.costs.measure import MEASURE
 __all__ = ["expected_tokens", "conditional_from_cumulative", "acceptance_cap",
            "interpolate_cost", "speedup", "best_k", "Offer", "offer", "rows_offer", "valued",
            "saved", "best_offer", "induced_catch_up", "catch_up_per_token", "batch_best_k",
-           "batch_finish_k", "finish_speedups", "finish_seconds", "finish_tokens"]
+           "batch_finish_k", "expected_max", "finish_speedups", "finish_seconds",
+           "finish_tokens"]
 
 
 def _last_known(acceptance: Sequence[float | None]) -> float:
