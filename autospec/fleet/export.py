@@ -89,6 +89,13 @@ __all__ = ["ENGINES", "ExportPlan", "plan_for", "render", "ExportError", "export
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM",
                 "llamacpp": "llama.cpp"}
+# the draft model's k in the engine's own documentation (vLLM's speculative decoding page:
+# "num_speculative_tokens": 5), the k its users serve before any export
+DOCUMENTED_K = {"vllm": 5}
+# a draft-model k priced over the engine's steps leaves the documented k only where it is
+# priced this much faster: the price of one k against another errs by about this much
+# against the engine's own measured speedups (docs/fleet.md, "The documented k")
+DEFAULT_MARGIN = 0.10
 
 
 def export_proposers() -> tuple[str, ...]:
@@ -158,7 +165,7 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
              source: str = "auto", max_batch: int | None = None,
              engine_hardware: str | None = None, engine_model: str | None = None,
              proposer: str = "auto", k: int | None = None, engine: str | None = None,
-             costs_from: str = "auto") -> ExportPlan:
+             costs_from: str = "auto", default_margin: float = DEFAULT_MARGIN) -> ExportPlan:
     """The workload's plan from the store (read-only). ``source``: "costmodel", "tuned"
     (the tuned policy's table or fixed k; an error if there is none) or "auto" (tuned where
     stored, else the cost model). ``proposer``: a registered proposer's name — the model (the
@@ -172,7 +179,9 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
     model's cost beside them at the share of a plain step autospec measured), else
     autospec's; "engine" is an error where there are none. With ``engine`` given, "auto" does
     not pick a lookup the engine runs by another rule than its traces record
-    (``EngineSetting.traced``) where the pair has a draft model."""
+    (``EngineSetting.traced``) where the pair has a draft model. ``default_margin``: a
+    draft-model k priced by the engine's own steps replaces the engine's documented k
+    (``DOCUMENTED_K``) only where it is priced this share faster (0: the argmax)."""
     from autospec.engine.proposers import model_proposer, registered
     from autospec.fleet.engine_costs import COSTS_FROM
     from autospec.policies.base import K_LIMIT
@@ -189,6 +198,8 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                          f"{costs_from!r}")
     if costs_from == "engine" and engine is None:
         raise ValueError("costs_from 'engine' needs the engine")
+    if not 0 <= default_margin < 1:
+        raise ValueError(f"default_margin must be in [0, 1), got {default_margin!r}")
     report = build_report(store, category=category, pair_id=pair_id)
     work = report.workloads
     if not work:
@@ -258,7 +269,8 @@ def plan_for(store, *, category: str | None = None, pair_id: int | None = None,
                               f"that {_pays(pr)} pays for this workload")
     else:
         try:
-            plan = _draft_plan(w, base, source, engine_used[0] if engine_used else None)
+            plan = _draft_plan(w, base, source, engine_used[0] if engine_used else None,
+                               default_margin)
         except ExportError as e:
             if k is None:
                 raise
@@ -430,10 +442,12 @@ def _pays(pr) -> str:
     return proposer_name(pr, pr.pays)
 
 
-def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
+def _draft_plan(w, base: dict, source: str, engine_costs=None,
+                margin: float = DEFAULT_MARGIN) -> ExportPlan:
     """The draft model's k (or batch size → k table) for workload ``w``; where
     ``engine_costs`` (``fleet.engine_costs.EngineCosts``) are given and no tuned k is to be
-    exported, one k priced by them at batch 1 (``_engine_draft_plan``)."""
+    exported, one k priced by them at batch 1 (``_engine_draft_plan``; ``margin``: its
+    documented-k margin)."""
     tuned = w.policy.tuned
     batch = w.batch
     points = [p for p in (batch.points if batch is not None else [])]
@@ -446,7 +460,7 @@ def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
                               "tune` first, or export --source costmodel")
     if engine_costs is not None and not use_tuned and not (
             source == "auto" and isinstance(fixed, int)):
-        return _engine_draft_plan(w, base, engine_costs)
+        return _engine_draft_plan(w, base, engine_costs, margin)
     plan = ExportPlan(**base, source="cost model", grid_source=batch.source if points else None)
     if points and (use_tuned or any(p.k is not None for p in points)):
         for p in points:
@@ -482,7 +496,7 @@ def _draft_plan(w, base: dict, source: str, engine_costs=None) -> ExportPlan:
     return plan
 
 
-def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
+def _engine_draft_plan(w, base: dict, ec, margin: float = DEFAULT_MARGIN) -> ExportPlan:
     """The draft model's one k over the engine's own batch-1 steps ``ec``, at the workload's
     acceptance by position. Where the store has the engine's T_t(n) from the custom_class
     proposer (one server, every n in it) and autospec measured the draft's share of a plain
@@ -493,8 +507,10 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
     first ranks first because it priced better, measured: one server per k carries the noise
     between server instances into every step, where the custom_class proposer's steps vary
     n within one (docs/benchmarks.md, "vLLM's own clock"). Where both are stored the header
-    lists the ingested steps beside the price."""
-    from autospec.costs.price import best_k, interpolate_cost
+    lists the ingested steps beside the price. The engine's documented k
+    (``DOCUMENTED_K``) stays where the argmax is priced less than ``margin`` faster than it
+    and it pays itself (S ≥ 1); a note says so."""
+    from autospec.costs.price import best_k, interpolate_cost, offer
     from autospec.fleet.engine_costs import ENGINE_STEP_PATHS
     from autospec.report.model import K_MAX
 
@@ -515,20 +531,30 @@ def _engine_draft_plan(w, base: dict, ec) -> ExportPlan:
                    + f"; their line {a * 1e3:.0f} + {b * 1e3:.1f} k ms")
     if stepped is not None and (c is None or ec.path == ENGINE_STEP_PATHS.get(ec.engine)):
         k_max = min(k_max, max(drafted))  # nothing says what a longer step costs
-        k, s = best_k(_draft_acceptance(w), 0.0,
-                      lambda n: t1 if n <= 1 else max(t1, a + b * (n - 1)), k_max)
+        t_draft, step = 0.0, lambda n: t1 if n <= 1 else max(t1, a + b * (n - 1))
         costs = f"{stepped}: a step at k priced on the line, no k past {k_max}"
     else:
         if c is None:
             raise ExportError("no price for the draft model's k over the engine's steps: "
                               "neither its steps with the draft model nor autospec's share")
         t1 = ec.t_target[1]
-        k, s = best_k(_draft_acceptance(w), c * t1, interpolate_cost(ec.t_target), k_max)
+        t_draft, step = c * t1, interpolate_cost(ec.t_target)
         costs = (f"{ec.label}; the draft at autospec's measured share of a plain step (T_d = "
                  f"{c:.2f} T_t(1))" + (
                      f" — {stepped}, not priced (one server per k)" if stepped else
                      f": {name}'s own draft cost is not measured"))
+    acceptance = _draft_acceptance(w)
+    k, s = best_k(acceptance, t_draft, step, k_max)
     plan = ExportPlan(**base, source=f"cost model, over {name}'s own steps", grid_source=None)
+    documented = DOCUMENTED_K.get(ec.engine)
+    if margin > 0 and k > 0 and documented is not None and k != documented <= k_max:
+        got = offer("draft", acceptance, documented, t_draft, step)
+        s_doc = got.tokens * step(1) / got.seconds
+        if s_doc >= 1 and s < s_doc * (1 + margin):
+            plan.notes.append(
+                f"k = {documented}, {name}'s documented k, kept: k = {k} is priced at "
+                f"S≈{s:.2f}×, within {margin:.0%} of its S≈{s_doc:.2f}× (--default-margin)")
+            k, s = documented, s_doc
     plan.table = [(1, int(k), s)]
     plan.costs = costs
     plan.notes.append(f"one k, priced at batch 1 over {name}'s steps (its steps at larger "
