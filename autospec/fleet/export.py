@@ -510,7 +510,7 @@ def _engine_draft_plan(w, base: dict, ec, margin: float = DEFAULT_MARGIN) -> Exp
     lists the ingested steps beside the price. The engine's documented k
     (``DOCUMENTED_K``) stays where the argmax is priced less than ``margin`` faster than it
     and it pays itself (S ≥ 1); a note says so."""
-    from autospec.costs.price import best_k, interpolate_cost, offer
+    from autospec.costs.price import best_k, expected_tokens, interpolate_cost
     from autospec.fleet.engine_costs import ENGINE_STEP_PATHS
     from autospec.report.model import K_MAX
 
@@ -547,9 +547,9 @@ def _engine_draft_plan(w, base: dict, ec, margin: float = DEFAULT_MARGIN) -> Exp
     k, s = best_k(acceptance, t_draft, step, k_max)
     plan = ExportPlan(**base, source=f"cost model, over {name}'s own steps", grid_source=None)
     documented = DOCUMENTED_K.get(ec.engine)
-    if margin > 0 and k > 0 and documented is not None and k != documented <= k_max:
-        got = offer("draft", acceptance, documented, t_draft, step)
-        s_doc = got.tokens * step(1) / got.seconds
+    if margin > 0 and documented is not None and 0 < k != documented <= k_max:
+        s_doc = (expected_tokens(acceptance, documented) * step(1)
+                 / (documented * t_draft + step(documented + 1)))
         if s_doc >= 1 and s < s_doc * (1 + margin):
             plan.notes.append(
                 f"k = {documented}, {name}'s documented k, kept: k = {k} is priced at "
