@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from autospec.cli.common import fraction, k_value, positive_int, row_id, skipped_said
+from autospec.fleet.export import DEFAULT_MARGIN
 
 
 def register(sub, parents) -> None:
@@ -44,12 +45,12 @@ def register(sub, parents) -> None:
                         "exports only: vLLM's draft-model cost is not measured), else "
                         "autospec's (auto, the default); engine: an error where there are "
                         "none; autospec: the transformers loop's probe or live timings")
-    p.add_argument("--default-margin", type=fraction, default=None, metavar="M",
+    p.add_argument("--default-margin", type=fraction, default=DEFAULT_MARGIN, metavar="M",
                    help="a draft-model k priced by the engine's own steps replaces the "
                         "engine's documented k (vLLM: 5) only where it is priced this share "
-                        "faster (default 0.10: the price of one k against another errs by "
-                        "about that much against the engine's measured speedups; 0: the "
-                        "cost model's argmax)")
+                        f"faster (default {DEFAULT_MARGIN}: the price of one k against another "
+                        "errs by about that much against the engine's measured speedups; 0: "
+                        "the cost model's argmax)")
     p.add_argument("--max-batch", type=positive_int, metavar="B",
                    help="the largest batch size the engine runs (default: the largest "
                         "measured one): the last measured k holds up to it")
@@ -95,8 +96,7 @@ def run(args, parser) -> int:
                             engine_hardware=args.engine_hardware,
                             engine_model=args.engine_model, proposer=args.proposer,
                             k=args.k, engine=args.engine, costs_from=args.costs_from,
-                            **({} if args.default_margin is None
-                               else {"default_margin": args.default_margin}))
+                            default_margin=args.default_margin)
         except ValueError as e:  # ExportError, or a proposer that is not registered
             die(str(e))
         skipped.clear()  # the plan's warnings say them
